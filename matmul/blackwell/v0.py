@@ -1,0 +1,73 @@
+"""Blackwell V0: the smallest kernel that uses the 5th-generation tensor core (tcgen05).
+
+Idea: the accumulator no longer lives in registers. A CTA allocates ``block_n`` columns of tensor
+memory (TMEM, 128 lanes x 512 columns of 32-bit cells per SM) and a single thread issues
+``tcgen05.mma``, which reads A and B from shared memory and accumulates into TMEM. The MMA is
+asynchronous: ``tcgen05.commit`` makes an mbarrier arrive once every MMA issued before it is done.
+The threads load the tiles through registers (masked: ragged edges read as zero) and store them
+to shared memory; loads and MMAs take turns.
+
+Synchronization: one mbarrier, arrival count 1, arrived on by ``tcgen05.commit`` once per K block.
+Every thread waits on it (phase flips each K block) before the next copy may overwrite the tiles.
+``fence.proxy.async`` + ``__syncthreads`` make the stored tiles visible to the tensor core. The
+epilogue reads TMEM with ``tcgen05.ld`` (warp w reads lanes 32w..32w+31, hence 4 warps for 128
+rows); TMEM is freed after a final ``__syncthreads``, when no warp reads it any more.
+"""
+
+import tilus
+from tilus import float32, int32, uint32, void_p
+from tilus.utils import cdiv
+
+IDEA = "tcgen05.mma into tensor memory, completion on an mbarrier; tiles loaded through registers"
+PTX_MARKERS = ("tcgen05.mma.cta_group::1", "tcgen05.commit", "tcgen05.alloc", "tcgen05.ld",
+               "st.shared")
+REPRESENTATIVE = dict(block_m=128, block_n=128, block_k=32)
+
+
+# the tiles pass through registers on their way to shared memory: bigger ones spill
+@tilus.autotune("block_m, block_n, block_k", [(128, 64, 32), (128, 128, 32)])
+class Kernel(tilus.Script):
+    def __init__(self, dtype, block_m: int, block_n: int, block_k: int):
+        super().__init__()
+        self.dtype = dtype
+        self.block_m = block_m
+        self.block_n = block_n
+        self.block_k = block_k
+
+    def __call__(self, m_size: int32, n_size: int32, k_size: int32, a_ptr: void_p, b_ptr: void_p,
+                 c_ptr: void_p, lda: int32, ldb: int32, ldc: int32):
+        self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
+        self.attrs.warps = 4  # 4 warps x 32 lanes = the 128 TMEM lanes of the accumulator
+        offset_m: int32 = self.blockIdx.x * self.block_m
+        offset_n: int32 = self.blockIdx.y * self.block_n
+
+        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size], strides=[lda, 1])
+        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size], strides=[ldb, 1])
+        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size], strides=[ldc, 1])
+        s_a = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.block_k])
+        s_b = self.shared_tensor(dtype=self.dtype, shape=[self.block_n, self.block_k])
+        t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
+
+        mma_done = self.mbarrier.alloc(counts=[1])
+        phase: uint32 = 0
+        self.sync()
+
+        for offset_k in range(0, k_size, self.block_k):
+            self.store_shared(s_a, self.load_global(g_a, offsets=[offset_m, offset_k], shape=s_a.shape))
+            self.store_shared(s_b, self.load_global(g_b, offsets=[offset_n, offset_k], shape=s_b.shape))
+            self.fence.proxy_async(space="shared")
+            self.sync()
+
+            with self.single_warp():  # tcgen05.mma / commit are issued by one warp (one lane)
+                # the first K block overwrites TMEM, later ones accumulate into it
+                self.tcgen05.mma(s_a, s_b.transpose(), t_acc, enable_input_d=offset_k != 0)
+                self.tcgen05.commit(mbarrier=mma_done[0])
+            self.mbarrier.wait(mma_done[0], phase=phase)
+            phase ^= 1
+
+        r_acc = self.tcgen05.load(t_acc)
+        self.tcgen05.wait_load()
+        self.store_global(g_c, r_acc.to(self.dtype), offsets=[offset_m, offset_n])
+
+        self.sync()
+        self.tcgen05.dealloc(t_acc)

@@ -1,0 +1,84 @@
+"""Blackwell V1: V0 with TMA loads and a TMA epilogue.
+
+Idea: the Tensor Memory Accelerator fetches each tile from a tensor map and a coordinate, issued
+by one elected lane instead of 128 threads; it zero-fills out-of-range elements, writes the
+swizzled layout the tensor core reads, and counts the delivered bytes on an mbarrier. The
+epilogue reads TMEM into registers, stages the tile in shared memory and writes it back with one
+TMA store, which clips the ragged matrix edge.
+
+Synchronization: two mbarriers, arrival count 1 each.
+``tiles_landed``: one ``arrive.expect_tx`` (both tiles' bytes) per K block + the TMA bytes.
+``mma_done``: one ``tcgen05.commit`` per K block. All threads wait on both, each with a phase bit
+that flips once per K block, so the next TMA load never overwrites a tile the MMA still reads.
+Epilogue: ``fence.proxy.async`` + ``__syncthreads`` before the TMA store reads the staged tile.
+"""
+
+import tilus
+from tilus import float32, int32, uint32, void_p
+from tilus.ir.layout.ops.shared_ops import shared_row_major
+from tilus.utils import cdiv
+
+IDEA = "TMA loads, completion counted in bytes on an mbarrier; TMA store epilogue"
+PTX_MARKERS = ("tcgen05.mma.cta_group::1", "cp.async.bulk.tensor.2d.shared::cta.global",
+               "cp.async.bulk.tensor.2d.global.shared::cta", "mbarrier.arrive.expect_tx")
+REPRESENTATIVE = dict(block_m=128, block_n=128, block_k=64)
+
+
+@tilus.autotune("block_m, block_n", [(128, 64), (128, 128), (128, 256)])
+@tilus.autotune("block_k", [32, 64])
+class Kernel(tilus.Script):
+    def __init__(self, dtype, block_m: int, block_n: int, block_k: int):
+        super().__init__()
+        self.dtype = dtype
+        self.block_m = block_m
+        self.block_n = block_n
+        self.block_k = block_k
+
+    def __call__(self, m_size: int32, n_size: int32, k_size: int32, a_ptr: void_p, b_ptr: void_p,
+                 c_ptr: void_p, lda: int32, ldb: int32, ldc: int32):
+        self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
+        self.attrs.warps = 4
+        offset_m: int32 = self.blockIdx.x * self.block_m
+        offset_n: int32 = self.blockIdx.y * self.block_n
+
+        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size], strides=[lda, 1])
+        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size], strides=[ldb, 1])
+        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size], strides=[ldc, 1])
+        s_a = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.block_k])
+        s_b = self.shared_tensor(dtype=self.dtype, shape=[self.block_n, self.block_k])
+        t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
+
+        barriers = self.mbarrier.alloc(counts=[1, 1])
+        tiles_landed = barriers[0]
+        mma_done = barriers[1]
+        phase: uint32 = 0
+        self.sync()
+
+        for offset_k in range(0, k_size, self.block_k):
+            with self.single_warp():
+                with self.single_thread():
+                    self.mbarrier.arrive_and_expect_tx(tiles_landed, transaction_bytes=s_a.nbytes + s_b.nbytes)
+                self.tma.global_to_shared(src=g_a, dst=s_a, offsets=[offset_m, offset_k], mbarrier=tiles_landed)
+                self.tma.global_to_shared(src=g_b, dst=s_b, offsets=[offset_n, offset_k], mbarrier=tiles_landed)
+                self.mbarrier.wait(tiles_landed, phase=phase)
+                self.tcgen05.mma(s_a, s_b.transpose(), t_acc, enable_input_d=offset_k != 0)
+                self.tcgen05.commit(mbarrier=mma_done)
+            self.mbarrier.wait(mma_done, phase=phase)
+            phase ^= 1
+
+        # epilogue: TMEM -> registers -> shared -> TMA store
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.block_n])
+        # plain row-major: a swizzled tile may be at most 128 bytes wide for one TMA box
+        self.annotate_layout(s_c, shared_row_major(self.block_m, self.block_n))
+        r_acc = self.tcgen05.load(t_acc)
+        self.tcgen05.wait_load()
+        self.store_shared(s_c, r_acc.to(self.dtype))
+        self.fence.proxy_async(space="shared")
+        self.sync()
+        with self.single_warp():
+            self.tma.shared_to_global(s_c, g_c, offsets=[offset_m, offset_n])
+            self.tma.commit_group()
+            self.tma.wait_group(0)
+
+        self.sync()
+        self.tcgen05.dealloc(t_acc)

@@ -1,0 +1,135 @@
+"""Build kernels for a chosen architecture without running them, and read what they compiled to.
+
+Works on a machine without a GPU (see ``pipeline.tilus_fixes``): tilus transpiles each
+configuration, nvcc/ptxas build it for the target, and the PTX, the ptxas resource report and,
+where ``cuobjdump`` exists, the SASS are kept in tilus's cache beside the library.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Iterator, Optional
+
+import tilus
+import tilus.target
+from tilus.drivers import BuildOptions, build_program
+from tilus.drivers import get_cache_dir
+from tilus.lang.instantiated_script import CallParameters, JitInstance
+
+from . import versions
+
+TARGETS = {"sm_100a": tilus.target.nvgpu_sm100a, "sm_90a": tilus.target.nvgpu_sm90a}
+SHARED_MEMORY_LIMIT = {"sm_100a": 227 * 1024, "sm_90a": 227 * 1024}  # per block, opt-in maximum
+
+
+@contextlib.contextmanager
+def target(arch: str) -> Iterator[None]:
+    """Build for ``arch`` inside the block, whatever GPU (if any) this machine has."""
+    import tilus.target as tt
+
+    previous = getattr(tt, "_target", None)
+    tt.set_current_target(TARGETS[versions.normalize_arch(arch)])
+    try:
+        yield
+    finally:
+        tt._target = previous
+
+
+@dataclass
+class BuildResult:
+    arch: str
+    version: str
+    config: dict[str, Any]
+    ok: bool
+    seconds: float = 0.0
+    error: str = ""
+    program_dir: Optional[Path] = None
+    registers: int = 0
+    spill_bytes: int = 0
+    stack_bytes: int = 0
+    shared_bytes: int = 0
+    cluster: tuple[int, int, int] = (1, 1, 1)
+    threads: int = 0
+
+    @property
+    def ptx_path(self) -> Optional[Path]:
+        return self.program_dir / "module" / "source.ptx" if self.program_dir else None
+
+    @property
+    def sass_path(self) -> Optional[Path]:
+        path = self.program_dir / "module" / "source.sass" if self.program_dir else None
+        return path if path and path.exists() else None
+
+    def ptx(self) -> str:
+        return self.ptx_path.read_text() if self.ptx_path else ""
+
+    def sass(self) -> str:
+        return self.sass_path.read_text() if self.sass_path else ""
+
+    @property
+    def within_shared_limit(self) -> bool:
+        return self.shared_bytes <= SHARED_MEMORY_LIMIT[self.arch]
+
+
+def _read_resources(result: BuildResult) -> None:
+    module = result.program_dir / "module"
+    report = (module / "nvcc_output.txt").read_text()
+    result.registers = max(int(x) for x in re.findall(r"Used (\d+) registers", report))
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+    result.spill_bytes = sum(int(s) + int(l) for s, l in spills)
+    result.stack_bytes = max((int(x) for x in re.findall(r"(\d+) bytes stack frame", report)), default=0)
+    source = (module / "source.cu").read_text()
+    # kernel<<<grid, dim3(threads, 1, 1), dynamic shared bytes, stream>>>
+    launches = re.findall(r"dim3\((\d+), 1, 1\), (\d+), \(cudaStream_t\)", source)
+    result.threads = max(int(t) for t, _ in launches)
+    result.shared_bytes = max(int(s) for _, s in launches)
+    cluster = re.search(r"__cluster_dims__\((\d+), (\d+), (\d+)\)", source)
+    if cluster:
+        result.cluster = tuple(int(x) for x in cluster.groups())
+
+
+def build_script(kernel_cls: type, arch: str, schedule: dict[str, Any], version: str = "") -> BuildResult:
+    """Transpile and build one schedule (the script's __init__ arguments) of a tilus Script for
+    ``arch``. A kernel that fails to build gives a result with the error; it does not raise."""
+    arch = versions.normalize_arch(arch)
+    result = BuildResult(arch=arch, version=version, config=dict(schedule), ok=False)
+    start = time.time()
+    params = CallParameters(kernel_cls)
+    # every size/stride is a run-time int32: nothing specialises on them ("divisible by 1")
+    divisibility = {params.param_names[i]: 1 for i in params.tuning_params}
+    with target(arch):
+        program = JitInstance._instantiate_schedule((kernel_cls, params, schedule, {}, divisibility))
+        if isinstance(program, str):
+            result.error = program
+        else:
+            try:
+                result.program_dir = Path(build_program(program, BuildOptions.create()))
+                _read_resources(result)
+                result.ok = True
+            except Exception as e:  # a failed build is a result to report, not a crash
+                result.error = f"{type(e).__name__}: {e}"
+                result.program_dir = get_cache_dir(program, BuildOptions.create())
+    result.seconds = time.time() - start
+    return result
+
+
+def build_config(module: ModuleType, arch: str, config: dict[str, Any], dtype=tilus.float16) -> BuildResult:
+    """Build one configuration of a version's autotune space."""
+    result = build_script(module.Kernel, arch, {"dtype": dtype, **config}, version=module.__name__.rsplit(".", 1)[-1])
+    result.config = dict(config)
+    return result
+
+
+def build_version(module: ModuleType, arch: str, all_configs: bool = False, dtype=tilus.float16) -> list[BuildResult]:
+    configs = versions.space(module) if all_configs else [module.REPRESENTATIVE]
+    return [build_config(module, arch, config, dtype) for config in configs]
+
+
+def markers_found(result: BuildResult, markers) -> dict[str, bool]:
+    ptx = result.ptx()
+    return {marker: marker in ptx for marker in markers}

@@ -1,0 +1,63 @@
+"""Correctness of a kernel against a float32 reference, as the tests and the harness check it."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .contract import DTYPES
+
+# fp16/bf16 inputs, float32 accumulation, rounded once to the output dtype: the relative error is
+# that rounding (2^-11 for float16, 2^-8 for bfloat16) plus accumulation-order noise.
+TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def random_operands(m: int, n: int, k: int, dtype: torch.dtype, device="cuda", generator=None):
+    """Fresh random A [M, K] and B [N, K], rows padded to 16 bytes as the TMA contract needs."""
+    assert dtype in DTYPES
+    per_row = 8
+
+    def matrix(rows, cols):
+        padded = torch.empty((rows, cols + (-cols) % per_row), dtype=dtype, device=device)
+        padded.uniform_(-1, 1, generator=generator)  # the padding holds noise too: it must not be read
+        return padded[:, :cols]
+
+    return matrix(m, k), matrix(n, k)
+
+
+def poisoned_output(m: int, n: int, dtype: torch.dtype, device="cuda") -> torch.Tensor:
+    """An output [M, N] full of NaN, so that any element the kernel fails to write is caught."""
+    out = torch.empty((m, n + (-n) % 8), dtype=dtype, device=device)[:, :n]
+    out.fill_(float("nan"))
+    return out
+
+
+def reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a.float() @ b.float().T
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64; NaN (an unwritten or broken element) gives inf."""
+    diff = out.double() - ref.double()
+    if not torch.isfinite(diff).all():
+        return math.inf
+    return (diff.norm() / ref.double().norm().clamp_min(1e-30)).item()
+
+
+def check_version(module, shapes=((1000, 4095, 17), (17, 1000, 4095), (4095, 17, 1000)), dtypes=DTYPES,
+                  config=None) -> float | None:
+    """Run one version on fresh random operands of awkward shapes; the worst relative error, or
+    None if any result is off by more than its dtype's tolerance."""
+    from .versions import run
+
+    worst = 0.0
+    for dtype in dtypes:
+        for m, n, k in shapes:
+            a, b = random_operands(m, n, k, dtype)
+            out = run(module, a, b, poisoned_output(m, n, dtype), config=config)
+            error = relative_error(out, reference(a, b))
+            if not error <= TOLERANCE[dtype]:
+                return None
+            worst = max(worst, error)
+    return worst

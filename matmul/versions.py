@@ -1,0 +1,100 @@
+"""The registry of the series: which version modules exist for which architecture, and how to run
+one of them with its own autotuning or with one fixed configuration.
+
+A version module (``matmul/<family>/v<N>.py``) defines:
+
+* ``Kernel`` -- the ``tilus.Script`` class, autotuned with ``@tilus.autotune`` over its space;
+* ``IDEA`` -- the one idea it adds over the previous version, in a few words;
+* ``REPRESENTATIVE`` -- one configuration of its space, the one CI builds by default;
+* ``PTX_MARKERS`` -- the PTX instructions that show its step (checked by the tests).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import itertools
+from types import ModuleType
+from typing import Any, Optional
+
+import torch
+
+import pipeline  # noqa: F401  (applies the tilus fixes before any kernel is built)
+import tilus
+
+from .contract import check_operands, row_stride
+
+ARCHS = {"sm_100a": "blackwell", "sm_90a": "hopper"}
+ARCH_NAMES = {"sm_100a": "Blackwell", "sm_90a": "Hopper"}
+VERSIONS = tuple(f"v{i}" for i in range(7))
+TILUS_DTYPES = {torch.float16: tilus.float16, torch.bfloat16: tilus.bfloat16}
+
+
+_ARCH_ALIASES = {
+    **{name: "sm_100a" for name in ("sm_100a", "sm100a", "sm_100", "sm100", "blackwell")},
+    **{name: "sm_90a" for name in ("sm_90a", "sm90a", "sm_90", "sm90", "hopper")},
+}
+
+
+def normalize_arch(arch: str) -> str:
+    """'sm_100a', 'sm100a', 'blackwell' -> 'sm_100a'; likewise for Hopper."""
+    try:
+        return _ARCH_ALIASES[arch.strip().lower()]
+    except KeyError:
+        raise ValueError(f"unknown architecture {arch!r}; choose one of {', '.join(ARCHS)}") from None
+
+
+def module_name(arch: str, version: str) -> str:
+    return f"matmul.{ARCHS[normalize_arch(arch)]}.{version}"
+
+
+def available(arch: str) -> list[str]:
+    """The versions that exist for ``arch``, in order."""
+    found = []
+    for version in VERSIONS:
+        try:
+            importlib.import_module(module_name(arch, version))
+        except ModuleNotFoundError as e:
+            if e.name != module_name(arch, version):
+                raise
+            continue
+        found.append(version)
+    return found
+
+
+def load(arch: str, version: str) -> ModuleType:
+    return importlib.import_module(module_name(arch, version))
+
+
+def space(module: ModuleType) -> list[dict[str, Any]]:
+    """Every configuration of the version's autotune space, as keyword dicts."""
+    items = []
+    for names, values in getattr(module.Kernel, "_autotune_space", {}).items():
+        keys = [n.strip() for n in names.split(",")]
+        items.append([dict(zip(keys, v if len(keys) > 1 else [v])) for v in values])
+    return [functools.reduce(lambda x, y: x | y, combo, {}) for combo in itertools.product(*items)]
+
+
+@functools.cache
+def _fixed_kernel_class(kernel_cls: type, config_items: tuple) -> type:
+    # Same kernel, an autotune space of one point: tilus builds and caches it as usual.
+    return type(kernel_cls.__name__, (kernel_cls,), {
+        "_autotune_space": {name: [value] for name, value in config_items},
+        "__module__": kernel_cls.__module__,
+    })
+
+
+def kernel(module: ModuleType, dtype: torch.dtype, config: Optional[dict[str, Any]] = None):
+    """The launchable tilus script of a version for ``dtype``: autotuned, or fixed to ``config``."""
+    cls = module.Kernel if config is None else _fixed_kernel_class(module.Kernel, tuple(sorted(config.items())))
+    return cls(dtype=TILUS_DTYPES[dtype])
+
+
+def run(module: ModuleType, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None,
+        config: Optional[dict[str, Any]] = None) -> torch.Tensor:
+    """C = A @ B^T with one version of the series (A [M, K], B [N, K], row-major)."""
+    out = check_operands(a, b, out)
+    (m, k), n = a.shape, b.shape[0]
+    with torch.cuda.device(a.device):
+        kernel(module, a.dtype, config)(m, n, k, a, b, out, row_stride(a), row_stride(b), row_stride(out))
+    return out

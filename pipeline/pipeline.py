@@ -1,0 +1,98 @@
+"""A ring of shared-memory stages handed from a producer to a consumer through mbarriers.
+
+Each stage ``s`` has two barriers:
+
+* ``full[s]``  -- the producer says "stage s holds data". It completes when ``producer_arrivals``
+  arrivals have been made *and* every byte announced with ``expect_tx`` (TMA) has landed.
+* ``empty[s]`` -- the consumer says "stage s may be overwritten". It completes after
+  ``consumer_arrivals`` arrivals (threads calling ``consumer_release``, or a ``tcgen05.commit``).
+
+Both sides walk the ring in the same order and keep a phase bit that flips each time they wrap
+around, so a wait on a barrier always names the phase it expects to see completed. The producer
+starts with phase 1 on ``empty`` (every stage is free at the start: waiting for "the phase before
+the first" returns at once); the consumer starts with phase 0 on ``full``.
+
+Cluster pipelines (2-CTA and larger clusters) use the same class:
+
+* ``scope="cluster"`` makes the waits acquire at cluster scope, so that arrivals and TMA bytes
+  coming from the peer CTA are visible.
+* ``release_to`` is a bit mask of the CTAs (by rank in the cluster, up to 4) whose ``empty``
+  barrier a consumer arrives on; 0 (the default) means this CTA's own barrier. ``0b01`` sends every
+  release to the leader CTA (Blackwell 2-CTA MMA: the leader issues the MMA that reads both CTAs'
+  stages); ``0b11`` releases the stage in both CTAs (Hopper multicast: both CTAs' TMA refill a
+  stage, so both must know it is free). The arrival count of ``empty`` must then count the
+  consumers of every CTA that releases to it.
+"""
+
+
+import tilus
+from tilus import RegisterTensor, int32, uint32
+
+
+class Pipeline(tilus.Class):
+    def __init__(
+        self,
+        num_stages: int,
+        producer_arrivals: int = 1,
+        consumer_arrivals: int = 1,
+        scope: str = "cta",
+        release_to: int = 0,
+    ):
+        self.num_stages: int = num_stages
+        self.scope: str = scope
+        self.release_to: int = release_to
+        self.full = self.mbarrier.alloc([producer_arrivals for _ in range(num_stages)])
+        self.empty = self.mbarrier.alloc([consumer_arrivals for _ in range(num_stages)])
+        self.producer_stage: int32 = 0
+        self.consumer_stage: int32 = 0
+        self.producer_phase: uint32 = self.mbarrier.producer_initial_phase
+        self.consumer_phase: uint32 = self.mbarrier.consumer_initial_phase
+
+    # -- producer side --------------------------------------------------------------------------
+    def producer_acquire(self):
+        """Wait until the current stage is free to be filled."""
+        self.mbarrier.wait(self.empty[self.producer_stage], phase=self.producer_phase, scope=self.scope)
+
+    def producer_barrier(self) -> RegisterTensor:
+        """The barrier the producer's writes complete on (give it to TMA or tcgen05.commit)."""
+        return self.full[self.producer_stage]
+
+    def producer_release(self):
+        """Arrive on the current stage's ``full`` barrier (producers that write with plain stores)."""
+        self.mbarrier.arrive(self.full[self.producer_stage], scope=self.scope)
+
+    def producer_advance(self):
+        self.producer_stage = (self.producer_stage + 1) % self.num_stages
+        self.producer_phase = self.producer_phase ^ (self.producer_stage == 0)
+
+    # -- consumer side --------------------------------------------------------------------------
+    def consumer_acquire(self):
+        """Wait until the current stage holds data."""
+        self.mbarrier.wait(self.full[self.consumer_stage], phase=self.consumer_phase, scope=self.scope)
+
+    def consumer_barrier(self) -> RegisterTensor:
+        """The barrier that frees the current stage (give it to tcgen05.commit)."""
+        return self.empty[self.consumer_stage]
+
+    def consumer_release(self):
+        """Arrive on the current stage's ``empty`` barrier: this CTA's, or those of ``release_to``."""
+        if self.release_to == 0:
+            self.mbarrier.arrive(self.empty[self.consumer_stage], scope=self.scope)
+        else:
+            self.arrive_on_ranks(self.empty[self.consumer_stage], self.release_to)
+
+    def arrive_on_ranks(self, barrier: RegisterTensor, ranks: int):
+        """Arrive on ``barrier`` in each CTA of the bit mask ``ranks``. The mask is known when the
+        kernel is built, so the branches fold away."""
+        if ranks & 0b0001:
+            self.mbarrier.arrive_and_expect_tx_remote(barrier, transaction_bytes=0, target_rank=0, scope="cluster")
+        if ranks & 0b0010:
+            self.mbarrier.arrive_and_expect_tx_remote(barrier, transaction_bytes=0, target_rank=1, scope="cluster")
+        if ranks & 0b0100:
+            self.mbarrier.arrive_and_expect_tx_remote(barrier, transaction_bytes=0, target_rank=2, scope="cluster")
+        if ranks & 0b1000:
+            self.mbarrier.arrive_and_expect_tx_remote(barrier, transaction_bytes=0, target_rank=3, scope="cluster")
+
+    def consumer_advance(self):
+        self.consumer_stage = (self.consumer_stage + 1) % self.num_stages
+        self.consumer_phase = self.consumer_phase ^ (self.consumer_stage == 0)

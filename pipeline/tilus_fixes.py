@@ -1,0 +1,235 @@
+"""Work-arounds for faults of tilus 0.2.0, applied once when ``pipeline`` is imported.
+
+Each fix names the fault it works around, is guarded to the tilus release that has it, and can be
+taken out again (``disabled(name)``) so that the tests can show the fault comes back without it.
+
+Faults (tilus 0.2.0, seen on an H100 and on machines without a GPU):
+
+``tma_sm90``
+    Every TMA global-to-shared copy is emitted with ``.cta_group::1``. That qualifier exists only
+    from sm_100 on; ptxas rejects it for sm_90a ("Feature '.cta_group::1' not supported on .target
+    'sm_90a'"), so no TMA load builds for Hopper. Below sm_100 the qualifier is dropped (it means
+    the default there); ``cta_group=2`` below sm_100 is refused with a clear error.
+``build_without_gpu``
+    Building calls ``torch.cuda.is_available()`` and stops without a GPU, even with the target set
+    explicitly, and links every kernel library with ``-lcuda``, which needs a driver library. The
+    device code (nvcc + ptxas) does not need either. The check is skipped and, where no
+    ``libcuda.so`` exists, the link goes against an empty stand-in built once with the host compiler
+    (such a library is compiled only, never loaded).
+``keep_ptx``
+    The PTX of a kernel is kept only with ``tilus.option.debug.dump_ir()``, which also dumps the IR
+    after every pass (slow and large). nvcc is asked to keep ``source.ptx`` beside every built
+    library, and, where ``cuobjdump`` and ``nvdisasm`` are available (PATH or NVIDIA's wheels
+    ``nvidia-cuda-cuobjdump`` and ``nvidia-cuda-nvdisasm``), the SASS to ``source.sass``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes.util
+import functools
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import tilus
+
+FAULTY_RELEASES = ("0.2.0",)
+
+
+@dataclass
+class Fix:
+    name: str
+    fault: str
+    # (module, attribute name, replacement factory taking the original)
+    patches: list[tuple[object, str, Callable]] = field(default_factory=list)
+    originals: list[tuple[object, str, object]] = field(default_factory=list)
+
+    @property
+    def applied(self) -> bool:
+        return bool(self.originals)
+
+    def apply(self) -> None:
+        if self.applied:
+            return
+        for module, attr, make in self.patches:
+            original = getattr(module, attr)
+            self.originals.append((module, attr, original))
+            setattr(module, attr, make(original))
+
+    def revert(self) -> None:
+        for module, attr, original in reversed(self.originals):
+            setattr(module, attr, original)
+        self.originals.clear()
+
+
+def _sm_major() -> int:
+    return tilus.target.get_current_target().properties.compute_capability[0]
+
+
+# --- tma_sm90 ------------------------------------------------------------------------------------
+
+
+def _drop_cta_group_below_sm100(original):
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        if _sm_major() < 10:
+            if kwargs.get("cta_group") not in (None, 1):
+                raise ValueError(
+                    "TMA with cta_group=2 needs sm_100 or newer; on Hopper use cta_group=1 (the default)"
+                )
+            kwargs["cta_group"] = None
+        return original(*args, **kwargs)
+
+    return wrapper
+
+
+def _tma_sm90_fix() -> Fix:
+    from tilus.backends.emitters.cuda import cp_async_tensor as emitter
+
+    return Fix(
+        name="tma_sm90",
+        fault="TMA loads are emitted with .cta_group::1, which ptxas rejects for sm_90a",
+        patches=[
+            (emitter, "cp_async_tensor_global_to_shared", _drop_cta_group_below_sm100),
+            (emitter, "cp_async_tensor_global_to_cluster_shared", _drop_cta_group_below_sm100),
+        ],
+    )
+
+
+# --- build_without_gpu ---------------------------------------------------------------------------
+
+
+@functools.cache
+def stand_in_libcuda_dir() -> str | None:
+    """A folder holding an empty ``libcuda.so`` when the machine has no driver library, else None."""
+    if ctypes.util.find_library("cuda") is not None:
+        return None
+    folder = Path(tempfile.gettempdir()) / f"matmul-libcuda-stand-in-{os.getuid()}"
+    lib = folder / "libcuda.so"
+    if not lib.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f"libcuda.so.{os.getpid()}"
+        host_cc = shutil.which("cc") or shutil.which("gcc") or "cc"
+        subprocess.run([host_cc, "-shared", "-x", "c", "/dev/null", "-o", str(tmp)], check=True)
+        os.replace(tmp, lib)  # atomic: parallel builders never see a half-written library
+    return str(folder)
+
+
+def _compile_without_gpu_check(original):
+    from tilus.hidet.backend.build import NVCC
+
+    @functools.wraps(original)
+    def compile_source(source_file, output_library_file, target, include_dirs=(), linking_dirs=(),
+                       linking_libraries=(), object_files=()):
+        if not target.is_nvgpu():
+            return original(source_file, output_library_file, target, include_dirs, linking_dirs,
+                            linking_libraries, object_files)
+        stand_in = stand_in_libcuda_dir()
+        NVCC().compile(
+            os.path.abspath(source_file),
+            os.path.abspath(output_library_file),
+            target,
+            include_dirs=include_dirs,
+            linking_dirs=[*linking_dirs, *([stand_in] if stand_in else [])],
+            linking_libs=linking_libraries,
+            object_files=[os.path.abspath(f) for f in object_files or []],
+        )
+
+    return compile_source
+
+
+def _build_without_gpu_fix() -> Fix:
+    import tilus.drivers as drivers
+
+    return Fix(
+        name="build_without_gpu",
+        fault="building needs torch.cuda.is_available() and a driver libcuda.so for -lcuda",
+        patches=[(drivers, "compile_source", _compile_without_gpu_check)],
+    )
+
+
+# --- keep_ptx ------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _cuda_tool(name: str) -> str | None:
+    """A CUDA binary tool from PATH or from NVIDIA's wheels (nvidia-cuda-cuobjdump, -nvdisasm)."""
+    found = shutil.which(name)
+    if found:
+        return found
+    try:
+        import nvidia  # the wheels install nvidia/cu*/bin/<tool>
+    except ImportError:
+        return None
+    for root in nvidia.__path__:
+        for candidate in sorted(Path(root).glob(f"cu*/bin/{name}")):
+            return str(candidate)
+    return None
+
+
+def disassembler() -> tuple[str, dict] | None:
+    """cuobjdump and the environment it runs in (it calls nvdisasm), or None if either is missing."""
+    cuobjdump, nvdisasm = _cuda_tool("cuobjdump"), _cuda_tool("nvdisasm")
+    if not (cuobjdump and nvdisasm):
+        return None
+    env = dict(os.environ, PATH=f"{os.path.dirname(nvdisasm)}{os.pathsep}{os.environ.get('PATH', '')}")
+    return cuobjdump, env
+
+
+def _keep_ptx_and_sass(original):
+    @functools.wraps(original)
+    def run_compile_command(self, command, src_path, out_lib_path, keep_files):
+        if "--keep " not in command:
+            compiler, rest = command.split(" ", 1)
+            command = f"{compiler} --keep {rest}"
+        keep_files = [*keep_files, "source.ptx"]
+        original(self, command, src_path, out_lib_path, keep_files)
+        tool = disassembler()
+        if tool and out_lib_path.endswith(".so"):
+            cuobjdump, env = tool
+            result = subprocess.run([cuobjdump, "-sass", out_lib_path], capture_output=True, text=True, env=env)
+            if result.returncode == 0:
+                Path(out_lib_path).with_name("source.sass").write_text(result.stdout)
+
+    return run_compile_command
+
+
+def _keep_ptx_fix() -> Fix:
+    from tilus.hidet.backend.build import SourceCompiler
+
+    return Fix(
+        name="keep_ptx",
+        fault="the PTX of a kernel is kept only when every IR pass is dumped too",
+        patches=[(SourceCompiler, "run_compile_command", _keep_ptx_and_sass)],
+    )
+
+
+# --- registry ------------------------------------------------------------------------------------
+
+FIXES: dict[str, Fix] = {}
+
+
+def apply_all() -> dict[str, Fix]:
+    """Apply every fix the installed tilus needs (none for a release without the faults)."""
+    if tilus.__version__ in FAULTY_RELEASES and not FIXES:
+        for make in (_tma_sm90_fix, _build_without_gpu_fix, _keep_ptx_fix):
+            fix = make()
+            fix.apply()
+            FIXES[fix.name] = fix
+    return FIXES
+
+
+@contextlib.contextmanager
+def disabled(name: str) -> Iterator[None]:
+    """Take one fix out for the duration of the block (for tests that show the fault)."""
+    fix = FIXES[name]
+    fix.revert()
+    try:
+        yield
+    finally:
+        fix.apply()

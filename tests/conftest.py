@@ -1,0 +1,34 @@
+import functools
+
+import pytest
+import torch
+
+from matmul import build, versions
+
+
+def gpu_arch() -> str | None:
+    if not torch.cuda.is_available():
+        return None
+    return {9: "sm_90a", 10: "sm_100a"}.get(torch.cuda.get_device_capability()[0])
+
+
+def require_gpu(arch: str) -> None:
+    """Skip unless this machine has a GPU that runs the ``arch`` series."""
+    here = gpu_arch()
+    if here != arch:
+        pytest.skip(f"needs a {versions.ARCH_NAMES[arch]} GPU ({arch}); this machine has "
+                    f"{'none' if here is None else here}")
+
+
+@functools.cache
+def representative_build(arch: str, version: str) -> build.BuildResult:
+    """Each version's representative configuration, built once per test session."""
+    module = versions.load(arch, version)
+    return build.build_config(module, arch, module.REPRESENTATIVE)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cuda_errors():
+    yield
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()  # a fault in a kernel shows up in the test that launched it

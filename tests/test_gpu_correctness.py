@@ -1,0 +1,60 @@
+"""Every version of the series that matches this machine's GPU computes C = A @ B^T right.
+
+Fresh random operands for each call (never zeros), the output poisoned with NaN before the call,
+shapes that are not multiples of any tile, both dtypes; compared with a float32 reference.
+"""
+
+import itertools
+
+import pytest
+import torch
+
+from matmul import versions
+from matmul.check import TOLERANCE, poisoned_output, random_operands, reference, relative_error
+
+from conftest import gpu_arch
+
+SIZES = (1, 17, 1000, 4095)
+SHAPES = list(itertools.product(SIZES, SIZES, SIZES)) + [(8191, 1000, 17), (17, 8191, 1000), (1000, 17, 8191)]
+DTYPES = (torch.float16, torch.bfloat16)
+
+ARCH = gpu_arch()
+HERE = versions.available(ARCH) if ARCH else []
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600),
+              pytest.mark.skipif(ARCH is None, reason="needs a Hopper or Blackwell GPU")]
+
+
+def check(module, m, n, k, dtype, config=None):
+    a, b = random_operands(m, n, k, dtype)
+    out = poisoned_output(m, n, dtype)
+    versions.run(module, a, b, out, config=config)
+    error = relative_error(out, reference(a, b))
+    assert error <= TOLERANCE[dtype], f"{module.__name__} {m}x{n}x{k} {dtype}: relative error {error:.3g}"
+    return error
+
+
+@pytest.mark.parametrize("version", HERE)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_shape(version, dtype):
+    module = versions.load(ARCH, version)
+    for m, n, k in SHAPES:
+        check(module, m, n, k, dtype, config=module.REPRESENTATIVE)
+
+
+@pytest.mark.parametrize("version", HERE)
+def test_every_configuration_of_the_space(version):
+    module = versions.load(ARCH, version)
+    for config in versions.space(module):
+        for m, n, k in ((1000, 4095, 17), (333, 257, 1031)):
+            check(module, m, n, k, torch.float16, config=config)
+
+
+@pytest.mark.parametrize("version", HERE)
+def test_autotuned_call_and_errors_are_stable(version):
+    # the autotuned kernel, run twice on the same operands, gives the same bits (no race)
+    module = versions.load(ARCH, version)
+    a, b = random_operands(2048, 1536, 1024, torch.float16)
+    first = versions.run(module, a, b, poisoned_output(2048, 1536, torch.float16))
+    second = versions.run(module, a, b, poisoned_output(2048, 1536, torch.float16))
+    assert torch.equal(first, second)
+    assert relative_error(first, reference(a, b)) <= TOLERANCE[torch.float16]

@@ -1,0 +1,68 @@
+"""Each tilus 0.2.0 work-around is needed: taking it out brings the fault back."""
+
+import pytest
+import tilus
+import tilus.drivers
+import torch
+
+from matmul import build, versions
+from pipeline import tilus_fixes
+
+
+@pytest.fixture
+def fresh_cache(tmp_path):
+    """Each build in the test goes to an empty cache, so that nothing built before hides a fault."""
+    previous = tilus.option.get_option("cache_dir")
+    yield tmp_path
+    tilus.option.cache_dir(previous)
+    tilus.drivers.get_cache_dir.cache_clear()
+
+
+_builds = iter(range(10**6))
+
+
+def build_hopper_tma_kernel(config=dict(block_m=64, block_n=128, block_k=32)):
+    tilus.option.cache_dir(tilus.option.get_option("cache_dir") + f"/fresh{next(_builds)}")
+    tilus.drivers.get_cache_dir.cache_clear()  # tilus memoizes program -> cache folder
+    return build.build_config(versions.load("sm_90a", "v1"), "sm_90a", config)
+
+
+def test_fixes_are_applied_for_tilus_0_2_0():
+    assert tilus.__version__ == "0.2.0"
+    assert set(tilus_fixes.FIXES) == {"tma_sm90", "build_without_gpu", "keep_ptx"}
+    assert all(fix.applied for fix in tilus_fixes.FIXES.values())
+
+
+def test_tma_load_builds_for_sm90a_only_with_the_fix(fresh_cache):
+    tilus.option.cache_dir(str(fresh_cache))
+    assert build_hopper_tma_kernel().ok
+    with tilus_fixes.disabled("tma_sm90"):
+        result = build_hopper_tma_kernel()
+    assert not result.ok
+    assert "cta_group" in result.error and "sm_90a" in result.error
+
+
+def test_blackwell_keeps_cta_group_qualifier(fresh_cache):
+    tilus.option.cache_dir(str(fresh_cache))
+    module = versions.load("sm_100a", "v1")
+    result = build.build_config(module, "sm_100a", module.REPRESENTATIVE)
+    assert result.ok and ".cta_group::1" in result.ptx()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the fault shows only on a machine without a GPU")
+def test_build_without_gpu_needs_the_fix(fresh_cache):
+    tilus.option.cache_dir(str(fresh_cache))
+    assert build_hopper_tma_kernel().ok
+    assert tilus_fixes.stand_in_libcuda_dir() is not None  # no driver here: linked against the stand-in
+    with tilus_fixes.disabled("build_without_gpu"):
+        result = build_hopper_tma_kernel()
+    assert not result.ok and "CUDA is not available" in result.error
+
+
+def test_ptx_is_kept_only_with_the_fix(fresh_cache):
+    tilus.option.cache_dir(str(fresh_cache))
+    result = build_hopper_tma_kernel()
+    assert result.ptx_path.exists() and "wgmma.mma_async" in result.ptx()
+    with tilus_fixes.disabled("keep_ptx"):
+        result = build_hopper_tma_kernel()
+    assert result.ok and not result.ptx_path.exists()
