@@ -62,8 +62,9 @@ class RingCopy(tilus.Script):
         self.attrs.blocks = ctas
         self.attrs.cluster_blocks = ctas
         self.attrs.warps = 5
-        g_src = self.global_view(src_ptr, dtype=tilus.float16, shape=[ctas, rows, 64])
-        g_dst = self.global_view(dst_ptr, dtype=tilus.float16, shape=[ctas, rows, 64])
+        # 2-D views: tilus 0.2.0 gets the TMA coordinates wrong for a slice (dims=...) of a 3-D view
+        g_src = self.global_view(src_ptr, dtype=tilus.float16, shape=[ctas * rows, 64])
+        g_dst = self.global_view(dst_ptr, dtype=tilus.float16, shape=[ctas * rows, 64])
         s_ring = self.shared_tensor(dtype=tilus.float16, shape=[self.stages, block, 64])
         ring = Pipeline(self.stages, consumer_arrivals=128 * ctas, scope="cluster" if self.two_ctas else "cta",
                         release_to=0b11 if self.two_ctas else 0)
@@ -77,14 +78,14 @@ class RingCopy(tilus.Script):
                 ring.producer_acquire()
                 with self.single_thread():
                     self.mbarrier.arrive_and_expect_tx(ring.producer_barrier(), transaction_bytes=s_ring[0].nbytes)
-                self.tma.global_to_shared(src=g_src, dst=s_ring[ring.producer_stage], offsets=[cta, offset, 0],
-                                          dims=[1, 2], mbarrier=ring.producer_barrier())
+                self.tma.global_to_shared(src=g_src, dst=s_ring[ring.producer_stage], offsets=[cta * rows + offset, 0],
+                                          mbarrier=ring.producer_barrier())
                 ring.producer_advance()
         with self.warp_group(warp_begin=0, num_warps=4):
             for offset in range(0, rows, block):
                 ring.consumer_acquire()
                 tile = self.load_shared(s_ring[ring.consumer_stage])
-                self.store_global(g_dst, tile, offsets=[cta, offset, 0], dims=[1, 2])
+                self.store_global(g_dst, tile, offsets=[cta * rows + offset, 0])
                 self.sync()
                 ring.consumer_release()
                 ring.consumer_advance()
