@@ -1,0 +1,112 @@
+"""Blackwell V2: V1 with a ring of shared-memory stages, so that TMA loads run ahead of the MMAs.
+
+Idea: in V1 the tensor core waits for every tile to arrive and the TMA engine waits for every MMA
+to finish: the two take turns. V2 gives shared memory ``stages`` slots for (A, B) tile pairs. The
+prologue issues loads for the first ``stages`` K blocks at once; in the main loop the issuing warp
+waits only for the tiles of the K block it is about to multiply, queues the MMA, and then refills
+the slot the *previous* MMA read, as soon as that MMA is done. So while the tensor core works on
+block ``k`` (with block ``k-1`` possibly still draining), the loads for blocks ``k+1 .. k+stages-1``
+are already in flight. One warp still does all of the issuing; the other warps only wait for the
+result (V3 splits the roles).
+
+Synchronization (all at CTA scope):
+``loaded[s]`` (one per slot, arrival count 1): one ``arrive.expect_tx`` by the issuing lane with
+both tiles' bytes, plus the TMA bytes; completes once per use of slot ``s``. The issuing warp
+waits on it with parity ``(k // stages) & 1`` before the MMA of K block ``k``.
+``freed[s]`` (one per slot, arrival count 1): one ``tcgen05.commit`` after the MMA that read slot
+``s``; the issuing warp waits on it (same parity rule) before a TMA load overwrites slot ``s``.
+``acc_ready`` (arrival count 1): one ``tcgen05.commit`` after the last MMA; all 128 threads wait on
+it (phase 0) before reading TMEM. The epilogue is V1's (``fence.proxy.async`` + ``__syncthreads``
+before the TMA store). The output tile is staged in its own buffer, not in the ring: tilus 0.2.0
+places the mbarriers in whatever shared memory is free when the kernel is finalized, so a
+``free_shared`` ring would put the barriers on top of live tiles.
+"""
+
+import tilus
+from tilus import GlobalTensor, RegisterTensor, SharedTensor, float32, int32, void_p
+from tilus.ir.layout.ops.shared_ops import shared_row_major
+from tilus.utils import cdiv
+
+IDEA = "software pipelining: a ring of shared-memory stages, TMA loads run ahead of the MMAs"
+PTX_MARKERS = ("tcgen05.mma.cta_group::1", "tcgen05.commit", "cp.async.bulk.tensor.2d.shared::cta.global",
+               "mbarrier.try_wait.parity")
+REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=3)
+
+
+# shared memory: stages * (block_m + block_n) * block_k * 2 bytes of ring + the staged output tile
+@tilus.autotune("block_m, block_n, stages", [(128, 128, 4), (128, 128, 6), (128, 256, 3)])
+@tilus.autotune("block_k", [64])
+class Kernel(tilus.Script):
+    def __init__(self, dtype, block_m: int, block_n: int, block_k: int, stages: int):
+        super().__init__()
+        self.dtype = dtype
+        self.block_m = block_m
+        self.block_n = block_n
+        self.block_k = block_k
+        self.stages = stages
+
+    def load_k_block(self, g_a: GlobalTensor, g_b: GlobalTensor, s_a: SharedTensor, s_b: SharedTensor,
+                     barrier: RegisterTensor, offset_m: int32, offset_n: int32, offset_k: int32):
+        """Issue the TMA loads of one K block into one slot (by the whole issuing warp)."""
+        with self.single_thread():
+            self.mbarrier.arrive_and_expect_tx(barrier, transaction_bytes=s_a.nbytes + s_b.nbytes)
+        self.tma.global_to_shared(src=g_a, dst=s_a, offsets=[offset_m, offset_k], mbarrier=barrier)
+        self.tma.global_to_shared(src=g_b, dst=s_b, offsets=[offset_n, offset_k], mbarrier=barrier)
+
+    def __call__(self, m_size: int32, n_size: int32, k_size: int32, a_ptr: void_p, b_ptr: void_p,
+                 c_ptr: void_p, lda: int32, ldb: int32, ldc: int32):
+        self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
+        self.attrs.warps = 4
+        stages = self.stages
+        offset_m: int32 = self.blockIdx.x * self.block_m
+        offset_n: int32 = self.blockIdx.y * self.block_n
+        num_k_blocks: int32 = cdiv(k_size, self.block_k)
+
+        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size], strides=[lda, 1])
+        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size], strides=[ldb, 1])
+        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size], strides=[ldc, 1])
+        s_a = self.shared_tensor(dtype=self.dtype, shape=[stages, self.block_m, self.block_k])
+        s_b = self.shared_tensor(dtype=self.dtype, shape=[stages, self.block_n, self.block_k])
+        t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
+
+        loaded = self.mbarrier.alloc(counts=[1 for _ in range(stages)])
+        freed = self.mbarrier.alloc(counts=[1 for _ in range(stages)])
+        acc_ready = self.mbarrier.alloc(counts=[1])
+        self.sync()
+
+        with self.single_warp():
+            # prologue: one load per slot, all in flight together
+            for s in self.range(stages, unroll="all"):
+                if s < num_k_blocks:
+                    self.load_k_block(g_a, g_b, s_a[s], s_b[s], loaded[s], offset_m, offset_n, s * self.block_k)
+
+            for k in range(num_k_blocks):
+                stage = k % stages
+                self.mbarrier.wait(loaded[stage], phase=(k // stages) & 1)
+                self.tcgen05.mma(s_a[stage], s_b[stage].transpose(), t_acc, enable_input_d=k != 0)
+                self.tcgen05.commit(mbarrier=freed[stage])
+                # MMA k is queued behind MMA k-1: refill the slot MMA k-1 read once it has finished
+                refill = k - 1 + stages
+                if k >= 1 and refill < num_k_blocks:
+                    prev = (k - 1) % stages
+                    self.mbarrier.wait(freed[prev], phase=((k - 1) // stages) & 1)
+                    self.load_k_block(g_a, g_b, s_a[prev], s_b[prev], loaded[prev], offset_m, offset_n,
+                                      refill * self.block_k)
+            self.tcgen05.commit(mbarrier=acc_ready[0])
+        self.mbarrier.wait(acc_ready[0], phase=0)
+
+        # epilogue (as in V1)
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.block_n])
+        self.annotate_layout(s_c, shared_row_major(self.block_m, self.block_n))
+        r_acc = self.tcgen05.load(t_acc)
+        self.tcgen05.wait_load()
+        self.store_shared(s_c, r_acc.to(self.dtype))
+        self.fence.proxy_async(space="shared")
+        self.sync()
+        with self.single_warp():
+            self.tma.shared_to_global(s_c, g_c, offsets=[offset_m, offset_n])
+            self.tma.commit_group()
+            self.tma.wait_group(0)
+
+        self.sync()
+        self.tcgen05.dealloc(t_acc)

@@ -1,0 +1,33 @@
+"""The Blackwell series V2-V6: each version's PTX holds what its step is about.
+
+The kernels are built for sm_100a and inspected, never run (no Blackwell GPU here). Each test reads
+the representative build (cached once per session by ``conftest.representative_build``); only the
+4-CTA cluster configuration of V6 is built on top.
+"""
+
+import re
+
+from matmul import versions
+
+from conftest import representative_build
+
+ARCH = "sm_100a"
+TMA_LOAD = "cp.async.bulk.tensor.2d.shared::cta.global"
+
+
+def ptx_of(version: str) -> str:
+    result = representative_build(ARCH, version)
+    assert result.ok, result.error[-3000:]
+    return result.ptx()
+
+
+def test_v2_keeps_several_stages_in_flight():
+    stages = versions.load(ARCH, "v2").REPRESENTATIVE["stages"]
+    ptx, v1 = ptx_of("v2"), ptx_of("v1")
+    # every stage's loads are issued before the first MMA (V1 issues exactly one stage's worth)
+    assert ptx[: ptx.index("tcgen05.mma")].count(TMA_LOAD) >= 2 * stages
+    assert v1[: v1.index("tcgen05.mma")].count(TMA_LOAD) == 2
+    # a "loaded" and a "freed" barrier per stage, and one for the finished accumulator
+    assert ptx.count("mbarrier.init") >= 2 * stages + 1
+    # each MMA's completion is committed to the barrier of the stage it read
+    assert ptx.count("tcgen05.commit") >= 2
