@@ -31,3 +31,14 @@ def test_v2_keeps_several_stages_in_flight():
     assert ptx.count("mbarrier.init") >= 2 * stages + 1
     # each MMA's completion is committed to the barrier of the stage it read
     assert ptx.count("tcgen05.commit") >= 2
+
+
+def test_v3_gives_loads_mmas_and_epilogue_their_own_warps():
+    ptx, v2 = ptx_of("v3"), ptx_of("v2")
+    # the TMA warp's loop and the MMA warp's loop are separate branches: every TMA load of the
+    # kernel comes before its first MMA (in V2 one warp interleaves refills with the MMAs)
+    assert ptx.count(TMA_LOAD) >= 2 and ptx.rindex(TMA_LOAD) < ptx.index("tcgen05.mma")
+    assert v2.rindex(TMA_LOAD) > v2.index("tcgen05.mma")
+    # the epilogue warpgroup synchronizes on its own named barrier (128 threads), not the whole CTA
+    assert re.search(r"bar(\.cta)?\.sync\s+1,\s*128;", ptx)
+    assert representative_build(ARCH, "v3").threads == 6 * 32

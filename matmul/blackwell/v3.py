@@ -1,0 +1,108 @@
+"""Blackwell V3: V2 with warp specialization: a TMA warp, an MMA warp and an epilogue warpgroup.
+
+Idea: in V2 one warp both issues the loads and the MMAs, so each of them waits behind the other's
+barrier waits (a slow load holds back the MMA issue of a block that is already resident, and the
+refill of a slot waits behind the MMA issue). V3 gives each job its own warp, each running its
+own loop over the K blocks and meeting the others only at mbarriers:
+
+* warp 4 (producer): waits for a slot to be free, announces its bytes, issues the two TMA loads;
+* warp 5 (MMA issuer): waits for a slot to be full, issues the MMA, commits the slot back;
+* warps 0-3 (epilogue warpgroup, the 128 TMEM lanes): wait for the accumulator, then TMEM ->
+  registers -> shared -> TMA store, as in V1/V2.
+
+The producer runs up to ``stages`` K blocks ahead of the MMAs, bounded only by the ring.
+
+Synchronization (all at CTA scope, all waits are parity waits):
+``loaded[s]`` (arrival count 1): one ``arrive.expect_tx`` by a lane of the TMA warp (both tiles'
+bytes) + the TMA bytes; the MMA warp waits on it with parity ``(k // stages) & 1``.
+``freed[s]`` (arrival count 1): one ``tcgen05.commit`` by the MMA warp after the MMA that read
+slot ``s``; the TMA warp waits on it with parity ``((k // stages) & 1) ^ 1`` before refilling the
+slot (on a fresh barrier that parity reads as already completed, so the first pass does not wait).
+``acc_ready`` (arrival count 1): one ``tcgen05.commit`` by the MMA warp after its last MMA; the 128
+epilogue threads wait on it (parity 0). The epilogue warpgroup syncs among itself (named barrier of
+128 threads) between its shared-memory stores, ``fence.proxy.async`` and the TMA store; all 6
+warps meet at a final ``__syncthreads`` before TMEM is freed.
+"""
+
+import tilus
+from tilus import float32, int32, void_p
+from tilus.ir.layout.ops.shared_ops import shared_row_major
+from tilus.utils import cdiv
+
+IDEA = "warp specialization: a TMA producer warp, an MMA warp and an epilogue warpgroup"
+PTX_MARKERS = ("tcgen05.mma.cta_group::1", "tcgen05.commit", "cp.async.bulk.tensor.2d.shared::cta.global",
+               "bar.cta.sync 1, 128")
+REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=3)
+
+EPILOGUE_WARPS = (0, 4)  # warps 0-3: one warp per 32 TMEM lanes
+TMA_WARP = 4
+MMA_WARP = 5
+
+
+@tilus.autotune("block_m, block_n, stages", [(128, 128, 4), (128, 128, 6), (128, 256, 3)])
+@tilus.autotune("block_k", [64])
+class Kernel(tilus.Script):
+    def __init__(self, dtype, block_m: int, block_n: int, block_k: int, stages: int):
+        super().__init__()
+        self.dtype = dtype
+        self.block_m = block_m
+        self.block_n = block_n
+        self.block_k = block_k
+        self.stages = stages
+
+    def __call__(self, m_size: int32, n_size: int32, k_size: int32, a_ptr: void_p, b_ptr: void_p,
+                 c_ptr: void_p, lda: int32, ldb: int32, ldc: int32):
+        self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
+        self.attrs.warps = 6
+        stages = self.stages
+        offset_m: int32 = self.blockIdx.x * self.block_m
+        offset_n: int32 = self.blockIdx.y * self.block_n
+        num_k_blocks: int32 = cdiv(k_size, self.block_k)
+
+        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size], strides=[lda, 1])
+        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size], strides=[ldb, 1])
+        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size], strides=[ldc, 1])
+        s_a = self.shared_tensor(dtype=self.dtype, shape=[stages, self.block_m, self.block_k])
+        s_b = self.shared_tensor(dtype=self.dtype, shape=[stages, self.block_n, self.block_k])
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.block_n])
+        self.annotate_layout(s_c, shared_row_major(self.block_m, self.block_n))
+        t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
+
+        loaded = self.mbarrier.alloc(counts=[1 for _ in range(stages)])
+        freed = self.mbarrier.alloc(counts=[1 for _ in range(stages)])
+        acc_ready = self.mbarrier.alloc(counts=[1])
+        self.sync()
+
+        with self.single_warp(TMA_WARP):  # producer: global -> shared
+            for k in range(num_k_blocks):
+                stage = k % stages
+                self.mbarrier.wait(freed[stage], phase=((k // stages) & 1) ^ 1)
+                with self.single_thread():
+                    self.mbarrier.arrive_and_expect_tx(loaded[stage], transaction_bytes=s_a[0].nbytes + s_b[0].nbytes)
+                self.tma.global_to_shared(src=g_a, dst=s_a[stage], offsets=[offset_m, k * self.block_k],
+                                          mbarrier=loaded[stage])
+                self.tma.global_to_shared(src=g_b, dst=s_b[stage], offsets=[offset_n, k * self.block_k],
+                                          mbarrier=loaded[stage])
+
+        with self.single_warp(MMA_WARP):  # consumer of the ring, producer of the accumulator
+            for k in range(num_k_blocks):
+                stage = k % stages
+                self.mbarrier.wait(loaded[stage], phase=(k // stages) & 1)
+                self.tcgen05.mma(s_a[stage], s_b[stage].transpose(), t_acc, enable_input_d=k != 0)
+                self.tcgen05.commit(mbarrier=freed[stage])
+            self.tcgen05.commit(mbarrier=acc_ready[0])
+
+        with self.warp_group(warp_begin=EPILOGUE_WARPS[0], num_warps=EPILOGUE_WARPS[1]):  # TMEM -> global
+            self.mbarrier.wait(acc_ready[0], phase=0)
+            r_acc = self.tcgen05.load(t_acc)
+            self.tcgen05.wait_load()
+            self.store_shared(s_c, r_acc.to(self.dtype))
+            self.fence.proxy_async(space="shared")
+            self.sync()  # the epilogue warpgroup only
+            with self.single_warp():
+                self.tma.shared_to_global(s_c, g_c, offsets=[offset_m, offset_n])
+                self.tma.commit_group()
+                self.tma.wait_group(0)
+
+        self.sync()
+        self.tcgen05.dealloc(t_acc)
