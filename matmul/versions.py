@@ -3,7 +3,9 @@ one of them with its own autotuning or with one fixed configuration.
 
 A version module (``matmul/<family>/v<N>.py``) defines:
 
-* ``Kernel`` -- the ``tilus.Script`` class, autotuned with ``@tilus.autotune`` over its space;
+* ``Kernel`` -- a ``matmul.kernel.MatmulKernel`` (a ``tilus.Script``) autotuned with
+  ``@tilus.autotune`` over its space: ``__init__(dtype, <its knobs>)`` and a ``matmul`` method that
+  receives the global views of A, B and C (the shared entry point makes them);
 * ``IDEA`` -- the one idea it adds over the previous version, in a few words;
 * ``REPRESENTATIVE`` -- one configuration of its space, the one CI builds by default;
 * ``PTX_MARKERS`` -- the PTX instructions that show its step (checked by the tests).

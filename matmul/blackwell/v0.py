@@ -15,8 +15,10 @@ rows); TMEM is freed after a final ``__syncthreads``, when no warp reads it any 
 """
 
 import tilus
-from tilus import float32, int32, uint32, void_p
+from tilus import GlobalTensor, float32, int32, uint32
 from tilus.utils import cdiv
+
+from ..kernel import MatmulKernel
 
 IDEA = "tcgen05.mma into tensor memory, completion on an mbarrier; tiles loaded through registers"
 PTX_MARKERS = ("tcgen05.mma.cta_group::1", "tcgen05.commit", "tcgen05.alloc", "tcgen05.ld",
@@ -26,24 +28,20 @@ REPRESENTATIVE = dict(block_m=128, block_n=128, block_k=32)
 
 # the tiles pass through registers on their way to shared memory: bigger ones spill
 @tilus.autotune("block_m, block_n, block_k", [(128, 64, 32), (128, 128, 32)])
-class Kernel(tilus.Script):
+class Kernel(MatmulKernel):
     def __init__(self, dtype, block_m: int, block_n: int, block_k: int):
-        super().__init__()
-        self.dtype = dtype
+        super().__init__(dtype)
         self.block_m = block_m
         self.block_n = block_n
         self.block_k = block_k
 
-    def __call__(self, m_size: int32, n_size: int32, k_size: int32, a_ptr: void_p, b_ptr: void_p,
-                 c_ptr: void_p, lda: int32, ldb: int32, ldc: int32):
+    def matmul(self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32,
+               k_size: int32):
         self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
         self.attrs.warps = 4  # 4 warps x 32 lanes = the 128 TMEM lanes of the accumulator
         offset_m: int32 = self.blockIdx.x * self.block_m
         offset_n: int32 = self.blockIdx.y * self.block_n
 
-        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size], strides=[lda, 1])
-        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size], strides=[ldb, 1])
-        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size], strides=[ldc, 1])
         s_a = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.block_k])
         s_b = self.shared_tensor(dtype=self.dtype, shape=[self.block_n, self.block_k])
         t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])

@@ -14,9 +14,11 @@ Epilogue: ``fence.proxy.async`` + ``__syncthreads`` before the TMA store reads t
 """
 
 import tilus
-from tilus import float32, int32, uint32, void_p
+from tilus import GlobalTensor, float32, int32, uint32
 from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.utils import cdiv
+
+from ..kernel import MatmulKernel
 
 IDEA = "TMA loads, completion counted in bytes on an mbarrier; TMA store epilogue"
 PTX_MARKERS = ("tcgen05.mma.cta_group::1", "cp.async.bulk.tensor.2d.shared::cta.global",
@@ -26,24 +28,20 @@ REPRESENTATIVE = dict(block_m=128, block_n=128, block_k=64)
 
 @tilus.autotune("block_m, block_n", [(128, 64), (128, 128), (128, 256)])
 @tilus.autotune("block_k", [32, 64])
-class Kernel(tilus.Script):
+class Kernel(MatmulKernel):
     def __init__(self, dtype, block_m: int, block_n: int, block_k: int):
-        super().__init__()
-        self.dtype = dtype
+        super().__init__(dtype)
         self.block_m = block_m
         self.block_n = block_n
         self.block_k = block_k
 
-    def __call__(self, m_size: int32, n_size: int32, k_size: int32, a_ptr: void_p, b_ptr: void_p,
-                 c_ptr: void_p, lda: int32, ldb: int32, ldc: int32):
+    def matmul(self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32,
+               k_size: int32):
         self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
         self.attrs.warps = 4
         offset_m: int32 = self.blockIdx.x * self.block_m
         offset_n: int32 = self.blockIdx.y * self.block_n
 
-        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size], strides=[lda, 1])
-        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size], strides=[ldb, 1])
-        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size], strides=[ldc, 1])
         s_a = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.block_k])
         s_b = self.shared_tensor(dtype=self.dtype, shape=[self.block_n, self.block_k])
         t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
