@@ -5,8 +5,10 @@ the representative build (cached once per session by ``conftest.representative_b
 4-CTA cluster configuration of V6 is built on top.
 """
 
+import inspect
 import re
 
+import pipeline
 from matmul import versions
 
 from conftest import representative_build
@@ -42,3 +44,22 @@ def test_v3_gives_loads_mmas_and_epilogue_their_own_warps():
     # the epilogue warpgroup synchronizes on its own named barrier (128 threads), not the whole CTA
     assert re.search(r"bar(\.cta)?\.sync\s+1,\s*128;", ptx)
     assert representative_build(ARCH, "v3").threads == 6 * 32
+
+
+def test_v4_rasterizes_a_one_dimensional_grid_in_groups():
+    group = versions.load(ARCH, "v4").REPRESENTATIVE["group"]
+    ptx, v3 = ptx_of("v4"), ptx_of("v3")
+    # one linear block index, mapped to (m tile, n tile) by TileRasterizer
+    assert "%ctaid.y" in v3 and "%ctaid.y" not in ptx
+    assert "div.s32" in ptx  # linear index -> group of tile rows
+    assert re.search(rf"min\.s32\s+%r\d+, %r\d+, {group};", ptx)  # the last group may be shorter
+
+
+def test_v4_to_v6_use_the_shared_pipeline_code():
+    for version in ("v4", "v5", "v6"):
+        if version not in versions.available(ARCH):
+            continue
+        module = versions.load(ARCH, version)
+        source = inspect.getsource(module)
+        assert module.Pipeline is pipeline.Pipeline
+        assert "class Pipeline" not in source and "mbarrier.alloc" not in source, version

@@ -1,0 +1,116 @@
+"""Blackwell V4: V3 with grouped tile rasterization, every hand-off written with ``pipeline.Pipeline``.
+
+Idea: which output tile a CTA computes decides what the L2 cache holds. V1-V3 map the 2-D grid
+straight onto the tiles, so the CTAs running together sweep one row of C tiles and read every
+column tile of B: B comes from DRAM again for each row. V4 launches a 1-D grid and maps each
+linear block index through ``pipeline.TileRasterizer``: the CTAs in flight cover ``group`` tile
+rows column by column, so they share a few A and B tiles, which stay in L2.
+
+The second half of the step is code, not speed: the barrier bookkeeping of V3 (a slot index, a
+phase bit that flips on wrap-around, "wait for parity ^ 1 on a fresh barrier") is the shared
+``Pipeline`` ring, used for both hand-offs of the kernel, so V5 and V6 add pipelines rather than
+barrier arithmetic.
+
+Synchronization (all at CTA scope; see ``pipeline/pipeline.py`` for the phase rules):
+``tma_pipe`` (``stages`` slots): ``full[s]`` counts 1 arrival (the TMA warp's ``arrive.expect_tx``
+of both tiles' bytes) + the TMA bytes; the MMA warp waits on it. ``empty[s]`` counts 1 arrival,
+the MMA warp's ``tcgen05.commit`` after the MMA that read slot ``s``; the TMA warp waits on it
+before refilling the slot.
+``acc_pipe`` (1 slot, the TMEM accumulator): ``full`` counts 1 arrival, the MMA warp's
+``tcgen05.commit`` after its last MMA; the 128 epilogue threads wait on it. Its ``empty`` side is
+never waited on here: one CTA computes one tile (V5 makes the accumulator a ring). The epilogue
+warpgroup syncs on its own named barrier (128 threads); all warps meet at a final
+``__syncthreads`` before TMEM is freed.
+"""
+
+import tilus
+from tilus import float32, int32, void_p
+from tilus.ir.layout.ops.shared_ops import shared_row_major
+from tilus.utils import cdiv
+
+from pipeline import Pipeline, TileRasterizer
+
+IDEA = "grouped tile rasterization for L2 reuse; every hand-off through the shared Pipeline class"
+PTX_MARKERS = ("tcgen05.mma.cta_group::1", "tcgen05.commit", "cp.async.bulk.tensor.2d.shared::cta.global",
+               "bar.cta.sync 1, 128")
+REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=3, group=8)
+
+TMA_WARP = 4
+MMA_WARP = 5
+
+
+@tilus.autotune("block_m, block_n, stages", [(128, 128, 4), (128, 128, 6), (128, 256, 3)])
+@tilus.autotune("block_k", [64])
+@tilus.autotune("group", [8, 16])
+class Kernel(tilus.Script):
+    def __init__(self, dtype, block_m: int, block_n: int, block_k: int, stages: int, group: int):
+        super().__init__()
+        self.dtype = dtype
+        self.block_m = block_m
+        self.block_n = block_n
+        self.block_k = block_k
+        self.stages = stages
+        self.group = group
+
+    def __call__(self, m_size: int32, n_size: int32, k_size: int32, a_ptr: void_p, b_ptr: void_p,
+                 c_ptr: void_p, lda: int32, ldb: int32, ldc: int32):
+        num_m_tiles = cdiv(m_size, self.block_m)
+        num_n_tiles = cdiv(n_size, self.block_n)
+        self.attrs.blocks = num_m_tiles * num_n_tiles
+        self.attrs.warps = 6
+        raster = TileRasterizer(num_m_tiles, num_n_tiles, self.group)
+        m_tile, n_tile = raster.tile(self.blockIdx.x)
+        offset_m: int32 = m_tile * self.block_m
+        offset_n: int32 = n_tile * self.block_n
+        num_k_blocks: int32 = cdiv(k_size, self.block_k)
+
+        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size], strides=[lda, 1])
+        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size], strides=[ldb, 1])
+        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size], strides=[ldc, 1])
+        s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, self.block_k])
+        s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.block_n])
+        self.annotate_layout(s_c, shared_row_major(self.block_m, self.block_n))
+        t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
+
+        tma_pipe = Pipeline(self.stages)
+        acc_pipe = Pipeline(1, consumer_arrivals=128)
+        self.sync()
+
+        with self.single_warp(TMA_WARP):  # producer of tma_pipe
+            for k in range(num_k_blocks):
+                tma_pipe.producer_acquire()
+                with self.single_thread():
+                    self.mbarrier.arrive_and_expect_tx(tma_pipe.producer_barrier(),
+                                                       transaction_bytes=s_a[0].nbytes + s_b[0].nbytes)
+                self.tma.global_to_shared(src=g_a, dst=s_a[tma_pipe.producer_stage],
+                                          offsets=[offset_m, k * self.block_k], mbarrier=tma_pipe.producer_barrier())
+                self.tma.global_to_shared(src=g_b, dst=s_b[tma_pipe.producer_stage],
+                                          offsets=[offset_n, k * self.block_k], mbarrier=tma_pipe.producer_barrier())
+                tma_pipe.producer_advance()
+
+        with self.single_warp(MMA_WARP):  # consumer of tma_pipe, producer of acc_pipe
+            acc_pipe.producer_acquire()
+            for k in range(num_k_blocks):
+                tma_pipe.consumer_acquire()
+                self.tcgen05.mma(s_a[tma_pipe.consumer_stage], s_b[tma_pipe.consumer_stage].transpose(), t_acc,
+                                 enable_input_d=k != 0)
+                self.tcgen05.commit(mbarrier=tma_pipe.consumer_barrier())
+                tma_pipe.consumer_advance()
+            self.tcgen05.commit(mbarrier=acc_pipe.producer_barrier())
+            acc_pipe.producer_advance()
+
+        with self.warp_group(warp_begin=0, num_warps=4):  # consumer of acc_pipe: TMEM -> global
+            acc_pipe.consumer_acquire()
+            r_acc = self.tcgen05.load(t_acc)
+            self.tcgen05.wait_load()
+            self.store_shared(s_c, r_acc.to(self.dtype))
+            self.fence.proxy_async(space="shared")
+            self.sync()  # the epilogue warpgroup only
+            with self.single_warp():
+                self.tma.shared_to_global(s_c, g_c, offsets=[offset_m, offset_n])
+                self.tma.commit_group()
+                self.tma.wait_group(0)
+
+        self.sync()
+        self.tcgen05.dealloc(t_acc)
