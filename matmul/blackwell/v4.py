@@ -24,11 +24,13 @@ warpgroup syncs on its own named barrier (128 threads); all warps meet at a fina
 """
 
 import tilus
-from tilus import float32, int32, void_p
+from tilus import GlobalTensor, float32, int32
 from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.utils import cdiv
 
 from pipeline import Pipeline, TileRasterizer
+
+from ..kernel import MatmulKernel
 
 IDEA = "grouped tile rasterization for L2 reuse; every hand-off through the shared Pipeline class"
 PTX_MARKERS = ("tcgen05.mma.cta_group::1", "tcgen05.commit", "cp.async.bulk.tensor.2d.shared::cta.global",
@@ -42,18 +44,17 @@ MMA_WARP = 5
 @tilus.autotune("block_m, block_n, stages", [(128, 128, 4), (128, 128, 6), (128, 256, 3)])
 @tilus.autotune("block_k", [64])
 @tilus.autotune("group", [8, 16])
-class Kernel(tilus.Script):
+class Kernel(MatmulKernel):
     def __init__(self, dtype, block_m: int, block_n: int, block_k: int, stages: int, group: int):
-        super().__init__()
-        self.dtype = dtype
+        super().__init__(dtype)
         self.block_m = block_m
         self.block_n = block_n
         self.block_k = block_k
         self.stages = stages
         self.group = group
 
-    def __call__(self, m_size: int32, n_size: int32, k_size: int32, a_ptr: void_p, b_ptr: void_p,
-                 c_ptr: void_p, lda: int32, ldb: int32, ldc: int32):
+    def matmul(self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32,
+               k_size: int32):
         num_m_tiles = cdiv(m_size, self.block_m)
         num_n_tiles = cdiv(n_size, self.block_n)
         self.attrs.blocks = num_m_tiles * num_n_tiles
@@ -64,9 +65,6 @@ class Kernel(tilus.Script):
         offset_n: int32 = n_tile * self.block_n
         num_k_blocks: int32 = cdiv(k_size, self.block_k)
 
-        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size], strides=[lda, 1])
-        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size], strides=[ldb, 1])
-        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size], strides=[ldc, 1])
         s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, self.block_k])
         s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
         s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.block_n])
