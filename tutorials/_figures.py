@@ -1,0 +1,311 @@
+"""The tutorials' diagrams, drawn with matplotlib from the versions' own parameters.
+
+Every timeline here is a schematic (the order of events, not measured durations); the notebooks
+say so under each one.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+from matplotlib.patches import FancyArrowPatch, Rectangle
+
+COLORS = {
+    "load": "#4C72B0", "tma": "#4C72B0", "mma": "#DD8452", "wait": "#CCCCCC", "epilogue": "#55A868",
+    "store": "#55A868", "sched": "#8172B3", "idle": "#EEEEEE", "a": "#9ecae1", "b": "#fdae6b",
+    "c": "#a1d99b", "peer": "#c994c7",
+}
+
+
+# -- tiles ----------------------------------------------------------------------------------------
+
+
+def tiles(block_m: int, block_n: int, block_k: int, m_tiles: int = 4, n_tiles: int = 3, k_blocks: int = 5,
+          tile: tuple[int, int] = (1, 2), k_step: int | None = 1, title: str = ""):
+    """A [M, K], B [N, K] and C [M, N] cut into tiles: the CTA of output tile ``tile`` walks the K
+    blocks of one row band of A and one row band of B (C = A @ B^T)."""
+    tm, tn = tile
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4), gridspec_kw={"width_ratios": [k_blocks, k_blocks, n_tiles]})
+    panels = [("A  [M, K]", m_tiles, k_blocks, tm, "a"), ("B  [N, K]", n_tiles, k_blocks, tn, "b")]
+    for ax, (name, rows, cols, band, color) in zip(axes[:2], panels):
+        for r in range(rows):
+            for c in range(cols):
+                face = COLORS[color] if r == band else "white"
+                if r == band and k_step is not None and c == k_step:
+                    face = COLORS["mma"]
+                ax.add_patch(Rectangle((c, rows - 1 - r), 1, 1, facecolor=face, edgecolor="grey"))
+                if r == band:
+                    ax.text(c + 0.5, rows - 0.5 - r, f"k{c}", ha="center", va="center", fontsize=9)
+        ax.set_xlim(0, cols)
+        ax.set_ylim(0, rows)
+        ax.set_aspect("equal")
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.set_title(name)
+    axes[0].set_xlabel(f"K blocks of {block_k}; one tile = {block_m} x {block_k}")
+    axes[1].set_xlabel(f"one tile = {block_n} x {block_k}")
+    ax = axes[2]
+    for r in range(m_tiles):
+        for c in range(n_tiles):
+            face = COLORS["c"] if (r, c) == tile else "white"
+            ax.add_patch(Rectangle((c, m_tiles - 1 - r), 1, 1, facecolor=face, edgecolor="grey"))
+            ax.text(c + 0.5, m_tiles - 0.5 - r, f"({r},{c})", ha="center", va="center", fontsize=8)
+    ax.set_xlim(0, n_tiles)
+    ax.set_ylim(0, m_tiles)
+    ax.set_aspect("equal")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title("C  [M, N]")
+    ax.set_xlabel(f"one tile = {block_m} x {block_n}: one CTA")
+    fig.suptitle(title or f"CTA ({tm},{tn}) computes C tile ({tm},{tn}) = sum over k of A tile (tm, k) @ B tile (tn, k)^T")
+    fig.tight_layout()
+    return fig
+
+
+# -- timelines ------------------------------------------------------------------------------------
+
+
+def timeline(lanes: list[tuple[str, list[tuple[float, float, str, str]]]], title: str, xlabel: str = "time (schematic)",
+             width: float = 12, arrows: list[tuple[tuple[float, int], tuple[float, int]]] = ()):
+    """A Gantt chart: one lane per actor, boxes (start, length, label, color key or color)."""
+    fig, ax = plt.subplots(figsize=(width, 0.7 * len(lanes) + 1.2))
+    for row, (name, boxes) in enumerate(lanes):
+        y = len(lanes) - 1 - row
+        for start, length, label, color in boxes:
+            ax.add_patch(Rectangle((start, y + 0.15), length, 0.7, facecolor=COLORS.get(color, color),
+                                   edgecolor="black", linewidth=0.6))
+            if label:
+                ax.text(start + length / 2, y + 0.5, label, ha="center", va="center", fontsize=8)
+    for (x0, r0), (x1, r1) in arrows:
+        y0, y1 = len(lanes) - 1 - r0 + 0.5, len(lanes) - 1 - r1 + 0.5
+        ax.add_patch(FancyArrowPatch((x0, y0), (x1, y1), arrowstyle="->", mutation_scale=10, color="#444444"))
+    end = max((s + l for _, boxes in lanes for s, l, _, _ in boxes), default=1)
+    ax.set_xlim(0, end + 0.2)
+    ax.set_ylim(0, len(lanes))
+    ax.set_yticks([len(lanes) - 1 - i + 0.5 for i in range(len(lanes))], [name for name, _ in lanes])
+    ax.set_xticks([])
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    return fig
+
+
+def serial_k_loop(k_blocks: int = 4, load: float = 2.0, mma: float = 1.0, loader: str = "all 128 threads",
+                  load_label: str = "load", title: str = ""):
+    """One CTA's K loop when loading and computing take turns: while the tiles load the tensor
+    core idles, while it computes nobody loads."""
+    t = 0.0
+    loads, mmas = [], []
+    for k in range(k_blocks):
+        loads.append((t, load, f"{load_label} k{k}", "load"))
+        t += load
+        mmas.append((t, mma, f"mma k{k}", "mma"))
+        t += mma
+    epilogue = [(t, 1.2, "epilogue", "epilogue")]
+    return timeline([(loader, loads + epilogue), ("tensor core", mmas)],
+                    title or "Loads and MMAs take turns: each waits for the other")
+
+
+def pipelined_k_loop(stages: int, k_blocks: int = 8, load: float = 1.0, mma: float = 1.0, title: str = "",
+                     loader: str = "TMA (one thread issues)"):
+    """Loads run up to ``stages`` K blocks ahead of the MMA: the producer waits only when every
+    stage is full, the tensor core only when its stage has not landed yet."""
+    load_end, mma_end = [], []
+    loads, mmas = [], []
+    for k in range(k_blocks):
+        # a stage is free again when the MMA that read it (k - stages) has finished
+        start = max(load_end[-1] if load_end else 0.0, mma_end[k - stages] if k >= stages else 0.0)
+        loads.append((start, load, f"k{k}\u2192s{k % stages}", "load"))
+        load_end.append(start + load)
+        start = max(load_end[k], mma_end[-1] if mma_end else 0.0)
+        mmas.append((start, mma, f"mma k{k}", "mma"))
+        mma_end.append(start + mma)
+    return timeline([(loader, loads), ("tensor core", mmas)],
+                    title or f"{stages} stages: loads run ahead of the MMAs (k = K block, s = stage)")
+
+
+# -- mbarriers ------------------------------------------------------------------------------------
+
+
+def transaction_count(bytes_a: int, bytes_b: int, pieces: int = 4):
+    """An mbarrier phase that counts bytes: ``arrive.expect_tx`` announces both tiles' bytes, each
+    piece the TMA unit writes counts down, the phase completes at zero (pending arrivals 0 too)."""
+    total = bytes_a + bytes_b
+    times, pending = [0, 1], [0, total]
+    t = 1.0
+    for i in range(pieces):
+        t += 0.6 + 0.25 * (i % 2)
+        times.append(t)
+        pending.append(total - (i + 1) * total / pieces)
+    fig, ax = plt.subplots(figsize=(8, 3))
+    ax.step(times, [p / 1024 for p in pending], where="post", color=COLORS["tma"])
+    ax.axvline(1, color="grey", linestyle=":")
+    ax.text(1.05, total / 1024 * 0.95, "arrive.expect_tx\n(one thread: +%d KiB,\n arrivals 1 \u2192 0)" % (total // 1024),
+            fontsize=8, va="top")
+    ax.axvline(t, color=COLORS["mma"], linestyle="--")
+    ax.text(t + 0.05, total / 1024 * 0.5, "phase completes:\nwaiters on it go on", fontsize=8, color=COLORS["mma"])
+    ax.set_xlim(0, t + 1.5)
+    ax.set_xticks([])
+    ax.set_xlabel("time (schematic): the TMA unit delivers the tiles piece by piece")
+    ax.set_ylabel("bytes still expected (KiB)")
+    ax.set_title(f"The mbarrier counts bytes: A tile {bytes_a // 1024} KiB + B tile {bytes_b // 1024} KiB")
+    fig.tight_layout()
+    return fig
+
+
+def ring(num_stages: int, producer: int = 2, consumer: int = 0, title: str = ""):
+    """A ring of shared-memory stages, each with a ``full`` and an ``empty`` mbarrier. Stages between
+    the consumer and the producer hold data; the others are free."""
+    import math
+
+    fig, ax = plt.subplots(figsize=(5.5, 5.5))
+    for s in range(num_stages):
+        angle = math.pi / 2 - 2 * math.pi * s / num_stages
+        x, y = 1.2 * math.cos(angle), 1.2 * math.sin(angle)
+        holds = (s - consumer) % num_stages < (producer - consumer) % num_stages
+        ax.add_patch(Rectangle((x - 0.4, y - 0.25), 0.8, 0.5, facecolor=COLORS["a"] if holds else "white",
+                               edgecolor="black"))
+        ax.text(x, y + 0.08, f"stage {s}", ha="center", va="center", fontsize=10)
+        ax.text(x, y - 0.12, "full" if holds else "empty", ha="center", va="center", fontsize=7, color="#333333")
+        if s == producer:
+            ax.annotate("producer\n(TMA) fills next", (x, y), (1.75 * x, 1.75 * y), ha="center", fontsize=9,
+                        arrowprops=dict(arrowstyle="->", color=COLORS["tma"]), color=COLORS["tma"])
+        if s == consumer:
+            ax.annotate("consumer\n(MMA) reads", (x, y), (1.75 * x + 0.01, 1.75 * y + 0.01), ha="center", fontsize=9,
+                        arrowprops=dict(arrowstyle="->", color=COLORS["mma"]), color=COLORS["mma"])
+    ax.set_xlim(-2.3, 2.3)
+    ax.set_ylim(-2.3, 2.3)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(title or f"A ring of {num_stages} stages")
+    return fig
+
+
+# -- Blackwell tensor memory ----------------------------------------------------------------------
+
+
+def tensor_memory(block_m: int, block_n: int, buffers: int = 1, columns: int = 512, lanes: int = 128):
+    """TMEM of one SM: 128 lanes x 512 columns of 32-bit cells. The accumulator of a block_m x
+    block_n fp32 tile takes block_n columns (one row of C per lane); warp w of the epilogue reads
+    lanes 32w .. 32w+31."""
+    fig, ax = plt.subplots(figsize=(10, 3.2))
+    ax.add_patch(Rectangle((0, 0), columns, lanes, facecolor="white", edgecolor="black"))
+    for b in range(buffers):
+        ax.add_patch(Rectangle((b * block_n, 0), block_n, min(block_m, lanes), facecolor=COLORS["c"],
+                               edgecolor="black", alpha=0.9 - 0.25 * b))
+        ax.text(b * block_n + block_n / 2, lanes / 2, f"accumulator{'' if buffers == 1 else ' ' + str(b)}\n"
+                f"{min(block_m, lanes)} x {block_n} fp32", ha="center", va="center", fontsize=9)
+    for w in range(4):
+        ax.axhline(w * 32, color="grey", linewidth=0.6, linestyle=":")
+        ax.text(columns + 6, (w + 0.5) * 32, f"warp {w} reads\nlanes {32 * w}-{32 * w + 31}",
+                va="center", fontsize=7)
+    ax.set_xlim(0, columns + 70)
+    ax.set_ylim(lanes, 0)
+    ax.set_xlabel(f"columns (0 .. {columns - 1}), 32-bit each")
+    ax.set_ylabel("lanes")
+    ax.set_title(f"Tensor memory of one SM: {buffers * block_n} of {columns} columns allocated")
+    fig.tight_layout()
+    return fig
+
+
+# -- warps ----------------------------------------------------------------------------------------
+
+
+def warp_roles(roles: list[tuple[str, str, str]], title: str = "Warp roles in one CTA"):
+    """``roles``: (warps, role, color key) in order, e.g. ("warp 0", "TMA producer", "tma")."""
+    fig, ax = plt.subplots(figsize=(10, 0.6 * len(roles) + 1))
+    for i, (warps, role, color) in enumerate(roles):
+        y = len(roles) - 1 - i
+        ax.add_patch(Rectangle((0, y + 0.1), 2.2, 0.8, facecolor=COLORS.get(color, color), edgecolor="black"))
+        ax.text(1.1, y + 0.5, warps, ha="center", va="center", fontsize=9)
+        ax.text(2.4, y + 0.5, role, va="center", fontsize=9)
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0, len(roles))
+    ax.axis("off")
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+# -- rasterization --------------------------------------------------------------------------------
+
+
+def raster_orders(num_m: int, num_n: int, group: int, wave: int):
+    """Launch order of the tiles of C, row-major against grouped (``pipeline.grouped_tile_order``);
+    the first ``wave`` tiles (those in flight together) shaded, with how many distinct A and B tiles
+    (row and column bands) they read."""
+    from pipeline.schedulers import grouped_tile_order
+
+    orders = {"row-major": [(i // num_n, i % num_n) for i in range(num_m * num_n)],
+              f"grouped (group = {group})": grouped_tile_order(num_m, num_n, group)}
+    fig, axes = plt.subplots(1, 2, figsize=(12, 12 * num_m / num_n / 2 + 1.2))
+    for ax, (name, order) in zip(axes, orders.items()):
+        first = order[:wave]
+        for pos, (r, c) in enumerate(order):
+            face = COLORS["c"] if pos < wave else "white"
+            ax.add_patch(Rectangle((c, num_m - 1 - r), 1, 1, facecolor=face, edgecolor="grey"))
+            ax.text(c + 0.5, num_m - 0.5 - r, str(pos), ha="center", va="center", fontsize=7)
+        rows, cols = len({r for r, _ in first}), len({c for _, c in first})
+        ax.set_xlim(0, num_n)
+        ax.set_ylim(0, num_m)
+        ax.set_aspect("equal")
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.set_title(f"{name}\nfirst {wave} tiles read {rows} A bands + {cols} B bands = {rows + cols}")
+    fig.suptitle(f"Launch order of a {num_m} x {num_n} grid of C tiles (numbers: order; shaded: in flight together)")
+    fig.tight_layout()
+    return fig
+
+
+# -- persistent kernels ---------------------------------------------------------------------------
+
+
+def persistent(num_sms: int, tiles: int, durations=None, title: str = ""):
+    """Each SM runs one CTA that takes tiles one after the other (next free SM takes the next
+    tile) instead of one CTA per tile."""
+    durations = durations or [1.0 + 0.35 * ((i * 7) % 3) for i in range(tiles)]
+    free = [0.0] * num_sms
+    lanes = [[] for _ in range(num_sms)]
+    for t in range(tiles):
+        sm = min(range(num_sms), key=lambda s: free[s])
+        lanes[sm].append((free[sm], durations[t] - 0.05, f"tile {t}", "mma"))
+        free[sm] += durations[t]
+    return timeline([(f"CTA on SM {s}", boxes) for s, boxes in enumerate(lanes)],
+                    title or f"{num_sms} persistent CTAs share {tiles} tiles: each takes the next as it finishes one")
+
+
+# -- 2-CTA clusters -------------------------------------------------------------------------------
+
+
+def two_cta_tile(block_m: int, block_n: int, block_k: int):
+    """The 2-CTA MMA's partition of one block_m x block_n output tile: each CTA loads half of A's
+    rows and half of B's rows into its own shared memory; the MMA, issued by the leader CTA, reads
+    both halves of B from both CTAs and writes each CTA's half of C into that CTA's tensor memory."""
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4.2), gridspec_kw={"width_ratios": [1, 1, 2]})
+    half_m, half_n = block_m // 2, block_n // 2
+    colors = [COLORS["a"], COLORS["peer"]]
+    ax = axes[0]
+    for r in range(2):
+        ax.add_patch(Rectangle((0, 1 - r), 1, 1, facecolor=colors[r], edgecolor="black"))
+        ax.text(0.5, 1.5 - r, f"CTA {r}\nrows {r * half_m}..{(r + 1) * half_m - 1}", ha="center", va="center", fontsize=9)
+    ax.set_title(f"A tile {block_m} x {block_k}")
+    ax2 = axes[1]
+    for r in range(2):
+        ax2.add_patch(Rectangle((0, 1 - r), 1, 1, facecolor=colors[r], edgecolor="black"))
+        ax2.text(0.5, 1.5 - r, f"CTA {r}\nrows {r * half_n}..{(r + 1) * half_n - 1}", ha="center", va="center", fontsize=9)
+    ax2.set_title(f"B tile {block_n} x {block_k}")
+    ax3 = axes[2]
+    for r in range(2):
+        ax3.add_patch(Rectangle((0, 1 - r), 2, 1, facecolor=colors[r], edgecolor="black", alpha=0.8))
+        ax3.text(1, 1.5 - r, f"CTA {r}'s tensor memory: C rows {r * half_m}..{(r + 1) * half_m - 1}, all {block_n} columns\n"
+                 f"= its A half @ (both B halves)^T", ha="center", va="center", fontsize=9)
+    ax3.set_title(f"C tile {block_m} x {block_n}")
+    for a in axes:
+        a.set_xlim(0, 2 if a is ax3 else 1)
+        a.set_ylim(0, 2)
+        a.set_xticks([])
+        a.set_yticks([])
+    fig.suptitle("2-CTA MMA (cta_group::2): two CTAs of a cluster, one MMA, half the operands each")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,373 @@
+"""What the tutorial notebooks share: showing a version's source and what changed, building it for
+an architecture and showing its PTX, checking and timing it on a GPU of the right kind, and the
+closing figure from the committed benchmark results.
+
+Nothing here holds kernel code: the notebooks show the modules of ``matmul/`` themselves.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import functools
+import glob
+import inspect
+import json
+import re
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from matmul import build, versions
+
+ROOT = Path(__file__).resolve().parent.parent
+ARCHS = ("sm_100a", "sm_90a")  # Blackwell is the main thread, Hopper the counterpart
+NAMES = versions.ARCH_NAMES
+
+
+# -- where are we ---------------------------------------------------------------------------------
+
+
+def gpu_arch() -> str | None:
+    """The series this machine's GPU runs (sm_90a for Hopper, sm_100a for Blackwell), or None."""
+    if not torch.cuda.is_available():
+        return None
+    return {9: "sm_90a", 10: "sm_100a"}.get(torch.cuda.get_device_capability()[0])
+
+
+def machine_line() -> str:
+    arch = gpu_arch()
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name()
+        if arch is None:
+            return f"GPU here: {name}, neither Hopper nor Blackwell: every kernel is built, none is run."
+        other = "sm_100a" if arch == "sm_90a" else "sm_90a"
+        return (f"GPU here: {name} ({arch}). The {NAMES[arch]} kernels run and are timed; the "
+                f"{NAMES[other]} kernels are built and inspected only.")
+    return "No GPU here: every kernel is built for its architecture and inspected (PTX, registers, shared memory), none is run."
+
+
+def available(version: str) -> dict[str, bool]:
+    return {arch: version in versions.available(arch) for arch in ARCHS}
+
+
+def previous(version: str) -> str | None:
+    n = int(version[1:])
+    return f"v{n - 1}" if n > 0 else None
+
+
+# -- showing text ---------------------------------------------------------------------------------
+
+
+def md(text: str) -> None:
+    """Render Markdown in a notebook, print it elsewhere."""
+    try:
+        from IPython.display import Markdown, display
+
+        display(Markdown(text))
+    except ImportError:
+        print(text)
+
+
+def fenced(text: str, language: str = "") -> str:
+    fence = "````" if "```" in text else "```"
+    return f"{fence}{language}\n{text.rstrip()}\n{fence}"
+
+
+def _rst_to_md(text: str) -> str:
+    return text.replace("``", "`")  # the docstrings use reStructuredText literals
+
+
+def docstring(module: ModuleType) -> str:
+    return inspect.getdoc(module) or ""
+
+
+def show_docstring(module: ModuleType) -> None:
+    """A module's docstring (its idea and its synchronization invariants) as a quote."""
+    md(f"**`{module.__name__}`** &mdash; {module.IDEA}\n\n" +
+       "\n".join("> " + line for line in _rst_to_md(docstring(module)).splitlines()))
+
+
+def show_source(obj, language: str = "python") -> None:
+    """The source of a module, class or function, exactly as it is in the repository."""
+    md(f"`{_where(obj)}`\n\n" + fenced(inspect.getsource(obj), language))
+
+
+def _where(obj) -> str:
+    path = Path(inspect.getsourcefile(obj)).resolve()
+    try:
+        return str(path.relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def code_without_docstring(module: ModuleType) -> list[str]:
+    """The module's source lines after its docstring (the docstrings differ wholesale between
+    versions; the diff is about the code)."""
+    source = inspect.getsource(module)
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    first = tree.body[0] if tree.body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        lines = lines[first.end_lineno:]
+    while lines and not lines[0].strip():
+        lines = lines[1:]
+    return lines
+
+
+def diff(old: ModuleType, new: ModuleType, context: int = 3) -> list[str]:
+    return list(difflib.unified_diff(code_without_docstring(old), code_without_docstring(new),
+                                     fromfile=_where(old), tofile=_where(new), n=context, lineterm=""))
+
+
+def show_diff(old: ModuleType, new: ModuleType, context: int = 3) -> None:
+    """What changed from ``old`` to ``new`` (code only, docstrings left out) as a unified diff:
+    ``-`` lines left, ``+`` lines came in."""
+    lines = diff(old, new, context)
+    added = sum(1 for l in lines if l.startswith("+") and not l.startswith("+++"))
+    removed = sum(1 for l in lines if l.startswith("-") and not l.startswith("---"))
+    md(f"`{_where(old)}` &rarr; `{_where(new)}`: **{added}** lines in, **{removed}** lines out "
+       f"(module docstrings left out)\n\n" + fenced("\n".join(lines) or "(no change in the code)", "diff"))
+
+
+# -- building and reading the PTX -----------------------------------------------------------------
+
+
+@functools.cache
+def build_representative(arch: str, version: str) -> build.BuildResult:
+    """The version's REPRESENTATIVE configuration built for ``arch`` (float16), once per kernel
+    session; tilus keeps built kernels in its cache, so a second session finds it there."""
+    module = versions.load(arch, version)
+    return build.build_config(module, arch, module.REPRESENTATIVE)
+
+
+def ptx_excerpt(ptx: str, markers, context: int = 1, per_marker: int = 1, width: int = 160) -> str:
+    """For each marker: how often it occurs in the PTX and its first occurrence(s) with a little
+    context (the line that matches is marked with >>)."""
+    lines = ptx.splitlines()
+    out = []
+    for marker in markers:
+        hits = [i for i, line in enumerate(lines) if marker in line]
+        out.append(f"// ---- {marker}: {len(hits)} line(s) of the PTX")
+        for i in hits[:per_marker]:
+            for j in range(max(0, i - context), min(len(lines), i + context + 1)):
+                text = lines[j].strip()
+                text = text if len(text) <= width else text[:width - 3] + "..."
+                out.append(f"{'>>' if j == i else '  '} {j + 1:5d}  {text}")
+    return "\n".join(out)
+
+
+def resources(result: build.BuildResult) -> dict:
+    return {
+        "arch": result.arch, "version": result.version,
+        "config": ", ".join(f"{k}={v}" for k, v in result.config.items()),
+        "threads": result.threads, "registers/thread": result.registers, "spills (B)": result.spill_bytes,
+        "shared memory (KiB)": round(result.shared_bytes / 1024, 1), "cluster": "x".join(map(str, result.cluster)),
+        "PTX lines": len(result.ptx().splitlines()),
+    }
+
+
+def show_build(arch: str, version: str, per_marker: int = 1, context: int = 1) -> build.BuildResult:
+    """Build the representative configuration for ``arch``, fail loudly if it does not build,
+    and show its resources and the PTX lines of its markers."""
+    module = versions.load(arch, version)
+    result = build_representative(arch, version)
+    if not result.ok:
+        raise RuntimeError(f"{module.__name__} {module.REPRESENTATIVE} does not build for {arch}:\n{result.error[-3000:]}")
+    table = resources(result)
+    md(f"**{NAMES[arch]} {version}** built for `{arch}` with `REPRESENTATIVE = {module.REPRESENTATIVE}`\n\n" +
+       _md_table([table]))
+    missing = [m for m in module.PTX_MARKERS if m not in result.ptx()]
+    md(f"PTX lines that show the step (`PTX_MARKERS` of `{module.__name__}`)" +
+       (f" &mdash; **missing: {missing}**" if missing else "") + "\n\n" +
+       fenced(ptx_excerpt(result.ptx(), module.PTX_MARKERS, context=context, per_marker=per_marker), "text"))
+    if missing:
+        raise AssertionError(f"{module.__name__}: markers missing from the PTX: {missing}")
+    return result
+
+
+def ptx_lines(arch: str, version: str, pattern: str, limit: int = 8, width: int = 160) -> str:
+    """The PTX lines of a built version that match a regular expression (with their numbers)."""
+    lines = build_representative(arch, version).ptx().splitlines()
+    hits = [(i, l.strip()) for i, l in enumerate(lines) if re.search(pattern, l)]
+    shown = [f"{i + 1:5d}  {l if len(l) <= width else l[:width - 3] + '...'}" for i, l in hits[:limit]]
+    more = f"\n... and {len(hits) - limit} more" if len(hits) > limit else ""
+    return f"// {len(hits)} line(s) match {pattern!r}\n" + "\n".join(shown) + more
+
+
+def count_in_ptx(arch: str, version: str, needles) -> dict[str, int]:
+    ptx = build_representative(arch, version).ptx()
+    return {n: ptx.count(n) for n in needles}
+
+
+def _md_table(rows: list[dict]) -> str:
+    keys = list(rows[0])
+    out = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    out += ["| " + " | ".join(str(r.get(k, "")) for k in keys) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def show_table(rows: list[dict]) -> None:
+    md(_md_table(rows))
+
+
+# -- running on a GPU of the right architecture ---------------------------------------------------
+
+CHECK_SHAPES = ((1000, 4095, 17), (17, 1000, 4095), (4095, 17, 1000), (4096, 4096, 4096))
+TIME_SHAPE = (4096, 4096, 4096)
+
+
+def check(module: ModuleType, shapes=CHECK_SHAPES, dtypes=(torch.float16, torch.bfloat16)) -> list[dict]:
+    """Run the version's REPRESENTATIVE configuration on fresh random operands (awkward shapes:
+    no multiple of any tile), the output poisoned with NaN first, and compare it with a float32
+    reference. Raises if any result is off by more than its dtype's tolerance."""
+    from matmul.check import TOLERANCE, poisoned_output, random_operands, reference, relative_error
+
+    rows = []
+    for dtype in dtypes:
+        for m, n, k in shapes:
+            a, b = random_operands(m, n, k, dtype)
+            out = versions.run(module, a, b, poisoned_output(m, n, dtype), config=module.REPRESENTATIVE)
+            error = relative_error(out, reference(a, b))
+            rows.append({"M x N x K": f"{m} x {n} x {k}", "dtype": str(dtype).split(".")[-1],
+                         "relative error": f"{error:.2e}", "tolerance": f"{TOLERANCE[dtype]:.1e}",
+                         "ok": error <= TOLERANCE[dtype]})
+    bad = [r for r in rows if not r["ok"]]
+    show_table(rows)
+    if bad:
+        raise AssertionError(f"{module.__name__} is wrong: {bad}")
+    return rows
+
+
+def time_against_cublas(modules: list[ModuleType], shape=TIME_SHAPE, dtype=torch.float16) -> list[dict]:
+    """Median time of each version's REPRESENTATIVE configuration and of cuBLAS (torch.matmul) on
+    one shape, cuBLAS timed before and after the versions (as the harness does)."""
+    from matmul.check import TOLERANCE, poisoned_output, random_operands, reference, relative_error
+    from matmul.timing import median_ms, tflops
+
+    m, n, k = shape
+    a, b = random_operands(m, n, k, dtype)
+    ref = reference(a, b)
+    cublas_out = torch.empty(m, n, dtype=dtype, device="cuda")
+    cublas = lambda: torch.matmul(a, b.T, out=cublas_out)  # noqa: E731
+    before = median_ms(cublas)
+    rows = []
+    for module in modules:
+        out = poisoned_output(m, n, dtype)
+        versions.run(module, a, b, out, config=module.REPRESENTATIVE)
+        error = relative_error(out, ref)
+        if not error <= TOLERANCE[dtype]:
+            raise AssertionError(f"{module.__name__}: relative error {error:.3g} at {shape}")
+        ms = median_ms(lambda: versions.run(module, a, b, out, config=module.REPRESENTATIVE))
+        rows.append({"kernel": module.__name__, "config": module.REPRESENTATIVE, "ms": ms})
+    base = (before + median_ms(cublas)) / 2
+    rows.append({"kernel": "cuBLAS (torch.matmul)", "config": "", "ms": base})
+    for r in rows:
+        r["TFLOPS"] = round(tflops(m, n, k, r["ms"]), 1)
+        r["vs cuBLAS"] = f"{base / r['ms']:.2f}x"
+        r["ms"] = round(r["ms"], 4)
+    md(f"Measured here on **{torch.cuda.get_device_name()}**, {m} x {n} x {k} {str(dtype).split('.')[-1]}, "
+       "each version at its REPRESENTATIVE configuration (the harness autotunes; see the closing figure):")
+    show_table(rows)
+    return rows
+
+
+def live(arch: str, version: str, compare_previous: bool = True) -> None:
+    """On a GPU of ``arch``'s kind: check the version and time it (with the previous version and
+    cuBLAS). Elsewhere: say why not (the build above is what this machine can show)."""
+    here = gpu_arch()
+    if here != arch:
+        md(f"*{NAMES[arch]} {version} is not run here*: this needs a {NAMES[arch]} GPU (`{arch}`); this machine has "
+           f"{'no GPU' if not torch.cuda.is_available() else torch.cuda.get_device_name()}."
+           + (" No Blackwell GPU is available to this project: every Blackwell kernel in these notebooks is "
+              "built and inspected, never run or timed." if arch == "sm_100a" else ""))
+        return
+    module = versions.load(arch, version)
+    check(module)
+    modules = [module]
+    before = previous(version)
+    if compare_previous and before and before in versions.available(arch):
+        modules.insert(0, versions.load(arch, before))
+    time_against_cublas(modules)
+
+
+# -- the closing figure: the harness's committed results ------------------------------------------
+
+
+def results_files() -> list[Path]:
+    """Committed benchmark results under plots/ (JSON files written by ``python -m matmul bench``)."""
+    found = []
+    for path in sorted(glob.glob(str(ROOT / "plots" / "**" / "*.json"), recursive=True)):
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("rows"), list):
+            found.append(Path(path))
+    return found
+
+
+def show_results(upto: str | None = None) -> None:
+    """The series' progression as measured by the harness, from the committed results file(s).
+    Never fails: with no results committed it says so."""
+    files = results_files()
+    if not files:
+        md("**No benchmark results are committed yet** (nothing under `plots/`): the progression figure "
+           "appears here once the harness's results (`python -m matmul bench --out plots/<gpu>`) are committed.")
+        return
+    for path in files:
+        try:
+            _show_results_file(path, upto)
+        except Exception as e:  # a results file of another shape must not break a tutorial
+            md(f"`{path.relative_to(ROOT)}` could not be drawn here ({type(e).__name__}: {e}).")
+
+
+def _show_results_file(path: Path, upto: str | None) -> None:
+    import matplotlib.pyplot as plt
+
+    data = json.loads(path.read_text())
+    machine = data.get("machine", {})
+    rows = [r for r in data["rows"] if r.get("ok") and "tflops" in r]
+    gpu = machine.get("gpu", "unknown GPU")
+    figure = None
+    try:  # the harness's own figure, where matmul/plot.py provides it
+        from matmul import plot
+
+        for name in ("progression_figure", "progression", "plot_progression"):
+            if hasattr(plot, name):
+                figure = getattr(plot, name)(data)
+                break
+    except Exception:
+        figure = None
+    if figure is None:
+        figure = _progression(rows, gpu)
+    if figure is not None:
+        plt.show()
+    md(f"From `{path.relative_to(ROOT)}`, measured on **{gpu}** by `{data.get('command', '?')}`"
+       + (f"; this notebook's step is **{upto}**." if upto else ".")
+       + " Only the series of that GPU's architecture was measured; no Blackwell figure comes from this project's machines.")
+
+
+def _progression(rows: list[dict], gpu: str):
+    import matplotlib.pyplot as plt
+
+    if not rows:
+        return None
+    shapes = sorted({(r["m"], r["n"], r["k"]) for r in rows})
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    width = 0.8 / len(shapes)
+    labels = []
+    for r in rows:
+        if r["version"] not in labels:
+            labels.append(r["version"])
+    for s, shape in enumerate(shapes):
+        values = {r["version"]: r["tflops"] for r in rows if (r["m"], r["n"], r["k"]) == shape}
+        xs = [i + s * width for i, v in enumerate(labels) if v in values]
+        ax.bar(xs, [values[v] for v in labels if v in values], width, label="x".join(map(str, shape)))
+    ax.set_xticks([i + width * (len(shapes) - 1) / 2 for i in range(len(labels))], labels)
+    ax.set_ylabel("TFLOPS")
+    ax.set_title(f"The series on {gpu} (harness results, autotuned)")
+    ax.legend(title="M x N x K", fontsize=8)
+    fig.tight_layout()
+    return fig
