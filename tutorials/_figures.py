@@ -107,22 +107,26 @@ def serial_k_loop(k_blocks: int = 4, load: float = 2.0, mma: float = 1.0, loader
                     title or "Loads and MMAs take turns: each waits for the other")
 
 
-def pipelined_k_loop(stages: int, k_blocks: int = 8, load: float = 1.0, mma: float = 1.0, title: str = "",
-                     loader: str = "TMA (one thread issues)"):
-    """Loads run up to ``stages`` K blocks ahead of the MMA: the producer waits only when every
-    stage is full, the tensor core only when its stage has not landed yet."""
+def pipelined_k_loop(stages: int, k_blocks: int = 8, load: float = 2.0, mma: float = 1.0, title: str = ""):
+    """A K loop over a ring of ``stages`` shared-memory slots: the load of K block k goes into slot
+    k % stages as soon as the MMA that last read that slot (k - stages) is done, and is in flight for
+    ``load`` time units (loads in different slots overlap); the MMA of block k starts when its load
+    has landed and the previous MMA is done. ``stages=1`` is V1: load and MMA take turns."""
     load_end, mma_end = [], []
-    loads, mmas = [], []
+    slots = [[] for _ in range(stages)]
+    mmas = []
     for k in range(k_blocks):
-        # a stage is free again when the MMA that read it (k - stages) has finished
-        start = max(load_end[-1] if load_end else 0.0, mma_end[k - stages] if k >= stages else 0.0)
-        loads.append((start, load, f"k{k}\u2192s{k % stages}", "load"))
+        start = mma_end[k - stages] if k >= stages else 0.0
+        slots[k % stages].append((start, load, f"load k{k}", "load"))
         load_end.append(start + load)
-        start = max(load_end[k], mma_end[-1] if mma_end else 0.0)
-        mmas.append((start, mma, f"mma k{k}", "mma"))
-        mma_end.append(start + mma)
-    return timeline([(loader, loads), ("tensor core", mmas)],
-                    title or f"{stages} stages: loads run ahead of the MMAs (k = K block, s = stage)")
+        begin = max(load_end[k], mma_end[-1] if mma_end else 0.0)
+        slots[k % stages].append((begin, mma, f"read k{k}", "mma"))
+        mmas.append((begin, mma, f"mma k{k}", "mma"))
+        mma_end.append(begin + mma)
+    busy = sum(l for _, l, _, _ in mmas) / mma_end[-1]
+    lanes = [(f"slot {s}", boxes) for s, boxes in enumerate(slots)] + [("tensor core", mmas)]
+    return timeline(lanes, title or f"{stages} slot(s): tensor core busy {busy:.0%} of the time "
+                                    f"(load latency = {load / mma:g} MMAs)")
 
 
 # -- mbarriers ------------------------------------------------------------------------------------
@@ -307,5 +311,31 @@ def two_cta_tile(block_m: int, block_n: int, block_k: int):
         a.set_xticks([])
         a.set_yticks([])
     fig.suptitle("2-CTA MMA (cta_group::2): two CTAs of a cluster, one MMA, half the operands each")
+    fig.tight_layout()
+    return fig
+
+
+# -- shared memory budget -------------------------------------------------------------------------
+
+
+def shared_memory_budget(configs: list[dict], parts, limit_bytes: int, title: str = ""):
+    """Stacked bars: the shared memory each configuration of an autotune space asks for, by part
+    (``parts``: (label, function of the config giving bytes, color key)), against the per-block limit."""
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(configs)), 3.6))
+    labels = []
+    for i, cfg in enumerate(configs):
+        bottom = 0.0
+        for j, (name, nbytes, color) in enumerate(parts):
+            value = nbytes(cfg) / 1024
+            ax.bar(i, value, bottom=bottom, color=COLORS.get(color, color), edgecolor="black",
+                   label=name if i == 0 else None)
+            bottom += value
+        ax.text(i, bottom + 3, f"{bottom:.0f}", ha="center", fontsize=8)
+        labels.append("\n".join(f"{k}={v}" for k, v in cfg.items()))
+    ax.axhline(limit_bytes / 1024, color="red", linestyle="--", label=f"limit {limit_bytes // 1024} KiB")
+    ax.set_xticks(range(len(configs)), labels, fontsize=7)
+    ax.set_ylabel("shared memory (KiB)")
+    ax.set_title(title or "Shared memory per CTA, by configuration of the autotune space")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     return fig
