@@ -63,3 +63,26 @@ def test_v4_to_v6_use_the_shared_pipeline_code():
         source = inspect.getsource(module)
         assert module.Pipeline is pipeline.Pipeline
         assert "class Pipeline" not in source and "mbarrier.alloc" not in source, version
+
+
+def tmem_columns_allocated(ptx: str) -> list[int]:
+    """The column counts of the kernel's tcgen05.alloc instructions (moved into a register first)."""
+    counts = []
+    for match in re.finditer(r"tcgen05\.alloc\.[^\n]*\[%r\d+\], (%r\d+);", ptx):
+        mov = re.findall(rf"mov\.b32\s+{match.group(1)}, (\d+);", ptx[: match.start()])
+        counts.append(int(mov[-1]))
+    return counts
+
+
+def test_v5_is_persistent_with_clc_and_drains_an_accumulator_ring():
+    config = versions.load(ARCH, "v5").REPRESENTATIVE
+    ptx = ptx_of("v5")
+    # one scheduler warp asks to cancel a not yet launched cluster; every role decodes the responses
+    assert re.search(r"clusterlaunchcontrol\.try_cancel\.async\.shared::cta\.mbarrier::complete_tx::bytes\.b128", ptx)
+    assert ptx.count("clusterlaunchcontrol.query_cancel.is_canceled") >= 4  # TMA, MMA, scheduler, epilogue
+    # the accumulator is a ring of acc_stages TMEM buffers
+    assert tmem_columns_allocated(ptx) == [config["acc_stages"] * config["block_n"]]
+    # the epilogue stores sub-tiles with TMA and keeps one store in flight while it fills the other buffer
+    assert "cp.async.bulk.wait_group.read 1;" in ptx
+    assert ptx.count("cp.async.bulk.tensor.2d.global.shared::cta") >= 2
+    assert "clusterlaunchcontrol" not in ptx_of("v4")

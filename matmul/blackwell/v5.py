@@ -1,0 +1,163 @@
+"""Blackwell V5: V4 made persistent with cluster launch control, with a pipelined epilogue.
+
+Idea: in V4 every CTA pays the prologue (barrier init, TMEM allocation) for one tile, and while
+its epilogue drains TMEM the tensor core has nothing to do. V5 keeps each CTA alive across tiles:
+a scheduler warp asks the hardware to cancel a cluster that has not launched yet
+(``clusterlaunchcontrol.try_cancel``) and hands the stolen tile index to every warp
+(``pipeline.ClcScheduler``); the grid still has one CTA per tile, so the hardware knows the work
+and balances it. Because the CTA lives on, the accumulator becomes a ring of ``acc_stages`` TMEM
+buffers: the MMA warp fills buffer ``i + 1`` while the epilogue warpgroup drains buffer ``i``. The
+epilogue drains in ``e_block_n``-column sub-tiles, TMEM -> registers -> one of two shared
+sub-tile buffers -> TMA store, so a store is in flight while the next sub-tile is read.
+
+Warps: 0-3 epilogue (the 128 TMEM lanes), 4 TMA, 5 MMA, 6 scheduler (224 threads).
+
+Synchronization (all at CTA scope):
+``tma_pipe`` (``stages`` slots): as V4. ``full[s]``: 1 arrival (``arrive.expect_tx`` by the TMA
+warp) + the TMA bytes; ``empty[s]``: 1 arrival (``tcgen05.commit`` by the MMA warp).
+``acc_pipe`` (``acc_stages`` TMEM buffers): ``full[a]``: 1 arrival, the MMA warp's
+``tcgen05.commit`` after a tile's last MMA; ``empty[a]``: 128 arrivals, every epilogue thread once
+its ``tcgen05.ld`` of buffer ``a`` have completed (``tcgen05.wait::ld``). The MMA warp waits on
+``empty[a]`` before it overwrites the buffer (``enable_input_d`` false on the first K block).
+``clc`` (``clc_stages`` response slots, see ``pipeline/clc.py``): ``full``: 1 arrival (the
+scheduler's ``arrive.expect_tx`` of 16 bytes) + the 16 response bytes; ``empty``: 224 arrivals,
+every thread of the four roles once it has decoded the response.
+Sub-tile buffers: before refilling buffer ``j % 2`` the storing lane waits until at most one TMA
+store group is pending (``cp.async.bulk.wait_group.read 1``); the warpgroup's named barrier
+(128 threads) orders that wait, the shared stores and ``fence.proxy.async`` before the next store.
+All warps meet at a final ``__syncthreads`` before TMEM is freed.
+"""
+
+import tilus
+from tilus import GlobalTensor, float32, int32
+from tilus.utils import cdiv
+
+from pipeline import Pipeline, TileRasterizer
+from pipeline.clc import ClcScheduler
+
+from ..kernel import MatmulKernel
+
+IDEA = "persistent kernel scheduled by cluster launch control; TMEM accumulator ring and sub-tiled TMA epilogue"
+PTX_MARKERS = ("tcgen05.mma.cta_group::1", "clusterlaunchcontrol.try_cancel",
+               "clusterlaunchcontrol.query_cancel", "cp.async.bulk.wait_group.read")
+REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, acc_stages=2, e_block_n=32, group=8)
+
+TMA_WARP = 4
+MMA_WARP = 5
+SCHEDULER_WARP = 6
+CONSUMER_THREADS = 7 * 32  # every warp reads every CLC response
+CLC_STAGES = 2  # lets the TMA and MMA warps learn their next tile while the epilogue finishes one
+
+
+# TMEM: acc_stages * block_n <= 512 columns; shared memory: the ring + 2 sub-tiles of the epilogue
+@tilus.autotune("block_m, block_n, stages, acc_stages", [(128, 128, 6, 2), (128, 256, 4, 2)])
+@tilus.autotune("block_k", [64])
+@tilus.autotune("e_block_n", [32, 64])
+@tilus.autotune("group", [8, 16])
+class Kernel(MatmulKernel):
+    def __init__(self, dtype, block_m: int, block_n: int, block_k: int, stages: int, acc_stages: int,
+                 e_block_n: int, group: int):
+        super().__init__(dtype)
+        self.block_m = block_m
+        self.block_n = block_n
+        self.block_k = block_k
+        self.stages = stages
+        self.acc_stages = acc_stages
+        self.e_block_n = e_block_n
+        self.group = group
+
+    def matmul(self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32,
+               k_size: int32):
+        block_m, block_n, block_k, e_block_n = self.block_m, self.block_n, self.block_k, self.e_block_n
+        num_m_tiles = cdiv(m_size, block_m)
+        num_n_tiles = cdiv(n_size, block_n)
+        self.attrs.blocks = num_m_tiles * num_n_tiles
+        self.attrs.warps = 7
+        raster = TileRasterizer(num_m_tiles, num_n_tiles, self.group)
+        num_k_blocks: int32 = cdiv(k_size, block_k)
+
+        s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, block_m, block_k])
+        s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, block_n, block_k])
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[2, block_m, e_block_n])
+        t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.acc_stages, block_m, block_n])
+
+        tma_pipe = Pipeline(self.stages)
+        acc_pipe = Pipeline(self.acc_stages, consumer_arrivals=128)
+        clc = ClcScheduler(CLC_STAGES, consumer_arrivals=CONSUMER_THREADS)
+        self.sync()
+
+        with self.single_warp(TMA_WARP):  # producer of tma_pipe
+            tile: int32 = clc.first_tile()
+            while True:
+                m_tile, n_tile = raster.tile(tile)
+                for k in range(num_k_blocks):
+                    tma_pipe.producer_acquire()
+                    with self.single_thread():
+                        self.mbarrier.arrive_and_expect_tx(tma_pipe.producer_barrier(),
+                                                           transaction_bytes=s_a[0].nbytes + s_b[0].nbytes)
+                    self.tma.global_to_shared(src=g_a, dst=s_a[tma_pipe.producer_stage],
+                                              offsets=[m_tile * block_m, k * block_k],
+                                              mbarrier=tma_pipe.producer_barrier())
+                    self.tma.global_to_shared(src=g_b, dst=s_b[tma_pipe.producer_stage],
+                                              offsets=[n_tile * block_n, k * block_k],
+                                              mbarrier=tma_pipe.producer_barrier())
+                    tma_pipe.producer_advance()
+                is_valid, tile = clc.next_tile()
+                if not is_valid:
+                    break
+
+        with self.single_warp(MMA_WARP):  # consumer of tma_pipe, producer of acc_pipe
+            while True:
+                acc_pipe.producer_acquire()
+                for k in range(num_k_blocks):
+                    tma_pipe.consumer_acquire()
+                    self.tcgen05.mma(s_a[tma_pipe.consumer_stage], s_b[tma_pipe.consumer_stage].transpose(),
+                                     t_acc[acc_pipe.producer_stage], enable_input_d=k != 0)
+                    self.tcgen05.commit(mbarrier=tma_pipe.consumer_barrier())
+                    tma_pipe.consumer_advance()
+                self.tcgen05.commit(mbarrier=acc_pipe.producer_barrier())
+                acc_pipe.producer_advance()
+                is_valid, tile = clc.next_tile()
+                if not is_valid:
+                    break
+
+        with self.single_warp(SCHEDULER_WARP):  # producer of clc (and one of its consumers)
+            while True:
+                clc.request()
+                is_valid, tile = clc.next_tile()
+                if not is_valid:
+                    break
+
+        with self.warp_group(warp_begin=0, num_warps=4):  # consumer of acc_pipe: TMEM -> global
+            tile: int32 = clc.first_tile()
+            sub_tile: int32 = 0  # counts the sub-tiles stored, for the double buffer s_c
+            while True:
+                m_tile, n_tile = raster.tile(tile)
+                acc_pipe.consumer_acquire()
+                for e in range(block_n // e_block_n):
+                    t_sub = self.tcgen05.slice(t_acc[acc_pipe.consumer_stage], offsets=[0, e * e_block_n],
+                                               shape=[block_m, e_block_n], dims=[0, 1])
+                    r_sub = self.tcgen05.load(t_sub)
+                    self.tcgen05.wait_load()
+                    buf = sub_tile % 2
+                    with self.single_warp():
+                        self.tma.wait_group(1, read=True)  # the store that last read s_c[buf] is done
+                    self.sync()
+                    self.store_shared(s_c[buf], r_sub.to(self.dtype))
+                    self.fence.proxy_async(space="shared")
+                    self.sync()
+                    with self.single_warp():
+                        self.tma.shared_to_global(s_c[buf], g_c,
+                                                  offsets=[m_tile * block_m, n_tile * block_n + e * e_block_n])
+                        self.tma.commit_group()
+                    sub_tile += 1
+                acc_pipe.consumer_release()  # every tcgen05.ld of this buffer has completed
+                acc_pipe.consumer_advance()
+                is_valid, tile = clc.next_tile()
+                if not is_valid:
+                    break
+            with self.single_warp():
+                self.tma.wait_group(0)
+
+        self.sync()
+        self.tcgen05.dealloc(t_acc)
