@@ -236,12 +236,13 @@ def warp_roles(roles: list[tuple[str, str, str]], title: str = "Warp roles in on
 
 
 def raster_orders(num_m: int, num_n: int, group: int, wave: int):
-    """Launch order of the tiles of C, row-major against grouped (``pipeline.grouped_tile_order``);
+    """Launch order of the tiles of C, V0-V3's 2-D grid against grouped (``pipeline.grouped_tile_order``);
     the first ``wave`` tiles (those in flight together) shaded, with how many distinct A and B tiles
     (row and column bands) they read."""
     from pipeline.schedulers import grouped_tile_order
 
-    orders = {"row-major": [(i // num_n, i % num_n) for i in range(num_m * num_n)],
+    # a 2-D grid [M tiles, N tiles] is launched with blockIdx.x (the M tile) varying fastest
+    orders = {"2-D grid, blockIdx.x = M tile (V0-V3)": [(i % num_m, i // num_m) for i in range(num_m * num_n)],
               f"grouped (group = {group})": grouped_tile_order(num_m, num_n, group)}
     fig, axes = plt.subplots(1, 2, figsize=(12, 12 * num_m / num_n / 2 + 1.2))
     for ax, (name, order) in zip(axes, orders.items()):
@@ -339,3 +340,31 @@ def shared_memory_budget(configs: list[dict], parts, limit_bytes: int, title: st
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     return fig
+
+
+def specialized_k_loop(stages: int, k_blocks: int = 6, load: float = 2.0, mma: float = 1.0, epilogue: float = 2.0,
+                       producer: str = "TMA warp", issuer: str | None = "MMA warp",
+                       waiter: str = "epilogue warps", title: str = ""):
+    """Warp specialization: each role runs its own loop and meets the others only at barriers. The
+    producer issues a load as soon as a slot is free, the issuer (None: the MMA is issued by the
+    waiting warpgroup itself, as on Hopper) issues an MMA as soon as its slot has landed, and the
+    epilogue warps wait for the accumulator, then write it out."""
+    tick = 0.12
+    load_end, mma_end = [], []
+    issue_load, issue_mma, core = [], [], []
+    for k in range(k_blocks):
+        start = mma_end[k - stages] if k >= stages else 0.0
+        start = max(start, issue_load[-1][0] + 3 * tick if issue_load else 0.0)  # one issue at a time
+        issue_load.append((start, tick * 2, "", "tma"))
+        load_end.append(start + load)
+        begin = max(load_end[k], mma_end[-1] if mma_end else 0.0)
+        issue_mma.append((load_end[k], tick * 2, "", "mma"))
+        core.append((begin, mma, f"mma k{k}", "mma"))
+        mma_end.append(begin + mma)
+    end = mma_end[-1]
+    lanes = [(producer, issue_load)]
+    if issuer:
+        lanes.append((issuer, issue_mma))
+    lanes.append(("tensor core", core))
+    lanes.append((waiter, [(0, end, "wait for the accumulator", "wait"), (end, epilogue, "epilogue", "epilogue")]))
+    return timeline(lanes, title or "Each role runs its own loop; the thin marks are instructions issued")

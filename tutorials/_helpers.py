@@ -296,78 +296,54 @@ def live(arch: str, version: str, compare_previous: bool = True) -> None:
 
 
 def results_files() -> list[Path]:
-    """Committed benchmark results under plots/ (JSON files written by ``python -m matmul bench``)."""
-    found = []
-    for path in sorted(glob.glob(str(ROOT / "plots" / "**" / "*.json"), recursive=True)):
-        try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(data, dict) and isinstance(data.get("rows"), list):
-            found.append(Path(path))
-    return found
+    """Committed benchmark results under plots/ (``results-*.json``, written by ``python -m matmul bench``)."""
+    return sorted(Path(p) for p in glob.glob(str(ROOT / "plots" / "**" / "results-*.json"), recursive=True))
 
 
 def show_results(upto: str | None = None) -> None:
-    """The series' progression as measured by the harness, from the committed results file(s).
-    Never fails: with no results committed it says so."""
+    """The series' progression as measured by the harness, from the committed results file(s):
+    the harness's own figure (``matmul.plot.progression``), or the PNG committed beside the results,
+    and this notebook's version's rows. Never fails: with no results committed it says so."""
     files = results_files()
     if not files:
-        md("**No benchmark results are committed yet** (nothing under `plots/`): the progression figure "
-           "appears here once the harness's results (`python -m matmul bench --out plots/<gpu>`) are committed.")
+        md("**No benchmark results are committed yet** (no `plots/**/results-*.json`): the progression figure "
+           "appears here once the harness's results are committed (`python -m matmul bench` on a GPU).")
         return
     for path in files:
         try:
             _show_results_file(path, upto)
-        except Exception as e:  # a results file of another shape must not break a tutorial
-            md(f"`{path.relative_to(ROOT)}` could not be drawn here ({type(e).__name__}: {e}).")
+        except Exception as e:  # a results file this notebook cannot read must not break the tutorial
+            md(f"`{path.relative_to(ROOT)}` could not be shown here ({type(e).__name__}: {e}).")
 
 
 def _show_results_file(path: Path, upto: str | None) -> None:
-    import matplotlib.pyplot as plt
+    from IPython.display import Image, display
 
-    data = json.loads(path.read_text())
-    machine = data.get("machine", {})
-    rows = [r for r in data["rows"] if r.get("ok") and "tflops" in r]
-    gpu = machine.get("gpu", "unknown GPU")
+    results = json.loads(path.read_text())
+    machine = results.get("machine", {})
+    gpu, arch = machine.get("gpu", "an unknown GPU"), results.get("arch", "?")
     figure = None
-    try:  # the harness's own figure, where matmul/plot.py provides it
-        from matmul import plot
+    try:
+        from matmul import bench, plot
 
-        for name in ("progression_figure", "progression", "plot_progression"):
-            if hasattr(plot, name):
-                figure = getattr(plot, name)(data)
-                break
-    except Exception:
+        figure = plot.progression(bench.load(path))
+    except ImportError:
         figure = None
-    if figure is None:
-        figure = _progression(rows, gpu)
     if figure is not None:
-        plt.show()
-    md(f"From `{path.relative_to(ROOT)}`, measured on **{gpu}** by `{data.get('command', '?')}`"
-       + (f"; this notebook's step is **{upto}**." if upto else ".")
-       + " Only the series of that GPU's architecture was measured; no Blackwell figure comes from this project's machines.")
-
-
-def _progression(rows: list[dict], gpu: str):
-    import matplotlib.pyplot as plt
-
-    if not rows:
-        return None
-    shapes = sorted({(r["m"], r["n"], r["k"]) for r in rows})
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    width = 0.8 / len(shapes)
-    labels = []
-    for r in rows:
-        if r["version"] not in labels:
-            labels.append(r["version"])
-    for s, shape in enumerate(shapes):
-        values = {r["version"]: r["tflops"] for r in rows if (r["m"], r["n"], r["k"]) == shape}
-        xs = [i + s * width for i, v in enumerate(labels) if v in values]
-        ax.bar(xs, [values[v] for v in labels if v in values], width, label="x".join(map(str, shape)))
-    ax.set_xticks([i + width * (len(shapes) - 1) / 2 for i in range(len(labels))], labels)
-    ax.set_ylabel("TFLOPS")
-    ax.set_title(f"The series on {gpu} (harness results, autotuned)")
-    ax.legend(title="M x N x K", fontsize=8)
-    fig.tight_layout()
-    return fig
+        display(figure)
+    else:
+        pngs = sorted(path.parent.glob(f"progression-{arch}*.png"))
+        for png in pngs:
+            display(Image(filename=str(png)))
+        if not pngs:
+            md(f"`{path.relative_to(ROOT)}` has no progression figure to show.")
+    md(f"From `{path.relative_to(ROOT)}`: measured on **{gpu}** ({NAMES.get(arch, arch)} series, `{arch}`), each "
+       "version autotuned by the harness. Only that GPU's series was measured: no Blackwell figure comes from "
+       "this project's machines.")
+    if upto:
+        mine = [r for r in results.get("rows", []) if r.get("kernel", r.get("version")) == upto]
+        if mine:
+            show_table([{"version": upto, "M x N x K": f"{r['m']} x {r['n']} x {r['k']}",
+                         "TFLOPS": None if r.get("tflops") is None else round(r["tflops"], 1),
+                         "x cuBLAS": None if r.get("vs_cublas") is None else round(r["vs_cublas"], 2),
+                         "ok": r.get("ok")} for r in mine])
