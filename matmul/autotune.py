@@ -1,0 +1,97 @@
+"""tilus's per-version autotuning, used safely: launch arguments, the configuration it chose, and a
+check of its on-disk dispatch table.
+
+tilus 0.2.0 tunes a script on the first call for a shape bucket, on clones of the tensor
+arguments, and stores the winner's index in ``<cache>/scripts/kernel/<key>/dispatch_table.pickle``.
+Two things about that need care here:
+
+* ``Tensor.clone()`` of a row-padded view (``buf[:, :17]``) is a *contiguous* copy, so the
+  kernel, still told the padded row stride, would read past the clone while tuning. The launch
+  arguments therefore hand tilus the whole padded rows (``full_rows``): the same pointer and
+  stride, and a clone of the same layout.
+* tilus trusts the pickle: a truncated one raises on load, and a table pointing past the built
+  programs raises an IndexError. ``check_dispatch_table`` removes such a table (and the tuning
+  reports tilus would otherwise refuse to overwrite) so that tilus tunes again.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import shutil
+from pathlib import Path
+from typing import Any
+
+import filelock
+import torch
+
+from .contract import row_stride
+
+log = logging.getLogger(__name__)
+
+
+def full_rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` [rows, cols] with row stride ``ld`` as the dense [rows, ld] tensor around it (same pointer).
+
+    Only for matrices whose last row is padded too, as ``check.random_operands`` allocates them."""
+    ld = row_stride(t)
+    return t.as_strided((t.shape[0], ld), (ld, 1))
+
+
+def launch_args(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> tuple:
+    """The arguments of a version's ``Kernel.__call__`` for C = A @ B^T."""
+    (m, k), n = a.shape, b.shape[0]
+    return (m, n, k, full_rows(a), full_rows(b), full_rows(out), row_stride(a), row_stride(b), row_stride(out))
+
+
+def jit_instance(script, args):
+    """tilus's JitInstance of ``script`` for these arguments (transpiled, maybe not built yet)."""
+    return script._jit_instance_for(*args)
+
+
+def tuned_config(script, args) -> dict[str, Any]:
+    """The configuration tilus's autotuner picked for ``args`` (after a call with them)."""
+    from tilus.lang.instantiated_script import extract_keys
+
+    jit_key, tuning_key = extract_keys(args, script.const_params, script.tuning_params)
+    instance = script.jit_instances[jit_key]
+    schedule = dict(instance.schedules[instance.valid_schedules[instance.dispatch_table[tuning_key]]])
+    schedule.pop("dtype", None)
+    return schedule
+
+
+def check_dispatch_table(cache_dir: Path, programs: int) -> bool:
+    """Remove tilus's dispatch table in ``cache_dir`` if it does not load or names a program index
+    outside ``range(programs)``; True if it was removed. Holds tilus's own lock for that directory."""
+    table_path = Path(cache_dir) / "dispatch_table.pickle"
+    if not table_path.exists():
+        return False
+    with filelock.FileLock(str(Path(cache_dir) / ".lock")):
+        try:
+            with open(table_path, "rb") as f:
+                table = pickle.load(f)
+            valid = isinstance(table, dict) and all(
+                isinstance(key, tuple) and all(isinstance(x, int) for x in key)
+                and isinstance(index, int) and 0 <= index < programs
+                for key, index in table.items())
+            problem = "names a program that was not built"
+        except Exception as e:  # truncated or garbage: any unpickling error
+            valid, problem = False, f"does not load ({type(e).__name__})"
+        if valid:
+            return False
+        log.warning("tilus's dispatch table %s %s; removing it so that tilus tunes again", table_path, problem)
+        table_path.unlink(missing_ok=True)
+        (table_path.parent / "dispatch_table.txt").unlink(missing_ok=True)
+        # tilus links each tuned key's winner under latency/ and fails if the link exists already
+        shutil.rmtree(table_path.parent / "latency", ignore_errors=True)
+        return True
+
+
+def prepare(script, args=None) -> None:
+    """Make sure tilus's stored autotuning result for ``script`` can be trusted before its first call.
+
+    Without ``args``, placeholder sizes: the JIT key of the series' kernels depends on no argument
+    (every size is a run-time int32, and tilus 0.2.0 records each one's divisibility as 1)."""
+    instance = jit_instance(script, args or (1,) * len(script.params.param_names))
+    if not instance.valid_programs:  # not built in this process yet: the table is read from disk
+        check_dispatch_table(instance.cache_dir, len(instance.transpiled_programs))

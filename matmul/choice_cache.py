@@ -1,0 +1,133 @@
+"""Where ``matmul()`` remembers which version and configuration won for a shape, across processes.
+
+Two layers live under one root directory (``$MATMUL_CACHE_DIR``, else
+``$XDG_CACHE_HOME/tilus-matmul``, else ``~/.cache/tilus-matmul``):
+
+``tilus/``
+    tilus's own cache (``tilus.option.cache_dir``): the built kernels and, per version and dtype,
+    its autotuning result (``dispatch_table.pickle``). Pointed here unless ``TILUS_CACHE_DIR`` is
+    set, in which case tilus's cache stays where the user put it.
+``choices.json``
+    The cross-version choice: per (architecture, GPU, dtype, shape bucket) the winning version and
+    its configuration, with the timings that decided it. Format::
+
+        {"format": 1, "tilus": "0.2.0",
+         "entries": {"sm_90a/NVIDIA H100 80GB HBM3/float16/4096x4096x4096":
+                     {"version": "v5", "config": {...}, "ms": 0.21, "fingerprint": "...", ...}}}
+
+Safety: readers never lock (the file is replaced atomically, so they see the old or the new
+file, never half of one); writers read-modify-replace under ``choices.json.lock``; tuning a key
+holds a per-key lock, so a second process waiting for the same shape reads the first one's result
+instead of tuning again. A file that does not parse, or was written by another format or tilus
+release, is ignored and rewritten by the next store; an entry the caller's ``is_valid`` rejects
+(a version or configuration that no longer exists, kernel sources changed since) is tuned again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import filelock
+import tilus
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+Entry = dict[str, Any]
+
+
+def default_dir() -> Path:
+    if os.environ.get("MATMUL_CACHE_DIR"):
+        return Path(os.environ["MATMUL_CACHE_DIR"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "tilus-matmul"
+
+
+def use_for_tilus(root: Optional[Path] = None) -> Path:
+    """Point tilus's cache into ``root/tilus`` (unless TILUS_CACHE_DIR chose it); return the directory.
+
+    Call it before the first kernel is built: a kernel built in one tilus cache is built again in
+    another."""
+    if os.environ.get("TILUS_CACHE_DIR"):
+        return Path(os.environ["TILUS_CACHE_DIR"])
+    path = Path(root or default_dir()) / "tilus"
+    path.mkdir(parents=True, exist_ok=True)
+    tilus.option.cache_dir(path)
+    return path
+
+
+class ChoiceCache:
+    def __init__(self, root: Optional[Path] = None):
+        self.root = Path(root or default_dir())
+        self.path = self.root / "choices.json"
+
+    # --- reading ---------------------------------------------------------------------------------
+
+    def entries(self) -> dict[str, Entry]:
+        """Every stored entry; {} for a missing, corrupt or stale file (it is rebuilt on the next store)."""
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            log.warning("ignoring the unreadable choice cache %s (%s); it will be rebuilt", self.path, e)
+            return {}
+        if not (isinstance(data, dict) and isinstance(data.get("entries"), dict)):
+            log.warning("ignoring the choice cache %s: not a choice file; it will be rebuilt", self.path)
+            return {}
+        if data.get("format") != FORMAT or data.get("tilus") != tilus.__version__:
+            log.warning("ignoring the choice cache %s: written for format %s and tilus %s (now %s and %s); "
+                        "it will be rebuilt", self.path, data.get("format"), data.get("tilus"), FORMAT,
+                        tilus.__version__)
+            return {}
+        return data["entries"]
+
+    def lookup(self, key: str, is_valid: Callable[[Entry], bool] = lambda e: True) -> Optional[Entry]:
+        entry = self.entries().get(key)
+        if entry is None:
+            return None
+        try:
+            valid = isinstance(entry, dict) and is_valid(entry)
+        except Exception:  # a malformed entry must not take the call down: tune again instead
+            valid = False
+        if not valid:
+            log.warning("the stored choice for %s is stale or malformed; tuning again", key)
+            return None
+        return entry
+
+    # --- writing ---------------------------------------------------------------------------------
+
+    def store(self, key: str, entry: Entry) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with filelock.FileLock(str(self.path) + ".lock"):
+            entries = self.entries()
+            entries[key] = entry
+            text = json.dumps({"format": FORMAT, "tilus": tilus.__version__, "entries": entries}, indent=1)
+            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".choices-", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    f.write(text)
+                os.replace(tmp, self.path)  # atomic: a reader sees the old file or the new one
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+
+    def choose(self, key: str, tune: Callable[[], Entry], is_valid: Callable[[Entry], bool] = lambda e: True) -> Entry:
+        """The stored entry for ``key`` if valid, else ``tune()``'s, stored. Only one process tunes a key."""
+        entry = self.lookup(key, is_valid)
+        if entry is not None:
+            return entry
+        lock_dir = self.root / "locks"
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        with filelock.FileLock(str(lock_dir / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".lock"))):
+            entry = self.lookup(key, is_valid)  # another process may have tuned it while we waited
+            if entry is None:
+                entry = tune()
+                self.store(key, entry)
+        return entry

@@ -1,0 +1,266 @@
+"""matmul.matmul's contract where no GPU is needed: errors, the layouts of b, the choice and its caches."""
+
+import json
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import matmul
+from matmul import api, autotune, versions
+from matmul.choice_cache import ChoiceCache, default_dir
+
+# --- errors before anything runs -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: (torch.randn(64, 48).half(), torch.randn(48, 32).half()), "CUDA tensors"),
+    (lambda: (torch.randn(64, 48).half(), torch.randn(32, 48).half().T), "CUDA tensors"),
+    (lambda: (torch.randn(2, 64, 48).half(), torch.randn(48, 32).half()), "must be 2-D"),
+    (lambda: (torch.randn(64, 48).half(), torch.randn(40, 32).half()), r"a \[M, K\] and b \[K, N\]"),
+    (lambda: (torch.randn(64, 48), torch.randn(48, 32)), "float16 or both bfloat16"),
+    (lambda: (torch.randn(64, 48).half(), torch.randn(48, 32).bfloat16()), "float16 or both bfloat16"),
+    (lambda: ([[1.0]], torch.randn(1, 1).half()), "must be a torch.Tensor"),
+])
+def test_bad_calls_name_the_problem_and_the_fix(make, message):
+    a, b = make()
+    with pytest.raises(matmul.MatmulInputError, match=message):
+        matmul.matmul(a, b)
+
+
+def test_a_gpu_without_kernels_is_refused_with_the_fix(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    with pytest.raises(matmul.UnsupportedGPUError, match=r"compute capability 8\.0.*torch\.matmul"):
+        api.device_arch(torch.device("cuda:0"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert api.device_arch(torch.device("cuda:0")) == "sm_90a"
+    assert issubclass(matmul.UnsupportedGPUError, matmul.MatmulInputError)
+
+
+# --- the layouts of b ----------------------------------------------------------------------------
+
+
+def test_transposed_view_of_a_weight_is_read_in_place():
+    w = torch.randn(32, 48).half()  # [N, K] row-major, rows of 96 bytes
+    bt, copied = api.kernel_b(w.T)  # b = w.T has strides (1, K)
+    assert not copied and bt.data_ptr() == w.data_ptr() and bt.stride() == w.stride()
+
+
+def test_row_major_b_is_transposed_once_into_aligned_rows():
+    b = torch.randn(17, 30).half()  # [K, N] row-major with K = 17: the copy pads its rows to 24
+    bt, copied = api.kernel_b(b)
+    assert copied and bt.shape == (30, 17) and bt.stride() == (24, 1)
+    assert torch.equal(bt, b.T)
+
+
+@pytest.mark.parametrize("b, copied", [
+    (torch.randn(5, 1).half(), False),  # N = 1: b.T is one row, in place
+    (torch.randn(1, 16).half(), True),  # K = 1: b [1, N] row-major (b.T's rows would be 2 bytes apart)
+    (torch.randn(1, 1).half(), False),
+])
+def test_degenerate_layouts(b, copied):
+    bt, was_copied = api.kernel_b(b)
+    assert was_copied == copied and torch.equal(bt, b.T)
+
+
+def test_misaligned_weight_rows_are_refused_with_the_fix():
+    w = torch.randn(32, 17).half()  # rows of 34 bytes: TMA cannot read w.T in place
+    with pytest.raises(matmul.MatmulInputError, match=r"b\.T's row stride .* pad its rows"):
+        api.kernel_b(w.T)
+
+
+def test_other_strides_are_refused_with_the_fix():
+    b = torch.randn(64, 64).half()[::2, ::2]  # neither layout
+    with pytest.raises(matmul.MatmulInputError, match=r"b\.contiguous\(\)"):
+        api.kernel_b(b)
+
+
+# --- the choice ----------------------------------------------------------------------------------
+
+
+def test_shape_buckets_follow_tilus():
+    from tilus.lang.instantiated_script import construct_keys
+
+    for x in (1, 7, 17, 128, 1000, 4095, 4096, 4097, 14336):
+        assert api.bucket(x) == construct_keys((), [x])[1][0]
+    key = api.choice_key("sm_90a", "NVIDIA H100 80GB HBM3", torch.bfloat16, 1000, 14336, 4096)
+    assert key == "sm_90a/NVIDIA H100 80GB HBM3/bfloat16/1024x16384x4096"
+
+
+def fake_prepare(calls, errors=None, failing=()):
+    def prepare(version):
+        calls.append(version)
+        if version in failing:
+            raise RuntimeError(f"{version} did not build")
+        module = versions.load("sm_90a", version)
+        return api.Candidate(version, dict(module.REPRESENTATIVE), (errors or {}).get(version, 1e-4), lambda: None)
+    return prepare
+
+
+def test_tune_times_the_correct_versions_in_alternating_rounds():
+    calls, order = [], []
+
+    def timer(candidate):
+        order.append(candidate.version)
+        return {"v0": 3.0, "v1": 1.0}[candidate.version]
+
+    entry = api.tune("sm_90a", torch.float16, fake_prepare(calls), timer, names=["v0", "v1"], rounds=3)
+    assert calls == ["v0", "v1"] and order == ["v0", "v1", "v1", "v0", "v0", "v1"]
+    assert entry["version"] == "v1" and entry["ms"] == 1.0
+    assert entry["config"] == versions.load("sm_90a", "v1").REPRESENTATIVE
+    assert entry["fingerprint"] == api.fingerprint("sm_90a", "v1")
+    assert set(entry["candidates"]) == {"v0", "v1"}
+
+
+def test_tune_rules_out_wrong_and_failing_versions():
+    entry = api.tune("sm_90a", torch.float16, fake_prepare([], errors={"v1": float("nan")}, failing={"v2"}),
+                     lambda c: 1.0, names=["v0", "v1", "v2"])
+    assert entry["version"] == "v0"
+    assert "over the tolerance" in entry["rejected"]["v1"] and "did not build" in entry["rejected"]["v2"]
+    with pytest.raises(RuntimeError, match="no version of the series ran correctly"):
+        api.tune("sm_90a", torch.float16, fake_prepare([], failing={"v0"}), lambda c: 1.0, names=["v0"])
+
+
+def tuned_entry(cache, key, calls, names=("v0", "v1")):
+    return cache.choose(key, lambda: api.tune("sm_90a", torch.float16, fake_prepare(calls),
+                                              lambda c: {"v0": 2.0, "v1": 1.0}[c.version], names=list(names)),
+                        lambda e: api.entry_is_valid("sm_90a", e))
+
+
+KEY = "sm_90a/fake GPU/float16/4096x4096x4096"
+
+
+def test_a_second_cache_instance_reuses_the_stored_choice(tmp_path):
+    first, second = [], []
+    assert tuned_entry(ChoiceCache(tmp_path), KEY, first)["version"] == "v1"
+    assert tuned_entry(ChoiceCache(tmp_path), KEY, second)["version"] == "v1"
+    assert first == ["v0", "v1"] and second == []
+    data = json.loads((tmp_path / "choices.json").read_text())
+    assert data["format"] == 1 and data["entries"][KEY]["version"] == "v1"
+
+
+CHILD = textwrap.dedent("""
+    import json, sys, time, torch
+    sys.path.insert(0, {tests!r})
+    from test_api import KEY, fake_prepare
+    from matmul import api
+    from matmul.choice_cache import ChoiceCache
+    calls = []
+    def tune():
+        time.sleep({sleep})  # a long tuning: another process must wait for it, not tune as well
+        return api.tune("sm_90a", torch.float16, fake_prepare(calls),
+                        lambda c: {{"v0": 2.0, "v1": 1.0}}[c.version], names=["v0", "v1"])
+    entry = ChoiceCache({root!r}).choose(KEY, tune, lambda e: api.entry_is_valid("sm_90a", e))
+    print(json.dumps({{"version": entry["version"], "tuned": calls}}))
+""")
+
+
+def run_children(root, count, sleep, together):
+    def start():
+        code = CHILD.format(tests=os.path.dirname(__file__), root=str(root), sleep=sleep)
+        return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+
+    def finish(proc):
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stderr[-3000:]
+        return json.loads(stdout.strip().splitlines()[-1])
+
+    if together:
+        return [finish(p) for p in [start() for _ in range(count)]]
+    return [finish(start()) for _ in range(count)]
+
+
+def test_a_second_process_reuses_the_stored_choice(tmp_path):
+    first, second = run_children(tmp_path, 2, sleep=0, together=False)
+    assert first == {"version": "v1", "tuned": ["v0", "v1"]}
+    assert second == {"version": "v1", "tuned": []}
+
+
+def test_concurrent_processes_tune_a_shape_once(tmp_path):
+    results = run_children(tmp_path, 2, sleep=2, together=True)
+    assert sorted(len(r["tuned"]) for r in results) == [0, 2]
+    assert [r["version"] for r in results] == ["v1", "v1"]
+
+
+@pytest.mark.parametrize("content", [
+    "", "{", "garbage \x00\xff", json.dumps({"format": 1})[:-3], "[1, 2, 3]",
+    json.dumps({"format": 1, "tilus": "0.0.1", "entries": {}}),  # another tilus release
+    json.dumps({"format": 99, "entries": {}}),
+])
+def test_a_corrupt_or_stale_choice_file_is_rebuilt(tmp_path, caplog, content):
+    (tmp_path / "choices.json").write_text(content, errors="surrogateescape")
+    calls = []
+    with caplog.at_level(logging.WARNING):
+        assert tuned_entry(ChoiceCache(tmp_path), KEY, calls)["version"] == "v1"
+    assert calls == ["v0", "v1"] and "choice cache" in caplog.text
+    assert json.loads((tmp_path / "choices.json").read_text())["entries"][KEY]["version"] == "v1"
+
+
+@pytest.mark.parametrize("spoil", [
+    lambda e: e.update(version="v9"),  # a version that does not exist
+    lambda e: e.update(config={"block_m": 3, "block_n": 5, "block_k": 7}),  # not in the space any more
+    lambda e: e.update(fingerprint="0" * 16),  # the kernel's source changed since it was tuned
+    lambda e: e.update(ms="fast"),
+    lambda e: e.pop("config"),
+])
+def test_a_stale_entry_is_tuned_again(tmp_path, spoil):
+    cache = ChoiceCache(tmp_path)
+    tuned_entry(cache, KEY, [])
+    data = json.loads(cache.path.read_text())
+    spoil(data["entries"][KEY])
+    cache.path.write_text(json.dumps(data))
+    calls = []
+    assert tuned_entry(cache, KEY, calls)["version"] == "v1" and calls == ["v0", "v1"]
+    assert api.entry_is_valid("sm_90a", cache.entries()[KEY])
+
+
+def test_cache_location(monkeypatch, tmp_path):
+    monkeypatch.setenv("MATMUL_CACHE_DIR", str(tmp_path / "mine"))
+    assert default_dir() == tmp_path / "mine"
+    monkeypatch.delenv("MATMUL_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_dir() == tmp_path / "xdg" / "tilus-matmul"
+
+
+# --- tilus's own dispatch table ------------------------------------------------------------------
+
+
+def write_table(directory, content: bytes):
+    (directory / "dispatch_table.pickle").write_bytes(content)
+    (directory / "latency" / "4096-4096").mkdir(parents=True)
+
+
+def test_a_valid_tilus_dispatch_table_is_kept(tmp_path):
+    write_table(tmp_path, pickle.dumps({(4096, 4096, 4096): 2}))
+    assert not autotune.check_dispatch_table(tmp_path, programs=3)
+    assert (tmp_path / "dispatch_table.pickle").exists() and (tmp_path / "latency").exists()
+
+
+@pytest.mark.parametrize("content", [
+    b"", b"garbage", pickle.dumps({(4096,): 2})[:-4],  # truncated
+    pickle.dumps({(4096,): 7}),  # names a program that was not built
+    pickle.dumps([1, 2]), pickle.dumps({(4096,): "2"}),
+])
+def test_a_broken_tilus_dispatch_table_is_removed(tmp_path, content):
+    write_table(tmp_path, content)
+    assert autotune.check_dispatch_table(tmp_path, programs=3)
+    assert not (tmp_path / "dispatch_table.pickle").exists()
+    assert not (tmp_path / "latency").exists()  # tilus would fail to re-create its links there
+
+
+def test_launch_arguments_hand_tilus_whole_padded_rows():
+    from matmul.check import poisoned_output, random_operands
+
+    a, b = random_operands(5, 3, 17, torch.float16, device="cpu")
+    out = poisoned_output(5, 3, torch.float16, device="cpu")
+    m, n, k, fa, fb, fc, lda, ldb, ldc = autotune.launch_args(a, b, out)
+    assert (m, n, k, lda, ldb, ldc) == (5, 3, 17, 24, 24, 8)
+    assert fa.shape == (5, 24) and fa.is_contiguous() and fa.data_ptr() == a.data_ptr()
+    assert fa.clone().stride() == (24, 1)  # what tilus tunes on keeps the padded layout
