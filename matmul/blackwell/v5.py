@@ -22,10 +22,11 @@ its ``tcgen05.ld`` of buffer ``a`` have completed (``tcgen05.wait::ld``). The MM
 ``clc`` (``clc_stages`` response slots, see ``pipeline/clc.py``): ``full``: 1 arrival (the
 scheduler's ``arrive.expect_tx`` of 16 bytes) + the 16 response bytes; ``empty``: 224 arrivals,
 every thread of the four roles once it has decoded the response.
-Sub-tile buffers: before refilling buffer ``j % 2`` the storing lane waits until at most one TMA
-store group is pending (``cp.async.bulk.wait_group.read 1``); the warpgroup's named barrier
-(128 threads) orders that wait, the shared stores and ``fence.proxy.async`` before the next store.
-All warps meet at a final ``__syncthreads`` before TMEM is freed.
+Sub-tile staging buffers (``pipeline.tma_store.StagedTmaStore``): before refilling buffer
+``j % 2`` the storing lane waits until at most one TMA store group is still reading
+(``cp.async.bulk.wait_group.read 1``); the warpgroup's named barrier (128 threads) orders that
+wait, the shared stores and ``fence.proxy.async`` before the next store. All warps meet at a final
+``__syncthreads`` before TMEM is freed.
 """
 
 import tilus
@@ -34,6 +35,7 @@ from tilus.utils import cdiv
 
 from pipeline import Pipeline, TileRasterizer
 from pipeline.clc import ClcScheduler
+from pipeline.tma_store import StagedTmaStore
 
 from ..kernel import MatmulKernel
 
@@ -129,8 +131,8 @@ class Kernel(MatmulKernel):
                     break
 
         with self.warp_group(warp_begin=0, num_warps=4):  # consumer of acc_pipe: TMEM -> global
+            out = StagedTmaStore(s_c)
             tile: int32 = clc.first_tile()
-            sub_tile: int32 = 0  # counts the sub-tiles stored, for the double buffer s_c
             while True:
                 m_tile, n_tile = raster.tile(tile)
                 acc_pipe.consumer_acquire()
@@ -139,25 +141,13 @@ class Kernel(MatmulKernel):
                                                shape=[block_m, e_block_n], dims=[0, 1])
                     r_sub = self.tcgen05.load(t_sub)
                     self.tcgen05.wait_load()
-                    buf = sub_tile % 2
-                    with self.single_warp():
-                        self.tma.wait_group(1, read=True)  # the store that last read s_c[buf] is done
-                    self.sync()
-                    self.store_shared(s_c[buf], r_sub.to(self.dtype))
-                    self.fence.proxy_async(space="shared")
-                    self.sync()
-                    with self.single_warp():
-                        self.tma.shared_to_global(s_c[buf], g_c,
-                                                  offsets=[m_tile * block_m, n_tile * block_n + e * e_block_n])
-                        self.tma.commit_group()
-                    sub_tile += 1
+                    out.put(r_sub, g_c, m_tile * block_m, n_tile * block_n + e * e_block_n)
                 acc_pipe.consumer_release()  # every tcgen05.ld of this buffer has completed
                 acc_pipe.consumer_advance()
                 is_valid, tile = clc.next_tile()
                 if not is_valid:
                     break
-            with self.single_warp():
-                self.tma.wait_group(0)
+            out.finish()
 
         self.sync()
         self.tcgen05.dealloc(t_acc)
