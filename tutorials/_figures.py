@@ -244,13 +244,15 @@ def raster_orders(num_m: int, num_n: int, group: int, wave: int):
     # a 2-D grid [M tiles, N tiles] is launched with blockIdx.x (the M tile) varying fastest
     orders = {"2-D grid, blockIdx.x = M tile (V0-V3)": [(i % num_m, i // num_m) for i in range(num_m * num_n)],
               f"grouped (group = {group})": grouped_tile_order(num_m, num_n, group)}
-    fig, axes = plt.subplots(1, 2, figsize=(12, 12 * num_m / num_n / 2 + 1.2))
+    fig, axes = plt.subplots(1, 2, figsize=(12, min(12 * num_m / num_n / 2 + 1.2, 7)))
     for ax, (name, order) in zip(axes, orders.items()):
         first = order[:wave]
         for pos, (r, c) in enumerate(order):
             face = COLORS["c"] if pos < wave else "white"
-            ax.add_patch(Rectangle((c, num_m - 1 - r), 1, 1, facecolor=face, edgecolor="grey"))
-            ax.text(c + 0.5, num_m - 0.5 - r, str(pos), ha="center", va="center", fontsize=7)
+            ax.add_patch(Rectangle((c, num_m - 1 - r), 1, 1, facecolor=face, edgecolor="grey",
+                                   linewidth=0.5 if num_m * num_n <= 256 else 0.2))
+            if num_m * num_n <= 256:
+                ax.text(c + 0.5, num_m - 0.5 - r, str(pos), ha="center", va="center", fontsize=7)
         rows, cols = len({r for r, _ in first}), len({c for _, c in first})
         ax.set_xlim(0, num_n)
         ax.set_ylim(0, num_m)
@@ -258,7 +260,8 @@ def raster_orders(num_m: int, num_n: int, group: int, wave: int):
         ax.set_xticks([])
         ax.set_yticks([])
         ax.set_title(f"{name}\nfirst {wave} tiles read {rows} A bands + {cols} B bands = {rows + cols}")
-    fig.suptitle(f"Launch order of a {num_m} x {num_n} grid of C tiles (numbers: order; shaded: in flight together)")
+    fig.suptitle(f"Launch order of a {num_m} x {num_n} grid of C tiles (shaded: the first {wave}, in flight together"
+                 + ("; numbers: launch order)" if num_m * num_n <= 256 else ")"))
     fig.tight_layout()
     return fig
 
@@ -368,3 +371,29 @@ def specialized_k_loop(stages: int, k_blocks: int = 6, load: float = 2.0, mma: f
     lanes.append(("tensor core", core))
     lanes.append((waiter, [(0, end, "wait for the accumulator", "wait"), (end, epilogue, "epilogue", "epilogue")]))
     return timeline(lanes, title or "Each role runs its own loop; the thin marks are instructions issued")
+
+
+def wave_traffic(num_m: int, num_n: int, block_m: int, block_n: int, k: int, wave: int, groups=(1, 2, 4, 8, 16),
+                 itemsize: int = 2):
+    """For each launch order, the operand bytes one wave of ``wave`` CTAs reads (each distinct A row
+    band and B row band once: what L2 must hold for the wave to find its operands there), averaged
+    over the full waves of the grid."""
+    from pipeline.schedulers import grouped_tile_order
+
+    orders = {"2-D grid (V0-V3)": [(i % num_m, i // num_m) for i in range(num_m * num_n)]}
+    orders.update({f"grouped, group={g}": grouped_tile_order(num_m, num_n, g) for g in groups})
+    names, mib = [], []
+    for name, order in orders.items():
+        waves = [order[i:i + wave] for i in range(0, len(order) - wave + 1, wave)] or [order]
+        per_wave = [len({r for r, _ in w}) * block_m * k * itemsize + len({c for _, c in w}) * block_n * k * itemsize
+                    for w in waves]
+        names.append(name)
+        mib.append(sum(per_wave) / len(per_wave) / 2**20)
+    fig, ax = plt.subplots(figsize=(9, 3.4))
+    bars = ax.barh(names[::-1], mib[::-1], color=[COLORS["a"]] * (len(names) - 1) + [COLORS["wait"]])
+    for bar, value in zip(bars, mib[::-1]):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {value:.0f} MiB", va="center", fontsize=8)
+    ax.set_xlabel("operand bytes one wave reads (MiB), the less the better")
+    ax.set_title(f"{num_m} x {num_n} tiles of {block_m} x {block_n}, K = {k}, waves of {wave} CTAs")
+    fig.tight_layout()
+    return fig
