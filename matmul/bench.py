@@ -1,88 +1,251 @@
-"""Time the versions of the series against cuBLAS on this machine's GPU.
+"""The harness: every version of the series, cuBLAS, a Triton baseline and the autotuned ``matmul()``
+call, checked and timed on this machine's GPU in one run, into one raw results file.
 
-For each shape: fresh random operands, each version autotuned by tilus and checked against the
-float32 reference before it is timed, cuBLAS (``torch.matmul``) timed before and after the
-versions so that neither side is favoured by the GPU's warming up; the ratio is to the mean of
-the two cuBLAS times.
+Per shape, every kernel gets the same fresh random operands. Each is first run once on a
+NaN-poisoned output and checked against the float32 reference (``check``); a kernel that fails is
+recorded with its error and not timed. Then ``rounds`` rounds time every kernel (``timing``:
+median of many runs after warm-up, L2 flushed), the order reversed every other round so that no
+kernel always runs on a cooler or warmer GPU; a kernel's time is the median of its rounds. Ratios
+are to cuBLAS (``torch.matmul(a, b.T)``, the ``x @ w.T`` of a linear layer) timed in the same
+rounds.
 """
 
 from __future__ import annotations
 
+import datetime
+import functools
 import json
+import math
 import platform
+import statistics
 import subprocess
+from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
 import torch
+from tqdm import tqdm
 
-from . import versions
-from .check import TOLERANCE, poisoned_output, random_operands, reference, relative_error
-from .contract import row_stride
-from .timing import median_ms, tflops
+from . import autotune, presets, versions
+from .check import TOLERANCE, random_operands, reference, relative_error
+from .presets import Shape
+
+FORMAT = "tilus-matmul-bench/1"
+CUBLAS, TRITON, AUTOTUNED = "cuBLAS", "Triton", "matmul()"
 
 
-def chosen_config(module, a, b, out) -> dict[str, Any]:
-    """The configuration tilus's autotuner picked for these operands."""
-    from tilus.lang.instantiated_script import extract_keys
+@dataclass
+class Contender:
+    name: str  # "v0".."v6", CUBLAS, TRITON or AUTOTUNED
+    kind: str  # "version", "baseline" or "autotuned"
+    run: Callable[[], object]
+    out: torch.Tensor  # where ``run`` writes C
+    config: Callable[[], Optional[dict]] = lambda: None  # what it ran with (asked after its first run)
 
-    script = versions.kernel(module, a.dtype)
+
+# --- one shape -----------------------------------------------------------------------------------
+
+
+def measure(shape: Shape, contenders: list[Contender], ref: torch.Tensor, dtype: torch.dtype,
+            timer: Callable[[Callable[[], object]], float], rounds: int = 2,
+            progress: Optional[tqdm] = None) -> list[dict]:
+    """Check, then time, ``contenders`` on one shape; one row per contender (see the module's docstring)."""
+    base = {"m": shape.m, "n": shape.n, "k": shape.k, "label": shape.label, "dtype": _dtype_name(dtype)}
+    rows, timed = {}, []
+    for c in contenders:
+        row = rows[c.name] = {**base, "kernel": c.name, "kind": c.kind}
+        try:
+            c.out.fill_(float("nan"))
+            c.run()  # the first call also builds and autotunes
+            row["config"] = c.config()
+            row["error"] = relative_error(c.out, ref)
+        except Exception as e:  # a kernel that does not build or run is a result, not the end of the run
+            row.update(ok=False, error=math.inf, message=f"{type(e).__name__}: {e}"[-2000:])
+            continue
+        finally:
+            if progress is not None:
+                progress.update(1)
+        row["ok"] = row["error"] <= TOLERANCE[dtype]
+        if row["ok"] or c.name == CUBLAS:  # the reference point is timed even if it were off
+            timed.append(c)
+    times: dict[str, list[float]] = {c.name: [] for c in timed}
+    for r in range(rounds):
+        for c in timed if r % 2 == 0 else timed[::-1]:
+            times[c.name].append(timer(c.run))
+            if progress is not None:
+                progress.update(1)
+    cublas_ms = statistics.median(times[CUBLAS]) if CUBLAS in times else None
+    for name, t in times.items():
+        row = rows[name]
+        row["ms_rounds"] = t
+        row["ms"] = statistics.median(t)
+        row["tflops"] = 2.0 * shape.m * shape.n * shape.k / (row["ms"] * 1e-3) / 1e12
+        if cublas_ms:
+            row["vs_cublas"] = cublas_ms / row["ms"]
+    return list(rows.values())
+
+
+def contenders(arch: str, names: list[str], a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype,
+               triton: bool = True, autotuned: bool = True) -> list[Contender]:
+    """cuBLAS, the versions ``names``, the Triton baseline (if installed) and ``matmul()`` for C = A @ B^T."""
+    from . import api, triton_baseline
+    from .check import poisoned_output
+
     (m, k), n = a.shape, b.shape[0]
-    args = (m, n, k, a, b, out, row_stride(a), row_stride(b), row_stride(out))
-    jit_key, tuning_key = extract_keys(args, script.const_params, script.tuning_params)
-    instance = script.jit_instances[jit_key]
-    schedule = dict(instance.schedules[instance.valid_schedules[instance.dispatch_table[tuning_key]]])
-    schedule.pop("dtype", None)
-    return schedule
+    out = poisoned_output(m, n, dtype)
+    cublas_out = torch.empty(m, n, dtype=dtype, device=a.device)
+    found = [Contender(CUBLAS, "baseline", functools.partial(torch.matmul, a, b.T, out=cublas_out), cublas_out)]
+    args = autotune.launch_args(a, b, out)
+    for name in names:
+        try:
+            script = versions.kernel(versions.load(arch, name), dtype)  # autotuned by tilus on first call
+            autotune.prepare(script, args)
+        except Exception as e:  # e.g. no configuration transpiles: the row says so when it runs
+            found.append(Contender(name, "version", functools.partial(_raise, e), out))
+            continue
+        found.append(Contender(name, "version", functools.partial(script, *args), out,
+                               functools.partial(autotune.tuned_config, script, args)))
+    if triton and triton_baseline.available():
+        found.append(Contender(TRITON, "baseline", functools.partial(triton_baseline.matmul_abt, a, b, out), out,
+                               triton_baseline.best_config))
+    if autotuned:
+        def chosen():
+            entry = api.choice(a, b.T)
+            return {"version": entry["version"], **entry["config"]}
+
+        found.append(Contender(AUTOTUNED, "autotuned", functools.partial(api.matmul, a, b.T, out=out), out, chosen))
+    return found
+
+
+# --- a whole run ---------------------------------------------------------------------------------
+
+
+def run(arch: str, names: list[str], chosen: dict[str, list[Shape]], dtype: torch.dtype = torch.float16,
+        rounds: int = 2, warmup_ms: float = 50.0, repeat_ms: float = 200.0, triton: bool = True,
+        autotuned: bool = True, command: str = "", save: Optional[Callable[[dict], None]] = None) -> dict:
+    """Bench every shape of ``chosen``; ``save(results)`` after each shape keeps what a crash would lose."""
+    from . import choice_cache, triton_baseline
+    from .timing import median_ms
+
+    choice_cache.use_for_tilus()  # the versions and matmul() share tilus's builds and tuning
+    timer = functools.partial(median_ms, warmup_ms=warmup_ms, repeat_ms=repeat_ms)
+    shapes = presets.unique(chosen)
+    results = {
+        "format": FORMAT, "command": command, "arch": arch, "dtype": _dtype_name(dtype),
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(), "software": software(),
+        "timing": {"method": "median of timing.median_ms (triton.testing.do_bench, L2 flushed) per round; "
+                             "median over rounds in alternating order", "warmup_ms": warmup_ms,
+                   "repeat_ms": repeat_ms, "rounds": rounds},
+        "presets": {name: [s._asdict() for s in group] for name, group in chosen.items()},
+        "rows": [],
+    }
+    per_shape = 1 + len(names) + (triton and triton_baseline.available()) + autotuned
+    with tqdm(total=len(shapes) * per_shape * (rounds + 1), desc="[bench] checking and timing", unit="run") as bar:
+        for shape in shapes:
+            bar.set_postfix_str(shape.text)
+            a, b = random_operands(shape.m, shape.n, shape.k, dtype)
+            found = contenders(arch, names, a, b, dtype, triton=triton, autotuned=autotuned)
+            results["rows"] += measure(shape, found, reference(a, b), dtype, timer, rounds, bar)
+            del a, b, found
+            torch.cuda.empty_cache()
+            if save:
+                save(results)
+    results["machine_after"] = machine()  # the clocks drop under sustained load: say how far
+    results["summary"] = summary(results)
+    return results
 
 
 def machine() -> dict[str, Any]:
     props = torch.cuda.get_device_properties(0)
-    info = {"gpu": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
-            "cuda": torch.version.cuda, "python": platform.python_version()}
+    info = {"gpu": props.name, "sms": props.multi_processor_count,
+            "capability": f"{props.major}.{props.minor}", "memory_gib": round(props.total_memory / 2**30, 1)}
+    query = ("clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.draw,power.limit,temperature.gpu,"
+             "pstate,driver_version")
     try:
-        import tilus
-
-        info["tilus"] = tilus.__version__
-        query = "clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu,driver_version"
         line = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
                               capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[0]
-        info.update(dict(zip(query.split(","), [x.strip() for x in line.split(",")])))
-    except Exception as e:  # the figures are still worth keeping without the clocks
+        info.update(zip(query.split(","), (x.strip() for x in line.split(","))))
+    except Exception as e:  # the timings are still worth keeping without the clocks
         info["nvidia-smi"] = f"unavailable: {e}"
     return info
 
 
-def bench_shape(arch: str, version_names: list[str], m: int, n: int, k: int, dtype=torch.float16) -> list[dict]:
-    a, b = random_operands(m, n, k, dtype)
-    ref = reference(a, b)
-    out = poisoned_output(m, n, dtype)
-    cublas_out = torch.empty(m, n, dtype=dtype, device="cuda")
-    cublas = lambda: torch.matmul(a, b.T, out=cublas_out)  # noqa: E731
-    cublas_ms = [median_ms(cublas)]
-    rows = []
-    for name in version_names:
-        module = versions.load(arch, name)
-        out.fill_(float("nan"))
-        versions.run(module, a, b, out)  # autotunes on first use
-        error = relative_error(out, ref)
-        row = {"arch": arch, "version": name, "m": m, "n": n, "k": k, "dtype": str(dtype).split(".")[-1],
-               "config": chosen_config(module, a, b, out), "error": error, "ok": error <= TOLERANCE[dtype]}
-        if row["ok"]:
-            row["ms"] = median_ms(lambda: versions.run(module, a, b, out))
-            row["tflops"] = tflops(m, n, k, row["ms"])
-        rows.append(row)
-    cublas_ms.append(median_ms(cublas))
-    base = sum(cublas_ms) / 2
-    rows.append({"arch": "cublas", "version": "cuBLAS", "m": m, "n": n, "k": k, "dtype": str(dtype).split(".")[-1],
-                 "ms": base, "tflops": tflops(m, n, k, base), "ok": True,
-                 "error": relative_error(cublas_out, ref)})
-    for row in rows:
-        if "ms" in row:
-            row["vs_cublas"] = base / row["ms"]
-    return rows
+def software() -> dict[str, str]:
+    info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": str(torch.version.cuda)}
+    for package in ("tilus", "apache-tvm-ffi", "triton", "tilus-matmul"):
+        try:
+            info[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            info[package] = "not installed"
+    try:
+        info["git"] = subprocess.run(["git", "-C", str(Path(__file__).parent), "describe", "--always", "--dirty"],
+                                     capture_output=True, text=True, timeout=10).stdout.strip() or "unknown"
+    except Exception:
+        info["git"] = "unknown"
+    return info
 
 
-def write_results(rows: list[dict], path: Path, command: str) -> None:
+def summary(results: dict) -> dict[str, Any]:
+    """The issue's bar for the autotuned call: its geometric mean and its worst ratio to cuBLAS on
+    the LLM preset (and on everything timed)."""
+    out = {}
+    llm = {(s["m"], s["n"], s["k"]) for s in results.get("presets", {}).get("llm", [])}
+    for name, keep in (("llm", lambda r: (r["m"], r["n"], r["k"]) in llm), ("all", lambda r: True)):
+        ratios = [r.get("vs_cublas") for r in results["rows"] if r["kernel"] == AUTOTUNED and keep(r)]
+        if ratios and all(ratios):
+            out[name] = {"matmul_vs_cublas_geomean": math.exp(statistics.fmean(math.log(x) for x in ratios)),
+                         "matmul_vs_cublas_min": min(ratios), "shapes": len(ratios)}
+        elif ratios:
+            out[name] = {"failed": sum(1 for x in ratios if not x), "shapes": len(ratios)}
+    return out
+
+
+# --- results files -------------------------------------------------------------------------------
+
+
+def results_name(arch: str, dtype: str, chosen: dict[str, list[Shape]] | dict[str, list]) -> str:
+    return f"results-{arch}-{dtype}-{'+'.join(chosen)}.json"
+
+
+def write(results: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"machine": machine(), "command": command, "rows": rows}, indent=1))
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(results, indent=1, allow_nan=True))
+    tmp.replace(path)
+
+
+def load(path: Path) -> dict:
+    """A results file, checked for the fields the plots read."""
+    results = json.loads(Path(path).read_text())
+    if not isinstance(results, dict) or results.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a results file of this harness (format {FORMAT})")
+    for key in ("arch", "dtype", "machine", "presets", "rows"):
+        if key not in results:
+            raise ValueError(f"{path}: the results have no {key!r}")
+    return results
+
+
+def table(results: dict) -> str:
+    from tabulate import tabulate
+
+    rows = []
+    for r in results["rows"]:
+        status = "" if r.get("ok") else ("FAILED " + r.get("message", f"error {r.get('error', 0):.3g}"))[:60]
+        rows.append({"shape": f"{r['m']}x{r['n']}x{r['k']}", "label": r.get("label", ""), "kernel": r["kernel"],
+                     "ms": r.get("ms"), "TFLOPS": r.get("tflops"), "x cuBLAS": r.get("vs_cublas"),
+                     "rel. error": r.get("error"), "config": _config_text(r.get("config")), "": status})
+    return tabulate(rows, headers="keys", floatfmt=".4g")
+
+
+def _raise(error: Exception):
+    raise error
+
+
+def _config_text(config: Optional[dict]) -> str:
+    return " ".join(f"{k}={v}" for k, v in config.items()) if config else ""
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

@@ -1,6 +1,8 @@
 """``python -m matmul``: the project's command line.
 
     python -m matmul compile [--arch sm_90a|sm_100a] [--versions v0,v1,...] [--out DIR] [--all-configs]
+    python -m matmul bench [--arch ...] [--versions ...] [--shapes series,ksweep,llm|MxNxK,...] [--out DIR]
+    python -m matmul plot RESULTS.json [...] [--out DIR]
 """
 
 from __future__ import annotations
@@ -84,33 +86,84 @@ def compile_command(args) -> int:
     return 1 if failed else 0
 
 
-def _shapes(value: str) -> list[tuple[int, int, int]]:
-    try:
-        return [tuple(int(x) for x in item.lower().split("x")) for item in value.split(",")]
-    except ValueError:
-        raise ValueError(f"shapes are MxNxK separated by commas, e.g. 4096x4096x4096; got {value!r}") from None
+def _default_plots_dir() -> Path:
+    return Path(__file__).resolve().parents[1] / "plots"
+
+
+def redraw(results_dir: Path, out: Path | None = None) -> int:
+    """Redraw the figures of every results file under ``results_dir`` (next to each, or into ``out``)."""
+    from . import bench, plot
+
+    found = sorted(Path(results_dir).glob("**/results-*.json"))
+    if not found:
+        print(f"No results under {results_dir} yet: run `python -m matmul bench --out {results_dir}` on an H100 "
+              "to make them.")
+        return 0
+    for path in found:
+        results = bench.load(path)
+        for written in plot.draw_all(results, out or path.parent):
+            print(f"wrote {written}  (from {path}, measured on {results['machine']['gpu']})")
+    return 0
 
 
 def bench_command(args) -> int:
-    import sys as _sys
+    import torch
 
-    from tabulate import tabulate as _tabulate
+    from . import bench, presets
 
-    from . import bench
-
-    arch = local_gpu_arch()
-    if arch is None:
-        print("No Hopper or Blackwell GPU here: nothing to time.", file=_sys.stderr)
-        return 1
+    chosen = presets.parse(args.shapes)
+    dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype]
+    here = local_gpu_arch()
+    arch = versions.normalize_arch(args.arch) if args.arch else here
+    if here is None or arch != here:
+        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+        print(f"No GPU of the {arch or 'sm_90a/sm_100a'} series here ({gpu}): nothing can be timed. Compiling "
+              "instead, then redrawing the committed results.\n", flush=True)
+        args.no_check, args.all_configs = True, False
+        status = compile_command(args)
+        print()
+        return redraw(Path(args.redraw_from or _default_plots_dir()), Path(args.out) if args.out else None) or status
     names = _versions(args.versions, arch)
-    rows = []
-    for m, n, k in _shapes(args.shapes):
-        rows += bench.bench_shape(arch, names, m, n, k)
-    if args.out:
-        bench.write_results(rows, Path(args.out) / "results.json", "python -m matmul " + " ".join(_sys.argv[1:]))
-    print(_tabulate([{key: r.get(key) for key in ("version", "m", "n", "k", "ms", "tflops", "vs_cublas", "error",
-                                                  "config")} for r in rows], headers="keys", floatfmt=".4g"))
-    return 0 if all(r["ok"] for r in rows) else 1
+    out_dir = Path(args.out) if args.out else choice_cache_dir() / "bench"
+    path = out_dir / bench.results_name(arch, args.dtype, chosen)
+    command = "python -m matmul " + " ".join(sys.argv[1:] if args.argv is None else args.argv)
+    try:
+        results = bench.run(arch, names, chosen, dtype, rounds=args.rounds, warmup_ms=args.warmup_ms,
+                            repeat_ms=args.repeat_ms, triton=not args.no_triton, command=command,
+                            save=lambda r: bench.write(r, path))
+    except ValueError as e:  # from inside the run: not a usage error, keep the traceback
+        raise RuntimeError(f"{type(e).__name__}: {e}") from e
+    bench.write(results, path)
+    print(bench.table(results))
+    for name, s in results["summary"].items():
+        if "matmul_vs_cublas_geomean" in s:
+            print(f"matmul() vs cuBLAS over {name} ({s['shapes']} shapes): geometric mean "
+                  f"{s['matmul_vs_cublas_geomean']:.3f}x, worst {s['matmul_vs_cublas_min']:.3f}x")
+    from . import plot
+
+    print(f"\nresults: {path}")
+    for written in plot.draw_all(results, out_dir):
+        print(f"figure: {written}")
+    return 0 if all(r["ok"] for r in results["rows"]) else 1
+
+
+def choice_cache_dir() -> Path:
+    from .choice_cache import default_dir
+
+    return default_dir()
+
+
+def plot_command(args) -> int:
+    from . import bench, plot
+
+    for name in args.results:
+        path = Path(name)
+        if not path.is_file():
+            raise ValueError(f"no results file {path}: pass a results-*.json written by `python -m matmul bench`")
+        results = bench.load(path)
+        for written in plot.draw_all(results, Path(args.out) if args.out else path.parent):
+            print(f"wrote {written}")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -124,12 +177,27 @@ def main(argv=None) -> int:
     p.add_argument("--all-configs", action="store_true", help="build every configuration of the autotune space")
     p.add_argument("--no-check", action="store_true", help="do not run the kernels even on a matching GPU")
     p.set_defaults(func=compile_command)
-    p = sub.add_parser("bench", help="time the versions that match this GPU against cuBLAS")
+    p = sub.add_parser("bench", help="check and time the versions, cuBLAS, Triton and matmul() on this GPU",
+                       description="Without a GPU of the series: compile report, then redraw the committed results.")
+    p.add_argument("--arch", help="sm_90a or sm_100a; default: this machine's GPU")
     p.add_argument("--versions", help="comma-separated, e.g. v0,v1; default: every version")
-    p.add_argument("--shapes", default="4096x4096x4096", help="MxNxK,... (default 4096x4096x4096)")
-    p.add_argument("--out", help="write OUT/results.json")
-    p.set_defaults(func=bench_command)
+    p.add_argument("--shapes", default="series",
+                   help="presets (series, ksweep, llm) and MxNxK shapes, comma-separated (default: series)")
+    p.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
+    p.add_argument("--out", help="directory for results-<arch>-<dtype>-<shapes>.json and the figures "
+                                 "(default: <matmul cache dir>/bench)")
+    p.add_argument("--rounds", type=int, default=2, help="timing rounds per shape, order alternating (default 2)")
+    p.add_argument("--warmup-ms", type=float, default=50.0, help="warm-up per timing (default 50)")
+    p.add_argument("--repeat-ms", type=float, default=200.0, help="timed runs per timing, in ms (default 200)")
+    p.add_argument("--no-triton", action="store_true", help="leave out the Triton baseline")
+    p.add_argument("--redraw-from", help="without a GPU: where the committed results are (default: plots/)")
+    p.set_defaults(func=bench_command, all_configs=False, no_check=True)
+    p = sub.add_parser("plot", help="draw the figures of bench results files (PNG and SVG)")
+    p.add_argument("results", nargs="+", help="results-*.json written by bench")
+    p.add_argument("--out", help="directory for the figures (default: next to each results file)")
+    p.set_defaults(func=plot_command)
     args = parser.parse_args(argv)
+    args.argv = argv
     try:
         return args.func(args)
     except ValueError as e:  # a bad --arch or --versions: say so, no traceback

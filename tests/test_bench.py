@@ -1,0 +1,127 @@
+"""The harness without a GPU: presets, the check-then-time loop with stand-in kernels, results files."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from matmul import bench, presets, triton_baseline
+from matmul.bench import CUBLAS, Contender
+from matmul.check import reference
+from matmul.presets import Shape
+
+FIXTURE = Path(__file__).parent / "data" / "bench_small.json"
+
+
+def test_presets():
+    chosen = presets.parse("series, ksweep,llm,1000x4095x17")
+    assert list(chosen) == ["series", "ksweep", "llm", "custom"]
+    assert [s.k for s in chosen["ksweep"]] == [512, 1024, 2048, 4096, 8192, 16384]
+    assert {(s.m, s.n) for s in chosen["ksweep"]} == {(8192, 8192)}
+    llm = chosen["llm"]
+    assert len(llm) == 12 and {s.m for s in llm} == {128, 1024, 8192}
+    assert {(s.label, s.n, s.k) for s in llm} == {("q, o", 4096, 4096), ("k, v", 1024, 4096),
+                                                 ("gate, up", 14336, 4096), ("down", 4096, 14336)}
+    assert chosen["custom"] == [Shape(1000, 4095, 17)]
+    assert len(presets.unique(chosen)) == 2 + 6 + 12 + 1 - 1  # 8192^3 is in series and ksweep
+    for bad in ("squares", "12x34", "0x8x8", ""):
+        with pytest.raises(ValueError):
+            presets.parse(bad)
+
+
+def stand_ins(a, b, dtype):
+    """cuBLAS and versions on the CPU: right, wrong, half-written (NaN left) and failing."""
+    def writer(out, fn):
+        return lambda: out.copy_(fn())
+
+    right = lambda: (a.float() @ b.float().T).to(dtype)  # noqa: E731
+    outs = {name: torch.empty(a.shape[0], b.shape[0], dtype=dtype) for name in (CUBLAS, "v0", "v1", "v2", "v3")}
+
+    def partial():
+        outs["v2"][:-1] = right()[:-1]  # the last row never written: still NaN from the poisoning
+
+    def failing():
+        raise RuntimeError("no configuration built")
+
+    return [Contender(CUBLAS, "baseline", writer(outs[CUBLAS], right), outs[CUBLAS]),
+            Contender("v0", "version", writer(outs["v0"], right), outs["v0"], lambda: {"block_m": 64}),
+            Contender("v1", "version", writer(outs["v1"], lambda: torch.zeros_like(right())), outs["v1"]),
+            Contender("v2", "version", partial, outs["v2"]),
+            Contender("v3", "version", failing, outs["v3"])]
+
+
+def test_every_kernel_is_checked_before_it_is_timed_in_alternating_rounds():
+    shape, dtype = Shape(48, 40, 24, "test"), torch.bfloat16
+    a, b = torch.randn(48, 24).to(dtype), torch.randn(40, 24).to(dtype)
+    found = stand_ins(a, b, dtype)
+    ms = {id(c.run): t for c, t in zip(found, (2.0, 4.0, 1.0, 1.0, 1.0))}
+    order = []
+
+    def timer(fn):
+        order.append(next(c.name for c in found if c.run is fn))
+        return ms[id(fn)]
+
+    rows = {r["kernel"]: r for r in bench.measure(shape, found, reference(a, b), dtype, timer, rounds=3)}
+    assert order == [CUBLAS, "v0", "v0", CUBLAS, CUBLAS, "v0"]  # only the correct ones, order reversed each round
+    good = rows["v0"]
+    assert good["ok"] and good["config"] == {"block_m": 64} and good["ms_rounds"] == [4.0] * 3
+    assert good["vs_cublas"] == pytest.approx(0.5) and good["tflops"] == pytest.approx(2 * 48 * 40 * 24 / 4e-3 / 1e12)
+    assert rows[CUBLAS]["vs_cublas"] == 1.0 and rows[CUBLAS]["label"] == "test"
+    assert not rows["v1"]["ok"] and rows["v1"]["error"] == pytest.approx(1.0) and "ms" not in rows["v1"]
+    assert not rows["v2"]["ok"] and math.isinf(rows["v2"]["error"])  # a NaN left in the output
+    assert not rows["v3"]["ok"] and "no configuration built" in rows["v3"]["message"]
+
+
+def test_results_file_round_trip_summary_and_table(tmp_path):
+    results = bench.load(FIXTURE)
+    path = tmp_path / bench.results_name("sm_90a", "float16", results["presets"])
+    assert path.name == "results-sm_90a-float16-series+ksweep+llm.json"
+    bench.write(results, path)
+    assert bench.load(path) == results
+    summary = bench.summary(results)
+    # matmul() at the fixture's three LLM shapes: 1.05, 0.9333 and 1.05 of cuBLAS
+    assert summary["llm"]["shapes"] == 3
+    assert summary["llm"]["matmul_vs_cublas_min"] == pytest.approx(420 / 450)
+    assert summary["llm"]["matmul_vs_cublas_geomean"] == pytest.approx((1.05 * 1.05 * 420 / 450) ** (1 / 3))
+    text = bench.table(results)
+    assert "FAILED" in text and "matmul()" in text and "block_k=64" in text
+
+
+def test_load_refuses_other_files(tmp_path):
+    other = tmp_path / "results-other.json"
+    other.write_text(json.dumps({"rows": []}))
+    with pytest.raises(ValueError, match="not a results file"):
+        bench.load(other)
+
+
+def test_triton_baseline_is_optional():
+    if triton_baseline.available():
+        pytest.skip("Triton is installed here")
+    assert triton_baseline.best_config() is None
+    with pytest.raises(RuntimeError, match="pip install triton"):
+        triton_baseline.matmul_abt(torch.ones(8, 8).half(), torch.ones(8, 8).half(), torch.empty(8, 8).half())
+
+
+def test_bench_without_a_gpu_compiles_and_redraws_the_committed_results(tmp_path):
+    committed = tmp_path / "plots" / "h100"
+    committed.mkdir(parents=True)
+    (committed / "results-sm_90a-float16-series+ksweep+llm.json").write_text(FIXTURE.read_text())
+    proc = subprocess.run([sys.executable, "-m", "matmul", "bench", "--arch", "sm_90a", "--versions", "v0",
+                           "--redraw-from", str(tmp_path / "plots")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "No GPU of the sm_90a series here" in proc.stdout
+    assert any(line.startswith("sm_90a") and "v0" in line for line in proc.stdout.splitlines())  # the compile report
+    for name in ("progression", "ksweep", "llm"):
+        assert (committed / f"{name}-sm_90a-float16.png").exists() and (committed / f"{name}-sm_90a-float16.svg").exists()
+    assert "measured on NVIDIA H100 80GB HBM3" in proc.stdout
+
+
+def test_bench_without_a_gpu_says_when_nothing_is_committed(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "matmul", "bench", "--arch", "sm_90a", "--versions", "v0",
+                           "--redraw-from", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"No results under {tmp_path} yet" in proc.stdout
