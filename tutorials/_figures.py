@@ -269,18 +269,20 @@ def raster_orders(num_m: int, num_n: int, group: int, wave: int):
 # -- persistent kernels ---------------------------------------------------------------------------
 
 
-def persistent(num_sms: int, tiles: int, durations=None, title: str = ""):
-    """Each SM runs one CTA that takes tiles one after the other (next free SM takes the next
-    tile) instead of one CTA per tile."""
+def persistent(num_sms: int, tiles: int, durations=None, title: str = "", static: bool = False):
+    """Each SM runs one CTA that takes tiles one after the other instead of one CTA per tile:
+    dynamically (the first CTA to finish takes the next tile, as with cluster launch control) or
+    statically (CTA b takes tiles b, b + num_sms, ..., fixed at launch)."""
     durations = durations or [1.0 + 0.35 * ((i * 7) % 3) for i in range(tiles)]
     free = [0.0] * num_sms
     lanes = [[] for _ in range(num_sms)]
     for t in range(tiles):
-        sm = min(range(num_sms), key=lambda s: free[s])
+        sm = t % num_sms if static else min(range(num_sms), key=lambda s: free[s])
         lanes[sm].append((free[sm], durations[t] - 0.05, f"tile {t}", "mma"))
         free[sm] += durations[t]
+    how = "static round-robin" if static else "dynamic: the next tile to whoever finishes first"
     return timeline([(f"CTA on SM {s}", boxes) for s, boxes in enumerate(lanes)],
-                    title or f"{num_sms} persistent CTAs share {tiles} tiles: each takes the next as it finishes one")
+                    title or f"{num_sms} persistent CTAs, {tiles} tiles, {how}: done at {max(free):.2f}")
 
 
 # -- 2-CTA clusters -------------------------------------------------------------------------------
@@ -397,3 +399,49 @@ def wave_traffic(num_m: int, num_n: int, block_m: int, block_n: int, k: int, wav
     ax.set_title(f"{num_m} x {num_n} tiles of {block_m} x {block_n}, K = {k}, waves of {wave} CTAs")
     fig.tight_layout()
     return fig
+
+
+def persistent_overlap(tiles: int = 3, setup: float = 0.8, mainloop: float = 3.0, epilogue: float = 1.6,
+                       acc_stages: int = 2):
+    """One SM over time. Top: one CTA per tile (V4): set-up, main loop, epilogue, then the next CTA.
+    Bottom: one persistent CTA (V5) with ``acc_stages`` accumulator buffers in tensor memory: the
+    MMA warp starts tile i+1 while the epilogue warps drain tile i."""
+    v4_core, v4_epi, t = [], [], 0.0
+    for i in range(tiles):
+        v4_core.append((t, setup, "set-up", "wait"))
+        v4_core.append((t + setup, mainloop, f"main loop t{i}", "mma"))
+        t += setup + mainloop
+        v4_epi.append((t, epilogue, f"epilogue t{i}", "epilogue"))
+        t += epilogue
+    v5_core, v5_epi = [(0.0, setup, "set-up", "wait")], []
+    core_end, epi_end = [], []
+    for i in range(tiles):
+        start = core_end[-1] if core_end else setup
+        if i >= acc_stages:  # the buffer is free once the epilogue of tile i - acc_stages is done
+            start = max(start, epi_end[i - acc_stages])
+        v5_core.append((start, mainloop, f"main loop t{i} -> buf {i % acc_stages}", "mma"))
+        core_end.append(start + mainloop)
+        begin = max(core_end[i], epi_end[-1] if epi_end else 0.0)
+        v5_epi.append((begin, epilogue, f"epilogue t{i}", "epilogue"))
+        epi_end.append(begin + epilogue)
+    return timeline([("V4: tensor core", v4_core), ("V4: epilogue warps", v4_epi),
+                     ("V5: tensor core", v5_core), ("V5: epilogue warps", v5_epi)],
+                    f"{tiles} tiles on one SM: V4 done at {t:.1f}, V5 at {epi_end[-1]:.1f} (schematic units)")
+
+
+def subtile_epilogue(sub_tiles: int = 6, read: float = 1.0, store: float = 1.6, buffers: int = 2):
+    """The epilogue in column sub-tiles: the warpgroup reads sub-tile j (TMEM or registers), converts
+    it into staging buffer j % buffers and hands it to a TMA store it does not wait for; a buffer is
+    rewritten only after the store that last read it has finished reading."""
+    warps, stores, store_end = [], [], []
+    t = 0.0
+    for j in range(sub_tiles):
+        if j >= buffers:
+            t = max(t, store_end[j - buffers])
+        warps.append((t, read, f"sub {j} -> buf {j % buffers}", "epilogue"))
+        t += read
+        begin = max(t, store_end[-1] if store_end else 0.0)
+        stores.append((begin, store, f"store {j}", "store"))
+        store_end.append(begin + store)
+    return timeline([("epilogue warpgroup", warps), ("TMA store unit", stores)],
+                    f"Sub-tiled epilogue with {buffers} staging buffers: stores overlap the next sub-tile's read")
