@@ -2,14 +2,15 @@
 
 The kernels are built for sm_100a and inspected, never run (no Blackwell GPU here). Each test reads
 the representative build (cached once per session by ``conftest.representative_build``); only the
-4-CTA cluster configuration of V6 is built on top.
+4-CTA cluster configuration of V6 is built on top (``four_cta_build``).
 """
 
+import functools
 import inspect
 import re
 
 import pipeline
-from matmul import versions
+from matmul import build, versions
 
 from conftest import representative_build
 
@@ -86,3 +87,52 @@ def test_v5_is_persistent_with_clc_and_drains_an_accumulator_ring():
     assert "cp.async.bulk.wait_group.read 1;" in ptx
     assert ptx.count("cp.async.bulk.tensor.2d.global.shared::cta") >= 2
     assert "clusterlaunchcontrol" not in ptx_of("v4")
+
+
+@functools.cache
+def four_cta_build() -> build.BuildResult:
+    """V6 as a 4-CTA cluster (two CTA pairs sharing the B tile): the representative, cluster_ctas=4."""
+    module = versions.load(ARCH, "v6")
+    config = dict(module.REPRESENTATIVE, cluster_ctas=4)
+    assert config in versions.space(module)
+    result = build.build_config(module, ARCH, config)
+    assert result.ok, result.error[-3000:]
+    return result
+
+
+def test_v6_pairs_two_ctas_on_one_256_row_tile():
+    result = representative_build(ARCH, "v6")
+    ptx = ptx_of("v6")
+    assert result.cluster == (2, 1, 1)
+    # the pair's TMEM, MMA and commits are 2-CTA operations; no 1-CTA MMA is left
+    assert "tcgen05.alloc.cta_group::2" in ptx and "tcgen05.mma.cta_group::2" in ptx
+    assert "tcgen05.mma.cta_group::1" not in ptx
+    # every commit is multicast to the barriers of both CTAs
+    commits = re.findall(r"tcgen05\.commit\.[^\s]*", ptx)
+    assert commits and set(commits) == {"tcgen05.commit.cta_group::2.mbarrier::arrive::one.shared::cluster.multicast::cluster.b64"}
+    # both CTAs' TMA loads complete on the leader's barrier (named through mapa in the odd CTA)
+    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.[^\s]*\.cta_group::2 ", ptx)
+    assert "mapa.shared::cluster" in ptx
+    # the CLC response is multicast to both CTAs
+    assert "clusterlaunchcontrol.try_cancel.async.shared::cta.mbarrier::complete_tx::bytes.multicast::cluster::all.b128" in ptx
+    # consumers arrive on the leader's barriers at cluster scope, and waits acquire at cluster scope
+    assert "mbarrier.arrive.expect_tx.release.cluster.shared::cluster.b64" in ptx
+    assert "mbarrier.try_wait.parity.acquire.cluster" in ptx
+    # a cluster barrier after the barriers are set up, and another before TMEM is freed
+    assert ptx.count("barrier.cluster.arrive") >= 2 and ptx.count("barrier.cluster.wait") >= 2
+    assert ptx.rindex("barrier.cluster.wait") < ptx.index("tcgen05.dealloc.cta_group::2")
+
+
+def test_v6_four_cta_cluster_multicasts_the_shared_operand():
+    result = four_cta_build()
+    ptx = result.ptx()
+    assert result.cluster == (4, 1, 1)
+    assert result.spill_bytes == 0 and result.shared_bytes <= build.SHARED_MEMORY_LIMIT[ARCH]
+    # the MMA is still a pair's (there is no 4-CTA tcgen05.mma); the B half is loaded once per
+    # cluster and multicast into both pairs
+    assert "tcgen05.mma.cta_group::2" in ptx
+    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global\.tile\.mbarrier::complete_tx::bytes"
+                     r"\.multicast::cluster\.cta_group::2 \[%r\d+\], \[%rd\d+, \{%r\d+, %r\d+\}\], \[%r\d+\], %rs\d+;", ptx)
+    # commits reach all four CTAs (mask 0b1111), and the 2-CTA build has no multicast TMA load
+    assert re.search(r"mov\.b16\s+%rs\d+, 15;", ptx)
+    assert "multicast::cluster.cta_group::2" not in ptx_of("v6")
