@@ -445,3 +445,28 @@ def subtile_epilogue(sub_tiles: int = 6, read: float = 1.0, store: float = 1.6, 
         store_end.append(begin + store)
     return timeline([("epilogue warpgroup", warps), ("TMA store unit", stores)],
                     f"Sub-tiled epilogue with {buffers} staging buffers: stores overlap the next sub-tile's read")
+
+
+def multicast_pair(block_m: int, block_n: int, block_k: int):
+    """Two CTAs of a cluster computing vertically adjacent block_m x block_n tiles need the same B
+    tile: each loads its own A tile and one half of B, multicast by TMA into both CTAs."""
+    fig, ax = plt.subplots(figsize=(10, 3.8))
+    colors = [COLORS["a"], COLORS["peer"]]
+    for r in range(2):
+        y = 1.2 - 1.2 * r
+        ax.add_patch(Rectangle((0, y), 1, 1, facecolor=colors[r], edgecolor="black"))
+        ax.text(0.5, y + 0.5, f"A tile of CTA {r}\n{block_m} x {block_k}\n(loaded by CTA {r})", ha="center", va="center",
+                fontsize=8)
+        for half in range(2):
+            ax.add_patch(Rectangle((1.6 + 1.1 * half, y), 1, 1, facecolor=colors[half], edgecolor="black", hatch="//"
+                                   if half != r else None))
+            ax.text(2.1 + 1.1 * half, y + 0.5, f"B rows {half * block_n // 2}..{(half + 1) * block_n // 2 - 1}\n"
+                    f"loaded by CTA {half}", ha="center", va="center", fontsize=8)
+        ax.text(4.1, y + 0.5, f"CTA {r}'s shared memory for one K block:\nits A tile + the whole B tile\n"
+                f"C tile rows {r * block_m}..{(r + 1) * block_m - 1} of the pair", va="center", fontsize=9)
+    ax.set_xlim(0, 7.5)
+    ax.set_ylim(-0.1, 2.3)
+    ax.axis("off")
+    ax.set_title("TMA multicast (Hopper V6): hatched halves were written by the peer CTA's load")
+    fig.tight_layout()
+    return fig
