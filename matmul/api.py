@@ -43,7 +43,7 @@ from tqdm import tqdm
 
 from . import autotune, versions
 from .check import TOLERANCE, poisoned_output, random_operands, reference, relative_error
-from .choice_cache import ChoiceCache, Entry, use_for_tilus
+from .choice_cache import ChoiceCache, Entry
 from .contract import DTYPES, MatmulInputError, _check_row_major, check_operands, row_stride
 
 ARCH_BY_CAPABILITY = {(9, 0): "sm_90a", (10, 0): "sm_100a"}
@@ -254,7 +254,6 @@ class _Chooser:
     def _load(self, device, dtype, m, n, k):
         if self.cache is None:
             self.cache = ChoiceCache()
-            use_for_tilus(self.cache.root)
         arch = device_arch(device)
         key = choice_key(arch, _gpu_name(device.index), dtype, m, n, k)
         with torch.cuda.device(device):

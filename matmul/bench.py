@@ -125,10 +125,9 @@ def run(arch: str, names: list[str], chosen: dict[str, list[Shape]], dtype: torc
         rounds: int = 2, warmup_ms: float = 50.0, repeat_ms: float = 200.0, triton: bool = True,
         autotuned: bool = True, command: str = "", save: Optional[Callable[[dict], None]] = None) -> dict:
     """Bench every shape of ``chosen``; ``save(results)`` after each shape keeps what a crash would lose."""
-    from . import choice_cache, triton_baseline
+    from . import triton_baseline
     from .timing import median_ms
 
-    choice_cache.use_for_tilus()  # the versions and matmul() share tilus's builds and tuning
     timer = functools.partial(median_ms, warmup_ms=warmup_ms, repeat_ms=repeat_ms)
     shapes = presets.unique(chosen)
     results = {

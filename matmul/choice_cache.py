@@ -1,15 +1,16 @@
 """Where ``matmul()`` remembers which version and configuration won for a shape, across processes.
 
-Two layers live under one root directory (``$MATMUL_CACHE_DIR``, else
-``$XDG_CACHE_HOME/tilus-matmul``, else ``~/.cache/tilus-matmul``):
+Two layers:
 
-``tilus/``
-    tilus's own cache (``tilus.option.cache_dir``): the built kernels and, per version and dtype,
-    its autotuning result (``dispatch_table.pickle``). Pointed here unless ``TILUS_CACHE_DIR`` is
-    set, in which case tilus's cache stays where the user put it.
-``choices.json``
+tilus's own cache (``tilus.option.cache_dir``)
+    The built kernels and, per version and dtype, tilus's autotuning result
+    (``scripts/kernel/<key>/dispatch_table.pickle``). Importing ``matmul`` points it to
+    ``$TILUS_CACHE_DIR`` if set, else to ``$MATMUL_CACHE_DIR/tilus`` if that is set (one variable
+    moves everything), else leaves tilus's default (``~/.cache/tilus`` for an installed tilus). It is
+    set at import, never later: a kernel built in one tilus cache would be built again in another.
+``choices.json`` in ``$MATMUL_CACHE_DIR``, else ``$XDG_CACHE_HOME/tilus-matmul``, else ``~/.cache/tilus-matmul``
     The cross-version choice: per (architecture, GPU, dtype, shape bucket) the winning version and
-    its configuration, with the timings that decided it. Format::
+    its configuration, with the timings that decided it::
 
         {"format": 1, "tilus": "0.2.0",
          "entries": {"sm_90a/NVIDIA H100 80GB HBM3/float16/4096x4096x4096":
@@ -17,10 +18,11 @@ Two layers live under one root directory (``$MATMUL_CACHE_DIR``, else
 
 Safety: readers never lock (the file is replaced atomically, so they see the old or the new
 file, never half of one); writers read-modify-replace under ``choices.json.lock``; tuning a key
-holds a per-key lock, so a second process waiting for the same shape reads the first one's result
-instead of tuning again. A file that does not parse, or was written by another format or tilus
-release, is ignored and rewritten by the next store; an entry the caller's ``is_valid`` rejects
-(a version or configuration that no longer exists, kernel sources changed since) is tuned again.
+holds a per-key lock (``locks/``), so a second process waiting for the same shape reads the first
+one's result instead of tuning again. A file that does not parse, or was written by another format
+or tilus release, is ignored and rewritten by the next store; an entry the caller's ``is_valid``
+rejects (a version or configuration that no longer exists, kernel sources changed since) is tuned
+again.
 """
 
 from __future__ import annotations
@@ -49,17 +51,18 @@ def default_dir() -> Path:
     return Path(base).expanduser() / "tilus-matmul"
 
 
-def use_for_tilus(root: Optional[Path] = None) -> Path:
-    """Point tilus's cache into ``root/tilus`` (unless TILUS_CACHE_DIR chose it); return the directory.
-
-    Call it before the first kernel is built: a kernel built in one tilus cache is built again in
-    another."""
+def tilus_cache_from_env() -> None:
+    """Point tilus's cache to ``$TILUS_CACHE_DIR`` if set, else into ``$MATMUL_CACHE_DIR/tilus`` if
+    that is set (called once, when ``matmul`` is imported). tilus 0.2.0 registers TILUS_CACHE_DIR
+    but never reads it, so it is applied here."""
     if os.environ.get("TILUS_CACHE_DIR"):
-        return Path(os.environ["TILUS_CACHE_DIR"])
-    path = Path(root or default_dir()) / "tilus"
+        path = Path(os.environ["TILUS_CACHE_DIR"]).expanduser()
+    elif os.environ.get("MATMUL_CACHE_DIR"):
+        path = default_dir() / "tilus"
+    else:
+        return
     path.mkdir(parents=True, exist_ok=True)
     tilus.option.cache_dir(path)
-    return path
 
 
 class ChoiceCache:
@@ -131,3 +134,6 @@ class ChoiceCache:
                 entry = tune()
                 self.store(key, entry)
         return entry
+
+
+tilus_cache_from_env()

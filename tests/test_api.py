@@ -229,6 +229,17 @@ def test_cache_location(monkeypatch, tmp_path):
     assert default_dir() == tmp_path / "xdg" / "tilus-matmul"
 
 
+def test_matmul_cache_dir_also_moves_tilus_cache_unless_tilus_has_its_own(tmp_path):
+    code = "import matmul, tilus.option; print(tilus.option.get_option('cache_dir'))"
+    env = {k: v for k, v in os.environ.items() if k not in ("MATMUL_CACHE_DIR", "TILUS_CACHE_DIR")}
+    for extra, expected in (({"MATMUL_CACHE_DIR": str(tmp_path / "m")}, tmp_path / "m" / "tilus"),
+                            ({"MATMUL_CACHE_DIR": str(tmp_path / "m"), "TILUS_CACHE_DIR": str(tmp_path / "t")},
+                             tmp_path / "t")):
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**env, **extra})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.strip() == str(expected)
+
+
 # --- tilus's own dispatch table ------------------------------------------------------------------
 
 

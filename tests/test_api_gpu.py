@@ -1,0 +1,130 @@
+"""matmul.matmul on a GPU of the series: both layouts of b, both dtypes, out=, awkward shapes, against
+the float32 reference on NaN-poisoned outputs; the choice reused by a second process; the harness
+end to end on a small shape. Skipped without a Hopper or Blackwell GPU.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import matmul
+from matmul import api, bench, plot, presets, triton_baseline
+from matmul.check import TOLERANCE, poisoned_output, random_operands, reference, relative_error
+
+from conftest import gpu_arch, require_gpu
+
+ARCH = gpu_arch()
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1800),
+              pytest.mark.skipif(ARCH is None, reason="needs a Hopper or Blackwell GPU")]
+
+# not multiples of any tile; one row, one column; an LLM-like projection
+SHAPES = [(1000, 4095, 17), (17, 1000, 4095), (1, 24, 1000), (333, 1, 257), (128, 1024, 4096)]
+DTYPES = (torch.float16, torch.bfloat16)
+
+
+@pytest.fixture(autouse=True)
+def _on_this_gpu():
+    require_gpu(ARCH)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("m, n, k", SHAPES)
+def test_both_layouts_of_b(m, n, k, dtype):
+    a, w = random_operands(m, n, k, dtype)
+    ref = reference(a, w)
+    for b in (w.T, w.T.contiguous()):  # x @ w.T read in place; a row-major [K, N] b (transposed copy)
+        out = poisoned_output(m, n, dtype)
+        result = matmul.matmul(a, b, out=out)
+        assert result is out
+        error = relative_error(out, ref)
+        assert error <= TOLERANCE[dtype], f"{m}x{n}x{k} {dtype} b strides {b.stride()}: relative error {error:.3g}"
+        plain = matmul.matmul(a, b)  # allocates [M, N] (rows padded to 16 bytes when N is ragged)
+        assert plain.shape == (m, n) and relative_error(plain, ref) <= TOLERANCE[dtype]
+
+
+def test_the_transposed_view_is_not_copied():
+    a, w = random_operands(512, 1024, 2048, torch.float16)
+    out = poisoned_output(512, 1024, torch.float16)
+    matmul.matmul(a, w.T, out=out)  # tunes, if this shape was not tuned yet
+    torch.cuda.synchronize()
+    for b, copies in ((w.T, False), (w.T.contiguous(), True)):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        matmul.matmul(a, b, out=out)
+        torch.cuda.synchronize()
+        extra = torch.cuda.max_memory_allocated() - before
+        assert (extra >= 1024 * 2048 * 2) if copies else extra == 0, extra
+
+
+def test_results_match_torch_on_llm_shapes():
+    for m, n, k in [(128, 4096, 4096), (128, 1024, 4096)]:
+        x, w = random_operands(m, n, k, torch.bfloat16)
+        ours = matmul.matmul(x, w.T)
+        assert relative_error(ours, reference(x, w)) <= TOLERANCE[torch.bfloat16]
+        assert relative_error(ours, (x @ w.T).float()) <= TOLERANCE[torch.bfloat16]
+
+
+def test_misaligned_operands_are_refused_not_run():
+    a = torch.randn(64, 17, device="cuda", dtype=torch.float16)  # rows of 34 bytes
+    w = torch.randn(32, 17, device="cuda", dtype=torch.float16)
+    with pytest.raises(matmul.MatmulInputError, match="pad"):
+        matmul.matmul(a, w.T)
+    out = torch.empty(64, 33, device="cuda", dtype=torch.float16)  # out rows of 66 bytes
+    with pytest.raises(matmul.MatmulInputError, match="out's row stride"):
+        matmul.matmul(torch.randn(64, 32, device="cuda").half(), torch.randn(32, 33, device="cuda").half(), out=out)
+
+
+def test_a_second_process_reuses_the_choice_without_tuning():
+    m, n, k = 768, 1536, 640
+    a, w = random_operands(m, n, k, torch.float16)
+    matmul.matmul(a, w.T)
+    entry = api.choice(a, w.T)
+    assert entry["version"] in matmul.versions.available(ARCH)
+    code = f"""
+import json, torch
+import matmul
+from matmul import api
+from matmul.check import random_operands, reference, relative_error
+def no_tuning(*args, **kwargs):
+    raise AssertionError("tuned again although the choice is stored")
+api.tune = no_tuning
+a, w = random_operands({m}, {n}, {k}, torch.float16)
+out = matmul.matmul(a, w.T)
+print(json.dumps({{"error": relative_error(out, reference(a, w)), "version": api.choice(a, w.T)["version"]}}))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    child = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert child["version"] == entry["version"] and child["error"] <= TOLERANCE[torch.float16]
+
+
+@pytest.mark.skipif(not triton_baseline.available(), reason="Triton is not installed")
+@pytest.mark.parametrize("m, n, k", [(1000, 4095, 17), (4096, 4096, 4096), (128, 14336, 4096)])
+def test_triton_baseline(m, n, k):
+    a, b = random_operands(m, n, k, torch.float16)
+    out = triton_baseline.matmul_abt(a, b, poisoned_output(m, n, torch.float16))
+    assert relative_error(out, reference(a, b)) <= TOLERANCE[torch.float16]
+    assert triton_baseline.best_config()["BLOCK_M"] in (64, 128, 256)
+
+
+def test_harness_end_to_end(tmp_path):
+    chosen = presets.parse("256x512x384,1000x4095x17")
+    names = matmul.versions.available(ARCH)[:2]
+    results = bench.run(ARCH, names, chosen, torch.float16, rounds=2, warmup_ms=5, repeat_ms=20,
+                        save=lambda r: bench.write(r, tmp_path / "partial.json"))
+    path = tmp_path / bench.results_name(ARCH, "float16", chosen)
+    bench.write(results, path)
+    loaded = bench.load(path)
+    kernels = {r["kernel"] for r in loaded["rows"]}
+    assert {bench.CUBLAS, bench.AUTOTUNED, *names} <= kernels
+    assert (bench.TRITON in kernels) == triton_baseline.available()
+    assert all(r["ok"] and r["ms"] > 0 and r["vs_cublas"] > 0 for r in loaded["rows"]), bench.table(loaded)
+    assert loaded["machine"]["sms"] > 0 and loaded["summary"]["all"]["shapes"] == 2
+    assert (tmp_path / "partial.json").exists()
+    written = plot.draw_all(loaded, tmp_path)
+    assert {p.name for p in written} == {"progression-%s-float16.%s" % (ARCH, ext) for ext in ("png", "svg")}
