@@ -9,7 +9,6 @@ kernels of that architecture against a float32 reference and time them against c
 import json
 import os
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -70,29 +69,40 @@ def _runner():
     return pytest.importorskip("nbclient", reason="the notebook runner is in the test extra: pip install -e '.[test]'")
 
 
+def _executor():
+    """tutorials/_run.py, the runner the notebooks' README describes."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tutorials_run", TUTORIALS / "_run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.notebook
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_runs(path, tmp_path):
+def test_notebook_runs(path):
     _runner()
-    import nbformat
-    from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import AsyncKernelManager
-    from nbclient import NotebookClient
-
     version = _version(path)
     missing = [arch for arch in versions.ARCHS if version not in versions.available(arch)]
     if missing:
         pytest.skip(f"{version} does not exist yet for {', '.join(missing)}")
-    # a kernel spec of our own: the kernel runs this interpreter, whatever 'python' is on PATH
-    spec = tmp_path / "kernels" / "tutorials"
-    spec.mkdir(parents=True)
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "tutorials", "language": "python"}))
-    km = AsyncKernelManager(kernel_name="tutorials",
-                            kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(spec.parent)]))
-    nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, km=km, timeout=CELL_TIMEOUT_S, allow_errors=False,
-                            resources={"metadata": {"path": str(TUTORIALS)}})
-    client.execute()  # raises CellExecutionError (with the cell and its traceback) if a cell fails
+    # raises CellExecutionError (with the failing cell and its traceback) if a cell fails
+    _executor().execute(path, timeout=CELL_TIMEOUT_S)
+
+
+@pytest.mark.notebook
+@pytest.mark.timeout(600)
+def test_runner_fails_on_a_failing_cell(tmp_path):
+    """The runner does not swallow errors: a cell that raises fails the notebook."""
+    _runner()
+    import nbformat
+    from nbclient.exceptions import CellExecutionError
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    path = tmp_path / "broken.ipynb"
+    nbformat.write(new_notebook(cells=[new_code_cell("x = 1"), new_code_cell("raise RuntimeError('boom')"),
+                                       new_code_cell("y = 2")]), path)
+    with pytest.raises(CellExecutionError, match="boom"):
+        _executor().execute(path, timeout=120)
