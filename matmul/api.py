@@ -27,6 +27,7 @@ locking and invalidation) and later calls, in this process or another, launch th
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import hashlib
@@ -233,16 +234,22 @@ def _gpu_timer(candidate: Candidate) -> float:
     return median_ms(candidate.run, warmup_ms=20.0, repeat_ms=100.0)
 
 
-class _Chooser:
-    """The process's memory of choices, in front of the choice file."""
+class Chooser:
+    """The process's memory of choices, in front of the choice file. The GPU-facing steps are
+    parameters so that the tests can run the whole choice on the CPU with stand-ins."""
 
-    def __init__(self):
+    def __init__(self, cache: Optional[ChoiceCache] = None, prepare=_gpu_prepare, timer=_gpu_timer,
+                 arch_of=None, gpu_name=None):
         self.lock = threading.Lock()
         self.launchers: dict[tuple, tuple[Any, Entry]] = {}
-        self.cache: Optional[ChoiceCache] = None
+        self.cache = cache
+        self.prepare, self.timer = prepare, timer
+        self.arch_of = arch_of or device_arch
+        self.gpu_name = gpu_name or (lambda device: _gpu_name(device.index))
 
     def get(self, device: torch.device, dtype: torch.dtype, m: int, n: int, k: int) -> tuple[Any, Entry]:
-        memo = (device.index, dtype, bucket(m), bucket(n), bucket(k))
+        """The launchable script for this shape's bucket and the choice entry behind it."""
+        memo = (device, dtype, bucket(m), bucket(n), bucket(k))
         found = self.launchers.get(memo)
         if found is not None:
             return found
@@ -253,13 +260,15 @@ class _Chooser:
 
     def _load(self, device, dtype, m, n, k):
         if self.cache is None:
-            self.cache = ChoiceCache()
-        arch = device_arch(device)
-        key = choice_key(arch, _gpu_name(device.index), dtype, m, n, k)
-        with torch.cuda.device(device):
-            entry = self.cache.choose(
-                key, lambda: tune(arch, dtype, _gpu_prepare(arch, dtype, m, n, k, device), _gpu_timer, label=key),
-                lambda e: entry_is_valid(arch, e))
+            self.cache = ChoiceCache()  # located when first needed: MATMUL_CACHE_DIR may be set late
+        arch = self.arch_of(device)
+        key = choice_key(arch, self.gpu_name(device), dtype, m, n, k)
+
+        def tune_here() -> Entry:
+            return tune(arch, dtype, self.prepare(arch, dtype, m, n, k, device), self.timer, label=key)
+
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            entry = self.cache.choose(key, tune_here, lambda e: entry_is_valid(arch, e))
             module = versions.load(arch, entry["version"])
             script = versions.kernel(module, dtype, space_config(module, entry["config"]))
             autotune.prepare(script)
@@ -271,7 +280,7 @@ def _gpu_name(index: int) -> str:
     return torch.cuda.get_device_name(index)
 
 
-_chooser = _Chooser()
+_chooser = Chooser()
 
 
 def _operands(a, b, out):

@@ -275,3 +275,66 @@ def test_launch_arguments_hand_tilus_whole_padded_rows():
     assert (m, n, k, lda, ldb, ldc) == (5, 3, 17, 24, 24, 8)
     assert fa.shape == (5, 24) and fa.is_contiguous() and fa.data_ptr() == a.data_ptr()
     assert fa.clone().stride() == (24, 1)  # what tilus tunes on keeps the padded layout
+
+
+# --- the whole choice, with CPU stand-ins for the kernels ----------------------------------------
+
+
+class StandInKernel:
+    """A version's tilus script on the CPU, honouring the kernel contract: pointers (here the
+    tensors they point into) and row strides. ``wrong`` ones write zeros."""
+
+    def __init__(self, version, config, wrong):
+        self.version, self.config, self.wrong = version, config, wrong
+
+    def __call__(self, m, n, k, a_ptr, b_ptr, c_ptr, lda, ldb, ldc):
+        a, b = a_ptr.as_strided((m, k), (lda, 1)), b_ptr.as_strided((n, k), (ldb, 1))
+        c = c_ptr.as_strided((m, n), (ldc, 1))
+        c.copy_(torch.zeros(m, n) if self.wrong else a.float() @ b.float().T)
+
+
+@pytest.fixture
+def stand_ins(monkeypatch):
+    built = []
+
+    def kernel(module, dtype, config=None):
+        version = module.__name__.rsplit(".", 1)[1]
+        built.append((version, config))
+        return StandInKernel(version, config, wrong=version == "v0")
+
+    monkeypatch.setattr(versions, "available", lambda arch: ["v0", "v1"])
+    monkeypatch.setattr(versions, "kernel", kernel)
+    monkeypatch.setattr(autotune, "prepare", lambda script, args=None: None)
+    monkeypatch.setattr(autotune, "tuned_config",
+                        lambda script, args: dict(versions.load("sm_90a", script.version).REPRESENTATIVE))
+    return built
+
+
+def chooser(root, **overrides):
+    return api.Chooser(ChoiceCache(root), **{"timer": lambda c: 1.0, "arch_of": lambda device: "sm_90a",
+                                              "gpu_name": lambda device: "stand-in GPU", **overrides})
+
+
+def test_the_whole_choice_with_stand_in_kernels(tmp_path, stand_ins):
+    from matmul.check import TOLERANCE, poisoned_output, random_operands, reference, relative_error
+    from matmul.contract import row_stride
+
+    m, n, k = 100, 60, 17  # ragged: the operands tuned on have padded rows
+    script, entry = chooser(tmp_path).get(torch.device("cpu"), torch.float16, m, n, k)
+    assert entry["version"] == "v1" and "over the tolerance" in entry["rejected"]["v0"]  # v0 is wrong
+    assert script.version == "v1" and script.config == versions.load("sm_90a", "v1").REPRESENTATIVE
+    a, w = random_operands(m, n, k, torch.float16, device="cpu")
+    bt, copied = api.kernel_b(w.T)
+    out = poisoned_output(m, n, torch.float16, device="cpu")
+    script(m, n, k, a, bt, out, row_stride(a), row_stride(bt), row_stride(out))  # as matmul() launches it
+    assert not copied and relative_error(out, reference(a, w)) <= TOLERANCE[torch.float16]
+
+    # another process: the stored choice is launched without preparing or timing anything
+    stand_ins.clear()
+    never = lambda *args: pytest.fail("tuned again although the choice is stored")  # noqa: E731
+    again, stored = chooser(tmp_path, prepare=never, timer=never).get(torch.device("cpu"), torch.float16, m, n, k)
+    assert stored == entry and stand_ins == [("v1", versions.load("sm_90a", "v1").REPRESENTATIVE)]
+    # same bucket (tilus's rounding), same process: no new lookup at all
+    c = chooser(tmp_path, prepare=never, timer=never)
+    first = c.get(torch.device("cpu"), torch.float16, 97, 60, 17)
+    assert c.get(torch.device("cpu"), torch.float16, 100, 64, 20)[0] is first[0]
