@@ -280,34 +280,11 @@ def test_launch_arguments_hand_tilus_whole_padded_rows():
 # --- the whole choice, with CPU stand-ins for the kernels ----------------------------------------
 
 
-class StandInKernel:
-    """A version's tilus script on the CPU, honouring the kernel contract: pointers (here the
-    tensors they point into) and row strides. ``wrong`` ones write zeros."""
-
-    def __init__(self, version, config, wrong):
-        self.version, self.config, self.wrong = version, config, wrong
-
-    def __call__(self, m, n, k, a_ptr, b_ptr, c_ptr, lda, ldb, ldc):
-        a, b = a_ptr.as_strided((m, k), (lda, 1)), b_ptr.as_strided((n, k), (ldb, 1))
-        c = c_ptr.as_strided((m, n), (ldc, 1))
-        c.copy_(torch.zeros(m, n) if self.wrong else a.float() @ b.float().T)
-
-
 @pytest.fixture
 def stand_ins(monkeypatch):
-    built = []
+    from stand_ins import install
 
-    def kernel(module, dtype, config=None):
-        version = module.__name__.rsplit(".", 1)[1]
-        built.append((version, config))
-        return StandInKernel(version, config, wrong=version == "v0")
-
-    monkeypatch.setattr(versions, "available", lambda arch: ["v0", "v1"])
-    monkeypatch.setattr(versions, "kernel", kernel)
-    monkeypatch.setattr(autotune, "prepare", lambda script, args=None: None)
-    monkeypatch.setattr(autotune, "tuned_config",
-                        lambda script, args: dict(versions.load("sm_90a", script.version).REPRESENTATIVE))
-    return built
+    return install(monkeypatch)
 
 
 def chooser(root, **overrides):

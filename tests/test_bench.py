@@ -125,3 +125,35 @@ def test_bench_without_a_gpu_says_when_nothing_is_committed(tmp_path):
                            "--redraw-from", str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"No results under {tmp_path} yet" in proc.stdout
+
+
+def test_a_whole_run_with_stand_in_kernels_on_the_cpu(monkeypatch, tmp_path):
+    """bench.run's plumbing without a GPU: operands, contenders, check, timing, results, figures."""
+    import functools
+
+    from stand_ins import install
+
+    from matmul import check, plot, timing
+
+    install(monkeypatch, wrong=("v0",))
+    cpu = functools.partial(check.random_operands, device="cpu")
+    monkeypatch.setattr(bench, "random_operands", lambda m, n, k, dtype: cpu(m, n, k, dtype))
+    monkeypatch.setattr(check, "poisoned_output", functools.partial(check.poisoned_output, device="cpu"))
+    monkeypatch.setattr(bench, "machine", lambda: {"gpu": "stand-in GPU", "sms": 1})
+    monkeypatch.setattr(timing, "median_ms", lambda fn, warmup_ms, repeat_ms: (fn(), 1.0)[1])
+    saved = []
+    chosen = presets.parse("series,40x24x17")
+    chosen["series"] = [Shape(64, 48, 32)]  # small stand-ins for the preset's sizes
+    results = bench.run("sm_90a", ["v0", "v1"], chosen, torch.float16, rounds=2, autotuned=False,
+                        save=lambda r: saved.append(len(r["rows"])))
+    assert saved == [3, 6]  # written after each shape
+    rows = {(r["kernel"], r["m"]): r for r in results["rows"]}
+    assert set(rows) == {(k, m) for k in (CUBLAS, "v0", "v1") for m in (64, 40)}
+    assert rows[("v1", 40)]["ok"] and rows[("v1", 40)]["config"] == {"block_m": 128, "block_n": 128, "block_k": 64}
+    assert rows[("v1", 40)]["vs_cublas"] == 1.0 and rows[("v1", 40)]["ms_rounds"] == [1.0, 1.0]
+    assert not rows[("v0", 64)]["ok"] and "ms" not in rows[("v0", 64)]
+    assert results["presets"]["custom"] == [{"m": 40, "n": 24, "k": 17, "label": ""}]
+    bench.write(results, tmp_path / "results.json")
+    again = bench.load(tmp_path / "results.json")
+    fig = plot.progression(again)
+    assert [a.get_title() for a in fig.axes if a.get_title()] == ["M x N x K = 64 x 48 x 32"]
