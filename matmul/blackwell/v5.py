@@ -52,7 +52,7 @@ CLC_STAGES = 2  # lets the TMA and MMA warps learn their next tile while the epi
 
 
 # TMEM: acc_stages * block_n <= 512 columns; shared memory: the ring + 2 sub-tiles of the epilogue
-@tilus.autotune("block_m, block_n, stages, acc_stages", [(128, 128, 6, 2), (128, 256, 4, 2)])
+@tilus.autotune("block_m, block_n, stages, acc_stages", [(128, 128, 6, 2), (128, 128, 6, 4), (128, 256, 4, 2)])
 @tilus.autotune("block_k", [64])
 @tilus.autotune("e_block_n", [32, 64])
 @tilus.autotune("group", [8, 16])

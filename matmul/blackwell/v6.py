@@ -69,9 +69,8 @@ CLC_STAGES = 2
 # per CTA: stages * (128 + block_n / 2) * block_k * 2 bytes of ring + 2 epilogue sub-tiles; TMEM
 # acc_stages * block_n columns
 @tilus.autotune("block_m", [256])
-@tilus.autotune("block_n, stages, e_block_n", [(128, 8, 32), (256, 6, 32), (256, 6, 64)])
+@tilus.autotune("block_n, stages, acc_stages, e_block_n", [(128, 8, 4, 32), (256, 6, 2, 32), (256, 6, 2, 64)])
 @tilus.autotune("block_k", [64])
-@tilus.autotune("acc_stages", [2])
 @tilus.autotune("group", [8, 16])
 @tilus.autotune("cluster_ctas", [2, 4])
 class Kernel(MatmulKernel):
