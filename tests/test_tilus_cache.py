@@ -1,0 +1,49 @@
+"""tilus's own on-disk autotuning result, with real tilus objects and no GPU: a corrupt dispatch
+table is removed before tilus reads it (tilus alone would raise), and the configuration tilus chose
+is read back. One configuration of Hopper V1 is built (cached in a private tilus cache)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+CHILD = textwrap.dedent("""
+    import json, sys, torch
+    from matmul import autotune, build, versions
+    module = versions.load("sm_90a", "v1")
+    args = (1000, 4095, 17, None, None, None, 24, 24, 4096)  # sizes and strides; no pointer is read
+    with build.target("sm_90a"):
+        script = versions.kernel(module, torch.float16, dict(module.REPRESENTATIVE))
+        if sys.argv[1] == "check":
+            autotune.prepare(script, args)
+        instance = autotune.jit_instance(script, args)
+        try:
+            instance._pick_best_program(args)  # builds; one configuration: tilus stores it without timing
+        except Exception as e:
+            print(json.dumps({"failed": type(e).__name__}))
+            raise SystemExit(0)
+        print(json.dumps({"config": autotune.tuned_config(script, args), "dir": str(instance.cache_dir)}))
+""")
+
+
+def child(cache, mode):
+    env = {**os.environ, "MATMUL_CACHE_DIR": str(cache)}
+    env.pop("TILUS_CACHE_DIR", None)
+    proc = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_corrupt_tilus_dispatch_table_is_rebuilt(tmp_path):
+    first = child(tmp_path, "check")
+    assert first["config"] == {"block_m": 128, "block_n": 128, "block_k": 64}
+    table = os.path.join(first["dir"], "dispatch_table.pickle")
+    assert first["dir"].startswith(str(tmp_path / "tilus")) and os.path.exists(table)
+
+    with open(table, "wb") as f:
+        f.write(b"\x80\x04garbage")
+    assert child(tmp_path, "trust") == {"failed": "UnpicklingError"}  # what tilus 0.2.0 does on its own
+    assert child(tmp_path, "check")["config"] == first["config"]  # removed, stored again
+    with open(table, "rb") as f:
+        assert f.read(2) == b"\x80\x04" and os.path.getsize(table) > 20
