@@ -108,6 +108,8 @@ def _check_call(a, b) -> None:
     if not (a.is_cuda and b.is_cuda):
         raise MatmulInputError(f"a and b must be CUDA tensors, got devices {a.device} and {b.device}; "
                                "move them with .cuda()")
+    if a.device != b.device:
+        raise MatmulInputError(f"a and b are on different devices ({a.device}, {b.device}); put both on one GPU")
 
 
 # --- the choice ----------------------------------------------------------------------------------
@@ -291,8 +293,8 @@ def _operands(a, b, out):
 
 def choice(a: torch.Tensor, b: torch.Tensor) -> Entry:
     """The stored choice (version, configuration, timings) ``matmul(a, b)`` uses; tunes if needed."""
-    bt, _ = _operands(a, b, None)
-    return _chooser.get(a.device, a.dtype, a.shape[0], bt.shape[0], a.shape[1])[1]
+    _check_call(a, b)
+    return _chooser.get(a.device, a.dtype, a.shape[0], b.shape[1], a.shape[1])[1]
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
