@@ -70,7 +70,8 @@ def test_llm_shows_ratios_to_cublas_with_the_bars_of_the_issue(results):
 def test_figures_are_written_reproducibly(results, tmp_path):
     written = plot.draw_all(results, tmp_path)
     names = sorted(p.name for p in written)
-    assert names == sorted(f"{n}-sm_90a-float16.{ext}" for n in ("progression", "ksweep", "llm") for ext in ("png", "svg"))
+    kinds = ("progression", "ksweep", "llm")
+    assert names == sorted(f"{n}-sm_90a-float16.{ext}" for n in kinds for ext in ("png", "svg"))
     first = {p.name: p.read_bytes() for p in written}
     plot.draw_all(results, tmp_path)
     assert first == {p.name: p.read_bytes() for p in written}  # redrawing unchanged results changes no file
