@@ -136,3 +136,20 @@ def test_v6_four_cta_cluster_multicasts_the_shared_operand():
     # commits reach all four CTAs (mask 0b1111), and the 2-CTA build has no multicast TMA load
     assert re.search(r"mov\.b16\s+%rs\d+, 15;", ptx)
     assert "multicast::cluster.cta_group::2" not in ptx_of("v6")
+
+
+def test_sass_of_v2_to_v6_when_a_disassembler_is_installed():
+    import pytest
+
+    from pipeline.tilus_fixes import disassembler
+
+    if disassembler() is None:
+        pytest.skip("cuobjdump/nvdisasm not installed (pip install '.[sass]')")
+    for version in ("v2", "v3", "v4", "v5", "v6"):
+        sass = representative_build(ARCH, version).sass()
+        assert "UTCHMMA" in sass and "UTMALDG" in sass, version
+        assert "LDL" not in sass and "STL" not in sass, version  # no local-memory traffic
+    sass = representative_build(ARCH, "v6").sass()
+    # the pair's MMA, its multicast commit, its 2-CTA TMA loads and the cluster barrier in machine code
+    for op in ("UTCHMMA.2CTA", "UTCBAR.2CTA.MULTICAST", "UTMALDG.2D.2CTA", "UCGABAR_ARV", "UCGABAR_WAIT"):
+        assert op in sass, op
