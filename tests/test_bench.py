@@ -145,7 +145,7 @@ def test_a_whole_run_with_stand_in_kernels_on_the_cpu(monkeypatch, tmp_path):
     saved = []
     chosen = presets.parse("series,40x24x17")
     chosen["series"] = [Shape(64, 48, 32)]  # small stand-ins for the preset's sizes
-    results = bench.run("sm_90a", ["v0", "v1"], chosen, torch.float16, rounds=2, autotuned=False,
+    results = bench.run("sm_90a", ["v0", "v1"], chosen, torch.float16, rounds=2, triton=False, autotuned=False,
                         save=lambda r: saved.append(len(r["rows"])))
     assert saved == [3, 6]  # written after each shape
     rows = {(r["kernel"], r["m"]): r for r in results["rows"]}
