@@ -144,7 +144,7 @@ def llm(results: dict) -> Optional[Figure]:
         ax.bar_label(bars, [f"{x:.2f}" if x else "failed" for x in ratios], fontsize=7, padding=1)
     ax.axhline(1.0, color=_color(CUBLAS), linestyle="--", linewidth=1, label="cuBLAS (1.0x)")
     ax.axhline(0.8, color="0.5", linestyle=":", linewidth=1, label="0.8x floor")
-    ax.set_xticks(range(len(shapes)), [f"{s['label'] or s['n']}\nM={s['m']}\nN={s['n']} K={s['k']}" for s in shapes],
+    ax.set_xticks(range(len(shapes)), [f"{s['label'] or s['n']}\nM={s['m']}\nN={s['n']}\nK={s['k']}" for s in shapes],
                   fontsize=7)
     ax.set_ylabel("speed relative to cuBLAS (x)")
     ax.set_ylim(0, max([1.2] + [p.get_height() * 1.1 for p in ax.patches]))
