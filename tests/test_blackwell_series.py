@@ -109,12 +109,14 @@ def test_v6_pairs_two_ctas_on_one_256_row_tile():
     assert "tcgen05.mma.cta_group::1" not in ptx
     # every commit is multicast to the barriers of both CTAs
     commits = re.findall(r"tcgen05\.commit\.[^\s]*", ptx)
-    assert commits and set(commits) == {"tcgen05.commit.cta_group::2.mbarrier::arrive::one.shared::cluster.multicast::cluster.b64"}
+    multicast_commit = "tcgen05.commit.cta_group::2.mbarrier::arrive::one.shared::cluster.multicast::cluster.b64"
+    assert commits and set(commits) == {multicast_commit}
     # both CTAs' TMA loads complete on the leader's barrier (named through mapa in the odd CTA)
     assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.[^\s]*\.cta_group::2 ", ptx)
     assert "mapa.shared::cluster" in ptx
     # the CLC response is multicast to both CTAs
-    assert "clusterlaunchcontrol.try_cancel.async.shared::cta.mbarrier::complete_tx::bytes.multicast::cluster::all.b128" in ptx
+    assert ("clusterlaunchcontrol.try_cancel.async.shared::cta.mbarrier::complete_tx::bytes"
+            ".multicast::cluster::all.b128") in ptx
     # consumers arrive on the leader's barriers at cluster scope, and waits acquire at cluster scope
     assert "mbarrier.arrive.expect_tx.release.cluster.shared::cluster.b64" in ptx
     assert "mbarrier.try_wait.parity.acquire.cluster" in ptx
@@ -132,7 +134,8 @@ def test_v6_four_cta_cluster_multicasts_the_shared_operand():
     # cluster and multicast into both pairs
     assert "tcgen05.mma.cta_group::2" in ptx
     assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global\.tile\.mbarrier::complete_tx::bytes"
-                     r"\.multicast::cluster\.cta_group::2 \[%r\d+\], \[%rd\d+, \{%r\d+, %r\d+\}\], \[%r\d+\], %rs\d+;", ptx)
+                     r"\.multicast::cluster\.cta_group::2 "
+                     r"\[%r\d+\], \[%rd\d+, \{%r\d+, %r\d+\}\], \[%r\d+\], %rs\d+;", ptx)
     # commits reach all four CTAs (mask 0b1111), and the 2-CTA build has no multicast TMA load
     assert re.search(r"mov\.b16\s+%rs\d+, 15;", ptx)
     assert "multicast::cluster.cta_group::2" not in ptx_of("v6")

@@ -53,7 +53,8 @@ from pipeline.tma_store import StagedTmaStore
 
 from ..kernel import MatmulKernel
 
-IDEA = "2-CTA cluster: one 256-row tile per CTA pair (tcgen05 cta_group::2), cluster-scope barriers, multicast commits and CLC"
+IDEA = ("2-CTA cluster: one 256-row tile per CTA pair (tcgen05 cta_group::2), cluster-scope barriers, "
+        "multicast commits and CLC")
 PTX_MARKERS = ("tcgen05.mma.cta_group::2", "tcgen05.commit.cta_group::2", "multicast::cluster",
                "clusterlaunchcontrol.try_cancel", "mbarrier.arrive.expect_tx", "shared::cluster", "barrier.cluster")
 REPRESENTATIVE = dict(block_m=256, block_n=256, block_k=64, stages=6, acc_stages=2, e_block_n=32, group=8,
@@ -130,8 +131,8 @@ class Kernel(MatmulKernel):
                             self.mbarrier.arrive_and_expect_tx(tma_pipe.producer_barrier(),
                                                                transaction_bytes=2 * (s_a[0].nbytes + s_b[0].nbytes))
                     full = self.cluster.map_shared_addr(tma_pipe.producer_barrier(), target_rank=leader)
-                    self.tma.global_to_shared(src=g_a, dst=s_a[tma_pipe.producer_stage], offsets=[offset_a, k * block_k],
-                                              mbarrier=full, cta_group=2)
+                    self.tma.global_to_shared(src=g_a, dst=s_a[tma_pipe.producer_stage],
+                                              offsets=[offset_a, k * block_k], mbarrier=full, cta_group=2)
                     if ctas == 2:
                         self.tma.global_to_shared(src=g_b, dst=s_b[tma_pipe.producer_stage],
                                                   offsets=[offset_b, k * block_k], mbarrier=full, cta_group=2)
