@@ -47,7 +47,6 @@ from .check import TOLERANCE, poisoned_output, random_operands, reference, relat
 from .choice_cache import ChoiceCache, Entry
 from .contract import DTYPES, MatmulInputError, _check_row_major, check_operands, row_stride
 
-ARCH_BY_CAPABILITY = {(9, 0): "sm_90a", (10, 0): "sm_100a"}
 
 
 class UnsupportedGPUError(MatmulInputError):
@@ -60,7 +59,7 @@ class UnsupportedGPUError(MatmulInputError):
 def device_arch(device: torch.device) -> str:
     """The series that runs on ``device``: 'sm_90a' (Hopper) or 'sm_100a' (Blackwell)."""
     capability = torch.cuda.get_device_capability(device)
-    arch = ARCH_BY_CAPABILITY.get(capability)
+    arch = versions.ARCH_BY_CAPABILITY.get(capability)
     if arch is None:
         raise UnsupportedGPUError(
             f"{torch.cuda.get_device_name(device)} ({device}) has compute capability "

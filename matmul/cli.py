@@ -32,19 +32,9 @@ def _versions(value: str | None, arch: str) -> list[str]:
     return [v for v in wanted if v in have]
 
 
-def local_gpu_arch() -> str | None:
-    """The series that runs on this machine's GPU, if any."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    major, _ = torch.cuda.get_device_capability()
-    return {9: "sm_90a", 10: "sm_100a"}.get(major)
-
-
 def compile_command(args) -> int:
     rows, failed = [], False
-    gpu_arch = None if args.no_check else local_gpu_arch()
+    gpu_arch = None if args.no_check else versions.local_arch()
     for arch in _arches(args.arch):
         for version in _versions(args.versions, arch):
             module = versions.load(arch, version)
@@ -113,7 +103,7 @@ def bench_command(args) -> int:
 
     chosen = presets.parse(args.shapes)
     dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype]
-    here = local_gpu_arch()
+    here = versions.local_arch()
     arch = versions.normalize_arch(args.arch) if args.arch else here
     if here is None or arch != here:
         gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"

@@ -24,10 +24,12 @@ import torch
 import pipeline  # noqa: F401  (applies the tilus fixes before any kernel is built)
 import tilus
 
-from .contract import check_operands, row_stride
+from .contract import check_operands
 
 ARCHS = {"sm_100a": "blackwell", "sm_90a": "hopper"}
 ARCH_NAMES = {"sm_100a": "Blackwell", "sm_90a": "Hopper"}
+# sm_90a / sm_100a code runs only on exactly these compute capabilities (not on 10.3, 12.0, ...)
+ARCH_BY_CAPABILITY = {(9, 0): "sm_90a", (10, 0): "sm_100a"}
 VERSIONS = tuple(f"v{i}" for i in range(7))
 TILUS_DTYPES = {torch.float16: tilus.float16, torch.bfloat16: tilus.bfloat16}
 
@@ -44,6 +46,13 @@ def normalize_arch(arch: str) -> str:
         return _ARCH_ALIASES[arch.strip().lower()]
     except KeyError:
         raise ValueError(f"unknown architecture {arch!r}; choose one of {', '.join(ARCHS)}") from None
+
+
+def local_arch() -> Optional[str]:
+    """The series that runs on this machine's current GPU, or None (no GPU, or another kind)."""
+    if not torch.cuda.is_available():
+        return None
+    return ARCH_BY_CAPABILITY.get(torch.cuda.get_device_capability())
 
 
 def module_name(arch: str, version: str) -> str:
@@ -95,8 +104,9 @@ def kernel(module: ModuleType, dtype: torch.dtype, config: Optional[dict[str, An
 def run(module: ModuleType, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None,
         config: Optional[dict[str, Any]] = None) -> torch.Tensor:
     """C = A @ B^T with one version of the series (A [M, K], B [N, K], row-major)."""
+    from .autotune import launch_args  # (what tilus's autotuner may safely clone)
+
     out = check_operands(a, b, out)
-    (m, k), n = a.shape, b.shape[0]
     with torch.cuda.device(a.device):
-        kernel(module, a.dtype, config)(m, n, k, a, b, out, row_stride(a), row_stride(b), row_stride(out))
+        kernel(module, a.dtype, config)(*launch_args(a, b, out))
     return out

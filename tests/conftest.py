@@ -6,10 +6,7 @@ import torch
 from matmul import build, versions
 
 
-def gpu_arch() -> str | None:
-    if not torch.cuda.is_available():
-        return None
-    return {9: "sm_90a", 10: "sm_100a"}.get(torch.cuda.get_device_capability()[0])
+gpu_arch = versions.local_arch
 
 
 def require_gpu(arch: str) -> None:
