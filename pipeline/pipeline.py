@@ -22,6 +22,19 @@ Cluster pipelines (2-CTA and larger clusters) use the same class:
   stages); ``0b11`` releases the stage in both CTAs (Hopper multicast: both CTAs' TMA refill a
   stage, so both must know it is free). The arrival count of ``empty`` must then count the
   consumers of every CTA that releases to it.
+
+Who arrives on ``empty``:
+
+* by default every thread of the group that calls ``consumer_release`` arrives, so
+  ``consumer_arrivals`` counts threads (for example 128 for one warpgroup);
+* with ``elect_release=True`` one elected thread of the calling group arrives (one per CTA of
+  ``release_to``), so ``consumer_arrivals`` counts consumer groups, times the CTAs that release to
+  the barrier. Use it only where the group's work on the stage is complete for all of its threads
+  once one of them has seen it complete: a warpgroup after ``wgmma.wait_group`` (a wgmma group is
+  issued and waited by the four warps together). This is how CUTLASS's Hopper pipelines release.
+
+A consumer that keeps one MMA group in flight releases the stage *before* the current one, once
+``wgmma.wait_group 1`` shows it done: ``consumer_release_previous``.
 """
 
 
@@ -37,10 +50,12 @@ class Pipeline(tilus.Class):
         consumer_arrivals: int = 1,
         scope: str = "cta",
         release_to: int = 0,
+        elect_release: bool = False,
     ):
         self.num_stages: int = num_stages
         self.scope: str = scope
         self.release_to: int = release_to
+        self.elect_release: bool = elect_release
         self.full = self.mbarrier.alloc([producer_arrivals for _ in range(num_stages)])
         self.empty = self.mbarrier.alloc([consumer_arrivals for _ in range(num_stages)])
         self.producer_stage: int32 = 0
@@ -76,10 +91,28 @@ class Pipeline(tilus.Class):
 
     def consumer_release(self):
         """Arrive on the current stage's ``empty`` barrier: this CTA's, or those of ``release_to``."""
-        if self.release_to == 0:
-            self.mbarrier.arrive(self.empty[self.consumer_stage], scope=self.scope)
+        self.release_barrier(self.empty[self.consumer_stage])
+
+    def consumer_release_previous(self):
+        """Release the stage consumed before the current one (for a consumer that keeps one MMA
+        group in flight: after ``consumer_advance`` it is the stage just finished)."""
+        # + (num_stages - 1) rather than - 1: the stage index stays non-negative
+        self.release_barrier(self.empty[(self.consumer_stage + (self.num_stages - 1)) % self.num_stages])
+
+    def release_barrier(self, barrier: RegisterTensor):
+        """Arrive on an ``empty`` barrier as ``release_to`` and ``elect_release`` say."""
+        if self.elect_release:
+            if self.release_to == 0:
+                with self.single_thread():
+                    self.mbarrier.arrive(barrier, scope=self.scope)
+            else:
+                # thread i of the calling group arrives on the barrier of CTA rank i, for each bit i
+                self.mbarrier.arrive_and_expect_tx_multicast(barrier, transaction_bytes=0,
+                                                             multicast_mask=self.release_to, scope="cluster")
+        elif self.release_to == 0:
+            self.mbarrier.arrive(barrier, scope=self.scope)
         else:
-            self.arrive_on_ranks(self.empty[self.consumer_stage], self.release_to)
+            self.arrive_on_ranks(barrier, self.release_to)
 
     def arrive_on_ranks(self, barrier: RegisterTensor, ranks: int):
         """Arrive on ``barrier`` in each CTA of the bit mask ``ranks``. The mask is known when the

@@ -1,0 +1,114 @@
+"""Hopper V2: V1 with a ring of shared-memory stages, so that TMA loads run ahead of the wgmma.
+
+Idea: in V1 the tensor core waits for each tile pair to land and the TMA unit waits for each MMA
+to finish; the two take turns. V2 gives shared memory ``stages`` slots for (A, B) tile pairs.
+Before the main loop one warp issues the loads of the first ``stages`` K blocks. In the main
+loop the warpgroup waits only for the slot of the K block it is about to multiply, issues that
+block's ``wgmma`` and commits it as a group, then waits with ``wgmma.wait_group 1``: the *previous*
+group is done, the current one may still run. The slot the previous group read is then free and
+is refilled at once with the K block ``stages`` further on. So while the tensor core works on
+block ``k`` (block ``k-1`` possibly still draining), the loads of blocks ``k+1 .. k+stages-1`` are
+in flight. The same four warps still issue both the loads and the MMAs (V3 splits the roles).
+
+Synchronization (all at CTA scope):
+``loaded[s]`` (one mbarrier per slot, arrival count 1): per use of slot ``s``, one
+``arrive.expect_tx`` by the issuing lane announcing both tiles' bytes, plus the TMA bytes landing.
+All 128 threads wait on it with parity ``(k // stages) & 1`` before the wgmma of K block ``k``.
+Slot reuse needs no barrier of its own: after ``wgmma.wait_group 1`` each warp knows the group of
+block ``k-1`` is complete, and a ``bar.sync`` over the warpgroup (``__syncthreads``) makes that
+true for all four warps before warp 0 issues the TMA load that overwrites the slot.
+Epilogue: V1's (``wgmma.wait_group 0``, ``fence.proxy.async`` + ``__syncthreads``, one TMA store).
+"""
+
+import tilus
+from tilus import RegisterTensor, SharedTensor, float32, int32, void_p
+from tilus.ir.layout.ops.shared_ops import shared_row_major
+from tilus.utils import cdiv
+
+IDEA = "software pipelining: a ring of TMA stages on mbarriers, one wgmma group kept in flight"
+PTX_MARKERS = ("wgmma.mma_async", "wgmma.wait_group.sync.aligned 1", "cp.async.bulk.tensor.2d.shared::cta.global",
+               "mbarrier.try_wait.parity")
+REPRESENTATIVE = dict(block_m=64, block_n=256, block_k=64, stages=4)
+
+
+# One warpgroup holds the whole accumulator (block_m * block_n / 128 floats a thread) as one row of
+# m64n256 wgmma: taller tiles spill (128 x 256) or need two rows of instructions, for which ptxas
+# injects a warpgroup.arrive into the first K block and serializes the wgmma (C7520).
+# Shared memory: stages * (block_m + block_n) * block_k * 2 bytes + the staged output tile; two
+# stages leave room for two CTAs on an SM.
+@tilus.autotune("block_m, block_n", [(64, 256)])
+@tilus.autotune("block_k, stages", [(64, 2), (64, 4), (32, 8)])
+class Kernel(tilus.Script):
+    def __init__(self, dtype, block_m: int, block_n: int, block_k: int, stages: int):
+        super().__init__()
+        self.dtype = dtype
+        self.block_m = block_m
+        self.block_n = block_n
+        self.block_k = block_k
+        self.stages = stages
+
+    def __call__(self, m_size: int32, n_size: int32, k_size: int32, a_ptr: void_p, b_ptr: void_p,
+                 c_ptr: void_p, lda: int32, ldb: int32, ldc: int32):
+        self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
+        self.attrs.warps = 4
+        offset_m: int32 = self.blockIdx.x * self.block_m
+        offset_n: int32 = self.blockIdx.y * self.block_n
+        num_k_blocks: int32 = cdiv(k_size, self.block_k)
+
+        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size], strides=[lda, 1])
+        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size], strides=[ldb, 1])
+        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size], strides=[ldc, 1])
+        s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, self.block_k])
+        s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
+        acc = self.register_tensor(dtype=float32, shape=[self.block_m, self.block_n], init=0.0)
+
+        loaded = self.mbarrier.alloc(counts=[1 for _ in range(self.stages)])
+        self.sync()  # the barriers are initialized before anyone uses them
+
+        # prologue: the first `stages` K blocks (fewer if K is short) go in flight at once
+        with self.single_warp():
+            for kb in range(min(self.stages, num_k_blocks)):
+                with self.single_thread():
+                    self.mbarrier.arrive_and_expect_tx(loaded[kb], transaction_bytes=s_a[kb].nbytes + s_b[kb].nbytes)
+                self.tma.global_to_shared(src=g_a, dst=s_a[kb], offsets=[offset_m, kb * self.block_k],
+                                          mbarrier=loaded[kb])
+                self.tma.global_to_shared(src=g_b, dst=s_b[kb], offsets=[offset_n, kb * self.block_k],
+                                          mbarrier=loaded[kb])
+
+        self.wait_and_multiply(loaded, s_a, s_b, acc, 0)  # K block 0 (every matrix has one)
+        for kb in self.range(1, num_k_blocks, 1, unroll=1):  # unrolled, nvcc moves accumulators between wgmma
+            self.wait_and_multiply(loaded, s_a, s_b, acc, kb)
+            self.wgmma.wait_group(1)  # block kb-1 is done; block kb may still be running
+            self.sync()  # ... for all four warps, before its slot is overwritten
+            refill = kb - 1 + self.stages  # the K block that goes into the slot block kb-1 used
+            if refill < num_k_blocks:
+                prev = (kb - 1) % self.stages
+                with self.single_warp():
+                    with self.single_thread():
+                        self.mbarrier.arrive_and_expect_tx(loaded[prev],
+                                                           transaction_bytes=s_a[prev].nbytes + s_b[prev].nbytes)
+                    self.tma.global_to_shared(src=g_a, dst=s_a[prev], offsets=[offset_m, refill * self.block_k],
+                                              mbarrier=loaded[prev])
+                    self.tma.global_to_shared(src=g_b, dst=s_b[prev], offsets=[offset_n, refill * self.block_k],
+                                              mbarrier=loaded[prev])
+        self.wgmma.wait_group(0)
+
+        # epilogue (V1's): registers -> shared -> TMA store, clipped at the matrix edge
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.block_n])
+        self.annotate_layout(s_c, shared_row_major(self.block_m, self.block_n))
+        self.store_shared(s_c, acc.to(self.dtype))
+        self.fence.proxy_async(space="shared")
+        self.sync()
+        with self.single_warp():
+            self.tma.shared_to_global(s_c, g_c, offsets=[offset_m, offset_n])
+            self.tma.commit_group()
+            self.tma.wait_group(0)
+
+    def wait_and_multiply(self, loaded: RegisterTensor, s_a: SharedTensor, s_b: SharedTensor, acc: RegisterTensor,
+                          kb: int32):
+        """Wait for K block ``kb``'s tiles, issue its wgmma and commit them as one group."""
+        slot = kb % self.stages
+        self.mbarrier.wait(loaded[slot], phase=(kb // self.stages) & 1)
+        self.wgmma.fence()
+        self.wgmma.mma(s_a[slot], s_b[slot].transpose(), acc)
+        self.wgmma.commit_group()

@@ -1,0 +1,113 @@
+"""Hopper V3: V2 with warp specialization: a producer warp issues the TMA loads, a consumer
+warpgroup issues the wgmma.
+
+Idea: in V2 the four warps that multiply also refill the ring, so every K block they stop, meet at
+a ``bar.sync`` and wait for one of them to issue the next loads. V3 gives the two jobs to
+different warps that never wait for each other except through the ring: warp 4 (the producer)
+only issues TMA loads, as far ahead as free slots allow; warps 0-3 (the consumer warpgroup) only
+wait for data, issue wgmma and hand slots back. A slot now needs a second barrier to say it is
+free, because the warp that refills it is no longer the warp that read it.
+
+Synchronization (all at CTA scope; slot ``s`` serves K blocks ``s, s + stages, ...``, and each
+side's wait names the parity of the use it waits for):
+``full[s]`` (arrival count 1): per use of slot ``s``, one ``arrive.expect_tx`` by the producer's
+elected lane announcing both tiles' bytes, plus the TMA bytes landing. The consumer waits on it
+with parity ``(k // stages) & 1`` before the wgmma of K block ``k``.
+``empty[s]`` (arrival count 1): per use, one arrival by one elected thread of the consumer
+warpgroup, made after ``wgmma.wait_group 1`` has shown that the group that read the slot is
+complete (a wgmma group is issued and waited by the whole warpgroup together, ``.sync.aligned``).
+The producer waits on it with parity ``((k // stages) & 1) ^ 1`` before refilling the slot for
+K block ``k``: in the first round that parity names the phase before the barrier's first, which
+counts as complete, so the ring starts out free.
+The consumer keeps one wgmma group in flight, so slot ``k-1`` is released during iteration ``k``;
+the last slot is never released (nothing waits for it). Epilogue: V1's, among the consumer
+warpgroup only (``fence.proxy.async`` + a named barrier of its 128 threads, one TMA store).
+"""
+
+import tilus
+from tilus import RegisterTensor, SharedTensor, float32, int32, void_p
+from tilus.ir.layout.ops.shared_ops import shared_row_major
+from tilus.utils import cdiv
+
+IDEA = "warp specialization: a TMA producer warp and a wgmma consumer warpgroup, full/empty mbarriers"
+# the consumer's release of a slot (a plain arrive) and the named barrier of a 128-thread warpgroup
+PTX_MARKERS = ("wgmma.mma_async", "cp.async.bulk.tensor.2d.shared::cta.global", "mbarrier.arrive.expect_tx",
+               "mbarrier.arrive.release.cta.shared::cta.b64", "bar.cta.sync 1, 128")
+REPRESENTATIVE = dict(block_m=64, block_n=256, block_k=64, stages=4)
+
+
+# One warpgroup holds the whole accumulator (block_m * block_n / 128 floats a thread) as one row of
+# m64n256 wgmma: taller tiles spill (128 x 256) or need two rows of instructions, for which ptxas
+# injects a warpgroup.arrive into the first K block and serializes the wgmma (C7520).
+# Shared memory: stages * (block_m + block_n) * block_k * 2 bytes + the staged output tile; two
+# stages leave room for two CTAs on an SM.
+@tilus.autotune("block_m, block_n", [(64, 256)])
+@tilus.autotune("block_k, stages", [(64, 2), (64, 4), (32, 8)])
+class Kernel(tilus.Script):
+    def __init__(self, dtype, block_m: int, block_n: int, block_k: int, stages: int):
+        super().__init__()
+        self.dtype = dtype
+        self.block_m = block_m
+        self.block_n = block_n
+        self.block_k = block_k
+        self.stages = stages
+
+    def __call__(self, m_size: int32, n_size: int32, k_size: int32, a_ptr: void_p, b_ptr: void_p,
+                 c_ptr: void_p, lda: int32, ldb: int32, ldc: int32):
+        self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
+        self.attrs.warps = 5  # warps 0-3: consumer warpgroup; warp 4: producer
+        offset_m: int32 = self.blockIdx.x * self.block_m
+        offset_n: int32 = self.blockIdx.y * self.block_n
+        num_k_blocks: int32 = cdiv(k_size, self.block_k)
+
+        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size], strides=[lda, 1])
+        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size], strides=[ldb, 1])
+        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size], strides=[ldc, 1])
+        s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, self.block_k])
+        s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.block_n])
+        self.annotate_layout(s_c, shared_row_major(self.block_m, self.block_n))
+
+        full = self.mbarrier.alloc(counts=[1 for _ in range(self.stages)])
+        empty = self.mbarrier.alloc(counts=[1 for _ in range(self.stages)])
+        self.sync()  # the barriers are initialized before anyone uses them
+
+        with self.single_warp(4):  # producer
+            for kb in range(num_k_blocks):
+                slot = kb % self.stages
+                self.mbarrier.wait(empty[slot], phase=((kb // self.stages) & 1) ^ 1)
+                with self.single_thread():
+                    self.mbarrier.arrive_and_expect_tx(full[slot],
+                                                       transaction_bytes=s_a[slot].nbytes + s_b[slot].nbytes)
+                self.tma.global_to_shared(src=g_a, dst=s_a[slot], offsets=[offset_m, kb * self.block_k],
+                                          mbarrier=full[slot])
+                self.tma.global_to_shared(src=g_b, dst=s_b[slot], offsets=[offset_n, kb * self.block_k],
+                                          mbarrier=full[slot])
+
+        with self.warp_group(warp_begin=0, num_warps=4):  # consumer
+            acc = self.register_tensor(dtype=float32, shape=[self.block_m, self.block_n], init=0.0)
+            self.wait_and_multiply(full, s_a, s_b, acc, 0)  # K block 0 (every matrix has one)
+            for kb in self.range(1, num_k_blocks, 1, unroll=1):  # unrolled, nvcc moves accumulators between wgmma
+                self.wait_and_multiply(full, s_a, s_b, acc, kb)
+                self.wgmma.wait_group(1)  # the group of block kb-1 is complete: its slot is free
+                with self.single_thread():
+                    self.mbarrier.arrive(empty[(kb - 1) % self.stages])
+            self.wgmma.wait_group(0)
+
+            # epilogue (V1's, among the consumer warpgroup)
+            self.store_shared(s_c, acc.to(self.dtype))
+            self.fence.proxy_async(space="shared")
+            self.sync()  # a named barrier of the warpgroup's 128 threads
+            with self.single_warp():
+                self.tma.shared_to_global(s_c, g_c, offsets=[offset_m, offset_n])
+                self.tma.commit_group()
+                self.tma.wait_group(0)
+
+    def wait_and_multiply(self, full: RegisterTensor, s_a: SharedTensor, s_b: SharedTensor, acc: RegisterTensor,
+                          kb: int32):
+        """Wait for K block ``kb``'s tiles, issue its wgmma and commit them as one group."""
+        slot = kb % self.stages
+        self.mbarrier.wait(full[slot], phase=(kb // self.stages) & 1)
+        self.wgmma.fence()
+        self.wgmma.mma(s_a[slot], s_b[slot].transpose(), acc)
+        self.wgmma.commit_group()

@@ -1,0 +1,114 @@
+"""Hopper V4: V3 with grouped tile rasterization, the shared ``Pipeline`` class, and two consumer
+warpgroups sharing one producer.
+
+Idea: a bigger output tile reads fewer bytes per multiply-add (a 128 x 256 tile loads 384 rows of
+operands for 32768 outputs, a 128 x 128 tile 256 rows for 16384), but one warpgroup cannot hold
+a 128 x 256 float32 accumulator (256 registers a thread). So the CTA gets two consumer warpgroups:
+each owns half of the tile's rows (its own slab of A) and both read the same B tile; one producer
+warp keeps feeding both. Second, the launch order: the grid is one-dimensional and
+``pipeline.TileRasterizer`` maps a CTA's index to a tile so that the CTAs in flight together
+cover a few tile rows column by column (``group`` rows at a time), so their A and B tiles are
+re-read from L2 rather than DRAM. Third, the ring's stage and phase bookkeeping moves into the
+shared ``pipeline.Pipeline`` class (V3 spelled it out by hand).
+
+Synchronization (all at CTA scope, through ``Pipeline``):
+``full[s]`` (arrival count 1): per use, one ``arrive.expect_tx`` by the producer's elected lane
+announcing the bytes of both A slabs and the B tile, plus the TMA bytes. Both consumer
+warpgroups wait on it (``consumer_acquire``, parity from the pipeline's phase bit).
+``empty[s]`` (arrival count 2): per use, one arrival from an elected thread of *each* consumer
+warpgroup after ``wgmma.wait_group 1`` shows the group that read the slot complete
+(``consumer_release_previous``, ``elect_release=True``). The producer waits on it
+(``producer_acquire``) before refilling the slot, so a slot is refilled only when both
+warpgroups are done with it.
+Epilogue: each warpgroup stages its half of the tile in shared memory and issues its own TMA
+store after ``fence.proxy.async`` + a named barrier of its 128 threads (ids 1 and 2).
+"""
+
+import tilus
+from tilus import GlobalTensor, SharedTensor, float32, int32, void_p
+from tilus.ir.layout.ops.shared_ops import shared_row_major
+from tilus.utils import cdiv
+
+from pipeline import Pipeline, TileRasterizer
+from pipeline.mainloop import WgmmaMainloop
+
+IDEA = "grouped tile rasterization, the shared Pipeline class, two consumer warpgroups per CTA"
+PTX_MARKERS = ("wgmma.mma_async.sync.aligned.m64n256k16", "cp.async.bulk.tensor.2d.shared::cta.global",
+               "bar.cta.sync 1, 128", "bar.cta.sync 2, 128")
+REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=3, group=8)
+
+
+# shared memory: stages * (block_m + block_n) * block_k * 2 bytes + the staged output tile
+# (block_m * block_n * 2): 3 stages of 64 or 6 of 32 K columns. Each warpgroup's accumulator is one
+# row of m64n256 wgmma (256 x 128, two rows of m64n128 a warpgroup, makes ptxas serialize them).
+@tilus.autotune("block_m, block_n", [(128, 256)])
+@tilus.autotune("block_k, stages", [(64, 3), (32, 6)])
+@tilus.autotune("group", [8, 16])
+class Kernel(tilus.Script):
+    def __init__(self, dtype, block_m: int, block_n: int, block_k: int, stages: int, group: int):
+        super().__init__()
+        self.dtype = dtype
+        self.block_m = block_m
+        self.block_n = block_n
+        self.block_k = block_k
+        self.stages = stages
+        self.group = group
+
+    def __call__(self, m_size: int32, n_size: int32, k_size: int32, a_ptr: void_p, b_ptr: void_p,
+                 c_ptr: void_p, lda: int32, ldb: int32, ldc: int32):
+        half_m = self.block_m // 2  # the rows of one consumer warpgroup
+        num_m_tiles = cdiv(m_size, self.block_m)
+        num_n_tiles = cdiv(n_size, self.block_n)
+        self.attrs.blocks = num_m_tiles * num_n_tiles
+        self.attrs.warps = 9  # warps 0-3 and 4-7: consumer warpgroups; warp 8: producer
+        m_tile, n_tile = TileRasterizer(num_m_tiles, num_n_tiles, self.group).tile(self.blockIdx.x)
+        offset_m: int32 = m_tile * self.block_m
+        offset_n: int32 = n_tile * self.block_n
+        num_k_blocks: int32 = cdiv(k_size, self.block_k)
+
+        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size], strides=[lda, 1])
+        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size], strides=[ldb, 1])
+        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size], strides=[ldc, 1])
+        s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, half_m, self.block_k])
+        s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[2, half_m, self.block_n])
+        self.annotate_layout(s_c, shared_row_major(2, half_m, self.block_n))
+
+        ring = Pipeline(self.stages, consumer_arrivals=2, elect_release=True)
+        self.sync()  # the barriers are initialized before anyone uses them
+
+        with self.single_warp(8):  # producer
+            for kb in range(num_k_blocks):
+                ring.producer_acquire()
+                slot = ring.producer_stage
+                with self.single_thread():
+                    self.mbarrier.arrive_and_expect_tx(ring.producer_barrier(),
+                                                       transaction_bytes=2 * s_a[slot, 0].nbytes + s_b[slot].nbytes)
+                offset_k = kb * self.block_k
+                self.tma.global_to_shared(src=g_a, dst=s_a[slot, 0], offsets=[offset_m, offset_k],
+                                          mbarrier=ring.producer_barrier())
+                self.tma.global_to_shared(src=g_a, dst=s_a[slot, 1], offsets=[offset_m + half_m, offset_k],
+                                          mbarrier=ring.producer_barrier())
+                self.tma.global_to_shared(src=g_b, dst=s_b[slot], offsets=[offset_n, offset_k],
+                                          mbarrier=ring.producer_barrier())
+                ring.producer_advance()
+
+        self.consumer(0, ring, s_a, s_b, s_c, g_c, num_k_blocks, offset_m, offset_n)
+        self.consumer(1, ring, s_a, s_b, s_c, g_c, num_k_blocks, offset_m, offset_n)
+
+    def consumer(self, wg: int, ring: Pipeline, s_a: SharedTensor, s_b: SharedTensor, s_c: SharedTensor,
+                 g_c: GlobalTensor, num_k_blocks: int32, offset_m: int32, offset_n: int32):
+        """Consumer warpgroup ``wg``: rows ``wg * block_m / 2 ...`` of the tile."""
+        half_m = self.block_m // 2
+        with self.warp_group(warp_begin=4 * wg, num_warps=4):
+            acc = self.register_tensor(dtype=float32, shape=[half_m, self.block_n], init=0.0)
+            WgmmaMainloop(ring).run(s_a, s_b, wg, acc, num_k_blocks)
+
+            # epilogue: this warpgroup's half of the tile, registers -> shared -> TMA store
+            self.store_shared(s_c[wg], acc.to(self.dtype))
+            self.fence.proxy_async(space="shared")
+            self.sync()  # a named barrier of this warpgroup's 128 threads
+            with self.single_warp():
+                self.tma.shared_to_global(s_c[wg], g_c, offsets=[offset_m + wg * half_m, offset_n])
+                self.tma.commit_group()
+                self.tma.wait_group(0)
