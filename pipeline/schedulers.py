@@ -11,7 +11,10 @@ fewer than ``group`` tile rows.
 """
 
 import tilus
-from tilus import int32
+from tilus import int32, uint32
+from tilus.ir.layout.ops.register_ops import local
+
+from .dsmem import load_after_wait, store_to_rank
 
 
 def grouped_tile(linear: int, num_m_tiles: int, num_n_tiles: int, group: int) -> tuple[int, int]:
@@ -46,3 +49,115 @@ class TileRasterizer(tilus.Class):
         m_tile: int32 = first_m + in_group % rows_in_group
         n_tile: int32 = in_group // rows_in_group
         return m_tile, n_tile
+
+
+# --- persistent kernels -----------------------------------------------------------------------
+
+# The H100 SXM this project is timed on: used where no GPU is present (building for CI).
+DEFAULT_SM_COUNT = 132
+
+
+def sm_count() -> int:
+    """Streaming multiprocessors of this machine's GPU (the grid of a persistent kernel), or
+    ``DEFAULT_SM_COUNT`` on a machine without one. Read when a kernel is built, so a kernel built
+    here is sized for the GPU here."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    except Exception:  # no usable GPU: build for the reference machine
+        pass
+    return DEFAULT_SM_COUNT
+
+
+def static_tiles(num_tiles: int, worker: int, num_workers: int) -> list[int]:
+    """The linear tiles worker ``worker`` of ``num_workers`` takes in a static round-robin schedule
+    (the plain-Python rule that ``StaticTileScheduler`` follows in a kernel)."""
+    return list(range(worker, num_tiles, num_workers))
+
+
+class StaticTileScheduler(tilus.Class):
+    """Hands a persistent worker (a CTA, or a 2-CTA cluster) its tiles: linear tiles ``worker``,
+    ``worker + num_workers``, ... in grouped order (``TileRasterizer``). The schedule is fixed when
+    the kernel starts, which needs no atomics; it balances well when the tiles take equal time
+    and the grid is no larger than the number of workers that fit on the GPU at once."""
+
+    def __init__(self, num_m_tiles: int32, num_n_tiles: int32, group: int, worker: int32, num_workers: int32):
+        self.raster = TileRasterizer(num_m_tiles, num_n_tiles, group)
+        self.worker: int32 = worker
+        self.num_workers: int32 = num_workers
+        self.num_tiles: int32 = num_m_tiles * num_n_tiles
+
+    def count(self) -> int32:
+        """How many tiles this worker computes."""
+        mine: int32 = 0
+        if self.worker < self.num_tiles:
+            mine = (self.num_tiles - self.worker + self.num_workers - 1) // self.num_workers
+        return mine
+
+    def linear(self, i: int32) -> int32:
+        """The linear index of this worker's ``i``-th tile."""
+        return self.worker + i * self.num_workers
+
+    def tile(self, i: int32):
+        """(m_tile, n_tile) of this worker's ``i``-th tile."""
+        return self.raster.tile(self.worker + i * self.num_workers)
+
+
+class LeaderTileBroadcast(tilus.Class):
+    """A 2-CTA cluster's tile sequence, decided by the leader CTA (rank 0) and delivered to both.
+
+    The leader's deciding warp ``send``s each linear tile index (and finally an index past the
+    last tile, meaning "stop"); every reader group of both CTAs ``receive``s the same sequence. The
+    values travel through a ring of ``depth`` int32 slots present in each CTA:
+
+    ``filled[d]`` (each CTA, arrival count 1): the sender writes slot ``d`` of both CTAs (its own
+    with a plain store, the peer's with ``st.shared::cluster``), then arrives on both CTAs'
+    ``filled[d]`` with release at cluster scope; readers wait on it with acquire at cluster scope.
+    ``drained[d]`` (leader only, arrival count ``readers``, the reader groups of both CTAs
+    together): each reader group, once all its threads have read the slot (a barrier of the
+    group), arrives on the leader's ``drained[d]`` from one elected thread; the sender waits on it
+    before writing slot ``d`` again.
+
+    Both barriers start the usual way (``drained`` free, ``filled`` empty), and each side keeps a
+    slot index and a phase bit that flips when it wraps around, like ``Pipeline``. The peer's
+    ``drained`` barriers exist (every CTA runs the same allocation) but are never used.
+    """
+
+    def __init__(self, depth: int, readers: int):
+        self.depth: int = depth
+        self.slots = self.shared_tensor(dtype=int32, shape=[depth, 1])
+        self.filled = self.mbarrier.alloc([1 for _ in range(depth)])
+        self.drained = self.mbarrier.alloc([readers for _ in range(depth)])
+        self.send_slot: int32 = 0
+        self.send_phase: uint32 = self.mbarrier.producer_initial_phase
+        self.recv_slot: int32 = 0
+        self.recv_phase: uint32 = self.mbarrier.consumer_initial_phase
+
+    def send(self, linear: int32):
+        """Deliver ``linear`` to both CTAs. Called by one warp of the leader CTA (one elected
+        thread of it writes and signals; every lane keeps the ring position)."""
+        self.mbarrier.wait(self.drained[self.send_slot], phase=self.send_phase, scope="cluster")
+        with self.single_thread():
+            value = self.register_tensor(dtype=int32, shape=[1], init=lambda i: linear)
+            self.annotate_layout(value, local(1))  # held by the one elected thread
+            self.store_shared(self.slots[self.send_slot], value)
+            store_to_rank(self.slots[self.send_slot], linear, 1)
+            self.mbarrier.arrive_and_expect_tx_remote(self.filled[self.send_slot], transaction_bytes=0, target_rank=0)
+            self.mbarrier.arrive_and_expect_tx_remote(self.filled[self.send_slot], transaction_bytes=0, target_rank=1)
+        self.send_slot = (self.send_slot + 1) % self.depth
+        self.send_phase = self.send_phase ^ (self.send_slot == 0)
+
+    def receive(self) -> int32:
+        """The next linear tile index (past the last tile: stop). Called by every thread of a
+        reader group (a warp or a warpgroup) of either CTA."""
+        self.mbarrier.wait(self.filled[self.recv_slot], phase=self.recv_phase, scope="cluster")
+        linear: int32 = load_after_wait(self.slots[self.recv_slot])
+        self.sync()  # every thread of the group has its copy before the slot is handed back
+        with self.single_thread():
+            self.mbarrier.arrive_and_expect_tx_remote(self.drained[self.recv_slot], transaction_bytes=0,
+                                                      target_rank=0)
+        self.recv_slot = (self.recv_slot + 1) % self.depth
+        self.recv_phase = self.recv_phase ^ (self.recv_slot == 0)
+        return linear

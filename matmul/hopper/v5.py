@@ -1,0 +1,114 @@
+"""Hopper V5: V4 made persistent, with an epilogue that overlaps the next tile's main loop.
+
+Idea: V4 launches one CTA per tile. Each CTA pays for its start (barrier setup, the ring filling
+from empty) and, at its end, the tensor core idles while the warpgroups write the tile out, until
+the next CTA gets the SM. V5 launches one CTA per SM (``pipeline.sm_count()``) and each CTA loops
+over tiles: ``pipeline.StaticTileScheduler`` hands CTA ``b`` the tiles ``b, b + grid, ...`` (in
+V4's grouped order). The producer warp walks the same tile sequence as the consumers but runs
+ahead: while the consumer warpgroups are writing tile ``i`` out, the ring is already filling with
+tile ``i + 1``'s operands. The epilogue itself is asynchronous (``pipeline.epilogue.WgmmaTileStore``):
+each warpgroup casts its accumulator 64 columns at a time into one of two swizzled staging buffers
+and hands each block to a TMA store it does not wait for, so the stores drain while the next
+tile's wgmma run. The accumulator is zeroed at the start of each tile.
+
+Synchronization:
+``full[s]`` / ``empty[s]``: V4's ring, now continuous across tiles (the stage and phase carry
+over from one tile to the next on both sides). ``full[s]``: arrival count 1 (the producer's
+``arrive.expect_tx``) + the TMA bytes. ``empty[s]``: arrival count 2, one elected thread of each
+consumer warpgroup after ``wgmma.wait_group`` shows the slot's group complete; at the end of each
+tile the last slot is released after ``wgmma.wait_group 0``.
+Staging buffers (per warpgroup, two): the issuing lane's ``cp.async.bulk.wait_group.read 1``
+before a buffer is rewritten, then a named barrier of the warpgroup (ids 1 and 2); after writing,
+``fence.proxy.async`` + the same named barrier before the TMA store; ``cp.async.bulk.wait_group 0``
+before the CTA exits.
+"""
+
+import tilus
+from tilus import GlobalTensor, SharedTensor, float32, int32, void_p
+from tilus.utils import cdiv
+
+from pipeline import Pipeline
+from pipeline.schedulers import StaticTileScheduler, sm_count
+from pipeline.epilogue import SUB_COLS, WgmmaTileStore, wgmma_fragment
+from pipeline.mainloop import WgmmaMainloop
+
+IDEA = "persistent CTAs over a static tile schedule; asynchronous sub-tiled TMA-store epilogue"
+PTX_MARKERS = ("wgmma.mma_async.sync.aligned.m64n256k16", "cp.async.bulk.tensor.2d.global.shared::cta",
+               "cp.async.bulk.wait_group.read 1", "stmatrix")
+REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, group=8)
+
+
+# shared memory: stages * (block_m + block_n) * block_k * 2 bytes + 2 warpgroups * 2 staging
+# buffers * 64 x 64 * 2 bytes (32 KiB): 4 stages of 64 or 8 of 32 K columns for 128 x 256
+@tilus.autotune("block_m, block_n", [(128, 256)])
+@tilus.autotune("block_k, stages", [(64, 4), (32, 8)])
+@tilus.autotune("group", [8, 16])
+class Kernel(tilus.Script):
+    def __init__(self, dtype, block_m: int, block_n: int, block_k: int, stages: int, group: int):
+        super().__init__()
+        self.dtype = dtype
+        self.block_m = block_m
+        self.block_n = block_n
+        self.block_k = block_k
+        self.stages = stages
+        self.group = group
+        self.num_sms = sm_count()
+
+    def __call__(self, m_size: int32, n_size: int32, k_size: int32, a_ptr: void_p, b_ptr: void_p,
+                 c_ptr: void_p, lda: int32, ldb: int32, ldc: int32):
+        half_m = self.block_m // 2
+        num_m_tiles = cdiv(m_size, self.block_m)
+        num_n_tiles = cdiv(n_size, self.block_n)
+        num_tiles = num_m_tiles * num_n_tiles
+        self.attrs.blocks = num_tiles if num_tiles < self.num_sms else self.num_sms
+        self.attrs.warps = 9  # warps 0-3 and 4-7: consumer warpgroups; warp 8: producer
+        num_k_blocks: int32 = cdiv(k_size, self.block_k)
+
+        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size], strides=[lda, 1])
+        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size], strides=[ldb, 1])
+        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size], strides=[ldc, 1])
+        s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, half_m, self.block_k])
+        s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[2, 2, half_m, SUB_COLS])  # [warpgroup, buffer]
+
+        ring = Pipeline(self.stages, consumer_arrivals=2, elect_release=True)
+        tiles = StaticTileScheduler(num_m_tiles, num_n_tiles, self.group, self.blockIdx.x, self.gridDim.x)
+        self.sync()  # the barriers are initialized before anyone uses them
+
+        with self.single_warp(8):  # producer: the same tiles as the consumers, running ahead
+            for i in range(tiles.count()):
+                m_tile, n_tile = tiles.tile(i)
+                offset_m = m_tile * self.block_m
+                offset_n = n_tile * self.block_n
+                for kb in range(num_k_blocks):
+                    ring.producer_acquire()
+                    slot = ring.producer_stage
+                    with self.single_thread():
+                        self.mbarrier.arrive_and_expect_tx(
+                            ring.producer_barrier(), transaction_bytes=2 * s_a[slot, 0].nbytes + s_b[slot].nbytes)
+                    offset_k = kb * self.block_k
+                    self.tma.global_to_shared(src=g_a, dst=s_a[slot, 0], offsets=[offset_m, offset_k],
+                                              mbarrier=ring.producer_barrier())
+                    self.tma.global_to_shared(src=g_a, dst=s_a[slot, 1], offsets=[offset_m + half_m, offset_k],
+                                              mbarrier=ring.producer_barrier())
+                    self.tma.global_to_shared(src=g_b, dst=s_b[slot], offsets=[offset_n, offset_k],
+                                              mbarrier=ring.producer_barrier())
+                    ring.producer_advance()
+
+        self.consumer(0, ring, tiles, s_a, s_b, s_c, g_c, num_k_blocks)
+        self.consumer(1, ring, tiles, s_a, s_b, s_c, g_c, num_k_blocks)
+
+    def consumer(self, wg: int, ring: Pipeline, tiles: StaticTileScheduler, s_a: SharedTensor, s_b: SharedTensor,
+                 s_c: SharedTensor, g_c: GlobalTensor, num_k_blocks: int32):
+        """Consumer warpgroup ``wg``: rows ``wg * block_m / 2 ...`` of every tile of this CTA."""
+        half_m = self.block_m // 2
+        with self.warp_group(warp_begin=4 * wg, num_warps=4):
+            mainloop = WgmmaMainloop(ring)
+            out = WgmmaTileStore(s_c[wg], half_m, self.block_n)
+            for i in range(tiles.count()):
+                m_tile, n_tile = tiles.tile(i)
+                acc = self.register_tensor(dtype=float32, shape=[half_m, self.block_n], init=0.0)
+                self.annotate_layout(acc, wgmma_fragment(half_m, self.block_n))
+                mainloop.run(s_a, s_b, wg, acc, num_k_blocks)
+                out.store(acc, g_c, m_tile * self.block_m + wg * half_m, n_tile * self.block_n)
+            out.finish()

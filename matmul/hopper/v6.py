@@ -1,0 +1,159 @@
+"""Hopper V6: V5 run by 2-CTA clusters: the B tile both CTAs need is loaded once and multicast
+to both, and the pair's tiles are decided once, by the leader CTA.
+
+Idea: two CTAs on neighbouring SMs (a cluster, ``cluster_blocks = 2``) compute vertically
+adjacent 128 x 256 tiles, so they need the same 256 x ``block_k`` slab of B for every K block.
+Instead of both fetching it from L2, each CTA loads one half of it (128 rows) with a TMA
+*multicast* (``multicast_mask=0b11``): the TMA unit writes the half into the same place of both
+CTAs' shared memory and completes the bytes on the same-offset barrier of each. Per K block a
+CTA now brings in 16 KiB of A and 16 KiB of B instead of 16 + 32 KiB: a third less L2 -> SM
+traffic. The price is coupling: a CTA may refill a stage only when the consumers of *both* CTAs
+have released it, because its B half lands in both.
+
+Which tile the pair computes next is decided in one place: the leader CTA's producer thread
+picks the pair's next tile and delivers it to every role of both CTAs through
+``pipeline.LeaderTileBroadcast`` (a 2-slot ring in each CTA's shared memory, written across the
+cluster with ``st.shared::cluster`` and published with cluster-scope mbarriers). This is the
+Hopper counterpart of Blackwell's multicast cluster launch control, with one honest difference:
+tilus 0.2.0 has no atomic read-modify-write on global memory (its language offers only
+``lock_semaphore``/``release_semaphore``), so the leader cannot claim tiles from a global counter.
+Its rule is the static round robin of V5 over cluster tiles (cluster ``c`` of ``C`` takes
+256 x 256 tiles ``c, c + C, ...`` in grouped order). The peer never computes its own schedule; a
+dynamic rule would change only the leader's next-tile line.
+
+Synchronization:
+``full[s]`` (each CTA, arrival count 1): the CTA's own producer's ``arrive.expect_tx`` announcing
+its A tile plus the *whole* B tile (both halves), and the bytes: its own A load, its own B-half
+multicast, and the peer's B-half multicast (bytes from the peer may land before the local
+``expect_tx``; the phase cannot complete before that arrival). Consumers wait at cluster scope.
+``empty[s]`` (each CTA, arrival count 4): every consumer warpgroup of both CTAs releases every
+stage in both CTAs (``Pipeline(scope="cluster", release_to=0b11, elect_release=True)``: thread 0
+of the warpgroup arrives on rank 0's barrier, thread 1 on rank 1's, release at cluster scope,
+after ``wgmma.wait_group`` shows the stage's group complete). A producer waits on its own
+``empty[s]`` (acquire, cluster scope) before loading, so neither its A tile nor its B half can
+overwrite a stage that either CTA still reads.
+Tile ring (``LeaderTileBroadcast``): ``filled[d]`` (each CTA, 1 arrival, from the leader's
+deciding thread after it wrote slot ``d`` in both CTAs); ``drained[d]`` (leader, 5 arrivals: the
+two consumer warpgroups of each CTA and the peer's producer warp, each after a barrier of its own
+threads once all have read the slot). The last value sent is one past the last tile: stop.
+Cluster barriers: ``barrier.cluster`` after the mbarriers are initialized (no remote arrival or
+multicast may reach a barrier before it exists) and before either CTA exits (no CTA leaves while
+its peer may still arrive on its barriers). The epilogue is V5's, per CTA.
+"""
+
+import tilus
+from tilus import GlobalTensor, SharedTensor, float32, int32, void_p
+from tilus.utils import cdiv
+
+from pipeline import Pipeline, TileRasterizer
+from pipeline.schedulers import LeaderTileBroadcast, sm_count
+from pipeline.epilogue import SUB_COLS, WgmmaTileStore, wgmma_fragment
+from pipeline.mainloop import WgmmaMainloop
+
+IDEA = "2-CTA clusters: B multicast to both CTAs, cluster-scoped empty barriers, leader-decided tiles"
+PTX_MARKERS = ("wgmma.mma_async.sync.aligned.m64n256k16", ".multicast::cluster",
+               "mbarrier.try_wait.parity.acquire.cluster",
+               "mbarrier.arrive.expect_tx.release.cluster.shared::cluster", "st.shared::cluster", "barrier.cluster")
+REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, group=8)
+
+
+# per CTA: stages * (block_m + block_n) * block_k * 2 bytes of ring (the whole B tile lands in
+# each CTA) + 32 KiB of epilogue staging: V5's budget
+@tilus.autotune("block_m, block_n", [(128, 256)])
+@tilus.autotune("block_k, stages", [(64, 4), (32, 8)])
+@tilus.autotune("group", [8, 16])
+class Kernel(tilus.Script):
+    def __init__(self, dtype, block_m: int, block_n: int, block_k: int, stages: int, group: int):
+        super().__init__()
+        self.dtype = dtype
+        self.block_m = block_m
+        self.block_n = block_n
+        self.block_k = block_k
+        self.stages = stages
+        self.group = group
+        self.num_sms = sm_count()
+
+    def __call__(self, m_size: int32, n_size: int32, k_size: int32, a_ptr: void_p, b_ptr: void_p,
+                 c_ptr: void_p, lda: int32, ldb: int32, ldc: int32):
+        half_m = self.block_m // 2  # the rows of one consumer warpgroup
+        half_n = self.block_n // 2  # the rows of B each CTA of the pair loads
+        num_pairs = cdiv(cdiv(m_size, self.block_m), 2)  # a cluster tile: two tiles stacked along M
+        num_n_tiles = cdiv(n_size, self.block_n)
+        num_cluster_tiles = num_pairs * num_n_tiles
+        max_clusters = self.num_sms // 2
+        self.attrs.blocks = 2 * (num_cluster_tiles if num_cluster_tiles < max_clusters else max_clusters)
+        self.attrs.cluster_blocks = 2
+        self.attrs.warps = 9  # warps 0-3 and 4-7: consumer warpgroups; warp 8: producer
+        rank: int32 = self.cluster.blockRank  # 0: the leader
+        num_k_blocks: int32 = cdiv(k_size, self.block_k)
+
+        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size], strides=[lda, 1])
+        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size], strides=[ldb, 1])
+        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size], strides=[ldc, 1])
+        s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, half_m, self.block_k])
+        s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, half_n, self.block_k])  # [.., half]
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[2, 2, half_m, SUB_COLS])  # [warpgroup, buffer]
+
+        ring = Pipeline(self.stages, consumer_arrivals=4, scope="cluster", release_to=0b11, elect_release=True)
+        tiles = LeaderTileBroadcast(depth=2, readers=5)
+        raster = TileRasterizer(num_pairs, num_n_tiles, self.group)
+        self.cluster.sync()  # every barrier of both CTAs exists before anything arrives on it
+
+        with self.single_warp(8):  # producer
+            if rank == 0:  # the leader decides the pair's tiles: a static round robin over clusters
+                linear: int32 = self.blockIdx.x // 2
+                while linear < num_cluster_tiles:
+                    tiles.send(linear)
+                    self.load_tile(ring, raster, linear, rank, s_a, s_b, g_a, g_b, num_k_blocks)
+                    linear = linear + self.gridDim.x // 2
+                tiles.send(num_cluster_tiles)  # stop
+            else:
+                linear: int32 = tiles.receive()
+                while linear < num_cluster_tiles:
+                    self.load_tile(ring, raster, linear, rank, s_a, s_b, g_a, g_b, num_k_blocks)
+                    linear = tiles.receive()
+
+        self.consumer(0, ring, tiles, raster, rank, s_a, s_b, s_c, g_c, num_k_blocks, num_cluster_tiles)
+        self.consumer(1, ring, tiles, raster, rank, s_a, s_b, s_c, g_c, num_k_blocks, num_cluster_tiles)
+        self.cluster.sync()  # neither CTA exits while its peer may still arrive on its barriers
+
+    def load_tile(self, ring: Pipeline, raster: TileRasterizer, linear: int32, rank: int32, s_a: SharedTensor,
+                  s_b: SharedTensor, g_a: GlobalTensor, g_b: GlobalTensor, num_k_blocks: int32):
+        """Producer: this CTA's A tile and its half of the pair's B tile, every K block."""
+        half_m = self.block_m // 2
+        half_n = self.block_n // 2
+        pair_m, n_tile = raster.tile(linear)
+        offset_m = (2 * pair_m + rank) * self.block_m
+        offset_b = n_tile * self.block_n + rank * half_n
+        for kb in range(num_k_blocks):
+            ring.producer_acquire()  # free in both CTAs
+            slot = ring.producer_stage
+            with self.single_thread():
+                self.mbarrier.arrive_and_expect_tx(ring.producer_barrier(),
+                                                   transaction_bytes=2 * s_a[slot, 0].nbytes + 2 * s_b[slot, 0].nbytes)
+            offset_k = kb * self.block_k
+            self.tma.global_to_shared(src=g_a, dst=s_a[slot, 0], offsets=[offset_m, offset_k],
+                                      mbarrier=ring.producer_barrier())
+            self.tma.global_to_shared(src=g_a, dst=s_a[slot, 1], offsets=[offset_m + half_m, offset_k],
+                                      mbarrier=ring.producer_barrier())
+            self.tma.global_to_shared(src=g_b, dst=s_b[slot, rank], offsets=[offset_b, offset_k],
+                                      mbarrier=ring.producer_barrier(), multicast_mask=0b11)
+            ring.producer_advance()
+
+    def consumer(self, wg: int, ring: Pipeline, tiles: LeaderTileBroadcast, raster: TileRasterizer, rank: int32,
+                 s_a: SharedTensor, s_b: SharedTensor, s_c: SharedTensor, g_c: GlobalTensor, num_k_blocks: int32,
+                 num_cluster_tiles: int32):
+        """Consumer warpgroup ``wg``: rows ``wg * block_m / 2 ...`` of every tile of this CTA."""
+        half_m = self.block_m // 2
+        with self.warp_group(warp_begin=4 * wg, num_warps=4):
+            mainloop = WgmmaMainloop(ring)
+            out = WgmmaTileStore(s_c[wg], half_m, self.block_n)
+            linear: int32 = tiles.receive()
+            while linear < num_cluster_tiles:
+                pair_m, n_tile = raster.tile(linear)
+                acc = self.register_tensor(dtype=float32, shape=[half_m, self.block_n], init=0.0)
+                self.annotate_layout(acc, wgmma_fragment(half_m, self.block_n))
+                mainloop.run(s_a, s_b, wg, acc, num_k_blocks)
+                out.store(acc, g_c, (2 * pair_m + rank) * self.block_m + wg * half_m, n_tile * self.block_n)
+                linear = tiles.receive()
+            out.finish()

@@ -1,0 +1,60 @@
+"""The Hopper persistent kernels' epilogue: a warpgroup's wgmma accumulator written out in column
+blocks through ``pipeline.tma_store.StagedTmaStore`` (two swizzled staging buffers, TMA stores
+that run on while the warpgroup goes back to its main loop).
+
+A block is ``SUB_COLS`` = 64 fp16 columns (128 bytes: the widest tile a 128-byte-swizzled TMA box
+holds), written with ``stmatrix`` into the swizzled buffer without bank conflicts (a row-major
+tile 512 bytes wide would put 8 rows of a ``stmatrix`` in the same banks).
+
+The blocks are taken from the accumulator without copying. For a tile of 64 rows (one row of
+wgmma instructions) each group of 8 columns sits in 4 consecutive registers of every thread, so
+the fragment of a ``64 x cols`` tile is, register for register, the fragment of a ``64 x 64``
+tile repeated ``cols / 64`` times over a leading dimension that lives in registers only:
+``wgmma_fragment_blocks`` is that view, ``[cols / 64, 64, 64]``, and block ``j`` is a slice of
+it. The loop over blocks is unrolled, so every register index is a constant.
+"""
+
+import tilus
+from tilus import GlobalTensor, RegisterTensor, SharedTensor, int32
+from tilus.ir.layout.inference.inference_rules.wgmma import generate_wgmma_register_layout
+from tilus.ir.layout.ops.register_ops import compose, local, unsqueeze
+
+from .tma_store import StagedTmaStore
+
+SUB_COLS = 64
+
+
+def wgmma_fragment(rows: int, cols: int):
+    """The register layout tilus gives a ``rows x cols`` float32 wgmma accumulator (fp16/bf16
+    operands: instruction K = 16, one instruction as wide as the tile)."""
+    return generate_wgmma_register_layout(rows, cols, 64, cols, 16)
+
+
+def wgmma_fragment_blocks(rows: int, cols: int):
+    """``wgmma_fragment(rows, cols)``'s registers seen as ``[cols / SUB_COLS, rows, SUB_COLS]``.
+    Holds for one row of wgmma instructions (``rows == 64``); taller tiles interleave the rows'
+    registers differently."""
+    if rows != 64 or cols % SUB_COLS:
+        raise ValueError(f"column blocks of a {rows} x {cols} fragment: need 64 rows and a multiple of "
+                         f"{SUB_COLS} columns")
+    block = unsqueeze(generate_wgmma_register_layout(rows, SUB_COLS, 64, SUB_COLS, 16), [0])
+    return compose(local(cols // SUB_COLS, 1, 1), block)
+
+
+class WgmmaTileStore(tilus.Class):
+    """Writes a warpgroup's ``rows x cols`` accumulator to global memory, ``SUB_COLS`` columns at a
+    time (module doc). ``staging``: ``[2, rows, SUB_COLS]`` in the output dtype, private to the
+    warpgroup. Call ``store`` and ``finish`` from the warpgroup (128 threads)."""
+
+    def __init__(self, staging: SharedTensor, rows: int, cols: int):
+        self.out = StagedTmaStore(staging)
+        self.rows: int = rows
+        self.cols: int = cols
+
+    def store(self, acc: RegisterTensor, g_c: GlobalTensor, offset_m: int32, offset_n: int32):
+        blocks = self.view(acc, layout=wgmma_fragment_blocks(self.rows, self.cols))
+        for j in self.range(self.cols // SUB_COLS, unroll="all"):
+            self.out.put(blocks[j], g_c, offset_m, offset_n + j * SUB_COLS)
+
+    def finish(self):
+        self.out.finish()

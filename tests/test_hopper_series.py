@@ -1,0 +1,155 @@
+"""The Hopper series V2-V6 without a GPU: each version builds for sm_90a and its PTX (and, where a
+disassembler is installed, its SASS) shows the one step it adds over the previous version, and
+none of them makes ptxas serialize its wgmma. The shared pieces they are built from are checked
+in plain Python (tile schedules, the accumulator's column blocks). On the H100 they are run by
+tests/test_gpu_correctness.py."""
+
+import re
+
+import pytest
+
+from matmul import versions
+from pipeline import grouped_tile_order
+from pipeline.schedulers import DEFAULT_SM_COUNT, static_tiles
+
+from conftest import representative_build
+
+ARCH = "sm_90a"
+SERIES = ["v2", "v3", "v4", "v5", "v6"]
+
+
+def ptx(version: str) -> str:
+    return representative_build(ARCH, version).ptx()
+
+
+def ptxas_report(version: str) -> str:
+    return (representative_build(ARCH, version).program_dir / "module" / "nvcc_output.txt").read_text()
+
+
+def source(version: str) -> str:
+    return (representative_build(ARCH, version).program_dir / "module" / "source.cu").read_text()
+
+
+def test_the_series_is_complete():
+    assert versions.available(ARCH) == [f"v{i}" for i in range(7)]
+    for version in SERIES:
+        module = versions.load(ARCH, version)
+        assert module.IDEA and module.PTX_MARKERS and module.__doc__.startswith(f"Hopper V{version[1]}:")
+        assert "Synchronization" in module.__doc__  # the docstring states its barrier invariants
+
+
+@pytest.mark.parametrize("version", SERIES)
+def test_builds_clean_for_sm90a(version):
+    result = representative_build(ARCH, version)
+    assert result.ok, result.error[-3000:]
+    assert ".target sm_90a" in ptx(version)
+    assert result.spill_bytes == 0 and result.stack_bytes == 0
+    assert "cta_group" not in ptx(version) and "tcgen05" not in ptx(version)
+    # a wgmma whose accumulator registers are touched between issue and wait is serialized by ptxas
+    assert not re.search(r"C7515|C7520|serialized", ptxas_report(version)), ptxas_report(version)
+
+
+@pytest.mark.parametrize("version", SERIES)
+def test_every_version_multiplies_with_wgmma_from_tma_loaded_tiles(version):
+    text = ptx(version)
+    assert "wgmma.mma_async.sync.aligned" in text
+    assert "cp.async.bulk.tensor.2d.shared::cta.global" in text or ".multicast::cluster" in text
+    assert "wgmma.wait_group.sync.aligned 1" in text  # one wgmma group stays in flight
+
+
+def test_v2_is_a_ring_of_stages_issued_by_the_multiplying_warps():
+    result = representative_build(ARCH, "v2")
+    assert result.threads == 128  # one warpgroup does everything
+    stages = versions.load(ARCH, "v2").REPRESENTATIVE["stages"]
+    barriers = re.findall(r"mbarrier_init_shared\(\(?barriers", source("v2"))
+    assert len(barriers) == stages  # one barrier per slot, no "empty" barriers
+    assert "mbarrier.arrive.release" not in ptx("v2")  # nobody hands slots back: a bar.sync does
+
+
+def test_v3_specializes_a_producer_warp_and_a_consumer_warpgroup():
+    result = representative_build(ARCH, "v3")
+    assert result.threads == 160  # 4 consumer warps + 1 producer warp
+    text = ptx("v3")
+    assert "mbarrier.arrive.release.cta.shared::cta.b64" in text  # the consumer releases a slot
+    assert "bar.cta.sync 1, 128" in text  # the consumer warpgroup's own barrier (epilogue)
+    barriers = re.findall(r"mbarrier_init_shared\(\(?barriers", source("v3"))
+    assert len(barriers) == 2 * versions.load(ARCH, "v3").REPRESENTATIVE["stages"]  # full and empty
+
+
+def test_v4_has_two_consumer_warpgroups_and_a_one_dimensional_rasterized_grid():
+    result = representative_build(ARCH, "v4")
+    assert result.threads == 288  # 2 consumer warpgroups + 1 producer warp
+    text = ptx("v4")
+    assert "wgmma.mma_async.sync.aligned.m64n256k16" in text
+    assert "bar.cta.sync 1, 128" in text and "bar.cta.sync 2, 128" in text
+    launch = re.search(r"<<<dim3\((.*?)\), dim3\(288", source("v4")).group(1)
+    assert launch.endswith(", 1, 1")  # tiles are numbered along x only; the rasterizer maps them
+
+
+def test_v5_is_persistent_with_an_asynchronous_subtiled_epilogue():
+    launch = re.search(r"<<<dim3\((.*?)\), dim3\(288", source("v5")).group(1)
+    assert str(DEFAULT_SM_COUNT) in launch  # at most one CTA per SM
+    text = ptx("v5")
+    assert "cp.async.bulk.tensor.2d.global.shared::cta" in text  # TMA store
+    assert "cp.async.bulk.wait_group.read 1" in text  # a staging buffer is reused once read
+    assert "stmatrix.sync.aligned" in text
+    assert "barrier.cluster" not in text
+
+
+def test_v6_multicasts_b_within_a_2cta_cluster_and_the_leader_sends_the_tiles():
+    result = representative_build(ARCH, "v6")
+    assert result.cluster == (2, 1, 1)
+    text = ptx("v6")
+    # the B half each CTA loads lands in both CTAs' shared memory, counted on both CTAs' barriers
+    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global\.\S*multicast::cluster", text)
+    # stages are released in both CTAs, and waited on at cluster scope
+    assert "mbarrier.arrive.expect_tx.release.cluster.shared::cluster.b64" in text
+    assert "mapa.shared::cluster" in text
+    assert "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64" in text
+    # the leader writes the next tile into its peer's shared memory
+    assert "st.shared::cluster.b32" in text
+    assert "barrier.cluster.arrive" in text and "barrier.cluster.wait" in text
+
+
+def test_sass_of_the_series_when_a_disassembler_is_installed():
+    from pipeline.tilus_fixes import disassembler
+
+    if disassembler() is None:
+        pytest.skip("cuobjdump/nvdisasm not installed (pip install '.[sass]')")
+    for version in SERIES:
+        sass = representative_build(ARCH, version).sass()
+        assert "HGMMA.64x256x16.F32" in sass, version
+        assert "UTMALDG.2D" in sass, version
+        assert not re.search(r"\b(LDL|STL)\b", sass), version  # nothing in local memory
+    assert "UTMALDG.2D.MULTICAST" in representative_build(ARCH, "v6").sass()
+    assert "UTMASTG.2D" in representative_build(ARCH, "v5").sass()
+
+
+@pytest.mark.parametrize("num_tiles, workers", [(1, 132), (131, 132), (512, 132), (2048, 132), (1024, 66), (7, 3)])
+def test_static_schedule_gives_every_tile_to_exactly_one_worker(num_tiles, workers):
+    seen = [t for w in range(workers) for t in static_tiles(num_tiles, w, workers)]
+    assert sorted(seen) == list(range(num_tiles))
+    counts = [len(static_tiles(num_tiles, w, workers)) for w in range(workers)]
+    assert max(counts) - min(counts) <= 1  # balanced to one tile
+
+
+def test_cluster_tiles_cover_the_matrix_once():
+    # V6: a cluster tile is two M tiles stacked; the pair (2p, 2p + 1) shares the B tile of column n
+    num_m_tiles, num_n_tiles, group = 7, 5, 4
+    pairs = (num_m_tiles + 1) // 2
+    covered = sorted((2 * p + rank, n) for p, n in grouped_tile_order(pairs, num_n_tiles, group) for rank in (0, 1))
+    assert [t for t in covered if t[0] < num_m_tiles] == [(m, n) for m in range(num_m_tiles)
+                                                          for n in range(num_n_tiles)]
+
+
+@pytest.mark.parametrize("cols", [64, 128, 256])
+def test_column_blocks_of_the_accumulator_are_the_same_registers(cols):
+    from pipeline.epilogue import SUB_COLS, wgmma_fragment, wgmma_fragment_blocks
+
+    full, blocks = wgmma_fragment(64, cols), wgmma_fragment_blocks(64, cols)
+    assert full.local_size == blocks.local_size and full.spatial_size == blocks.spatial_size
+    for thread in range(0, 128, 5):
+        for local in range(full.local_size):
+            row, col = (int(x) for x in full.get_global(spatial_index=thread, local_index=local))
+            j, block_row, block_col = (int(x) for x in blocks.get_global(spatial_index=thread, local_index=local))
+            assert (row, col) == (block_row, j * SUB_COLS + block_col)
