@@ -127,8 +127,20 @@ def show_diff(old: ModuleType, new: ModuleType, context: int = 3) -> None:
     lines = diff(old, new, context)
     added = sum(1 for l in lines if l.startswith("+") and not l.startswith("+++"))
     removed = sum(1 for l in lines if l.startswith("-") and not l.startswith("---"))
+    note = ""
+    try:
+        from matmul.kernel import MatmulKernel
+
+        shared = [issubclass(m.Kernel, MatmulKernel) for m in (old, new)]
+        if shared[0] != shared[1]:
+            which = _where(new if not shared[1] else old)
+            note = (f"\n\n*Note:* `{which}` spells out the kernel's entry point (`__call__` with the global views) "
+                    "instead of deriving from the shared `matmul.kernel.MatmulKernel`, so those lines show up in the "
+                    "diff too; they are not part of the step.")
+    except ImportError:
+        pass
     md(f"`{_where(old)}` &rarr; `{_where(new)}`: **{added}** lines in, **{removed}** lines out "
-       f"(module docstrings left out)\n\n" + fenced("\n".join(lines) or "(no change in the code)", "diff"))
+       f"(module docstrings left out)\n\n" + fenced("\n".join(lines) or "(no change in the code)", "diff") + note)
 
 
 # -- building and reading the PTX -----------------------------------------------------------------
