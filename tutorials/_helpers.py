@@ -261,7 +261,7 @@ def time_against_cublas(modules: list[ModuleType], shape=TIME_SHAPE, dtype=torch
     m, n, k = shape
     a, b = random_operands(m, n, k, dtype)
     ref = reference(a, b)
-    cublas_out = torch.empty(m, n, dtype=dtype, device="cuda")
+    cublas_out = torch.empty(m, n, dtype=dtype, device=a.device)
     cublas = lambda: torch.matmul(a, b.T, out=cublas_out)  # noqa: E731
     before = median_ms(cublas)
     rows = []
@@ -279,7 +279,7 @@ def time_against_cublas(modules: list[ModuleType], shape=TIME_SHAPE, dtype=torch
         r["TFLOPS"] = round(tflops(m, n, k, r["ms"]), 1)
         r["vs cuBLAS"] = f"{base / r['ms']:.2f}x"
         r["ms"] = round(r["ms"], 4)
-    md(f"Measured here on **{torch.cuda.get_device_name()}**, {m} x {n} x {k} {str(dtype).split('.')[-1]}, "
+    md(f"Measured here on **{torch.cuda.get_device_name(a.device)}**, {m} x {n} x {k} {str(dtype).split('.')[-1]}, "
        "each version at its REPRESENTATIVE configuration (the harness autotunes; see the closing figure):")
     show_table(rows)
     return rows
