@@ -1,8 +1,9 @@
 """Blackwell V4: V3 with grouped tile rasterization, every hand-off written with ``pipeline.Pipeline``.
 
 Idea: which output tile a CTA computes decides what the L2 cache holds. V1-V3 map the 2-D grid
-straight onto the tiles, so the CTAs running together sweep one row of C tiles and read every
-column tile of B: B comes from DRAM again for each row. V4 launches a 1-D grid and maps each
+straight onto the tiles with ``blockIdx.x`` (the M tile) varying fastest, so the CTAs running
+together walk down one column of C tiles: they share one B tile but read every row band of A,
+and A comes from DRAM again for each column. V4 launches a 1-D grid and maps each
 linear block index through ``pipeline.TileRasterizer``: the CTAs in flight cover ``group`` tile
 rows column by column, so they share a few A and B tiles, which stay in L2.
 
