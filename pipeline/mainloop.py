@@ -30,16 +30,19 @@ class WgmmaMainloop(tilus.Class):
         self.ring: Pipeline = ring
 
     def run(self, s_a: SharedTensor, s_b: SharedTensor, wg: int, acc: RegisterTensor, num_k_blocks: int32):
-        self.step(s_a, s_b, wg, acc)
+        ring = self.ring
+        self.issue(s_a, s_b, wg, acc)  # K block 0
         for kb in self.range(1, num_k_blocks, 1, unroll=1):  # unrolled, nvcc moves accumulators between wgmma
-            self.step(s_a, s_b, wg, acc)
+            ring.consumer_advance()
+            self.issue(s_a, s_b, wg, acc)  # K block kb
             self.wgmma.wait_group(1)  # the group of K block kb-1 is complete: its stage is free
-            self.ring.consumer_release_previous()
+            ring.consumer_release_previous()
         self.wgmma.wait_group(0)
-        self.ring.consumer_release_previous()  # the last K block's stage
+        ring.consumer_release()  # the last K block's stage
+        ring.consumer_advance()  # where the next tile starts
 
-    def step(self, s_a: SharedTensor, s_b: SharedTensor, wg: int, acc: RegisterTensor):
-        """Wait for the current stage, issue its wgmma as one group, advance."""
+    def issue(self, s_a: SharedTensor, s_b: SharedTensor, wg: int, acc: RegisterTensor):
+        """Wait for the current stage and issue its wgmma as one committed group."""
         ring = self.ring
         ring.consumer_acquire()
         if len(s_b.shape) == 4:  # [stages, parts, rows, block_k]: the parts are contiguous rows
@@ -49,4 +52,3 @@ class WgmmaMainloop(tilus.Class):
         self.wgmma.fence()
         self.wgmma.mma(s_a[ring.consumer_stage, wg], b_tile.transpose(), acc)
         self.wgmma.commit_group()
-        ring.consumer_advance()

@@ -35,6 +35,16 @@ Who arrives on ``empty``:
 
 A consumer that keeps one MMA group in flight releases the stage *before* the current one, once
 ``wgmma.wait_group 1`` shows it done: ``consumer_release_previous``.
+
+What a cluster-scope barrier costs: on sm_90a a wait that acquires at cluster scope is followed by
+an invalidation of the SM's L1 (``CCTL.IVALL``), and an arrival that releases at cluster scope is
+preceded by ``MEMBAR.ALL.GPU``. Once per K block and warpgroup that is expensive. A ring whose
+stages carry only what the hardware itself orders needs neither: TMA bytes are counted on the
+barrier they complete on (``complete_tx``), and the MMAs that read a stage are complete once
+``wgmma.wait_group`` returns, before the release is issued. ``cluster_fences=False`` then keeps the
+arrivals' reach (peer CTAs' barriers, ``release_to``) but orders them at CTA scope (acquire.cta
+waits, release.cta arrivals), as CUTLASS's Hopper TMA pipelines do. Keep the default (True) where
+a stage hands over data written by plain stores from another CTA.
 """
 
 
@@ -51,11 +61,15 @@ class Pipeline(tilus.Class):
         scope: str = "cta",
         release_to: int = 0,
         elect_release: bool = False,
+        cluster_fences: bool = True,
     ):
         self.num_stages: int = num_stages
         self.scope: str = scope
         self.release_to: int = release_to
         self.elect_release: bool = elect_release
+        # the scope the waits acquire at and cross-CTA arrivals release at (see the module doc)
+        self.order_scope: str = scope if cluster_fences else "cta"
+        self.remote_scope: str = "cluster" if cluster_fences else "cta"
         self.full = self.mbarrier.alloc([producer_arrivals for _ in range(num_stages)])
         self.empty = self.mbarrier.alloc([consumer_arrivals for _ in range(num_stages)])
         self.producer_stage: int32 = 0
@@ -66,7 +80,7 @@ class Pipeline(tilus.Class):
     # -- producer side --------------------------------------------------------------------------
     def producer_acquire(self):
         """Wait until the current stage is free to be filled."""
-        self.mbarrier.wait(self.empty[self.producer_stage], phase=self.producer_phase, scope=self.scope)
+        self.mbarrier.wait(self.empty[self.producer_stage], phase=self.producer_phase, scope=self.order_scope)
 
     def producer_barrier(self) -> RegisterTensor:
         """The barrier the producer's writes complete on (give it to TMA or tcgen05.commit)."""
@@ -74,7 +88,7 @@ class Pipeline(tilus.Class):
 
     def producer_release(self):
         """Arrive on the current stage's ``full`` barrier (producers that write with plain stores)."""
-        self.mbarrier.arrive(self.full[self.producer_stage], scope=self.scope)
+        self.mbarrier.arrive(self.full[self.producer_stage], scope=self.order_scope)
 
     def producer_advance(self):
         self.producer_stage = (self.producer_stage + 1) % self.num_stages
@@ -83,7 +97,7 @@ class Pipeline(tilus.Class):
     # -- consumer side --------------------------------------------------------------------------
     def consumer_acquire(self):
         """Wait until the current stage holds data."""
-        self.mbarrier.wait(self.full[self.consumer_stage], phase=self.consumer_phase, scope=self.scope)
+        self.mbarrier.wait(self.full[self.consumer_stage], phase=self.consumer_phase, scope=self.order_scope)
 
     def consumer_barrier(self) -> RegisterTensor:
         """The barrier that frees the current stage (give it to tcgen05.commit)."""
@@ -94,8 +108,8 @@ class Pipeline(tilus.Class):
         self.release_barrier(self.empty[self.consumer_stage])
 
     def consumer_release_previous(self):
-        """Release the stage consumed before the current one (for a consumer that keeps one MMA
-        group in flight: after ``consumer_advance`` it is the stage just finished)."""
+        """Release the stage before the current one (a consumer that keeps one MMA group in
+        flight releases the previous K block's stage once the current block's MMA is issued)."""
         # + (num_stages - 1) rather than - 1: the stage index stays non-negative
         self.release_barrier(self.empty[(self.consumer_stage + (self.num_stages - 1)) % self.num_stages])
 
@@ -104,13 +118,13 @@ class Pipeline(tilus.Class):
         if self.elect_release:
             if self.release_to == 0:
                 with self.single_thread():
-                    self.mbarrier.arrive(barrier, scope=self.scope)
+                    self.mbarrier.arrive(barrier, scope=self.order_scope)
             else:
                 # thread i of the calling group arrives on the barrier of CTA rank i, for each bit i
                 self.mbarrier.arrive_and_expect_tx_multicast(barrier, transaction_bytes=0,
-                                                             multicast_mask=self.release_to, scope="cluster")
+                                                             multicast_mask=self.release_to, scope=self.remote_scope)
         elif self.release_to == 0:
-            self.mbarrier.arrive(barrier, scope=self.scope)
+            self.mbarrier.arrive(barrier, scope=self.order_scope)
         else:
             self.arrive_on_ranks(barrier, self.release_to)
 
@@ -118,13 +132,17 @@ class Pipeline(tilus.Class):
         """Arrive on ``barrier`` in each CTA of the bit mask ``ranks``. The mask is known when the
         kernel is built, so the branches fold away."""
         if ranks & 0b0001:
-            self.mbarrier.arrive_and_expect_tx_remote(barrier, transaction_bytes=0, target_rank=0, scope="cluster")
+            self.mbarrier.arrive_and_expect_tx_remote(barrier, transaction_bytes=0, target_rank=0,
+                                                      scope=self.remote_scope)
         if ranks & 0b0010:
-            self.mbarrier.arrive_and_expect_tx_remote(barrier, transaction_bytes=0, target_rank=1, scope="cluster")
+            self.mbarrier.arrive_and_expect_tx_remote(barrier, transaction_bytes=0, target_rank=1,
+                                                      scope=self.remote_scope)
         if ranks & 0b0100:
-            self.mbarrier.arrive_and_expect_tx_remote(barrier, transaction_bytes=0, target_rank=2, scope="cluster")
+            self.mbarrier.arrive_and_expect_tx_remote(barrier, transaction_bytes=0, target_rank=2,
+                                                      scope=self.remote_scope)
         if ranks & 0b1000:
-            self.mbarrier.arrive_and_expect_tx_remote(barrier, transaction_bytes=0, target_rank=3, scope="cluster")
+            self.mbarrier.arrive_and_expect_tx_remote(barrier, transaction_bytes=0, target_rank=3,
+                                                      scope=self.remote_scope)
 
     def consumer_advance(self):
         self.consumer_stage = (self.consumer_stage + 1) % self.num_stages

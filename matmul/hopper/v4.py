@@ -41,9 +41,10 @@ REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=3, group=8)
 # shared memory: stages * (block_m + block_n) * block_k * 2 bytes + the staged output tile
 # (block_m * block_n * 2): 3 stages of 64 or 6 of 32 K columns. Each warpgroup's accumulator is one
 # row of m64n256 wgmma (256 x 128, two rows of m64n128 a warpgroup, makes ptxas serialize them).
+# The group (tile rows walked together) decides how much of A and B the CTAs in flight share in L2.
 @tilus.autotune("block_m, block_n", [(128, 256)])
 @tilus.autotune("block_k, stages", [(64, 3), (32, 6)])
-@tilus.autotune("group", [8, 16])
+@tilus.autotune("group", [8, 16, 32])
 class Kernel(tilus.Script):
     def __init__(self, dtype, block_m: int, block_n: int, block_k: int, stages: int, group: int):
         super().__init__()
