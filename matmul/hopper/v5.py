@@ -2,14 +2,15 @@
 
 Idea: V4 launches one CTA per tile. Each CTA pays for its start (barrier setup, the ring filling
 from empty) and, at its end, the tensor core idles while the warpgroups write the tile out, until
-the next CTA gets the SM. V5 launches one CTA per SM (``pipeline.sm_count()``) and each CTA loops
-over tiles: ``pipeline.StaticTileScheduler`` hands CTA ``b`` the tiles ``b, b + grid, ...`` (in
-V4's grouped order). The producer warp walks the same tile sequence as the consumers but runs
-ahead: while the consumer warpgroups are writing tile ``i`` out, the ring is already filling with
-tile ``i + 1``'s operands. The epilogue itself is asynchronous (``pipeline.epilogue.WgmmaTileStore``):
-each warpgroup casts its accumulator 64 columns at a time into one of two swizzled staging buffers
-and hands each block to a TMA store it does not wait for, so the stores drain while the next
-tile's wgmma run. The accumulator is zeroed at the start of each tile.
+the next CTA gets the SM. V5 launches one CTA per SM (``pipeline.schedulers.sm_count()``) and
+each CTA loops over tiles: ``pipeline.schedulers.StaticTileScheduler`` hands CTA ``b`` the tiles
+``b, b + grid, ...`` (in V4's grouped order). The producer warp walks the same tile sequence as
+the consumers but runs ahead: while the consumer warpgroups are writing tile ``i`` out, the ring
+is already filling with tile ``i + 1``'s operands. The epilogue itself is asynchronous
+(``pipeline.epilogue.WgmmaTileStore``): each warpgroup casts its accumulator 64 columns at a time
+into one of two swizzled staging buffers and hands each block to a TMA store it does not wait
+for, so the stores drain while the next tile's wgmma run. The accumulator is zeroed at the start
+of each tile.
 
 Synchronization:
 ``full[s]`` / ``empty[s]``: V4's ring, now continuous across tiles (the stage and phase carry

@@ -10,9 +10,9 @@ CTA now brings in 16 KiB of A and 16 KiB of B instead of 16 + 32 KiB: a third le
 traffic. The price is coupling: a CTA may refill a stage only when the consumers of *both* CTAs
 have released it, because its B half lands in both.
 
-Which tile the pair computes next is decided in one place: the leader CTA's producer thread
+Which tile the pair computes next is decided in one place: the leader CTA's producer warp
 picks the pair's next tile and delivers it to every role of both CTAs through
-``pipeline.LeaderTileBroadcast`` (a 2-slot ring in each CTA's shared memory, written across the
+``pipeline.schedulers.LeaderTileBroadcast`` (a 2-slot ring in each CTA's shared memory, written across the
 cluster with ``st.shared::cluster`` and published with cluster-scope mbarriers). This is the
 Hopper counterpart of Blackwell's multicast cluster launch control, with one honest difference:
 tilus 0.2.0 has no atomic read-modify-write on global memory (its language offers only
@@ -25,7 +25,7 @@ Synchronization:
 ``full[s]`` (each CTA, arrival count 1): the CTA's own producer's ``arrive.expect_tx`` announcing
 its A tile plus the *whole* B tile (both halves), and the bytes: its own A load, its own B-half
 multicast, and the peer's B-half multicast (bytes from the peer may land before the local
-``expect_tx``; the phase cannot complete before that arrival). Consumers wait at cluster scope.
+``expect_tx``; the phase cannot complete before that arrival). Consumers wait on it.
 ``empty[s]`` (each CTA, arrival count 4): every consumer warpgroup of both CTAs releases every
 stage in both CTAs (``Pipeline(scope="cluster", release_to=0b11, elect_release=True)``: thread 0
 of the warpgroup arrives on rank 0's barrier, thread 1 on rank 1's, after ``wgmma.wait_group``
@@ -54,7 +54,7 @@ from pipeline.schedulers import LeaderTileBroadcast, sm_count
 from pipeline.epilogue import SUB_COLS, WgmmaTileStore, wgmma_fragment
 from pipeline.mainloop import WgmmaMainloop
 
-IDEA = "2-CTA clusters: B multicast to both CTAs, cluster-scoped empty barriers, leader-decided tiles"
+IDEA = "2-CTA clusters: B multicast to both CTAs, stages released across the pair, leader-decided tiles"
 PTX_MARKERS = ("wgmma.mma_async.sync.aligned.m64n256k16", ".multicast::cluster",
                "mbarrier.try_wait.parity.acquire.cluster",
                "mbarrier.arrive.expect_tx.release.cluster.shared::cluster", "st.shared::cluster", "barrier.cluster")
