@@ -14,8 +14,9 @@ Faults (tilus 0.2.0, seen on an H100 and on machines without a GPU):
     Building calls ``torch.cuda.is_available()`` and stops without a GPU, even with the target set
     explicitly, and links every kernel library with ``-lcuda``, which needs a driver library. The
     device code (nvcc + ptxas) does not need either. The check is skipped and, where no
-    ``libcuda.so`` exists, the link goes against an empty stand-in built once with the host compiler
-    (such a library is compiled only, never loaded).
+    ``libcuda.so`` exists, the link goes against a stand-in built once with the host compiler: it
+    has the driver's soname, so the kernel library still loads against the real driver when it is
+    carried to a GPU machine.
 ``keep_ptx``
     The PTX of a kernel is kept only with ``tilus.option.debug.dump_ir()``, which also dumps the IR
     after every pass (slow and large). nvcc is asked to keep ``source.ptx`` beside every built
@@ -104,18 +105,25 @@ def _tma_sm90_fix() -> Fix:
 # --- build_without_gpu ---------------------------------------------------------------------------
 
 
+# The one driver function tilus's host code calls. The stand-in defines it (failing, as a machine
+# without a GPU would) and carries the driver's soname, so that a library linked against it still
+# records "needs libcuda.so.1" and loads against the real driver on a GPU machine.
+_STAND_IN_SOURCE = "int cuTensorMapEncodeTiled(void) { return 100; /* CUDA_ERROR_NO_DEVICE */ }\n"
+
+
 @functools.cache
 def stand_in_libcuda_dir() -> str | None:
-    """A folder holding an empty ``libcuda.so`` when the machine has no driver library, else None."""
+    """A folder holding a stand-in ``libcuda.so`` when the machine has no driver library, else None."""
     if ctypes.util.find_library("cuda") is not None:
         return None
-    folder = Path(tempfile.gettempdir()) / f"matmul-libcuda-stand-in-{os.getuid()}"
+    folder = Path(tempfile.gettempdir()) / f"matmul-libcuda-stand-in-{os.getuid()}-v2"
     lib = folder / "libcuda.so"
     if not lib.exists():
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f"libcuda.so.{os.getpid()}"
         host_cc = shutil.which("cc") or shutil.which("gcc") or "cc"
-        subprocess.run([host_cc, "-shared", "-x", "c", "/dev/null", "-o", str(tmp)], check=True)
+        subprocess.run([host_cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-x", "c", "-", "-o", str(tmp)],
+                       input=_STAND_IN_SOURCE, text=True, check=True)
         os.replace(tmp, lib)  # atomic: parallel builders never see a half-written library
     return str(folder)
 

@@ -1,5 +1,7 @@
 """Each tilus 0.2.0 work-around is needed: taking it out brings the fault back."""
 
+import subprocess
+
 import pytest
 import tilus
 import tilus.drivers
@@ -25,6 +27,10 @@ def build_hopper_tma_kernel(config=dict(block_m=64, block_n=128, block_k=32)):
     tilus.option.cache_dir(tilus.option.get_option("cache_dir") + f"/fresh{next(_builds)}")
     tilus.drivers.get_cache_dir.cache_clear()  # tilus memoizes program -> cache folder
     return build.build_config(versions.load("sm_90a", "v1"), "sm_90a", config)
+
+
+def result_lib(result):
+    return result.program_dir / "module" / "lib.so"
 
 
 def test_fixes_are_applied_for_tilus_0_2_0():
@@ -54,6 +60,10 @@ def test_build_without_gpu_needs_the_fix(fresh_cache):
     tilus.option.cache_dir(str(fresh_cache))
     assert build_hopper_tma_kernel().ok
     assert tilus_fixes.stand_in_libcuda_dir() is not None  # no driver here: linked against the stand-in
+    # ...which keeps the library loadable on a GPU machine: it still asks for the driver by soname
+    dynamic = subprocess.run(["readelf", "-d", str(result_lib(build_hopper_tma_kernel()))],
+                             capture_output=True, text=True).stdout
+    assert "[libcuda.so.1]" in dynamic
     with tilus_fixes.disabled("build_without_gpu"):
         result = build_hopper_tma_kernel()
     assert not result.ok and "CUDA is not available" in result.error
