@@ -25,9 +25,11 @@ warpgroup only (``fence.proxy.async`` + a named barrier of its 128 threads, one 
 """
 
 import tilus
-from tilus import RegisterTensor, SharedTensor, float32, int32, void_p
+from tilus import GlobalTensor, RegisterTensor, SharedTensor, float32, int32
 from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.utils import cdiv
+
+from ..kernel import MatmulKernel
 
 IDEA = "warp specialization: a TMA producer warp and a wgmma consumer warpgroup, full/empty mbarriers"
 # the consumer's release of a slot (a plain arrive) and the named barrier of a 128-thread warpgroup
@@ -45,26 +47,22 @@ REPRESENTATIVE = dict(block_m=64, block_n=256, block_k=64, stages=4)
 # (twice the barrier round trips per multiply-add); one such point stays in the space.
 @tilus.autotune("block_m, block_n", [(64, 256)])
 @tilus.autotune("block_k, stages", [(64, 2), (64, 4), (32, 8)])
-class Kernel(tilus.Script):
+class Kernel(MatmulKernel):
     def __init__(self, dtype, block_m: int, block_n: int, block_k: int, stages: int):
-        super().__init__()
-        self.dtype = dtype
+        super().__init__(dtype)
         self.block_m = block_m
         self.block_n = block_n
         self.block_k = block_k
         self.stages = stages
 
-    def __call__(self, m_size: int32, n_size: int32, k_size: int32, a_ptr: void_p, b_ptr: void_p,
-                 c_ptr: void_p, lda: int32, ldb: int32, ldc: int32):
+    def matmul(self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32,
+               k_size: int32):
         self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
         self.attrs.warps = 5  # warps 0-3: consumer warpgroup; warp 4: producer
         offset_m: int32 = self.blockIdx.x * self.block_m
         offset_n: int32 = self.blockIdx.y * self.block_n
         num_k_blocks: int32 = cdiv(k_size, self.block_k)
 
-        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size], strides=[lda, 1])
-        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size], strides=[ldb, 1])
-        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size], strides=[ldc, 1])
         s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, self.block_k])
         s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
         s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.block_n])

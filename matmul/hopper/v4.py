@@ -25,12 +25,14 @@ store after ``fence.proxy.async`` + a named barrier of its 128 threads (ids 1 an
 """
 
 import tilus
-from tilus import GlobalTensor, SharedTensor, float32, int32, void_p
+from tilus import GlobalTensor, SharedTensor, float32, int32
 from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.utils import cdiv
 
 from pipeline import Pipeline, TileRasterizer
 from pipeline.mainloop import WgmmaMainloop
+
+from ..kernel import MatmulKernel
 
 IDEA = "grouped tile rasterization, the shared Pipeline class, two consumer warpgroups per CTA"
 PTX_MARKERS = ("wgmma.mma_async.sync.aligned.m64n256k16", "cp.async.bulk.tensor.2d.shared::cta.global",
@@ -45,18 +47,17 @@ REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=3, group=8)
 @tilus.autotune("block_m, block_n", [(128, 256)])
 @tilus.autotune("block_k, stages", [(64, 3), (32, 6)])
 @tilus.autotune("group", [8, 16, 32])
-class Kernel(tilus.Script):
+class Kernel(MatmulKernel):
     def __init__(self, dtype, block_m: int, block_n: int, block_k: int, stages: int, group: int):
-        super().__init__()
-        self.dtype = dtype
+        super().__init__(dtype)
         self.block_m = block_m
         self.block_n = block_n
         self.block_k = block_k
         self.stages = stages
         self.group = group
 
-    def __call__(self, m_size: int32, n_size: int32, k_size: int32, a_ptr: void_p, b_ptr: void_p,
-                 c_ptr: void_p, lda: int32, ldb: int32, ldc: int32):
+    def matmul(self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32,
+               k_size: int32):
         half_m = self.block_m // 2  # the rows of one consumer warpgroup
         num_m_tiles = cdiv(m_size, self.block_m)
         num_n_tiles = cdiv(n_size, self.block_n)
@@ -67,9 +68,6 @@ class Kernel(tilus.Script):
         offset_n: int32 = n_tile * self.block_n
         num_k_blocks: int32 = cdiv(k_size, self.block_k)
 
-        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size], strides=[lda, 1])
-        g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size], strides=[ldb, 1])
-        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size], strides=[ldc, 1])
         s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, half_m, self.block_k])
         s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
         s_c = self.shared_tensor(dtype=self.dtype, shape=[2, half_m, self.block_n])
