@@ -205,7 +205,7 @@ def summary(results: dict) -> dict[str, Any]:
 
 
 def results_name(arch: str, dtype: str, chosen: dict[str, list[Shape]] | dict[str, list]) -> str:
-    return f"results-{arch}-{dtype}-{'+'.join(chosen)}.json"
+    return f"results-{arch}-{dtype}-{'_'.join(chosen)}.json"
 
 
 def write(results: dict, path: Path) -> None:

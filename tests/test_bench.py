@@ -79,7 +79,7 @@ def test_every_kernel_is_checked_before_it_is_timed_in_alternating_rounds():
 def test_results_file_round_trip_summary_and_table(tmp_path):
     results = bench.load(FIXTURE)
     path = tmp_path / bench.results_name("sm_90a", "float16", results["presets"])
-    assert path.name == "results-sm_90a-float16-series+ksweep+llm.json"
+    assert path.name == "results-sm_90a-float16-series_ksweep_llm.json"
     bench.write(results, path)
     assert bench.load(path) == results
     summary = bench.summary(results)
@@ -109,7 +109,7 @@ def test_triton_baseline_is_optional():
 def test_bench_without_a_gpu_compiles_and_redraws_the_committed_results(tmp_path):
     committed = tmp_path / "plots" / "h100"
     committed.mkdir(parents=True)
-    (committed / "results-sm_90a-float16-series+ksweep+llm.json").write_text(FIXTURE.read_text())
+    (committed / "results-sm_90a-float16-series_ksweep_llm.json").write_text(FIXTURE.read_text())
     proc = subprocess.run([sys.executable, "-m", "matmul", "bench", "--arch", "sm_90a", "--versions", "v0",
                            "--redraw-from", str(tmp_path / "plots")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
