@@ -20,9 +20,12 @@ If N is not a multiple of 8 the returned [M, N] tensor is a view of rows padded 
 The choice: on the first call for a shape bucket (each of M, N, K rounded up as tilus buckets its
 own tuning, see ``bucket``), every version of ``versions.available(arch)`` is
 autotuned by tilus over its own space on fresh random operands of that shape, checked against the
-float32 reference, and the winners are timed against each other (two interleaved rounds). The
-winning version and configuration are stored by ``choice_cache`` (see there for the location,
-locking and invalidation) and later calls, in this process or another, launch that one kernel.
+float32 reference, and the winners are timed against each other and against cuBLAS
+(``torch.matmul``, candidate ``"cublas"``) in two interleaved rounds. The fastest is stored by
+``choice_cache`` (see there for the location, locking and invalidation) and later calls, in this
+process or another, launch that one kernel. cuBLAS is a candidate because the series has no
+split-K kernel: for skinny shapes (M = 128 with N = 1024, say) its tiles cannot fill the GPU and
+cuBLAS is faster; ``choice(a, b)`` and the harness's results name the winner of every shape.
 """
 
 from __future__ import annotations
@@ -47,6 +50,9 @@ from .check import TOLERANCE, poisoned_output, random_operands, reference, relat
 from .choice_cache import ChoiceCache, Entry
 from .contract import DTYPES, MatmulInputError, _check_row_major, check_operands, row_stride
 
+
+
+VENDOR = "cublas"  # the candidate that is not a version of the series: torch.matmul
 
 
 class UnsupportedGPUError(MatmulInputError):
@@ -127,9 +133,12 @@ def choice_key(arch: str, gpu: str, dtype: torch.dtype, m: int, n: int, k: int) 
 
 @functools.cache
 def fingerprint(arch: str, version: str) -> str:
-    """Changes when the version's source, the shared entry point, the pipeline code or tilus change."""
+    """Changes when the version's source, the shared entry point, the pipeline code or tilus change
+    (for cuBLAS: when torch or its CUDA change)."""
     import pipeline
 
+    if version == VENDOR:
+        return hashlib.sha256(f"{torch.__version__} {torch.version.cuda}".encode()).hexdigest()[:16]
     digest = hashlib.sha256(tilus.__version__.encode())
     files = [Path(versions.load(arch, version).__file__), Path(__file__).with_name("kernel.py"),
              *sorted(Path(pipeline.__file__).parent.glob("*.py"))]
@@ -149,6 +158,9 @@ def space_config(module, config: Any) -> Optional[dict]:
 def entry_is_valid(arch: str, entry: Entry) -> bool:
     """A stored choice may be used: its version and configuration exist, and nothing it was timed with changed."""
     version = entry.get("version")
+    ms = entry.get("ms")
+    if version == VENDOR:
+        return entry.get("fingerprint") == fingerprint(arch, VENDOR) and isinstance(ms, (int, float)) and ms > 0
     if version not in versions.VERSIONS:
         return False
     try:
@@ -157,7 +169,6 @@ def entry_is_valid(arch: str, entry: Entry) -> bool:
         return False
     if space_config(module, entry.get("config")) is None:
         return False
-    ms = entry.get("ms")
     return entry.get("fingerprint") == fingerprint(arch, version) and isinstance(ms, (int, float)) and ms > 0
 
 
@@ -215,6 +226,10 @@ def _gpu_prepare(arch: str, dtype: torch.dtype, m: int, n: int, k: int, device: 
     args = autotune.launch_args(a, b, out)
 
     def prepare(version: str) -> Candidate:
+        if version == VENDOR:
+            out.fill_(float("nan"))
+            vendor_launch(*args)
+            return Candidate(version, {}, relative_error(out, ref), functools.partial(vendor_launch, *args))
         module = versions.load(arch, version)
         tuned = versions.kernel(module, dtype)
         autotune.prepare(tuned, args)
@@ -227,6 +242,16 @@ def _gpu_prepare(arch: str, dtype: torch.dtype, m: int, n: int, k: int, device: 
         return Candidate(version, config, relative_error(out, ref), functools.partial(fixed, *args))
 
     return prepare
+
+
+def vendor_launch(m, n, k, a, bt, out, lda, ldb, ldc) -> None:
+    """cuBLAS behind the kernels' launch signature (the operands as ``matmul`` hands them over)."""
+    a, bt = a.as_strided((m, k), (lda, 1)), bt.as_strided((n, k), (ldb, 1))
+    c = out.as_strided((m, n), (ldc, 1))
+    if c.is_contiguous():
+        torch.matmul(a, bt.T, out=c)
+    else:  # rows padded to 16 bytes: cuBLAS writes a dense result, copied into the padded rows
+        c.copy_(torch.matmul(a, bt.T))
 
 
 def _gpu_timer(candidate: Candidate) -> float:
@@ -266,10 +291,13 @@ class Chooser:
         key = choice_key(arch, self.gpu_name(device), dtype, m, n, k)
 
         def tune_here() -> Entry:
-            return tune(arch, dtype, self.prepare(arch, dtype, m, n, k, device), self.timer, label=key)
+            return tune(arch, dtype, self.prepare(arch, dtype, m, n, k, device), self.timer,
+                        names=[*versions.available(arch), VENDOR], label=key)
 
         with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
             entry = self.cache.choose(key, tune_here, lambda e: entry_is_valid(arch, e))
+            if entry["version"] == VENDOR:
+                return vendor_launch, entry
             module = versions.load(arch, entry["version"])
             script = versions.kernel(module, dtype, space_config(module, entry["config"]))
             autotune.prepare(script)

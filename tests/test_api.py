@@ -315,3 +315,20 @@ def test_the_whole_choice_with_stand_in_kernels(tmp_path, stand_ins):
     c = chooser(tmp_path, prepare=never, timer=never)
     first = c.get(torch.device("cpu"), torch.float16, 97, 60, 17)
     assert c.get(torch.device("cpu"), torch.float16, 100, 64, 20)[0] is first[0]
+
+
+def test_cublas_is_a_candidate_and_is_launched_when_it_wins(tmp_path, stand_ins):
+    from matmul.check import TOLERANCE, poisoned_output, random_operands, reference, relative_error
+    from matmul.contract import row_stride
+
+    m, n, k = 128, 60, 40  # a skinny shape: the series' tiles leave most of a GPU idle
+    timer = lambda c: 0.5 if c.version == api.VENDOR else 1.0  # noqa: E731
+    script, entry = chooser(tmp_path, timer=timer).get(torch.device("cpu"), torch.float16, m, n, k)
+    assert entry["version"] == api.VENDOR and script is api.vendor_launch
+    assert set(entry["candidates"]) == {"v1", api.VENDOR} and entry["candidates"][api.VENDOR]["ms"] == 0.5
+    assert api.entry_is_valid("sm_90a", entry)
+    a, w = random_operands(m, n, k, torch.float16, device="cpu")
+    out = poisoned_output(m, n, torch.float16, device="cpu")  # N = 60: rows padded, not contiguous
+    script(m, n, k, a, w, out, row_stride(a), row_stride(w), row_stride(out))
+    assert relative_error(out, reference(a, w)) <= TOLERANCE[torch.float16]
+    assert not api.entry_is_valid("sm_90a", {**entry, "fingerprint": "another torch"})
