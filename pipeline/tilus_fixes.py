@@ -17,6 +17,12 @@ Faults (tilus 0.2.0, seen on an H100 and on machines without a GPU):
     ``libcuda.so`` exists, the link goes against a stand-in built once with the host compiler: it
     has the driver's soname, so the kernel library still loads against the real driver when it is
     carried to a GPU machine.
+``serial_transpile``
+    A script's autotune space is transpiled in forked worker processes and the programs come back
+    to the parent pickled. Built from such a copy, some kernels (Hopper V2) trip an assertion in
+    tilus's loop-invariant hoisting pass (``assert len(bind_vars) > 0``), so every configuration
+    of the space fails to build, while the same program transpiled in-process builds. Transpiling
+    takes milliseconds: it is done in-process; building (nvcc) still runs in parallel.
 ``keep_ptx``
     The PTX of a kernel is kept only with ``tilus.option.debug.dump_ir()``, which also dumps the IR
     after every pass (slow and large). nvcc is asked to keep ``source.ptx`` beside every built
@@ -217,6 +223,31 @@ def _keep_ptx_fix() -> Fix:
     )
 
 
+# --- serial_transpile ----------------------------------------------------------------------------
+
+
+def _transpile_in_process(original):
+    from tilus.lang.instantiated_script import JitInstance
+
+    @functools.wraps(original)
+    def parallel_imap(func, jobs, num_workers=None):
+        if func is JitInstance._instantiate_schedule:
+            return map(func, jobs)
+        return original(func, jobs, num_workers)
+
+    return parallel_imap
+
+
+def _serial_transpile_fix() -> Fix:
+    from tilus.lang import instantiated_script
+
+    return Fix(
+        name="serial_transpile",
+        fault="programs transpiled in forked workers fail tilus's loop-invariant hoisting when built",
+        patches=[(instantiated_script, "parallel_imap", _transpile_in_process)],
+    )
+
+
 # --- registry ------------------------------------------------------------------------------------
 
 FIXES: dict[str, Fix] = {}
@@ -225,7 +256,7 @@ FIXES: dict[str, Fix] = {}
 def apply_all() -> dict[str, Fix]:
     """Apply every fix the installed tilus needs (none for a release without the faults)."""
     if tilus.__version__ in FAULTY_RELEASES and not FIXES:
-        for make in (_tma_sm90_fix, _build_without_gpu_fix, _keep_ptx_fix):
+        for make in (_tma_sm90_fix, _build_without_gpu_fix, _keep_ptx_fix, _serial_transpile_fix):
             fix = make()
             fix.apply()
             FIXES[fix.name] = fix

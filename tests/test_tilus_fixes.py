@@ -35,7 +35,7 @@ def result_lib(result):
 
 def test_fixes_are_applied_for_tilus_0_2_0():
     assert tilus.__version__ == "0.2.0"
-    assert set(tilus_fixes.FIXES) == {"tma_sm90", "build_without_gpu", "keep_ptx"}
+    assert set(tilus_fixes.FIXES) == {"tma_sm90", "build_without_gpu", "keep_ptx", "serial_transpile"}
     assert all(fix.applied for fix in tilus_fixes.FIXES.values())
 
 
@@ -76,3 +76,28 @@ def test_ptx_is_kept_only_with_the_fix(fresh_cache):
     with tilus_fixes.disabled("keep_ptx"):
         result = build_hopper_tma_kernel()
     assert result.ok and not result.ptx_path.exists()
+
+
+def build_through_tilus_autotuning(version: str):
+    """Transpile a version's whole space the way tilus does before it autotunes, then build the first
+    configuration; the error, or None."""
+    module = versions.load("sm_90a", version)
+    args = (4096, 4096, 4096, None, None, None, 4096, 4096, 4096)  # pointers play no part in transpiling
+    with build.target("sm_90a"):
+        instance = versions.kernel(module, torch.float16)._jit_instance_for(*args)
+        versions.kernel(module, torch.float16).jit_instances.clear()  # the next call transpiles anew
+        try:
+            tilus.drivers.build_program(instance.transpiled_programs[0], tilus.drivers.BuildOptions.create())
+        except Exception as e:
+            return e
+    return None
+
+
+def test_autotune_space_transpiled_in_workers_builds_only_with_the_fix(fresh_cache):
+    tilus.option.cache_dir(str(fresh_cache))
+    assert build_through_tilus_autotuning("v2") is None
+    with tilus_fixes.disabled("serial_transpile"):
+        tilus.option.cache_dir(str(fresh_cache / "without"))
+        tilus.drivers.get_cache_dir.cache_clear()
+        error = build_through_tilus_autotuning("v2")
+    assert isinstance(error, AssertionError)
