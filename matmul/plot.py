@@ -141,7 +141,14 @@ def llm(results: dict) -> Optional[Figure]:
         label = f"{_label(kname)}: geomean {geomean(measured):.2f}x, worst {min(measured):.2f}x" if measured else kname
         bars = ax.bar([j + (i - (len(shown) - 1) / 2) * width for j in range(len(shapes))], ratios, width,
                       label=label, color=_color(kname))
-        ax.bar_label(bars, [f"{x:.2f}" if x else "failed" for x in ratios], fontsize=7, padding=1)
+        # matmul() may pick cuBLAS itself where no version of the series is faster: say so on the bar
+        picked = [(_rows(results, s["m"], s["n"], s["k"]).get(kname, {}).get("config") or {}).get("version")
+                  for s in shapes]
+        for bar, version in zip(bars, picked):
+            if kname == AUTOTUNED and version == "cublas":
+                bar.set_hatch("//")
+        ax.bar_label(bars, [(f"{x:.2f}" + ("\ncuBLAS" if v == "cublas" and kname == AUTOTUNED else "")) if x
+                            else "failed" for x, v in zip(ratios, picked)], fontsize=7, padding=1)
     ax.axhline(1.0, color=_color(CUBLAS), linestyle="--", linewidth=1, label="cuBLAS (1.0x)")
     ax.axhline(0.8, color="0.5", linestyle=":", linewidth=1, label="0.8x floor")
     ax.set_xticks(range(len(shapes)), [f"{s['label'] or s['n']}\nM={s['m']}\nN={s['n']}\nK={s['k']}" for s in shapes],
@@ -149,7 +156,8 @@ def llm(results: dict) -> Optional[Figure]:
     ax.set_ylabel("speed relative to cuBLAS (x)")
     ax.set_ylim(0, max([1.2] + [p.get_height() * 1.1 for p in ax.patches]))
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.suptitle(_title(results, "Llama-3-8B projections (x @ w.T): multiple of cuBLAS, M = tokens"))
+    fig.suptitle(_title(results, "Llama-3-8B projections (x @ w.T): multiple of cuBLAS, M = tokens "
+                                 "(hatched: matmul() picked cuBLAS)"))
     return fig
 
 

@@ -91,3 +91,16 @@ def test_plot_command(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "matmul", "plot", str(tmp_path / "nothing.json")],
                          capture_output=True, text=True)
     assert bad.returncode != 0
+
+
+def test_llm_marks_the_shapes_where_matmul_picked_cublas(results):
+    import copy
+
+    picked = copy.deepcopy(results)
+    target = row(picked, "matmul()", 128, 4096, 4096)
+    target["config"] = {"version": "cublas"}
+    ax = plot.llm(picked).axes[0]
+    bars = next(c for c in ax.containers if c.get_label().startswith("matmul()"))
+    assert [bool(p.get_hatch()) for p in bars] == [True, False, False]
+    texts = [t.get_text() for t in ax.texts]
+    assert any(t.endswith("cuBLAS") for t in texts)
