@@ -16,7 +16,8 @@ Faults (tilus 0.2.0, seen on an H100 and on machines without a GPU):
     device code (nvcc + ptxas) does not need either. The check is skipped and, where no
     ``libcuda.so`` exists, the link goes against a stand-in built once with the host compiler: it
     has the driver's soname, so the kernel library still loads against the real driver when it is
-    carried to a GPU machine.
+    carried to a GPU machine; on the machine without a driver, the stand-in is loaded first
+    whenever tilus loads a kernel library (to read its autotuning result, say).
 ``serial_transpile``
     A script's autotune space is transpiled in forked worker processes and the programs come back
     to the parent pickled. Built from such a copy, some kernels (Hopper V2) trip an assertion in
@@ -134,6 +135,24 @@ def stand_in_libcuda_dir() -> str | None:
     return str(folder)
 
 
+@functools.cache
+def _preload_stand_in() -> None:
+    """Without a driver, load the stand-in under the driver's soname first, so that a kernel library
+    (which needs libcuda.so.1) can still be loaded here, e.g. for tilus to read its autotuning."""
+    folder = stand_in_libcuda_dir()
+    if folder:
+        ctypes.CDLL(str(Path(folder) / "libcuda.so"), mode=ctypes.RTLD_GLOBAL)
+
+
+def _load_with_stand_in(original):
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        _preload_stand_in()
+        original(self, *args, **kwargs)
+
+    return __init__
+
+
 def _compile_without_gpu_check(original):
     from tilus.hidet.backend.build import NVCC
 
@@ -159,11 +178,13 @@ def _compile_without_gpu_check(original):
 
 def _build_without_gpu_fix() -> Fix:
     import tilus.drivers as drivers
+    from tilus.runtime import compiled_program
 
     return Fix(
         name="build_without_gpu",
         fault="building needs torch.cuda.is_available() and a driver libcuda.so for -lcuda",
-        patches=[(drivers, "compile_source", _compile_without_gpu_check)],
+        patches=[(drivers, "compile_source", _compile_without_gpu_check),
+                 (compiled_program.CompiledProgram, "__init__", _load_with_stand_in)],
     )
 
 
