@@ -2,12 +2,13 @@
 
 ``MatmulKernel.__call__`` is the kernel's entry point for every version: it receives the sizes,
 the three pointers and the row strides, wraps the pointers into global tensor views, and hands
-them to the version's own ``matmul`` method, which is where the versions differ. The operands were
+them to the version's own ``matmul`` method, which is where the versions differ. ``store_tile`` is
+the TMA-store epilogue that V1 introduces and later versions reuse. The operands were
 validated on the host first (``matmul.contract``): row-major, row strides multiples of 16 bytes.
 """
 
 import tilus
-from tilus import int32, void_p
+from tilus import GlobalTensor, RegisterTensor, SharedTensor, int32, void_p
 
 
 class MatmulKernel(tilus.Script):
@@ -22,3 +23,17 @@ class MatmulKernel(tilus.Script):
         g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size], strides=[ldb, 1])
         g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size], strides=[ldc, 1])
         self.matmul(g_a, g_b, g_c, m_size, n_size, k_size)
+
+    def store_tile(self, s_c: SharedTensor, tile: RegisterTensor, g_c: GlobalTensor, offset_m: int32,
+                   offset_n: int32):
+        """Registers -> shared memory -> one TMA store of ``s_c``'s shape at (offset_m, offset_n);
+        the TMA unit clips the rows and columns past the matrix edge. Called by a whole thread group
+        (the CTA, or the epilogue warpgroup): it syncs that group, and returns once the store has read
+        ``s_c``, so the buffer may be written again."""
+        self.store_shared(s_c, tile)
+        self.fence.proxy_async(space="shared")  # generic-proxy stores -> the TMA unit's (async-proxy) reads
+        self.sync()
+        with self.single_warp():
+            self.tma.shared_to_global(s_c, g_c, offsets=[offset_m, offset_n])
+            self.tma.commit_group()
+            self.tma.wait_group(0)

@@ -98,13 +98,7 @@ class Kernel(MatmulKernel):
         self.annotate_layout(s_c, shared_row_major(self.block_m, self.block_n))
         r_acc = self.tcgen05.load(t_acc)
         self.tcgen05.wait_load()
-        self.store_shared(s_c, r_acc.to(self.dtype))
-        self.fence.proxy_async(space="shared")
-        self.sync()
-        with self.single_warp():
-            self.tma.shared_to_global(s_c, g_c, offsets=[offset_m, offset_n])
-            self.tma.commit_group()
-            self.tma.wait_group(0)
+        self.store_tile(s_c, r_acc.to(self.dtype), g_c, offset_m, offset_n)
 
         self.sync()
         self.tcgen05.dealloc(t_acc)

@@ -71,10 +71,4 @@ class Kernel(MatmulKernel):
         s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.block_n])
         # plain row-major: a swizzled tile may be at most 128 bytes wide for one TMA box
         self.annotate_layout(s_c, shared_row_major(self.block_m, self.block_n))
-        self.store_shared(s_c, acc.to(self.dtype))
-        self.fence.proxy_async(space="shared")
-        self.sync()
-        with self.single_warp():
-            self.tma.shared_to_global(s_c, g_c, offsets=[offset_m, offset_n])
-            self.tma.commit_group()
-            self.tma.wait_group(0)
+        self.store_tile(s_c, acc.to(self.dtype), g_c, offset_m, offset_n)

@@ -95,13 +95,7 @@ class Kernel(MatmulKernel):
             self.wgmma.wait_group(0)
 
             # epilogue (V1's, among the consumer warpgroup)
-            self.store_shared(s_c, acc.to(self.dtype))
-            self.fence.proxy_async(space="shared")
-            self.sync()  # a named barrier of the warpgroup's 128 threads
-            with self.single_warp():
-                self.tma.shared_to_global(s_c, g_c, offsets=[offset_m, offset_n])
-                self.tma.commit_group()
-                self.tma.wait_group(0)
+            self.store_tile(s_c, acc.to(self.dtype), g_c, offset_m, offset_n)
 
     def wait_and_multiply(self, full: RegisterTensor, s_a: SharedTensor, s_b: SharedTensor, acc: RegisterTensor,
                           kb: int32):

@@ -104,10 +104,4 @@ class Kernel(MatmulKernel):
             WgmmaMainloop(ring).run(s_a, s_b, wg, acc, num_k_blocks)
 
             # epilogue: this warpgroup's half of the tile, registers -> shared -> TMA store
-            self.store_shared(s_c[wg], acc.to(self.dtype))
-            self.fence.proxy_async(space="shared")
-            self.sync()  # a named barrier of this warpgroup's 128 threads
-            with self.single_warp():
-                self.tma.shared_to_global(s_c[wg], g_c, offsets=[offset_m + wg * half_m, offset_n])
-                self.tma.commit_group()
-                self.tma.wait_group(0)
+            self.store_tile(s_c[wg], acc.to(self.dtype), g_c, offset_m + wg * half_m, offset_n)
