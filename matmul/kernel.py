@@ -2,8 +2,9 @@
 
 ``MatmulKernel.__call__`` is the kernel's entry point for every version: it receives the sizes,
 the three pointers and the row strides, wraps the pointers into global tensor views, and hands
-them to the version's own ``matmul`` method, which is where the versions differ. ``store_tile`` is
-the TMA-store epilogue that V1 introduces and later versions reuse. The operands were
+them to the version's own ``matmul`` method, which is where the versions differ. ``load_k_block``
+and ``store_tile`` are the TMA load of one K block and the TMA-store epilogue that V1 introduces
+and later versions reuse. The operands were
 validated on the host first (``matmul.contract``): row-major, row strides multiples of 16 bytes.
 """
 
@@ -23,6 +24,17 @@ class MatmulKernel(tilus.Script):
         g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size], strides=[ldb, 1])
         g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size], strides=[ldc, 1])
         self.matmul(g_a, g_b, g_c, m_size, n_size, k_size)
+
+    def load_k_block(self, g_a: GlobalTensor, g_b: GlobalTensor, s_a: SharedTensor, s_b: SharedTensor,
+                     barrier: RegisterTensor, offset_m: int32, offset_n: int32, offset_k: int32):
+        """TMA-load the A tile at (offset_m, offset_k) into ``s_a`` and the B tile at (offset_n,
+        offset_k) into ``s_b``, both completing on ``barrier``: one elected thread arrives on it,
+        announcing both tiles' bytes. Called by one whole warp (a TMA copy is a warp instruction
+        that elects a lane)."""
+        with self.single_thread():
+            self.mbarrier.arrive_and_expect_tx(barrier, transaction_bytes=s_a.nbytes + s_b.nbytes)
+        self.tma.global_to_shared(src=g_a, dst=s_a, offsets=[offset_m, offset_k], mbarrier=barrier)
+        self.tma.global_to_shared(src=g_b, dst=s_b, offsets=[offset_n, offset_k], mbarrier=barrier)
 
     def store_tile(self, s_c: SharedTensor, tile: RegisterTensor, g_c: GlobalTensor, offset_m: int32,
                    offset_n: int32):

@@ -54,10 +54,7 @@ class Kernel(MatmulKernel):
 
         for offset_k in range(0, k_size, self.block_k):
             with self.single_warp():
-                with self.single_thread():
-                    self.mbarrier.arrive_and_expect_tx(tiles_landed, transaction_bytes=s_a.nbytes + s_b.nbytes)
-                self.tma.global_to_shared(src=g_a, dst=s_a, offsets=[offset_m, offset_k], mbarrier=tiles_landed)
-                self.tma.global_to_shared(src=g_b, dst=s_b, offsets=[offset_n, offset_k], mbarrier=tiles_landed)
+                self.load_k_block(g_a, g_b, s_a, s_b, tiles_landed, offset_m, offset_n, offset_k)
                 self.mbarrier.wait(tiles_landed, phase=phase)
                 self.tcgen05.mma(s_a, s_b.transpose(), t_acc, enable_input_d=offset_k != 0)
                 self.tcgen05.commit(mbarrier=mma_done)

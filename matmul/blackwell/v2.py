@@ -46,14 +46,6 @@ class Kernel(MatmulKernel):
         self.block_k = block_k
         self.stages = stages
 
-    def load_k_block(self, g_a: GlobalTensor, g_b: GlobalTensor, s_a: SharedTensor, s_b: SharedTensor,
-                     barrier: RegisterTensor, offset_m: int32, offset_n: int32, offset_k: int32):
-        """Issue the TMA loads of one K block into one slot (by the whole issuing warp)."""
-        with self.single_thread():
-            self.mbarrier.arrive_and_expect_tx(barrier, transaction_bytes=s_a.nbytes + s_b.nbytes)
-        self.tma.global_to_shared(src=g_a, dst=s_a, offsets=[offset_m, offset_k], mbarrier=barrier)
-        self.tma.global_to_shared(src=g_b, dst=s_b, offsets=[offset_n, offset_k], mbarrier=barrier)
-
     def matmul(self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32,
                k_size: int32):
         self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]

@@ -75,12 +75,7 @@ class Kernel(MatmulKernel):
             for k in range(num_k_blocks):
                 stage = k % stages
                 self.mbarrier.wait(freed[stage], phase=((k // stages) & 1) ^ 1)
-                with self.single_thread():
-                    self.mbarrier.arrive_and_expect_tx(loaded[stage], transaction_bytes=s_a[0].nbytes + s_b[0].nbytes)
-                self.tma.global_to_shared(src=g_a, dst=s_a[stage], offsets=[offset_m, k * self.block_k],
-                                          mbarrier=loaded[stage])
-                self.tma.global_to_shared(src=g_b, dst=s_b[stage], offsets=[offset_n, k * self.block_k],
-                                          mbarrier=loaded[stage])
+                self.load_k_block(g_a, g_b, s_a[stage], s_b[stage], loaded[stage], offset_m, offset_n, k * self.block_k)
 
         with self.single_warp(MMA_WARP):  # consumer of the ring, producer of the accumulator
             for k in range(num_k_blocks):

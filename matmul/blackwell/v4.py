@@ -79,13 +79,8 @@ class Kernel(MatmulKernel):
         with self.single_warp(TMA_WARP):  # producer of tma_pipe
             for k in range(num_k_blocks):
                 tma_pipe.producer_acquire()
-                with self.single_thread():
-                    self.mbarrier.arrive_and_expect_tx(tma_pipe.producer_barrier(),
-                                                       transaction_bytes=s_a[0].nbytes + s_b[0].nbytes)
-                self.tma.global_to_shared(src=g_a, dst=s_a[tma_pipe.producer_stage],
-                                          offsets=[offset_m, k * self.block_k], mbarrier=tma_pipe.producer_barrier())
-                self.tma.global_to_shared(src=g_b, dst=s_b[tma_pipe.producer_stage],
-                                          offsets=[offset_n, k * self.block_k], mbarrier=tma_pipe.producer_barrier())
+                self.load_k_block(g_a, g_b, s_a[tma_pipe.producer_stage], s_b[tma_pipe.producer_stage],
+                                  tma_pipe.producer_barrier(), offset_m, offset_n, k * self.block_k)
                 tma_pipe.producer_advance()
 
         with self.single_warp(MMA_WARP):  # consumer of tma_pipe, producer of acc_pipe

@@ -54,10 +54,7 @@ class Kernel(MatmulKernel):
 
         for offset_k in range(0, k_size, self.block_k):
             with self.single_warp():  # a TMA copy is issued by a warp, which elects one lane
-                with self.single_thread():
-                    self.mbarrier.arrive_and_expect_tx(tiles_landed[0], transaction_bytes=s_a.nbytes + s_b.nbytes)
-                self.tma.global_to_shared(src=g_a, dst=s_a, offsets=[offset_m, offset_k], mbarrier=tiles_landed[0])
-                self.tma.global_to_shared(src=g_b, dst=s_b, offsets=[offset_n, offset_k], mbarrier=tiles_landed[0])
+                self.load_k_block(g_a, g_b, s_a, s_b, tiles_landed[0], offset_m, offset_n, offset_k)
             self.mbarrier.wait(tiles_landed[0], phase=phase)
             phase ^= 1
 

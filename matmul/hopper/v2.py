@@ -68,12 +68,7 @@ class Kernel(MatmulKernel):
         # prologue: the first `stages` K blocks (fewer if K is short) go in flight at once
         with self.single_warp():
             for kb in range(min(self.stages, num_k_blocks)):
-                with self.single_thread():
-                    self.mbarrier.arrive_and_expect_tx(loaded[kb], transaction_bytes=s_a[kb].nbytes + s_b[kb].nbytes)
-                self.tma.global_to_shared(src=g_a, dst=s_a[kb], offsets=[offset_m, kb * self.block_k],
-                                          mbarrier=loaded[kb])
-                self.tma.global_to_shared(src=g_b, dst=s_b[kb], offsets=[offset_n, kb * self.block_k],
-                                          mbarrier=loaded[kb])
+                self.load_k_block(g_a, g_b, s_a[kb], s_b[kb], loaded[kb], offset_m, offset_n, kb * self.block_k)
 
         self.wait_and_multiply(loaded, s_a, s_b, acc, 0)  # K block 0 (every matrix has one)
         for kb in self.range(1, num_k_blocks, 1, unroll=1):  # unrolled, nvcc moves accumulators between wgmma
@@ -84,13 +79,8 @@ class Kernel(MatmulKernel):
             if refill < num_k_blocks:
                 prev = (kb - 1) % self.stages
                 with self.single_warp():
-                    with self.single_thread():
-                        self.mbarrier.arrive_and_expect_tx(loaded[prev],
-                                                           transaction_bytes=s_a[prev].nbytes + s_b[prev].nbytes)
-                    self.tma.global_to_shared(src=g_a, dst=s_a[prev], offsets=[offset_m, refill * self.block_k],
-                                              mbarrier=loaded[prev])
-                    self.tma.global_to_shared(src=g_b, dst=s_b[prev], offsets=[offset_n, refill * self.block_k],
-                                              mbarrier=loaded[prev])
+                    self.load_k_block(g_a, g_b, s_a[prev], s_b[prev], loaded[prev], offset_m, offset_n,
+                                      refill * self.block_k)
         self.wgmma.wait_group(0)
 
         # epilogue (V1's): registers -> shared -> TMA store, clipped at the matrix edge

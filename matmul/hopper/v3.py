@@ -76,13 +76,7 @@ class Kernel(MatmulKernel):
             for kb in range(num_k_blocks):
                 slot = kb % self.stages
                 self.mbarrier.wait(empty[slot], phase=((kb // self.stages) & 1) ^ 1)
-                with self.single_thread():
-                    self.mbarrier.arrive_and_expect_tx(full[slot],
-                                                       transaction_bytes=s_a[slot].nbytes + s_b[slot].nbytes)
-                self.tma.global_to_shared(src=g_a, dst=s_a[slot], offsets=[offset_m, kb * self.block_k],
-                                          mbarrier=full[slot])
-                self.tma.global_to_shared(src=g_b, dst=s_b[slot], offsets=[offset_n, kb * self.block_k],
-                                          mbarrier=full[slot])
+                self.load_k_block(g_a, g_b, s_a[slot], s_b[slot], full[slot], offset_m, offset_n, kb * self.block_k)
 
         with self.warp_group(warp_begin=0, num_warps=4):  # consumer
             acc = self.register_tensor(dtype=float32, shape=[self.block_m, self.block_n], init=0.0)
