@@ -48,7 +48,7 @@ from tqdm import tqdm
 from . import autotune, versions
 from .check import TOLERANCE, poisoned_output, random_operands, reference, relative_error
 from .choice_cache import ChoiceCache, Entry
-from .contract import DTYPES, MatmulInputError, _check_row_major, check_operands, row_stride
+from .contract import DTYPES, MatmulInputError, _check_row_major, check_operands, empty_padded, row_stride
 
 
 
@@ -89,7 +89,7 @@ def kernel_b(b: torch.Tensor) -> tuple[torch.Tensor, bool]:
                 raise
     if row_major:  # row-major [K, N]: one transposed copy, rows padded to 16 bytes
         n, k = bt.shape
-        copy = torch.empty((n, k + (-k) % 8), dtype=b.dtype, device=b.device)[:, :k]
+        copy = empty_padded(n, k, b.dtype, b.device)
         copy.copy_(bt)
         return copy, True
     raise MatmulInputError(

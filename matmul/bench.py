@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from . import autotune, presets, versions
 from .check import TOLERANCE, random_operands, reference, relative_error
+from .timing import tflops
 from .presets import Shape
 
 FORMAT = "tilus-matmul-bench/1"
@@ -80,7 +81,7 @@ def measure(shape: Shape, contenders: list[Contender], ref: torch.Tensor, dtype:
         row = rows[name]
         row["ms_rounds"] = t
         row["ms"] = statistics.median(t)
-        row["tflops"] = 2.0 * shape.m * shape.n * shape.k / (row["ms"] * 1e-3) / 1e12
+        row["tflops"] = tflops(shape.m, shape.n, shape.k, row["ms"])
         if cublas_ms:
             row["vs_cublas"] = cublas_ms / row["ms"]
     return list(rows.values())

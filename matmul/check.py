@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from .contract import DTYPES
+from .contract import DTYPES, aligned_row_length, empty_padded
 
 # fp16/bf16 inputs, float32 accumulation, rounded once to the output dtype: the relative error is
 # that rounding (2^-11 for float16, 2^-8 for bfloat16) plus accumulation-order noise.
@@ -16,10 +16,9 @@ TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 def random_operands(m: int, n: int, k: int, dtype: torch.dtype, device="cuda", generator=None):
     """Fresh random A [M, K] and B [N, K], rows padded to 16 bytes as the TMA contract needs."""
     assert dtype in DTYPES
-    per_row = 8
 
     def matrix(rows, cols):
-        padded = torch.empty((rows, cols + (-cols) % per_row), dtype=dtype, device=device)
+        padded = torch.empty((rows, aligned_row_length(cols, dtype)), dtype=dtype, device=device)
         padded.uniform_(-1, 1, generator=generator)  # the padding holds noise too: it must not be read
         return padded[:, :cols]
 
@@ -28,7 +27,7 @@ def random_operands(m: int, n: int, k: int, dtype: torch.dtype, device="cuda", g
 
 def poisoned_output(m: int, n: int, dtype: torch.dtype, device="cuda") -> torch.Tensor:
     """An output [M, N] full of NaN, so that any element the kernel fails to write is caught."""
-    out = torch.empty((m, n + (-n) % 8), dtype=dtype, device=device)[:, :n]
+    out = empty_padded(m, n, dtype, device)
     out.fill_(float("nan"))
     return out
 

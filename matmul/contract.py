@@ -38,12 +38,22 @@ def _check_row_major(name: str, t: torch.Tensor) -> None:
         )
 
 
+def aligned_row_length(cols: int, dtype: torch.dtype) -> int:
+    """The shortest row of at least ``cols`` elements whose size is a multiple of 16 bytes."""
+    per_row = TMA_ALIGN_BYTES // dtype.itemsize
+    return cols + (-cols) % per_row
+
+
+def empty_padded(rows: int, cols: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """An uninitialised [rows, cols] view of rows padded to 16 bytes, so that TMA may read or write it."""
+    return torch.empty((rows, aligned_row_length(cols, dtype)), dtype=dtype, device=device)[:, :cols]
+
+
 def row_stride(t: torch.Tensor) -> int:
     """The row stride to hand the kernel (a one-row matrix may report any stride)."""
     if t.shape[0] > 1:
         return t.stride(0)
-    per_row = TMA_ALIGN_BYTES // t.element_size()  # only row 0 is read: any aligned stride will do
-    return t.shape[1] + (-t.shape[1]) % per_row
+    return aligned_row_length(t.shape[1], t.dtype)  # only row 0 is read: any aligned stride will do
 
 
 def check_operands(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -73,9 +83,7 @@ def check_operands(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = 
     if a.device != b.device:
         raise MatmulInputError(f"a and b are on different devices ({a.device}, {b.device}); put both on one GPU")
     if out is None:
-        # rows padded to 16 bytes so that TMA may store them; a view of exactly [M, N]
-        per_row = TMA_ALIGN_BYTES // a.element_size()
-        out = torch.empty((m, n + (-n) % per_row), dtype=a.dtype, device=a.device)[:, :n]
+        out = empty_padded(m, n, a.dtype, a.device)  # a view of exactly [M, N]; TMA may store its rows
     else:
         if not isinstance(out, torch.Tensor) or out.dim() != 2 or tuple(out.shape) != (m, n):
             raise MatmulInputError(f"out must be a tensor of shape [{m}, {n}], got "
