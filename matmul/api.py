@@ -21,11 +21,11 @@ The choice: on the first call for a shape bucket (each of M, N, K rounded up as 
 own tuning, see ``bucket``), every version of ``versions.available(arch)`` is
 autotuned by tilus over its own space on fresh random operands of that shape, checked against the
 float32 reference, and the winners are timed against each other and against cuBLAS
-(``torch.matmul``, candidate ``"cublas"``) in two interleaved rounds. The fastest is stored by
-``choice_cache`` (see there for the location, locking and invalidation) and later calls, in this
-process or another, launch that one kernel. cuBLAS is a candidate because the series has no
-split-K kernel: for skinny shapes (M = 128 with N = 1024, say) its tiles cannot fill the GPU and
-cuBLAS is faster; ``choice(a, b)`` and the harness's results name the winner of every shape.
+(``torch.matmul``, candidate ``"cublas"``) in two interleaved rounds. Where the output has fewer
+tiles than the GPU has SMs (M = 128 with N = 4096, say: a decoding step), the split-K kernel
+(``versions.EXTRAS``) competes too. The fastest is stored by ``choice_cache`` (see there for the
+location, locking and invalidation) and later calls, in this process or another, launch that one
+kernel. ``choice(a, b)`` and the harness's results name the winner of every shape.
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def entry_is_valid(arch: str, entry: Entry) -> bool:
     ms = entry.get("ms")
     if version == VENDOR:
         return entry.get("fingerprint") == fingerprint(arch, VENDOR) and isinstance(ms, (int, float)) and ms > 0
-    if version not in versions.VERSIONS:
+    if version not in versions.VERSIONS + versions.EXTRAS:
         return False
     try:
         module = versions.load(arch, version)
@@ -265,13 +265,14 @@ class Chooser:
     parameters so that the tests can run the whole choice on the CPU with stand-ins."""
 
     def __init__(self, cache: Optional[ChoiceCache] = None, prepare=_gpu_prepare, timer=_gpu_timer,
-                 arch_of=None, gpu_name=None):
+                 arch_of=None, gpu_name=None, sm_count_of=None):
         self.lock = threading.Lock()
         self.launchers: dict[tuple, tuple[Any, Entry]] = {}
         self.cache = cache
         self.prepare, self.timer = prepare, timer
         self.arch_of = arch_of or device_arch
         self.gpu_name = gpu_name or (lambda device: _gpu_name(device.index))
+        self.sm_count_of = sm_count_of or _sm_count
 
     def get(self, device: torch.device, dtype: torch.dtype, m: int, n: int, k: int) -> tuple[Any, Entry]:
         """The launchable script for this shape's bucket and the choice entry behind it."""
@@ -291,8 +292,10 @@ class Chooser:
         key = choice_key(arch, self.gpu_name(device), dtype, m, n, k)
 
         def tune_here() -> Entry:
+            sms = self.sm_count_of(device)
+            extras = [x for x in versions.extras(arch) if versions.applies(arch, x, m, n, k, sms)]
             return tune(arch, dtype, self.prepare(arch, dtype, m, n, k, device), self.timer,
-                        names=[*versions.available(arch), VENDOR], label=key)
+                        names=[*versions.available(arch), *extras, VENDOR], label=key)
 
         with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
             entry = self.cache.choose(key, tune_here, lambda e: entry_is_valid(arch, e))
@@ -307,6 +310,10 @@ class Chooser:
 @functools.cache
 def _gpu_name(index: int) -> str:
     return torch.cuda.get_device_name(index)
+
+
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
 
 
 _chooser = Chooser()

@@ -37,6 +37,11 @@ def _label(kernel: str) -> str:
     return kernel.upper() if kernel in versions.VERSIONS else kernel
 
 
+def _picked_label(version: str) -> str:
+    """What ``matmul()`` ran, under its bar: 'V5', 'split-K', 'cuBLAS'."""
+    return {"cublas": "cuBLAS", "splitk": "split-K"}.get(version, _label(version))
+
+
 def _title(results: dict, what: str) -> str:
     arch = results["arch"]
     return (f"{what}\n{results['machine']['gpu']}, {versions.ARCH_NAMES.get(arch, arch)} series ({arch})\n"
@@ -147,7 +152,7 @@ def llm(results: dict) -> Optional[Figure]:
         for bar, version in zip(bars, picked):
             if kname == AUTOTUNED and version == "cublas":
                 bar.set_hatch("//")
-        ax.bar_label(bars, [(f"{x:.2f}" + ("\ncuBLAS" if v == "cublas" and kname == AUTOTUNED else "")) if x
+        ax.bar_label(bars, [(f"{x:.2f}" + (f"\n{_picked_label(v)}" if v and kname == AUTOTUNED else "")) if x
                             else "failed" for x, v in zip(ratios, picked)], fontsize=7, padding=1)
     ax.axhline(1.0, color=_color(CUBLAS), linestyle="--", linewidth=1, label="cuBLAS (1.0x)")
     ax.axhline(0.8, color="0.5", linestyle=":", linewidth=1, label="0.8x floor")
@@ -157,7 +162,7 @@ def llm(results: dict) -> Optional[Figure]:
     ax.set_ylim(0, max([1.2] + [p.get_height() * 1.1 for p in ax.patches]))
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.suptitle(_title(results, "Llama-3-8B projections (x @ w.T): multiple of cuBLAS, M = tokens "
-                                 "(hatched: matmul() picked cuBLAS)"))
+                                 "(on each bar: what matmul() ran; hatched: cuBLAS)"))
     return fig
 
 

@@ -332,3 +332,16 @@ def test_cublas_is_a_candidate_and_is_launched_when_it_wins(tmp_path, stand_ins)
     script(m, n, k, a, w, out, row_stride(a), row_stride(w), row_stride(out))
     assert relative_error(out, reference(a, w)) <= TOLERANCE[torch.float16]
     assert not api.entry_is_valid("sm_90a", {**entry, "fingerprint": "another torch"})
+
+
+def test_split_k_competes_only_where_the_output_cannot_fill_the_gpu(tmp_path, stand_ins):
+    timer = lambda c: 0.5 if c.version == "splitk" else 1.0  # noqa: E731
+    sms = lambda device: 132  # noqa: E731
+    script, entry = chooser(tmp_path, timer=timer, sm_count_of=sms).get(torch.device("cpu"), torch.float16,
+                                                                          128, 4096, 4096)
+    assert entry["version"] == "splitk" and set(entry["candidates"]) == {"v1", "splitk", api.VENDOR}
+    assert script.version == "splitk" and api.entry_is_valid("sm_90a", entry)
+    # 1024 x 4096: 256 output tiles of 64 x 256, enough for 132 SMs: the series and cuBLAS only
+    _, entry = chooser(tmp_path, timer=timer, sm_count_of=sms).get(torch.device("cpu"), torch.float16,
+                                                                   1024, 4096, 4096)
+    assert set(entry["candidates"]) == {"v1", api.VENDOR}

@@ -104,3 +104,4 @@ def test_llm_marks_the_shapes_where_matmul_picked_cublas(results):
     assert [bool(p.get_hatch()) for p in bars] == [True, False, False]
     texts = [t.get_text() for t in ax.texts]
     assert any(t.endswith("cuBLAS") for t in texts)
+    assert any(t.endswith("\nV1") for t in texts)  # the other bars name the version it ran
