@@ -341,7 +341,7 @@ def test_split_k_competes_only_where_the_output_cannot_fill_the_gpu(tmp_path, st
                                                                           128, 4096, 4096)
     assert entry["version"] == "splitk" and set(entry["candidates"]) == {"v1", "splitk", api.VENDOR}
     assert script.version == "splitk" and api.entry_is_valid("sm_90a", entry)
-    # 1024 x 4096: 256 output tiles of 64 x 256, enough for 132 SMs: the series and cuBLAS only
+    # 1024 x 4096: 256 output tiles of 128 x 128, enough for 132 SMs: the series and cuBLAS only
     _, entry = chooser(tmp_path, timer=timer, sm_count_of=sms).get(torch.device("cpu"), torch.float16,
                                                                    1024, 4096, 4096)
     assert set(entry["candidates"]) == {"v1", api.VENDOR}

@@ -79,7 +79,7 @@ def test_split_k_is_offered_where_the_output_cannot_fill_the_gpu():
 
     assert versions.extras("sm_90a") == ["splitk"]
     assert splitk.applies(128, 4096, 4096, 132) and splitk.applies(1024, 1024, 4096, 132)
-    assert not splitk.applies(1024, 4096, 4096, 132)  # 256 tiles: V2-V6 fill the GPU
+    assert not splitk.applies(1024, 4096, 4096, 132)  # 256 tiles of 128 x 128: V2-V6 fill the GPU
     assert not splitk.applies(128, 4096, 64, 132)  # one K block: nothing to split
     assert versions.applies("sm_90a", "v5", 1, 1, 1, 132)  # the series: every shape
 
