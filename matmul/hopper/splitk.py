@@ -136,9 +136,12 @@ class Kernel(MatmulKernel):
                 blocks = self.view(acc, layout=wgmma_fragment_blocks(half_m, self.block_n))
                 for j in self.range(self.block_n // SUB_COLS, unroll="all"):
                     block = blocks[j]
-                    for s in range(last):
-                        self.add(block, self.load_global(partials, offsets=[s * rows + row, offset_n + j * SUB_COLS],
-                                                         shape=[half_m, SUB_COLS]), out=block)
+                    # unrolled over every split this configuration may have, so that the loads of
+                    # all partial blocks are in flight together rather than one L2 round trip each
+                    for s in self.range(self.splits - 1, unroll="all"):
+                        if s < last:
+                            self.add(block, self.load_global(partials, offsets=[s * rows + row, offset_n + j * SUB_COLS],
+                                                             shape=[half_m, SUB_COLS]), out=block)
                     out.put(block, g_c, row, offset_n + j * SUB_COLS)
                 out.finish()
                 for s in range(last):
