@@ -45,3 +45,11 @@ elif what == "time":
             ms = median_ms(lambda: versions.run(module, a, b, out, config=config))
             print(f"{m}x{n}x{k} {config}: {ms * 1000:.1f} us = {cublas / ms:.3f}x cuBLAS ({cublas * 1000:.1f} us)",
                   flush=True)
+elif what == "profile":  # one launch per configuration, for ncu
+    m, n, k = map(int, sys.argv[2:5])
+    a, b = random_operands(m, n, k, torch.float16)
+    out = poisoned_output(m, n, torch.float16)
+    for config in versions.space(module):
+        versions.run(module, a, b, out, config=config)
+    torch.matmul(a, b.T)
+    torch.cuda.synchronize()
