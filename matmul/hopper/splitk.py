@@ -25,9 +25,11 @@ tilus's *clean* workspace (zero before the kernel, and the kernel must leave it 
 * split ``s`` < last: stores its partial rows to workspace slice ``s``; the warpgroup's named
   barrier orders all 128 threads' stores before one thread sets the flag to 1 with
   ``st.release.gpu`` (``release_semaphore``);
-* the last split: for each ``s`` waits until the flag reads 1 (``lock_semaphore``: one thread
-  spins with ``ld.acquire.gpu``, then the named barrier releases the others), adds slice ``s``,
-  and at the end sets every flag back to 0, leaving the workspace clean for the next launch.
+* the last split: waits until the flag of every other split reads 1 (``lock_semaphore``: one lane
+  spins with ``ld.acquire.gpu``; the four warps wait for different splits at once, then the
+  named barrier releases the warpgroup), adds the slices in split order,
+  and at the end sets every flag back to 0 with plain stores (the end of the kernel orders them
+  before the next launch), leaving the workspace clean.
 
 Progress: only the last split waits, and only for CTAs of a lower split index, i.e. lower linear
 block indices (the grid is ``[m tiles, n tiles, splits]``, split slowest), which never wait. The
@@ -64,7 +66,7 @@ def applies(m: int, n: int, k: int, sm_count: int) -> bool:
 # (32 KiB): 6 stages, 224 KiB. 128 x 256 tiles would halve the CTAs per split and spill (the last
 # split holds an accumulator block and a partial block at once, in 288 threads' registers).
 @tilus.autotune("block_n, stages", [(128, 6)])
-@tilus.autotune("splits", [2, 4, 8, 16])
+@tilus.autotune("splits", [2, 4, 8])
 class Kernel(MatmulKernel):
     def __init__(self, dtype, block_n: int, stages: int, splits: int):
         super().__init__(dtype)
@@ -130,19 +132,32 @@ class Kernel(MatmulKernel):
                 self.sync()  # all 128 threads' stores precede the flag
                 self.release_semaphore(flags[flag_row, split].item_ptr(), 1)
             else:  # the last split: add the others' partial rows in split order, store the tile
-                for s in range(last):
-                    self.lock_semaphore(flags[flag_row, s].item_ptr(), 1)
+                # warp w of the warpgroup waits for splits w, w + 4, ...: the waits overlap
+                self.wait_for_splits(flags, flag_row, last, 0)
+                self.wait_for_splits(flags, flag_row, last, 1)
+                self.wait_for_splits(flags, flag_row, last, 2)
+                self.wait_for_splits(flags, flag_row, last, 3)
+                self.sync()
                 out = StagedTmaStore(s_c[wg])
                 blocks = self.view(acc, layout=wgmma_fragment_blocks(half_m, self.block_n))
                 for j in self.range(self.block_n // SUB_COLS, unroll="all"):
                     block = blocks[j]
-                    # unrolled over every split this configuration may have, so that the loads of
-                    # all partial blocks are in flight together rather than one L2 round trip each
+                    # unrolled over every split the configuration may have, without branches (a slice
+                    # past the last split is loaded but not added), so that the loads of all partial
+                    # blocks are in flight together rather than one L2 round trip each
                     for s in self.range(self.splits - 1, unroll="all"):
-                        if s < last:
-                            self.add(block, self.load_global(partials, offsets=[s * rows + row, offset_n + j * SUB_COLS],
-                                                             shape=[half_m, SUB_COLS]), out=block)
+                        partial = self.load_global(partials, offsets=[s * rows + row, offset_n + j * SUB_COLS],
+                                                   shape=[half_m, SUB_COLS])
+                        self.add(block, self.where(s < last, partial, 0.0), out=block)
                     out.put(block, g_c, row, offset_n + j * SUB_COLS)
                 out.finish()
-                for s in range(last):
-                    self.release_semaphore(flags[flag_row, s].item_ptr(), 0)  # clean for the next launch
+                # clean for the next launch: plain stores (no fence each), ordered by the kernel's end
+                self.store_global(flags, self.register_tensor(dtype=int32, shape=[1, self.splits], init=0),
+                                  offsets=[flag_row, 0])
+
+    def wait_for_splits(self, flags: GlobalTensor, flag_row: int32, last: int32, warp: int):
+        """Warp ``warp`` of the calling warpgroup waits for the flags of splits ``warp``, ``warp + 4``, ...
+        below ``last`` (``lock_semaphore``: one lane spins with ``ld.acquire.gpu``)."""
+        with self.thread_group(thread_begin=32 * warp, num_threads=32):
+            for s in range(warp, last, 4):
+                self.lock_semaphore(flags[flag_row, s].item_ptr(), 1)
