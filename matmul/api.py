@@ -21,11 +21,14 @@ The choice: on the first call for a shape bucket (each of M, N, K rounded up as 
 own tuning, see ``bucket``), every version of ``versions.available(arch)`` is
 autotuned by tilus over its own space on fresh random operands of that shape, checked against the
 float32 reference, and the winners are timed against each other and against cuBLAS
-(``torch.matmul``, candidate ``"cublas"``) in two interleaved rounds. Where the output has fewer
-tiles than the GPU has SMs (M = 128 with N = 4096, say: a decoding step), the split-K kernel
-(``versions.EXTRAS``) competes too. The fastest is stored by ``choice_cache`` (see there for the
-location, locking and invalidation) and later calls, in this process or another, launch that one
-kernel. ``choice(a, b)`` and the harness's results name the winner of every shape.
+(``torch.matmul``, candidate ``"cublas"``) in three interleaved rounds (the median of each). A
+version replaces cuBLAS only when it is faster by more than ``VENDOR_MARGIN``: within the
+timing noise of a power-limited GPU (a few per cent from run to run) the vendor library is the
+safer choice. The fastest is stored by ``choice_cache`` (see there for the location, locking and
+invalidation) and later calls, in this process or another, launch that one kernel. cuBLAS wins
+the skinny shapes (M = 128 with N = 1024, say), whose few output tiles cannot fill the GPU; the
+series has no split-K kernel (``notes/SPLIT_K.md`` says why one tried here did not pay).
+``choice(a, b)`` and the harness's results name the winner of every shape.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ from .contract import DTYPES, MatmulInputError, _check_row_major, check_operands
 
 
 VENDOR = "cublas"  # the candidate that is not a version of the series: torch.matmul
+VENDOR_MARGIN = 0.01  # a version must beat cuBLAS by more than this share of its time to be chosen
+TUNING_ROUNDS = 3
 
 
 class UnsupportedGPUError(MatmulInputError):
@@ -161,7 +166,7 @@ def entry_is_valid(arch: str, entry: Entry) -> bool:
     ms = entry.get("ms")
     if version == VENDOR:
         return entry.get("fingerprint") == fingerprint(arch, VENDOR) and isinstance(ms, (int, float)) and ms > 0
-    if version not in versions.VERSIONS + versions.EXTRAS:
+    if version not in versions.VERSIONS:
         return False
     try:
         module = versions.load(arch, version)
@@ -183,9 +188,10 @@ class Candidate:
 
 
 def tune(arch: str, dtype: torch.dtype, prepare: Callable[[str], Candidate], timer: Callable[[Candidate], float],
-         names: Optional[list[str]] = None, rounds: int = 2, label: str = "") -> Entry:
+         names: Optional[list[str]] = None, rounds: int = TUNING_ROUNDS, label: str = "") -> Entry:
     """Prepare every version (a failure or a wrong result rules it out), time the survivors in
-    ``rounds`` interleaved rounds, and describe the fastest as a choice entry."""
+    ``rounds`` interleaved rounds, and describe the fastest as a choice entry (cuBLAS, if it is a
+    candidate, unless a version is faster by more than ``VENDOR_MARGIN``)."""
     candidates, rejected = [], {}
     for version in tqdm(names or versions.available(arch), desc=f"[matmul] tuning {label}", leave=False):
         try:
@@ -206,6 +212,9 @@ def tune(arch: str, dtype: torch.dtype, prepare: Callable[[str], Candidate], tim
             times[candidate.version].append(timer(candidate))
     ms = {version: statistics.median(t) for version, t in times.items()}
     best = min(candidates, key=lambda c: ms[c.version])
+    vendor = next((c for c in candidates if c.version == VENDOR), None)
+    if vendor is not None and ms[best.version] >= ms[VENDOR] * (1 - VENDOR_MARGIN):
+        best = vendor
     return {
         "version": best.version, "config": best.config, "ms": ms[best.version], "error": best.error,
         "fingerprint": fingerprint(arch, best.version),
@@ -265,14 +274,13 @@ class Chooser:
     parameters so that the tests can run the whole choice on the CPU with stand-ins."""
 
     def __init__(self, cache: Optional[ChoiceCache] = None, prepare=_gpu_prepare, timer=_gpu_timer,
-                 arch_of=None, gpu_name=None, sm_count_of=None):
+                 arch_of=None, gpu_name=None):
         self.lock = threading.Lock()
         self.launchers: dict[tuple, tuple[Any, Entry]] = {}
         self.cache = cache
         self.prepare, self.timer = prepare, timer
         self.arch_of = arch_of or device_arch
         self.gpu_name = gpu_name or (lambda device: _gpu_name(device.index))
-        self.sm_count_of = sm_count_of or _sm_count
 
     def get(self, device: torch.device, dtype: torch.dtype, m: int, n: int, k: int) -> tuple[Any, Entry]:
         """The launchable script for this shape's bucket and the choice entry behind it."""
@@ -292,10 +300,8 @@ class Chooser:
         key = choice_key(arch, self.gpu_name(device), dtype, m, n, k)
 
         def tune_here() -> Entry:
-            sms = self.sm_count_of(device)
-            extras = [x for x in versions.extras(arch) if versions.applies(arch, x, m, n, k, sms)]
             return tune(arch, dtype, self.prepare(arch, dtype, m, n, k, device), self.timer,
-                        names=[*versions.available(arch), *extras, VENDOR], label=key)
+                        names=[*versions.available(arch), VENDOR], label=key)
 
         with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
             entry = self.cache.choose(key, tune_here, lambda e: entry_is_valid(arch, e))
@@ -310,10 +316,6 @@ class Chooser:
 @functools.cache
 def _gpu_name(index: int) -> str:
     return torch.cuda.get_device_name(index)
-
-
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
 
 
 _chooser = Chooser()

@@ -38,8 +38,8 @@ CUBLAS, TRITON, AUTOTUNED = "cuBLAS", "Triton", "matmul()"
 
 @dataclass
 class Contender:
-    name: str  # "v0".."v6", an extra kernel ("splitk"), CUBLAS, TRITON or AUTOTUNED
-    kind: str  # "version", "extra", "baseline" or "autotuned"
+    name: str  # "v0".."v6", CUBLAS, TRITON or AUTOTUNED
+    kind: str  # "version", "baseline" or "autotuned"
     run: Callable[[], object]
     out: torch.Tensor  # where ``run`` writes C
     config: Callable[[], Optional[dict]] = lambda: None  # what it ran with (asked after its first run)
@@ -89,8 +89,7 @@ def measure(shape: Shape, contenders: list[Contender], ref: torch.Tensor, dtype:
 
 def contenders(arch: str, names: list[str], a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype,
                triton: bool = True, autotuned: bool = True) -> list[Contender]:
-    """cuBLAS, the versions ``names``, the Triton baseline (if installed) and ``matmul()`` for C = A @ B^T;
-    with ``matmul()`` also the extra kernels it may choose on this shape (``versions.EXTRAS``)."""
+    """cuBLAS, the versions ``names``, the Triton baseline (if installed) and ``matmul()`` for C = A @ B^T."""
     from . import api, triton_baseline
     from .check import poisoned_output
 
@@ -99,17 +98,14 @@ def contenders(arch: str, names: list[str], a: torch.Tensor, b: torch.Tensor, dt
     cublas_out = torch.empty(m, n, dtype=dtype, device=a.device)
     found = [Contender(CUBLAS, "baseline", functools.partial(torch.matmul, a, b.T, out=cublas_out), cublas_out)]
     args = autotune.launch_args(a, b, out)
-    sms = api._sm_count(a.device)
-    extras = [x for x in versions.extras(arch) if versions.applies(arch, x, m, n, k, sms)] if autotuned else []
-    for name in names + extras:  # the extra kernels matmul() may choose on this shape, named as such
-        kind = "version" if name in versions.VERSIONS else "extra"
+    for name in names:
         try:
             script = versions.kernel(versions.load(arch, name), dtype)  # autotuned by tilus on first call
             autotune.prepare(script, args)
         except Exception as e:  # e.g. no configuration transpiles: the row says so when it runs
-            found.append(Contender(name, kind, functools.partial(_raise, e), out))
+            found.append(Contender(name, "version", functools.partial(_raise, e), out))
             continue
-        found.append(Contender(name, kind, functools.partial(script, *args), out,
+        found.append(Contender(name, "version", functools.partial(script, *args), out,
                                functools.partial(autotune.tuned_config, script, args)))
     if triton and triton_baseline.available():
         found.append(Contender(TRITON, "baseline", functools.partial(triton_baseline.matmul_abt, a, b, out), out,
@@ -151,7 +147,6 @@ def run(arch: str, names: list[str], chosen: dict[str, list[Shape]], dtype: torc
             bar.set_postfix_str(shape.text)
             a, b = random_operands(shape.m, shape.n, shape.k, dtype)
             found = contenders(arch, names, a, b, dtype, triton=triton, autotuned=autotuned)
-            bar.total += (len(found) - per_shape) * (rounds + 1)  # the extra kernels tried on this shape
             results["rows"] += measure(shape, found, reference(a, b), dtype, timer, rounds, bar)
             del a, b, found
             torch.cuda.empty_cache()

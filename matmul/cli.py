@@ -21,16 +21,14 @@ def _arches(value: str | None) -> list[str]:
     return [versions.normalize_arch(a) for a in value.split(",")] if value else list(versions.ARCHS)
 
 
-def _versions(value: str | None, arch: str, extras: bool = False) -> list[str]:
-    """The versions asked for (default: all of ``arch``), and with ``extras`` its extra kernels."""
-    have = versions.available(arch) + (versions.extras(arch) if extras else [])
+def _versions(value: str | None, arch: str) -> list[str]:
+    have = versions.available(arch)
     if not value:
         return have
     wanted = [v.strip().lower() for v in value.split(",")]
-    unknown = [v for v in wanted if v not in versions.VERSIONS + (versions.EXTRAS if extras else ())]
+    unknown = [v for v in wanted if v not in versions.VERSIONS]
     if unknown:
-        raise ValueError(f"unknown version(s) {', '.join(unknown)}; the series is {', '.join(versions.VERSIONS)}"
-                         + (f" (and the extra kernels {', '.join(versions.EXTRAS)})" if extras else ""))
+        raise ValueError(f"unknown version(s) {', '.join(unknown)}; the series is {', '.join(versions.VERSIONS)}")
     return [v for v in wanted if v in have]
 
 
@@ -38,7 +36,7 @@ def compile_command(args) -> int:
     rows, failed = [], False
     gpu_arch = None if args.no_check else versions.local_arch()
     for arch in _arches(args.arch):
-        for version in _versions(args.versions, arch, extras=True):
+        for version in _versions(args.versions, arch):
             module = versions.load(arch, version)
             results = build.build_version(module, arch, all_configs=args.all_configs)
             built = [r for r in results if r.ok]
@@ -164,7 +162,7 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("compile", help="build the versions for an architecture and report what they compiled to")
     p.add_argument("--arch", help="sm_90a, sm_100a or both (comma-separated); default: both")
-    p.add_argument("--versions", help="comma-separated, e.g. v0,v1; default: every version and extra kernel (splitk)")
+    p.add_argument("--versions", help="comma-separated, e.g. v0,v1; default: every version")
     p.add_argument("--out", help="write each version's PTX (and SASS) to OUT/<arch>/<version>.ptx")
     p.add_argument("--all-configs", action="store_true", help="build every configuration of the autotune space")
     p.add_argument("--no-check", action="store_true", help="do not run the kernels even on a matching GPU")

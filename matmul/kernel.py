@@ -36,17 +36,6 @@ class MatmulKernel(tilus.Script):
         self.tma.global_to_shared(src=g_a, dst=s_a, offsets=[offset_m, offset_k], mbarrier=barrier)
         self.tma.global_to_shared(src=g_b, dst=s_b, offsets=[offset_n, offset_k], mbarrier=barrier)
 
-    def load_k_block_halves(self, g_a: GlobalTensor, g_b: GlobalTensor, s_a: SharedTensor, s_b: SharedTensor,
-                            barrier: RegisterTensor, offset_m: int32, offset_n: int32, offset_k: int32):
-        """``load_k_block`` for a CTA of two consumer warpgroups: the A tile arrives as two slabs of
-        rows, ``s_a`` ``[2, rows / 2, block_k]``, one per warpgroup (each reads its own slab)."""
-        half_m = s_a.shape[1]
-        with self.single_thread():
-            self.mbarrier.arrive_and_expect_tx(barrier, transaction_bytes=s_a.nbytes + s_b.nbytes)
-        self.tma.global_to_shared(src=g_a, dst=s_a[0], offsets=[offset_m, offset_k], mbarrier=barrier)
-        self.tma.global_to_shared(src=g_a, dst=s_a[1], offsets=[offset_m + half_m, offset_k], mbarrier=barrier)
-        self.tma.global_to_shared(src=g_b, dst=s_b, offsets=[offset_n, offset_k], mbarrier=barrier)
-
     def store_tile(self, s_c: SharedTensor, tile: RegisterTensor, g_c: GlobalTensor, offset_m: int32,
                    offset_n: int32):
         """Registers -> shared memory -> one TMA store of ``s_c``'s shape at (offset_m, offset_n);

@@ -38,8 +38,8 @@ def _label(kernel: str) -> str:
 
 
 def _picked_label(version: str) -> str:
-    """What ``matmul()`` ran, under its bar: 'V5', 'split-K', 'cuBLAS'."""
-    return {"cublas": "cuBLAS", "splitk": "split-K"}.get(version, _label(version))
+    """What ``matmul()`` ran, on its bar: 'V5', 'cuBLAS'."""
+    return "cuBLAS" if version == "cublas" else _label(version)
 
 
 def _title(results: dict, what: str) -> str:

@@ -31,9 +31,6 @@ ARCH_NAMES = {"sm_100a": "Blackwell", "sm_90a": "Hopper"}
 # sm_90a / sm_100a code runs only on exactly these compute capabilities (not on 10.3, 12.0, ...)
 ARCH_BY_CAPABILITY = {(9, 0): "sm_90a", (10, 0): "sm_100a"}
 VERSIONS = tuple(f"v{i}" for i in range(7))
-# Kernels ``matmul()`` may choose that are not steps of the series (``matmul/<family>/<name>.py``,
-# the same module interface, plus ``applies(m, n, k, sm_count)``: the shapes worth trying it on).
-EXTRAS = ("splitk",)
 TILUS_DTYPES = {torch.float16: tilus.float16, torch.bfloat16: tilus.bfloat16}
 
 
@@ -64,24 +61,8 @@ def module_name(arch: str, version: str) -> str:
 
 def available(arch: str) -> list[str]:
     """The versions that exist for ``arch``, in order."""
-    return _existing(arch, VERSIONS)
-
-
-def extras(arch: str) -> list[str]:
-    """The extra kernels (``EXTRAS``) that exist for ``arch``."""
-    return _existing(arch, EXTRAS)
-
-
-def applies(arch: str, name: str, m: int, n: int, k: int, sm_count: int) -> bool:
-    """Whether ``matmul()`` and the harness try kernel ``name`` on this shape: every version does;
-    an extra kernel where its module's ``applies`` says so."""
-    check = getattr(load(arch, name), "applies", None)
-    return check is None or check(m, n, k, sm_count)
-
-
-def _existing(arch: str, names: tuple[str, ...]) -> list[str]:
     found = []
-    for version in names:
+    for version in VERSIONS:
         try:
             importlib.import_module(module_name(arch, version))
         except ModuleNotFoundError as e:

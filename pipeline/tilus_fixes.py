@@ -24,13 +24,6 @@ Faults (tilus 0.2.0, seen on an H100 and on machines without a GPU):
     tilus's loop-invariant hoisting pass (``assert len(bind_vars) > 0``), so every configuration
     of the space fails to build, while the same program transpiled in-process builds. Transpiling
     takes milliseconds: it is done in-process; building (nvcc) still runs in parallel.
-``workspace_size``
-    A ``global_tensor`` (tilus's per-launch workspace, used by the split-K kernel) is given
-    ``size * bits * 8 / 8`` bytes, eight times what it needs, and that product is computed in int32
-    on the host: from 2^31 / 256 = 8 Mi float32 elements on, it wraps, the workspace comes back
-    too small or as a null pointer, and the kernel writes out of bounds (seen on the H100:
-    "illegal memory access", an 8-byte write to address 0x1480000 under compute-sanitizer). The
-    size is computed as ``size * bits / 8`` in int64.
 ``keep_ptx``
     The PTX of a kernel is kept only with ``tilus.option.debug.dump_ir()``, which also dumps the IR
     after every pass (slow and large). nvcc is asked to keep ``source.ptx`` beside every built
@@ -276,34 +269,6 @@ def _serial_transpile_fix() -> Fix:
     )
 
 
-# --- workspace_size ------------------------------------------------------------------------------
-
-
-def _workspace_bytes_in_int64(original):
-    from tilus.hidet.ir.dtypes import int64
-    from tilus.hidet.ir.expr import cast
-    from tilus.utils import cdiv
-
-    @functools.wraps(original)
-    def emit(self, inst) -> None:
-        tensor = inst.global_output
-        nbytes = cdiv(cast(tensor.layout.size, int64) * tensor.dtype.nbits, 8)
-        ptr = self.contexts.gmem_alloc_ctx.allocate_global_memory(nbytes=nbytes, clean=inst.require_clean)
-        self.assign(self.get_or_allocate_var(tensor), ptr)
-
-    return emit
-
-
-def _workspace_size_fix() -> Fix:
-    from tilus.backends.emitters.gmem import AllocateGlobalInstEmitter
-
-    return Fix(
-        name="workspace_size",
-        fault="a global_tensor's bytes are size * bits * 8 / 8, computed in int32: large workspaces wrap",
-        patches=[(AllocateGlobalInstEmitter, "emit", _workspace_bytes_in_int64)],
-    )
-
-
 # --- registry ------------------------------------------------------------------------------------
 
 FIXES: dict[str, Fix] = {}
@@ -312,8 +277,7 @@ FIXES: dict[str, Fix] = {}
 def apply_all() -> dict[str, Fix]:
     """Apply every fix the installed tilus needs (none for a release without the faults)."""
     if tilus.__version__ in FAULTY_RELEASES and not FIXES:
-        for make in (_tma_sm90_fix, _build_without_gpu_fix, _keep_ptx_fix, _serial_transpile_fix,
-                     _workspace_size_fix):
+        for make in (_tma_sm90_fix, _build_without_gpu_fix, _keep_ptx_fix, _serial_transpile_fix):
             fix = make()
             fix.apply()
             FIXES[fix.name] = fix

@@ -9,8 +9,7 @@ from matmul import build, versions
 
 from conftest import representative_build
 
-# the series and the extra kernels matmul() may choose (split-K on Hopper)
-CASES = [(arch, v) for arch in versions.ARCHS for v in versions.available(arch) + versions.extras(arch)]
+CASES = [(arch, v) for arch in versions.ARCHS for v in versions.available(arch)]
 
 
 def test_both_series_start_at_v0_and_v1():
@@ -47,7 +46,7 @@ def test_v0_uses_the_tensor_core_without_tma_and_v1_adds_tma(arch):
 
 
 def test_hopper_ptx_has_no_blackwell_only_qualifiers():
-    for version in versions.available("sm_90a") + versions.extras("sm_90a"):
+    for version in versions.available("sm_90a"):
         ptx = representative_build("sm_90a", version).ptx()
         assert "cta_group" not in ptx and "tcgen05" not in ptx
 
@@ -72,20 +71,3 @@ def test_every_configuration_builds_clean(arch, version):
     assert not failed, failed
     assert [r.config for r in results if r.spill_bytes] == []
     assert [r.config for r in results if not r.within_shared_limit] == []
-
-
-def test_split_k_is_offered_where_the_output_cannot_fill_the_gpu():
-    from matmul.hopper import splitk
-
-    assert versions.extras("sm_90a") == ["splitk"]
-    assert splitk.applies(128, 4096, 4096, 132) and splitk.applies(1024, 1024, 4096, 132)
-    assert not splitk.applies(1024, 4096, 4096, 132)  # 256 tiles of 128 x 128: V2-V6 fill the GPU
-    assert not splitk.applies(128, 4096, 64, 132)  # one K block: nothing to split
-    assert versions.applies("sm_90a", "v5", 1, 1, 1, 132)  # the series: every shape
-
-
-def test_split_k_hands_partial_sums_over_in_order():
-    ptx = representative_build("sm_90a", "splitk").ptx()
-    # the spin on the tile's semaphore and its release, at GPU scope
-    assert re.search(r"ld\.acquire\.gpu(\.global)?\.b32", ptx) and re.search(r"st\.release\.gpu(\.global)?\.b32", ptx)
-    assert not re.search(r"\b(red|atom)\.global", ptx)  # no atomics: the order of the sum is fixed

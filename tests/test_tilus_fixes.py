@@ -35,8 +35,7 @@ def result_lib(result):
 
 def test_fixes_are_applied_for_tilus_0_2_0():
     assert tilus.__version__ == "0.2.0"
-    assert set(tilus_fixes.FIXES) == {"tma_sm90", "build_without_gpu", "keep_ptx", "serial_transpile",
-                                      "workspace_size"}
+    assert set(tilus_fixes.FIXES) == {"tma_sm90", "build_without_gpu", "keep_ptx", "serial_transpile"}
     assert all(fix.applied for fix in tilus_fixes.FIXES.values())
 
 
@@ -102,27 +101,3 @@ def test_autotune_space_transpiled_in_workers_builds_only_with_the_fix(fresh_cac
         tilus.drivers.get_cache_dir.cache_clear()
         error = build_through_tilus_autotuning("v2")
     assert isinstance(error, AssertionError)
-
-
-def workspace_request(result) -> str:
-    """The host code's request for the dirty workspace (split-K's float32 partial sums)."""
-    source = (result.program_dir / "module" / "source.cu").read_text()
-    return next(line for line in source.splitlines() if "request_cuda_workspace" in line and "false)" in line)
-
-
-def test_split_k_workspace_is_sized_in_64_bits_only_with_the_fix(fresh_cache):
-    tilus.option.cache_dir(str(fresh_cache))
-    module = versions.load("sm_90a", "splitk")
-
-    def build_splitk():
-        tilus.option.cache_dir(str(fresh_cache) + f"/fresh{next(_builds)}")
-        tilus.drivers.get_cache_dir.cache_clear()
-        return build.build_config(module, "sm_90a", module.REPRESENTATIVE)
-
-    fixed = workspace_request(build_splitk())
-    with tilus_fixes.disabled("workspace_size"):
-        faulty = workspace_request(build_splitk())
-    # without the fix: elements * 256 (bits * 8), all in int32, cast to int64 only at the end
-    assert "* 256)" in faulty and faulty.count("int64_t") == 1
-    # with it: elements (fewer than 2^31, as the kernel's int32 indexing needs) * 32 bits, in int64
-    assert "* 256)" not in fixed and "* int64_t(32ll)" in fixed
