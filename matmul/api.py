@@ -21,7 +21,7 @@ The choice: on the first call for a shape bucket (each of M, N, K rounded up as 
 own tuning, see ``bucket``), every version of ``versions.available(arch)`` is
 autotuned by tilus over its own space on fresh random operands of that shape, checked against the
 float32 reference, and the winners are timed against each other and against cuBLAS
-(``torch.matmul``, candidate ``"cublas"``) in three interleaved rounds (the median of each). A
+(``torch.matmul``, candidate ``"cublas"``) in four interleaved rounds (the median of each). A
 version replaces cuBLAS only when it is faster by more than ``VENDOR_MARGIN``: within the
 timing noise of a power-limited GPU (a few per cent from run to run) the vendor library is the
 safer choice. The fastest is stored by ``choice_cache`` (see there for the location, locking and
@@ -57,7 +57,7 @@ from .contract import DTYPES, MatmulInputError, _check_row_major, check_operands
 
 VENDOR = "cublas"  # the candidate that is not a version of the series: torch.matmul
 VENDOR_MARGIN = 0.01  # a version must beat cuBLAS by more than this share of its time to be chosen
-TUNING_ROUNDS = 3
+TUNING_ROUNDS = 4  # even: each candidate is timed as often early as late in a round
 
 
 class UnsupportedGPUError(MatmulInputError):

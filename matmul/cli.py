@@ -176,9 +176,10 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
     p.add_argument("--out", help="directory for results-<arch>-<dtype>-<shapes>.json and the figures "
                                  "(default: <matmul cache dir>/bench)")
-    p.add_argument("--rounds", type=int, default=5,
-                   help="timing rounds per shape, order alternating; a kernel's time is the median of its rounds "
-                        "(default 5)")
+    p.add_argument("--rounds", type=int, default=6,
+                   help="timing rounds per shape, order reversed every other round (an even count gives every "
+                        "kernel as many early as late places); a kernel's time is the median of its rounds "
+                        "(default 6)")
     p.add_argument("--warmup-ms", type=float, default=50.0, help="warm-up per timing (default 50)")
     p.add_argument("--repeat-ms", type=float, default=200.0, help="timed runs per timing, in ms (default 200)")
     p.add_argument("--no-triton", action="store_true", help="leave out the Triton baseline")
