@@ -21,7 +21,8 @@ The choice: on the first call for a shape bucket (each of M, N, K rounded up as 
 own tuning, see ``bucket``), every version of ``versions.available(arch)`` is
 autotuned by tilus over its own space on fresh random operands of that shape, checked against the
 float32 reference, and the winners are timed against each other and against cuBLAS
-(``torch.matmul``, candidate ``"cublas"``) in four interleaved rounds (the median of each). A
+(``torch.matmul``, candidate ``"cublas"``) in four interleaved rounds (the median of each; after
+the first, only those within ``PRUNE`` of the fastest are timed again). A
 version replaces cuBLAS only when it is faster by more than ``VENDOR_MARGIN``: within the
 timing noise of a power-limited GPU (a few per cent from run to run) the vendor library is the
 safer choice. The fastest is stored by ``choice_cache`` (see there for the location, locking and
@@ -58,6 +59,7 @@ from .contract import DTYPES, MatmulInputError, _check_row_major, check_operands
 VENDOR = "cublas"  # the candidate that is not a version of the series: torch.matmul
 VENDOR_MARGIN = 0.01  # a version must beat cuBLAS by more than this share of its time to be chosen
 TUNING_ROUNDS = 4  # even: each candidate is timed as often early as late in a round
+PRUNE = 1.25  # after the first round, only candidates within this factor of the fastest are timed again
 
 
 class UnsupportedGPUError(MatmulInputError):
@@ -207,9 +209,13 @@ def tune(arch: str, dtype: torch.dtype, prepare: Callable[[str], Candidate], tim
         raise RuntimeError(f"no version of the series ran correctly for {label}: {rejected}; "
                            "use torch.matmul meanwhile, and report it")
     times: dict[str, list[float]] = {c.version: [] for c in candidates}
+    timed = candidates
     for r in range(rounds):  # alternate the order so that no version always runs on a warmer GPU
-        for candidate in candidates if r % 2 == 0 else candidates[::-1]:
+        for candidate in timed if r % 2 == 0 else timed[::-1]:
             times[candidate.version].append(timer(candidate))
+        if r == 0:  # the rounds that decide are spent on the contenders, not on V0 and friends
+            fastest = min(t[0] for t in times.values())
+            timed = [c for c in candidates if times[c.version][0] <= PRUNE * fastest]
     ms = {version: statistics.median(t) for version, t in times.items()}
     best = min(candidates, key=lambda c: ms[c.version])
     vendor = next((c for c in candidates if c.version == VENDOR), None)

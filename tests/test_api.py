@@ -110,8 +110,15 @@ def test_tune_times_the_correct_versions_in_alternating_rounds():
         order.append(candidate.version)
         return {"v0": 3.0, "v1": 1.0}[candidate.version]
 
+    times = {"v0": 1.1, "v1": 1.0, "v2": 3.0}
+    order.clear()
+    entry = api.tune("sm_90a", torch.float16, fake_prepare([]), lambda c: order.append(c.version) or
+                     times[c.version], names=["v0", "v1", "v2"], rounds=3)
+    # after the first round, v2 (3x the fastest) is not timed again
+    assert order == ["v0", "v1", "v2", "v1", "v0", "v0", "v1"] and entry["candidates"]["v2"]["ms"] == 3.0
+    order.clear()
     entry = api.tune("sm_90a", torch.float16, fake_prepare(calls), timer, names=["v0", "v1"], rounds=3)
-    assert calls == ["v0", "v1"] and order == ["v0", "v1", "v1", "v0", "v0", "v1"]
+    assert calls == ["v0", "v1"] and order == ["v0", "v1", "v1", "v1"]
     assert entry["version"] == "v1" and entry["ms"] == 1.0
     assert entry["config"] == versions.load("sm_90a", "v1").REPRESENTATIVE
     assert entry["fingerprint"] == api.fingerprint("sm_90a", "v1")

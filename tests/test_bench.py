@@ -158,3 +158,21 @@ def test_a_whole_run_with_stand_in_kernels_on_the_cpu(monkeypatch, tmp_path):
     again = bench.load(tmp_path / "results.json")
     fig = plot.progression(again)
     assert [a.get_title() for a in fig.axes if a.get_title()] == ["M x N x K = 64 x 48 x 32"]
+
+
+def test_matmul_is_timed_next_to_cublas():
+    shape, dtype = Shape(48, 40, 24, "test"), torch.float16
+    a, b = torch.randn(48, 24).to(dtype), torch.randn(40, 24).to(dtype)
+    ref = reference(a, b)
+
+    def contender(name, kind):
+        out = torch.empty(48, 40, dtype=dtype)
+        return bench.Contender(name, kind, lambda: out.copy_(ref), out)
+
+    found = [contender(CUBLAS, "baseline"), contender("v0", "version"), contender("v1", "version"),
+             contender(bench.AUTOTUNED, "autotuned")]
+    order = []
+    rows = bench.measure(shape, found, ref, dtype, lambda fn: order.append(next(c.name for c in found if c.run is fn))
+                         or 1.0, rounds=2)
+    assert order == [CUBLAS, bench.AUTOTUNED, "v0", "v1", "v1", "v0", bench.AUTOTUNED, CUBLAS]
+    assert [r["kernel"] for r in rows] == [CUBLAS, "v0", "v1", bench.AUTOTUNED]  # the table keeps its order
