@@ -50,7 +50,7 @@ class Contender:
 
 
 def measure(shape: Shape, contenders: list[Contender], ref: torch.Tensor, dtype: torch.dtype,
-            timer: Callable[[Callable[[], object]], float], rounds: int = 2,
+            timer: Callable[[Callable[[], object]], float], rounds: int = 6,
             progress: Optional[tqdm] = None) -> list[dict]:
     """Check, then time, ``contenders`` on one shape; one row per contender (see the module's docstring)."""
     base = {"m": shape.m, "n": shape.n, "k": shape.k, "label": shape.label, "dtype": _dtype_name(dtype)}
@@ -127,7 +127,7 @@ def contenders(arch: str, names: list[str], a: torch.Tensor, b: torch.Tensor, dt
 
 
 def run(arch: str, names: list[str], chosen: dict[str, list[Shape]], dtype: torch.dtype = torch.float16,
-        rounds: int = 2, warmup_ms: float = 50.0, repeat_ms: float = 200.0, triton: bool = True,
+        rounds: int = 6, warmup_ms: float = 50.0, repeat_ms: float = 200.0, triton: bool = True,
         autotuned: bool = True, command: str = "", save: Optional[Callable[[dict], None]] = None) -> dict:
     """Bench every shape of ``chosen``; ``save(results)`` after each shape keeps what a crash would lose."""
     from . import triton_baseline
