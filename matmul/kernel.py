@@ -30,10 +30,16 @@ class MatmulKernel(tilus.Script):
         """TMA-load the A tile at (offset_m, offset_k) into ``s_a`` and the B tile at (offset_n,
         offset_k) into ``s_b``, both completing on ``barrier``: one elected thread arrives on it,
         announcing both tiles' bytes. Called by one whole warp (a TMA copy is a warp instruction
-        that elects a lane)."""
+        that elects a lane). ``s_a`` is ``[rows, block_k]``, or ``[2, rows / 2, block_k]`` for a CTA
+        whose two consumer warpgroups each read their own slab of A's rows (one TMA copy a slab)."""
         with self.single_thread():
             self.mbarrier.arrive_and_expect_tx(barrier, transaction_bytes=s_a.nbytes + s_b.nbytes)
-        self.tma.global_to_shared(src=g_a, dst=s_a, offsets=[offset_m, offset_k], mbarrier=barrier)
+        if len(s_a.shape) == 3:  # decided when the kernel is built
+            self.tma.global_to_shared(src=g_a, dst=s_a[0], offsets=[offset_m, offset_k], mbarrier=barrier)
+            self.tma.global_to_shared(src=g_a, dst=s_a[1], offsets=[offset_m + s_a.shape[1], offset_k],
+                                      mbarrier=barrier)
+        else:
+            self.tma.global_to_shared(src=g_a, dst=s_a, offsets=[offset_m, offset_k], mbarrier=barrier)
         self.tma.global_to_shared(src=g_b, dst=s_b, offsets=[offset_n, offset_k], mbarrier=barrier)
 
     def store_tile(self, s_c: SharedTensor, tile: RegisterTensor, g_c: GlobalTensor, offset_m: int32,

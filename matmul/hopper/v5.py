@@ -82,16 +82,8 @@ class Kernel(MatmulKernel):
                 for kb in range(num_k_blocks):
                     ring.producer_acquire()
                     slot = ring.producer_stage
-                    with self.single_thread():
-                        self.mbarrier.arrive_and_expect_tx(
-                            ring.producer_barrier(), transaction_bytes=2 * s_a[slot, 0].nbytes + s_b[slot].nbytes)
-                    offset_k = kb * self.block_k
-                    self.tma.global_to_shared(src=g_a, dst=s_a[slot, 0], offsets=[offset_m, offset_k],
-                                              mbarrier=ring.producer_barrier())
-                    self.tma.global_to_shared(src=g_a, dst=s_a[slot, 1], offsets=[offset_m + half_m, offset_k],
-                                              mbarrier=ring.producer_barrier())
-                    self.tma.global_to_shared(src=g_b, dst=s_b[slot], offsets=[offset_n, offset_k],
-                                              mbarrier=ring.producer_barrier())
+                    self.load_k_block(g_a, g_b, s_a[slot], s_b[slot], ring.producer_barrier(), offset_m, offset_n,
+                                      kb * self.block_k)
                     ring.producer_advance()
 
         self.consumer(0, ring, tiles, s_a, s_b, s_c, g_c, num_k_blocks)
