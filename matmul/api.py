@@ -53,6 +53,7 @@ from . import autotune, versions
 from .check import TOLERANCE, poisoned_output, random_operands, reference, relative_error
 from .choice_cache import ChoiceCache, Entry
 from .contract import DTYPES, MatmulInputError, _check_row_major, check_operands, empty_padded, row_stride
+from .timing import alternating_rounds, median_ms
 
 
 
@@ -208,15 +209,9 @@ def tune(arch: str, dtype: torch.dtype, prepare: Callable[[str], Candidate], tim
     if not candidates:
         raise RuntimeError(f"no version of the series ran correctly for {label}: {rejected}; "
                            "use torch.matmul meanwhile, and report it")
-    times: dict[str, list[float]] = {c.version: [] for c in candidates}
-    timed = candidates
-    for r in range(rounds):  # alternate the order so that no version always runs on a warmer GPU
-        for candidate in timed if r % 2 == 0 else timed[::-1]:
-            times[candidate.version].append(timer(candidate))
-        if r == 0:  # the rounds that decide are spent on the contenders, not on V0 and friends
-            fastest = min(t[0] for t in times.values())
-            timed = [c for c in candidates if times[c.version][0] <= PRUNE * fastest]
-    ms = {version: statistics.median(t) for version, t in times.items()}
+    # the rounds that decide are spent on the contenders, not on V0 and friends
+    times = alternating_rounds(candidates, rounds, timer, prune=PRUNE)
+    ms = {c.version: statistics.median(t) for c, t in zip(candidates, times)}
     best = min(candidates, key=lambda c: ms[c.version])
     vendor = next((c for c in candidates if c.version == VENDOR), None)
     if vendor is not None and ms[best.version] >= ms[VENDOR] * (1 - VENDOR_MARGIN):
@@ -270,8 +265,6 @@ def vendor_launch(m, n, k, a, bt, out, lda, ldb, ldc) -> None:
 
 
 def _gpu_timer(candidate: Candidate) -> float:
-    from .timing import median_ms
-
     return median_ms(candidate.run, warmup_ms=20.0, repeat_ms=100.0)
 
 

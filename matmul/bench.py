@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from . import autotune, presets, versions
 from .check import TOLERANCE, random_operands, reference, relative_error
-from .timing import tflops
+from .timing import alternating_rounds, tflops
 from .presets import Shape
 
 FORMAT = "tilus-matmul-bench/1"
@@ -74,12 +74,13 @@ def measure(shape: Shape, contenders: list[Contender], ref: torch.Tensor, dtype:
     # matmul() is timed right after cuBLAS (before it in the reversed rounds): the pair the ratio
     # compares then meets the same thermal and clock state of this power-limited GPU
     timed.sort(key=lambda c: {CUBLAS: 0, AUTOTUNED: 1}.get(c.name, 2))
-    times: dict[str, list[float]] = {c.name: [] for c in timed}
-    for r in range(rounds):
-        for c in timed if r % 2 == 0 else timed[::-1]:
-            times[c.name].append(timer(c.run))
-            if progress is not None:
-                progress.update(1)
+    def time_one(c: Contender) -> float:
+        ms = timer(c.run)
+        if progress is not None:
+            progress.update(1)
+        return ms
+
+    times = {c.name: t for c, t in zip(timed, alternating_rounds(timed, rounds, time_one))}
     cublas_ms = statistics.median(times[CUBLAS]) if CUBLAS in times else None
     for name, t in times.items():
         row = rows[name]

@@ -21,6 +21,7 @@ import matplotlib
 from matplotlib.figure import Figure
 
 from . import versions
+from .api import VENDOR
 from .bench import AUTOTUNED, CUBLAS, TRITON
 
 VERSION_COLORS = matplotlib.colormaps["viridis"]
@@ -39,7 +40,7 @@ def _label(kernel: str) -> str:
 
 def _picked_label(version: str) -> str:
     """What ``matmul()`` ran, on its bar: 'V5', 'cuBLAS'."""
-    return "cuBLAS" if version == "cublas" else _label(version)
+    return CUBLAS if version == VENDOR else _label(version)
 
 
 def _title(results: dict, what: str) -> str:
@@ -150,7 +151,7 @@ def llm(results: dict) -> Optional[Figure]:
         picked = [(_rows(results, s["m"], s["n"], s["k"]).get(kname, {}).get("config") or {}).get("version")
                   for s in shapes]
         for bar, version in zip(bars, picked):
-            if kname == AUTOTUNED and version == "cublas":
+            if kname == AUTOTUNED and version == VENDOR:
                 bar.set_hatch("//")
         ax.bar_label(bars, [(f"{x:.2f}" + (f"\n{_picked_label(v)}" if v and kname == AUTOTUNED else "")) if x
                             else "failed" for x, v in zip(ratios, picked)], fontsize=7, padding=1)

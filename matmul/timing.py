@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import statistics
-from typing import Callable
+from typing import Callable, Optional, Sequence, TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 
 def median_ms(fn: Callable[[], object], warmup_ms: float = 100.0, repeat_ms: float = 500.0) -> float:
@@ -47,3 +49,20 @@ def _median_ms_events(fn, warmup_ms, repeat_ms) -> float:
 
 def tflops(m: int, n: int, k: int, ms: float) -> float:
     return 2.0 * m * n * k / (ms * 1e-3) / 1e12
+
+
+def alternating_rounds(items: Sequence[T], rounds: int, time_one: Callable[[T], float],
+                       prune: Optional[float] = None) -> list[list[float]]:
+    """Time every item once per round, the order reversed every other round, so that no item always
+    runs on a cooler or warmer GPU (an even ``rounds`` gives each as many early as late places).
+    With ``prune``, only items within ``prune`` times the fastest first-round time are timed after
+    the first round. The times of each item, in the order of ``items``."""
+    times: list[list[float]] = [[] for _ in items]
+    timed = list(range(len(items)))
+    for r in range(rounds):
+        for i in timed if r % 2 == 0 else timed[::-1]:
+            times[i].append(time_one(items[i]))
+        if r == 0 and prune is not None and items:
+            fastest = min(t[0] for t in times)
+            timed = [i for i in timed if times[i][0] <= prune * fastest]
+    return times
