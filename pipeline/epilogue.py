@@ -33,12 +33,24 @@ def wgmma_fragment(rows: int, cols: int):
 def wgmma_fragment_blocks(rows: int, cols: int):
     """``wgmma_fragment(rows, cols)``'s registers seen as ``[cols / SUB_COLS, rows, SUB_COLS]``.
     Holds for one row of wgmma instructions (``rows == 64``); taller tiles interleave the rows'
-    registers differently."""
+    registers differently (``wgmma_fragment_grid``)."""
     if rows != 64 or cols % SUB_COLS:
         raise ValueError(f"column blocks of a {rows} x {cols} fragment: need 64 rows and a multiple of "
                          f"{SUB_COLS} columns")
     block = unsqueeze(generate_wgmma_register_layout(rows, SUB_COLS, 64, SUB_COLS, 16), [0])
     return compose(local(cols // SUB_COLS, 1, 1), block)
+
+
+def wgmma_fragment_grid(rows: int, cols: int, sub_cols: int):
+    """``wgmma_fragment(rows, cols)``'s registers seen as ``[rows / 64, cols / sub_cols, 64, sub_cols]``:
+    the fragment of a taller tile is that of its 64-row slabs (one row of instructions each) one
+    after the other in every thread's registers, and each slab's is ``cols / sub_cols`` column
+    blocks one after the other (``sub_cols`` a multiple of 8)."""
+    if rows % 64 or cols % sub_cols or sub_cols % 8:
+        raise ValueError(f"a {rows} x {cols} fragment in {sub_cols}-column blocks: need a multiple of 64 rows "
+                         f"and of {sub_cols} (itself a multiple of 8) columns")
+    block = unsqueeze(generate_wgmma_register_layout(64, sub_cols, 64, sub_cols, 16), [0, 1])
+    return compose(local(rows // 64, cols // sub_cols, 1, 1), block)
 
 
 class WgmmaTileStore(tilus.Class):

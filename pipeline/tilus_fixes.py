@@ -24,6 +24,16 @@ Faults (tilus 0.2.0, seen on an H100 and on machines without a GPU):
     tilus's loop-invariant hoisting pass (``assert len(bind_vars) > 0``), so every configuration
     of the space fails to build, while the same program transpiled in-process builds. Transpiling
     takes milliseconds: it is done in-process; building (nvcc) still runs in parallel.
+``fence_tall_accumulators``
+    A wgmma accumulator's registers are not fenced (CUTLASS's ``warpgroup_fence_operand``), so
+    nvcc materializes a zero-filled accumulator lazily, right before each instruction that reads
+    it. For an accumulator of two or more rows of wgmma instructions (a warpgroup's tile taller
+    than 64 rows) the second row's zero-fill lands between the first row's wgmma and its own,
+    after the ``wgmma.fence``: ptxas injects a ``warpgroup.arrive`` (info C7519) and, when that
+    code is in a warp-specialized branch, serializes every wgmma of the kernel (C7520; Hopper V3
+    with 128 x 128 tiles ran at 0.55x of cuBLAS). Before the wgmma of such an accumulator, every
+    register of it goes through an empty ``asm volatile`` (``"+f"``), which forces the fill before
+    it, and a second ``wgmma.fence`` follows. One-row accumulators are left as they are.
 ``keep_ptx``
     The PTX of a kernel is kept only with ``tilus.option.debug.dump_ir()``, which also dumps the IR
     after every pass (slow and large). nvcc is asked to keep ``source.ptx`` beside every built
@@ -269,6 +279,38 @@ def _serial_transpile_fix() -> Fix:
     )
 
 
+# --- fence_tall_accumulators ---------------------------------------------------------------------
+
+WGMMA_ROWS = 64  # rows of one wgmma instruction: a taller accumulator takes several rows of them
+
+
+def _fence_tall_accumulator_first(original):
+    @functools.wraps(original)
+    def emit_wgmma(self, inst):
+        from tilus.hidet.ir.expr import deref
+        from tilus.hidet.ir.primitives.cuda.wgmma import wgmma_fence, wgmma_fence_operand
+
+        acc = inst.inputs[2].as_register_tensor()
+        if acc.shape[0] > WGMMA_ROWS:
+            registers = ~self.tensor2var[acc][0]  # a pointer to the first register
+            for i in range(acc.layout.local_size):
+                self.append(wgmma_fence_operand(deref(registers + i)))
+            self.append(wgmma_fence())
+        original(self, inst)
+
+    return emit_wgmma
+
+
+def _fence_tall_accumulators_fix() -> Fix:
+    from tilus.backends.emitters.cuda.wgmma import WgmmaMmaSSEmitter
+
+    return Fix(
+        name="fence_tall_accumulators",
+        fault="wgmma accumulators are not fenced: ptxas serializes the wgmma of a warp-specialized 128-row tile",
+        patches=[(WgmmaMmaSSEmitter, "emit_wgmma", _fence_tall_accumulator_first)],
+    )
+
+
 # --- registry ------------------------------------------------------------------------------------
 
 FIXES: dict[str, Fix] = {}
@@ -277,7 +319,8 @@ FIXES: dict[str, Fix] = {}
 def apply_all() -> dict[str, Fix]:
     """Apply every fix the installed tilus needs (none for a release without the faults)."""
     if tilus.__version__ in FAULTY_RELEASES and not FIXES:
-        for make in (_tma_sm90_fix, _build_without_gpu_fix, _keep_ptx_fix, _serial_transpile_fix):
+        for make in (_tma_sm90_fix, _build_without_gpu_fix, _keep_ptx_fix, _serial_transpile_fix,
+                     _fence_tall_accumulators_fix):
             fix = make()
             fix.apply()
             FIXES[fix.name] = fix

@@ -118,7 +118,8 @@ def test_sass_of_the_series_when_a_disassembler_is_installed():
         pytest.skip("cuobjdump/nvdisasm not installed (pip install '.[sass]')")
     for version in SERIES:
         sass = representative_build(ARCH, version).sass()
-        assert "HGMMA.64x256x16.F32" in sass, version
+        config = versions.load(ARCH, version).REPRESENTATIVE
+        assert f"HGMMA.64x{config['block_n']}x16.F32" in sass, version
         assert "UTMALDG.2D" in sass, version
         assert not re.search(r"\b(LDL|STL)\b", sass), version  # nothing in local memory
     assert "UTMALDG.2D.MULTICAST" in representative_build(ARCH, "v6").sass()
@@ -153,3 +154,24 @@ def test_column_blocks_of_the_accumulator_are_the_same_registers(cols):
             row, col = (int(x) for x in full.get_global(spatial_index=thread, local_index=local))
             j, block_row, block_col = (int(x) for x in blocks.get_global(spatial_index=thread, local_index=local))
             assert (row, col) == (block_row, j * SUB_COLS + block_col)
+
+
+@pytest.mark.parametrize("rows, cols, sub_cols", [(64, 256, 64), (128, 128, 64), (128, 128, 32)])
+def test_the_accumulator_grid_of_a_tall_tile_is_the_same_registers(rows, cols, sub_cols):
+    from pipeline.epilogue import wgmma_fragment, wgmma_fragment_grid
+
+    full, grid = wgmma_fragment(rows, cols), wgmma_fragment_grid(rows, cols, sub_cols)
+    assert full.local_size == grid.local_size and full.spatial_size == grid.spatial_size
+    for thread in range(0, 128, 5):
+        for local in range(full.local_size):
+            row, col = (int(x) for x in full.get_global(spatial_index=thread, local_index=local))
+            i, j, r, c = (int(x) for x in grid.get_global(spatial_index=thread, local_index=local))
+            assert (row, col) == (64 * i + r, j * sub_cols + c)
+
+
+@pytest.mark.parametrize("version", ["v2", "v3", "v4"])
+def test_the_output_tile_is_staged_in_the_idle_ring(version):
+    config = versions.load(ARCH, version).REPRESENTATIVE
+    ring = config["stages"] * (config["block_m"] + config["block_n"]) * config["block_k"] * 2
+    assert ring <= representative_build(ARCH, version).shared_bytes < ring + 1024  # + the mbarriers
+    assert "stmatrix.sync.aligned" in ptx(version)  # the accumulator written into the swizzled slots

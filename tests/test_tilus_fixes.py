@@ -1,5 +1,6 @@
 """Each tilus 0.2.0 work-around is needed: taking it out brings the fault back."""
 
+import re
 import subprocess
 
 import pytest
@@ -35,7 +36,8 @@ def result_lib(result):
 
 def test_fixes_are_applied_for_tilus_0_2_0():
     assert tilus.__version__ == "0.2.0"
-    assert set(tilus_fixes.FIXES) == {"tma_sm90", "build_without_gpu", "keep_ptx", "serial_transpile"}
+    assert set(tilus_fixes.FIXES) == {"tma_sm90", "build_without_gpu", "keep_ptx", "serial_transpile",
+                                      "fence_tall_accumulators"}
     assert all(fix.applied for fix in tilus_fixes.FIXES.values())
 
 
@@ -101,3 +103,34 @@ def test_autotune_space_transpiled_in_workers_builds_only_with_the_fix(fresh_cac
         tilus.drivers.get_cache_dir.cache_clear()
         error = build_through_tilus_autotuning("v2")
     assert isinstance(error, AssertionError)
+
+
+def ptxas_report(result) -> str:
+    return (result.program_dir / "module" / "nvcc_output.txt").read_text()
+
+
+def test_a_warp_specialized_128_row_accumulator_is_pipelined_only_with_the_fix(fresh_cache):
+    # Hopper V3's consumer warpgroup with a 128 x 128 tile: two rows of wgmma instructions
+    module, config = versions.load("sm_90a", "v3"), dict(block_m=128, block_n=128, block_k=64, stages=2)
+    tilus.option.cache_dir(str(fresh_cache / "with"))
+    tilus.drivers.get_cache_dir.cache_clear()
+    fixed = build.build_config(module, "sm_90a", config)
+    assert fixed.ok and not re.search(r"C75\d\d|serialized", ptxas_report(fixed)), ptxas_report(fixed)
+    with tilus_fixes.disabled("fence_tall_accumulators"):
+        tilus.option.cache_dir(str(fresh_cache / "without"))
+        tilus.drivers.get_cache_dir.cache_clear()
+        faulty = build.build_config(module, "sm_90a", config)
+    assert faulty.ok and "C7520" in ptxas_report(faulty)  # "wgmma.mma_async instructions are serialized"
+
+
+def test_one_row_accumulators_are_left_as_they_were(fresh_cache):
+    module = versions.load("sm_90a", "v5")  # two warpgroups, 64 x 256 each
+    tilus.option.cache_dir(str(fresh_cache / "with"))
+    tilus.drivers.get_cache_dir.cache_clear()
+    fixed = build.build_config(module, "sm_90a", module.REPRESENTATIVE)
+    with tilus_fixes.disabled("fence_tall_accumulators"):
+        tilus.option.cache_dir(str(fresh_cache / "without"))
+        tilus.drivers.get_cache_dir.cache_clear()
+        unfixed = build.build_config(module, "sm_90a", module.REPRESENTATIVE)
+    cuda_source = [(result.program_dir / "module" / "source.cu").read_text() for result in (fixed, unfixed)]
+    assert cuda_source[0] == cuda_source[1] and "wgmma_fence_operand" not in cuda_source[0]

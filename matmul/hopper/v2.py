@@ -9,6 +9,10 @@ group is done, the current one may still run. The slot the previous group read i
 is refilled at once with the K block ``stages`` further on. So while the tensor core works on
 block ``k`` (block ``k-1`` possibly still draining), the loads of blocks ``k+1 .. k+stages-1`` are
 in flight. The same four warps still issue both the loads and the MMAs (V3 splits the roles).
+Shared memory now goes to stages, so the output tile gets none of its own: once the main loop is
+done the ring is idle, and the epilogue stages the tile in the A slots (``block_k`` columns a
+slot, swizzled exactly as the TMA loads wrote them) and stores it slot by slot. A 128 x 128 tile
+with two stages then takes 64 KiB, and three CTAs share an SM, as many as V1's.
 
 Synchronization (all at CTA scope):
 ``loaded[s]`` (one mbarrier per slot, arrival count 1): per use of slot ``s``, one
@@ -17,31 +21,32 @@ All 128 threads wait on it with parity ``(k // stages) & 1`` before the wgmma of
 Slot reuse needs no barrier of its own: after ``wgmma.wait_group 1`` each warp knows the group of
 block ``k-1`` is complete, and a ``bar.sync`` over the warpgroup (``__syncthreads``) makes that
 true for all four warps before warp 0 issues the TMA load that overwrites the slot.
-Epilogue: V1's (``wgmma.wait_group 0``, ``fence.proxy.async`` + ``__syncthreads``, one TMA store).
+Epilogue: ``wgmma.wait_group 0`` (every group that read a slot is done; every load was waited
+for), ``__syncthreads``, the slots written, ``fence.proxy.async`` + ``__syncthreads``, one TMA
+store per slot.
 """
 
 import tilus
 from tilus import GlobalTensor, RegisterTensor, SharedTensor, float32, int32
-from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.utils import cdiv
+
+from pipeline.epilogue import wgmma_fragment
 
 from ..kernel import MatmulKernel
 
 IDEA = "software pipelining: a ring of TMA stages on mbarriers, one wgmma group kept in flight"
 PTX_MARKERS = ("wgmma.mma_async", "wgmma.wait_group.sync.aligned 1", "cp.async.bulk.tensor.2d.shared::cta.global",
                "mbarrier.try_wait.parity")
-REPRESENTATIVE = dict(block_m=64, block_n=256, block_k=64, stages=4)
+REPRESENTATIVE = dict(block_m=128, block_n=128, block_k=64, stages=2)
 
 
-# One warpgroup holds the whole accumulator (block_m * block_n / 128 floats a thread) as one row of
-# m64n256 wgmma: taller tiles spill (128 x 256) or need two rows of instructions, for which ptxas
-# injects a warpgroup.arrive into the first K block (C7519) and, in a warp-specialized consumer,
-# serializes every wgmma (C7520).
-# Shared memory: stages * (block_m + block_n) * block_k * 2 bytes + the staged output tile; two
-# stages of 64 leave room for two CTAs on an SM. K blocks of 32 were 15-25% slower on the H100
-# (twice the barrier round trips per multiply-add); one such point stays in the space.
-@tilus.autotune("block_m, block_n", [(64, 256)])
-@tilus.autotune("block_k, stages", [(64, 2), (64, 4), (32, 8)])
+# One warpgroup holds the whole accumulator (block_m * block_n / 128 floats a thread; 128 x 256
+# would spill). Shared memory: stages * (block_m + block_n) * block_k * 2 bytes, nothing else
+# (stages * block_k >= block_n, for the epilogue). On the H100 (fp16, 4096^3 / 8192^3; timings in
+# notes/hopper_candidates.py's output): 128 x 128 with two stages (three CTAs an SM) was best at
+# 8192^3 and with three (two CTAs) at 4096^3; 64 x 256 tiles, one CTA an SM, at most 0.86x of
+# cuBLAS; K blocks of 32, 15-25% slower (twice the barrier round trips per multiply-add).
+@tilus.autotune("block_m, block_n, block_k, stages", [(128, 128, 64, 2), (128, 128, 64, 3), (64, 256, 64, 5)])
 class Kernel(MatmulKernel):
     def __init__(self, dtype, block_m: int, block_n: int, block_k: int, stages: int):
         super().__init__(dtype)
@@ -61,6 +66,7 @@ class Kernel(MatmulKernel):
         s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, self.block_k])
         s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
         acc = self.register_tensor(dtype=float32, shape=[self.block_m, self.block_n], init=0.0)
+        self.annotate_layout(acc, wgmma_fragment(self.block_m, self.block_n))
 
         loaded = self.mbarrier.alloc(counts=[1 for _ in range(self.stages)])
         self.sync()  # the barriers are initialized before anyone uses them
@@ -83,10 +89,9 @@ class Kernel(MatmulKernel):
                                       refill * self.block_k)
         self.wgmma.wait_group(0)
 
-        # epilogue (V1's): registers -> shared -> TMA store, clipped at the matrix edge
-        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.block_n])
-        self.annotate_layout(s_c, shared_row_major(self.block_m, self.block_n))
-        self.store_tile(s_c, acc.to(self.dtype), g_c, offset_m, offset_n)
+        # epilogue: V1's, staged in the ring's A slots (idle now: every load has landed, every
+        # wgmma is complete), block_k columns per slot
+        self.store_tile_in_slots(s_a, acc, g_c, offset_m, offset_n, slab=0)
 
     def wait_and_multiply(self, loaded: RegisterTensor, s_a: SharedTensor, s_b: SharedTensor, acc: RegisterTensor,
                           kb: int32):

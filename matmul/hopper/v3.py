@@ -20,14 +20,16 @@ The producer waits on it with parity ``((k // stages) & 1) ^ 1`` before refillin
 K block ``k``: in the first round that parity names the phase before the barrier's first, which
 counts as complete, so the ring starts out free.
 The consumer keeps one wgmma group in flight, so slot ``k-1`` is released during iteration ``k``;
-the last slot is never released (nothing waits for it). Epilogue: V1's, among the consumer
-warpgroup only (``fence.proxy.async`` + a named barrier of its 128 threads, one TMA store).
+the last slot is never released (nothing waits for it). Epilogue: V2's (the tile staged in the
+idle ring's A slots), among the consumer warpgroup only: its named barrier of 128 threads in place
+of ``__syncthreads``. The producer has no part in it: every load it issued has been waited for.
 """
 
 import tilus
 from tilus import GlobalTensor, RegisterTensor, SharedTensor, float32, int32
-from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.utils import cdiv
+
+from pipeline.epilogue import wgmma_fragment
 
 from ..kernel import MatmulKernel
 
@@ -35,18 +37,14 @@ IDEA = "warp specialization: a TMA producer warp and a wgmma consumer warpgroup,
 # the consumer's release of a slot (a plain arrive) and the named barrier of a 128-thread warpgroup
 PTX_MARKERS = ("wgmma.mma_async", "cp.async.bulk.tensor.2d.shared::cta.global", "mbarrier.arrive.expect_tx",
                "mbarrier.arrive.release.cta.shared::cta.b64", "bar.cta.sync 1, 128")
-REPRESENTATIVE = dict(block_m=64, block_n=256, block_k=64, stages=4)
+REPRESENTATIVE = dict(block_m=128, block_n=128, block_k=64, stages=3)
 
 
-# One warpgroup holds the whole accumulator (block_m * block_n / 128 floats a thread) as one row of
-# m64n256 wgmma: taller tiles spill (128 x 256) or need two rows of instructions, for which ptxas
-# injects a warpgroup.arrive into the first K block (C7519) and, in a warp-specialized consumer,
-# serializes every wgmma (C7520).
-# Shared memory: stages * (block_m + block_n) * block_k * 2 bytes + the staged output tile; two
-# stages of 64 leave room for two CTAs on an SM. K blocks of 32 were 15-25% slower on the H100
-# (twice the barrier round trips per multiply-add); one such point stays in the space.
-@tilus.autotune("block_m, block_n", [(64, 256)])
-@tilus.autotune("block_k, stages", [(64, 2), (64, 4), (32, 8)])
+# V2's space. A 128-row accumulator is two rows of wgmma instructions: in this warp-specialized
+# branch ptxas would serialize every wgmma without pipeline.tilus_fixes' fence_tall_accumulators
+# (C7520). The producer warp's registers (as many as a consumer thread's: 154) keep a 128 x 128,
+# two-stage CTA to two an SM, where V2 fits three.
+@tilus.autotune("block_m, block_n, block_k, stages", [(128, 128, 64, 2), (128, 128, 64, 3), (64, 256, 64, 5)])
 class Kernel(MatmulKernel):
     def __init__(self, dtype, block_m: int, block_n: int, block_k: int, stages: int):
         super().__init__(dtype)
@@ -65,8 +63,6 @@ class Kernel(MatmulKernel):
 
         s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, self.block_k])
         s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
-        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.block_n])
-        self.annotate_layout(s_c, shared_row_major(self.block_m, self.block_n))
 
         full = self.mbarrier.alloc(counts=[1 for _ in range(self.stages)])
         empty = self.mbarrier.alloc(counts=[1 for _ in range(self.stages)])
@@ -80,6 +76,7 @@ class Kernel(MatmulKernel):
 
         with self.warp_group(warp_begin=0, num_warps=4):  # consumer
             acc = self.register_tensor(dtype=float32, shape=[self.block_m, self.block_n], init=0.0)
+            self.annotate_layout(acc, wgmma_fragment(self.block_m, self.block_n))
             self.wait_and_multiply(full, s_a, s_b, acc, 0)  # K block 0 (every matrix has one)
             for kb in self.range(1, num_k_blocks, 1, unroll=1):  # unrolled, nvcc moves accumulators between wgmma
                 self.wait_and_multiply(full, s_a, s_b, acc, kb)
@@ -88,8 +85,8 @@ class Kernel(MatmulKernel):
                     self.mbarrier.arrive(empty[(kb - 1) % self.stages])
             self.wgmma.wait_group(0)
 
-            # epilogue (V1's, among the consumer warpgroup)
-            self.store_tile(s_c, acc.to(self.dtype), g_c, offset_m, offset_n)
+            # epilogue (V2's, among the consumer warpgroup): staged in the idle ring's A slots
+            self.store_tile_in_slots(s_a, acc, g_c, offset_m, offset_n, slab=0)
 
     def wait_and_multiply(self, full: RegisterTensor, s_a: SharedTensor, s_b: SharedTensor, acc: RegisterTensor,
                           kb: int32):

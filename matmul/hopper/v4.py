@@ -20,16 +20,18 @@ warpgroup after ``wgmma.wait_group 1`` shows the group that read the slot comple
 (``consumer_release_previous``, ``elect_release=True``). The producer waits on it
 (``producer_acquire``) before refilling the slot, so a slot is refilled only when both
 warpgroups are done with it.
-Epilogue: each warpgroup stages its half of the tile in shared memory and issues its own TMA
-store after ``fence.proxy.async`` + a named barrier of its 128 threads (ids 1 and 2).
+Epilogue: V2's, per warpgroup: each stages its half of the tile in its own slab of the ring's A
+slots (which the other warpgroup, perhaps still multiplying, never reads; every load has landed)
+and issues its own TMA stores after ``fence.proxy.async`` + a named barrier of its 128 threads
+(ids 1 and 2).
 """
 
 import tilus
 from tilus import GlobalTensor, SharedTensor, float32, int32
-from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.utils import cdiv
 
 from pipeline import Pipeline, TileRasterizer
+from pipeline.epilogue import wgmma_fragment
 from pipeline.mainloop import WgmmaMainloop
 
 from ..kernel import MatmulKernel
@@ -37,15 +39,15 @@ from ..kernel import MatmulKernel
 IDEA = "grouped tile rasterization, the shared Pipeline class, two consumer warpgroups per CTA"
 PTX_MARKERS = ("wgmma.mma_async.sync.aligned.m64n256k16", "cp.async.bulk.tensor.2d.shared::cta.global",
                "bar.cta.sync 1, 128", "bar.cta.sync 2, 128")
-REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=3, group=8)
+REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, group=8)
 
 
-# shared memory: stages * (block_m + block_n) * block_k * 2 bytes + the staged output tile
-# (block_m * block_n * 2): 3 stages of 64 or 6 of 32 K columns. Each warpgroup's accumulator is one
-# row of m64n256 wgmma (256 x 128, two rows of m64n128 a warpgroup, makes ptxas serialize them).
+# shared memory: stages * (block_m + block_n) * block_k * 2 bytes, the output staged in the ring:
+# 4 stages of 64 or 8 of 32 K columns (stages * block_k >= block_n). Each warpgroup's accumulator is
+# one row of m64n256 wgmma.
 # The group (tile rows walked together) decides how much of A and B the CTAs in flight share in L2.
 @tilus.autotune("block_m, block_n", [(128, 256)])
-@tilus.autotune("block_k, stages", [(64, 3), (32, 6)])
+@tilus.autotune("block_k, stages", [(64, 4), (32, 8)])
 @tilus.autotune("group", [8, 16, 32])
 class Kernel(MatmulKernel):
     def __init__(self, dtype, block_m: int, block_n: int, block_k: int, stages: int, group: int):
@@ -70,8 +72,6 @@ class Kernel(MatmulKernel):
 
         s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, half_m, self.block_k])
         s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
-        s_c = self.shared_tensor(dtype=self.dtype, shape=[2, half_m, self.block_n])
-        self.annotate_layout(s_c, shared_row_major(2, half_m, self.block_n))
 
         ring = Pipeline(self.stages, consumer_arrivals=2, elect_release=True)
         self.sync()  # the barriers are initialized before anyone uses them
@@ -85,16 +85,17 @@ class Kernel(MatmulKernel):
                                   kb * self.block_k)
                 ring.producer_advance()
 
-        self.consumer(0, ring, s_a, s_b, s_c, g_c, num_k_blocks, offset_m, offset_n)
-        self.consumer(1, ring, s_a, s_b, s_c, g_c, num_k_blocks, offset_m, offset_n)
+        self.consumer(0, ring, s_a, s_b, g_c, num_k_blocks, offset_m, offset_n)
+        self.consumer(1, ring, s_a, s_b, g_c, num_k_blocks, offset_m, offset_n)
 
-    def consumer(self, wg: int, ring: Pipeline, s_a: SharedTensor, s_b: SharedTensor, s_c: SharedTensor,
-                 g_c: GlobalTensor, num_k_blocks: int32, offset_m: int32, offset_n: int32):
+    def consumer(self, wg: int, ring: Pipeline, s_a: SharedTensor, s_b: SharedTensor, g_c: GlobalTensor, num_k_blocks: int32, offset_m: int32, offset_n: int32):
         """Consumer warpgroup ``wg``: rows ``wg * block_m / 2 ...`` of the tile."""
         half_m = self.block_m // 2
         with self.warp_group(warp_begin=4 * wg, num_warps=4):
             acc = self.register_tensor(dtype=float32, shape=[half_m, self.block_n], init=0.0)
+            self.annotate_layout(acc, wgmma_fragment(half_m, self.block_n))
             WgmmaMainloop(ring).run(s_a, s_b, wg, acc, num_k_blocks)
 
-            # epilogue: this warpgroup's half of the tile, registers -> shared -> TMA store
-            self.store_tile(s_c[wg], acc.to(self.dtype), g_c, offset_m + wg * half_m, offset_n)
+            # epilogue: this warpgroup's half of the tile, staged in its own slab of the ring's A
+            # slots (the other warpgroup may still be reading its slab and B)
+            self.store_tile_in_slots(s_a, acc, g_c, offset_m + wg * half_m, offset_n, slab=wg)
