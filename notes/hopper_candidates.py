@@ -5,7 +5,8 @@ hold. Rough numbers for choosing; the bench (``python -m matmul bench``) is the 
     python notes/hopper_candidates.py [--sizes 4096,8192] [--rounds 6] v2:block_m=128,block_n=128,... ...
     python notes/hopper_candidates.py --prebuild v2:...   # only build them here (no GPU needed)
 
-A candidate is ``version:name=value,...`` (all of the version's tuning parameters).
+A candidate is ``version:name=value,...`` (all of the version's tuning parameters), or a bare
+``version`` for every configuration of its autotune space.
 """
 
 import argparse
@@ -14,9 +15,11 @@ import statistics
 from matmul import build, versions
 
 
-def parse(text: str) -> tuple[str, dict]:
+def parse(text: str) -> list[tuple[str, dict]]:
     name, _, params = text.partition(":")
-    return name, {key: int(value) for key, value in (item.split("=") for item in params.split(","))}
+    if not params:
+        return [(name, config) for config in versions.space(versions.load("sm_90a", name))]
+    return [(name, {key: int(value) for key, value in (item.split("=") for item in params.split(","))})]
 
 
 def prebuild(candidates):
@@ -49,10 +52,16 @@ def measure(candidates, sizes, rounds):
             runs.append((label, lambda module=module, config=config: versions.run(module, a, b, out, config=config)))
         times = alternating_rounds(runs, rounds, lambda run: median_ms(run[1], warmup_ms=25, repeat_ms=100))
         base = statistics.median(times[0])
+        best: dict[str, tuple[float, str]] = {}
         for (label, _), ts in zip(runs, times):
             ms = statistics.median(ts)
             print(f"{size}^3 {label}: {tflops(size, size, size, ms):.0f} TFLOPS {base / ms:.3f}x cuBLAS "
                   f"(rounds {' '.join(f'{t:.3f}' for t in ts)} ms)", flush=True)
+            name = label.split()[0]
+            best[name] = min(best.get(name, (ms, label)), (ms, label))
+        for name, (ms, label) in best.items():
+            if name != "cuBLAS":
+                print(f"BEST {size}^3 {label}: {base / ms:.3f}x cuBLAS", flush=True)
 
 
 def main():
@@ -62,7 +71,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--prebuild", action="store_true")
     args = parser.parse_args()
-    candidates = [parse(c) for c in args.candidates]
+    candidates = [candidate for text in args.candidates for candidate in parse(text)]
     if args.prebuild:
         prebuild(candidates)
     else:

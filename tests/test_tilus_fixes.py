@@ -24,9 +24,13 @@ def fresh_cache(tmp_path):
 _builds = iter(range(10**6))
 
 
-def build_hopper_tma_kernel(config=dict(block_m=64, block_n=128, block_k=32)):
-    tilus.option.cache_dir(tilus.option.get_option("cache_dir") + f"/fresh{next(_builds)}")
+def use_cache(path) -> None:
+    tilus.option.cache_dir(str(path))
     tilus.drivers.get_cache_dir.cache_clear()  # tilus memoizes program -> cache folder
+
+
+def build_hopper_tma_kernel(config=dict(block_m=64, block_n=128, block_k=32)):
+    use_cache(tilus.option.get_option("cache_dir") + f"/fresh{next(_builds)}")
     return build.build_config(versions.load("sm_90a", "v1"), "sm_90a", config)
 
 
@@ -99,8 +103,7 @@ def test_autotune_space_transpiled_in_workers_builds_only_with_the_fix(fresh_cac
     tilus.option.cache_dir(str(fresh_cache))
     assert build_through_tilus_autotuning("v2") is None
     with tilus_fixes.disabled("serial_transpile"):
-        tilus.option.cache_dir(str(fresh_cache / "without"))
-        tilus.drivers.get_cache_dir.cache_clear()
+        use_cache(fresh_cache / "without")
         error = build_through_tilus_autotuning("v2")
     assert isinstance(error, AssertionError)
 
@@ -109,28 +112,26 @@ def ptxas_report(result) -> str:
     return (result.program_dir / "module" / "nvcc_output.txt").read_text()
 
 
+def build_with_and_without(fix: str, module, config, cache):
+    """The configuration built with the fix and without it, each into its own empty cache."""
+    use_cache(cache / "with")
+    fixed = build.build_config(module, "sm_90a", config)
+    with tilus_fixes.disabled(fix):
+        use_cache(cache / "without")
+        unfixed = build.build_config(module, "sm_90a", config)
+    return fixed, unfixed
+
+
 def test_a_warp_specialized_128_row_accumulator_is_pipelined_only_with_the_fix(fresh_cache):
     # Hopper V3's consumer warpgroup with a 128 x 128 tile: two rows of wgmma instructions
-    module, config = versions.load("sm_90a", "v3"), dict(block_m=128, block_n=128, block_k=64, stages=2)
-    tilus.option.cache_dir(str(fresh_cache / "with"))
-    tilus.drivers.get_cache_dir.cache_clear()
-    fixed = build.build_config(module, "sm_90a", config)
+    fixed, faulty = build_with_and_without("fence_tall_accumulators", versions.load("sm_90a", "v3"),
+                                           dict(block_m=128, block_n=128, block_k=64, stages=2), fresh_cache)
     assert fixed.ok and not re.search(r"C75\d\d|serialized", ptxas_report(fixed)), ptxas_report(fixed)
-    with tilus_fixes.disabled("fence_tall_accumulators"):
-        tilus.option.cache_dir(str(fresh_cache / "without"))
-        tilus.drivers.get_cache_dir.cache_clear()
-        faulty = build.build_config(module, "sm_90a", config)
     assert faulty.ok and "C7520" in ptxas_report(faulty)  # "wgmma.mma_async instructions are serialized"
 
 
 def test_one_row_accumulators_are_left_as_they_were(fresh_cache):
     module = versions.load("sm_90a", "v5")  # two warpgroups, 64 x 256 each
-    tilus.option.cache_dir(str(fresh_cache / "with"))
-    tilus.drivers.get_cache_dir.cache_clear()
-    fixed = build.build_config(module, "sm_90a", module.REPRESENTATIVE)
-    with tilus_fixes.disabled("fence_tall_accumulators"):
-        tilus.option.cache_dir(str(fresh_cache / "without"))
-        tilus.drivers.get_cache_dir.cache_clear()
-        unfixed = build.build_config(module, "sm_90a", module.REPRESENTATIVE)
-    cuda_source = [(result.program_dir / "module" / "source.cu").read_text() for result in (fixed, unfixed)]
+    results = build_with_and_without("fence_tall_accumulators", module, module.REPRESENTATIVE, fresh_cache)
+    cuda_source = [(result.program_dir / "module" / "source.cu").read_text() for result in results]
     assert cuda_source[0] == cuda_source[1] and "wgmma_fence_operand" not in cuda_source[0]

@@ -43,7 +43,7 @@ REPRESENTATIVE = dict(block_m=128, block_n=128, block_k=64, stages=2)
 # One warpgroup holds the whole accumulator (block_m * block_n / 128 floats a thread; 128 x 256
 # would spill). Shared memory: stages * (block_m + block_n) * block_k * 2 bytes, nothing else
 # (stages * block_k >= block_n, for the epilogue). On the H100 (fp16, 4096^3 / 8192^3; timings in
-# notes/hopper_candidates.py's output): 128 x 128 with two stages (three CTAs an SM) was best at
+# plots/h100/candidates/): 128 x 128 with two stages (three CTAs an SM) was best at
 # 8192^3 and with three (two CTAs) at 4096^3; 64 x 256 tiles, one CTA an SM, at most 0.86x of
 # cuBLAS; K blocks of 32, 15-25% slower (twice the barrier round trips per multiply-add).
 @tilus.autotune("block_m, block_n, block_k, stages", [(128, 128, 64, 2), (128, 128, 64, 3), (64, 256, 64, 5)])
