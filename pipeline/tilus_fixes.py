@@ -29,11 +29,13 @@ Faults (tilus 0.2.0, seen on an H100 and on machines without a GPU):
     nvcc materializes a zero-filled accumulator lazily, right before each instruction that reads
     it. For an accumulator of two or more rows of wgmma instructions (a warpgroup's tile taller
     than 64 rows) the second row's zero-fill lands between the first row's wgmma and its own,
-    after the ``wgmma.fence``: ptxas injects a ``warpgroup.arrive`` (info C7519) and, when that
-    code is in a warp-specialized branch, serializes every wgmma of the kernel (C7520; Hopper V3
-    with 128 x 128 tiles ran at 0.55x of cuBLAS). Before the wgmma of such an accumulator, every
-    register of it goes through an empty ``asm volatile`` (``"+f"``), which forces the fill before
-    it, and a second ``wgmma.fence`` follows. One-row accumulators are left as they are.
+    after the ``wgmma.fence``: ptxas injects a ``warpgroup.arrive`` (info C7519) and a
+    ``warpgroup.wait`` (C7517), so the wgmma group kept in flight is waited for at once (Hopper V2
+    with 128 x 128 tiles), and, when that code is in a warp-specialized branch, serializes every
+    wgmma of the kernel (C7520; a V3 with one 128 x 128 consumer warpgroup ran at 0.55x of
+    cuBLAS). Before the wgmma of such an accumulator, every register of it goes through an empty
+    ``asm volatile`` (``"+f"``), which forces the fill before it, and a second ``wgmma.fence``
+    follows. One-row accumulators are left as they are.
 ``keep_ptx``
     The PTX of a kernel is kept only with ``tilus.option.debug.dump_ir()``, which also dumps the IR
     after every pass (slow and large). nvcc is asked to keep ``source.ptx`` beside every built

@@ -4,6 +4,7 @@ none of them makes ptxas serialize its wgmma. The shared pieces they are built f
 in plain Python (tile schedules, the accumulator's column blocks). On the H100 they are run by
 tests/test_gpu_correctness.py."""
 
+import inspect
 import re
 
 import pytest
@@ -66,24 +67,27 @@ def test_v2_is_a_ring_of_stages_issued_by_the_multiplying_warps():
     assert "mbarrier.arrive.release" not in ptx("v2")  # nobody hands slots back: a bar.sync does
 
 
-def test_v3_specializes_a_producer_warp_and_a_consumer_warpgroup():
+def test_v3_specializes_a_producer_warp_feeding_two_consumer_warpgroups():
     result = representative_build(ARCH, "v3")
-    assert result.threads == 160  # 4 consumer warps + 1 producer warp
+    assert result.threads == 288  # 2 consumer warpgroups + 1 producer warp
     text = ptx("v3")
-    assert "mbarrier.arrive.release.cta.shared::cta.b64" in text  # the consumer releases a slot
-    assert "bar.cta.sync 1, 128" in text  # the consumer warpgroup's own barrier (epilogue)
+    assert "wgmma.mma_async.sync.aligned.m64n256k16" in text  # each warpgroup: 64 rows of the 128 x 256 tile
+    assert "mbarrier.arrive.release.cta.shared::cta.b64" in text  # a consumer releases a slot
+    assert "bar.cta.sync 1, 128" in text and "bar.cta.sync 2, 128" in text  # each warpgroup's own barrier
     barriers = re.findall(r"mbarrier_init_shared\(\(?barriers", source("v3"))
     assert len(barriers) == 2 * versions.load(ARCH, "v3").REPRESENTATIVE["stages"]  # full and empty
+    launch = re.search(r"<<<dim3\((.*?)\), dim3\(288", source("v3")).group(1)
+    assert not launch.endswith(", 1, 1")  # a two-dimensional grid, launched in index order
 
 
-def test_v4_has_two_consumer_warpgroups_and_a_one_dimensional_rasterized_grid():
+def test_v4_rasterizes_a_one_dimensional_grid_through_the_shared_pipeline():
     result = representative_build(ARCH, "v4")
-    assert result.threads == 288  # 2 consumer warpgroups + 1 producer warp
-    text = ptx("v4")
-    assert "wgmma.mma_async.sync.aligned.m64n256k16" in text
-    assert "bar.cta.sync 1, 128" in text and "bar.cta.sync 2, 128" in text
+    assert result.threads == 288  # V3's CTA
     launch = re.search(r"<<<dim3\((.*?)\), dim3\(288", source("v4")).group(1)
     assert launch.endswith(", 1, 1")  # tiles are numbered along x only; the rasterizer maps them
+    # V3's hand-written slot and parity arithmetic is gone: the Pipeline keeps stage and phase
+    v3, v4 = (inspect.getsource(versions.load(ARCH, v).Kernel) for v in ("v3", "v4"))
+    assert "% self.stages" in v3 and "% self.stages" not in v4 and "Pipeline(" in v4
 
 
 def test_v5_is_persistent_with_an_asynchronous_subtiled_epilogue():

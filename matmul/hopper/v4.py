@@ -1,15 +1,16 @@
-"""Hopper V4: V3 with grouped tile rasterization, the shared ``Pipeline`` class, and two consumer
-warpgroups sharing one producer.
+"""Hopper V4: V3 with grouped tile rasterization, and the ring's bookkeeping in the shared
+``Pipeline`` class.
 
-Idea: a bigger output tile reads fewer bytes per multiply-add (a 128 x 256 tile loads 384 rows of
-operands for 32768 outputs, a 128 x 128 tile 256 rows for 16384), but one warpgroup cannot hold
-a 128 x 256 float32 accumulator (256 registers a thread). So the CTA gets two consumer warpgroups:
-each owns half of the tile's rows (its own slab of A) and both read the same B tile; one producer
-warp keeps feeding both. Second, the launch order: the grid is one-dimensional and
-``pipeline.TileRasterizer`` maps a CTA's index to a tile so that the CTAs in flight together
-cover a few tile rows column by column (``group`` rows at a time), so their A and B tiles are
-re-read from L2 rather than DRAM. Third, the ring's stage and phase bookkeeping moves into the
-shared ``pipeline.Pipeline`` class (V3 spelled it out by hand).
+Idea: the launch order. V3's grid is two-dimensional and the hardware launches its CTAs in index
+order, x (the tile row) fastest, so the CTAs in flight together cover a few tile columns from
+top to bottom: they share their B tiles, but the whole of A streams through L2 again for every
+tile column. V4's grid is
+one-dimensional and ``pipeline.TileRasterizer`` maps a CTA's index to a tile so that the CTAs in
+flight together cover a few tile rows column by column (``group`` rows at a time): their A and B
+tiles are re-read from L2 rather than DRAM. Second, the ring's stage and phase bookkeeping,
+which V3 spelled out by hand (slot = k % stages, parity = (k // stages) & 1), moves into the shared
+``pipeline.Pipeline`` class and the consumers' main loop into ``pipeline.mainloop.WgmmaMainloop``,
+which V5 and V6 reuse. The CTA is V3's: one producer warp, two consumer warpgroups of 64 x 256.
 
 Synchronization (all at CTA scope, through ``Pipeline``):
 ``full[s]`` (arrival count 1): per use, one ``arrive.expect_tx`` by the producer's elected lane
@@ -36,7 +37,7 @@ from pipeline.mainloop import WgmmaMainloop
 
 from ..kernel import MatmulKernel
 
-IDEA = "grouped tile rasterization, the shared Pipeline class, two consumer warpgroups per CTA"
+IDEA = "grouped tile rasterization for L2 reuse; the ring through the shared Pipeline class"
 PTX_MARKERS = ("wgmma.mma_async.sync.aligned.m64n256k16", "cp.async.bulk.tensor.2d.shared::cta.global",
                "bar.cta.sync 1, 128", "bar.cta.sync 2, 128")
 REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, group=8)
