@@ -2,8 +2,14 @@
 square shapes), each checked against the float32 reference first: to decide what a space should
 hold. Rough numbers for choosing; the bench (``python -m matmul bench``) is the measurement to report.
 
-    python notes/hopper_candidates.py [--sizes 4096,8192] [--rounds 6] v2:block_m=128,block_n=128,... ...
+    python notes/hopper_candidates.py [--sizes 4096,8192x14336x4096] [--rounds 6] v2:block_m=128,... ...
     python notes/hopper_candidates.py --prebuild v2:...   # only build them here (no GPU needed)
+    ncu --nvtx --nvtx-include "profile/" --clock-control base --metrics gpu__time_duration.sum,... \
+        python notes/hopper_candidates.py --profile 3 v2:...   # each checked, then 3 launches in range "profile"
+    python notes/hopper_candidates.py --sustained 3 v2:...   # each launched back to back for 3 s a round
+
+A size is ``N`` (N^3) or ``MxNxK``. Under ncu the clocks are locked (``--clock-control base``):
+kernel durations without this power-limited card's clock swings, an intrinsic comparison.
 
 A candidate is ``version:name=value,...`` (all of the version's tuning parameters), or a bare
 ``version`` for every configuration of its autotune space.
@@ -29,16 +35,66 @@ def prebuild(candidates):
               result.shared_bytes, flush=True)
 
 
-def measure(candidates, sizes, rounds):
+def sustained(runs, size, m, n, k, rounds, seconds):
+    """Each run launched back to back for ``seconds`` (same operands, no L2 flush), in alternating
+    order: its TFLOPS over the second half of its window, with the SM clock and board power that
+    nvidia-smi sampled meanwhile (every 50 ms). The rate a power-limited card sustains."""
+    import subprocess
+    import tempfile
+    import time
+    from datetime import datetime
+
+    import torch
+
+    from matmul.timing import alternating_rounds, tflops
+
+    log = tempfile.NamedTemporaryFile("r", suffix=".csv")
+    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                            "-lms", "50"], stdout=open(log.name, "w"))
+    windows = {}
+
+    def window(run):
+        label, fn = run
+        batches, start = [], time.time()
+        while time.time() - start < seconds:
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            for _ in range(10):
+                fn()
+            end.record()
+            end.synchronize()
+            batches.append((time.time(), begin.elapsed_time(end) / 10))
+        windows.setdefault(label, []).append((start + seconds / 2, time.time()))
+        return statistics.median(ms for t, ms in batches if t >= start + seconds / 2)
+
+    times = alternating_rounds(runs, rounds, window)
+    time.sleep(0.2)
+    smi.terminate()
+    samples = []
+    for line in open(log.name):
+        stamp, clock, power = (field.strip() for field in line.split(","))
+        samples.append((datetime.strptime(stamp, "%Y/%m/%d %H:%M:%S.%f").timestamp(), float(clock), float(power)))
+    base = statistics.median(times[0])
+    for (label, _), ts in zip(runs, times):
+        ms = statistics.median(ts)
+        inside = [(c, w) for t, c, w in samples if any(a <= t <= b for a, b in windows[label])]
+        clock = statistics.mean(c for c, _ in inside) if inside else float("nan")
+        power = statistics.mean(w for _, w in inside) if inside else float("nan")
+        print(f"{size} sustained {label}: {tflops(m, n, k, ms):.0f} TFLOPS {base / ms:.3f}x cuBLAS at {clock:.0f} MHz "
+              f"{power:.0f} W (rounds {' '.join(f'{t:.3f}' for t in ts)} ms)", flush=True)
+
+
+def measure(candidates, sizes, rounds, profile=0, seconds=0.0):
     import torch
 
     from matmul.check import TOLERANCE, poisoned_output, random_operands, reference, relative_error
     from matmul.timing import alternating_rounds, median_ms, tflops
 
-    for size in sizes:
-        a, b = random_operands(size, size, size, torch.float16)
+    for m, n, k in sizes:
+        size = f"{m}^3" if m == n == k else f"{m}x{n}x{k}"
+        a, b = random_operands(m, n, k, torch.float16)
         ref = reference(a, b)
-        out = poisoned_output(size, size, torch.float16)
+        out = poisoned_output(m, n, torch.float16)
         runs = [("cuBLAS", lambda: torch.matmul(a, b.T))]
         for name, config in candidates:
             module = versions.load("sm_90a", name)
@@ -47,21 +103,34 @@ def measure(candidates, sizes, rounds):
             error = relative_error(out, ref)
             label = f"{name} " + " ".join(f"{k}={v}" for k, v in config.items())
             if error > TOLERANCE[torch.float16]:
-                print(f"{size}^3 {label}: WRONG (error {error:.3g})", flush=True)
+                print(f"{size} {label}: WRONG (error {error:.3g})", flush=True)
                 continue
             runs.append((label, lambda module=module, config=config: versions.run(module, a, b, out, config=config)))
+        if profile:  # `profile` launches of each, in order, inside the range ncu is told to profile
+            torch.cuda.synchronize()
+            for label, run in runs:
+                for _ in range(profile):
+                    print(f"profiled {size} {label}", flush=True)
+                    torch.cuda.nvtx.range_push("profile")
+                    run()
+                    torch.cuda.synchronize()
+                    torch.cuda.nvtx.range_pop()
+            continue
+        if seconds:
+            sustained(runs, size, m, n, k, rounds, seconds)
+            continue
         times = alternating_rounds(runs, rounds, lambda run: median_ms(run[1], warmup_ms=25, repeat_ms=100))
         base = statistics.median(times[0])
         best: dict[str, tuple[float, str]] = {}
         for (label, _), ts in zip(runs, times):
             ms = statistics.median(ts)
-            print(f"{size}^3 {label}: {tflops(size, size, size, ms):.0f} TFLOPS {base / ms:.3f}x cuBLAS "
+            print(f"{size} {label}: {tflops(m, n, k, ms):.0f} TFLOPS {base / ms:.3f}x cuBLAS "
                   f"(rounds {' '.join(f'{t:.3f}' for t in ts)} ms)", flush=True)
             name = label.split()[0]
             best[name] = min(best.get(name, (ms, label)), (ms, label))
         for name, (ms, label) in best.items():
             if name != "cuBLAS":
-                print(f"BEST {size}^3 {label}: {base / ms:.3f}x cuBLAS", flush=True)
+                print(f"BEST {size} {label}: {base / ms:.3f}x cuBLAS", flush=True)
 
 
 def main():
@@ -70,12 +139,15 @@ def main():
     parser.add_argument("--sizes", default="4096,8192")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--prebuild", action="store_true")
+    parser.add_argument("--profile", type=int, default=0, metavar="LAUNCHES")
+    parser.add_argument("--sustained", type=float, default=0.0, metavar="SECONDS")
     args = parser.parse_args()
     candidates = [candidate for text in args.candidates for candidate in parse(text)]
     if args.prebuild:
         prebuild(candidates)
     else:
-        measure(candidates, [int(s) for s in args.sizes.split(",")], args.rounds)
+        sizes = [tuple(int(d) for d in s.split("x")) if "x" in s else (int(s),) * 3 for s in args.sizes.split(",")]
+        measure(candidates, sizes, args.rounds, args.profile, args.sustained)
 
 
 if __name__ == "__main__":

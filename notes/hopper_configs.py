@@ -17,4 +17,4 @@ if __name__ == "__main__":
     for a in sys.argv[1:]:
         if a.startswith("--sizes="):
             sizes = [int(x) for x in a.split("=", 1)[1].split(",")]
-    measure([candidate for name in names for candidate in parse(name)], sizes, rounds=1)
+    measure([candidate for name in names for candidate in parse(name)], [(s, s, s) for s in sizes], rounds=1)

@@ -56,10 +56,9 @@ REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4)
 # stages * (block_m + block_n) * block_k * 2 bytes, the output staged in the ring (stages * block_k
 # >= block_n): 192 KiB, one CTA an SM. On the H100 (fp16; plots/h100/candidates/4-*.log) 128 x 256
 # with 4 stages of 64 K columns ran at 0.94x / 0.96x of cuBLAS at 4096^3 / 8192^3 (V2's best:
-# 0.90x / 0.84x); 8 stages of 32 were as fast at 4096^3, 0.80x at 8192^3; 128 x 128 tiles (two
-# 64 x 128 warpgroups), 0.81x / 0.76x.
-@tilus.autotune("block_m, block_n", [(128, 256)])
-@tilus.autotune("block_k, stages", [(64, 4), (32, 8)])
+# 0.90x / 0.84x); 128 x 128 tiles (two 64 x 128 warpgroups), 0.81x / 0.76x; 8 stages of 32 K
+# columns, never faster and up to 17% slower (candidates/5-*.log: here and for V4-V6).
+@tilus.autotune("block_m, block_n, block_k, stages", [(128, 256, 64, 4)])
 class Kernel(MatmulKernel):
     def __init__(self, dtype, block_m: int, block_n: int, block_k: int, stages: int):
         super().__init__(dtype)

@@ -43,12 +43,9 @@ PTX_MARKERS = ("wgmma.mma_async.sync.aligned.m64n256k16", "cp.async.bulk.tensor.
 REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, group=8)
 
 
-# shared memory: stages * (block_m + block_n) * block_k * 2 bytes, the output staged in the ring:
-# 4 stages of 64 or 8 of 32 K columns (stages * block_k >= block_n). Each warpgroup's accumulator is
-# one row of m64n256 wgmma.
-# The group (tile rows walked together) decides how much of A and B the CTAs in flight share in L2.
-@tilus.autotune("block_m, block_n", [(128, 256)])
-@tilus.autotune("block_k, stages", [(64, 4), (32, 8)])
+# V3's tile and ring: 4 stages of 64 K columns, the output staged in the ring. The group (tile
+# rows walked together) decides how much of A and B the CTAs in flight share in L2.
+@tilus.autotune("block_m, block_n, block_k, stages", [(128, 256, 64, 4)])
 @tilus.autotune("group", [8, 16, 32])
 class Kernel(MatmulKernel):
     def __init__(self, dtype, block_m: int, block_n: int, block_k: int, stages: int, group: int):

@@ -42,9 +42,8 @@ REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, group=8)
 
 
 # shared memory: stages * (block_m + block_n) * block_k * 2 bytes + 2 warpgroups * 2 staging
-# buffers * 64 x 64 * 2 bytes (32 KiB): 4 stages of 64 or 8 of 32 K columns for 128 x 256
-@tilus.autotune("block_m, block_n", [(128, 256)])
-@tilus.autotune("block_k, stages", [(64, 4), (32, 8)])
+# buffers * 64 x 64 * 2 bytes (32 KiB): 4 stages of 64 K columns for 128 x 256
+@tilus.autotune("block_m, block_n, block_k, stages", [(128, 256, 64, 4)])
 @tilus.autotune("group", [8, 16, 32])
 class Kernel(MatmulKernel):
     def __init__(self, dtype, block_m: int, block_n: int, block_k: int, stages: int, group: int):

@@ -66,8 +66,7 @@ REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, group=8)
 # per CTA: stages * (block_m + block_n) * block_k * 2 bytes of ring (the whole B tile lands in
 # each CTA) + 32 KiB of epilogue staging: V5's budget. The group counts cluster tiles (256 rows):
 # group 8 covers the rows V5's group 16 does; group 4 was 3-5% slower at 8192^3 on the H100.
-@tilus.autotune("block_m, block_n", [(128, 256)])
-@tilus.autotune("block_k, stages", [(64, 4), (32, 8)])
+@tilus.autotune("block_m, block_n, block_k, stages", [(128, 256, 64, 4)])
 @tilus.autotune("group", [8, 16])
 class Kernel(MatmulKernel):
     def __init__(self, dtype, block_m: int, block_n: int, block_k: int, stages: int, group: int):
