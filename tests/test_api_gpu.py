@@ -84,7 +84,7 @@ def test_a_second_process_reuses_the_choice_without_tuning():
     a, w = random_operands(m, n, k, torch.float16)
     matmul.matmul(a, w.T)
     entry = api.choice(a, w.T)
-    assert entry["version"] in matmul.versions.available(ARCH)
+    assert entry["version"] in matmul.versions.available(ARCH) + [api.VENDOR]  # cuBLAS may win this shape
     code = f"""
 import json, torch
 import matmul

@@ -38,13 +38,14 @@ from ..kernel import MatmulKernel
 IDEA = "persistent CTAs over a static tile schedule; asynchronous sub-tiled TMA-store epilogue"
 PTX_MARKERS = ("wgmma.mma_async.sync.aligned.m64n256k16", "cp.async.bulk.tensor.2d.global.shared::cta",
                "cp.async.bulk.wait_group.read 1", "stmatrix")
-REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, group=8)
+REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, group=16)
 
 
 # shared memory: stages * (block_m + block_n) * block_k * 2 bytes + 2 warpgroups * 2 staging
-# buffers * 64 x 64 * 2 bytes (32 KiB): 4 stages of 64 K columns for 128 x 256
+# buffers * 64 x 64 * 2 bytes (32 KiB): 4 stages of 64 K columns for 128 x 256. Groups as V4's
+# (8 was 6% slower at 8192^3: plots/h100/candidates/1-*).
 @tilus.autotune("block_m, block_n, block_k, stages", [(128, 256, 64, 4)])
-@tilus.autotune("group", [8, 16, 32])
+@tilus.autotune("group", [16, 32])
 class Kernel(MatmulKernel):
     def __init__(self, dtype, block_m: int, block_n: int, block_k: int, stages: int, group: int):
         super().__init__(dtype)
