@@ -3,12 +3,13 @@ call, checked and timed on this machine's GPU in one run, into one raw results f
 
 Per shape, every kernel gets the same fresh random operands. Each is first run once on a
 NaN-poisoned output and checked against the float32 reference (``check``); a kernel that fails is
-recorded with its error and not timed. Then ``rounds`` rounds time every kernel (``timing``:
-median of many runs after warm-up, L2 flushed), the order reversed every other round so that no
-kernel always runs on a cooler or warmer GPU (cuBLAS first, then ``matmul()``, then the others);
-a kernel's time is the median of its rounds. Ratios
-are to cuBLAS (``torch.matmul(a, b.T)``, the ``x @ w.T`` of a linear layer) timed in the same
-rounds.
+recorded with its error and not timed. Then ``rounds`` rounds time every kernel against cuBLAS
+(``torch.matmul(a, b.T)``, the ``x @ w.T`` of a linear layer): one window per kernel and round in
+which the kernel and cuBLAS are launched in turn (``timing.interleaved_ms``: L2 flushed before each
+launch, median of each), so the pair compared meets the same clock and thermal state of a
+power-limited GPU, launch by launch. The kernels' order is reversed every other round. A kernel's
+ratio to cuBLAS is the median of its windows' ratios, its time the median of its windows' times;
+cuBLAS's time is the median over all windows.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class Contender:
 
 
 def measure(shape: Shape, contenders: list[Contender], ref: torch.Tensor, dtype: torch.dtype,
-            timer: Callable[[Callable[[], object]], float], rounds: int = 6,
+            timer: Callable[[list[Callable[[], object]]], list[float]], rounds: int = 6,
             progress: Optional[tqdm] = None) -> list[dict]:
     """Check, then time, ``contenders`` on one shape; one row per contender (see the module's docstring)."""
     base = {"m": shape.m, "n": shape.n, "k": shape.k, "label": shape.label, "dtype": _dtype_name(dtype)}
@@ -71,24 +72,30 @@ def measure(shape: Shape, contenders: list[Contender], ref: torch.Tensor, dtype:
         row["ok"] = row["error"] <= TOLERANCE[dtype]
         if row["ok"] or c.name == CUBLAS:  # the reference point is timed even if it were off
             timed.append(c)
-    # matmul() is timed right after cuBLAS (before it in the reversed rounds): the pair the ratio
-    # compares then meets the same thermal and clock state of this power-limited GPU
-    timed.sort(key=lambda c: {CUBLAS: 0, AUTOTUNED: 1}.get(c.name, 2))
-    def time_one(c: Contender) -> float:
-        ms = timer(c.run)
+    baseline = next((c for c in timed if c.name == CUBLAS), None)
+    others = [c for c in timed if c is not baseline]
+    paired = baseline is not None and bool(others)
+
+    def time_one(c: Contender) -> tuple[float, float]:
+        """The kernel's ms and cuBLAS's ms from one window of turns (NaN for cuBLAS when not paired)."""
+        ms = timer([c.run, baseline.run] if paired else [c.run])
         if progress is not None:
             progress.update(1)
-        return ms
+        return ms[0], (ms[1] if paired else math.nan)
 
-    times = {c.name: t for c, t in zip(timed, alternating_rounds(timed, rounds, time_one))}
-    cublas_ms = statistics.median(times[CUBLAS]) if CUBLAS in times else None
-    for name, t in times.items():
+    subjects = others if paired else timed
+    times = dict(zip((c.name for c in subjects), alternating_rounds(subjects, rounds, time_one)))
+    if paired:  # cuBLAS's row: its times from every window
+        times[CUBLAS] = [(c_ms, c_ms) for pairs in list(times.values()) for _, c_ms in pairs]
+    for name, pairs in times.items():
         row = rows[name]
-        row["ms_rounds"] = t
-        row["ms"] = statistics.median(t)
+        row["ms_rounds"] = [ms for ms, _ in pairs]
+        row["ms"] = statistics.median(row["ms_rounds"])
         row["tflops"] = tflops(shape.m, shape.n, shape.k, row["ms"])
-        if cublas_ms:
-            row["vs_cublas"] = cublas_ms / row["ms"]
+        if baseline is not None:
+            row["vs_cublas"] = 1.0 if name == CUBLAS else statistics.median(c_ms / ms for ms, c_ms in pairs)
+        if paired and name != CUBLAS:
+            row["cublas_ms_rounds"] = [c_ms for _, c_ms in pairs]
     return list(rows.values())
 
 
@@ -132,22 +139,25 @@ def run(arch: str, names: list[str], chosen: dict[str, list[Shape]], dtype: torc
         autotuned: bool = True, command: str = "", save: Optional[Callable[[dict], None]] = None) -> dict:
     """Bench every shape of ``chosen``; ``save(results)`` after each shape keeps what a crash would lose."""
     from . import triton_baseline
-    from .timing import median_ms
+    from .timing import interleaved_ms
 
-    timer = functools.partial(median_ms, warmup_ms=warmup_ms, repeat_ms=repeat_ms)
+    timer = functools.partial(interleaved_ms, warmup_ms=warmup_ms, repeat_ms=repeat_ms)
     shapes = presets.unique(chosen)
     results = {
         "format": FORMAT, "command": command, "arch": arch, "dtype": _dtype_name(dtype),
         "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(), "software": software(),
-        "timing": {"method": "median of timing.median_ms (triton.testing.do_bench, L2 flushed) per round; "
-                             "median over rounds in alternating order", "warmup_ms": warmup_ms,
+        "timing": {"method": "per round, one window per kernel in which it and cuBLAS are launched in turn "
+                             "(timing.interleaved_ms, L2 flushed, median of each); ratio to cuBLAS: median "
+                             "of the windows' ratios; rounds in alternating order", "warmup_ms": warmup_ms,
                    "repeat_ms": repeat_ms, "rounds": rounds},
         "presets": {name: [s._asdict() for s in group] for name, group in chosen.items()},
         "rows": [],
     }
     per_shape = 1 + len(names) + (triton and triton_baseline.available()) + autotuned
-    with tqdm(total=len(shapes) * per_shape * (rounds + 1), desc="[bench] checking and timing", unit="run") as bar:
+    # per shape: one check per kernel, then one window per kernel but cuBLAS per round
+    with tqdm(total=len(shapes) * (per_shape + rounds * (per_shape - 1)), desc="[bench] checking and timing",
+              unit="run") as bar:
         for shape in shapes:
             bar.set_postfix_str(shape.text)
             a, b = random_operands(shape.m, shape.n, shape.k, dtype)

@@ -47,6 +47,46 @@ def _median_ms_events(fn, warmup_ms, repeat_ms) -> float:
     return statistics.median(times)
 
 
+def interleaved_ms(fns: Sequence[Callable[[], object]], warmup_ms: float = 100.0,
+                   repeat_ms: float = 500.0) -> list[float]:
+    """Median time of one call of each of ``fns`` in milliseconds, the calls taken in turn
+    (f0, f1, ..., f0, f1, ...), L2 flushed before each, each call timed by its own CUDA events.
+
+    On a power-limited GPU the clock drifts with what ran before; kernels timed in one window,
+    launch by launch, meet the same clock and thermal state, so their ratio does not depend on
+    where in a run the window falls. ``warmup_ms`` of turns first (untimed), then turns for about
+    ``repeat_ms`` (at least 10).
+    """
+    flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")  # larger than L2
+    for fn in fns:  # first calls (and any lazy setup) before anything is timed
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        for fn in fns:
+            flush.zero_()
+            fn()
+    end.record()
+    torch.cuda.synchronize()
+    estimate = max(start.elapsed_time(end) / 3, 1e-3)  # one turn, flushes included
+    for _ in range(int(warmup_ms / estimate)):
+        for fn in fns:
+            flush.zero_()
+            fn()
+    turns = max(10, int(repeat_ms / estimate))
+    events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in fns]
+              for _ in range(turns)]
+    for turn in events:
+        for fn, (begin, finish) in zip(fns, turn):
+            flush.zero_()
+            begin.record()
+            fn()
+            finish.record()
+    torch.cuda.synchronize()
+    return [statistics.median(turn[i][0].elapsed_time(turn[i][1]) for turn in events) for i in range(len(fns))]
+
+
 def tflops(m: int, n: int, k: int, ms: float) -> float:
     return 2.0 * m * n * k / (ms * 1e-3) / 1e12
 

@@ -128,3 +128,12 @@ def test_harness_end_to_end(tmp_path):
     assert (tmp_path / "partial.json").exists()
     written = plot.draw_all(loaded, tmp_path)
     assert {p.name for p in written} == {"progression-%s-float16.%s" % (ARCH, ext) for ext in ("png", "svg")}
+
+
+def test_interleaved_timing_tells_a_kernel_from_one_of_twice_its_work():
+    from matmul.timing import interleaved_ms
+
+    a, b = (torch.randn(4096, 4096, device="cuda", dtype=torch.float16) for _ in range(2))
+    half, whole = a[:2048], a
+    ms = interleaved_ms([lambda: half @ b.T, lambda: whole @ b.T, lambda: half @ b.T], warmup_ms=20, repeat_ms=50)
+    assert ms[1] / ms[0] == pytest.approx(2.0, rel=0.25) and ms[2] / ms[0] == pytest.approx(1.0, rel=0.1)

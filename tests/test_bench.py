@@ -54,23 +54,23 @@ def stand_ins(a, b, dtype):
             Contender("v3", "version", failing, outs["v3"])]
 
 
-def test_every_kernel_is_checked_before_it_is_timed_in_alternating_rounds():
+def test_every_kernel_is_checked_before_it_is_timed_against_cublas():
     shape, dtype = Shape(48, 40, 24, "test"), torch.bfloat16
     a, b = torch.randn(48, 24).to(dtype), torch.randn(40, 24).to(dtype)
     found = stand_ins(a, b, dtype)
     ms = {id(c.run): t for c, t in zip(found, (2.0, 4.0, 1.0, 1.0, 1.0))}
-    order = []
+    windows = []
 
-    def timer(fn):
-        order.append(next(c.name for c in found if c.run is fn))
-        return ms[id(fn)]
+    def timer(fns):
+        windows.append([next(c.name for c in found if c.run is fn) for fn in fns])
+        return [ms[id(fn)] for fn in fns]
 
     rows = {r["kernel"]: r for r in bench.measure(shape, found, reference(a, b), dtype, timer, rounds=3)}
-    assert order == [CUBLAS, "v0", "v0", CUBLAS, CUBLAS, "v0"]  # only the correct ones, order reversed each round
+    assert windows == [["v0", CUBLAS]] * 3  # only the correct kernel, each round in a window with cuBLAS
     good = rows["v0"]
     assert good["ok"] and good["config"] == {"block_m": 64} and good["ms_rounds"] == [4.0] * 3
     assert good["vs_cublas"] == pytest.approx(0.5) and good["tflops"] == pytest.approx(2 * 48 * 40 * 24 / 4e-3 / 1e12)
-    assert rows[CUBLAS]["vs_cublas"] == 1.0 and rows[CUBLAS]["label"] == "test"
+    assert rows[CUBLAS]["vs_cublas"] == 1.0 and rows[CUBLAS]["ms"] == 2.0 and rows[CUBLAS]["label"] == "test"
     assert not rows["v1"]["ok"] and rows["v1"]["error"] == pytest.approx(1.0) and "ms" not in rows["v1"]
     assert not rows["v2"]["ok"] and math.isinf(rows["v2"]["error"])  # a NaN left in the output
     assert not rows["v3"]["ok"] and "no configuration built" in rows["v3"]["message"]
@@ -141,7 +141,7 @@ def test_a_whole_run_with_stand_in_kernels_on_the_cpu(monkeypatch, tmp_path):
     monkeypatch.setattr(bench, "random_operands", lambda m, n, k, dtype: cpu(m, n, k, dtype))
     monkeypatch.setattr(check, "poisoned_output", functools.partial(check.poisoned_output, device="cpu"))
     monkeypatch.setattr(bench, "machine", lambda: {"gpu": "stand-in GPU", "sms": 1})
-    monkeypatch.setattr(timing, "median_ms", lambda fn, warmup_ms, repeat_ms: (fn(), 1.0)[1])
+    monkeypatch.setattr(timing, "interleaved_ms", lambda fns, warmup_ms, repeat_ms: [(fn(), 1.0)[1] for fn in fns])
     saved = []
     chosen = presets.parse("series,40x24x17")
     chosen["series"] = [Shape(64, 48, 32)]  # small stand-ins for the preset's sizes
@@ -152,6 +152,7 @@ def test_a_whole_run_with_stand_in_kernels_on_the_cpu(monkeypatch, tmp_path):
     assert set(rows) == {(k, m) for k in (CUBLAS, "v0", "v1") for m in (64, 40)}
     assert rows[("v1", 40)]["ok"] and rows[("v1", 40)]["config"] == {"block_m": 128, "block_n": 128, "block_k": 64}
     assert rows[("v1", 40)]["vs_cublas"] == 1.0 and rows[("v1", 40)]["ms_rounds"] == [1.0, 1.0]
+    assert rows[(CUBLAS, 40)]["ms_rounds"] == [1.0, 1.0]  # from v1's windows (v0 is wrong, not timed)
     assert not rows[("v0", 64)]["ok"] and "ms" not in rows[("v0", 64)]
     assert results["presets"]["custom"] == [{"m": 40, "n": 24, "k": 17, "label": ""}]
     bench.write(results, tmp_path / "results.json")
@@ -160,7 +161,7 @@ def test_a_whole_run_with_stand_in_kernels_on_the_cpu(monkeypatch, tmp_path):
     assert [a.get_title() for a in fig.axes if a.get_title()] == ["M x N x K = 64 x 48 x 32"]
 
 
-def test_matmul_is_timed_next_to_cublas():
+def test_each_ratio_comes_from_one_window_so_a_drifting_clock_cancels():
     shape, dtype = Shape(48, 40, 24, "test"), torch.float16
     a, b = torch.randn(48, 24).to(dtype), torch.randn(40, 24).to(dtype)
     ref = reference(a, b)
@@ -171,8 +172,18 @@ def test_matmul_is_timed_next_to_cublas():
 
     found = [contender(CUBLAS, "baseline"), contender("v0", "version"), contender("v1", "version"),
              contender(bench.AUTOTUNED, "autotuned")]
-    order = []
-    rows = bench.measure(shape, found, ref, dtype, lambda fn: order.append(next(c.name for c in found if c.run is fn))
-                         or 1.0, rounds=2)
-    assert order == [CUBLAS, bench.AUTOTUNED, "v0", "v1", "v1", "v0", bench.AUTOTUNED, CUBLAS]
-    assert [r["kernel"] for r in rows] == [CUBLAS, "v0", "v1", bench.AUTOTUNED]  # the table keeps its order
+    speed = {CUBLAS: 1.0, "v0": 2.0, "v1": 1.25, bench.AUTOTUNED: 1.0}  # ms on a steady clock
+    windows = []
+
+    def timer(fns):  # the GPU slows down window after window: 10% each
+        names = [next(c.name for c in found if c.run is fn) for fn in fns]
+        windows.append(names[0])
+        return [speed[name] * 1.1 ** len(windows) for name in names]
+
+    rows = {r["kernel"]: r for r in bench.measure(shape, found, ref, dtype, timer, rounds=2)}
+    assert windows == ["v0", "v1", bench.AUTOTUNED, bench.AUTOTUNED, "v1", "v0"]  # reversed every other round
+    assert rows["v0"]["vs_cublas"] == pytest.approx(0.5) and rows["v1"]["vs_cublas"] == pytest.approx(0.8)
+    assert rows[bench.AUTOTUNED]["vs_cublas"] == pytest.approx(1.0)  # cuBLAS against itself: no position effect
+    assert rows["v0"]["ms_rounds"] == pytest.approx([2.0 * 1.1, 2.0 * 1.1 ** 6])
+    assert len(rows[CUBLAS]["ms_rounds"]) == 6  # cuBLAS's time: from every window
+    assert list(rows) == [CUBLAS, "v0", "v1", bench.AUTOTUNED]  # the table keeps its order
