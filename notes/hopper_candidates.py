@@ -1,6 +1,7 @@
-"""Time chosen configurations of the Hopper versions against cuBLAS in alternating rounds (fp16,
-square shapes), each checked against the float32 reference first: to decide what a space should
-hold. Rough numbers for choosing; the bench (``python -m matmul bench``) is the measurement to report.
+"""Time chosen configurations of the Hopper versions against cuBLAS (fp16), each in one window
+with cuBLAS per round (``timing.interleaved_ms``, rounds in alternating order), each checked
+against the float32 reference first: to decide what a space should hold. Rough numbers for
+choosing; the bench (``python -m matmul bench``) is the measurement to report.
 
     python notes/hopper_candidates.py [--sizes 4096,8192x14336x4096] [--rounds 6] v2:block_m=128,... ...
     python notes/hopper_candidates.py --prebuild v2:...   # only build them here (no GPU needed)
@@ -8,11 +9,8 @@ hold. Rough numbers for choosing; the bench (``python -m matmul bench``) is the 
         python notes/hopper_candidates.py --profile 3 v2:...   # each checked, then 3 launches in range "profile"
     python notes/hopper_candidates.py --sustained 3 v2:...   # each launched back to back for 3 s a round
 
-A size is ``N`` (N^3) or ``MxNxK``. Under ncu the clocks are locked (``--clock-control base``):
-kernel durations without this power-limited card's clock swings, an intrinsic comparison.
-
-A candidate is ``version:name=value,...`` (all of the version's tuning parameters), or a bare
-``version`` for every configuration of its autotune space.
+A size is ``N`` (N^3) or ``MxNxK``. Under ncu compare elapsed cycles, not durations:
+``--clock-control base`` did not pin the H100's clock here (1.29-1.43 GHz).
 """
 
 import argparse
@@ -88,7 +86,7 @@ def measure(candidates, sizes, rounds, profile=0, seconds=0.0):
     import torch
 
     from matmul.check import TOLERANCE, poisoned_output, random_operands, reference, relative_error
-    from matmul.timing import alternating_rounds, median_ms, tflops
+    from matmul.timing import alternating_rounds, interleaved_ms, tflops
 
     for m, n, k in sizes:
         size = f"{m}^3" if m == n == k else f"{m}x{n}x{k}"
@@ -119,18 +117,19 @@ def measure(candidates, sizes, rounds, profile=0, seconds=0.0):
         if seconds:
             sustained(runs, size, m, n, k, rounds, seconds)
             continue
-        times = alternating_rounds(runs, rounds, lambda run: median_ms(run[1], warmup_ms=25, repeat_ms=100))
-        base = statistics.median(times[0])
+        # one window per candidate and round, launched in turn with cuBLAS (as the bench does)
+        cublas = runs[0][1]
+        windows = alternating_rounds(runs[1:], rounds, lambda run: interleaved_ms([run[1], cublas], 25, 100))
         best: dict[str, tuple[float, str]] = {}
-        for (label, _), ts in zip(runs, times):
-            ms = statistics.median(ts)
-            print(f"{size} {label}: {tflops(m, n, k, ms):.0f} TFLOPS {base / ms:.3f}x cuBLAS "
-                  f"(rounds {' '.join(f'{t:.3f}' for t in ts)} ms)", flush=True)
+        for (label, _), pairs in zip(runs[1:], windows):
+            ratio = statistics.median(c_ms / ms for ms, c_ms in pairs)
+            ms = statistics.median(ms for ms, _ in pairs)
+            print(f"{size} {label}: {tflops(m, n, k, ms):.0f} TFLOPS {ratio:.3f}x cuBLAS "
+                  f"(windows {' '.join(f'{c_ms / ms:.3f}' for ms, c_ms in pairs)})", flush=True)
             name = label.split()[0]
-            best[name] = min(best.get(name, (ms, label)), (ms, label))
-        for name, (ms, label) in best.items():
-            if name != "cuBLAS":
-                print(f"BEST {size} {label}: {base / ms:.3f}x cuBLAS", flush=True)
+            best[name] = max(best.get(name, (ratio, label)), (ratio, label))
+        for name, (ratio, label) in best.items():
+            print(f"BEST {size} {label}: {ratio:.3f}x cuBLAS", flush=True)
 
 
 def main():

@@ -184,6 +184,7 @@ def test_each_ratio_comes_from_one_window_so_a_drifting_clock_cancels():
     assert windows == ["v0", "v1", bench.AUTOTUNED, bench.AUTOTUNED, "v1", "v0"]  # reversed every other round
     assert rows["v0"]["vs_cublas"] == pytest.approx(0.5) and rows["v1"]["vs_cublas"] == pytest.approx(0.8)
     assert rows[bench.AUTOTUNED]["vs_cublas"] == pytest.approx(1.0)  # cuBLAS against itself: no position effect
-    assert rows["v0"]["ms_rounds"] == pytest.approx([2.0 * 1.1, 2.0 * 1.1 ** 6])
+    assert rows["v0"]["ms_rounds"] == pytest.approx([2.0 * 1.1, 2.0 * 1.1 ** 6])  # the raw window times
+    assert rows["v0"]["ms"] == pytest.approx(2 * rows[CUBLAS]["ms"])  # at cuBLAS's median clock
     assert len(rows[CUBLAS]["ms_rounds"]) == 6  # cuBLAS's time: from every window
     assert list(rows) == [CUBLAS, "v0", "v1", bench.AUTOTUNED]  # the table keeps its order
