@@ -253,32 +253,37 @@ def check(module: ModuleType, shapes=CHECK_SHAPES, dtypes=(torch.float16, torch.
 
 
 def time_against_cublas(modules: list[ModuleType], shape=TIME_SHAPE, dtype=torch.float16) -> list[dict]:
-    """Median time of each version's REPRESENTATIVE configuration and of cuBLAS (torch.matmul) on
-    one shape, cuBLAS timed before and after the versions (as the harness does)."""
+    """Each version's REPRESENTATIVE configuration timed against cuBLAS (torch.matmul) on one shape,
+    each in one window with cuBLAS, launched in turn (as the harness does): the ratio is taken at one
+    clock, and the TFLOPS are at cuBLAS's median clock."""
+    import statistics
+
     from matmul.check import TOLERANCE, poisoned_output, random_operands, reference, relative_error
-    from matmul.timing import median_ms, tflops
+    from matmul.timing import interleaved_ms, tflops
 
     m, n, k = shape
     a, b = random_operands(m, n, k, dtype)
     ref = reference(a, b)
     cublas_out = torch.empty(m, n, dtype=dtype, device=a.device)
     cublas = lambda: torch.matmul(a, b.T, out=cublas_out)  # noqa: E731
-    before = median_ms(cublas)
-    rows = []
+    rows, cublas_ms = [], []
     for module in modules:
         out = poisoned_output(m, n, dtype)
         versions.run(module, a, b, out, config=module.REPRESENTATIVE)
         error = relative_error(out, ref)
         if not error <= TOLERANCE[dtype]:
             raise AssertionError(f"{module.__name__}: relative error {error:.3g} at {shape}")
-        ms = median_ms(lambda: versions.run(module, a, b, out, config=module.REPRESENTATIVE))
-        rows.append({"kernel": module.__name__, "config": module.REPRESENTATIVE, "ms": ms})
-    base = (before + median_ms(cublas)) / 2
-    rows.append({"kernel": "cuBLAS (torch.matmul)", "config": "", "ms": base})
+        run = functools.partial(versions.run, module, a, b, out, config=module.REPRESENTATIVE)
+        ms, base_ms = interleaved_ms([run, cublas], warmup_ms=100.0, repeat_ms=300.0)
+        rows.append({"kernel": module.__name__, "config": module.REPRESENTATIVE, "ratio": base_ms / ms})
+        cublas_ms.append(base_ms)
+    base = statistics.median(cublas_ms)
+    rows.append({"kernel": "cuBLAS (torch.matmul)", "config": "", "ratio": 1.0})
     for r in rows:
-        r["TFLOPS"] = round(tflops(m, n, k, r["ms"]), 1)
-        r["vs cuBLAS"] = f"{base / r['ms']:.2f}x"
-        r["ms"] = round(r["ms"], 4)
+        ratio = r.pop("ratio")
+        r["ms"] = round(base / ratio, 4)
+        r["TFLOPS"] = round(tflops(m, n, k, base / ratio), 1)
+        r["vs cuBLAS"] = f"{ratio:.2f}x"
     md(f"Measured here on **{torch.cuda.get_device_name(a.device)}**, {m} x {n} x {k} {str(dtype).split('.')[-1]}, "
        "each version at its REPRESENTATIVE configuration (the harness autotunes; see the closing figure):")
     show_table(rows)
