@@ -88,7 +88,8 @@ def measure(shape: Shape, contenders: list[Contender], ref: torch.Tensor, dtype:
     subjects = others if paired else timed
     times = dict(zip((c.name for c in subjects), alternating_rounds(subjects, rounds, time_one)))
     if paired:  # cuBLAS's row: its times from every window
-        times[CUBLAS] = [(c_ms, c_ms) for pairs in list(times.values()) for _, c_ms in pairs]
+        times[CUBLAS] = [(c_ms, c_ms) for pairs in times.values() for _, c_ms in pairs]
+        cublas_ms = statistics.median(c_ms for c_ms, _ in times[CUBLAS])
     for name, pairs in times.items():
         row = rows[name]
         row["ms_rounds"] = [ms for ms, _ in pairs]
@@ -98,7 +99,7 @@ def measure(shape: Shape, contenders: list[Contender], ref: torch.Tensor, dtype:
         if paired and name != CUBLAS:
             row["cublas_ms_rounds"] = [c_ms for _, c_ms in pairs]
             # at cuBLAS's median clock: windows ran at different clocks, the ratio within one did not
-            row["ms"] = statistics.median(c_ms for c_ms, _ in times[CUBLAS]) / row["vs_cublas"]
+            row["ms"] = cublas_ms / row["vs_cublas"]
         row["tflops"] = tflops(shape.m, shape.n, shape.k, row["ms"])
     return list(rows.values())
 

@@ -177,11 +177,11 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="directory for results-<arch>-<dtype>-<shapes>.json and the figures "
                                  "(default: <matmul cache dir>/bench)")
     p.add_argument("--rounds", type=int, default=6,
-                   help="timing rounds per shape, order reversed every other round (an even count gives every "
-                        "kernel as many early as late places); a kernel's time is the median of its rounds "
-                        "(default 6)")
-    p.add_argument("--warmup-ms", type=float, default=50.0, help="warm-up per timing (default 50)")
-    p.add_argument("--repeat-ms", type=float, default=200.0, help="timed runs per timing, in ms (default 200)")
+                   help="timing rounds per shape: each round times every kernel in one window with cuBLAS, the "
+                        "order reversed every other round (an even count gives every kernel as many early as "
+                        "late places); a kernel's ratio to cuBLAS is the median of its windows' (default 6)")
+    p.add_argument("--warmup-ms", type=float, default=50.0, help="warm-up per timing window (default 50)")
+    p.add_argument("--repeat-ms", type=float, default=200.0, help="timed runs per timing window, in ms (default 200)")
     p.add_argument("--no-triton", action="store_true", help="leave out the Triton baseline")
     p.add_argument("--redraw-from", help="without a GPU: where the committed results are (default: plots/)")
     p.set_defaults(func=bench_command, all_configs=False, no_check=True)

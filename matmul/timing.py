@@ -14,37 +14,13 @@ def median_ms(fn: Callable[[], object], warmup_ms: float = 100.0, repeat_ms: flo
     """Median time of one call of ``fn`` in milliseconds.
 
     Uses ``triton.testing.do_bench`` (which also flushes L2 between runs) when Triton is installed,
-    and an equivalent loop of CUDA events otherwise.
+    and the same loop of CUDA events as ``interleaved_ms`` otherwise.
     """
     try:
         from triton.testing import do_bench
     except ImportError:
-        return _median_ms_events(fn, warmup_ms, repeat_ms)
+        return interleaved_ms([fn], warmup_ms, repeat_ms)[0]
     return float(do_bench(fn, warmup=warmup_ms, rep=repeat_ms, return_mode="median"))
-
-
-def _median_ms_events(fn, warmup_ms, repeat_ms) -> float:
-    flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")  # larger than L2
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    estimate = max(start.elapsed_time(end) / 5, 1e-3)
-    for _ in range(max(1, int(warmup_ms / estimate))):
-        fn()
-    times = []
-    for _ in range(max(10, int(repeat_ms / estimate))):
-        flush.zero_()
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def interleaved_ms(fns: Sequence[Callable[[], object]], warmup_ms: float = 100.0,
