@@ -1,14 +1,16 @@
 """Distributed shared memory: the operations a 2-CTA Hopper kernel needs that tilus 0.2.0's
-language does not offer: a plain store into a peer CTA's shared memory, and a load of a value
-published through an mbarrier that the compiler cannot hoist above the wait.
+language does not offer: a store of a value computed in registers into a peer CTA's shared
+memory, and a load of a value published through an mbarrier that the compiler cannot hoist above
+the wait.
 
 tilus 0.2.0 can signal a peer's mbarrier (``mbarrier.arrive_and_expect_tx_remote``) and
-multicast TMA loads into several CTAs, but it has no instruction that writes a value computed in
-registers into another CTA's shared memory (``st.shared::cluster``). ``store_to_rank`` adds it as
-a small primitive (``mapa.shared::cluster`` + ``st.shared::cluster.b32``) emitted into the
-kernel being transpiled. It is weak (relaxed) like any plain store: publish what it wrote with a
-release arrival on a barrier of the same CTA (``arrive_and_expect_tx_remote``, release at cluster
-scope) that the reader waits on with acquire at cluster scope.
+multicast TMA loads into several CTAs, but it has no instruction that writes a register into
+another CTA's shared memory. ``async_store_to_rank`` adds one as a small primitive emitted into
+the kernel being transpiled: ``mapa.shared::cluster`` + ``st.async ... mbarrier::complete_tx``,
+which counts its bytes on the receiving CTA's barrier as a TMA load does. A reader that waits on
+that barrier (at CTA scope) sees the value; no cluster-scope fence is needed on either side. (A
+plain ``st.shared::cluster`` would have to be published by a release at cluster scope, a
+``MEMBAR.ALL.GPU`` on sm_90a, and acquired at cluster scope, an L1 invalidation.)
 
 ``load_after_wait`` reads such a value. tilus 0.2.0 emits its mbarrier wait as an ``asm volatile``
 without a ``"memory"`` clobber, and a tensor's ``.item()`` as a plain C load, so nvcc is free to
@@ -25,12 +27,12 @@ from tilus.hidet.lang import attrs, script
 from tilus.hidet.ir.primitives.cuda.funcs import call_cuda
 from tilus.lang.instructions import base
 
-_NAME = "st_shared_cluster_b32"
 _LOAD = "ld_shared_b32_ordered"
+_ASYNC = "st_async_cluster_b32"
 
 
 def _register() -> None:
-    if is_primitive_function("cuda_" + _NAME):
+    if is_primitive_function("cuda_" + _ASYNC):
         return
 
     @no_type_check
@@ -46,32 +48,36 @@ def _register() -> None:
 
     @no_type_check
     @script
-    def cuda_st_shared_cluster_b32(local_addr: uint32, cta_rank: uint32, value: int32):
-        attrs.func_name = "cuda_" + _NAME
+    def cuda_st_async_cluster_b32(local_addr: uint32, local_barrier: uint32, cta_rank: uint32, value: int32):
+        attrs.func_name = "cuda_" + _ASYNC
         attrs.func_kind = "cuda_internal"
         asm(
-            template="{ .reg.b32 remote; mapa.shared::cluster.u32 remote, %0, %1; "
-                     "st.shared::cluster.b32 [remote], %2; }",
-            inputs=[local_addr, cta_rank, value],
+            template="{ .reg.b32 remote, remote_bar; mapa.shared::cluster.u32 remote, %0, %2; "
+                     "mapa.shared::cluster.u32 remote_bar, %1, %2; "
+                     "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [remote], %3, [remote_bar]; }",
+            inputs=[local_addr, local_barrier, cta_rank, value],
             is_volatile=True,
             memory_fence=True,
         )
 
-    register_primitive_function(name=cuda_st_shared_cluster_b32.name, func_or_type=cuda_st_shared_cluster_b32)
+    register_primitive_function(name=cuda_st_async_cluster_b32.name, func_or_type=cuda_st_async_cluster_b32)
 
 
 _register()
 
 
-def store_to_rank(slot, value, rank: int) -> None:
+def async_store_to_rank(slot, value, rank: int, barrier) -> None:
     """In kernel code: store the int32 ``value`` into the single-element int32 shared tensor
-    ``slot`` *of the CTA of rank* ``rank`` in the cluster (the same offset as ``slot`` here).
-    Run by the threads of the current thread group (use ``single_thread()`` for one store)."""
+    ``slot`` of the CTA of rank ``rank`` with ``st.async``, which counts its 4 bytes on that CTA's
+    ``barrier`` (the same offset as the single-element barrier register tensor ``barrier`` here)
+    as TMA does: a reader that sees the barrier's phase complete sees the value, with no fence on
+    either side. Someone must announce the 4 bytes on that barrier (``expect_tx``)."""
     builder = base._current_builder
     if builder is None:
-        raise RuntimeError("store_to_rank is called from kernel code only")
+        raise RuntimeError("async_store_to_rank is called from kernel code only")
     local_addr = builder.tensor_item_ptr(slot, space="shared")
-    builder.evaluate(None, call_cuda(_NAME, [uint32(local_addr), uint32(rank), int32(value)]))
+    local_barrier = builder.tensor_item_value(barrier)
+    builder.evaluate(None, call_cuda(_ASYNC, [uint32(local_addr), uint32(local_barrier), uint32(rank), int32(value)]))
 
 
 def load_after_wait(slot):

@@ -30,8 +30,17 @@ class WgmmaMainloop(tilus.Class):
         self.ring: Pipeline = ring
 
     def run(self, s_a: SharedTensor, s_b: SharedTensor, wg: int, acc: RegisterTensor, num_k_blocks: int32):
+        self.start(s_a, s_b, wg, acc)
+        self.finish(s_a, s_b, wg, acc, num_k_blocks)
+
+    def start(self, s_a: SharedTensor, s_b: SharedTensor, wg: int, acc: RegisterTensor):
+        """Issue K block 0. Until ``finish``, the tensor core is busy with it: a warpgroup may do
+        other short work in between (V6 receives its next tile there)."""
+        self.issue(s_a, s_b, wg, acc)
+
+    def finish(self, s_a: SharedTensor, s_b: SharedTensor, wg: int, acc: RegisterTensor, num_k_blocks: int32):
+        """K blocks 1 ... ``num_k_blocks - 1``, then the last wait and release."""
         ring = self.ring
-        self.issue(s_a, s_b, wg, acc)  # K block 0
         for kb in self.range(1, num_k_blocks, 1, unroll=1):  # unrolled, nvcc moves accumulators between wgmma
             ring.consumer_advance()
             self.issue(s_a, s_b, wg, acc)  # K block kb

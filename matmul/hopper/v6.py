@@ -10,16 +10,18 @@ CTA now brings in 16 KiB of A and 16 KiB of B instead of 16 + 32 KiB: a third le
 traffic. The price is coupling: a CTA may refill a stage only when the consumers of *both* CTAs
 have released it, because its B half lands in both.
 
-Which tile the pair computes next is decided in one place: the leader CTA's producer warp
-picks the pair's next tile and delivers it to every role of both CTAs through
-``pipeline.schedulers.LeaderTileBroadcast`` (a 2-slot ring in each CTA's shared memory, written across the
-cluster with ``st.shared::cluster`` and published with cluster-scope mbarriers). This is the
-Hopper counterpart of Blackwell's multicast cluster launch control, with one honest difference:
-tilus 0.2.0 has no atomic read-modify-write on global memory (its language offers only
-``lock_semaphore``/``release_semaphore``), so the leader cannot claim tiles from a global counter.
-Its rule is the static round robin of V5 over cluster tiles (cluster ``c`` of ``C`` takes
-256 x 256 tiles ``c, c + C, ...`` in grouped order). The peer never computes its own schedule; a
-dynamic rule would change only the leader's next-tile line.
+Which tile the pair computes next is decided in one place. Its first tile is the one the cluster
+was launched for (``blockIdx.x / 2``), as with cluster launch control; every later one is picked
+by the leader CTA's producer warp and delivered to every role of both CTAs through
+``pipeline.schedulers.LeaderTileBroadcast`` (a 2-slot ring in each CTA's shared memory, written
+with ``st.async`` across the cluster). The leader sends tile ``i + 1`` before it loads tile ``i``,
+so the consumers receive it while tile ``i``'s first wgmma group runs and never wait for it at a
+tile boundary. This is the Hopper counterpart of Blackwell's multicast cluster launch control,
+with one honest difference: tilus 0.2.0 has no atomic read-modify-write on global memory (its
+language offers only ``lock_semaphore``/``release_semaphore``), so the leader cannot claim tiles
+from a global counter. Its rule is the static round robin of V5 over cluster tiles (cluster
+``c`` of ``C`` takes 256 x 256 tiles ``c, c + C, ...`` in grouped order). The peer never
+computes its own schedule; a dynamic rule would change only the leader's next-tile line.
 
 Synchronization:
 ``full[s]`` (each CTA, arrival count 1): the CTA's own producer's ``arrive.expect_tx`` announcing
@@ -36,10 +38,14 @@ arrivals, even on the peer's barrier): a stage carries only TMA bytes, counted b
 the barrier they complete on, and wgmma reads that are complete before the release is issued.
 Cluster-scope ordering would cost an L1 invalidation after every wait and a ``MEMBAR.ALL.GPU``
 before every release (a first version did that, at 0.69x of cuBLAS at 4096^3).
-Tile ring (``LeaderTileBroadcast``): ``filled[d]`` (each CTA, 1 arrival, from the leader's
-deciding thread after it wrote slot ``d`` in both CTAs); ``drained[d]`` (leader, 5 arrivals: the
-two consumer warpgroups of each CTA and the peer's producer warp, each after a barrier of its own
-threads once all have read the slot). The last value sent is one past the last tile: stop.
+Tile ring (``LeaderTileBroadcast``): ``filled[d]`` (each CTA, 1 arrival + 4 bytes: the leader's
+``expect_tx`` and its ``st.async`` of the tile index, which counts its bytes there as TMA does);
+``drained[d]`` (leader, 5 arrivals: the two consumer warpgroups of each CTA and the peer's
+producer warp, each after a barrier of its own threads once all have read the slot). All at CTA
+scope, like the ring: publishing the index with release/acquire at cluster scope put a
+``MEMBAR.ALL.GPU`` and an L1 invalidation on every consumer warpgroup at every tile start (0.975x
+of cuBLAS at 4096^3 against 0.997x with ``st.async``, plots/h100/candidates/8-*). A value past
+the last tile means stop.
 Cluster barriers: ``barrier.cluster`` after the mbarriers are initialized (no remote arrival or
 multicast may reach a barrier before it exists) and before either CTA exits (no CTA leaves while
 its peer may still arrive on its barriers). The epilogue is V5's, per CTA.
@@ -57,9 +63,9 @@ from pipeline.mainloop import WgmmaMainloop
 from ..kernel import MatmulKernel
 
 IDEA = "2-CTA clusters: B multicast to both CTAs, stages released across the pair, leader-decided tiles"
-PTX_MARKERS = ("wgmma.mma_async.sync.aligned.m64n256k16", ".multicast::cluster",
-               "mbarrier.try_wait.parity.acquire.cluster",
-               "mbarrier.arrive.expect_tx.release.cluster.shared::cluster", "st.shared::cluster", "barrier.cluster")
+PTX_MARKERS = ("wgmma.mma_async.sync.aligned.m64n256k16", ".multicast::cluster", "mapa.shared::cluster",
+               "mbarrier.arrive.expect_tx.release.cta.shared::cluster",
+               "st.async.shared::cluster.mbarrier::complete_tx::bytes", "barrier.cluster")
 REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, group=8)
 
 
@@ -102,22 +108,25 @@ class Kernel(MatmulKernel):
         raster = TileRasterizer(num_pairs, num_n_tiles, self.group)
         self.cluster.sync()  # every barrier of both CTAs exists before anything arrives on it
 
+        # the pair's first tile is the one it was launched for, as with cluster launch control;
+        # every later one is decided by the leader and received, one tile ahead of its use
+        first: int32 = self.blockIdx.x // 2
         with self.single_warp(8):  # producer
             if rank == 0:  # the leader decides the pair's tiles: a static round robin over clusters
-                linear: int32 = self.blockIdx.x // 2
+                linear: int32 = first
                 while linear < num_cluster_tiles:
-                    tiles.send(linear)
+                    following: int32 = linear + self.gridDim.x // 2
+                    tiles.send(following)  # before this tile's loads, so no reader waits for it
                     self.load_tile(ring, raster, linear, rank, s_a, s_b, g_a, g_b, num_k_blocks)
-                    linear = linear + self.gridDim.x // 2
-                tiles.send(num_cluster_tiles)  # stop
+                    linear = following
             else:
-                linear: int32 = tiles.receive()
+                linear: int32 = first
                 while linear < num_cluster_tiles:
                     self.load_tile(ring, raster, linear, rank, s_a, s_b, g_a, g_b, num_k_blocks)
                     linear = tiles.receive()
 
-        self.consumer(0, ring, tiles, raster, rank, s_a, s_b, s_c, g_c, num_k_blocks, num_cluster_tiles)
-        self.consumer(1, ring, tiles, raster, rank, s_a, s_b, s_c, g_c, num_k_blocks, num_cluster_tiles)
+        self.consumer(0, ring, tiles, raster, rank, first, s_a, s_b, s_c, g_c, num_k_blocks, num_cluster_tiles)
+        self.consumer(1, ring, tiles, raster, rank, first, s_a, s_b, s_c, g_c, num_k_blocks, num_cluster_tiles)
         self.cluster.sync()  # neither CTA exits while its peer may still arrive on its barriers
 
     def load_tile(self, ring: Pipeline, raster: TileRasterizer, linear: int32, rank: int32, s_a: SharedTensor,
@@ -144,19 +153,21 @@ class Kernel(MatmulKernel):
             ring.producer_advance()
 
     def consumer(self, wg: int, ring: Pipeline, tiles: LeaderTileBroadcast, raster: TileRasterizer, rank: int32,
-                 s_a: SharedTensor, s_b: SharedTensor, s_c: SharedTensor, g_c: GlobalTensor, num_k_blocks: int32,
-                 num_cluster_tiles: int32):
+                 first: int32, s_a: SharedTensor, s_b: SharedTensor, s_c: SharedTensor, g_c: GlobalTensor,
+                 num_k_blocks: int32, num_cluster_tiles: int32):
         """Consumer warpgroup ``wg``: rows ``wg * block_m / 2 ...`` of every tile of this CTA."""
         half_m = self.block_m // 2
         with self.warp_group(warp_begin=4 * wg, num_warps=4):
             mainloop = WgmmaMainloop(ring)
             out = WgmmaTileStore(s_c[wg], half_m, self.block_n)
-            linear: int32 = tiles.receive()
+            linear: int32 = first
             while linear < num_cluster_tiles:
                 pair_m, n_tile = raster.tile(linear)
                 acc = self.register_tensor(dtype=float32, shape=[half_m, self.block_n], init=0.0)
                 self.annotate_layout(acc, wgmma_fragment(half_m, self.block_n))
-                mainloop.run(s_a, s_b, wg, acc, num_k_blocks)
+                mainloop.start(s_a, s_b, wg, acc)
+                following: int32 = tiles.receive()  # while K block 0 is on the tensor core
+                mainloop.finish(s_a, s_b, wg, acc, num_k_blocks)
                 out.store(acc, g_c, (2 * pair_m + rank) * self.block_m + wg * half_m, n_tile * self.block_n)
-                linear = tiles.receive()
+                linear = following
             out.finish()
