@@ -103,6 +103,22 @@ def fake_prepare(calls, errors=None, failing=()):
     return prepare
 
 
+def test_gpu_timer_times_a_candidate_in_turn_with_cublas_and_scales_cublas_time(monkeypatch):
+    windows = []
+
+    def paired(fns, warmup_ms, repeat_ms):  # in this window the clock runs at 80%: both read 1.25x
+        windows.append(fns)
+        return [1.25 * 1.5, 1.25 * 2.0]
+
+    kernel, cublas = (lambda: None), (lambda: None)
+    monkeypatch.setattr(api, "interleaved_ms", paired)
+    candidate = api.Candidate("v1", {}, 1e-4, kernel, reference=cublas, reference_ms=lambda: 2.0)
+    assert api._gpu_timer(candidate) == pytest.approx(1.5)  # 0.75x cuBLAS's 2.0 ms
+    assert windows == [[kernel, cublas]]
+    monkeypatch.setattr(api, "median_ms", lambda fn, warmup_ms, repeat_ms: 7.0)
+    assert api._gpu_timer(api.Candidate("v1", {}, 1e-4, kernel)) == 7.0  # no reference: its own window
+
+
 def test_tune_times_the_correct_versions_in_alternating_rounds():
     calls, order = [], []
 
