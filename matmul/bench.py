@@ -12,6 +12,14 @@ ratio to cuBLAS is the median of its windows' ratios; cuBLAS's time is its media
 and a kernel's time (and TFLOPS) is cuBLAS's time over the ratio: the kernel at cuBLAS's median
 clock, consistent with the ratio. The raw times of each window are kept (``ms_rounds``,
 ``cublas_ms_rounds``).
+
+The second mode, ``sustained`` (``bench --sustained SECONDS``), asks what a kernel settles at when
+it runs alone: each kernel, cuBLAS too, is launched back to back for SECONDS per window (no L2
+flush, same operands) and timed over the window's second half, with the SM clock and board power
+sampled meanwhile (``clock_mhz_rounds``, ``power_w_rounds``). On a power-limited GPU the two
+modes differ by design: paired windows compare the work per clock at a shared clock; a sustained
+window also credits a kernel that moves fewer bytes, draws less power and so runs at a higher
+clock. Its ratio is cuBLAS's median time over the kernel's.
 """
 
 from __future__ import annotations
@@ -54,8 +62,11 @@ class Contender:
 
 def measure(shape: Shape, contenders: list[Contender], ref: torch.Tensor, dtype: torch.dtype,
             timer: Callable[[list[Callable[[], object]]], list[float]], rounds: int = 6,
-            progress: Optional[tqdm] = None) -> list[dict]:
-    """Check, then time, ``contenders`` on one shape; one row per contender (see the module's docstring)."""
+            progress: Optional[tqdm] = None, paired: bool = True) -> list[dict]:
+    """Check, then time, ``contenders`` on one shape; one row per contender (see the module's docstring).
+    With ``paired=False`` every kernel, cuBLAS too, is timed in windows of its own (``SustainedTimer``):
+    its ratio is cuBLAS's median time over its own, and each window's ``timer.last_window`` (clock,
+    power) is kept with its time."""
     base = {"m": shape.m, "n": shape.n, "k": shape.k, "label": shape.label, "dtype": _dtype_name(dtype)}
     rows, timed = {}, []
     for c in contenders:
@@ -76,30 +87,36 @@ def measure(shape: Shape, contenders: list[Contender], ref: torch.Tensor, dtype:
             timed.append(c)
     baseline = next((c for c in timed if c.name == CUBLAS), None)
     others = [c for c in timed if c is not baseline]
-    paired = baseline is not None and bool(others)
+    paired = paired and baseline is not None and bool(others)
 
-    def time_one(c: Contender) -> tuple[float, float]:
-        """The kernel's ms and cuBLAS's ms from one window of turns (NaN for cuBLAS when not paired)."""
+    def time_one(c: Contender) -> tuple[float, float, dict]:
+        """The kernel's ms, cuBLAS's ms from the same window (NaN when not paired), what the timer
+        says of the window."""
         ms = timer([c.run, baseline.run] if paired else [c.run])
         if progress is not None:
             progress.update(1)
-        return ms[0], (ms[1] if paired else math.nan)
+        return ms[0], (ms[1] if paired else math.nan), dict(getattr(timer, "last_window", None) or {})
 
     subjects = others if paired else timed
     times = dict(zip((c.name for c in subjects), alternating_rounds(subjects, rounds, time_one)))
     if paired:  # cuBLAS's row: its times from every window
-        times[CUBLAS] = [(c_ms, c_ms) for pairs in times.values() for _, c_ms in pairs]
-        cublas_ms = statistics.median(c_ms for c_ms, _ in times[CUBLAS])
-    for name, pairs in times.items():
+        times[CUBLAS] = [(c_ms, c_ms, {}) for windows in times.values() for _, c_ms, _ in windows]
+        cublas_ms = statistics.median(c_ms for c_ms, _, _ in times[CUBLAS])
+    elif CUBLAS in times:
+        cublas_ms = statistics.median(ms for ms, _, _ in times[CUBLAS])
+    for name, windows in times.items():
         row = rows[name]
-        row["ms_rounds"] = [ms for ms, _ in pairs]
+        row["ms_rounds"] = [ms for ms, _, _ in windows]
         row["ms"] = statistics.median(row["ms_rounds"])
-        if baseline is not None:
-            row["vs_cublas"] = 1.0 if name == CUBLAS else statistics.median(c_ms / ms for ms, c_ms in pairs)
+        for key in sorted({key for _, _, info in windows for key in info}):
+            row[f"{key}_rounds"] = [info.get(key, math.nan) for _, _, info in windows]
         if paired and name != CUBLAS:
-            row["cublas_ms_rounds"] = [c_ms for _, c_ms in pairs]
+            row["vs_cublas"] = statistics.median(c_ms / ms for ms, c_ms, _ in windows)
+            row["cublas_ms_rounds"] = [c_ms for _, c_ms, _ in windows]
             # at cuBLAS's median clock: windows ran at different clocks, the ratio within one did not
             row["ms"] = cublas_ms / row["vs_cublas"]
+        elif baseline is not None:
+            row["vs_cublas"] = cublas_ms / row["ms"]
         row["tflops"] = tflops(shape.m, shape.n, shape.k, row["ms"])
     return list(rows.values())
 
@@ -141,33 +158,47 @@ def contenders(arch: str, names: list[str], a: torch.Tensor, b: torch.Tensor, dt
 
 def run(arch: str, names: list[str], chosen: dict[str, list[Shape]], dtype: torch.dtype = torch.float16,
         rounds: int = 6, warmup_ms: float = 50.0, repeat_ms: float = 200.0, triton: bool = True,
-        autotuned: bool = True, command: str = "", save: Optional[Callable[[dict], None]] = None) -> dict:
-    """Bench every shape of ``chosen``; ``save(results)`` after each shape keeps what a crash would lose."""
+        autotuned: bool = True, command: str = "", save: Optional[Callable[[dict], None]] = None,
+        sustained_s: float = 0.0) -> dict:
+    """Bench every shape of ``chosen``; ``save(results)`` after each shape keeps what a crash would lose.
+    With ``sustained_s``, each kernel (cuBLAS too) is timed alone, launched back to back for that
+    many seconds per window (``timing.SustainedTimer``), instead of in turn with cuBLAS."""
     from . import triton_baseline
-    from .timing import interleaved_ms
+    from .timing import SustainedTimer, interleaved_ms
 
-    timer = functools.partial(interleaved_ms, warmup_ms=warmup_ms, repeat_ms=repeat_ms)
+    if sustained_s:
+        timer = SustainedTimer(sustained_s)
+        method = {"mode": "sustained", "method": "per round, one window per kernel (cuBLAS too) in which it is "
+                  "launched back to back, same operands, no L2 flush (timing.SustainedTimer): its time is the "
+                  "median launch of the window's second half, with the SM clock and board power nvidia-smi "
+                  "sampled then; ratio to cuBLAS: cuBLAS's median time over the kernel's; rounds in "
+                  "alternating order", "seconds": sustained_s, "rounds": rounds}
+    else:
+        timer = functools.partial(interleaved_ms, warmup_ms=warmup_ms, repeat_ms=repeat_ms)
+        method = {"mode": "paired", "method": "per round, one window per kernel in which it and cuBLAS are "
+                  "launched in turn (timing.interleaved_ms, L2 flushed, median of each); ratio to cuBLAS: "
+                  "median of the windows' ratios; rounds in alternating order", "warmup_ms": warmup_ms,
+                  "repeat_ms": repeat_ms, "rounds": rounds}
     shapes = presets.unique(chosen)
     results = {
         "format": FORMAT, "command": command, "arch": arch, "dtype": _dtype_name(dtype),
         "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(), "software": software(),
-        "timing": {"method": "per round, one window per kernel in which it and cuBLAS are launched in turn "
-                             "(timing.interleaved_ms, L2 flushed, median of each); ratio to cuBLAS: median "
-                             "of the windows' ratios; rounds in alternating order", "warmup_ms": warmup_ms,
-                   "repeat_ms": repeat_ms, "rounds": rounds},
+        "timing": method,
         "presets": {name: [s._asdict() for s in group] for name, group in chosen.items()},
         "rows": [],
     }
     per_shape = 1 + len(names) + (triton and triton_baseline.available()) + autotuned
-    # per shape: one check per kernel, then one window per kernel but cuBLAS per round
-    with tqdm(total=len(shapes) * (per_shape + rounds * (per_shape - 1)), desc="[bench] checking and timing",
+    # per shape: one check per kernel, then one window per kernel (but cuBLAS, when paired) per round
+    windows = per_shape if sustained_s else per_shape - 1
+    with tqdm(total=len(shapes) * (per_shape + rounds * windows), desc="[bench] checking and timing",
               unit="run") as bar:
         for shape in shapes:
             bar.set_postfix_str(shape.text)
             a, b = random_operands(shape.m, shape.n, shape.k, dtype)
             found = contenders(arch, names, a, b, dtype, triton=triton, autotuned=autotuned)
-            results["rows"] += measure(shape, found, reference(a, b), dtype, timer, rounds, bar)
+            results["rows"] += measure(shape, found, reference(a, b), dtype, timer, rounds, bar,
+                                       paired=not sustained_s)
             del a, b, found
             torch.cuda.empty_cache()
             if save:
@@ -225,8 +256,13 @@ def summary(results: dict) -> dict[str, Any]:
 # --- results files -------------------------------------------------------------------------------
 
 
-def results_name(arch: str, dtype: str, chosen: dict[str, list[Shape]] | dict[str, list]) -> str:
-    return f"results-{arch}-{dtype}-{'_'.join(chosen)}.json"
+def results_name(arch: str, dtype: str, chosen: dict[str, list[Shape]] | dict[str, list],
+                 sustained: bool = False) -> str:
+    return f"results-{arch}-{dtype}-{'_'.join(chosen)}{'-sustained' if sustained else ''}.json"
+
+
+def is_sustained(results: dict) -> bool:
+    return results.get("timing", {}).get("mode") == "sustained"
 
 
 def write(results: dict, path: Path) -> None:
@@ -251,11 +287,14 @@ def table(results: dict) -> str:
     from tabulate import tabulate
 
     rows = []
+    clocks = any("clock_mhz_rounds" in r for r in results["rows"])  # sustained windows: the clock each ran at
     for r in results["rows"]:
         status = "" if r.get("ok") else ("FAILED " + r.get("message", f"error {r.get('error', 0):.3g}"))[:60]
-        rows.append({"shape": f"{r['m']}x{r['n']}x{r['k']}", "label": r.get("label", ""), "kernel": r["kernel"],
-                     "ms": r.get("ms"), "TFLOPS": r.get("tflops"), "x cuBLAS": r.get("vs_cublas"),
-                     "rel. error": r.get("error"), "config": _config_text(r.get("config")), "": status})
+        row = {"shape": f"{r['m']}x{r['n']}x{r['k']}", "label": r.get("label", ""), "kernel": r["kernel"],
+               "ms": r.get("ms"), "TFLOPS": r.get("tflops"), "x cuBLAS": r.get("vs_cublas")}
+        if clocks:
+            row["MHz"] = statistics.median(r["clock_mhz_rounds"]) if r.get("clock_mhz_rounds") else None
+        rows.append({**row, "rel. error": r.get("error"), "config": _config_text(r.get("config")), "": status})
     return tabulate(rows, headers="keys", floatfmt=".4g")
 
 

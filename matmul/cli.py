@@ -115,12 +115,12 @@ def bench_command(args) -> int:
         return redraw(Path(args.redraw_from or _default_plots_dir()), Path(args.out) if args.out else None) or status
     names = _versions(args.versions, arch)
     out_dir = Path(args.out) if args.out else choice_cache_dir() / "bench"
-    path = out_dir / bench.results_name(arch, args.dtype, chosen)
+    path = out_dir / bench.results_name(arch, args.dtype, chosen, sustained=bool(args.sustained))
     command = "python -m matmul " + " ".join(sys.argv[1:] if args.argv is None else args.argv)
     try:
         results = bench.run(arch, names, chosen, dtype, rounds=args.rounds, warmup_ms=args.warmup_ms,
                             repeat_ms=args.repeat_ms, triton=not args.no_triton, command=command,
-                            save=lambda r: bench.write(r, path))
+                            save=lambda r: bench.write(r, path), sustained_s=args.sustained)
     except ValueError as e:  # from inside the run: not a usage error, keep the traceback
         raise RuntimeError(f"{type(e).__name__}: {e}") from e
     bench.write(results, path)
@@ -182,6 +182,10 @@ def main(argv=None) -> int:
                         "late places); a kernel's ratio to cuBLAS is the median of its windows' (default 6)")
     p.add_argument("--warmup-ms", type=float, default=50.0, help="warm-up per timing window (default 50)")
     p.add_argument("--repeat-ms", type=float, default=200.0, help="timed runs per timing window, in ms (default 200)")
+    p.add_argument("--sustained", type=float, default=0.0, metavar="SECONDS",
+                   help="time each kernel (cuBLAS too) alone, launched back to back for SECONDS per window, "
+                        "with the clock and power it runs at (the rate a power-limited GPU settles at); "
+                        "default: paired windows with cuBLAS")
     p.add_argument("--no-triton", action="store_true", help="leave out the Triton baseline")
     p.add_argument("--redraw-from", help="without a GPU: where the committed results are (default: plots/)")
     p.set_defaults(func=bench_command, all_configs=False, no_check=True)

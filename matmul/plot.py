@@ -45,8 +45,11 @@ def _picked_label(version: str) -> str:
 
 def _title(results: dict, what: str) -> str:
     arch = results["arch"]
+    timing = results.get("timing", {})
+    how = (f"; sustained: each kernel alone, back to back, {timing.get('seconds', 0):g} s a window"
+           if timing.get("mode") == "sustained" else "")
     return (f"{what}\n{results['machine']['gpu']}, {versions.ARCH_NAMES.get(arch, arch)} series ({arch})\n"
-            f"{results['dtype']} in and out, fp32 accumulate, C = A @ B^T")
+            f"{results['dtype']} in and out, fp32 accumulate, C = A @ B^T{how}")
 
 
 def _rows(results: dict, m: int, n: int, k: int) -> dict[str, dict]:
@@ -186,5 +189,6 @@ def draw_all(results: dict, out_dir: Path) -> list[Path]:
     for name, make in FIGURES.items():
         fig = make(results)
         if fig is not None:
-            written += save(fig, Path(out_dir) / f"{name}-{results['arch']}-{results['dtype']}")
+            suffix = "-sustained" if results.get("timing", {}).get("mode") == "sustained" else ""
+            written += save(fig, Path(out_dir) / f"{name}-{results['arch']}-{results['dtype']}{suffix}")
     return written

@@ -63,6 +63,79 @@ def interleaved_ms(fns: Sequence[Callable[[], object]], warmup_ms: float = 100.0
     return [statistics.median(turn[i][0].elapsed_time(turn[i][1]) for turn in events) for i in range(len(fns))]
 
 
+class SustainedTimer:
+    """Times one function launched back to back for ``seconds``, as a loop of training or inference
+    steps runs it (same operands, no L2 flush between launches): the median time of one launch over
+    the second half of the window (batches of 10 launches, each batch timed by CUDA events). On a
+    power-limited GPU that is the rate it settles at, at the clock its own power draw allows, where
+    ``interleaved_ms`` compares kernels at a shared clock. After each call, ``last_window`` holds the
+    mean SM clock (MHz) and board power (W) that nvidia-smi sampled in the timed half (empty where
+    nvidia-smi does not run)."""
+
+    def __init__(self, seconds: float, sample_ms: int = 50):
+        self.seconds = seconds
+        self.sample_ms = sample_ms
+        self.last_window: dict[str, float] = {}
+
+    def __call__(self, fns: Sequence[Callable[[], object]]) -> list[float]:
+        import time
+
+        if len(fns) != 1:
+            raise ValueError("a sustained window times one function (it runs alone, at its own clock)")
+        fn = fns[0]
+        smi = _ClockSampler(self.sample_ms)
+        batches, start = [], time.time()
+        while time.time() - start < self.seconds:
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            for _ in range(10):
+                fn()
+            end.record()
+            end.synchronize()
+            batches.append((time.time(), begin.elapsed_time(end) / 10))
+        half = start + self.seconds / 2
+        self.last_window = smi.stop(half, time.time())
+        return [statistics.median(ms for t, ms in batches if t >= half)]
+
+
+class _ClockSampler:
+    """nvidia-smi sampling the SM clock and board power every ``sample_ms`` until ``stop``."""
+
+    def __init__(self, sample_ms: int):
+        import subprocess
+        import tempfile
+
+        self.log = tempfile.NamedTemporaryFile("r", suffix=".csv")
+        try:
+            self.process = subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                 "-lms", str(sample_ms), "-i", str(torch.cuda.current_device())],
+                stdout=open(self.log.name, "w"), stderr=subprocess.DEVNULL)
+        except OSError:  # no nvidia-smi here: times only
+            self.process = None
+
+    def stop(self, begin: float, end: float) -> dict[str, float]:
+        """Mean clock and power of the samples taken between ``begin`` and ``end`` (time.time())."""
+        from datetime import datetime
+
+        if self.process is None:
+            return {}
+        self.process.terminate()
+        self.process.wait()
+        samples = []
+        for line in open(self.log.name):
+            try:
+                stamp, clock, power = (field.strip() for field in line.split(","))
+                t = datetime.strptime(stamp, "%Y/%m/%d %H:%M:%S.%f").timestamp()
+                samples.append((t, float(clock), float(power)))
+            except ValueError:  # a partial last line, or "[N/A]"
+                continue
+        inside = [(c, w) for t, c, w in samples if begin <= t <= end]
+        if not inside:
+            return {}
+        return {"clock_mhz": statistics.mean(c for c, _ in inside), "power_w": statistics.mean(w for _, w in inside)}
+
+
 def tflops(m: int, n: int, k: int, ms: float) -> float:
     return 2.0 * m * n * k / (ms * 1e-3) / 1e12
 

@@ -5,6 +5,7 @@ end to end on a small shape. Skipped without a Hopper or Blackwell GPU.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -137,3 +138,19 @@ def test_interleaved_timing_tells_a_kernel_from_one_of_twice_its_work():
     half, whole = a[:2048], a
     ms = interleaved_ms([lambda: half @ b.T, lambda: whole @ b.T, lambda: half @ b.T], warmup_ms=20, repeat_ms=50)
     assert ms[1] / ms[0] == pytest.approx(2.0, rel=0.25) and ms[2] / ms[0] == pytest.approx(1.0, rel=0.1)
+
+
+def test_sustained_timing_tells_a_kernel_from_one_of_twice_its_work():
+    from matmul.timing import SustainedTimer
+
+    a, b = (torch.randn(4096, 4096, device="cuda", dtype=torch.float16) for _ in range(2))
+    half = a[:2048]
+    timer = SustainedTimer(0.4)
+    whole_ms = timer([lambda: a @ b.T])[0]
+    half_ms = timer([lambda: half @ b.T])[0]
+    assert whole_ms / half_ms == pytest.approx(2.0, rel=0.25)
+    if shutil.which("nvidia-smi"):  # the clock and power of the window's timed half
+        assert 100 < timer.last_window["clock_mhz"] < 3000 and timer.last_window["power_w"] > 0
+    with pytest.raises(ValueError, match="one function"):
+        timer([lambda: a @ b.T, lambda: half @ b.T])
+

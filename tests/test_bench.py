@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from matmul import bench, presets, triton_baseline
+from matmul import bench, plot, presets, triton_baseline
 from matmul.bench import CUBLAS, Contender
 from matmul.check import reference
 from matmul.presets import Shape
@@ -188,3 +188,45 @@ def test_each_ratio_comes_from_one_window_so_a_drifting_clock_cancels():
     assert rows["v0"]["ms"] == pytest.approx(2 * rows[CUBLAS]["ms"])  # at cuBLAS's median clock
     assert len(rows[CUBLAS]["ms_rounds"]) == 6  # cuBLAS's time: from every window
     assert list(rows) == [CUBLAS, "v0", "v1", bench.AUTOTUNED]  # the table keeps its order
+
+
+def test_sustained_windows_time_every_kernel_alone_and_keep_its_clock():
+    shape, dtype = Shape(48, 40, 24, "test"), torch.float16
+    a, b = torch.randn(48, 24).to(dtype), torch.randn(40, 24).to(dtype)
+    ref = reference(a, b)
+
+    def contender(name, kind):
+        out = torch.empty(48, 40, dtype=dtype)
+        return bench.Contender(name, kind, lambda: out.copy_(ref), out)
+
+    found = [contender(CUBLAS, "baseline"), contender("v0", "version"), contender("v1", "version")]
+    speed = {CUBLAS: 1.0, "v0": 2.0, "v1": 0.8}  # ms
+    clock = {CUBLAS: 1300.0, "v0": 1500.0, "v1": 1400.0}  # MHz: a kernel's own power draw sets its clock
+
+    class Timer:
+        last_window: dict = {}
+
+        def __call__(self, fns):
+            assert len(fns) == 1  # alone: never in turn with cuBLAS
+            name = next(c.name for c in found if c.run is fns[0])
+            self.last_window = {"clock_mhz": clock[name], "power_w": 700.0}
+            return [speed[name]]
+
+    rows = {r["kernel"]: r for r in bench.measure(shape, found, ref, dtype, Timer(), rounds=2, paired=False)}
+    assert rows[CUBLAS]["ms_rounds"] == [1.0, 1.0] and rows[CUBLAS]["vs_cublas"] == 1.0
+    assert rows["v0"]["vs_cublas"] == pytest.approx(0.5) and rows["v1"]["vs_cublas"] == pytest.approx(1.25)
+    assert rows["v1"]["ms"] == pytest.approx(0.8) and "cublas_ms_rounds" not in rows["v1"]
+    assert rows["v0"]["clock_mhz_rounds"] == [1500.0, 1500.0] and rows["v0"]["power_w_rounds"] == [700.0, 700.0]
+    assert "MHz" in bench.table({"rows": list(rows.values())})
+
+
+def test_sustained_results_have_their_own_file_and_figures(tmp_path):
+    results = bench.load(FIXTURE)
+    results["timing"] = {"mode": "sustained", "seconds": 3.0, "rounds": 4}
+    assert bench.is_sustained(results) and not bench.is_sustained(bench.load(FIXTURE))
+    assert bench.results_name("sm_90a", "float16", {"series": []}, sustained=True) == \
+        "results-sm_90a-float16-series-sustained.json"
+    written = plot.draw_all(results, tmp_path)
+    assert written and all(p.stem.endswith("-sustained") for p in written)
+    assert "back to back, 3 s a window" in plot.progression(results)._suptitle.get_text()
+
