@@ -47,7 +47,7 @@ def _title(results: dict, what: str) -> str:
     arch = results["arch"]
     timing = results.get("timing", {})
     how = (f"; sustained: each kernel alone, back to back, {timing.get('seconds', 0):g} s a window"
-           if timing.get("mode") == "sustained" else "")
+           if timing.get("mode") == "sustained" else "; each kernel timed in turn with cuBLAS")
     return (f"{what}\n{results['machine']['gpu']}, {versions.ARCH_NAMES.get(arch, arch)} series ({arch})\n"
             f"{results['dtype']} in and out, fp32 accumulate, C = A @ B^T{how}")
 
@@ -90,7 +90,7 @@ def progression(results: dict) -> Optional[Figure]:
         cublas = rows.get(CUBLAS, {}).get("tflops")
         for bar, kname in zip(bars, names):
             row = rows[kname]
-            text = "failed" if not row.get("ok") else (f"{row['vs_cublas']:.0%}" if "vs_cublas" in row else "")
+            text = "failed" if not row.get("ok") else (f"{row['vs_cublas']:.1%}" if "vs_cublas" in row else "")
             ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
                         xytext=(0, 2), textcoords="offset points", fontsize=8)
         ax.set_title(_shape_title(shape))

@@ -34,7 +34,7 @@ def test_progression_has_one_bar_per_version_and_baseline(results):
     assert [t.get_text() for t in ax.get_xticklabels()] == ["V0", "V1", "Triton", "cuBLAS"]
     heights = [p.get_height() for p in ax.patches]
     assert heights == [row(results, k, 4096, 4096, 4096)["tflops"] for k in ("v0", "v1", "Triton", "cuBLAS")]
-    assert [t.get_text() for t in ax.texts] == ["30%", "60%", "80%", "100%"]
+    assert [t.get_text() for t in ax.texts] == ["30.0%", "60.0%", "80.0%", "100.0%"]
     assert "TFLOPS" in ax.get_ylabel()
 
 

@@ -339,28 +339,26 @@ def _show_results_file(path: Path, upto: str | None) -> None:
     results = json.loads(path.read_text())
     machine = results.get("machine", {})
     gpu, arch = machine.get("gpu", "an unknown GPU"), results.get("arch", "?")
-    figure = None
+    sustained = results.get("timing", {}).get("mode") == "sustained"
     try:
         from matmul import bench, plot
 
-        figure = plot.progression(bench.load(path))
-    except ImportError:
-        figure = None
-    if figure is not None:
-        display(figure)
-    else:
-        pngs = sorted(path.parent.glob(f"progression-{arch}*.png"))
-        for png in pngs:
+        figure = plot.progression(bench.load(path))  # None: this file has no square series (e.g. the LLM shapes)
+        if figure is not None:
+            display(figure)
+    except ImportError:  # without the package: the PNG the harness drew beside the results
+        stem = f"progression-{arch}-{results.get('dtype', 'float16')}{'-sustained' if sustained else ''}"
+        for png in sorted(path.parent.glob(f"{stem}.png")):
             display(Image(filename=str(png)))
-        if not pngs:
-            md(f"`{path.relative_to(ROOT)}` has no progression figure to show.")
+    how = ("each kernel launched alone, back to back, at the clock its own power draw allows" if sustained
+           else "each kernel timed in turn with cuBLAS, at a shared clock")
     md(f"From `{path.relative_to(ROOT)}`: measured on **{gpu}** ({NAMES.get(arch, arch)} series, `{arch}`), each "
-       "version autotuned by the harness. Only that GPU's series was measured: no Blackwell figure comes from "
-       "this project's machines.")
+       f"version autotuned by the harness, {how}. Only that GPU's series was measured: no Blackwell figure comes "
+       "from this project's machines.")
     if upto:
         mine = [r for r in results.get("rows", []) if r.get("kernel", r.get("version")) == upto]
         if mine:
             show_table([{"version": upto, "M x N x K": f"{r['m']} x {r['n']} x {r['k']}",
                          "TFLOPS": None if r.get("tflops") is None else round(r["tflops"], 1),
-                         "x cuBLAS": None if r.get("vs_cublas") is None else round(r["vs_cublas"], 2),
+                         "x cuBLAS": None if r.get("vs_cublas") is None else round(r["vs_cublas"], 3),
                          "ok": r.get("ok")} for r in mine])
