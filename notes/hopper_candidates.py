@@ -34,52 +34,25 @@ def prebuild(candidates):
 
 
 def sustained(runs, size, m, n, k, rounds, seconds):
-    """Each run launched back to back for ``seconds`` (same operands, no L2 flush), in alternating
-    order: its TFLOPS over the second half of its window, with the SM clock and board power that
-    nvidia-smi sampled meanwhile (every 50 ms). The rate a power-limited card sustains."""
-    import subprocess
-    import tempfile
-    import time
-    from datetime import datetime
+    """Each run launched back to back for ``seconds`` (``timing.SustainedTimer``: same operands, no
+    L2 flush), in alternating order: its TFLOPS over the second half of its windows, with the SM
+    clock and board power nvidia-smi sampled meanwhile. The rate a power-limited card sustains."""
+    from matmul.timing import SustainedTimer, alternating_rounds, tflops
 
-    import torch
-
-    from matmul.timing import alternating_rounds, tflops
-
-    log = tempfile.NamedTemporaryFile("r", suffix=".csv")
-    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw", "--format=csv,noheader,nounits",
-                            "-lms", "50"], stdout=open(log.name, "w"))
-    windows = {}
+    timer = SustainedTimer(seconds)
 
     def window(run):
-        label, fn = run
-        batches, start = [], time.time()
-        while time.time() - start < seconds:
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            for _ in range(10):
-                fn()
-            end.record()
-            end.synchronize()
-            batches.append((time.time(), begin.elapsed_time(end) / 10))
-        windows.setdefault(label, []).append((start + seconds / 2, time.time()))
-        return statistics.median(ms for t, ms in batches if t >= start + seconds / 2)
+        ms = timer([run[1]])[0]
+        return ms, timer.last_window
 
-    times = alternating_rounds(runs, rounds, window)
-    time.sleep(0.2)
-    smi.terminate()
-    samples = []
-    for line in open(log.name):
-        stamp, clock, power = (field.strip() for field in line.split(","))
-        samples.append((datetime.strptime(stamp, "%Y/%m/%d %H:%M:%S.%f").timestamp(), float(clock), float(power)))
-    base = statistics.median(times[0])
-    for (label, _), ts in zip(runs, times):
-        ms = statistics.median(ts)
-        inside = [(c, w) for t, c, w in samples if any(a <= t <= b for a, b in windows[label])]
-        clock = statistics.mean(c for c, _ in inside) if inside else float("nan")
-        power = statistics.mean(w for _, w in inside) if inside else float("nan")
+    windows = alternating_rounds(runs, rounds, window)
+    base = statistics.median(ms for ms, _ in windows[0])
+    for (label, _), ws in zip(runs, windows):
+        ms = statistics.median(t for t, _ in ws)
+        clock = statistics.mean(info.get("clock_mhz", float("nan")) for _, info in ws)
+        power = statistics.mean(info.get("power_w", float("nan")) for _, info in ws)
         print(f"{size} sustained {label}: {tflops(m, n, k, ms):.0f} TFLOPS {base / ms:.3f}x cuBLAS at {clock:.0f} MHz "
-              f"{power:.0f} W (rounds {' '.join(f'{t:.3f}' for t in ts)} ms)", flush=True)
+              f"{power:.0f} W (rounds {' '.join(f'{t:.3f}' for t, _ in ws)} ms)", flush=True)
 
 
 def measure(candidates, sizes, rounds, profile=0, seconds=0.0):

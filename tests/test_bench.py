@@ -161,7 +161,8 @@ def test_a_whole_run_with_stand_in_kernels_on_the_cpu(monkeypatch, tmp_path):
     assert [a.get_title() for a in fig.axes if a.get_title()] == ["M x N x K = 64 x 48 x 32"]
 
 
-def test_each_ratio_comes_from_one_window_so_a_drifting_clock_cancels():
+def correct_stand_ins():
+    """A 48 x 40 x 24 shape, its reference, and a maker of contenders that write it (always right)."""
     shape, dtype = Shape(48, 40, 24, "test"), torch.float16
     a, b = torch.randn(48, 24).to(dtype), torch.randn(40, 24).to(dtype)
     ref = reference(a, b)
@@ -170,6 +171,11 @@ def test_each_ratio_comes_from_one_window_so_a_drifting_clock_cancels():
         out = torch.empty(48, 40, dtype=dtype)
         return bench.Contender(name, kind, lambda: out.copy_(ref), out)
 
+    return shape, dtype, ref, contender
+
+
+def test_each_ratio_comes_from_one_window_so_a_drifting_clock_cancels():
+    shape, dtype, ref, contender = correct_stand_ins()
     found = [contender(CUBLAS, "baseline"), contender("v0", "version"), contender("v1", "version"),
              contender(bench.AUTOTUNED, "autotuned")]
     speed = {CUBLAS: 1.0, "v0": 2.0, "v1": 1.25, bench.AUTOTUNED: 1.0}  # ms on a steady clock
@@ -191,14 +197,7 @@ def test_each_ratio_comes_from_one_window_so_a_drifting_clock_cancels():
 
 
 def test_sustained_windows_time_every_kernel_alone_and_keep_its_clock():
-    shape, dtype = Shape(48, 40, 24, "test"), torch.float16
-    a, b = torch.randn(48, 24).to(dtype), torch.randn(40, 24).to(dtype)
-    ref = reference(a, b)
-
-    def contender(name, kind):
-        out = torch.empty(48, 40, dtype=dtype)
-        return bench.Contender(name, kind, lambda: out.copy_(ref), out)
-
+    shape, dtype, ref, contender = correct_stand_ins()
     found = [contender(CUBLAS, "baseline"), contender("v0", "version"), contender("v1", "version")]
     speed = {CUBLAS: 1.0, "v0": 2.0, "v1": 0.8}  # ms
     clock = {CUBLAS: 1300.0, "v0": 1500.0, "v1": 1400.0}  # MHz: a kernel's own power draw sets its clock
