@@ -12,7 +12,6 @@ fewer than ``group`` tile rows.
 
 import tilus
 from tilus import int32, uint32
-from tilus.ir.layout.ops.register_ops import local
 
 from .dsmem import async_store_to_rank, load_after_wait
 
