@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 
 from . import versions
 from .api import VENDOR
-from .bench import AUTOTUNED, CUBLAS, TRITON
+from .bench import AUTOTUNED, CUBLAS, TRITON, is_sustained
 
 VERSION_COLORS = matplotlib.colormaps["viridis"]
 STYLE = {CUBLAS: dict(color="0.25"), TRITON: dict(color="tab:orange"), AUTOTUNED: dict(color="tab:red")}
@@ -45,9 +45,8 @@ def _picked_label(version: str) -> str:
 
 def _title(results: dict, what: str) -> str:
     arch = results["arch"]
-    timing = results.get("timing", {})
-    how = (f"; sustained: each kernel alone, back to back, {timing.get('seconds', 0):g} s a window"
-           if timing.get("mode") == "sustained" else "; each kernel timed in turn with cuBLAS")
+    how = (f"; sustained: each kernel alone, back to back, {results['timing'].get('seconds', 0):g} s a window"
+           if is_sustained(results) else "; each kernel timed in turn with cuBLAS")
     return (f"{what}\n{results['machine']['gpu']}, {versions.ARCH_NAMES.get(arch, arch)} series ({arch})\n"
             f"{results['dtype']} in and out, fp32 accumulate, C = A @ B^T{how}")
 
@@ -189,6 +188,6 @@ def draw_all(results: dict, out_dir: Path) -> list[Path]:
     for name, make in FIGURES.items():
         fig = make(results)
         if fig is not None:
-            suffix = "-sustained" if results.get("timing", {}).get("mode") == "sustained" else ""
+            suffix = "-sustained" if is_sustained(results) else ""
             written += save(fig, Path(out_dir) / f"{name}-{results['arch']}-{results['dtype']}{suffix}")
     return written
