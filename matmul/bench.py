@@ -60,13 +60,10 @@ class Contender:
 # --- one shape -----------------------------------------------------------------------------------
 
 
-def measure(shape: Shape, contenders: list[Contender], ref: torch.Tensor, dtype: torch.dtype,
-            timer: Callable[[list[Callable[[], object]]], list[float]], rounds: int = 6,
-            progress: Optional[tqdm] = None, paired: bool = True) -> list[dict]:
-    """Check, then time, ``contenders`` on one shape; one row per contender (see the module's docstring).
-    With ``paired=False`` every kernel, cuBLAS too, is timed in windows of its own (``SustainedTimer``):
-    its ratio is cuBLAS's median time over its own, and each window's ``timer.last_window`` (clock,
-    power) is kept with its time."""
+def check_contenders(shape: Shape, contenders: list[Contender], ref: torch.Tensor, dtype: torch.dtype,
+                     progress: Optional[tqdm] = None) -> tuple[dict[str, dict], list[Contender]]:
+    """Run each contender once on a NaN-poisoned output and compare it with ``ref``: a row per
+    contender (by name), and the contenders to time (the correct ones, and cuBLAS whatever it did)."""
     base = {"m": shape.m, "n": shape.n, "k": shape.k, "label": shape.label, "dtype": _dtype_name(dtype)}
     rows, timed = {}, []
     for c in contenders:
@@ -85,6 +82,17 @@ def measure(shape: Shape, contenders: list[Contender], ref: torch.Tensor, dtype:
         row["ok"] = row["error"] <= TOLERANCE[dtype]
         if row["ok"] or c.name == CUBLAS:  # the reference point is timed even if it were off
             timed.append(c)
+    return rows, timed
+
+
+def measure(shape: Shape, contenders: list[Contender], ref: torch.Tensor, dtype: torch.dtype,
+            timer: Callable[[list[Callable[[], object]]], list[float]], rounds: int = 6,
+            progress: Optional[tqdm] = None, paired: bool = True) -> list[dict]:
+    """Check, then time, ``contenders`` on one shape; one row per contender (see the module's docstring).
+    With ``paired=False`` every kernel, cuBLAS too, is timed in windows of its own (``SustainedTimer``):
+    its ratio is cuBLAS's median time over its own, and each window's ``timer.last_window`` (clock,
+    power) is kept with its time."""
+    rows, timed = check_contenders(shape, contenders, ref, dtype, progress)
     baseline = next((c for c in timed if c.name == CUBLAS), None)
     others = [c for c in timed if c is not baseline]
     paired = paired and baseline is not None and bool(others)

@@ -33,76 +33,84 @@ def prebuild(candidates):
               result.shared_bytes, flush=True)
 
 
-def sustained(runs, size, m, n, k, rounds, seconds):
-    """Each run launched back to back for ``seconds`` (``timing.SustainedTimer``: same operands, no
-    L2 flush), in alternating order: its TFLOPS over the second half of its windows, with the SM
-    clock and board power nvidia-smi sampled meanwhile. The rate a power-limited card sustains."""
-    from matmul.timing import SustainedTimer, alternating_rounds, tflops
+def contenders(candidates, a, b, out):
+    """cuBLAS and each candidate (a version at a fixed configuration) as the bench's contenders."""
+    import functools
 
-    timer = SustainedTimer(seconds)
+    import torch
 
-    def window(run):
-        ms = timer([run[1]])[0]
-        return ms, timer.last_window
+    from matmul.bench import CUBLAS, Contender
 
-    windows = alternating_rounds(runs, rounds, window)
-    base = statistics.median(ms for ms, _ in windows[0])
-    for (label, _), ws in zip(runs, windows):
-        ms = statistics.median(t for t, _ in ws)
-        clock = statistics.mean(info.get("clock_mhz", float("nan")) for _, info in ws)
-        power = statistics.mean(info.get("power_w", float("nan")) for _, info in ws)
-        print(f"{size} sustained {label}: {tflops(m, n, k, ms):.0f} TFLOPS {base / ms:.3f}x cuBLAS at {clock:.0f} MHz "
-              f"{power:.0f} W (rounds {' '.join(f'{t:.3f}' for t, _ in ws)} ms)", flush=True)
+    cublas_out = torch.empty_like(out)
+    found = [Contender(CUBLAS, "baseline", functools.partial(torch.matmul, a, b.T, out=cublas_out), cublas_out)]
+    for name, config in candidates:
+        label = f"{name} " + " ".join(f"{k}={v}" for k, v in config.items())
+        found.append(Contender(label, "version",
+                               functools.partial(versions.run, versions.load("sm_90a", name), a, b, out, config=config),
+                               out))
+    return found
 
 
 def measure(candidates, sizes, rounds, profile=0, seconds=0.0):
+    """Check every candidate against the float32 reference, then time it with the bench's loop
+    (``bench.measure``): paired windows with cuBLAS, or with ``seconds`` sustained windows
+    (``timing.SustainedTimer``); with ``profile``, only launch each that many times for ncu."""
+    import functools
+
     import torch
 
-    from matmul.check import TOLERANCE, poisoned_output, random_operands, reference, relative_error
-    from matmul.timing import alternating_rounds, interleaved_ms, tflops
+    from matmul import bench
+    from matmul.check import poisoned_output, random_operands, reference
+    from matmul.presets import Shape
+    from matmul.timing import SustainedTimer, interleaved_ms, tflops
 
     for m, n, k in sizes:
         size = f"{m}^3" if m == n == k else f"{m}x{n}x{k}"
+        shape = Shape(m, n, k, "")
         a, b = random_operands(m, n, k, torch.float16)
         ref = reference(a, b)
-        out = poisoned_output(m, n, torch.float16)
-        runs = [("cuBLAS", lambda: torch.matmul(a, b.T))]
-        for name, config in candidates:
-            module = versions.load("sm_90a", name)
-            out.fill_(float("nan"))
-            versions.run(module, a, b, out, config=config)
-            error = relative_error(out, ref)
-            label = f"{name} " + " ".join(f"{k}={v}" for k, v in config.items())
-            if error > TOLERANCE[torch.float16]:
-                print(f"{size} {label}: WRONG (error {error:.3g})", flush=True)
-                continue
-            runs.append((label, lambda module=module, config=config: versions.run(module, a, b, out, config=config)))
-        if profile:  # `profile` launches of each, in order, inside the range ncu is told to profile
+        found = contenders(candidates, a, b, poisoned_output(m, n, torch.float16))
+        if profile:  # `profile` launches of each checked one, in order, inside the range ncu is told to profile
+            rows, timed = bench.check_contenders(shape, found, ref, torch.float16)
+            report_wrong(size, rows.values())
             torch.cuda.synchronize()
-            for label, run in runs:
+            for c in timed:
                 for _ in range(profile):
-                    print(f"profiled {size} {label}", flush=True)
+                    print(f"profiled {size} {c.name}", flush=True)
                     torch.cuda.nvtx.range_push("profile")
-                    run()
+                    c.run()
                     torch.cuda.synchronize()
                     torch.cuda.nvtx.range_pop()
             continue
-        if seconds:
-            sustained(runs, size, m, n, k, rounds, seconds)
-            continue
-        # one window per candidate and round, launched in turn with cuBLAS (as the bench does)
-        cublas = runs[0][1]
-        windows = alternating_rounds(runs[1:], rounds, lambda run: interleaved_ms([run[1], cublas], 25, 100))
+        timer = SustainedTimer(seconds) if seconds else functools.partial(interleaved_ms, warmup_ms=25, repeat_ms=100)
+        rows = bench.measure(shape, found, ref, torch.float16, timer, rounds, paired=not seconds)
+        report_wrong(size, rows)
         best: dict[str, tuple[float, str]] = {}
-        for (label, _), pairs in zip(runs[1:], windows):
-            ratio = statistics.median(c_ms / ms for ms, c_ms in pairs)
-            ms = statistics.median(ms for ms, _ in pairs)
-            print(f"{size} {label}: {tflops(m, n, k, ms):.0f} TFLOPS {ratio:.3f}x cuBLAS "
-                  f"(windows {' '.join(f'{c_ms / ms:.3f}' for ms, c_ms in pairs)})", flush=True)
+        for row in rows:
+            if not row.get("ok") or (row["kernel"] == bench.CUBLAS and not seconds):
+                continue  # wrong (reported above); cuBLAS's own row only says something when sustained
+            label, ratio, ms = row["kernel"], row["vs_cublas"], statistics.median(row["ms_rounds"])
+            if seconds:
+                clock = statistics.mean(row.get("clock_mhz_rounds", [float("nan")]))
+                power = statistics.mean(row.get("power_w_rounds", [float("nan")]))
+                print(f"{size} sustained {label}: {tflops(m, n, k, ms):.0f} TFLOPS {ratio:.3f}x cuBLAS at {clock:.0f} "
+                      f"MHz {power:.0f} W (rounds {' '.join(f'{t:.3f}' for t in row['ms_rounds'])} ms)", flush=True)
+                continue
+            windows = " ".join(f"{c_ms / ms:.3f}" for ms, c_ms in zip(row["ms_rounds"], row["cublas_ms_rounds"]))
+            print(f"{size} {label}: {tflops(m, n, k, ms):.0f} TFLOPS {ratio:.3f}x cuBLAS (windows {windows})", flush=True)
             name = label.split()[0]
             best[name] = max(best.get(name, (ratio, label)), (ratio, label))
         for name, (ratio, label) in best.items():
             print(f"BEST {size} {label}: {ratio:.3f}x cuBLAS", flush=True)
+
+
+def report_wrong(size, rows):
+    from matmul.bench import CUBLAS
+
+    for row in rows:
+        if row["kernel"] != CUBLAS and not row["ok"]:
+            why = row.get("message") or f"error {row['error']:.3g}"
+            print(f"{size} {row['kernel']}: WRONG ({why})", flush=True)
 
 
 def main():

@@ -253,37 +253,39 @@ def check(module: ModuleType, shapes=CHECK_SHAPES, dtypes=(torch.float16, torch.
 
 
 def time_against_cublas(modules: list[ModuleType], shape=TIME_SHAPE, dtype=torch.float16) -> list[dict]:
-    """Each version's REPRESENTATIVE configuration timed against cuBLAS (torch.matmul) on one shape,
-    each in one window with cuBLAS, launched in turn (as the harness does): the ratio is taken at one
-    clock, and the TFLOPS are at cuBLAS's median clock."""
-    import statistics
-
-    from matmul.check import TOLERANCE, poisoned_output, random_operands, reference, relative_error
-    from matmul.timing import interleaved_ms, tflops
+    """Each version's REPRESENTATIVE configuration timed against cuBLAS (torch.matmul) on one shape
+    by the harness's own loop (``matmul.bench.measure``): checked first, then in one window with
+    cuBLAS, launched in turn, so the ratio is taken at one clock; the TFLOPS are at cuBLAS's median
+    clock."""
+    from matmul import bench
+    from matmul.check import poisoned_output, random_operands, reference
+    from matmul.presets import Shape
+    from matmul.timing import interleaved_ms
 
     m, n, k = shape
     a, b = random_operands(m, n, k, dtype)
-    ref = reference(a, b)
+    out = poisoned_output(m, n, dtype)
     cublas_out = torch.empty(m, n, dtype=dtype, device=a.device)
-    cublas = lambda: torch.matmul(a, b.T, out=cublas_out)  # noqa: E731
-    rows, cublas_ms = [], []
+    found = [bench.Contender(bench.CUBLAS, "baseline", functools.partial(torch.matmul, a, b.T, out=cublas_out),
+                             cublas_out)]
+    found += [bench.Contender(module.__name__, "version",
+                              functools.partial(versions.run, module, a, b, out, config=module.REPRESENTATIVE), out)
+              for module in modules]
+    timer = functools.partial(interleaved_ms, warmup_ms=100.0, repeat_ms=300.0)
+    measured = {r["kernel"]: r for r in bench.measure(Shape(m, n, k, ""), found, reference(a, b), dtype, timer, 1)}
+    rows = []
     for module in modules:
-        out = poisoned_output(m, n, dtype)
-        versions.run(module, a, b, out, config=module.REPRESENTATIVE)
-        error = relative_error(out, ref)
-        if not error <= TOLERANCE[dtype]:
-            raise AssertionError(f"{module.__name__}: relative error {error:.3g} at {shape}")
-        run = functools.partial(versions.run, module, a, b, out, config=module.REPRESENTATIVE)
-        ms, base_ms = interleaved_ms([run, cublas], warmup_ms=100.0, repeat_ms=300.0)
-        rows.append({"kernel": module.__name__, "config": module.REPRESENTATIVE, "ratio": base_ms / ms})
-        cublas_ms.append(base_ms)
-    base = statistics.median(cublas_ms)
-    rows.append({"kernel": "cuBLAS (torch.matmul)", "config": "", "ratio": 1.0})
+        r = measured[module.__name__]
+        if not r["ok"]:
+            why = r.get("message") or f"relative error {r['error']:.3g}"
+            raise AssertionError(f"{module.__name__}: {why} at {shape}")
+        rows.append({"kernel": module.__name__, "config": module.REPRESENTATIVE, "row": r})
+    rows.append({"kernel": "cuBLAS (torch.matmul)", "config": "", "row": measured[bench.CUBLAS]})
     for r in rows:
-        ratio = r.pop("ratio")
-        r["ms"] = round(base / ratio, 4)
-        r["TFLOPS"] = round(tflops(m, n, k, base / ratio), 1)
-        r["vs cuBLAS"] = f"{ratio:.2f}x"
+        row = r.pop("row")
+        r["ms"] = round(row["ms"], 4)
+        r["TFLOPS"] = round(row["tflops"], 1)
+        r["vs cuBLAS"] = f"{row['vs_cublas']:.2f}x"
     md(f"Measured here on **{torch.cuda.get_device_name(a.device)}**, {m} x {n} x {k} {str(dtype).split('.')[-1]}, "
        "each version at its REPRESENTATIVE configuration (the harness autotunes; see the closing figure):")
     show_table(rows)
