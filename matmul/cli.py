@@ -14,7 +14,8 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from . import build, versions
+from . import build
+from .kernels import versions
 
 
 def _arches(value: str | None) -> list[str]:
@@ -54,7 +55,7 @@ def compile_command(args) -> int:
                 "PTX shows": ", ".join(m if f else f"MISSING {m}" for m, f in markers.items()),
             }
             if gpu_arch == arch:
-                from .check import check_version
+                from .measure.correctness import check_version
 
                 error = check_version(module)
                 row["check on GPU (rel. err.)"] = f"{error:.1e}" if error is not None else "FAILED"
@@ -82,7 +83,7 @@ def _default_plots_dir() -> Path:
 
 def redraw(results_dir: Path, out: Path | None = None) -> int:
     """Redraw the figures of every results file under ``results_dir`` (next to each, or into ``out``)."""
-    from . import bench, plot
+    from .harness import bench, plot
 
     found = sorted(Path(results_dir).glob("**/results-*.json"))
     if not found:
@@ -99,7 +100,7 @@ def redraw(results_dir: Path, out: Path | None = None) -> int:
 def bench_command(args) -> int:
     import torch
 
-    from . import bench, presets
+    from .harness import bench, presets
 
     chosen = presets.parse(args.shapes)
     dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype]
@@ -129,7 +130,7 @@ def bench_command(args) -> int:
         if "matmul_vs_cublas_geomean" in s:
             print(f"matmul() vs cuBLAS over {name} ({s['shapes']} shapes): geometric mean "
                   f"{s['matmul_vs_cublas_geomean']:.3f}x, worst {s['matmul_vs_cublas_min']:.3f}x")
-    from . import plot
+    from .harness import plot
 
     print(f"\nresults: {path}")
     for written in plot.draw_all(results, out_dir):
@@ -138,13 +139,13 @@ def bench_command(args) -> int:
 
 
 def choice_cache_dir() -> Path:
-    from .choice_cache import default_dir
+    from .call.choice_cache import default_dir
 
     return default_dir()
 
 
 def plot_command(args) -> int:
-    from . import bench, plot
+    from .harness import bench, plot
 
     for name in args.results:
         path = Path(name)

@@ -16,7 +16,8 @@ A size is ``N`` (N^3) or ``MxNxK``. Under ncu compare elapsed cycles, not durati
 import argparse
 import statistics
 
-from matmul import build, versions
+from matmul import build
+from matmul.kernels import versions
 
 
 def parse(text: str) -> list[tuple[str, dict]]:
@@ -39,7 +40,7 @@ def contenders(candidates, a, b, out):
 
     import torch
 
-    from matmul.bench import CUBLAS, Contender
+    from matmul.harness.bench import CUBLAS, Contender
 
     cublas_out = torch.empty_like(out)
     found = [Contender(CUBLAS, "baseline", functools.partial(torch.matmul, a, b.T, out=cublas_out), cublas_out)]
@@ -59,10 +60,10 @@ def measure(candidates, sizes, rounds, profile=0, seconds=0.0):
 
     import torch
 
-    from matmul import bench
-    from matmul.check import poisoned_output, random_operands, reference
-    from matmul.presets import Shape
-    from matmul.timing import SustainedTimer, interleaved_ms, tflops
+    from matmul.harness import bench
+    from matmul.measure.correctness import poisoned_output, random_operands, reference
+    from matmul.harness.presets import Shape
+    from matmul.measure.timing import SustainedTimer, interleaved_ms, tflops
 
     for m, n, k in sizes:
         size = f"{m}^3" if m == n == k else f"{m}x{n}x{k}"
@@ -105,7 +106,7 @@ def measure(candidates, sizes, rounds, profile=0, seconds=0.0):
 
 
 def report_wrong(size, rows):
-    from matmul.bench import CUBLAS
+    from matmul.harness.bench import CUBLAS
 
     for row in rows:
         if row["kernel"] != CUBLAS and not row["ok"]:

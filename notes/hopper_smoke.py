@@ -12,9 +12,9 @@ import time
 
 import torch
 
-from matmul import versions
-from matmul.check import TOLERANCE, poisoned_output, random_operands, reference, relative_error
-from matmul.timing import median_ms, tflops
+from matmul.kernels import versions
+from matmul.measure.correctness import TOLERANCE, poisoned_output, random_operands, reference, relative_error
+from matmul.measure.timing import median_ms, tflops
 
 SHAPES = [(1000, 4095, 17), (17, 1000, 4095), (1, 17, 1), (8191, 1000, 17), (4096, 4096, 4096), (2048, 1536, 1024)]
 

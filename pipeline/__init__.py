@@ -1,18 +1,14 @@
-"""What the matmul versions share: the ``Pipeline`` class, the tile schedulers (grouped
-rasterization, static persistent schedules, cluster launch control) and the epilogue/main-loop
-pieces that more than one version uses.
+"""The device-side building blocks the matmul versions share: the ``Pipeline`` ring of mbarrier
+stages, the tile schedulers (grouped rasterization, static persistent schedules, cluster launch
+control), the transports between the CTAs of a cluster, the main loops and the epilogues.
 
-Importing this package applies the tilus 0.2.0 work-arounds (``pipeline.tilus_fixes``) first, so
-every kernel built through the project builds the same way on every machine.
+Nothing here patches tilus: ``matmul`` applies its tilus work-arounds (``matmul.tilus_fixes``)
+when it is imported, before any kernel is built.
 """
 
-from .tilus_fixes import apply_all as _apply_tilus_fixes
-
-_apply_tilus_fixes()
-
-from .clc import ClcScheduler  # noqa: E402
-from .pipeline import Pipeline  # noqa: E402
-from .schedulers import TileRasterizer, grouped_tile, grouped_tile_order  # noqa: E402
-from .tma_store import StagedTmaStore  # noqa: E402
+from .clc import ClcScheduler
+from .pipeline import Pipeline
+from .schedulers import TileRasterizer, grouped_tile, grouped_tile_order
+from .tma_store import StagedTmaStore
 
 __all__ = ["ClcScheduler", "Pipeline", "StagedTmaStore", "TileRasterizer", "grouped_tile", "grouped_tile_order"]

@@ -3,7 +3,8 @@ import functools
 import pytest
 import torch
 
-from matmul import build, versions
+from matmul import build
+from matmul.kernels import versions
 
 
 gpu_arch = versions.local_arch

@@ -2,7 +2,8 @@
 
 import torch
 
-from matmul import autotune, versions
+from matmul.call import tilus_autotune
+from matmul.kernels import versions
 
 
 class StandInKernel:
@@ -29,7 +30,7 @@ def install(monkeypatch, wrong=("v0",), arch="sm_90a") -> list:
 
     monkeypatch.setattr(versions, "available", lambda arch: ["v0", "v1"])
     monkeypatch.setattr(versions, "kernel", kernel)
-    monkeypatch.setattr(autotune, "prepare", lambda script, args=None: None)
-    monkeypatch.setattr(autotune, "tuned_config",
+    monkeypatch.setattr(tilus_autotune, "prepare", lambda script, args=None: None)
+    monkeypatch.setattr(tilus_autotune, "tuned_config",
                         lambda script, args: dict(versions.load(arch, script.version).REPRESENTATIVE))
     return built

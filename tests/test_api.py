@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import matmul
-from matmul import api, autotune, versions
-from matmul.choice_cache import ChoiceCache, default_dir
+from matmul.call import api, tilus_autotune
+from matmul.kernels import versions
+from matmul.call.choice_cache import ChoiceCache, default_dir
 
 # --- errors before anything runs -----------------------------------------------------------------
 
@@ -187,8 +188,8 @@ CHILD = textwrap.dedent("""
     import json, sys, time, torch
     sys.path.insert(0, {tests!r})
     from test_api import KEY, fake_prepare
-    from matmul import api
-    from matmul.choice_cache import ChoiceCache
+    from matmul.call import api
+    from matmul.call.choice_cache import ChoiceCache
     calls = []
     def tune():
         time.sleep({sleep})  # a long tuning: another process must wait for it, not tune as well
@@ -288,7 +289,7 @@ def write_table(directory, content: bytes):
 
 def test_a_valid_tilus_dispatch_table_is_kept(tmp_path):
     write_table(tmp_path, pickle.dumps({(4096, 4096, 4096): 2}))
-    assert not autotune.check_dispatch_table(tmp_path, programs=3)
+    assert not tilus_autotune.check_dispatch_table(tmp_path, programs=3)
     assert (tmp_path / "dispatch_table.pickle").exists() and (tmp_path / "latency").exists()
 
 
@@ -299,17 +300,17 @@ def test_a_valid_tilus_dispatch_table_is_kept(tmp_path):
 ])
 def test_a_broken_tilus_dispatch_table_is_removed(tmp_path, content):
     write_table(tmp_path, content)
-    assert autotune.check_dispatch_table(tmp_path, programs=3)
+    assert tilus_autotune.check_dispatch_table(tmp_path, programs=3)
     assert not (tmp_path / "dispatch_table.pickle").exists()
     assert not (tmp_path / "latency").exists()  # tilus would fail to re-create its links there
 
 
 def test_launch_arguments_hand_tilus_whole_padded_rows():
-    from matmul.check import poisoned_output, random_operands
+    from matmul.measure.correctness import poisoned_output, random_operands
 
     a, b = random_operands(5, 3, 17, torch.float16, device="cpu")
     out = poisoned_output(5, 3, torch.float16, device="cpu")
-    m, n, k, fa, fb, fc, lda, ldb, ldc = autotune.launch_args(a, b, out)
+    m, n, k, fa, fb, fc, lda, ldb, ldc = versions.launch_args(a, b, out)
     assert (m, n, k, lda, ldb, ldc) == (5, 3, 17, 24, 24, 8)
     assert fa.shape == (5, 24) and fa.is_contiguous() and fa.data_ptr() == a.data_ptr()
     assert fa.clone().stride() == (24, 1)  # what tilus tunes on keeps the padded layout
@@ -332,7 +333,7 @@ def chooser(root, **overrides):
 
 
 def test_the_whole_choice_with_stand_in_kernels(tmp_path, stand_ins):
-    from matmul.check import TOLERANCE, poisoned_output, random_operands, reference, relative_error
+    from matmul.measure.correctness import TOLERANCE, poisoned_output, random_operands, reference, relative_error
     from matmul.contract import row_stride
 
     m, n, k = 100, 60, 17  # ragged: the operands tuned on have padded rows
@@ -357,7 +358,7 @@ def test_the_whole_choice_with_stand_in_kernels(tmp_path, stand_ins):
 
 
 def test_cublas_is_a_candidate_and_is_launched_when_it_wins(tmp_path, stand_ins):
-    from matmul.check import TOLERANCE, poisoned_output, random_operands, reference, relative_error
+    from matmul.measure.correctness import TOLERANCE, poisoned_output, random_operands, reference, relative_error
     from matmul.contract import row_stride
 
     m, n, k = 128, 60, 40  # a skinny shape: the series' tiles leave most of a GPU idle

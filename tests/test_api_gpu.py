@@ -13,8 +13,9 @@ import pytest
 import torch
 
 import matmul
-from matmul import api, bench, plot, presets, triton_baseline
-from matmul.check import TOLERANCE, poisoned_output, random_operands, reference, relative_error
+from matmul.call import api
+from matmul.harness import bench, plot, presets, triton_baseline
+from matmul.measure.correctness import TOLERANCE, poisoned_output, random_operands, reference, relative_error
 
 from conftest import gpu_arch, require_gpu
 
@@ -89,8 +90,8 @@ def test_a_second_process_reuses_the_choice_without_tuning():
     code = f"""
 import json, torch
 import matmul
-from matmul import api
-from matmul.check import random_operands, reference, relative_error
+from matmul.call import api
+from matmul.measure.correctness import random_operands, reference, relative_error
 def no_tuning(*args, **kwargs):
     raise AssertionError("tuned again although the choice is stored")
 api.tune = no_tuning
@@ -132,7 +133,7 @@ def test_harness_end_to_end(tmp_path):
 
 
 def test_interleaved_timing_tells_a_kernel_from_one_of_twice_its_work():
-    from matmul.timing import interleaved_ms
+    from matmul.measure.timing import interleaved_ms
 
     a, b = (torch.randn(4096, 4096, device="cuda", dtype=torch.float16) for _ in range(2))
     half, whole = a[:2048], a
@@ -141,7 +142,7 @@ def test_interleaved_timing_tells_a_kernel_from_one_of_twice_its_work():
 
 
 def test_sustained_timing_tells_a_kernel_from_one_of_twice_its_work():
-    from matmul.timing import SustainedTimer
+    from matmul.measure.timing import SustainedTimer
 
     a, b = (torch.randn(4096, 4096, device="cuda", dtype=torch.float16) for _ in range(2))
     half = a[:2048]

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from matmul import bench, plot, presets, triton_baseline
-from matmul.bench import CUBLAS, Contender
-from matmul.check import reference
-from matmul.presets import Shape
+from matmul.harness import bench, plot, presets, triton_baseline
+from matmul.harness.bench import CUBLAS, Contender
+from matmul.measure.correctness import reference
+from matmul.harness.presets import Shape
 
 FIXTURE = Path(__file__).parent / "data" / "bench_small.json"
 
@@ -134,7 +134,9 @@ def test_a_whole_run_with_stand_in_kernels_on_the_cpu(monkeypatch, tmp_path):
 
     from stand_ins import install
 
-    from matmul import check, plot, timing
+    from matmul.harness import plot
+    from matmul.measure import correctness as check
+    from matmul.measure import timing
 
     install(monkeypatch, wrong=("v0",))
     cpu = functools.partial(check.random_operands, device="cpu")

@@ -10,7 +10,8 @@ import inspect
 import re
 
 import pipeline
-from matmul import build, versions
+from matmul import build
+from matmul.kernels import versions
 
 from conftest import representative_build
 
@@ -144,7 +145,7 @@ def test_v6_four_cta_cluster_multicasts_the_shared_operand():
 def test_sass_of_v2_to_v6_when_a_disassembler_is_installed():
     import pytest
 
-    from pipeline.tilus_fixes import disassembler
+    from matmul.tilus_fixes import disassembler
 
     if disassembler() is None:
         pytest.skip("cuobjdump/nvdisasm not installed (pip install '.[sass]')")

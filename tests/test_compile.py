@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-from matmul import build, versions
+from matmul import build
+from matmul.kernels import versions
 
 from conftest import representative_build
 
@@ -53,7 +54,7 @@ def test_hopper_ptx_has_no_blackwell_only_qualifiers():
 
 @pytest.mark.parametrize("arch", list(versions.ARCHS))
 def test_sass_when_a_disassembler_is_installed(arch):
-    from pipeline.tilus_fixes import disassembler
+    from matmul.tilus_fixes import disassembler
 
     if disassembler() is None:
         pytest.skip("cuobjdump/nvdisasm not installed (pip install '.[sass]')")

@@ -9,8 +9,8 @@ import itertools
 import pytest
 import torch
 
-from matmul import versions
-from matmul.check import TOLERANCE, poisoned_output, random_operands, reference, relative_error
+from matmul.kernels import versions
+from matmul.measure.correctness import TOLERANCE, poisoned_output, random_operands, reference, relative_error
 
 from conftest import gpu_arch
 

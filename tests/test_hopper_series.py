@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from matmul import versions
+from matmul.kernels import versions
 from pipeline import grouped_tile_order
 from pipeline.schedulers import DEFAULT_SM_COUNT, static_tiles
 
@@ -117,7 +117,7 @@ def test_v6_multicasts_b_within_a_2cta_cluster_and_the_leader_sends_the_tiles():
 
 
 def test_sass_of_the_series_when_a_disassembler_is_installed():
-    from pipeline.tilus_fixes import disassembler
+    from matmul.tilus_fixes import disassembler
 
     if disassembler() is None:
         pytest.skip("cuobjdump/nvdisasm not installed (pip install '.[sass]')")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from matmul import versions
+from matmul.kernels import versions
 
 TUTORIALS = Path(__file__).resolve().parent.parent / "tutorials"
 NOTEBOOKS = sorted(TUTORIALS.glob("v*.ipynb"))

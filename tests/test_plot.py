@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from matplotlib.container import BarContainer
 
-from matmul import bench, plot
+from matmul.harness import bench, plot
 
 FIXTURE = Path(__file__).parent / "data" / "bench_small.json"
 

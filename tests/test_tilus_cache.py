@@ -10,20 +10,22 @@ import textwrap
 
 CHILD = textwrap.dedent("""
     import json, sys, torch
-    from matmul import autotune, build, versions
+    from matmul import build
+from matmul.call import tilus_autotune
+from matmul.kernels import versions
     module = versions.load("sm_90a", "v1")
     args = (1000, 4095, 17, None, None, None, 24, 24, 4096)  # sizes and strides; no pointer is read
     with build.target("sm_90a"):
         script = versions.kernel(module, torch.float16, dict(module.REPRESENTATIVE))
         if sys.argv[1] == "check":
-            autotune.prepare(script, args)
-        instance = autotune.jit_instance(script, args)
+            tilus_autotune.prepare(script, args)
+        instance = tilus_autotune.jit_instance(script, args)
         try:
             instance._pick_best_program(args)  # builds; one configuration: tilus stores it without timing
         except Exception as e:
             print(json.dumps({"failed": type(e).__name__}))
             raise SystemExit(0)
-        print(json.dumps({"config": autotune.tuned_config(script, args), "dir": str(instance.cache_dir)}))
+        print(json.dumps({"config": tilus_autotune.tuned_config(script, args), "dir": str(instance.cache_dir)}))
 """)
 
 

@@ -8,8 +8,9 @@ import tilus
 import tilus.drivers
 import torch
 
-from matmul import build, versions
-from pipeline import tilus_fixes
+from matmul import build
+from matmul.kernels import versions
+from matmul import tilus_fixes
 
 
 @pytest.fixture

@@ -19,7 +19,8 @@ from types import ModuleType
 
 import torch
 
-from matmul import build, versions
+from matmul import build
+from matmul.kernels import versions
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHS = ("sm_100a", "sm_90a")  # Blackwell is the main thread, Hopper the counterpart
@@ -129,7 +130,7 @@ def show_diff(old: ModuleType, new: ModuleType, context: int = 3) -> None:
     removed = sum(1 for l in lines if l.startswith("-") and not l.startswith("---"))
     note = ""
     try:
-        from matmul.kernel import MatmulKernel
+        from matmul.kernels.entry import MatmulKernel
 
         shared = [issubclass(m.Kernel, MatmulKernel) for m in (old, new)]
         if shared[0] != shared[1]:
@@ -234,7 +235,7 @@ def check(module: ModuleType, shapes=CHECK_SHAPES, dtypes=(torch.float16, torch.
     """Run the version's REPRESENTATIVE configuration on fresh random operands (awkward shapes:
     no multiple of any tile), the output poisoned with NaN first, and compare it with a float32
     reference. Raises if any result is off by more than its dtype's tolerance."""
-    from matmul.check import TOLERANCE, poisoned_output, random_operands, reference, relative_error
+    from matmul.measure.correctness import TOLERANCE, poisoned_output, random_operands, reference, relative_error
 
     rows = []
     for dtype in dtypes:
@@ -257,10 +258,10 @@ def time_against_cublas(modules: list[ModuleType], shape=TIME_SHAPE, dtype=torch
     by the harness's own loop (``matmul.bench.measure``): checked first, then in one window with
     cuBLAS, launched in turn, so the ratio is taken at one clock; the TFLOPS are at cuBLAS's median
     clock."""
-    from matmul import bench
-    from matmul.check import poisoned_output, random_operands, reference
-    from matmul.presets import Shape
-    from matmul.timing import interleaved_ms
+    from matmul.harness import bench
+    from matmul.measure.correctness import poisoned_output, random_operands, reference
+    from matmul.harness.presets import Shape
+    from matmul.measure.timing import interleaved_ms
 
     m, n, k = shape
     a, b = random_operands(m, n, k, dtype)
@@ -343,7 +344,7 @@ def _show_results_file(path: Path, upto: str | None) -> None:
     gpu, arch = machine.get("gpu", "an unknown GPU"), results.get("arch", "?")
     sustained = results.get("timing", {}).get("mode") == "sustained"
     try:
-        from matmul import bench, plot
+        from matmul.harness import bench, plot
 
         figure = plot.progression(bench.load(path))  # None: this file has no square series (e.g. the LLM shapes)
         if figure is not None:

@@ -51,7 +51,7 @@ from pipeline import Pipeline, TileRasterizer
 from pipeline.clc import ClcScheduler
 from pipeline.tma_store import StagedTmaStore
 
-from ..kernel import MatmulKernel
+from ..entry import MatmulKernel
 
 IDEA = ("2-CTA cluster: one 256-row tile per CTA pair (tcgen05 cta_group::2), cluster-scope barriers, "
         "multicast commits and CLC")

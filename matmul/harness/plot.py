@@ -20,8 +20,8 @@ from typing import Optional
 import matplotlib
 from matplotlib.figure import Figure
 
-from . import versions
-from .api import VENDOR
+from ..call.api import VENDOR
+from ..kernels import versions
 from .bench import AUTOTUNED, CUBLAS, TRITON, is_sustained
 
 VERSION_COLORS = matplotlib.colormaps["viridis"]

@@ -27,7 +27,7 @@ from tilus import GlobalTensor, RegisterTensor, SharedTensor, float32, int32
 from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.utils import cdiv
 
-from ..kernel import MatmulKernel
+from ..entry import MatmulKernel
 
 IDEA = "software pipelining: a ring of shared-memory stages, TMA loads run ahead of the MMAs"
 PTX_MARKERS = ("tcgen05.mma.cta_group::1", "tcgen05.commit", "cp.async.bulk.tensor.2d.shared::cta.global",

@@ -37,7 +37,7 @@ from pipeline import Pipeline, TileRasterizer
 from pipeline.clc import ClcScheduler
 from pipeline.tma_store import StagedTmaStore
 
-from ..kernel import MatmulKernel
+from ..entry import MatmulKernel
 
 IDEA = "persistent kernel scheduled by cluster launch control; TMEM accumulator ring and sub-tiled TMA epilogue"
 PTX_MARKERS = ("tcgen05.mma.cta_group::1", "clusterlaunchcontrol.try_cancel",

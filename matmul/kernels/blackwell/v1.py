@@ -18,7 +18,7 @@ from tilus import GlobalTensor, float32, int32, uint32
 from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.utils import cdiv
 
-from ..kernel import MatmulKernel
+from ..entry import MatmulKernel
 
 IDEA = "TMA loads, completion counted in bytes on an mbarrier; TMA store epilogue"
 PTX_MARKERS = ("tcgen05.mma.cta_group::1", "cp.async.bulk.tensor.2d.shared::cta.global",

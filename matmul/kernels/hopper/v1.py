@@ -19,7 +19,7 @@ from tilus import GlobalTensor, float32, int32, uint32
 from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.utils import cdiv
 
-from ..kernel import MatmulKernel
+from ..entry import MatmulKernel
 
 IDEA = "TMA loads into swizzled shared memory; TMA store epilogue"
 PTX_MARKERS = ("wgmma.mma_async", "cp.async.bulk.tensor.2d.shared::cta.global",

@@ -1,14 +1,13 @@
-"""tilus's per-version autotuning, used safely: launch arguments, the configuration it chose, and a
-check of its on-disk dispatch table.
+"""tilus's per-version autotuning, used safely: the configuration it chose, and a check of its
+on-disk dispatch table.
 
 tilus 0.2.0 tunes a script on the first call for a shape bucket, on clones of the tensor
 arguments, and stores the winner's index in ``<cache>/scripts/kernel/<key>/dispatch_table.pickle``.
 Two things about that need care here:
 
 * ``Tensor.clone()`` of a row-padded view (``buf[:, :17]``) is a *contiguous* copy, so the
-  kernel, still told the padded row stride, would read past the clone while tuning. The launch
-  arguments therefore hand tilus the whole padded rows (``full_rows``): the same pointer and
-  stride, and a clone of the same layout.
+  kernel, still told the padded row stride, would read past the clone while tuning:
+  ``versions.launch_args`` hands tilus the whole padded rows.
 * tilus trusts the pickle: a truncated one raises on load, and a table pointing past the built
   programs raises an IndexError. ``check_dispatch_table`` removes such a table (and the tuning
   reports tilus would otherwise refuse to overwrite) so that tilus tunes again.
@@ -23,25 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import filelock
-import torch
-
-from .contract import row_stride
 
 log = logging.getLogger(__name__)
-
-
-def full_rows(t: torch.Tensor) -> torch.Tensor:
-    """``t`` [rows, cols] with row stride ``ld`` as the dense [rows, ld] tensor around it (same pointer).
-
-    Only for matrices whose last row is padded too, as ``check.random_operands`` allocates them."""
-    ld = row_stride(t)
-    return t.as_strided((t.shape[0], ld), (ld, 1))
-
-
-def launch_args(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> tuple:
-    """The arguments of a version's ``Kernel.__call__`` for C = A @ B^T."""
-    (m, k), n = a.shape, b.shape[0]
-    return (m, n, k, full_rows(a), full_rows(b), full_rows(out), row_stride(a), row_stride(b), row_stride(out))
 
 
 def jit_instance(script, args):

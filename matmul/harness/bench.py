@@ -39,9 +39,11 @@ from typing import Any, Callable, Optional
 import torch
 from tqdm import tqdm
 
-from . import autotune, presets, versions
-from .check import TOLERANCE, random_operands, reference, relative_error
-from .timing import alternating_rounds, tflops
+from . import presets
+from ..call import tilus_autotune
+from ..kernels import versions
+from ..measure.correctness import TOLERANCE, random_operands, reference, relative_error
+from ..measure.timing import alternating_rounds, tflops
 from .presets import Shape
 
 FORMAT = "tilus-matmul-bench/1"
@@ -132,23 +134,24 @@ def measure(shape: Shape, contenders: list[Contender], ref: torch.Tensor, dtype:
 def contenders(arch: str, names: list[str], a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype,
                triton: bool = True, autotuned: bool = True) -> list[Contender]:
     """cuBLAS, the versions ``names``, the Triton baseline (if installed) and ``matmul()`` for C = A @ B^T."""
-    from . import api, triton_baseline
-    from .check import poisoned_output
+    from . import triton_baseline
+    from ..call import api
+    from ..measure.correctness import poisoned_output
 
     (m, k), n = a.shape, b.shape[0]
     out = poisoned_output(m, n, dtype)
     cublas_out = torch.empty(m, n, dtype=dtype, device=a.device)
     found = [Contender(CUBLAS, "baseline", functools.partial(torch.matmul, a, b.T, out=cublas_out), cublas_out)]
-    args = autotune.launch_args(a, b, out)
+    args = versions.launch_args(a, b, out)
     for name in names:
         try:
             script = versions.kernel(versions.load(arch, name), dtype)  # autotuned by tilus on first call
-            autotune.prepare(script, args)
+            tilus_autotune.prepare(script, args)
         except Exception as e:  # e.g. no configuration transpiles: the row says so when it runs
             found.append(Contender(name, "version", functools.partial(_raise, e), out))
             continue
         found.append(Contender(name, "version", functools.partial(script, *args), out,
-                               functools.partial(autotune.tuned_config, script, args)))
+                               functools.partial(tilus_autotune.tuned_config, script, args)))
     if triton and triton_baseline.available():
         found.append(Contender(TRITON, "baseline", functools.partial(triton_baseline.matmul_abt, a, b, out), out,
                                triton_baseline.best_config))
@@ -172,7 +175,7 @@ def run(arch: str, names: list[str], chosen: dict[str, list[Shape]], dtype: torc
     With ``sustained_s``, each kernel (cuBLAS too) is timed alone, launched back to back for that
     many seconds per window (``timing.SustainedTimer``), instead of in turn with cuBLAS."""
     from . import triton_baseline
-    from .timing import SustainedTimer, interleaved_ms
+    from ..measure.timing import SustainedTimer, interleaved_ms
 
     if sustained_s:
         timer = SustainedTimer(sustained_s)

@@ -60,7 +60,7 @@ from pipeline.schedulers import LeaderTileBroadcast, sm_count
 from pipeline.epilogue import SUB_COLS, WgmmaTileStore, wgmma_fragment
 from pipeline.mainloop import WgmmaMainloop
 
-from ..kernel import MatmulKernel
+from ..entry import MatmulKernel
 
 IDEA = "2-CTA clusters: B multicast to both CTAs, stages released across the pair, leader-decided tiles"
 PTX_MARKERS = ("wgmma.mma_async.sync.aligned.m64n256k16", ".multicast::cluster", "mapa.shared::cluster",

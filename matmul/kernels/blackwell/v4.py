@@ -31,7 +31,7 @@ from tilus.utils import cdiv
 
 from pipeline import Pipeline, TileRasterizer
 
-from ..kernel import MatmulKernel
+from ..entry import MatmulKernel
 
 IDEA = "grouped tile rasterization for L2 reuse; every hand-off through the shared Pipeline class"
 PTX_MARKERS = ("tcgen05.mma.cta_group::1", "tcgen05.commit", "cp.async.bulk.tensor.2d.shared::cta.global",

@@ -49,11 +49,12 @@ import torch
 import tilus
 from tqdm import tqdm
 
-from . import autotune, versions
-from .check import TOLERANCE, poisoned_output, random_operands, reference, relative_error
+from . import tilus_autotune
+from ..kernels import versions
+from ..measure.correctness import TOLERANCE, poisoned_output, random_operands, reference, relative_error
 from .choice_cache import ChoiceCache, Entry
-from .contract import DTYPES, MatmulInputError, _check_row_major, check_operands, empty_padded, row_stride
-from .timing import alternating_rounds, interleaved_ms, median_ms
+from ..contract import DTYPES, MatmulInputError, _check_row_major, check_operands, empty_padded, row_stride
+from ..measure.timing import alternating_rounds, interleaved_ms, median_ms
 
 
 
@@ -141,15 +142,19 @@ def choice_key(arch: str, gpu: str, dtype: torch.dtype, m: int, n: int, k: int) 
 
 @functools.cache
 def fingerprint(arch: str, version: str) -> str:
-    """Changes when the version's source, the shared entry point, the pipeline code or tilus change
+    """Changes when the version's source, the shared entry point, the pipeline code, the tilus fixes or tilus change
     (for cuBLAS: when torch or its CUDA change)."""
     import pipeline
 
     if version == VENDOR:
         return hashlib.sha256(f"{torch.__version__} {torch.version.cuda}".encode()).hexdigest()[:16]
     digest = hashlib.sha256(tilus.__version__.encode())
-    files = [Path(versions.load(arch, version).__file__), Path(__file__).with_name("kernel.py"),
-             *sorted(Path(pipeline.__file__).parent.glob("*.py"))]
+    from .. import tilus_fixes
+    from ..kernels import entry
+
+    files = [Path(versions.load(arch, version).__file__), Path(entry.__file__),
+             *sorted(Path(pipeline.__file__).parent.glob("*.py")),
+             *sorted(Path(tilus_fixes.__file__).parent.glob("*.py"))]
     for path in files:
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
@@ -237,7 +242,7 @@ def _gpu_prepare(arch: str, dtype: torch.dtype, m: int, n: int, k: int, device: 
     a, b = random_operands(m, n, k, dtype, device=device)
     ref = reference(a, b)
     out = poisoned_output(m, n, dtype, device=device)
-    args = autotune.launch_args(a, b, out)
+    args = versions.launch_args(a, b, out)
     vendor = functools.partial(vendor_launch, *args)
     vendor_ms = functools.cache(lambda: median_ms(vendor, warmup_ms=20.0, repeat_ms=100.0))
 
@@ -248,11 +253,11 @@ def _gpu_prepare(arch: str, dtype: torch.dtype, m: int, n: int, k: int, device: 
             return Candidate(version, {}, relative_error(out, ref), vendor, vendor, vendor_ms)
         module = versions.load(arch, version)
         tuned = versions.kernel(module, dtype)
-        autotune.prepare(tuned, args)
+        tilus_autotune.prepare(tuned, args)
         tuned(*args)  # tilus tunes its space for this shape bucket, or reads its stored choice
-        config = autotune.tuned_config(tuned, args)
+        config = tilus_autotune.tuned_config(tuned, args)
         fixed = versions.kernel(module, dtype, config)
-        autotune.prepare(fixed, args)
+        tilus_autotune.prepare(fixed, args)
         out.fill_(float("nan"))
         fixed(*args)
         return Candidate(version, config, relative_error(out, ref), functools.partial(fixed, *args), vendor, vendor_ms)
@@ -322,7 +327,7 @@ class Chooser:
                 return vendor_launch, entry
             module = versions.load(arch, entry["version"])
             script = versions.kernel(module, dtype, space_config(module, entry["config"]))
-            autotune.prepare(script)
+            tilus_autotune.prepare(script)
         return script, entry
 
 

@@ -1,9 +1,9 @@
 """The registry of the series: which version modules exist for which architecture, and how to run
 one of them with its own autotuning or with one fixed configuration.
 
-A version module (``matmul/<family>/v<N>.py``) defines:
+A version module (``matmul/kernels/<family>/v<N>.py``) defines:
 
-* ``Kernel`` -- a ``matmul.kernel.MatmulKernel`` (a ``tilus.Script``) autotuned with
+* ``Kernel`` -- a ``matmul.kernels.entry.MatmulKernel`` (a ``tilus.Script``) autotuned with
   ``@tilus.autotune`` over its space: ``__init__(dtype, <its knobs>)`` and a ``matmul`` method that
   receives the global views of A, B and C (the shared entry point makes them);
 * ``IDEA`` -- the one idea it adds over the previous version, in a few words;
@@ -21,10 +21,9 @@ from typing import Any, Optional
 
 import torch
 
-import pipeline  # noqa: F401  (applies the tilus fixes before any kernel is built)
 import tilus
 
-from .contract import check_operands
+from ..contract import check_operands, row_stride
 
 ARCHS = {"sm_100a": "blackwell", "sm_90a": "hopper"}
 ARCH_NAMES = {"sm_100a": "Blackwell", "sm_90a": "Hopper"}
@@ -56,7 +55,7 @@ def local_arch() -> Optional[str]:
 
 
 def module_name(arch: str, version: str) -> str:
-    return f"matmul.{ARCHS[normalize_arch(arch)]}.{version}"
+    return f"matmul.kernels.{ARCHS[normalize_arch(arch)]}.{version}"
 
 
 def available(arch: str) -> list[str]:
@@ -104,9 +103,24 @@ def kernel(module: ModuleType, dtype: torch.dtype, config: Optional[dict[str, An
 def run(module: ModuleType, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None,
         config: Optional[dict[str, Any]] = None) -> torch.Tensor:
     """C = A @ B^T with one version of the series (A [M, K], B [N, K], row-major)."""
-    from .autotune import launch_args  # (what tilus's autotuner may safely clone)
-
     out = check_operands(a, b, out)
     with torch.cuda.device(a.device):
         kernel(module, a.dtype, config)(*launch_args(a, b, out))
     return out
+
+
+def full_rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` [rows, cols] with row stride ``ld`` as the dense [rows, ld] tensor around it (same pointer).
+
+    tilus's autotuner clones the tensor arguments it tunes on, and ``Tensor.clone()`` of a
+    row-padded view (``buf[:, :17]``) is a *contiguous* copy: the kernel, still told the padded
+    row stride, would read past it. Handed the whole padded rows, tilus clones the same layout.
+    Only for matrices whose last row is padded too, as ``correctness.random_operands`` allocates them."""
+    ld = row_stride(t)
+    return t.as_strided((t.shape[0], ld), (ld, 1))
+
+
+def launch_args(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> tuple:
+    """The arguments of a version's ``Kernel.__call__`` for C = A @ B^T."""
+    (m, k), n = a.shape, b.shape[0]
+    return (m, n, k, full_rows(a), full_rows(b), full_rows(out), row_stride(a), row_stride(b), row_stride(out))

@@ -1,6 +1,6 @@
 """Build kernels for a chosen architecture without running them, and read what they compiled to.
 
-Works on a machine without a GPU (see ``pipeline.tilus_fixes``): tilus transpiles each
+Works on a machine without a GPU (see ``matmul.tilus_fixes``): tilus transpiles each
 configuration, nvcc/ptxas build it for the target, and the PTX, the ptxas resource report and,
 where ``cuobjdump`` exists, the SASS are kept in tilus's cache beside the library.
 """
@@ -21,7 +21,7 @@ from tilus.drivers import BuildOptions, build_program
 from tilus.drivers import get_cache_dir
 from tilus.lang.instantiated_script import CallParameters, JitInstance
 
-from . import versions
+from ..kernels import versions
 
 TARGETS = {"sm_100a": tilus.target.nvgpu_sm100a, "sm_90a": tilus.target.nvgpu_sm90a}
 SHARED_MEMORY_LIMIT = {"sm_100a": 227 * 1024, "sm_90a": 227 * 1024}  # per block, opt-in maximum

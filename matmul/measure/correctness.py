@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from .contract import DTYPES, aligned_row_length, empty_padded
+from ..contract import DTYPES, aligned_row_length, empty_padded
 
 # fp16/bf16 inputs, float32 accumulation, rounded once to the output dtype: the relative error is
 # that rounding (2^-11 for float16, 2^-8 for bfloat16) plus accumulation-order noise.
@@ -48,7 +48,7 @@ def check_version(module, shapes=((1000, 4095, 17), (17, 1000, 4095), (4095, 17,
                   config=None) -> float | None:
     """Run one version on fresh random operands of awkward shapes; the worst relative error, or
     None if any result is off by more than its dtype's tolerance."""
-    from .versions import run
+    from ..kernels.versions import run
 
     worst = 0.0
     for dtype in dtypes:

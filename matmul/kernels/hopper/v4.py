@@ -35,7 +35,7 @@ from pipeline import Pipeline, TileRasterizer
 from pipeline.epilogue import wgmma_fragment
 from pipeline.mainloop import WgmmaMainloop
 
-from ..kernel import MatmulKernel
+from ..entry import MatmulKernel
 
 IDEA = "grouped tile rasterization for L2 reuse; the ring through the shared Pipeline class"
 PTX_MARKERS = ("wgmma.mma_async.sync.aligned.m64n256k16", "cp.async.bulk.tensor.2d.shared::cta.global",

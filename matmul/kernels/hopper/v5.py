@@ -33,7 +33,7 @@ from pipeline.schedulers import StaticTileScheduler, sm_count
 from pipeline.epilogue import SUB_COLS, WgmmaTileStore, wgmma_fragment
 from pipeline.mainloop import WgmmaMainloop
 
-from ..kernel import MatmulKernel
+from ..entry import MatmulKernel
 
 IDEA = "persistent CTAs over a static tile schedule; asynchronous sub-tiled TMA-store epilogue"
 PTX_MARKERS = ("wgmma.mma_async.sync.aligned.m64n256k16", "cp.async.bulk.tensor.2d.global.shared::cta",

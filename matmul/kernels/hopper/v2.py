@@ -32,7 +32,7 @@ from tilus.utils import cdiv
 
 from pipeline.epilogue import wgmma_fragment
 
-from ..kernel import MatmulKernel
+from ..entry import MatmulKernel
 
 IDEA = "software pipelining: a ring of TMA stages on mbarriers, one wgmma group kept in flight"
 PTX_MARKERS = ("wgmma.mma_async", "wgmma.wait_group.sync.aligned 1", "cp.async.bulk.tensor.2d.shared::cta.global",

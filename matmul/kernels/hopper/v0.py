@@ -17,7 +17,7 @@ import tilus
 from tilus import GlobalTensor, float32, int32
 from tilus.utils import cdiv
 
-from ..kernel import MatmulKernel
+from ..entry import MatmulKernel
 
 IDEA = "wgmma reads shared-memory tiles that the threads load through registers"
 PTX_MARKERS = ("wgmma.mma_async", "st.shared")

@@ -43,7 +43,7 @@ from tilus.utils import cdiv
 
 from pipeline.epilogue import wgmma_fragment
 
-from ..kernel import MatmulKernel
+from ..entry import MatmulKernel
 
 IDEA = "warp specialization: a TMA producer warp feeding two wgmma consumer warpgroups, full/empty mbarriers"
 # the consumers' release of a slot (a plain arrive) and the named barriers of the two warpgroups

@@ -18,7 +18,7 @@ import tilus
 from tilus import GlobalTensor, float32, int32, uint32
 from tilus.utils import cdiv
 
-from ..kernel import MatmulKernel
+from ..entry import MatmulKernel
 
 IDEA = "tcgen05.mma into tensor memory, completion on an mbarrier; tiles loaded through registers"
 PTX_MARKERS = ("tcgen05.mma.cta_group::1", "tcgen05.commit", "tcgen05.alloc", "tcgen05.ld",

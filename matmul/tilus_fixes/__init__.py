@@ -1,0 +1,58 @@
+"""Work-arounds for faults of tilus 0.2.0, one fault per module, applied by ``apply_all()``.
+
+``matmul/__init__.py`` calls ``apply_all()`` when the package is imported, before any kernel can
+be built, so every kernel builds the same way on every machine. Each fix names the fault it works
+around, is guarded to the tilus release that has it, and can be taken out again
+(``disabled(name)``) so that the tests can show the fault comes back without it
+(``tests/test_tilus_fixes.py``). The faults (seen on an H100 and on machines without a GPU):
+
+* ``tma_sm90``: TMA loads are emitted with ``.cta_group::1``, which ptxas rejects for sm_90a;
+* ``build_without_gpu``: building needs ``torch.cuda.is_available()`` and a driver ``libcuda.so``;
+* ``keep_ptx``: the PTX of a kernel is kept only when every IR pass is dumped too;
+* ``serial_transpile``: programs transpiled in forked workers fail tilus's loop-invariant hoisting;
+* ``fence_tall_accumulators``: wgmma accumulators are not fenced, and ptxas serializes the wgmma of
+  a warp-specialized 128-row tile.
+
+Each module's docstring describes its fault and the work-around in full.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import tilus
+
+from . import build_without_gpu, fence_tall_accumulators, keep_ptx, serial_transpile, tma_sm90
+from .build_without_gpu import stand_in_libcuda_dir
+from .fix import Fix
+from .keep_ptx import disassembler
+
+FAULTY_RELEASES = ("0.2.0",)
+MODULES = (tma_sm90, build_without_gpu, keep_ptx, serial_transpile, fence_tall_accumulators)
+
+FIXES: dict[str, Fix] = {}
+
+
+def apply_all() -> dict[str, Fix]:
+    """Apply every fix the installed tilus needs (none for a release without the faults); idempotent."""
+    if tilus.__version__ in FAULTY_RELEASES and not FIXES:
+        for module in MODULES:
+            fix = module.make()
+            fix.apply()
+            FIXES[fix.name] = fix
+    return FIXES
+
+
+@contextlib.contextmanager
+def disabled(name: str) -> Iterator[None]:
+    """Take one fix out for the duration of the block (for tests that show the fault)."""
+    fix = FIXES[name]
+    fix.revert()
+    try:
+        yield
+    finally:
+        fix.apply()
+
+
+__all__ = ["FIXES", "Fix", "apply_all", "disabled", "disassembler", "stand_in_libcuda_dir"]
