@@ -83,7 +83,8 @@ def _default_plots_dir() -> Path:
 
 def redraw(results_dir: Path, out: Path | None = None) -> int:
     """Redraw the figures of every results file under ``results_dir`` (next to each, or into ``out``)."""
-    from .harness import bench, plot
+    from .harness import plot
+    from .harness import results as results_file
 
     found = sorted(Path(results_dir).glob("**/results-*.json"))
     if not found:
@@ -91,7 +92,7 @@ def redraw(results_dir: Path, out: Path | None = None) -> int:
               "to make them.")
         return 0
     for path in found:
-        results = bench.load(path)
+        results = results_file.load(path)
         for written in plot.draw_all(results, out or path.parent):
             print(f"wrote {written}  (from {path}, measured on {results['machine']['gpu']})")
     return 0
@@ -101,6 +102,7 @@ def bench_command(args) -> int:
     import torch
 
     from .harness import bench, presets
+    from .harness import results as results_file
 
     chosen = presets.parse(args.shapes)
     dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype]
@@ -116,16 +118,16 @@ def bench_command(args) -> int:
         return redraw(Path(args.redraw_from or _default_plots_dir()), Path(args.out) if args.out else None) or status
     names = _versions(args.versions, arch)
     out_dir = Path(args.out) if args.out else choice_cache_dir() / "bench"
-    path = out_dir / bench.results_name(arch, args.dtype, chosen, sustained=bool(args.sustained))
+    path = out_dir / results_file.results_name(arch, args.dtype, chosen, sustained=bool(args.sustained))
     command = "python -m matmul " + " ".join(sys.argv[1:] if args.argv is None else args.argv)
     try:
         results = bench.run(arch, names, chosen, dtype, rounds=args.rounds, warmup_ms=args.warmup_ms,
                             repeat_ms=args.repeat_ms, triton=not args.no_triton, command=command,
-                            save=lambda r: bench.write(r, path), sustained_s=args.sustained)
+                            save=lambda r: results_file.write(r, path), sustained_s=args.sustained)
     except ValueError as e:  # from inside the run: not a usage error, keep the traceback
         raise RuntimeError(f"{type(e).__name__}: {e}") from e
-    bench.write(results, path)
-    print(bench.table(results))
+    results_file.write(results, path)
+    print(results_file.table(results))
     for name, s in results["summary"].items():
         if "matmul_vs_cublas_geomean" in s:
             print(f"matmul() vs cuBLAS over {name} ({s['shapes']} shapes): geometric mean "
@@ -145,13 +147,14 @@ def choice_cache_dir() -> Path:
 
 
 def plot_command(args) -> int:
-    from .harness import bench, plot
+    from .harness import plot
+    from .harness import results as results_file
 
     for name in args.results:
         path = Path(name)
         if not path.is_file():
             raise ValueError(f"no results file {path}: pass a results-*.json written by `python -m matmul bench`")
-        results = bench.load(path)
+        results = results_file.load(path)
         for written in plot.draw_all(results, Path(args.out) if args.out else path.parent):
             print(f"wrote {written}")
     return 0

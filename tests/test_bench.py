@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from matmul.harness import bench, plot, presets, triton_baseline
-from matmul.harness.bench import CUBLAS, Contender
+from matmul.harness import results as results_file
+from matmul.harness.bench import Contender
+from matmul.harness.results import CUBLAS
 from matmul.measure.correctness import reference
 from matmul.harness.presets import Shape
 
@@ -77,17 +79,17 @@ def test_every_kernel_is_checked_before_it_is_timed_against_cublas():
 
 
 def test_results_file_round_trip_summary_and_table(tmp_path):
-    results = bench.load(FIXTURE)
-    path = tmp_path / bench.results_name("sm_90a", "float16", results["presets"])
+    results = results_file.load(FIXTURE)
+    path = tmp_path / results_file.results_name("sm_90a", "float16", results["presets"])
     assert path.name == "results-sm_90a-float16-series_ksweep_llm.json"
-    bench.write(results, path)
-    assert bench.load(path) == results
-    summary = bench.summary(results)
+    results_file.write(results, path)
+    assert results_file.load(path) == results
+    summary = results_file.summary(results)
     # matmul() at the fixture's three LLM shapes: 1.05, 0.9333 and 1.05 of cuBLAS
     assert summary["llm"]["shapes"] == 3
     assert summary["llm"]["matmul_vs_cublas_min"] == pytest.approx(420 / 450)
     assert summary["llm"]["matmul_vs_cublas_geomean"] == pytest.approx((1.05 * 1.05 * 420 / 450) ** (1 / 3))
-    text = bench.table(results)
+    text = results_file.table(results)
     assert "FAILED" in text and "matmul()" in text and "block_k=64" in text
 
 
@@ -95,7 +97,7 @@ def test_load_refuses_other_files(tmp_path):
     other = tmp_path / "results-other.json"
     other.write_text(json.dumps({"rows": []}))
     with pytest.raises(ValueError, match="not a results file"):
-        bench.load(other)
+        results_file.load(other)
 
 
 def test_triton_baseline_is_optional():
@@ -157,8 +159,8 @@ def test_a_whole_run_with_stand_in_kernels_on_the_cpu(monkeypatch, tmp_path):
     assert rows[(CUBLAS, 40)]["ms_rounds"] == [1.0, 1.0]  # from v1's windows (v0 is wrong, not timed)
     assert not rows[("v0", 64)]["ok"] and "ms" not in rows[("v0", 64)]
     assert results["presets"]["custom"] == [{"m": 40, "n": 24, "k": 17, "label": ""}]
-    bench.write(results, tmp_path / "results.json")
-    again = bench.load(tmp_path / "results.json")
+    results_file.write(results, tmp_path / "results.json")
+    again = results_file.load(tmp_path / "results.json")
     fig = plot.progression(again)
     assert [a.get_title() for a in fig.axes if a.get_title()] == ["M x N x K = 64 x 48 x 32"]
 
@@ -179,8 +181,8 @@ def correct_stand_ins():
 def test_each_ratio_comes_from_one_window_so_a_drifting_clock_cancels():
     shape, dtype, ref, contender = correct_stand_ins()
     found = [contender(CUBLAS, "baseline"), contender("v0", "version"), contender("v1", "version"),
-             contender(bench.AUTOTUNED, "autotuned")]
-    speed = {CUBLAS: 1.0, "v0": 2.0, "v1": 1.25, bench.AUTOTUNED: 1.0}  # ms on a steady clock
+             contender(results_file.AUTOTUNED, "autotuned")]
+    speed = {CUBLAS: 1.0, "v0": 2.0, "v1": 1.25, results_file.AUTOTUNED: 1.0}  # ms on a steady clock
     windows = []
 
     def timer(fns):  # the GPU slows down window after window: 10% each
@@ -189,13 +191,13 @@ def test_each_ratio_comes_from_one_window_so_a_drifting_clock_cancels():
         return [speed[name] * 1.1 ** len(windows) for name in names]
 
     rows = {r["kernel"]: r for r in bench.measure(shape, found, ref, dtype, timer, rounds=2)}
-    assert windows == ["v0", "v1", bench.AUTOTUNED, bench.AUTOTUNED, "v1", "v0"]  # reversed every other round
+    assert windows == ["v0", "v1", results_file.AUTOTUNED, results_file.AUTOTUNED, "v1", "v0"]  # reversed every other round
     assert rows["v0"]["vs_cublas"] == pytest.approx(0.5) and rows["v1"]["vs_cublas"] == pytest.approx(0.8)
-    assert rows[bench.AUTOTUNED]["vs_cublas"] == pytest.approx(1.0)  # cuBLAS against itself: no position effect
+    assert rows[results_file.AUTOTUNED]["vs_cublas"] == pytest.approx(1.0)  # cuBLAS against itself: no position effect
     assert rows["v0"]["ms_rounds"] == pytest.approx([2.0 * 1.1, 2.0 * 1.1 ** 6])  # the raw window times
     assert rows["v0"]["ms"] == pytest.approx(2 * rows[CUBLAS]["ms"])  # at cuBLAS's median clock
     assert len(rows[CUBLAS]["ms_rounds"]) == 6  # cuBLAS's time: from every window
-    assert list(rows) == [CUBLAS, "v0", "v1", bench.AUTOTUNED]  # the table keeps its order
+    assert list(rows) == [CUBLAS, "v0", "v1", results_file.AUTOTUNED]  # the table keeps its order
 
 
 def test_sustained_windows_time_every_kernel_alone_and_keep_its_clock():
@@ -218,14 +220,14 @@ def test_sustained_windows_time_every_kernel_alone_and_keep_its_clock():
     assert rows["v0"]["vs_cublas"] == pytest.approx(0.5) and rows["v1"]["vs_cublas"] == pytest.approx(1.25)
     assert rows["v1"]["ms"] == pytest.approx(0.8) and "cublas_ms_rounds" not in rows["v1"]
     assert rows["v0"]["clock_mhz_rounds"] == [1500.0, 1500.0] and rows["v0"]["power_w_rounds"] == [700.0, 700.0]
-    assert "MHz" in bench.table({"rows": list(rows.values())})
+    assert "MHz" in results_file.table({"rows": list(rows.values())})
 
 
 def test_sustained_results_have_their_own_file_and_figures(tmp_path):
-    results = bench.load(FIXTURE)
+    results = results_file.load(FIXTURE)
     results["timing"] = {"mode": "sustained", "seconds": 3.0, "rounds": 4}
-    assert bench.is_sustained(results) and not bench.is_sustained(bench.load(FIXTURE))
-    assert bench.results_name("sm_90a", "float16", {"series": []}, sustained=True) == \
+    assert results_file.is_sustained(results) and not results_file.is_sustained(results_file.load(FIXTURE))
+    assert results_file.results_name("sm_90a", "float16", {"series": []}, sustained=True) == \
         "results-sm_90a-float16-series-sustained.json"
     written = plot.draw_all(results, tmp_path)
     assert written and all(p.stem.endswith("-sustained") for p in written)

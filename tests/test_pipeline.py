@@ -5,7 +5,6 @@ import pytest
 import tilus
 import torch
 from tilus import int32, void_p
-from tilus.utils import cdiv
 
 from matmul import build
 from pipeline import Pipeline, TileRasterizer, grouped_tile, grouped_tile_order

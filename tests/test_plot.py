@@ -7,14 +7,16 @@ from pathlib import Path
 import pytest
 from matplotlib.container import BarContainer
 
-from matmul.harness import bench, plot
+from matmul.harness import plot
+from matmul.harness import results as results_file
+from matmul.harness.results import CUBLAS
 
 FIXTURE = Path(__file__).parent / "data" / "bench_small.json"
 
 
 @pytest.fixture(scope="module")
 def results():
-    return bench.load(FIXTURE)
+    return results_file.load(FIXTURE)
 
 
 def row(results, kernel, m, n, k):
@@ -98,10 +100,24 @@ def test_llm_marks_the_shapes_where_matmul_picked_cublas(results):
 
     picked = copy.deepcopy(results)
     target = row(picked, "matmul()", 128, 4096, 4096)
-    target["config"] = {"version": "cublas"}
+    target["config"] = {"version": CUBLAS}
     ax = plot.llm(picked).axes[0]
     bars = next(c for c in ax.containers if c.get_label().startswith("matmul()"))
     assert [bool(p.get_hatch()) for p in bars] == [True, False, False]
     texts = [t.get_text() for t in ax.texts]
     assert any(t.endswith("cuBLAS") for t in texts)
     assert any(t.endswith("\nV1") for t in texts)  # the other bars name the version it ran
+
+
+def test_results_written_before_cublas_had_one_name_read_as_cublas(tmp_path):
+    """Older results files call matmul()'s choice of the vendor library "cublas": loading them
+    gives the one name the tuner and the figures use."""
+    import json
+
+    raw = json.loads(FIXTURE.read_text())
+    autotuned = next(r for r in raw["rows"] if r["kernel"] == "matmul()")
+    autotuned["config"] = {"version": "cublas"}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(raw))
+    loaded = next(r for r in results_file.load(path)["rows"] if r["kernel"] == "matmul()")
+    assert loaded["config"] == {"version": CUBLAS}

@@ -1,8 +1,9 @@
 """The harness: every version of the series, cuBLAS, a Triton baseline and the autotuned ``matmul()``
-call, checked and timed on this machine's GPU in one run, into one raw results file.
+call, checked and timed on this machine's GPU in one run, into one raw results file (its record
+and format: ``results``).
 
 Per shape, every kernel gets the same fresh random operands. Each is first run once on a
-NaN-poisoned output and checked against the float32 reference (``check``); a kernel that fails is
+NaN-poisoned output and checked against the float32 reference (``measure.correctness``); a kernel that fails is
 recorded with its error and not timed. Then ``rounds`` rounds time every kernel against cuBLAS
 (``torch.matmul(a, b.T)``, the ``x @ w.T`` of a linear layer): one window per kernel and round in
 which the kernel and cuBLAS are launched in turn (``timing.interleaved_ms``: L2 flushed before each
@@ -26,15 +27,10 @@ from __future__ import annotations
 
 import datetime
 import functools
-import json
 import math
-import platform
 import statistics
-import subprocess
 from dataclasses import dataclass
-from importlib import metadata
-from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 from tqdm import tqdm
@@ -45,9 +41,8 @@ from ..kernels import versions
 from ..measure.correctness import TOLERANCE, random_operands, reference, relative_error
 from ..measure.timing import alternating_rounds, tflops
 from .presets import Shape
+from .results import AUTOTUNED, CUBLAS, FORMAT, TRITON, Results, Row, _dtype_name, machine, software, summary
 
-FORMAT = "tilus-matmul-bench/1"
-CUBLAS, TRITON, AUTOTUNED = "cuBLAS", "Triton", "matmul()"
 
 
 @dataclass
@@ -63,7 +58,7 @@ class Contender:
 
 
 def check_contenders(shape: Shape, contenders: list[Contender], ref: torch.Tensor, dtype: torch.dtype,
-                     progress: Optional[tqdm] = None) -> tuple[dict[str, dict], list[Contender]]:
+                     progress: Optional[tqdm] = None) -> tuple[dict[str, Row], list[Contender]]:
     """Run each contender once on a NaN-poisoned output and compare it with ``ref``: a row per
     contender (by name), and the contenders to time (the correct ones, and cuBLAS whatever it did)."""
     base = {"m": shape.m, "n": shape.n, "k": shape.k, "label": shape.label, "dtype": _dtype_name(dtype)}
@@ -89,7 +84,7 @@ def check_contenders(shape: Shape, contenders: list[Contender], ref: torch.Tenso
 
 def measure(shape: Shape, contenders: list[Contender], ref: torch.Tensor, dtype: torch.dtype,
             timer: Callable[[list[Callable[[], object]]], list[float]], rounds: int = 6,
-            progress: Optional[tqdm] = None, paired: bool = True) -> list[dict]:
+            progress: Optional[tqdm] = None, paired: bool = True) -> list[Row]:
     """Check, then time, ``contenders`` on one shape; one row per contender (see the module's docstring).
     With ``paired=False`` every kernel, cuBLAS too, is timed in windows of its own (``SustainedTimer``):
     its ratio is cuBLAS's median time over its own, and each window's ``timer.last_window`` (clock,
@@ -138,7 +133,7 @@ def contenders(arch: str, names: list[str], a: torch.Tensor, b: torch.Tensor, dt
     from ..call import api
     from ..measure.correctness import poisoned_output
 
-    (m, k), n = a.shape, b.shape[0]
+    m, n = a.shape[0], b.shape[0]
     out = poisoned_output(m, n, dtype)
     cublas_out = torch.empty(m, n, dtype=dtype, device=a.device)
     found = [Contender(CUBLAS, "baseline", functools.partial(torch.matmul, a, b.T, out=cublas_out), cublas_out)]
@@ -170,7 +165,7 @@ def contenders(arch: str, names: list[str], a: torch.Tensor, b: torch.Tensor, dt
 def run(arch: str, names: list[str], chosen: dict[str, list[Shape]], dtype: torch.dtype = torch.float16,
         rounds: int = 6, warmup_ms: float = 50.0, repeat_ms: float = 200.0, triton: bool = True,
         autotuned: bool = True, command: str = "", save: Optional[Callable[[dict], None]] = None,
-        sustained_s: float = 0.0) -> dict:
+        sustained_s: float = 0.0) -> Results:
     """Bench every shape of ``chosen``; ``save(results)`` after each shape keeps what a crash would lose.
     With ``sustained_s``, each kernel (cuBLAS too) is timed alone, launched back to back for that
     many seconds per window (``timing.SustainedTimer``), instead of in turn with cuBLAS."""
@@ -191,7 +186,7 @@ def run(arch: str, names: list[str], chosen: dict[str, list[Shape]], dtype: torc
                   "median of the windows' ratios; rounds in alternating order", "warmup_ms": warmup_ms,
                   "repeat_ms": repeat_ms, "rounds": rounds}
     shapes = presets.unique(chosen)
-    results = {
+    results: Results = {
         "format": FORMAT, "command": command, "arch": arch, "dtype": _dtype_name(dtype),
         "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(), "software": software(),
@@ -219,103 +214,5 @@ def run(arch: str, names: list[str], chosen: dict[str, list[Shape]], dtype: torc
     return results
 
 
-def machine() -> dict[str, Any]:
-    props = torch.cuda.get_device_properties(0)
-    info = {"gpu": props.name, "sms": props.multi_processor_count,
-            "capability": f"{props.major}.{props.minor}", "memory_gib": round(props.total_memory / 2**30, 1)}
-    query = ("clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.draw,power.limit,temperature.gpu,"
-             "pstate,driver_version")
-    try:
-        line = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[0]
-        info.update(zip(query.split(","), (x.strip() for x in line.split(","))))
-    except Exception as e:  # the timings are still worth keeping without the clocks
-        info["nvidia-smi"] = f"unavailable: {e}"
-    return info
-
-
-def software() -> dict[str, str]:
-    info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": str(torch.version.cuda)}
-    for package in ("tilus", "apache-tvm-ffi", "triton", "tilus-matmul"):
-        try:
-            info[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            info[package] = "not installed"
-    try:
-        info["git"] = subprocess.run(["git", "-C", str(Path(__file__).parent), "describe", "--always", "--dirty"],
-                                     capture_output=True, text=True, timeout=10).stdout.strip() or "unknown"
-    except Exception:
-        info["git"] = "unknown"
-    return info
-
-
-def summary(results: dict) -> dict[str, Any]:
-    """The issue's bar for the autotuned call: its geometric mean and its worst ratio to cuBLAS on
-    the LLM preset (and on everything timed)."""
-    out = {}
-    llm = {(s["m"], s["n"], s["k"]) for s in results.get("presets", {}).get("llm", [])}
-    for name, keep in (("llm", lambda r: (r["m"], r["n"], r["k"]) in llm), ("all", lambda r: True)):
-        ratios = [r.get("vs_cublas") for r in results["rows"] if r["kernel"] == AUTOTUNED and keep(r)]
-        if ratios and all(ratios):
-            out[name] = {"matmul_vs_cublas_geomean": math.exp(statistics.fmean(math.log(x) for x in ratios)),
-                         "matmul_vs_cublas_min": min(ratios), "shapes": len(ratios)}
-        elif ratios:
-            out[name] = {"failed": sum(1 for x in ratios if not x), "shapes": len(ratios)}
-    return out
-
-
-# --- results files -------------------------------------------------------------------------------
-
-
-def results_name(arch: str, dtype: str, chosen: dict[str, list[Shape]] | dict[str, list],
-                 sustained: bool = False) -> str:
-    return f"results-{arch}-{dtype}-{'_'.join(chosen)}{'-sustained' if sustained else ''}.json"
-
-
-def is_sustained(results: dict) -> bool:
-    return results.get("timing", {}).get("mode") == "sustained"
-
-
-def write(results: dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(results, indent=1, allow_nan=True))
-    tmp.replace(path)
-
-
-def load(path: Path) -> dict:
-    """A results file, checked for the fields the plots read."""
-    results = json.loads(Path(path).read_text())
-    if not isinstance(results, dict) or results.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a results file of this harness (format {FORMAT})")
-    for key in ("arch", "dtype", "machine", "presets", "rows"):
-        if key not in results:
-            raise ValueError(f"{path}: the results have no {key!r}")
-    return results
-
-
-def table(results: dict) -> str:
-    from tabulate import tabulate
-
-    rows = []
-    clocks = any("clock_mhz_rounds" in r for r in results["rows"])  # sustained windows: the clock each ran at
-    for r in results["rows"]:
-        status = "" if r.get("ok") else ("FAILED " + r.get("message", f"error {r.get('error', 0):.3g}"))[:60]
-        row = {"shape": f"{r['m']}x{r['n']}x{r['k']}", "label": r.get("label", ""), "kernel": r["kernel"],
-               "ms": r.get("ms"), "TFLOPS": r.get("tflops"), "x cuBLAS": r.get("vs_cublas")}
-        if clocks:
-            row["MHz"] = statistics.median(r["clock_mhz_rounds"]) if r.get("clock_mhz_rounds") else None
-        rows.append({**row, "rel. error": r.get("error"), "config": _config_text(r.get("config")), "": status})
-    return tabulate(rows, headers="keys", floatfmt=".4g")
-
-
 def _raise(error: Exception):
     raise error
-
-
-def _config_text(config: Optional[dict]) -> str:
-    return " ".join(f"{k}={v}" for k, v in config.items()) if config else ""
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")

@@ -20,9 +20,8 @@ from typing import Optional
 import matplotlib
 from matplotlib.figure import Figure
 
-from ..call.api import VENDOR
 from ..kernels import versions
-from .bench import AUTOTUNED, CUBLAS, TRITON, is_sustained
+from .results import AUTOTUNED, CUBLAS, TRITON, Results, is_sustained
 
 VERSION_COLORS = matplotlib.colormaps["viridis"]
 STYLE = {CUBLAS: dict(color="0.25"), TRITON: dict(color="tab:orange"), AUTOTUNED: dict(color="tab:red")}
@@ -38,12 +37,7 @@ def _label(kernel: str) -> str:
     return kernel.upper() if kernel in versions.VERSIONS else kernel
 
 
-def _picked_label(version: str) -> str:
-    """What ``matmul()`` ran, on its bar: 'V5', 'cuBLAS'."""
-    return CUBLAS if version == VENDOR else _label(version)
-
-
-def _title(results: dict, what: str) -> str:
+def _title(results: Results, what: str) -> str:
     arch = results["arch"]
     how = (f"; sustained: each kernel alone, back to back, {results['timing'].get('seconds', 0):g} s a window"
            if is_sustained(results) else "; each kernel timed in turn with cuBLAS")
@@ -51,11 +45,11 @@ def _title(results: dict, what: str) -> str:
             f"{results['dtype']} in and out, fp32 accumulate, C = A @ B^T{how}")
 
 
-def _rows(results: dict, m: int, n: int, k: int) -> dict[str, dict]:
+def _rows(results: Results, m: int, n: int, k: int) -> dict[str, dict]:
     return {r["kernel"]: r for r in results["rows"] if (r["m"], r["n"], r["k"]) == (m, n, k)}
 
 
-def _preset(results: dict, name: str) -> list[dict]:
+def _preset(results: Results, name: str) -> list[dict]:
     """The preset's shapes that have rows in the results."""
     measured = {(r["m"], r["n"], r["k"]) for r in results["rows"]}
     return [s for s in results["presets"].get(name, []) if (s["m"], s["n"], s["k"]) in measured]
@@ -67,14 +61,14 @@ def _shape_title(s: dict) -> str:
     return f"M x N x K = {s['m']} x {s['n']} x {s['k']}"
 
 
-def _version_kernels(results: dict) -> list[str]:
+def _version_kernels(results: Results) -> list[str]:
     return [v for v in versions.VERSIONS if any(r["kernel"] == v for r in results["rows"])]
 
 
 # --- figures -------------------------------------------------------------------------------------
 
 
-def progression(results: dict) -> Optional[Figure]:
+def progression(results: Results) -> Optional[Figure]:
     shapes = _preset(results, "series") or _preset(results, "custom")
     if not shapes:
         return None
@@ -104,7 +98,7 @@ def progression(results: dict) -> Optional[Figure]:
     return fig
 
 
-def ksweep(results: dict) -> Optional[Figure]:
+def ksweep(results: Results) -> Optional[Figure]:
     shapes = sorted(_preset(results, "ksweep"), key=lambda s: s["k"])
     if len(shapes) < 2:
         return None
@@ -134,7 +128,7 @@ def geomean(values: list[float]) -> float:
     return math.exp(statistics.fmean(math.log(v) for v in values))
 
 
-def llm(results: dict) -> Optional[Figure]:
+def llm(results: Results) -> Optional[Figure]:
     shapes = _preset(results, "llm")
     if not shapes:
         return None
@@ -153,9 +147,9 @@ def llm(results: dict) -> Optional[Figure]:
         picked = [(_rows(results, s["m"], s["n"], s["k"]).get(kname, {}).get("config") or {}).get("version")
                   for s in shapes]
         for bar, version in zip(bars, picked):
-            if kname == AUTOTUNED and version == VENDOR:
+            if kname == AUTOTUNED and version == CUBLAS:
                 bar.set_hatch("//")
-        ax.bar_label(bars, [(f"{x:.2f}" + (f"\n{_picked_label(v)}" if v and kname == AUTOTUNED else "")) if x
+        ax.bar_label(bars, [(f"{x:.2f}" + (f"\n{_label(v)}" if v and kname == AUTOTUNED else "")) if x
                             else "failed" for x, v in zip(ratios, picked)], fontsize=7, padding=1)
     ax.axhline(1.0, color=_color(CUBLAS), linestyle="--", linewidth=1, label="cuBLAS (1.0x)")
     ax.axhline(0.8, color="0.5", linestyle=":", linewidth=1, label="0.8x floor")
@@ -182,7 +176,7 @@ def save(fig: Figure, stem: Path) -> list[Path]:
     return paths
 
 
-def draw_all(results: dict, out_dir: Path) -> list[Path]:
+def draw_all(results: Results, out_dir: Path) -> list[Path]:
     """Every figure the results have data for, into ``out_dir``; the paths written."""
     written = []
     for name, make in FIGURES.items():

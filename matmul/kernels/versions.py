@@ -30,6 +30,9 @@ ARCH_NAMES = {"sm_100a": "Blackwell", "sm_90a": "Hopper"}
 # sm_90a / sm_100a code runs only on exactly these compute capabilities (not on 10.3, 12.0, ...)
 ARCH_BY_CAPABILITY = {(9, 0): "sm_90a", (10, 0): "sm_100a"}
 VERSIONS = tuple(f"v{i}" for i in range(7))
+# The candidate that is not a version of the series: the vendor library, through torch.matmul. The
+# tuner, its stored choices and the harness's results all call it by this one name.
+CUBLAS = "cuBLAS"
 TILUS_DTYPES = {torch.float16: tilus.float16, torch.bfloat16: tilus.bfloat16}
 
 
