@@ -1,50 +1,51 @@
 """A ring of shared-memory stages handed from a producer to a consumer through mbarriers.
 
-Each stage ``s`` has two barriers:
+What V4 needs (one CTA)
+-----------------------
+A ring of ``num_stages`` stages. Each stage ``s`` has two barriers:
 
 * ``full[s]``  -- the producer says "stage s holds data". It completes when ``producer_arrivals``
   arrivals have been made *and* every byte announced with ``expect_tx`` (TMA) has landed.
 * ``empty[s]`` -- the consumer says "stage s may be overwritten". It completes after
   ``consumer_arrivals`` arrivals (threads calling ``consumer_release``, or a ``tcgen05.commit``).
 
-Both sides walk the ring in the same order and keep a phase bit that flips each time they wrap
-around, so a wait on a barrier always names the phase it expects to see completed. The producer
-starts with phase 1 on ``empty`` (every stage is free at the start: waiting for "the phase before
-the first" returns at once); the consumer starts with phase 0 on ``full``.
+Phases: both sides walk the ring in the same order and keep a phase bit that flips each time they
+wrap around, so a wait on a barrier always names the phase it expects to see completed. The
+producer starts with phase 1 on ``empty`` (every stage is free at the start: waiting for "the phase
+before the first" returns at once); the consumer starts with phase 0 on ``full``.
 
-Cluster pipelines (2-CTA and larger clusters) use the same class:
+Arrival counts: by default every thread of the group that calls ``consumer_release`` arrives, so
+``consumer_arrivals`` counts threads (for example 128 for one warpgroup). With
+``elect_release=True`` one elected thread of the calling group arrives, so ``consumer_arrivals``
+counts consumer groups. Use it only where the group's work on the stage is complete for all of its
+threads once one of them has seen it complete: a warpgroup after ``wgmma.wait_group`` (a wgmma
+group is issued and waited by the four warps together). This is how CUTLASS's Hopper pipelines
+release. A consumer that keeps one MMA group in flight releases the stage *before* the current
+one, once ``wgmma.wait_group 1`` shows it done: ``consumer_release_previous``.
 
-* ``scope="cluster"`` makes the waits acquire at cluster scope, so that arrivals and TMA bytes
-  coming from the peer CTA are visible.
+Cluster pipelines (the cluster versions, V6)
+--------------------------------------------
+The same class serves rings whose producer and consumers sit in different CTAs of a cluster:
+
+* ``scope="cluster"``: the waits acquire at cluster scope, so that arrivals and data coming from
+  a peer CTA are visible.
 * ``release_to`` is a bit mask of the CTAs (by rank in the cluster, up to 4) whose ``empty``
   barrier a consumer arrives on; 0 (the default) means this CTA's own barrier. ``0b01`` sends every
   release to the leader CTA (Blackwell 2-CTA MMA: the leader issues the MMA that reads both CTAs'
   stages); ``0b11`` releases the stage in both CTAs (Hopper multicast: both CTAs' TMA refill a
   stage, so both must know it is free). The arrival count of ``empty`` must then count the
-  consumers of every CTA that releases to it.
-
-Who arrives on ``empty``:
-
-* by default every thread of the group that calls ``consumer_release`` arrives, so
-  ``consumer_arrivals`` counts threads (for example 128 for one warpgroup);
-* with ``elect_release=True`` one elected thread of the calling group arrives (one per CTA of
-  ``release_to``), so ``consumer_arrivals`` counts consumer groups, times the CTAs that release to
-  the barrier. Use it only where the group's work on the stage is complete for all of its threads
-  once one of them has seen it complete: a warpgroup after ``wgmma.wait_group`` (a wgmma group is
-  issued and waited by the four warps together). This is how CUTLASS's Hopper pipelines release.
-
-A consumer that keeps one MMA group in flight releases the stage *before* the current one, once
-``wgmma.wait_group 1`` shows it done: ``consumer_release_previous``.
-
-What a cluster-scope barrier costs: on sm_90a a wait that acquires at cluster scope is followed by
-an invalidation of the SM's L1 (``CCTL.IVALL``), and an arrival that releases at cluster scope is
-preceded by ``MEMBAR.ALL.GPU``. Once per K block and warpgroup that is expensive. A ring whose
-stages carry only what the hardware itself orders needs neither: TMA bytes are counted on the
-barrier they complete on (``complete_tx``), and the MMAs that read a stage are complete once
-``wgmma.wait_group`` returns, before the release is issued. ``cluster_fences=False`` then keeps the
-arrivals' reach (peer CTAs' barriers, ``release_to``) but orders them at CTA scope (acquire.cta
-waits, release.cta arrivals), as CUTLASS's Hopper TMA pipelines do. Keep the default (True) where
-a stage hands over data written by plain stores from another CTA.
+  consumers of every CTA that releases to it; with ``elect_release`` one elected thread arrives
+  per CTA of ``release_to``.
+* ``cluster_fences``: what a cluster-scope barrier costs. On sm_90a and sm_100a a wait that
+  acquires at cluster scope is followed by an invalidation of the SM's L1 (``CCTL.IVALL``), and an
+  arrival that releases at cluster scope is preceded by ``MEMBAR.ALL.GPU``. Once per K block that
+  is expensive. A ring whose stages carry only what the hardware itself orders needs neither: TMA
+  bytes are counted on the barrier they complete on (``complete_tx``), and a ``tcgen05.commit`` or
+  a ``wgmma.wait_group`` shows the MMAs that read a stage complete before the release is issued.
+  ``cluster_fences=False`` then keeps the arrivals' reach (peer CTAs' barriers, ``release_to``)
+  but orders them at CTA scope (acquire.cta waits, release.cta arrivals), as CUTLASS's TMA
+  pipelines do. Keep the default (True) where a stage hands over data written by plain stores
+  from another CTA.
 """
 
 

@@ -31,7 +31,7 @@ def test_v2_keeps_several_stages_in_flight():
     # every stage's loads are issued before the first MMA (V1 issues exactly one stage's worth)
     assert ptx[: ptx.index("tcgen05.mma")].count(TMA_LOAD) >= 2 * stages
     assert v1[: v1.index("tcgen05.mma")].count(TMA_LOAD) == 2
-    # a "loaded" and a "freed" barrier per stage, and one for the finished accumulator
+    # a "full" and an "empty" barrier per stage, and one for the finished accumulator
     assert ptx.count("mbarrier.init") >= 2 * stages + 1
     # each MMA's completion is committed to the barrier of the stage it read
     assert ptx.count("tcgen05.commit") >= 2

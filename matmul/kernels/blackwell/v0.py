@@ -5,13 +5,16 @@ memory (TMEM, 128 lanes x 512 columns of 32-bit cells per SM) and a single threa
 ``tcgen05.mma``, which reads A and B from shared memory and accumulates into TMEM. The MMA is
 asynchronous: ``tcgen05.commit`` makes an mbarrier arrive once every MMA issued before it is done.
 The threads load the tiles through registers (masked: ragged edges read as zero) and store them
-to shared memory; loads and MMAs take turns.
+to shared memory; loads and MMAs take turns. The epilogue reads TMEM with ``tcgen05.ld`` (warp
+``w`` reads lanes ``32w .. 32w+31``, hence 4 warps for 128 rows) and stores to global memory.
 
-Synchronization: one mbarrier, arrival count 1, arrived on by ``tcgen05.commit`` once per K block.
-Every thread waits on it (phase flips each K block) before the next copy may overwrite the tiles.
-``fence.proxy.async`` + ``__syncthreads`` make the stored tiles visible to the tensor core. The
-epilogue reads TMEM with ``tcgen05.ld`` (warp w reads lanes 32w..32w+31, hence 4 warps for 128
-rows); TMEM is freed after a final ``__syncthreads``, when no warp reads it any more.
+Synchronization (``mma_done``'s phase flips once per K block):
+
+| barrier | count | who arrives | who waits | scope |
+| --- | --- | --- | --- | --- |
+| ``mma_done`` | 1 | ``tcgen05.commit`` after a K block's MMA | all 128 threads, before the next copy | CTA |
+| ``__syncthreads`` | 128 | all, after storing the tiles + ``fence.proxy.async`` | all; then the MMA reads them | CTA |
+| ``__syncthreads`` | 128 | all, after their ``tcgen05.ld`` | all; then TMEM is freed | CTA |
 """
 
 import tilus

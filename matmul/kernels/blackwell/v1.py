@@ -6,11 +6,17 @@ swizzled layout the tensor core reads, and counts the delivered bytes on an mbar
 epilogue reads TMEM into registers, stages the tile in shared memory and writes it back with one
 TMA store, which clips the ragged matrix edge.
 
-Synchronization: two mbarriers, arrival count 1 each.
-``tiles_landed``: one ``arrive.expect_tx`` (both tiles' bytes) per K block + the TMA bytes.
-``mma_done``: one ``tcgen05.commit`` per K block. All threads wait on both, each with a phase bit
-that flips once per K block, so the next TMA load never overwrites a tile the MMA still reads.
-Epilogue: ``fence.proxy.async`` + ``__syncthreads`` before the TMA store reads the staged tile.
+Synchronization (both phases flip once per K block):
+
+| barrier | count | who arrives | who waits | scope |
+| --- | --- | --- | --- | --- |
+| ``loaded`` | 1 + bytes | warp 0's ``arrive.expect_tx`` of both tiles' bytes; the 2 TMA loads | warp 0, before the MMA | CTA |
+| ``mma_done`` | 1 | ``tcgen05.commit`` after a K block's MMA | all 128 threads, before the next load | CTA |
+| ``__syncthreads`` | 128 | all, after staging the tile + ``fence.proxy.async`` | all; then the TMA store | CTA |
+| ``__syncthreads`` | 128 | all, after the TMA store has read the staged tile | all; then TMEM is freed | CTA |
+
+Only warp 0 waits on ``loaded``: it issues the MMA; the other warps need only ``mma_done``, which
+completes after that MMA, so no load overwrites a tile the MMA still reads.
 """
 
 import tilus
@@ -47,15 +53,15 @@ class Kernel(MatmulKernel):
         t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
 
         barriers = self.mbarrier.alloc(counts=[1, 1])
-        tiles_landed = barriers[0]
+        loaded = barriers[0]
         mma_done = barriers[1]
         phase: uint32 = 0
         self.sync()
 
         for offset_k in range(0, k_size, self.block_k):
             with self.single_warp():
-                self.load_k_block(g_a, g_b, s_a, s_b, tiles_landed, offset_m, offset_n, offset_k)
-                self.mbarrier.wait(tiles_landed, phase=phase)
+                self.load_k_block(g_a, g_b, s_a, s_b, loaded, offset_m, offset_n, offset_k)
+                self.mbarrier.wait(loaded, phase=phase)
                 self.tcgen05.mma(s_a, s_b.transpose(), t_acc, enable_input_d=offset_k != 0)
                 self.tcgen05.commit(mbarrier=mma_done)
             self.mbarrier.wait(mma_done, phase=phase)

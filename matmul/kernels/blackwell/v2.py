@@ -9,21 +9,21 @@ block ``k`` (with block ``k-1`` possibly still draining), the loads for blocks `
 are already in flight. One warp still does all of the issuing; the other warps only wait for the
 result (V3 splits the roles).
 
-Synchronization (all at CTA scope):
-``loaded[s]`` (one per slot, arrival count 1): one ``arrive.expect_tx`` by the issuing lane with
-both tiles' bytes, plus the TMA bytes; completes once per use of slot ``s``. The issuing warp
-waits on it with parity ``(k // stages) & 1`` before the MMA of K block ``k``.
-``freed[s]`` (one per slot, arrival count 1): one ``tcgen05.commit`` after the MMA that read slot
-``s``; the issuing warp waits on it (same parity rule) before a TMA load overwrites slot ``s``.
-``acc_ready`` (arrival count 1): one ``tcgen05.commit`` after the last MMA; all 128 threads wait on
-it (phase 0) before reading TMEM. The epilogue is V1's (``fence.proxy.async`` + ``__syncthreads``
-before the TMA store). The output tile is staged in its own buffer, not in the ring: tilus 0.2.0
+Synchronization (K block ``k`` uses slot ``s = k % stages``, parity ``(k // stages) & 1``):
+
+| barrier | count | who arrives | who waits | scope |
+| --- | --- | --- | --- | --- |
+| ``full[s]`` | 1 + bytes | the issuing lane's ``arrive.expect_tx`` (both tiles); the 2 TMA loads | warp 0, before the MMA | CTA |
+| ``empty[s]`` | 1 | ``tcgen05.commit`` after the MMA that read slot ``s`` | warp 0, before refilling ``s`` | CTA |
+| ``acc_ready`` | 1 | ``tcgen05.commit`` after the last MMA | all 128 threads (parity 0), then TMEM is read | CTA |
+
+The epilogue is V1's. The output tile is staged in its own buffer, not in the ring: tilus 0.2.0
 places the mbarriers in whatever shared memory is free when the kernel is finalized, so a
 ``free_shared`` ring would put the barriers on top of live tiles.
 """
 
 import tilus
-from tilus import GlobalTensor, RegisterTensor, SharedTensor, float32, int32
+from tilus import GlobalTensor, float32, int32
 from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.utils import cdiv
 
@@ -59,8 +59,8 @@ class Kernel(MatmulKernel):
         s_b = self.shared_tensor(dtype=self.dtype, shape=[stages, self.block_n, self.block_k])
         t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
 
-        loaded = self.mbarrier.alloc(counts=[1 for _ in range(stages)])
-        freed = self.mbarrier.alloc(counts=[1 for _ in range(stages)])
+        full = self.mbarrier.alloc(counts=[1 for _ in range(stages)])
+        empty = self.mbarrier.alloc(counts=[1 for _ in range(stages)])
         acc_ready = self.mbarrier.alloc(counts=[1])
         self.sync()
 
@@ -68,19 +68,19 @@ class Kernel(MatmulKernel):
             # prologue: one load per slot, all in flight together
             for s in self.range(stages, unroll="all"):
                 if s < num_k_blocks:
-                    self.load_k_block(g_a, g_b, s_a[s], s_b[s], loaded[s], offset_m, offset_n, s * self.block_k)
+                    self.load_k_block(g_a, g_b, s_a[s], s_b[s], full[s], offset_m, offset_n, s * self.block_k)
 
             for k in range(num_k_blocks):
                 stage = k % stages
-                self.mbarrier.wait(loaded[stage], phase=(k // stages) & 1)
+                self.mbarrier.wait(full[stage], phase=(k // stages) & 1)
                 self.tcgen05.mma(s_a[stage], s_b[stage].transpose(), t_acc, enable_input_d=k != 0)
-                self.tcgen05.commit(mbarrier=freed[stage])
+                self.tcgen05.commit(mbarrier=empty[stage])
                 # MMA k is queued behind MMA k-1: refill the slot MMA k-1 read once it has finished
                 refill = k - 1 + stages
                 if k >= 1 and refill < num_k_blocks:
                     prev = (k - 1) % stages
-                    self.mbarrier.wait(freed[prev], phase=((k - 1) // stages) & 1)
-                    self.load_k_block(g_a, g_b, s_a[prev], s_b[prev], loaded[prev], offset_m, offset_n,
+                    self.mbarrier.wait(empty[prev], phase=((k - 1) // stages) & 1)
+                    self.load_k_block(g_a, g_b, s_a[prev], s_b[prev], full[prev], offset_m, offset_n,
                                       refill * self.block_k)
             self.tcgen05.commit(mbarrier=acc_ready[0])
         self.mbarrier.wait(acc_ready[0], phase=0)

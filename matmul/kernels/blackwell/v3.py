@@ -12,16 +12,18 @@ own loop over the K blocks and meeting the others only at mbarriers:
 
 The producer runs up to ``stages`` K blocks ahead of the MMAs, bounded only by the ring.
 
-Synchronization (all at CTA scope, all waits are parity waits):
-``loaded[s]`` (arrival count 1): one ``arrive.expect_tx`` by a lane of the TMA warp (both tiles'
-bytes) + the TMA bytes; the MMA warp waits on it with parity ``(k // stages) & 1``.
-``freed[s]`` (arrival count 1): one ``tcgen05.commit`` by the MMA warp after the MMA that read
-slot ``s``; the TMA warp waits on it with parity ``((k // stages) & 1) ^ 1`` before refilling the
-slot (on a fresh barrier that parity reads as already completed, so the first pass does not wait).
-``acc_ready`` (arrival count 1): one ``tcgen05.commit`` by the MMA warp after its last MMA; the 128
-epilogue threads wait on it (parity 0). The epilogue warpgroup syncs among itself (named barrier of
-128 threads) between its shared-memory stores, ``fence.proxy.async`` and the TMA store; all 6
-warps meet at a final ``__syncthreads`` before TMEM is freed.
+Synchronization (K block ``k`` uses slot ``s = k % stages``, parity ``p = (k // stages) & 1``):
+
+| barrier | count | who arrives | who waits | scope |
+| --- | --- | --- | --- | --- |
+| ``full[s]`` | 1 + bytes | a TMA-warp lane's ``arrive.expect_tx`` (both tiles); the 2 TMA loads | MMA warp, parity ``p`` | CTA |
+| ``empty[s]`` | 1 | MMA warp's ``tcgen05.commit`` after the MMA that read ``s`` | TMA warp, parity ``p ^ 1`` | CTA |
+| ``acc_ready`` | 1 | MMA warp's ``tcgen05.commit`` after its last MMA | the 128 epilogue threads, parity 0 | CTA |
+| named barrier 1 | 128 | epilogue threads, after staging + ``fence.proxy.async`` | epilogue threads; then the store | CTA |
+| ``__syncthreads`` | 192 | all 6 warps, when their role is done | all; then TMEM is freed | CTA |
+
+The TMA warp's parity ``p ^ 1`` on a fresh ``empty[s]`` names the phase before the first, which
+reads as completed: the first pass over the ring does not wait.
 """
 
 import tilus
@@ -66,23 +68,23 @@ class Kernel(MatmulKernel):
         self.annotate_layout(s_c, shared_row_major(self.block_m, self.block_n))
         t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
 
-        loaded = self.mbarrier.alloc(counts=[1 for _ in range(stages)])
-        freed = self.mbarrier.alloc(counts=[1 for _ in range(stages)])
+        full = self.mbarrier.alloc(counts=[1 for _ in range(stages)])
+        empty = self.mbarrier.alloc(counts=[1 for _ in range(stages)])
         acc_ready = self.mbarrier.alloc(counts=[1])
         self.sync()
 
         with self.single_warp(TMA_WARP):  # producer: global -> shared
             for k in range(num_k_blocks):
                 stage = k % stages
-                self.mbarrier.wait(freed[stage], phase=((k // stages) & 1) ^ 1)
-                self.load_k_block(g_a, g_b, s_a[stage], s_b[stage], loaded[stage], offset_m, offset_n, k * self.block_k)
+                self.mbarrier.wait(empty[stage], phase=((k // stages) & 1) ^ 1)
+                self.load_k_block(g_a, g_b, s_a[stage], s_b[stage], full[stage], offset_m, offset_n, k * self.block_k)
 
         with self.single_warp(MMA_WARP):  # consumer of the ring, producer of the accumulator
             for k in range(num_k_blocks):
                 stage = k % stages
-                self.mbarrier.wait(loaded[stage], phase=(k // stages) & 1)
+                self.mbarrier.wait(full[stage], phase=(k // stages) & 1)
                 self.tcgen05.mma(s_a[stage], s_b[stage].transpose(), t_acc, enable_input_d=k != 0)
-                self.tcgen05.commit(mbarrier=freed[stage])
+                self.tcgen05.commit(mbarrier=empty[stage])
             self.tcgen05.commit(mbarrier=acc_ready[0])
 
         with self.warp_group(warp_begin=EPILOGUE_WARPS[0], num_warps=EPILOGUE_WARPS[1]):  # TMEM -> global

@@ -12,16 +12,20 @@ phase bit that flips on wrap-around, "wait for parity ^ 1 on a fresh barrier") i
 ``Pipeline`` ring, used for both hand-offs of the kernel, so V5 and V6 add pipelines rather than
 barrier arithmetic.
 
-Synchronization (all at CTA scope; see ``pipeline/pipeline.py`` for the phase rules):
-``tma_pipe`` (``stages`` slots): ``full[s]`` counts 1 arrival (the TMA warp's ``arrive.expect_tx``
-of both tiles' bytes) + the TMA bytes; the MMA warp waits on it. ``empty[s]`` counts 1 arrival,
-the MMA warp's ``tcgen05.commit`` after the MMA that read slot ``s``; the TMA warp waits on it
-before refilling the slot.
-``acc_pipe`` (1 slot, the TMEM accumulator): ``full`` counts 1 arrival, the MMA warp's
-``tcgen05.commit`` after its last MMA; the 128 epilogue threads wait on it. Its ``empty`` side is
-never waited on here: one CTA computes one tile (V5 makes the accumulator a ring). The epilogue
-warpgroup syncs on its own named barrier (128 threads); all warps meet at a final
-``__syncthreads`` before TMEM is freed.
+Synchronization (phase rules: ``pipeline/pipeline.py``):
+
+| barrier | count | who arrives | who waits | scope |
+| --- | --- | --- | --- | --- |
+| ``ring.full[s]`` | 1 + bytes | a TMA-warp lane's ``arrive.expect_tx`` (both tiles); the 2 TMA loads | MMA warp | CTA |
+| ``ring.empty[s]`` | 1 | MMA warp's ``tcgen05.commit`` after the MMA that read ``s`` | TMA warp, before refilling ``s`` | CTA |
+| ``acc_ring.full[0]`` | 1 | MMA warp's ``tcgen05.commit`` after its last MMA | the 128 epilogue threads | CTA |
+| ``acc_ring.empty[0]`` | 128 | nobody (one tile per CTA) | MMA warp, once, on the fresh barrier | CTA |
+| named barrier 1 | 128 | epilogue threads, after staging + ``fence.proxy.async`` | epilogue threads; then the store | CTA |
+| ``__syncthreads`` | 192 | all 6 warps, when their role is done | all; then TMEM is freed | CTA |
+
+``acc_ring`` has one slot and the CTA one tile: the MMA warp's ``producer_acquire`` waits on
+``empty[0]`` for the phase before the first, which a fresh barrier reports complete, so it returns
+at once, and the epilogue never releases the slot. V5 makes the accumulator a ring that turns.
 """
 
 import tilus
@@ -72,30 +76,30 @@ class Kernel(MatmulKernel):
         self.annotate_layout(s_c, shared_row_major(self.block_m, self.block_n))
         t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
 
-        tma_pipe = Pipeline(self.stages)
-        acc_pipe = Pipeline(1, consumer_arrivals=128)
+        ring = Pipeline(self.stages)
+        acc_ring = Pipeline(1, consumer_arrivals=128)
         self.sync()
 
-        with self.single_warp(TMA_WARP):  # producer of tma_pipe
+        with self.single_warp(TMA_WARP):  # producer of ring
             for k in range(num_k_blocks):
-                tma_pipe.producer_acquire()
-                self.load_k_block(g_a, g_b, s_a[tma_pipe.producer_stage], s_b[tma_pipe.producer_stage],
-                                  tma_pipe.producer_barrier(), offset_m, offset_n, k * self.block_k)
-                tma_pipe.producer_advance()
+                ring.producer_acquire()
+                self.load_k_block(g_a, g_b, s_a[ring.producer_stage], s_b[ring.producer_stage],
+                                  ring.producer_barrier(), offset_m, offset_n, k * self.block_k)
+                ring.producer_advance()
 
-        with self.single_warp(MMA_WARP):  # consumer of tma_pipe, producer of acc_pipe
-            acc_pipe.producer_acquire()
+        with self.single_warp(MMA_WARP):  # consumer of ring, producer of acc_ring
+            acc_ring.producer_acquire()
             for k in range(num_k_blocks):
-                tma_pipe.consumer_acquire()
-                self.tcgen05.mma(s_a[tma_pipe.consumer_stage], s_b[tma_pipe.consumer_stage].transpose(), t_acc,
+                ring.consumer_acquire()
+                self.tcgen05.mma(s_a[ring.consumer_stage], s_b[ring.consumer_stage].transpose(), t_acc,
                                  enable_input_d=k != 0)
-                self.tcgen05.commit(mbarrier=tma_pipe.consumer_barrier())
-                tma_pipe.consumer_advance()
-            self.tcgen05.commit(mbarrier=acc_pipe.producer_barrier())
-            acc_pipe.producer_advance()
+                self.tcgen05.commit(mbarrier=ring.consumer_barrier())
+                ring.consumer_advance()
+            self.tcgen05.commit(mbarrier=acc_ring.producer_barrier())
+            acc_ring.producer_advance()
 
-        with self.warp_group(warp_begin=0, num_warps=4):  # consumer of acc_pipe: TMEM -> global
-            acc_pipe.consumer_acquire()
+        with self.warp_group(warp_begin=0, num_warps=4):  # consumer of acc_ring: TMEM -> global
+            acc_ring.consumer_acquire()
             r_acc = self.tcgen05.load(t_acc)
             self.tcgen05.wait_load()
             self.store_tile(s_c, r_acc.to(self.dtype), g_c, offset_m, offset_n)

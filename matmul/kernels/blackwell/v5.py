@@ -12,21 +12,22 @@ sub-tile buffers -> TMA store, so a store is in flight while the next sub-tile i
 
 Warps: 0-3 epilogue (the 128 TMEM lanes), 4 TMA, 5 MMA, 6 scheduler (224 threads).
 
-Synchronization (all at CTA scope):
-``tma_pipe`` (``stages`` slots): as V4. ``full[s]``: 1 arrival (``arrive.expect_tx`` by the TMA
-warp) + the TMA bytes; ``empty[s]``: 1 arrival (``tcgen05.commit`` by the MMA warp).
-``acc_pipe`` (``acc_stages`` TMEM buffers): ``full[a]``: 1 arrival, the MMA warp's
-``tcgen05.commit`` after a tile's last MMA; ``empty[a]``: 128 arrivals, every epilogue thread once
-its ``tcgen05.ld`` of buffer ``a`` have completed (``tcgen05.wait::ld``). The MMA warp waits on
-``empty[a]`` before it overwrites the buffer (``enable_input_d`` false on the first K block).
-``clc`` (``clc_stages`` response slots, see ``pipeline/clc.py``): ``full``: 1 arrival (the
-scheduler's ``arrive.expect_tx`` of 16 bytes) + the 16 response bytes; ``empty``: 224 arrivals,
-every thread of the four roles once it has decoded the response.
-Sub-tile staging buffers (``pipeline.tma_store.StagedTmaStore``): before refilling buffer
-``j % 2`` the storing lane waits until at most one TMA store group is still reading
-(``cp.async.bulk.wait_group.read 1``); the warpgroup's named barrier (128 threads) orders that
-wait, the shared stores and ``fence.proxy.async`` before the next store. All warps meet at a final
-``__syncthreads`` before TMEM is freed.
+Synchronization (phase rules: ``pipeline/pipeline.py``):
+
+| barrier | count | who arrives | who waits | scope |
+| --- | --- | --- | --- | --- |
+| ``ring.full[s]`` | 1 + bytes | a TMA-warp lane's ``arrive.expect_tx`` (both tiles); the 2 TMA loads | MMA warp | CTA |
+| ``ring.empty[s]`` | 1 | MMA warp's ``tcgen05.commit`` after the MMA that read ``s`` | TMA warp | CTA |
+| ``acc_ring.full[a]`` | 1 | MMA warp's ``tcgen05.commit`` after a tile's last MMA | the 128 epilogue threads | CTA |
+| ``acc_ring.empty[a]`` | 128 | each epilogue thread once its ``tcgen05.ld`` of buffer ``a`` completed | MMA warp | CTA |
+| ``clc.full[r]`` | 1 + 16 bytes | scheduler warp's ``arrive.expect_tx``; the ``try_cancel`` response | all 224 threads | CTA |
+| ``clc.empty[r]`` | 224 | every thread of the four roles, once it decoded response ``r`` | scheduler warp | CTA |
+| named barrier 1 | 128 | epilogue threads, around each sub-tile's staging (``StagedTmaStore``) | epilogue threads | CTA |
+| ``__syncthreads`` | 224 | all 7 warps, when their role is done | all; then TMEM is freed | CTA |
+
+The MMA warp waits on ``acc_ring.empty[a]`` before it overwrites buffer ``a`` (``enable_input_d``
+false on a tile's first K block). Before refilling staging buffer ``j % 2`` the storing lane waits
+until at most one TMA store group still reads (``cp.async.bulk.wait_group.read 1``).
 """
 
 import tilus
@@ -83,42 +84,35 @@ class Kernel(MatmulKernel):
         s_c = self.shared_tensor(dtype=self.dtype, shape=[2, block_m, e_block_n])
         t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.acc_stages, block_m, block_n])
 
-        tma_pipe = Pipeline(self.stages)
-        acc_pipe = Pipeline(self.acc_stages, consumer_arrivals=128)
+        ring = Pipeline(self.stages)
+        acc_ring = Pipeline(self.acc_stages, consumer_arrivals=128)
         clc = ClcScheduler(CLC_STAGES, consumer_arrivals=CONSUMER_THREADS)
         self.sync()
 
-        with self.single_warp(TMA_WARP):  # producer of tma_pipe
+        with self.single_warp(TMA_WARP):  # producer of ring
             tile: int32 = clc.first_tile()
             while True:
                 m_tile, n_tile = raster.tile(tile)
                 for k in range(num_k_blocks):
-                    tma_pipe.producer_acquire()
-                    with self.single_thread():
-                        self.mbarrier.arrive_and_expect_tx(tma_pipe.producer_barrier(),
-                                                           transaction_bytes=s_a[0].nbytes + s_b[0].nbytes)
-                    self.tma.global_to_shared(src=g_a, dst=s_a[tma_pipe.producer_stage],
-                                              offsets=[m_tile * block_m, k * block_k],
-                                              mbarrier=tma_pipe.producer_barrier())
-                    self.tma.global_to_shared(src=g_b, dst=s_b[tma_pipe.producer_stage],
-                                              offsets=[n_tile * block_n, k * block_k],
-                                              mbarrier=tma_pipe.producer_barrier())
-                    tma_pipe.producer_advance()
+                    ring.producer_acquire()
+                    self.load_k_block(g_a, g_b, s_a[ring.producer_stage], s_b[ring.producer_stage],
+                                      ring.producer_barrier(), m_tile * block_m, n_tile * block_n, k * block_k)
+                    ring.producer_advance()
                 is_valid, tile = clc.next_tile()
                 if not is_valid:
                     break
 
-        with self.single_warp(MMA_WARP):  # consumer of tma_pipe, producer of acc_pipe
+        with self.single_warp(MMA_WARP):  # consumer of ring, producer of acc_ring
             while True:
-                acc_pipe.producer_acquire()
+                acc_ring.producer_acquire()
                 for k in range(num_k_blocks):
-                    tma_pipe.consumer_acquire()
-                    self.tcgen05.mma(s_a[tma_pipe.consumer_stage], s_b[tma_pipe.consumer_stage].transpose(),
-                                     t_acc[acc_pipe.producer_stage], enable_input_d=k != 0)
-                    self.tcgen05.commit(mbarrier=tma_pipe.consumer_barrier())
-                    tma_pipe.consumer_advance()
-                self.tcgen05.commit(mbarrier=acc_pipe.producer_barrier())
-                acc_pipe.producer_advance()
+                    ring.consumer_acquire()
+                    self.tcgen05.mma(s_a[ring.consumer_stage], s_b[ring.consumer_stage].transpose(),
+                                     t_acc[acc_ring.producer_stage], enable_input_d=k != 0)
+                    self.tcgen05.commit(mbarrier=ring.consumer_barrier())
+                    ring.consumer_advance()
+                self.tcgen05.commit(mbarrier=acc_ring.producer_barrier())
+                acc_ring.producer_advance()
                 is_valid, tile = clc.next_tile()
                 if not is_valid:
                     break
@@ -130,20 +124,20 @@ class Kernel(MatmulKernel):
                 if not is_valid:
                     break
 
-        with self.warp_group(warp_begin=0, num_warps=4):  # consumer of acc_pipe: TMEM -> global
+        with self.warp_group(warp_begin=0, num_warps=4):  # consumer of acc_ring: TMEM -> global
             out = StagedTmaStore(s_c)
             tile: int32 = clc.first_tile()
             while True:
                 m_tile, n_tile = raster.tile(tile)
-                acc_pipe.consumer_acquire()
+                acc_ring.consumer_acquire()
                 for e in range(block_n // e_block_n):
-                    t_sub = self.tcgen05.slice(t_acc[acc_pipe.consumer_stage], offsets=[0, e * e_block_n],
+                    t_sub = self.tcgen05.slice(t_acc[acc_ring.consumer_stage], offsets=[0, e * e_block_n],
                                                shape=[block_m, e_block_n], dims=[0, 1])
                     r_sub = self.tcgen05.load(t_sub)
                     self.tcgen05.wait_load()
                     out.put(r_sub, g_c, m_tile * block_m, n_tile * block_n + e * e_block_n)
-                acc_pipe.consumer_release()  # every tcgen05.ld of this buffer has completed
-                acc_pipe.consumer_advance()
+                acc_ring.consumer_release()  # every tcgen05.ld of this buffer has completed
+                acc_ring.consumer_advance()
                 is_valid, tile = clc.next_tile()
                 if not is_valid:
                     break

@@ -16,31 +16,26 @@ loads is multicast by TMA (``multicast_mask``) into CTA ``h`` of both pairs, so 
 fetched from L2 once per cluster; pair 1 loads only its A halves.
 
 Warps (in every CTA): 0-3 epilogue, 4 TMA, 5 MMA (idle in the odd CTA), 6 scheduler (issues CLC
-requests in rank 0 only). Synchronization, with ``pairs = cluster_ctas / 2``:
+requests in rank 0 only). Synchronization, with ``pairs = cluster_ctas / 2``, ``ctas =
+cluster_ctas``, "leader" the even CTA of a pair:
 
-``tma_pipe`` (``stages`` slots, waits at cluster scope). ``full[s]`` of the *leader* counts 1
-arrival: the leader's ``arrive.expect_tx`` of the bytes landing in both CTAs of its pair
-(``2 * (A half + B half)``); both CTAs' TMA loads (``.cta_group::2``) complete their bytes on the
-leader's ``full[s]`` (the odd CTA names it through ``mapa``; a multicast load signals the
-barrier at the same offset in the leader of each destination CTA's pair). The odd CTA's
-``full[s]`` is unused. ``empty[s]`` of every CTA counts ``pairs`` arrivals: each leader's
-``tcgen05.commit.cta_group::2`` after the MMA that read slot ``s`` is multicast to every CTA of
-the cluster, so a CTA refills a slot only when every pair that reads it (a multicast B half is
-read by both pairs) is done with it.
-``acc_pipe`` (``acc_stages`` TMEM buffers, cluster scope). ``full[a]`` of every CTA counts
-``pairs`` arrivals: each leader's commit after a tile's last MMA, multicast to every CTA.
-``empty[a]`` of each leader counts ``128 * cluster_ctas`` arrivals: every epilogue thread of the
-cluster, once its ``tcgen05.ld`` of buffer ``a`` completed, arrives on every leader's ``empty[a]``
-(``mbarrier.arrive.expect_tx.shared::cluster``, release at cluster scope); the leader's MMA warp
-waits on it before overwriting the buffer. (The pairs run in lockstep anyway: they share the B
-stages.)
-``clc`` (``pipeline.ClcScheduler``): rank 0's scheduler warp arrives with 16 expected bytes on
-``full`` in every CTA (one lane per CTA) and issues a ``try_cancel`` whose response is multicast
-to every CTA; every consumer thread of the cluster (``224 * cluster_ctas``) arrives on rank 0's
-``empty`` at cluster scope. A cancelled cluster is named by its first CTA: tile = ctaid / ctas.
-Start and end: ``barrier.cluster`` after the barriers are initialised (peers arrive on them) and
-again before TMEM is freed, since the leader's MMAs write into the odd CTA's TMEM and its commits
-arrive on the odd CTA's barriers; the epilogue stores are ``pipeline.tma_store.StagedTmaStore``.
+| barrier | count | who arrives | who waits | scope |
+| --- | --- | --- | --- | --- |
+| leader's ``ring.full[s]`` | 1 + bytes | leader's ``arrive.expect_tx`` of the pair's bytes; both CTAs' TMA loads | leader's MMA warp | cluster |
+| ``ring.empty[s]`` | ``pairs`` | each leader's ``tcgen05.commit``, multicast to every CTA | each CTA's TMA warp | cluster |
+| ``acc_ring.full[a]`` | ``pairs`` | each leader's commit after a tile's last MMA, multicast | each CTA's epilogue | cluster |
+| leader's ``acc_ring.empty[a]`` | ``128 * ctas`` | every epilogue thread of the cluster, on every leader | leader's MMA warp | cluster |
+| ``clc.full[r]`` | 1 + 16 bytes | rank 0's ``arrive.expect_tx`` into every CTA; the multicast response | all 224 threads | cluster |
+| rank 0's ``clc.empty[r]`` | ``224 * ctas`` | every thread of the cluster, once it decoded response ``r`` | rank 0's scheduler warp | cluster |
+| ``barrier.cluster`` | all threads | every thread, after the barriers are initialised / before TMEM is freed | every thread | cluster |
+
+Both CTAs' TMA loads (``.cta_group::2``) complete their bytes on the leader's ``full[s]`` (the odd
+CTA names it through ``mapa``; a multicast load signals the barrier at the same offset in the
+leader of each destination CTA's pair); the odd CTA's ``full[s]`` is unused. A CTA refills a slot
+only when every pair that reads it (a multicast B half is read by both pairs) is done with it. A
+cancelled cluster is named by its first CTA: tile = ctaid / ctas. The cluster barrier before TMEM
+is freed is there because the leader's MMAs write into the odd CTA's TMEM and its commits arrive
+on the odd CTA's barriers. The epilogue stores are ``pipeline.tma_store.StagedTmaStore``'s, as in V5.
 """
 
 import tilus
@@ -112,53 +107,53 @@ class Kernel(MatmulKernel):
         s_c = self.shared_tensor(dtype=self.dtype, shape=[2, cta_m, e_block_n])
         t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.acc_stages, cta_m, block_n], cta_group=2)
 
-        tma_pipe = Pipeline(self.stages, consumer_arrivals=pairs, scope="cluster")
-        acc_pipe = Pipeline(self.acc_stages, producer_arrivals=pairs, consumer_arrivals=128 * ctas, scope="cluster",
+        ring = Pipeline(self.stages, consumer_arrivals=pairs, scope="cluster")
+        acc_ring = Pipeline(self.acc_stages, producer_arrivals=pairs, consumer_arrivals=128 * ctas, scope="cluster",
                             release_to=leaders)
         clc = ClcScheduler(CLC_STAGES, consumer_arrivals=CONSUMER_THREADS, cluster_ctas=ctas)
         self.cluster.sync()  # every barrier of the cluster is initialised before a peer arrives on it
 
-        with self.single_warp(TMA_WARP):  # producer of tma_pipe, in every CTA
+        with self.single_warp(TMA_WARP):  # producer of ring, in every CTA
             tile: int32 = clc.first_tile()
             while True:
                 m_tile, n_tile = raster.tile(tile)
                 offset_a = m_tile * cluster_m + rank * cta_m
                 offset_b = n_tile * block_n + half * half_n
                 for k in range(num_k_blocks):
-                    tma_pipe.producer_acquire()
+                    ring.producer_acquire()
                     if half == 0:
                         with self.single_thread():
-                            self.mbarrier.arrive_and_expect_tx(tma_pipe.producer_barrier(),
+                            self.mbarrier.arrive_and_expect_tx(ring.producer_barrier(),
                                                                transaction_bytes=2 * (s_a[0].nbytes + s_b[0].nbytes))
-                    full = self.cluster.map_shared_addr(tma_pipe.producer_barrier(), target_rank=leader)
-                    self.tma.global_to_shared(src=g_a, dst=s_a[tma_pipe.producer_stage],
+                    full = self.cluster.map_shared_addr(ring.producer_barrier(), target_rank=leader)
+                    self.tma.global_to_shared(src=g_a, dst=s_a[ring.producer_stage],
                                               offsets=[offset_a, k * block_k], mbarrier=full, cta_group=2)
                     if ctas == 2:
-                        self.tma.global_to_shared(src=g_b, dst=s_b[tma_pipe.producer_stage],
+                        self.tma.global_to_shared(src=g_b, dst=s_b[ring.producer_stage],
                                                   offsets=[offset_b, k * block_k], mbarrier=full, cta_group=2)
                     else:
                         if rank < 2:  # pair 0 fetches B once for both pairs: CTA h -> ranks h and h + 2
-                            self.tma.global_to_shared(src=g_b, dst=s_b[tma_pipe.producer_stage],
+                            self.tma.global_to_shared(src=g_b, dst=s_b[ring.producer_stage],
                                                       offsets=[offset_b, k * block_k], mbarrier=full, cta_group=2,
                                                       multicast_mask=0b0101 << half)
-                    tma_pipe.producer_advance()
+                    ring.producer_advance()
                 is_valid, tile = clc.next_tile()
                 if not is_valid:
                     break
 
-        with self.single_warp(MMA_WARP):  # the leader's: consumer of tma_pipe, producer of acc_pipe
+        with self.single_warp(MMA_WARP):  # the leader's: consumer of ring, producer of acc_ring
             while True:
                 if half == 0:
-                    acc_pipe.producer_acquire()
+                    acc_ring.producer_acquire()
                     for k in range(num_k_blocks):
-                        tma_pipe.consumer_acquire()
-                        self.tcgen05.mma(s_a[tma_pipe.consumer_stage], s_b[tma_pipe.consumer_stage].transpose(),
-                                         t_acc[acc_pipe.producer_stage], enable_input_d=k != 0, cta_group=2)
-                        self.tcgen05.commit(mbarrier=tma_pipe.consumer_barrier(), cta_group=2,
+                        ring.consumer_acquire()
+                        self.tcgen05.mma(s_a[ring.consumer_stage], s_b[ring.consumer_stage].transpose(),
+                                         t_acc[acc_ring.producer_stage], enable_input_d=k != 0, cta_group=2)
+                        self.tcgen05.commit(mbarrier=ring.consumer_barrier(), cta_group=2,
                                             multicast_mask=every_cta)
-                        tma_pipe.consumer_advance()
-                    self.tcgen05.commit(mbarrier=acc_pipe.producer_barrier(), cta_group=2, multicast_mask=every_cta)
-                    acc_pipe.producer_advance()
+                        ring.consumer_advance()
+                    self.tcgen05.commit(mbarrier=acc_ring.producer_barrier(), cta_group=2, multicast_mask=every_cta)
+                    acc_ring.producer_advance()
                 is_valid, tile = clc.next_tile()
                 if not is_valid:
                     break
@@ -171,20 +166,20 @@ class Kernel(MatmulKernel):
                 if not is_valid:
                     break
 
-        with self.warp_group(warp_begin=0, num_warps=4):  # consumer of acc_pipe: this CTA's 128 rows
+        with self.warp_group(warp_begin=0, num_warps=4):  # consumer of acc_ring: this CTA's 128 rows
             out = StagedTmaStore(s_c)
             tile: int32 = clc.first_tile()
             while True:
                 m_tile, n_tile = raster.tile(tile)
-                acc_pipe.consumer_acquire()
+                acc_ring.consumer_acquire()
                 for e in range(block_n // e_block_n):
-                    t_sub = self.tcgen05.slice(t_acc[acc_pipe.consumer_stage], offsets=[0, e * e_block_n],
+                    t_sub = self.tcgen05.slice(t_acc[acc_ring.consumer_stage], offsets=[0, e * e_block_n],
                                                shape=[cta_m, e_block_n], dims=[0, 1])
                     r_sub = self.tcgen05.load(t_sub)
                     self.tcgen05.wait_load()
                     out.put(r_sub, g_c, m_tile * cluster_m + rank * cta_m, n_tile * block_n + e * e_block_n)
-                acc_pipe.consumer_release()  # on every leader's empty[a], at cluster scope
-                acc_pipe.consumer_advance()
+                acc_ring.consumer_release()  # on every leader's empty[a], at cluster scope
+                acc_ring.consumer_advance()
                 is_valid, tile = clc.next_tile()
                 if not is_valid:
                     break
