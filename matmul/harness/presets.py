@@ -30,6 +30,11 @@ class Shape(NamedTuple):
 LLAMA3_8B_PROJECTIONS = {"q, o": (4096, 4096), "k, v": (1024, 4096), "gate, up": (14336, 4096), "down": (4096, 14336)}
 # tokens per call: a small decoding batch, a medium prefill, a large prefill or training step
 LLM_TOKENS = (128, 1024, 8192)
+# decoding and small batches, where a projection is bound by reading its weight once: the square
+# projection, the fused q/k/v and gate/up weights, down, and the lm_head of a 128256-token vocabulary
+DECODE_PROJECTIONS = {"4096 x 4096": (4096, 4096), "qkv": (6144, 4096), "down": (4096, 14336),
+                      "gate-up": (28672, 4096), "lm_head": (128256, 4096)}
+DECODE_TOKENS = (1, 16, 64, 128, 256)
 
 PRESETS: dict[str, list[Shape]] = {
     # the square sizes the series is written about
@@ -37,6 +42,7 @@ PRESETS: dict[str, list[Shape]] = {
     # how each version copes with short and long reductions at a fixed output size
     "ksweep": [Shape(8192, 8192, k) for k in (512, 1024, 2048, 4096, 8192, 16384)],
     "llm": [Shape(m, n, k, label) for m in LLM_TOKENS for label, (n, k) in LLAMA3_8B_PROJECTIONS.items()],
+    "decode": [Shape(m, n, k, label) for label, (n, k) in DECODE_PROJECTIONS.items() for m in DECODE_TOKENS],
 }
 
 

@@ -9,6 +9,8 @@ A version module (``matmul/kernels/<family>/v<N>.py``) defines:
 * ``IDEA`` -- the one idea it adds over the previous version, in a few words;
 * ``REPRESENTATIVE`` -- one configuration of its space, the one CI builds by default;
 * ``PTX_MARKERS`` -- the PTX instructions that show its step (checked by the tests).
+* ``supports(m, n, k)`` (optional) -- whether the version is made for that shape; absent means every
+  shape. The tuner, the bench and the GPU tests skip a version on shapes it does not support.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ ARCHS = {"sm_100a": "blackwell", "sm_90a": "hopper"}
 ARCH_NAMES = {"sm_100a": "Blackwell", "sm_90a": "Hopper"}
 # sm_90a / sm_100a code runs only on exactly these compute capabilities (not on 10.3, 12.0, ...)
 ARCH_BY_CAPABILITY = {(9, 0): "sm_90a", (10, 0): "sm_100a"}
-VERSIONS = tuple(f"v{i}" for i in range(7))
+VERSIONS = tuple(f"v{i}" for i in range(8))
 # The candidate that is not a version of the series: the vendor library, through torch.matmul. The
 # tuner, its stored choices and the harness's results all call it by this one name.
 CUBLAS = "cuBLAS"

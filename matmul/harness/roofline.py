@@ -1,0 +1,272 @@
+"""Skinny GEMMs against the memory roofline: Hopper V7 and cuBLAS on the decode preset.
+
+At small M a projection's time is bounded below by reading its bytes once from HBM: the bytes
+floor is (M K + N K + M N) x itemsize bytes at the copy bandwidth. A launch costs something even
+when it moves nothing, so the attainable floor of a shape is its bytes floor plus an empty
+kernel's time, both measured the same way in the same run:
+
+* copy bandwidth: a device-to-device copy (read + write counted) of 32 MiB and of 512 MiB, L2
+  flushed before each launch; the larger copy's rate is the one the floors use;
+* empty kernel: ``torch.cuda._sleep(0)``, timed like every kernel here;
+* V7 and cuBLAS (``torch.matmul(x, w.T, out=...)``): every V7 configuration that covers M in one
+  tile of tokens is checked against a float32 reference (fresh random operands, output poisoned
+  first), then timed in one window with cuBLAS (``timing.interleaved_ms``: launched in turn, L2
+  flushed before each); the fastest is timed again in a longer window, and that window's two
+  medians are the table's times;
+* back to back, as a model calls them: the same two, each launched ``--calls`` times between one
+  pair of events, no flush, host time included (the tilus launch as it is: one Python call of the
+  compiled script per matmul).
+
+    python -m matmul.harness.roofline --out DIR [--dtypes float16,bfloat16] [--shapes decode]
+    python -m matmul.harness.roofline --plot DIR/roofline.json   # table + figure (no GPU needed)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+from ..kernels import versions
+from ..measure.correctness import (
+    TOLERANCE,
+    poisoned_output,
+    random_operands,
+    reference,
+    relative_error,
+)
+from ..measure.timing import interleaved_ms
+from . import presets
+
+ARCH = "sm_90a"
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+# the issue's bar: these weights, these token counts
+BAR_SHAPES = ((4096, 4096), (6144, 4096), (4096, 14336))
+BAR_TOKENS = (1, 16, 64, 128)
+
+
+def bytes_floor(m: int, n: int, k: int, itemsize: int) -> int:
+    """The bytes a C = A @ B^T must move at least: read A and B once, write C once."""
+    return (m * k + n * k + m * n) * itemsize
+
+
+def copy_tb_per_s(nbytes: int, warmup_ms: float, repeat_ms: float) -> float:
+    """Device-to-device copy rate of ``nbytes`` (read + write), L2 flushed before each launch."""
+    src = torch.empty(nbytes // 4, dtype=torch.int32, device="cuda").random_()
+    dst = torch.empty_like(src)
+    (ms,) = interleaved_ms([lambda: dst.copy_(src)], warmup_ms, repeat_ms)
+    return 2 * nbytes / (ms * 1e-3) / 1e12
+
+
+def empty_kernel_ms(warmup_ms: float, repeat_ms: float) -> float:
+    return interleaved_ms([lambda: torch.cuda._sleep(0)], warmup_ms, repeat_ms)[0]
+
+
+def back_to_back_ms(fn, calls: int) -> float:
+    """Time of one call of ``fn`` launched ``calls`` times in a row (no flush, no sync between)."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return begin.elapsed_time(end) / calls
+
+
+def candidates(module, m: int) -> list[dict]:
+    """The configurations of V7's space whose token tile is the narrowest that holds all M rows."""
+    space = versions.space(module)
+    widths = sorted({c["block_m"] for c in space})
+    width = next((w for w in widths if w >= m), widths[-1])
+    return [c for c in space if c["block_m"] == width]
+
+
+def launcher(module, a, b, out, config):
+    """The V7 launch with everything but the call derived once (operands validated once)."""
+    script = versions.kernel(module, a.dtype, config)
+    args = versions.launch_args(a, b, out)
+    return lambda: script(*args)
+
+
+def measure_shape(module, shape: presets.Shape, dtype: torch.dtype, args, floor: dict) -> dict:
+    m, n, k = shape.mnk
+    a, b = random_operands(m, n, k, dtype)
+    ref = reference(a, b)
+    cublas_out = torch.empty(m, n, dtype=dtype, device="cuda")
+    cublas = lambda: torch.matmul(a, b.T, out=cublas_out)
+    row = {"m": m, "n": n, "k": k, "label": shape.label, "dtype": str(dtype).removeprefix("torch."),
+           "bytes": bytes_floor(m, n, k, dtype.itemsize), "configs": []}
+    best = None
+    for config in candidates(module, m):
+        out = poisoned_output(m, n, dtype)
+        versions.run(module, a, b, out, config=config)
+        error = relative_error(out, ref)
+        entry = {"config": config, "error": error}
+        row["configs"].append(entry)
+        if not error <= TOLERANCE[dtype]:
+            entry["failed"] = True
+            continue
+        v7_ms, cublas_ms = interleaved_ms([launcher(module, a, b, out, config), cublas],
+                                          args.select_warmup_ms, args.select_repeat_ms)
+        entry["ratio"] = cublas_ms / v7_ms
+        if best is None or entry["ratio"] > best["ratio"]:
+            best = entry
+    if best is None:
+        row["failed"] = True
+        return row
+    out = poisoned_output(m, n, dtype)
+    fn = launcher(module, a, b, out, best["config"])
+    v7_ms, cublas_ms = interleaved_ms([fn, cublas], args.warmup_ms, args.repeat_ms)
+    attainable_ms = row["bytes"] / (floor["copy_tb_per_s"] * 1e12) * 1e3 + floor["empty_ms"]
+    row.update(config=best["config"], v7_us=v7_ms * 1e3, cublas_us=cublas_ms * 1e3,
+               attainable_us=attainable_ms * 1e3, v7_share=attainable_ms / v7_ms,
+               cublas_share=attainable_ms / cublas_ms, ratio=cublas_ms / v7_ms,
+               v7_tb_per_s=row["bytes"] / (v7_ms * 1e-3) / 1e12,
+               b2b_v7_us=back_to_back_ms(fn, args.calls) * 1e3, b2b_cublas_us=back_to_back_ms(cublas, args.calls) * 1e3)
+    row["b2b_ratio"] = row["b2b_cublas_us"] / row["b2b_v7_us"]
+    row["final_error"] = relative_error(out, ref)  # the timed launches wrote the same result
+    if not row["final_error"] <= TOLERANCE[dtype]:
+        row["failed"] = True
+    return row
+
+
+def geomean(values) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def summary(rows: list[dict]) -> dict:
+    """Per dtype: the issue's bar (geomean of V7 / cuBLAS and the worst share of the attainable
+    floor over its 12 shapes), and the same over every shape."""
+    found = {}
+    for dtype in sorted({r["dtype"] for r in rows}):
+        done = [r for r in rows if r["dtype"] == dtype and not r.get("failed")]
+        bar = [r for r in done if (r["n"], r["k"]) in BAR_SHAPES and r["m"] in BAR_TOKENS]
+        found[dtype] = {
+            "bar_shapes": len(bar),
+            "bar_geomean_vs_cublas": geomean(r["ratio"] for r in bar),
+            "bar_min_share_of_floor": min((r["v7_share"] for r in bar), default=float("nan")),
+            "all_geomean_vs_cublas": geomean(r["ratio"] for r in done),
+            "all_geomean_b2b_vs_cublas": geomean(r["b2b_ratio"] for r in done),
+            "failed": [f"{r['m']}x{r['n']}x{r['k']}" for r in rows if r["dtype"] == dtype and r.get("failed")],
+        }
+    return found
+
+
+def table(results: dict) -> str:
+    floor = results["floor"]
+    lines = [(f"copy bandwidth {floor['copy_tb_per_s']:.2f} TB/s (512 MiB; 32 MiB: {floor['copy_32mib_tb_per_s']:.2f}), "
+             f"empty kernel {floor['empty_ms'] * 1e3:.1f} us; L2 flushed before each launch unless 'back to back'"), ""]
+    header = ("| dtype | M | N x K | V7 us | cuBLAS us | floor us | V7 % floor | cuBLAS % floor | V7 / cuBLAS "
+              "| b2b V7 us | b2b cuBLAS us | b2b V7 / cuBLAS | V7 config |")
+    lines += [header, "|" + " --- |" * 13]
+    for r in results["rows"]:
+        shape = f"{r['n']} x {r['k']}" + (f" ({r['label']})" if r["label"] and "x" not in r["label"] else "")
+        if r.get("failed") and "v7_us" not in r:
+            lines.append(f"| {r['dtype']} | {r['m']} | {shape} | FAILED | | | | | | | | | |")
+            continue
+        c = r["config"]
+        lines.append(
+            f"| {r['dtype']} | {r['m']} | {shape} | {r['v7_us']:.1f} | {r['cublas_us']:.1f} | {r['attainable_us']:.1f} "
+            f"| {100 * r['v7_share']:.0f}% | {100 * r['cublas_share']:.0f}% | {r['ratio']:.2f}"
+            f"{' FAILED' if r.get('failed') else ''} | {r['b2b_v7_us']:.1f} | {r['b2b_cublas_us']:.1f} "
+            f"| {r['b2b_ratio']:.2f} | {c['block_m']}/{c['warpgroups']}/{c['split']}/{c['stages']} |")
+    lines.append("")
+    lines.append("V7 config: tokens per tile / consumer warpgroups / split (CTAs of a cluster) / stages")
+    for dtype, s in results["summary"].items():
+        lines.append(f"{dtype}: bar shapes ({s['bar_shapes']}): geomean {s['bar_geomean_vs_cublas']:.3f}x cuBLAS, "
+                     f"worst {100 * s['bar_min_share_of_floor']:.0f}% of the attainable floor; all shapes: "
+                     f"{s['all_geomean_vs_cublas']:.3f}x flushed, {s['all_geomean_b2b_vs_cublas']:.3f}x back to back"
+                     + (f"; FAILED: {', '.join(s['failed'])}" if s["failed"] else ""))
+    return "\n".join(lines)
+
+
+def plot(results: dict, out_dir: Path) -> list[Path]:
+    """Share of the attainable floor of V7 and cuBLAS per shape, one panel per dtype."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dtypes = sorted({r["dtype"] for r in results["rows"]})
+    fig, axes = plt.subplots(len(dtypes), 1, figsize=(13, 4.2 * len(dtypes)), squeeze=False)
+    for ax, dtype in zip(axes[:, 0], dtypes):
+        rows = [r for r in results["rows"] if r["dtype"] == dtype and "v7_us" in r]
+        x = range(len(rows))
+        ax.bar([i - 0.2 for i in x], [100 * r["cublas_share"] for r in rows], 0.4, label="cuBLAS", color="#999999")
+        ax.bar([i + 0.2 for i in x], [100 * r["v7_share"] for r in rows], 0.4, label="V7", color="#1f77b4")
+        for i, r in zip(x, rows):
+            ax.text(i + 0.2, 100 * r["v7_share"] + 1, f"{r['ratio']:.2f}x", ha="center", fontsize=6, rotation=90)
+        ax.axhline(85, color="#d62728", lw=0.8, ls="--", label="85% of the attainable floor")
+        ax.set_xticks(list(x))
+        ax.set_xticklabels([f"{r['m']}\n{r['n']}x{r['k']}" for r in rows], fontsize=6)
+        ax.set_ylabel("% of attainable floor")
+        ax.set_ylim(0, 115)
+        ax.set_title(f"{dtype}: time at the memory roofline (bytes / copy bandwidth + empty kernel) over measured time; "
+                     f"labels: V7 / cuBLAS", fontsize=9)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    paths = [out_dir / "skinny-sm_90a.png", out_dir / "skinny-sm_90a.svg"]
+    for path in paths:
+        fig.savefig(path, dpi=150)
+    plt.close(fig)
+    return paths
+
+
+def run(args) -> dict:
+    module = versions.load(ARCH, "v7")
+    shapes = presets.unique(presets.parse(args.shapes))
+    unsupported = [s.text for s in shapes if not module.supports(*s.mnk)]
+    if unsupported:
+        raise SystemExit(f"V7 does not support {', '.join(unsupported)} (M <= {module.MAX_M})")
+    floor = {"copy_32mib_tb_per_s": copy_tb_per_s(32 << 20, args.warmup_ms, args.repeat_ms),
+             "copy_tb_per_s": copy_tb_per_s(512 << 20, args.warmup_ms, args.repeat_ms),
+             "empty_ms": empty_kernel_ms(args.warmup_ms, args.repeat_ms)}
+    print(json.dumps(floor), flush=True)
+    rows = []
+    for name in args.dtypes.split(","):
+        for shape in shapes:
+            row = measure_shape(module, shape, DTYPES[name], args, floor)
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "configs"}), flush=True)
+    return {"device": torch.cuda.get_device_name(), "floor": floor, "rows": rows, "summary": summary(rows),
+            "command": " ".join(sys.argv)}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m matmul.harness.roofline", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default="decode")
+    parser.add_argument("--dtypes", default="float16,bfloat16")
+    parser.add_argument("--out", type=Path, help="folder for roofline.json, roofline.md and the figure")
+    parser.add_argument("--plot", type=Path, metavar="JSON", help="only write the table and figure of a results file")
+    parser.add_argument("--warmup-ms", type=float, default=100.0)
+    parser.add_argument("--repeat-ms", type=float, default=200.0)
+    parser.add_argument("--select-warmup-ms", type=float, default=20.0)
+    parser.add_argument("--select-repeat-ms", type=float, default=50.0)
+    parser.add_argument("--calls", type=int, default=200, help="launches between the back-to-back events")
+    args = parser.parse_args(argv)
+    if args.plot:
+        results = json.loads(args.plot.read_text())
+        out_dir = args.out or args.plot.parent
+    else:
+        if args.out is None:
+            parser.error("--out is required")
+        args.out.mkdir(parents=True, exist_ok=True)
+        results = run(args)
+        out_dir = args.out
+        (out_dir / "roofline.json").write_text(json.dumps(results, indent=1))
+    text = table(results)
+    (out_dir / "roofline.md").write_text(text + "\n")
+    print(text)
+    plot(results, out_dir)
+
+
+if __name__ == "__main__":
+    main()

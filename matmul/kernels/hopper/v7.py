@@ -1,0 +1,154 @@
+"""Hopper V7: skinny GEMMs (M up to 256, decode and small batches) at the memory roofline: the
+weight streamed once by every SM, split-K across the CTAs of a cluster, the partial sums reduced
+through distributed shared memory.
+
+Idea: at small M a projection reads its weight B [N, K] once from HBM and does almost no
+arithmetic, so its time is the time to stream N x K elements. V3-V6 cannot do that: their
+128 x 256 tiles give 4096 x 4096 only 16-32 CTAs, so most SMs never load anything. V7 cuts the
+weight into pieces of ``64 * warpgroups`` rows x ``K / split`` columns, one per CTA, so that a
+shape of a few thousand rows still occupies every SM, and makes each CTA's share of the weight
+one contiguous stream of K blocks through a deep TMA ring (``stages`` x 8 KiB of weight per
+warpgroup in flight: HBM's latency is covered only by many bytes in flight on every SM).
+
+Swap A and B: the weight's rows are the wgmma's M side (64 rows per instruction) and the tokens
+its N side (``block_m``, 8 to 256), so at M = 1 or 16 no tensor-core row is padding. The
+accumulator is a tile of C^T ([weight rows, tokens]); it is written transposed, clipped to
+the matrix (``store_global`` masks what lies outside).
+
+Split-K without a workspace: the ``split`` CTAs of one cluster compute the same output tile over
+consecutive ranges of K blocks and reduce their float32 partial tiles through distributed shared
+memory (``pipeline.cluster_reduce.ClusterSplitKReduce``): each CTA owns ``1 / split`` of the
+tile's rows, receives the other CTAs' partials of those rows by bulk copies into its shared
+memory, adds them and writes them. One launch, no global round trip, no atomics. A CTA whose
+range is empty (K shorter than ``split`` blocks) loads one block wholly past K, which TMA fills
+with zeros: every rank runs the same code.
+
+Tokens beyond ``block_m`` take further clusters (the grid is clusters x N tiles x M tiles), each
+re-reading its share of the weight; the configurations are meant for M <= 256 (``supports``).
+
+Synchronization:
+``full[s]`` / ``empty[s]``: V3's ring (``Pipeline``, CTA scope): ``full[s]`` 1 arrival (the
+producer warp's ``expect_tx`` for the weight slabs and the token tile) + the TMA bytes; ``empty[s]``
+one elected arrival per consumer warpgroup after ``wgmma.wait_group`` shows the stage's group
+complete. ``arrived`` (``ClusterSplitKReduce``, each CTA, 1 arrival + the peers' bulk-copy bytes,
+used once). Cluster barriers: ``barrier.cluster`` after the mbarriers are initialized (a peer's
+copy may land on them) and before any CTA exits (a sender's shared memory is read until the
+receiver's barrier completes). Between the main loop and the exchange, one ``__syncthreads``:
+both warpgroups have stored their partials.
+"""
+
+import tilus
+from tilus import GlobalTensor, SharedTensor, float32, int32
+from tilus.utils import cdiv
+
+from pipeline import Pipeline
+from pipeline.cluster_reduce import ClusterSplitKReduce
+from pipeline.epilogue import wgmma_fragment
+from pipeline.mainloop import WgmmaMainloop
+
+from ..entry import MatmulKernel
+
+IDEA = "skinny GEMMs: swap-AB, split-K over a cluster reduced through distributed shared memory, deep TMA rings"
+PTX_MARKERS = ("wgmma.mma_async.sync.aligned.m64n16k16", "cp.async.bulk.tensor.2d.shared::cta.global",
+               "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes",
+               "mapa.shared::cluster", "barrier.cluster")
+REPRESENTATIVE = {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 12}
+
+BLOCK_K = 64  # one 128-byte swizzled row of fp16/bf16 per TMA box
+MAX_M = 256  # the widest wgmma (n = 256): beyond it a CTA would need a second accumulator
+
+
+def supports(m: int, n: int, k: int) -> bool:
+    """The shapes V7 is designed for: at most 256 tokens (every N and K)."""
+    return 1 <= m <= MAX_M and n >= 1 and k >= 1
+
+
+def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int) -> int:
+    """Shared memory of a configuration: the ring plus the split-K exchange tiles."""
+    ring = stages * (warpgroups * 64 + block_m) * BLOCK_K * 2
+    exchange = (2 * split - 1) * (64 * warpgroups // split) * block_m * 4  # partial + received
+    return ring + exchange
+
+
+# Every configuration keeps at least 48 KiB of weight in flight per CTA (stages x 8 KiB x warpgroups);
+# the ring is as deep as shared memory allows next to the exchange tiles.
+@tilus.autotune("block_m, warpgroups, split, stages", [
+    (16, 1, 1, 16), (16, 1, 2, 12), (16, 1, 4, 12), (16, 2, 2, 8),
+    (64, 1, 2, 10), (64, 1, 4, 8), (64, 2, 2, 6),
+    (128, 1, 2, 6), (128, 1, 4, 6),
+    (256, 1, 1, 3), (256, 1, 2, 3),
+])
+class Kernel(MatmulKernel):
+    def __init__(self, dtype, block_m: int, warpgroups: int, split: int, stages: int):
+        super().__init__(dtype)
+        self.block_m = block_m
+        self.warpgroups = warpgroups
+        self.split = split
+        self.stages = stages
+        if warpgroups not in (1, 2):
+            raise ValueError(f"one or two consumer warpgroups, not {warpgroups}")
+        if (64 * warpgroups) % split or (64 * warpgroups // split) % 8:
+            raise ValueError(f"{64 * warpgroups} weight rows do not cut into {split} slices of a multiple of 8")
+
+    def matmul(self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32,
+               k_size: int32):
+        rows = 64 * self.warpgroups  # weight rows of a CTA (the output tile's N side)
+        num_n_tiles = cdiv(n_size, rows)
+        num_m_tiles = cdiv(m_size, self.block_m)
+        self.attrs.blocks = self.split * num_n_tiles * num_m_tiles
+        self.attrs.cluster_blocks = self.split
+        self.attrs.warps = 4 * self.warpgroups + 1  # consumer warpgroups, then the producer warp
+        rank: int32 = self.cluster.blockRank  # which K range of the tile this CTA sums
+        tile: int32 = self.blockIdx.x // self.split
+        offset_n: int32 = (tile % num_n_tiles) * rows
+        offset_m: int32 = (tile // num_n_tiles) * self.block_m
+
+        # this CTA's K blocks: a contiguous range, at least one (an empty range reads zeros past K)
+        num_k_blocks: int32 = cdiv(k_size, BLOCK_K)
+        per_rank: int32 = cdiv(num_k_blocks, self.split)
+        first_k_block: int32 = rank * per_rank
+        count: int32 = num_k_blocks - first_k_block
+        count = min(count, per_rank)
+        count = max(count, 1)
+
+        s_w = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.warpgroups, 64, BLOCK_K])
+        s_x = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, BLOCK_K])
+        ring = Pipeline(self.stages, consumer_arrivals=self.warpgroups, elect_release=True)
+        reduce = ClusterSplitKReduce(self.split, rows, self.block_m)
+        self.cluster.sync()  # every barrier of the cluster exists before a peer's copy lands on it
+
+        with self.single_warp(4 * self.warpgroups):  # producer
+            for i in range(count):
+                ring.producer_acquire()
+                slot = ring.producer_stage
+                with self.single_thread():
+                    self.mbarrier.arrive_and_expect_tx(ring.producer_barrier(),
+                                                       transaction_bytes=s_w[slot].nbytes + s_x[slot].nbytes)
+                offset_k = (first_k_block + i) * BLOCK_K
+                self.tma.global_to_shared(src=g_b, dst=s_w[slot, 0], offsets=[offset_n, offset_k],
+                                          mbarrier=ring.producer_barrier())
+                if self.warpgroups == 2:
+                    self.tma.global_to_shared(src=g_b, dst=s_w[slot, 1], offsets=[offset_n + 64, offset_k],
+                                              mbarrier=ring.producer_barrier())
+                self.tma.global_to_shared(src=g_a, dst=s_x[slot], offsets=[offset_m, offset_k],
+                                          mbarrier=ring.producer_barrier())
+                ring.producer_advance()
+
+        self.consumer(0, ring, s_w, s_x, reduce, count)
+        if self.warpgroups == 2:
+            self.consumer(1, ring, s_w, s_x, reduce, count)
+
+        reduce.exchange(rank)
+        with self.warp_group(warp_begin=0, num_warps=4):
+            reduce.write(rank, g_c, offset_m, offset_n)
+        self.cluster.sync()  # no CTA leaves while a peer's copy may still read its partial tile
+
+    def consumer(self, wg: int, ring: Pipeline, s_w: SharedTensor, s_x: SharedTensor, reduce: ClusterSplitKReduce,
+                 count: int32):
+        """Consumer warpgroup ``wg``: weight rows ``64 * wg ...`` of the tile times every token, over
+        this CTA's K blocks, into the partial tile."""
+        with self.warp_group(warp_begin=4 * wg, num_warps=4):
+            acc = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
+            self.annotate_layout(acc, wgmma_fragment(64, self.block_m))
+            WgmmaMainloop(ring).run(s_w, s_x, wg, acc, count)
+            reduce.store(acc, wg)

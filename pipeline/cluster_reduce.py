@@ -1,0 +1,134 @@
+"""Split-K partial sums reduced across the CTAs of a cluster, through distributed shared memory.
+
+The CTAs of a cluster of ``parts`` CTAs computed the same output tile over different K ranges;
+each holds a float32 partial tile of ``rows x cols`` in registers. The tile's rows are cut into
+``parts`` slices and CTA ``r`` (its rank in the cluster) owns slice ``r``: it will add the
+``parts`` partials of that slice and write the result. No global workspace, no atomics, no second
+launch.
+
+1. ``store``: each consumer warpgroup writes its accumulator into this CTA's ``partial`` tile
+   (row-major float32, one slice after another).
+2. ``exchange`` (whole CTA): a fence orders those generic-proxy stores before the copy engine's
+   reads, then one thread announces on this CTA's ``arrived`` barrier the bytes it will receive
+   (``parts - 1`` slices) and sends slice ``p`` of its partial to every peer ``p`` with one bulk
+   copy each (``cp.async.bulk.shared::cluster.shared::cta``): the copy lands in the peer's
+   ``received`` slot for this sender and counts its bytes on the peer's ``arrived`` barrier, as a
+   TMA load does.
+3. ``total`` (the owning threads): wait on ``arrived`` (phase 0: the barrier is used once), then
+   add this CTA's own slice and the ``parts - 1`` received ones in registers.
+
+Synchronization: ``arrived`` (each CTA, 1 arrival: its own ``expect_tx``, plus the bytes of every
+peer's copy, which may land before that arrival; the phase cannot complete without it). The
+cluster must be synchronized (``self.cluster.sync()``) after the barriers are initialized and
+before any CTA exits: a CTA's outgoing copies read its shared memory until the *receiver's*
+barrier completes, so a sender may leave only once every receiver has seen its bytes.
+Every slot is written once per launch, so no barrier guards reuse.
+"""
+
+from typing import no_type_check
+
+import tilus
+from tilus import GlobalTensor, RegisterTensor, float32, int32
+from tilus.hidet.ir.dtypes import uint32
+from tilus.hidet.ir.primitives.cuda.funcs import call_cuda
+from tilus.hidet.ir.primitives.func import (
+    is_primitive_function,
+    register_primitive_function,
+)
+from tilus.hidet.ir.stmt import asm
+from tilus.hidet.lang import attrs, script
+from tilus.ir.layout.ops.shared_ops import shared_row_major
+from tilus.lang.instructions import base
+
+_COPY = "bulk_copy_to_rank"
+
+
+def _register() -> None:
+    if is_primitive_function("cuda_" + _COPY):
+        return
+
+    @no_type_check
+    @script
+    def cuda_bulk_copy_to_rank(local_dst: uint32, src: uint32, size: uint32, local_barrier: uint32, cta_rank: uint32):
+        attrs.func_name = "cuda_" + _COPY
+        attrs.func_kind = "cuda_internal"
+        asm(
+            template="{ .reg.b32 remote, remote_bar; mapa.shared::cluster.u32 remote, %0, %4; "
+                     "mapa.shared::cluster.u32 remote_bar, %3, %4; "
+                     "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes "
+                     "[remote], [%1], %2, [remote_bar]; }",
+            inputs=[local_dst, src, size, local_barrier, cta_rank],
+            is_volatile=True,
+            memory_fence=True,
+        )
+
+    register_primitive_function(name=cuda_bulk_copy_to_rank.name, func_or_type=cuda_bulk_copy_to_rank)
+
+
+_register()
+
+
+def bulk_copy_to_rank(dst, src, barrier, rank) -> None:
+    """In kernel code (one thread): copy the shared tensor ``src`` of this CTA into the shared
+    tensor at ``dst``'s offset in the CTA of rank ``rank``, its bytes counted on that CTA's barrier
+    at the offset of the single-element barrier register tensor ``barrier``. ``src`` and ``dst``
+    are the same size, a multiple of 16 bytes, both contiguous."""
+    builder = base._current_builder
+    if builder is None:
+        raise RuntimeError("bulk_copy_to_rank is called from kernel code only")
+    dst_addr = builder.tensor_ptr(dst, space="shared")
+    src_addr = builder.tensor_ptr(src, space="shared")
+    barrier_addr = builder.tensor_item_value(barrier)
+    builder.evaluate(None, call_cuda(_COPY, [uint32(dst_addr), uint32(src_addr), uint32(src.nbytes),
+                                             uint32(barrier_addr), uint32(rank)]))
+
+
+class ClusterSplitKReduce(tilus.Class):
+    """The sum over a cluster of ``parts`` CTAs of their ``rows x cols`` float32 partial tiles
+    (module doc), written out transposed: the tiles are tiles of C^T (a kernel that swapped its
+    operands), the result goes to C. ``rows`` is a multiple of 64 (one slab per consumer
+    warpgroup) and of ``8 * parts``. With ``parts == 1`` there is nothing to exchange: the tile
+    only passes through shared memory on its way out."""
+
+    def __init__(self, parts: int, rows: int, cols: int):
+        self.parts: int = parts
+        self.rows: int = rows
+        self.cols: int = cols
+        self.partial = self.shared_tensor(dtype=float32, shape=[parts, rows // parts, cols])
+        self.annotate_layout(self.partial, shared_row_major(parts, rows // parts, cols))
+        if parts > 1:
+            self.received = self.shared_tensor(dtype=float32, shape=[parts - 1, rows // parts, cols])
+            self.annotate_layout(self.received, shared_row_major(parts - 1, rows // parts, cols))
+            self.arrived = self.mbarrier.alloc([1])
+
+    def store(self, acc: RegisterTensor, slab: int):
+        """A consumer warpgroup's 64 partial rows (slab ``slab`` of the tile) into this CTA's partial tile."""
+        slabs = self.reshape_shared(self.partial, [self.rows // 64, 64, self.cols])
+        self.store_shared(slabs[slab], acc)
+
+    def exchange(self, rank: int32):
+        """Whole CTA, after every ``store``: send slice ``p`` of the partial tile to peer ``p``."""
+        self.fence.proxy_async(space="shared")  # generic-proxy stores -> the copy engine's reads
+        self.sync()
+        if self.parts > 1:
+            with self.single_thread():
+                self.mbarrier.arrive_and_expect_tx(self.arrived[0],
+                                                   transaction_bytes=(self.parts - 1) * self.partial[0].nbytes)
+                for step in self.range(1, self.parts, 1, unroll="all"):
+                    peer: int32 = (rank + step) % self.parts
+                    # the peer keeps what it receives from this CTA in slot (rank - peer - 1) mod parts
+                    bulk_copy_to_rank(self.received[self.parts - 1 - step], self.partial[peer], self.arrived[0],
+                                      peer)
+
+    def write(self, rank: int32, g_c: GlobalTensor, offset_m: int32, offset_n: int32):
+        """This CTA's slice (``rows / parts`` rows of C^T from row ``rank * rows / parts``) summed
+        over the cluster, converted to C's dtype and stored into C at (offset_m, offset_n + the
+        slice's first row); ``store_global`` clips what lies past C's edges. Called by the thread
+        group that writes it out, after ``exchange``."""
+        acc = self.load_shared(self.partial[rank])
+        if self.parts > 1:
+            self.mbarrier.wait(self.arrived[0], phase=0)
+            for slot in self.range(0, self.parts - 1, 1, unroll="all"):
+                self.add(acc, self.load_shared(self.received[slot]), out=acc)
+        out = self.transpose(acc.to(g_c.dtype))
+        self.store_global(g_c, out, offsets=[offset_m, offset_n + rank * (self.rows // self.parts)])
