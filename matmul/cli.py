@@ -3,6 +3,7 @@
     python -m matmul compile [--arch sm_90a|sm_100a] [--versions v0,v1,...] [--out DIR] [--all-configs]
     python -m matmul bench [--arch ...] [--versions ...] [--shapes series,ksweep,llm|MxNxK,...] [--out DIR]
     python -m matmul plot RESULTS.json [...] [--out DIR]
+    python -m matmul candidates VERSION[:knob=int,...] ... [--sizes 4096,8192x14336x4096] [--sustained S | --profile N]
 """
 
 from __future__ import annotations
@@ -34,43 +35,59 @@ def _versions(value: str | None, arch: str) -> list[str]:
 
 
 def compile_command(args) -> int:
+    from tqdm import tqdm
+
     rows, failed = [], False
     gpu_arch = None if args.no_check else versions.local_arch()
-    for arch in _arches(args.arch):
-        for version in _versions(args.versions, arch):
-            module = versions.load(arch, version)
-            results = build.build_version(module, arch, all_configs=args.all_configs)
-            built = [r for r in results if r.ok]
-            markers = build.markers_found(built[0], module.PTX_MARKERS) if built else {}
-            missing = [m for m, found in markers.items() if not found]
-            spills = max((r.spill_bytes for r in built), default=0)
-            over_smem = [r for r in built if not r.within_shared_limit]
-            ok = len(built) == len(results) and not missing and spills == 0 and not over_smem
-            row = {
-                "arch": arch, "version": version, "built": len(built), "failed": len(results) - len(built),
-                "registers": max((r.registers for r in built), default="-"),
-                "spills (B)": spills,
-                "smem (KiB)": max((r.shared_bytes for r in built), default=0) // 1024,
-                "cluster": "x".join(map(str, built[0].cluster)) if built else "-",
-                "PTX shows": ", ".join(m if f else f"MISSING {m}" for m, f in markers.items()),
-            }
-            if gpu_arch == arch:
-                from .measure.correctness import check_version
+    work = [(arch, version) for arch in _arches(args.arch) for version in _versions(args.versions, arch)]
+    progress = tqdm(total=sum(len(versions.space(versions.load(a, v))) if args.all_configs else 1 for a, v in work),
+                    desc="[compile]", unit="config", disable=None)  # disable=None: silent when not a terminal
+    for arch, version in work:
+        module = versions.load(arch, version)
 
-                error = check_version(module)
-                row["check on GPU (rel. err.)"] = f"{error:.1e}" if error is not None else "FAILED"
-                ok = ok and error is not None
-            rows.append(row)
-            failed |= not ok
-            for r in results:
-                if not r.ok:
-                    print(f"[{arch} {version}] configuration {r.config} failed:\n{r.error[-4000:]}", file=sys.stderr)
-            if args.out and built:
-                dest = Path(args.out) / arch / f"{version}.ptx"
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(built[0].ptx_path, dest)
-                if built[0].sass_path:
-                    shutil.copyfile(built[0].sass_path, dest.with_suffix(".sass"))
+        def building(config, arch=arch, version=version):
+            progress.set_postfix_str(f"{arch} {version} " + " ".join(f"{k}={v}" for k, v in config.items()))
+            if progress.disable:  # not a terminal (a log, CI): one line per build instead of a bar
+                print(f"[compile] {arch} {version} {config}", file=sys.stderr, flush=True)
+
+        results = build.build_version(module, arch, all_configs=args.all_configs, progress=building)
+        progress.update(len(results))
+        built = [r for r in results if r.ok]
+        markers = build.markers_found(built[0], module.PTX_MARKERS) if built else {}
+        missing = [m for m, found in markers.items() if not found]
+        spills = max((r.spill_bytes for r in built), default=0)
+        over_smem = [r for r in built if not r.within_shared_limit]
+        ok = len(built) == len(results) and not missing and spills == 0 and not over_smem
+        row = {
+            "arch": arch, "version": version, "built": len(built), "failed": len(results) - len(built),
+            "registers": max((r.registers for r in built), default="-"),
+            "spills (B)": spills,
+            "smem (KiB)": max((r.shared_bytes for r in built), default=0) // 1024,
+            "cluster": "x".join(map(str, built[0].cluster)) if built else "-",
+            "PTX shows": ", ".join(m if f else f"MISSING {m}" for m, f in markers.items()),
+        }
+        if gpu_arch == arch:
+            from .measure.correctness import check_version
+
+            error = check_version(module)
+            row["check on GPU (rel. err.)"] = f"{error:.1e}" if error is not None else "FAILED"
+            ok = ok and error is not None
+        rows.append(row)
+        failed |= not ok
+        for r in results:
+            if not r.ok:
+                print(f"[{arch} {version}] configuration {r.config} failed:\n{r.error[-4000:]}", file=sys.stderr)
+        if args.out and built:
+            dest = Path(args.out) / arch / f"{version}.ptx"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(built[0].ptx_path, dest)
+            if built[0].sass_path:
+                shutil.copyfile(built[0].sass_path, dest.with_suffix(".sass"))
+        if args.compare and built:
+            before = Path(args.compare) / arch / f"{version}.ptx"
+            same = before.is_file() and build.normalized_ptx(before.read_text()) == build.normalized_ptx(built[0].ptx())
+            row[f"PTX as {args.compare}"] = "same" if same else ("DIFFERENT" if before.is_file() else "none there")
+    progress.close()
     print(tabulate(rows, headers="keys"))
     if gpu_arch is None and not args.no_check:
         print("\nNo GPU of either architecture here: the kernels were compiled and inspected, not run.")
@@ -160,6 +177,33 @@ def plot_command(args) -> int:
     return 0
 
 
+def candidates_doc() -> str:
+    from .harness import candidates
+
+    return candidates.__doc__
+
+
+def candidates_command(args) -> int:
+    from .harness import candidates
+    from .measure.timing import SustainedTimer
+
+    arch = _arches(args.arch)[0] if args.arch else versions.local_arch()
+    if arch is None:
+        raise ValueError("no Hopper or Blackwell GPU here: pass --arch (and --prebuild to only build)")
+    chosen = [c for text in args.candidates for c in candidates.parse(text, arch)]
+    if args.prebuild:
+        for name, config in chosen:
+            r = build.build_config(versions.load(arch, name), arch, config)
+            print(candidates.label(name, config), "ok" if r.ok else f"FAILED {r.error[-2000:]}", f"{r.registers} registers",
+                  f"{r.spill_bytes} B spilled", f"{r.shared_bytes // 1024} KiB shared", flush=True)
+        return 0
+    sizes = [tuple(int(d) for d in s.split("x")) if "x" in s else (int(s),) * 3 for s in args.sizes.split(",")]
+    timer = SustainedTimer(args.sustained) if args.sustained else None
+    rows = candidates.measure(arch, chosen, sizes, args.rounds, timer=timer, profile=args.profile,
+                              print_=lambda line: print(line, flush=True))
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m matmul", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -170,6 +214,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="write each version's PTX (and SASS) to OUT/<arch>/<version>.ptx")
     p.add_argument("--all-configs", action="store_true", help="build every configuration of the autotune space")
     p.add_argument("--no-check", action="store_true", help="do not run the kernels even on a matching GPU")
+    p.add_argument("--compare", metavar="DIR", help="say whether each version's PTX is the same as DIR/<arch>/<version>.ptx "
+                   "(written by an earlier --out), ignoring line information: a refactoring's proof")
     p.set_defaults(func=compile_command)
     p = sub.add_parser("bench", help="check and time the versions, cuBLAS, Triton and matmul() on this GPU",
                        description="Without a GPU of the series: compile report, then redraw the committed results.")
@@ -192,7 +238,19 @@ def main(argv=None) -> int:
                         "default: paired windows with cuBLAS")
     p.add_argument("--no-triton", action="store_true", help="leave out the Triton baseline")
     p.add_argument("--redraw-from", help="without a GPU: where the committed results are (default: plots/)")
-    p.set_defaults(func=bench_command, all_configs=False, no_check=True)
+    p.set_defaults(func=bench_command, all_configs=False, no_check=True, compare=None)
+    p = sub.add_parser("candidates", help="time chosen configurations of versions against cuBLAS (to choose a space)",
+                       description=candidates_doc())
+    p.add_argument("candidates", nargs="+", help="VERSION (its whole space) or VERSION:knob=int,knob=int,...")
+    p.add_argument("--arch", help="sm_90a or sm_100a; default: this machine's GPU")
+    p.add_argument("--sizes", default="4096,8192", help="N (for N^3) or MxNxK, comma-separated (default 4096,8192)")
+    p.add_argument("--rounds", type=int, default=6, help="timing rounds (default 6)")
+    p.add_argument("--prebuild", action="store_true", help="only build them for --arch (no GPU needed)")
+    p.add_argument("--profile", type=int, default=0, metavar="LAUNCHES",
+                   help="check, then launch each LAUNCHES times in an NVTX range 'profile' (for ncu)")
+    p.add_argument("--sustained", type=float, default=0.0, metavar="SECONDS",
+                   help="sustained windows of SECONDS instead of paired windows with cuBLAS")
+    p.set_defaults(func=candidates_command)
     p = sub.add_parser("plot", help="draw the figures of bench results files (PNG and SVG)")
     p.add_argument("results", nargs="+", help="results-*.json written by bench")
     p.add_argument("--out", help="directory for the figures (default: next to each results file)")

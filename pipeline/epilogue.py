@@ -1,5 +1,6 @@
-"""The Hopper persistent kernels' epilogue: a warpgroup's wgmma accumulator written out in column
-blocks through ``pipeline.tma_store.StagedTmaStore`` (two swizzled staging buffers, TMA stores
+"""The Hopper epilogues. ``SlotTileStore`` (V2-V4) stages the output tile in the idle ring's A slots
+and stores it synchronously. ``WgmmaTileStore`` (the persistent V5-V6) writes a warpgroup's wgmma
+accumulator out in column blocks through ``pipeline.tma_store.StagedTmaStore`` (two swizzled staging buffers, TMA stores
 that run on while the warpgroup goes back to its main loop).
 
 A block is ``SUB_COLS`` = 64 fp16 columns (128 bytes: the widest tile a 128-byte-swizzled TMA box
@@ -70,3 +71,39 @@ class WgmmaTileStore(tilus.Class):
 
     def finish(self):
         self.out.finish()
+
+
+class SlotTileStore(tilus.Class):
+    """The TMA-store epilogue for a wgmma accumulator staged in the slots of an idle ring of A tiles
+    (Hopper V2-V4: shared memory goes to stages, and the output tile needs none of its own).
+
+    ``slots`` is ``[stages, rows, block_k]``, or ``[stages, slabs, rows, block_k]`` of which one slab
+    is used (one slab of A per consumer warpgroup); ``stages * block_k >= cols``. Column block ``j``
+    (``block_k`` wide) of the ``rows x cols`` float32 accumulator goes into slot ``j``, swizzled as
+    the TMA loads wrote it, and its own TMA store reads it back the same way. Call ``store`` from the
+    accumulator's warpgroup once every load into these slots has landed and every wgmma of the group
+    is complete: it syncs the group, and returns once the stores have read the slots."""
+
+    def __init__(self, slots: SharedTensor):
+        self.slots: SharedTensor = slots
+
+    def store(self, acc: RegisterTensor, g_c: GlobalTensor, offset_m: int32, offset_n: int32, slab: int):
+        rows, cols = acc.shape
+        sub_cols = self.slots.shape[-1]
+        if self.slots.shape[0] * sub_cols < cols:
+            raise ValueError(f"a {rows} x {cols} tile does not fit in {self.slots.shape[0]} slots of {sub_cols} "
+                             f"columns: use stages * block_k >= block_n")
+        grid = self.view(acc, layout=wgmma_fragment_grid(rows, cols, sub_cols))  # no copy
+        self.sync()  # every warp of the group is past its wgmma wait: no wgmma reads the slots now
+        for i in self.range(rows // 64, unroll="all"):
+            for j in self.range(cols // sub_cols, unroll="all"):
+                slot = self.slots[j, slab] if len(self.slots.shape) == 4 else self.slots[j]
+                self.store_shared(slot, grid[i, j].to(self.slots.dtype), offsets=[i * 64, 0])
+        self.fence.proxy_async(space="shared")  # generic-proxy stores -> the TMA unit's (async-proxy) reads
+        self.sync()
+        with self.single_warp():
+            for j in self.range(cols // sub_cols, unroll="all"):
+                slot = self.slots[j, slab] if len(self.slots.shape) == 4 else self.slots[j]
+                self.tma.shared_to_global(slot, g_c, offsets=[offset_m, offset_n + j * sub_cols])
+            self.tma.commit_group()
+            self.tma.wait_group(0)

@@ -125,9 +125,30 @@ def build_config(module: ModuleType, arch: str, config: dict[str, Any], dtype=ti
     return result
 
 
-def build_version(module: ModuleType, arch: str, all_configs: bool = False, dtype=tilus.float16) -> list[BuildResult]:
+def build_version(module: ModuleType, arch: str, all_configs: bool = False, dtype=tilus.float16,
+                  progress=None) -> list[BuildResult]:
+    """Build the version's REPRESENTATIVE configuration, or its whole space; ``progress(config)`` is
+    called before each build (the CLI shows what it is building)."""
     configs = versions.space(module) if all_configs else [module.REPRESENTATIVE]
-    return [build_config(module, arch, config, dtype) for config in configs]
+    results = []
+    for config in configs:
+        if progress is not None:
+            progress(config)
+        results.append(build_config(module, arch, config, dtype))
+    return results
+
+
+def normalized_ptx(ptx: str) -> str:
+    """The PTX without what changes when nothing the GPU runs changes: source line information
+    (``.loc``/``.file``), comments, the DWARF sections, and the hash nvcc puts in internal names
+    (it depends on the source file's path). Two builds of the same kernel from different trees
+    compare equal; any change of an instruction does not."""
+    import re
+
+    text = ptx.split("\t.section\t.debug", 1)[0]
+    lines = [line for line in text.splitlines()
+             if not line.lstrip().startswith((".loc", ".file", "//")) and not line.startswith(".section\t.debug")]
+    return re.sub(r"_INTERNAL_[0-9a-f]{8}", "_INTERNAL_", "\n".join(lines))
 
 
 def markers_found(result: BuildResult, markers) -> dict[str, bool]:

@@ -4,14 +4,12 @@
 the three pointers and the row strides, wraps the pointers into global tensor views, and hands
 them to the version's own ``matmul`` method, which is where the versions differ. ``load_k_block``
 and ``store_tile`` are the TMA load of one K block and the TMA-store epilogue that V1 introduces
-and later versions reuse; ``store_tile_in_slots`` is the epilogue of Hopper V2-V4, which stage the
-output tile in their idle ring of A tiles. The operands were validated on the host first (``matmul.contract``): row-major, row strides multiples of 16 bytes.
+and every later version calls on itself. The operands were validated on the host first
+(``matmul.contract``): row-major, row strides multiples of 16 bytes.
 """
 
 import tilus
 from tilus import GlobalTensor, RegisterTensor, SharedTensor, int32, void_p
-
-from pipeline.epilogue import wgmma_fragment_grid
 
 
 class MatmulKernel(tilus.Script):
@@ -55,35 +53,5 @@ class MatmulKernel(tilus.Script):
         self.sync()
         with self.single_warp():
             self.tma.shared_to_global(s_c, g_c, offsets=[offset_m, offset_n])
-            self.tma.commit_group()
-            self.tma.wait_group(0)
-
-    def store_tile_in_slots(self, slots: SharedTensor, acc: RegisterTensor, g_c: GlobalTensor, offset_m: int32,
-                            offset_n: int32, slab: int):
-        """``store_tile`` for a wgmma accumulator (``rows x cols`` float32 in tilus's wgmma layout),
-        staged in the slots of an idle ring of A tiles: ``slots`` is ``[stages, rows, block_k]``, or
-        ``[stages, slabs, rows, block_k]`` of which slab ``slab`` is used (one slab of A per
-        consumer warpgroup); ``stages * block_k >= cols``. Column block ``j`` (``block_k`` wide)
-        goes into slot ``j``, swizzled as the TMA loads wrote it, and its own TMA store reads it
-        back the same way: the output needs no shared memory of its own. Called by the
-        accumulator's warpgroup once every load into these slots has landed and every wgmma of the
-        group is complete."""
-        rows, cols = acc.shape
-        sub_cols = slots.shape[-1]
-        if slots.shape[0] * sub_cols < cols:
-            raise ValueError(f"a {rows} x {cols} tile does not fit in {slots.shape[0]} slots of {sub_cols} columns: "
-                             f"use stages * block_k >= block_n")
-        grid = self.view(acc, layout=wgmma_fragment_grid(rows, cols, sub_cols))  # no copy
-        self.sync()  # every warp of the group is past its wgmma wait: no wgmma reads the slots now
-        for i in self.range(rows // 64, unroll="all"):
-            for j in self.range(cols // sub_cols, unroll="all"):
-                slot = slots[j, slab] if len(slots.shape) == 4 else slots[j]
-                self.store_shared(slot, grid[i, j].to(self.dtype), offsets=[i * 64, 0])
-        self.fence.proxy_async(space="shared")  # generic-proxy stores -> the TMA unit's (async-proxy) reads
-        self.sync()
-        with self.single_warp():
-            for j in self.range(cols // sub_cols, unroll="all"):
-                slot = slots[j, slab] if len(slots.shape) == 4 else slots[j]
-                self.tma.shared_to_global(slot, g_c, offsets=[offset_m, offset_n + j * sub_cols])
             self.tma.commit_group()
             self.tma.wait_group(0)

@@ -7,8 +7,7 @@ than 64 rows) the second row's zero-fill lands between the first row's wgmma and
 after the ``wgmma.fence``: ptxas injects a ``warpgroup.arrive`` (info C7519) and a
 ``warpgroup.wait`` (C7517), so the wgmma group kept in flight is waited for at once (Hopper V2
 with 128 x 128 tiles), and, when that code is in a warp-specialized branch, serializes every
-wgmma of the kernel (C7520; a V3 with one 128 x 128 consumer warpgroup ran at 0.55x of
-cuBLAS). Before the wgmma of such an accumulator, every register of it goes through an empty
+wgmma of the kernel (C7520). Before the wgmma of such an accumulator, every register of it goes through an empty
 ``asm volatile`` (``"+f"``), which forces the fill before it, and a second ``wgmma.fence``
 follows. One-row accumulators are left as they are.
 """

@@ -4,13 +4,15 @@ Idea: one warpgroup (4 warps, 128 threads) owns a ``block_m x block_n`` tile of 
 float32 accumulator in registers. For each K block its threads load a tile of A and a tile of B
 into registers (masked loads: rows and columns past the matrix edge read as zero, so any M, N, K
 works) and store them to shared memory; then the warpgroup issues ``wgmma.mma_async``, which reads
-both operands straight from shared memory.
+both operands straight from shared memory. Loads, MMA and the next loads never overlap: that is
+what the next versions fix.
 
-Synchronization: no mbarriers yet. ``fence.proxy.async`` + ``__syncthreads`` make the stored
-tiles visible to the tensor core (which reads shared memory through the async
-proxy); ``wgmma.wait_group 0`` + ``__syncthreads`` make sure the tensor core is done with them
-before the next copy overwrites them. Loads, MMA and the next loads never overlap: that is what
-the next versions fix.
+Synchronization (no mbarriers yet):
+
+| what | how | who | why |
+| --- | --- | --- | --- |
+| tiles stored -> wgmma reads them | ``fence.proxy.async`` + ``__syncthreads`` | all 128 threads | the tensor core reads shared memory through the async proxy |
+| wgmma done -> next tiles overwrite | ``wgmma.wait_group 0`` + ``__syncthreads`` | all 128 threads | no wgmma still reads a tile being replaced |
 """
 
 import tilus

@@ -1,17 +1,20 @@
 """Hopper V1: V0 with the Tensor Memory Accelerator (TMA) moving the tiles both ways.
 
-Idea: instead of 128 threads each copying 16-byte pieces with ``cp.async``, one elected thread
-hands the TMA unit a tensor map and a tile coordinate (``cp.async.bulk.tensor``); the unit fetches
-the whole tile, zero-fills whatever lies outside the matrix, writes it in the swizzled layout
-wgmma reads best, and counts the bytes it delivered on an mbarrier. The epilogue goes the other
-way: registers -> shared memory -> one TMA store, which clips the ragged edges itself.
+Idea: instead of 128 threads each copying pieces of the tiles through registers, one elected
+thread hands the TMA unit a tensor map and a tile coordinate (``cp.async.bulk.tensor``); the unit
+fetches the whole tile, zero-fills whatever lies outside the matrix, writes it in the swizzled
+layout wgmma reads best, and counts the bytes it delivered on an mbarrier. The epilogue goes the
+other way: registers -> shared memory -> one TMA store, which clips the ragged edges itself.
 
-Synchronization: one mbarrier, arrival count 1. Per K block, one thread arrives on it announcing
-the bytes of both tiles (``arrive.expect_tx``); the barrier's phase completes when that arrival has
-happened and every announced byte has landed. All threads wait on that phase (the phase bit flips
-each K block). ``wgmma.wait_group 0`` + ``__syncthreads`` protect the tiles from the next load.
-In the epilogue, ``fence.proxy.async`` + ``__syncthreads`` order the shared-memory stores before
-the TMA store reads them; ``cp.async.bulk.wait_group 0`` keeps the CTA alive until it has.
+Synchronization (CTA scope):
+
+| barrier | count | who arrives | who waits | scope |
+| --- | --- | --- | --- | --- |
+| ``loaded`` | 1 + the TMA bytes | per K block, one elected lane: ``arrive.expect_tx`` announcing both tiles' bytes | all 128 threads, on the phase of this K block (the parity flips every K block) | CTA |
+
+``wgmma.wait_group 0`` + ``__syncthreads`` protect the tiles from the next load. In the epilogue,
+``fence.proxy.async`` + ``__syncthreads`` order the shared-memory stores before the TMA store
+reads them; ``cp.async.bulk.wait_group 0`` keeps the CTA alive until it has.
 """
 
 import tilus
@@ -48,14 +51,14 @@ class Kernel(MatmulKernel):
         s_b = self.shared_tensor(dtype=self.dtype, shape=[self.block_n, self.block_k])
         acc = self.register_tensor(dtype=float32, shape=[self.block_m, self.block_n], init=0.0)
 
-        tiles_landed = self.mbarrier.alloc(counts=[1])
+        loaded = self.mbarrier.alloc(counts=[1])
         phase: uint32 = 0
         self.sync()  # the barrier is initialized before anyone uses it
 
         for offset_k in range(0, k_size, self.block_k):
             with self.single_warp():  # a TMA copy is issued by a warp, which elects one lane
-                self.load_k_block(g_a, g_b, s_a, s_b, tiles_landed[0], offset_m, offset_n, offset_k)
-            self.mbarrier.wait(tiles_landed[0], phase=phase)
+                self.load_k_block(g_a, g_b, s_a, s_b, loaded[0], offset_m, offset_n, offset_k)
+            self.mbarrier.wait(loaded[0], phase=phase)
             phase ^= 1
 
             self.wgmma.fence()

@@ -11,26 +11,28 @@ block ``k`` (block ``k-1`` possibly still draining), the loads of blocks ``k+1 .
 in flight. The same four warps still issue both the loads and the MMAs (V3 splits the roles).
 Shared memory now goes to stages, so the output tile gets none of its own: once the main loop is
 done the ring is idle, and the epilogue stages the tile in the A slots (``block_k`` columns a
-slot, swizzled exactly as the TMA loads wrote them) and stores it slot by slot. A 128 x 128 tile
-with two stages then takes 64 KiB, and three CTAs share an SM, as many as V1's.
+slot, swizzled exactly as the TMA loads wrote them; ``pipeline.epilogue.SlotTileStore``) and
+stores it slot by slot. A 128 x 128 tile with two stages then takes 64 KiB, and three CTAs share
+an SM, as many as V1's.
 
-Synchronization (all at CTA scope):
-``loaded[s]`` (one mbarrier per slot, arrival count 1): per use of slot ``s``, one
-``arrive.expect_tx`` by the issuing lane announcing both tiles' bytes, plus the TMA bytes landing.
-All 128 threads wait on it with parity ``(k // stages) & 1`` before the wgmma of K block ``k``.
+Synchronization (slot ``s`` serves K blocks ``s, s + stages, ...``):
+
+| barrier | count | who arrives | who waits | scope |
+| --- | --- | --- | --- | --- |
+| ``full[s]`` | 1 + the TMA bytes | per use, warp 0's elected lane: ``arrive.expect_tx`` for both tiles | all 128 threads, parity ``(k // stages) & 1``, before the wgmma of K block ``k`` | CTA |
+
 Slot reuse needs no barrier of its own: after ``wgmma.wait_group 1`` each warp knows the group of
-block ``k-1`` is complete, and a ``bar.sync`` over the warpgroup (``__syncthreads``) makes that
-true for all four warps before warp 0 issues the TMA load that overwrites the slot.
-Epilogue: ``wgmma.wait_group 0`` (every group that read a slot is done; every load was waited
-for), ``__syncthreads``, the slots written, ``fence.proxy.async`` + ``__syncthreads``, one TMA
-store per slot.
+block ``k-1`` is complete, and ``__syncthreads`` makes that true for all four warps before warp 0
+issues the TMA load that overwrites the slot. Epilogue: ``wgmma.wait_group 0`` (every group that
+read a slot is done; every load was waited for), then the slots are written, ``fence.proxy.async``
++ ``__syncthreads``, one TMA store per slot.
 """
 
 import tilus
 from tilus import GlobalTensor, RegisterTensor, SharedTensor, float32, int32
 from tilus.utils import cdiv
 
-from pipeline.epilogue import wgmma_fragment
+from pipeline.epilogue import SlotTileStore, wgmma_fragment
 
 from ..entry import MatmulKernel
 
@@ -42,11 +44,9 @@ REPRESENTATIVE = dict(block_m=128, block_n=128, block_k=64, stages=2)
 
 # One warpgroup holds the whole accumulator (block_m * block_n / 128 floats a thread; 128 x 256
 # would spill). Shared memory: stages * (block_m + block_n) * block_k * 2 bytes, nothing else
-# (stages * block_k >= block_n, for the epilogue). On the H100 (fp16, 4096^3 / 8192^3; timings in
-# plots/h100/candidates/): 128 x 128 with two stages (three CTAs an SM) was best at
-# 8192^3 and with three (two CTAs) at 4096^3; 64 x 256 tiles, one CTA an SM, at most 0.86x of
-# cuBLAS, and never the fastest (dropped: tilus's autotuning sometimes picked it); K blocks of 32,
-# 15-25% slower (twice the barrier round trips per multiply-add).
+# (stages * block_k >= block_n, for the epilogue): two stages fit three CTAs an SM, three stages
+# two. K blocks of 32 would double the barrier round trips per multiply-add. The space keeps only
+# configurations that won somewhere on the H100 (plots/h100/candidates/ has the timings).
 @tilus.autotune("block_m, block_n, block_k, stages", [(128, 128, 64, 2), (128, 128, 64, 3)])
 class Kernel(MatmulKernel):
     def __init__(self, dtype, block_m: int, block_n: int, block_k: int, stages: int):
@@ -69,36 +69,36 @@ class Kernel(MatmulKernel):
         acc = self.register_tensor(dtype=float32, shape=[self.block_m, self.block_n], init=0.0)
         self.annotate_layout(acc, wgmma_fragment(self.block_m, self.block_n))
 
-        loaded = self.mbarrier.alloc(counts=[1 for _ in range(self.stages)])
+        full = self.mbarrier.alloc(counts=[1 for _ in range(self.stages)])
         self.sync()  # the barriers are initialized before anyone uses them
 
         # prologue: the first `stages` K blocks (fewer if K is short) go in flight at once
         with self.single_warp():
             for kb in range(min(self.stages, num_k_blocks)):
-                self.load_k_block(g_a, g_b, s_a[kb], s_b[kb], loaded[kb], offset_m, offset_n, kb * self.block_k)
+                self.load_k_block(g_a, g_b, s_a[kb], s_b[kb], full[kb], offset_m, offset_n, kb * self.block_k)
 
-        self.wait_and_multiply(loaded, s_a, s_b, acc, 0)  # K block 0 (every matrix has one)
+        self.wait_and_multiply(full, s_a, s_b, acc, 0)  # K block 0 (every matrix has one)
         for kb in self.range(1, num_k_blocks, 1, unroll=1):  # unrolled, nvcc moves accumulators between wgmma
-            self.wait_and_multiply(loaded, s_a, s_b, acc, kb)
+            self.wait_and_multiply(full, s_a, s_b, acc, kb)
             self.wgmma.wait_group(1)  # block kb-1 is done; block kb may still be running
             self.sync()  # ... for all four warps, before its slot is overwritten
             refill = kb - 1 + self.stages  # the K block that goes into the slot block kb-1 used
             if refill < num_k_blocks:
                 prev = (kb - 1) % self.stages
                 with self.single_warp():
-                    self.load_k_block(g_a, g_b, s_a[prev], s_b[prev], loaded[prev], offset_m, offset_n,
+                    self.load_k_block(g_a, g_b, s_a[prev], s_b[prev], full[prev], offset_m, offset_n,
                                       refill * self.block_k)
         self.wgmma.wait_group(0)
 
         # epilogue: V1's, staged in the ring's A slots (idle now: every load has landed, every
         # wgmma is complete), block_k columns per slot
-        self.store_tile_in_slots(s_a, acc, g_c, offset_m, offset_n, slab=0)
+        SlotTileStore(s_a).store(acc, g_c, offset_m, offset_n, slab=0)
 
-    def wait_and_multiply(self, loaded: RegisterTensor, s_a: SharedTensor, s_b: SharedTensor, acc: RegisterTensor,
+    def wait_and_multiply(self, full: RegisterTensor, s_a: SharedTensor, s_b: SharedTensor, acc: RegisterTensor,
                           kb: int32):
         """Wait for K block ``kb``'s tiles, issue its wgmma and commit them as one group."""
         slot = kb % self.stages
-        self.mbarrier.wait(loaded[slot], phase=(kb // self.stages) & 1)
+        self.mbarrier.wait(full[slot], phase=(kb // self.stages) & 1)
         self.wgmma.fence()
         self.wgmma.mma(s_a[slot], s_b[slot].transpose(), acc)
         self.wgmma.commit_group()

@@ -11,37 +11,35 @@ Once one warp feeds the ring, it can feed more than one consumer: the CTA gets t
 warpgroups (warps 0-3 and 4-7), each owning half of the tile's rows (its own slab of A) and both
 reading the same B tile. The tile grows to 128 x 256 (one warpgroup could not hold its float32
 accumulator: 256 registers a thread), which reads fewer operand bytes per multiply-add than V2's
-128 x 128 (384 rows of A and B for 32768 outputs instead of 256 for 16384). With one consumer
-warpgroup specialization does not pay on the H100: the producer warp holds as many registers as a
-consumer thread, so a 128 x 128 CTA fits two an SM where V2 fits three, and the extra mbarrier
-hand-off per K block is not hidden (0.97x / 0.99x of V2 at 4096^3 / 8192^3 in the series run of
-commit d9eb7d2).
+128 x 128 (384 rows of A and B for 32768 outputs instead of 256 for 16384). With a single consumer
+warpgroup the split would not pay: the producer warp holds as many registers as a consumer
+thread, so a 128 x 128 CTA would fit two an SM where V2 fits three.
 
-Synchronization (all at CTA scope; slot ``s`` serves K blocks ``s, s + stages, ...``, and each
-side's wait names the parity of the use it waits for):
-``full[s]`` (arrival count 1): per use of slot ``s``, one ``arrive.expect_tx`` by the producer's
-elected lane announcing the bytes of both A slabs and the B tile, plus the TMA bytes landing.
-Both consumer warpgroups wait on it with parity ``(k // stages) & 1`` before the wgmma of K block ``k``.
-``empty[s]`` (arrival count 2): per use, one arrival by one elected thread of *each* consumer
-warpgroup, made after ``wgmma.wait_group 1`` has shown that the warpgroup's group that read the
-slot is complete (a wgmma group is issued and waited by the whole warpgroup together,
-``.sync.aligned``). The producer waits on it with parity ``((k // stages) & 1) ^ 1`` before
-refilling the slot for K block ``k``, so a slot is refilled only when both warpgroups are done with
-it; in the first round that parity names the phase before the barrier's first, which counts as
-complete, so the ring starts out free.
-Each consumer keeps one wgmma group in flight, so slot ``k-1`` is released during iteration ``k``;
-the last slot is never released (nothing waits for it). Epilogue: V2's, per warpgroup: each stages
+Synchronization (slot ``s`` serves K blocks ``s, s + stages, ...``; each side's wait names the
+parity of the use it waits for):
+
+| barrier | count | who arrives | who waits | scope |
+| --- | --- | --- | --- | --- |
+| ``full[s]`` | 1 + the TMA bytes | per use, the producer's elected lane: ``arrive.expect_tx`` for both A slabs and the B tile | both consumer warpgroups, parity ``(k // stages) & 1`` | CTA |
+| ``empty[s]`` | 2 | per use, one elected thread of *each* consumer warpgroup, after ``wgmma.wait_group 1`` shows its group that read the slot complete | the producer, parity ``((k // stages) & 1) ^ 1``, before refilling the slot | CTA |
+| named barriers 1, 2 | 128 | the threads of consumer warpgroup 0 (id 1) or 1 (id 2), in the epilogue | the same threads | CTA |
+
+In the first round the producer's parity names the phase before the barrier's first, which counts
+as complete, so the ring starts out free. A wgmma group is issued and waited by the whole
+warpgroup together (``.sync.aligned``), so one elected thread may release for all 128. Each
+consumer keeps one wgmma group in flight, so slot ``k-1`` is released during iteration ``k``; the
+last slot is never released (nothing waits for it). Epilogue: V2's, per warpgroup: each stages
 its half of the tile in its own slab of the ring's A slots (which the other warpgroup, perhaps
 still multiplying, never reads; every load has landed) and issues its own TMA stores after
-``fence.proxy.async`` + a named barrier of its 128 threads (ids 1 and 2) in place of
-``__syncthreads``. The producer has no part in it: every load it issued has been waited for.
+``fence.proxy.async`` + its named barrier in place of ``__syncthreads``. The producer has no part
+in it: every load it issued has been waited for.
 """
 
 import tilus
 from tilus import GlobalTensor, RegisterTensor, SharedTensor, float32, int32
 from tilus.utils import cdiv
 
-from pipeline.epilogue import wgmma_fragment
+from pipeline.epilogue import SlotTileStore, wgmma_fragment
 
 from ..entry import MatmulKernel
 
@@ -54,10 +52,8 @@ REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4)
 
 # block_m is two warpgroups' rows; each accumulator is one row of m64n256 wgmma. Shared memory:
 # stages * (block_m + block_n) * block_k * 2 bytes, the output staged in the ring (stages * block_k
-# >= block_n): 192 KiB, one CTA an SM. On the H100 (fp16; plots/h100/candidates/4-*.log) 128 x 256
-# with 4 stages of 64 K columns ran at 0.94x / 0.96x of cuBLAS at 4096^3 / 8192^3 (V2's best:
-# 0.90x / 0.84x); 128 x 128 tiles (two 64 x 128 warpgroups), 0.81x / 0.76x; 8 stages of 32 K
-# columns, never faster and up to 17% slower (candidates/5-*.log: here and for V4-V6).
+# >= block_n): 192 KiB, one CTA an SM. Smaller tiles and deeper rings of 32 K columns lost on the
+# H100 (plots/h100/candidates/ has the timings, here and for V4-V6).
 @tilus.autotune("block_m, block_n, block_k, stages", [(128, 256, 64, 4)])
 class Kernel(MatmulKernel):
     def __init__(self, dtype, block_m: int, block_n: int, block_k: int, stages: int):
@@ -110,7 +106,7 @@ class Kernel(MatmulKernel):
 
             # epilogue (V2's, per warpgroup): this half of the tile, staged in its own slab of the
             # ring's A slots (the other warpgroup may still be reading its slab and B)
-            self.store_tile_in_slots(s_a, acc, g_c, offset_m + wg * half_m, offset_n, slab=wg)
+            SlotTileStore(s_a).store(acc, g_c, offset_m + wg * half_m, offset_n, slab=wg)
 
     def wait_and_multiply(self, full: RegisterTensor, s_a: SharedTensor, s_b: SharedTensor, wg: int,
                           acc: RegisterTensor, kb: int32):

@@ -4,27 +4,21 @@
 Idea: the launch order. V3's grid is two-dimensional and the hardware launches its CTAs in index
 order, x (the tile row) fastest, so the CTAs in flight together cover a few tile columns from
 top to bottom: they share their B tiles, but the whole of A streams through L2 again for every
-tile column. V4's grid is
-one-dimensional and ``pipeline.TileRasterizer`` maps a CTA's index to a tile so that the CTAs in
-flight together cover a few tile rows column by column (``group`` rows at a time): their A and B
-tiles are re-read from L2 rather than DRAM. Second, the ring's stage and phase bookkeeping,
-which V3 spelled out by hand (slot = k % stages, parity = (k // stages) & 1), moves into the shared
-``pipeline.Pipeline`` class and the consumers' main loop into ``pipeline.mainloop.WgmmaMainloop``,
-which V5 and V6 reuse. The CTA is V3's: one producer warp, two consumer warpgroups of 64 x 256.
+tile column. V4's grid is one-dimensional and ``pipeline.TileRasterizer`` maps a CTA's index to a
+tile so that the CTAs in flight together cover a few tile rows column by column (``group`` rows
+at a time): their A and B tiles are re-read from L2 rather than DRAM. Second, the ring's stage
+and phase bookkeeping, which V3 spelled out by hand (slot = k % stages, parity = (k // stages) &
+1), moves into the shared ``pipeline.Pipeline`` class and the consumers' main loop into
+``pipeline.mainloop.WgmmaMainloop``, which V5 and V6 reuse. The CTA is V3's: one producer warp,
+two consumer warpgroups of 64 x 256.
 
-Synchronization (all at CTA scope, through ``Pipeline``):
-``full[s]`` (arrival count 1): per use, one ``arrive.expect_tx`` by the producer's elected lane
-announcing the bytes of both A slabs and the B tile, plus the TMA bytes. Both consumer
-warpgroups wait on it (``consumer_acquire``, parity from the pipeline's phase bit).
-``empty[s]`` (arrival count 2): per use, one arrival from an elected thread of *each* consumer
-warpgroup after ``wgmma.wait_group 1`` shows the group that read the slot complete
-(``consumer_release_previous``, ``elect_release=True``). The producer waits on it
-(``producer_acquire``) before refilling the slot, so a slot is refilled only when both
-warpgroups are done with it.
-Epilogue: V2's, per warpgroup: each stages its half of the tile in its own slab of the ring's A
-slots (which the other warpgroup, perhaps still multiplying, never reads; every load has landed)
-and issues its own TMA stores after ``fence.proxy.async`` + a named barrier of its 128 threads
-(ids 1 and 2).
+Synchronization (V3's, through ``Pipeline``; parities from the pipeline's phase bits):
+
+| barrier | count | who arrives | who waits | scope |
+| --- | --- | --- | --- | --- |
+| ``full[s]`` | 1 + the TMA bytes | per use, the producer's elected lane: ``arrive.expect_tx`` (``producer_barrier``) | both consumer warpgroups (``consumer_acquire``) | CTA |
+| ``empty[s]`` | 2 | one elected thread of each consumer warpgroup after ``wgmma.wait_group 1`` (``consumer_release_previous``, ``elect_release=True``) | the producer (``producer_acquire``) | CTA |
+| named barriers 1, 2 | 128 | each consumer warpgroup, in the epilogue | the same threads | CTA |
 """
 
 import tilus
@@ -32,7 +26,7 @@ from tilus import GlobalTensor, SharedTensor, float32, int32
 from tilus.utils import cdiv
 
 from pipeline import Pipeline, TileRasterizer
-from pipeline.epilogue import wgmma_fragment
+from pipeline.epilogue import SlotTileStore, wgmma_fragment
 from pipeline.mainloop import WgmmaMainloop
 
 from ..entry import MatmulKernel
@@ -44,8 +38,8 @@ REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, group=16)
 
 
 # V3's tile and ring: 4 stages of 64 K columns, the output staged in the ring. The group (tile
-# rows walked together) decides how much of A and B the CTAs in flight share in L2: on the H100
-# 16 and 32 tile rows; 8 was 2-4% slower at 4096^3 and 8192^3 (plots/h100/candidates/3-*, 4-*).
+# rows walked together) decides how much of A and B the CTAs in flight share in L2; smaller
+# groups lost on the H100 (plots/h100/candidates/).
 @tilus.autotune("block_m, block_n, block_k, stages", [(128, 256, 64, 4)])
 @tilus.autotune("group", [16, 32])
 class Kernel(MatmulKernel):
@@ -97,4 +91,4 @@ class Kernel(MatmulKernel):
 
             # epilogue: this warpgroup's half of the tile, staged in its own slab of the ring's A
             # slots (the other warpgroup may still be reading its slab and B)
-            self.store_tile_in_slots(s_a, acc, g_c, offset_m + wg * half_m, offset_n, slab=wg)
+            SlotTileStore(s_a).store(acc, g_c, offset_m + wg * half_m, offset_n, slab=wg)

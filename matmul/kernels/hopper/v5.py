@@ -12,16 +12,20 @@ into one of two swizzled staging buffers and hands each block to a TMA store it 
 for, so the stores drain while the next tile's wgmma run. The accumulator is zeroed at the start
 of each tile.
 
-Synchronization:
-``full[s]`` / ``empty[s]``: V4's ring, now continuous across tiles (the stage and phase carry
-over from one tile to the next on both sides). ``full[s]``: arrival count 1 (the producer's
-``arrive.expect_tx``) + the TMA bytes. ``empty[s]``: arrival count 2, one elected thread of each
-consumer warpgroup after ``wgmma.wait_group`` shows the slot's group complete; at the end of each
-tile the last slot is released after ``wgmma.wait_group 0``.
-Staging buffers (per warpgroup, two): the issuing lane's ``cp.async.bulk.wait_group.read 1``
-before a buffer is rewritten, then a named barrier of the warpgroup (ids 1 and 2); after writing,
-``fence.proxy.async`` + the same named barrier before the TMA store; ``cp.async.bulk.wait_group 0``
-before the CTA exits.
+Synchronization (V4's ring, now continuous across tiles: the stage and phase carry over from one
+tile to the next on both sides; at the end of each tile the last slot is released after
+``wgmma.wait_group 0``):
+
+| barrier | count | who arrives | who waits | scope |
+| --- | --- | --- | --- | --- |
+| ``full[s]`` | 1 + the TMA bytes | per use, the producer's elected lane | both consumer warpgroups | CTA |
+| ``empty[s]`` | 2 | one elected thread of each consumer warpgroup, once ``wgmma.wait_group`` shows the slot's group complete | the producer | CTA |
+| named barriers 1, 2 | 128 | each consumer warpgroup, around its staging buffers | the same threads | CTA |
+
+Staging buffers (two per warpgroup): before a buffer is rewritten, the issuing lane's
+``cp.async.bulk.wait_group.read 1`` (the store that last read it is done) then the warpgroup's
+named barrier; after writing, ``fence.proxy.async`` + the named barrier before the TMA store;
+``cp.async.bulk.wait_group 0`` before the CTA exits.
 """
 
 import tilus
@@ -42,8 +46,7 @@ REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, group=16)
 
 
 # shared memory: stages * (block_m + block_n) * block_k * 2 bytes + 2 warpgroups * 2 staging
-# buffers * 64 x 64 * 2 bytes (32 KiB): 4 stages of 64 K columns for 128 x 256. Groups as V4's
-# (8 was 6% slower at 8192^3: plots/h100/candidates/1-*).
+# buffers * 64 x 64 * 2 bytes (32 KiB): 4 stages of 64 K columns for 128 x 256. Groups as V4's.
 @tilus.autotune("block_m, block_n, block_k, stages", [(128, 256, 64, 4)])
 @tilus.autotune("group", [16, 32])
 class Kernel(MatmulKernel):

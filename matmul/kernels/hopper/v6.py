@@ -13,42 +13,34 @@ have released it, because its B half lands in both.
 Which tile the pair computes next is decided in one place. Its first tile is the one the cluster
 was launched for (``blockIdx.x / 2``), as with cluster launch control; every later one is picked
 by the leader CTA's producer warp and delivered to every role of both CTAs through
-``pipeline.schedulers.LeaderTileBroadcast`` (a 2-slot ring in each CTA's shared memory, written
+``pipeline.broadcast.LeaderTileBroadcast`` (a 2-slot ring in each CTA's shared memory, written
 with ``st.async`` across the cluster). The leader sends tile ``i + 1`` before it loads tile ``i``,
 so the consumers receive it while tile ``i``'s first wgmma group runs and never wait for it at a
 tile boundary. This is the Hopper counterpart of Blackwell's multicast cluster launch control,
-with one honest difference: tilus 0.2.0 has no atomic read-modify-write on global memory (its
-language offers only ``lock_semaphore``/``release_semaphore``), so the leader cannot claim tiles
-from a global counter. Its rule is the static round robin of V5 over cluster tiles (cluster
-``c`` of ``C`` takes 256 x 256 tiles ``c, c + C, ...`` in grouped order). The peer never
-computes its own schedule; a dynamic rule would change only the leader's next-tile line.
+with one difference: tilus 0.2.0 has no atomic read-modify-write on global memory (its language
+offers only ``lock_semaphore``/``release_semaphore``), so the leader cannot claim tiles from a
+global counter. Its rule is the static round robin of V5 over cluster tiles (cluster ``c`` of
+``C`` takes 256 x 256 tiles ``c, c + C, ...`` in grouped order). The peer never computes its own
+schedule; a dynamic rule would change only the leader's next-tile line.
 
-Synchronization:
-``full[s]`` (each CTA, arrival count 1): the CTA's own producer's ``arrive.expect_tx`` announcing
-its A tile plus the *whole* B tile (both halves), and the bytes: its own A load, its own B-half
-multicast, and the peer's B-half multicast (bytes from the peer may land before the local
-``expect_tx``; the phase cannot complete before that arrival). Consumers wait on it.
-``empty[s]`` (each CTA, arrival count 4): every consumer warpgroup of both CTAs releases every
-stage in both CTAs (``Pipeline(scope="cluster", release_to=0b11, elect_release=True)``: thread 0
-of the warpgroup arrives on rank 0's barrier, thread 1 on rank 1's, after ``wgmma.wait_group``
-shows the stage's group complete). A producer waits on its own ``empty[s]`` before loading, so
-neither its A tile nor its B half can overwrite a stage that either CTA still reads.
-These ring barriers order at CTA scope (``cluster_fences=False``: acquire.cta waits, release.cta
-arrivals, even on the peer's barrier): a stage carries only TMA bytes, counted by the hardware on
-the barrier they complete on, and wgmma reads that are complete before the release is issued.
-Cluster-scope ordering would cost an L1 invalidation after every wait and a ``MEMBAR.ALL.GPU``
-before every release (a first version did that, at 0.69x of cuBLAS at 4096^3).
-Tile ring (``LeaderTileBroadcast``): ``filled[d]`` (each CTA, 1 arrival + 4 bytes: the leader's
-``expect_tx`` and its ``st.async`` of the tile index, which counts its bytes there as TMA does);
-``drained[d]`` (leader, 5 arrivals: the two consumer warpgroups of each CTA and the peer's
-producer warp, each after a barrier of its own threads once all have read the slot). All at CTA
-scope, like the ring: publishing the index with release/acquire at cluster scope put a
-``MEMBAR.ALL.GPU`` and an L1 invalidation on every consumer warpgroup at every tile start (0.975x
-of cuBLAS at 4096^3 against 0.997x with ``st.async``, plots/h100/candidates/8-*). A value past
-the last tile means stop.
-Cluster barriers: ``barrier.cluster`` after the mbarriers are initialized (no remote arrival or
-multicast may reach a barrier before it exists) and before either CTA exits (no CTA leaves while
-its peer may still arrive on its barriers). The epilogue is V5's, per CTA.
+Synchronization (in each CTA of the pair):
+
+| barrier | count | who arrives | who waits | scope |
+| --- | --- | --- | --- | --- |
+| ``full[s]`` | 1 + the TMA bytes | the CTA's own producer: ``arrive.expect_tx`` for its A tile plus the *whole* B tile; the bytes of its A load, its B half and the peer's B half (which may land before the local ``expect_tx``: the phase cannot complete before that arrival) | both consumer warpgroups of the CTA | CTA |
+| ``empty[s]`` | 4 | every consumer warpgroup of both CTAs releases every stage in both CTAs (``release_to=0b11``, ``elect_release=True``: thread 0 of the warpgroup arrives on rank 0's barrier, thread 1 on rank 1's), after ``wgmma.wait_group`` | the CTA's producer, before loading its A tile or its B half into the stage | CTA (remote arrivals) |
+| ``filled[d]`` (tile ring) | 1 + 4 bytes | the leader's producer: ``expect_tx`` and the ``st.async`` of the tile index, counted like TMA bytes | the producer (peer only) and both consumer warpgroups | CTA |
+| ``drained[d]`` (tile ring, leader only) | 5 | each consumer warpgroup of both CTAs and the peer's producer, after a barrier of its own threads once all have read the slot | the leader's producer, before it writes the slot again | CTA (remote arrivals) |
+| ``barrier.cluster`` | both CTAs | every thread, after the mbarriers are initialized and before exit | every thread | cluster |
+
+The rings order at CTA scope (``cluster_fences=False``: acquire.cta waits, release.cta arrivals,
+even on the peer's barrier): a stage carries only TMA bytes, counted by the hardware on the
+barrier they complete on, and wgmma reads that are complete before the release is issued; the
+tile index travels by ``st.async``, counted on the reader's barrier. Cluster-scope ordering would
+put an L1 invalidation after every wait and a ``MEMBAR.ALL.GPU`` before every release. A tile
+index past the last tile means stop. The first cluster barrier makes sure no remote arrival or
+multicast reaches a barrier before it exists; the last, that no CTA leaves while its peer may
+still arrive on its barriers. The epilogue is V5's, per CTA.
 """
 
 import tilus
@@ -56,7 +48,8 @@ from tilus import GlobalTensor, SharedTensor, float32, int32
 from tilus.utils import cdiv
 
 from pipeline import Pipeline, TileRasterizer
-from pipeline.schedulers import LeaderTileBroadcast, sm_count
+from pipeline.broadcast import LeaderTileBroadcast
+from pipeline.schedulers import sm_count
 from pipeline.epilogue import SUB_COLS, WgmmaTileStore, wgmma_fragment
 from pipeline.mainloop import WgmmaMainloop
 
@@ -71,7 +64,7 @@ REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, group=8)
 
 # per CTA: stages * (block_m + block_n) * block_k * 2 bytes of ring (the whole B tile lands in
 # each CTA) + 32 KiB of epilogue staging: V5's budget. The group counts cluster tiles (256 rows):
-# group 8 covers the rows V5's group 16 does; group 4 was 3-5% slower at 8192^3 on the H100.
+# group 8 covers the rows V5's group 16 does.
 @tilus.autotune("block_m, block_n, block_k, stages", [(128, 256, 64, 4)])
 @tilus.autotune("group", [8, 16])
 class Kernel(MatmulKernel):
