@@ -21,6 +21,7 @@ import torch
 
 from matmul import build
 from matmul.kernels import versions
+from matmul.measure import correctness
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHS = ("sm_100a", "sm_90a")  # Blackwell is the main thread, Hopper the counterpart
@@ -32,9 +33,7 @@ NAMES = versions.ARCH_NAMES
 
 def gpu_arch() -> str | None:
     """The series this machine's GPU runs (sm_90a for Hopper, sm_100a for Blackwell), or None."""
-    if not torch.cuda.is_available():
-        return None
-    return {9: "sm_90a", 10: "sm_100a"}.get(torch.cuda.get_device_capability()[0])
+    return versions.local_arch()
 
 
 def machine_line() -> str:
@@ -227,66 +226,50 @@ def show_table(rows: list[dict]) -> None:
 
 # -- running on a GPU of the right architecture ---------------------------------------------------
 
-CHECK_SHAPES = ((1000, 4095, 17), (17, 1000, 4095), (4095, 17, 1000), (4096, 4096, 4096))
+CHECK_SHAPES = (*correctness.CHECK_SHAPES, (4096, 4096, 4096))
 TIME_SHAPE = (4096, 4096, 4096)
 
 
 def check(module: ModuleType, shapes=CHECK_SHAPES, dtypes=(torch.float16, torch.bfloat16)) -> list[dict]:
-    """Run the version's REPRESENTATIVE configuration on fresh random operands (awkward shapes:
-    no multiple of any tile), the output poisoned with NaN first, and compare it with a float32
-    reference. Raises if any result is off by more than its dtype's tolerance."""
-    from matmul.measure.correctness import TOLERANCE, poisoned_output, random_operands, reference, relative_error
-
-    rows = []
-    for dtype in dtypes:
-        for m, n, k in shapes:
-            a, b = random_operands(m, n, k, dtype)
-            out = versions.run(module, a, b, poisoned_output(m, n, dtype), config=module.REPRESENTATIVE)
-            error = relative_error(out, reference(a, b))
-            rows.append({"M x N x K": f"{m} x {n} x {k}", "dtype": str(dtype).split(".")[-1],
-                         "relative error": f"{error:.2e}", "tolerance": f"{TOLERANCE[dtype]:.1e}",
-                         "ok": error <= TOLERANCE[dtype]})
-    bad = [r for r in rows if not r["ok"]]
+    """The version's REPRESENTATIVE configuration checked as the tests check it
+    (``matmul.measure.correctness.check_cases``: awkward shapes, poisoned output, float32
+    reference), shown as a table. Raises if any result is off by more than its dtype's tolerance."""
+    rows = [{"M x N x K": f"{m} x {n} x {k}", "dtype": str(dtype).split(".")[-1], "relative error": f"{error:.2e}",
+             "tolerance": f"{correctness.TOLERANCE[dtype]:.1e}", "ok": error <= correctness.TOLERANCE[dtype]}
+            for m, n, k, dtype, error in correctness.check_cases(module, shapes, dtypes, module.REPRESENTATIVE)]
     show_table(rows)
+    bad = [r for r in rows if not r["ok"]]
     if bad:
         raise AssertionError(f"{module.__name__} is wrong: {bad}")
     return rows
 
 
 def time_against_cublas(modules: list[ModuleType], shape=TIME_SHAPE, dtype=torch.float16) -> list[dict]:
-    """Each version's REPRESENTATIVE configuration timed against cuBLAS (torch.matmul) on one shape
-    by the harness's own loop (``matmul.bench.measure``): checked first, then in one window with
-    cuBLAS, launched in turn, so the ratio is taken at one clock; the TFLOPS are at cuBLAS's median
-    clock."""
-    from matmul.harness import bench
-    from matmul.measure.correctness import poisoned_output, random_operands, reference
+    """Each version's REPRESENTATIVE configuration timed against cuBLAS (torch.matmul) on one shape,
+    as ``python -m matmul candidates`` does it (the harness's loop: checked first, then in one
+    window with cuBLAS, launched in turn, so the ratio is taken at one clock; the TFLOPS are at
+    cuBLAS's median clock)."""
+    from matmul.harness import bench, candidates
     from matmul.harness.presets import Shape
+    from matmul.harness.results import CUBLAS
     from matmul.measure.timing import interleaved_ms
 
     m, n, k = shape
-    a, b = random_operands(m, n, k, dtype)
-    out = poisoned_output(m, n, dtype)
-    cublas_out = torch.empty(m, n, dtype=dtype, device=a.device)
-    found = [bench.Contender(bench.CUBLAS, "baseline", functools.partial(torch.matmul, a, b.T, out=cublas_out),
-                             cublas_out)]
-    found += [bench.Contender(module.__name__, "version",
-                              functools.partial(versions.run, module, a, b, out, config=module.REPRESENTATIVE), out)
-              for module in modules]
+    a, b = correctness.random_operands(m, n, k, dtype)
+    arch = gpu_arch()
+    chosen = [(module.__name__.rsplit(".", 1)[1], module.REPRESENTATIVE) for module in modules]
+    found = candidates.contenders(arch, chosen, a, b, correctness.poisoned_output(m, n, dtype))
     timer = functools.partial(interleaved_ms, warmup_ms=100.0, repeat_ms=300.0)
-    measured = {r["kernel"]: r for r in bench.measure(Shape(m, n, k, ""), found, reference(a, b), dtype, timer, 1)}
+    measured = {r["kernel"]: r for r in bench.measure(Shape(m, n, k, ""), found, correctness.reference(a, b), dtype,
+                                                      timer, 1)}
     rows = []
-    for module in modules:
-        r = measured[module.__name__]
+    for name, config in [*chosen, (CUBLAS, {})]:
+        r = measured[candidates.label(name, config) if config else CUBLAS]
         if not r["ok"]:
-            why = r.get("message") or f"relative error {r['error']:.3g}"
-            raise AssertionError(f"{module.__name__}: {why} at {shape}")
-        rows.append({"kernel": module.__name__, "config": module.REPRESENTATIVE, "row": r})
-    rows.append({"kernel": "cuBLAS (torch.matmul)", "config": "", "row": measured[bench.CUBLAS]})
-    for r in rows:
-        row = r.pop("row")
-        r["ms"] = round(row["ms"], 4)
-        r["TFLOPS"] = round(row["tflops"], 1)
-        r["vs cuBLAS"] = f"{row['vs_cublas']:.2f}x"
+            raise AssertionError(f"{name}: {r.get('message') or 'relative error %.3g' % r['error']} at {shape}")
+        rows.append({"kernel": "cuBLAS (torch.matmul)" if name == CUBLAS else name.upper(), "config": config or "",
+                     "ms": round(r["ms"], 4), "TFLOPS": round(r["tflops"], 1),
+                     "vs cuBLAS": f"{r['vs_cublas']:.2f}x" if name != CUBLAS else "1.00x"})
     md(f"Measured here on **{torch.cuda.get_device_name(a.device)}**, {m} x {n} x {k} {str(dtype).split('.')[-1]}, "
        "each version at its REPRESENTATIVE configuration (the harness autotunes; see the closing figure):")
     show_table(rows)
@@ -337,22 +320,17 @@ def show_results(upto: str | None = None) -> None:
 
 
 def _show_results_file(path: Path, upto: str | None) -> None:
-    from IPython.display import Image, display
+    from IPython.display import display
 
-    results = json.loads(path.read_text())
-    machine = results.get("machine", {})
-    gpu, arch = machine.get("gpu", "an unknown GPU"), results.get("arch", "?")
-    sustained = results.get("timing", {}).get("mode") == "sustained"
-    try:
-        from matmul.harness import bench, plot
+    from matmul.harness import plot
+    from matmul.harness import results as results_file
 
-        figure = plot.progression(bench.load(path))  # None: this file has no square series (e.g. the LLM shapes)
-        if figure is not None:
-            display(figure)
-    except ImportError:  # without the package: the PNG the harness drew beside the results
-        stem = f"progression-{arch}-{results.get('dtype', 'float16')}{'-sustained' if sustained else ''}"
-        for png in sorted(path.parent.glob(f"{stem}.png")):
-            display(Image(filename=str(png)))
+    results = results_file.load(path)
+    gpu, arch = results["machine"].get("gpu", "an unknown GPU"), results["arch"]
+    sustained = results_file.is_sustained(results)
+    figure = plot.progression(results)  # None: this file has no square series (e.g. the LLM shapes)
+    if figure is not None:
+        display(figure)
     how = ("each kernel launched alone, back to back, at the clock its own power draw allows" if sustained
            else "each kernel timed in turn with cuBLAS, at a shared clock")
     md(f"From `{path.relative_to(ROOT)}`: measured on **{gpu}** ({NAMES.get(arch, arch)} series, `{arch}`), each "

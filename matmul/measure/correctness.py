@@ -44,19 +44,27 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return (diff.norm() / ref.double().norm().clamp_min(1e-30)).item()
 
 
-def check_version(module, shapes=((1000, 4095, 17), (17, 1000, 4095), (4095, 17, 1000)), dtypes=DTYPES,
-                  config=None) -> float | None:
-    """Run one version on fresh random operands of awkward shapes; the worst relative error, or
-    None if any result is off by more than its dtype's tolerance."""
+CHECK_SHAPES = ((1000, 4095, 17), (17, 1000, 4095), (4095, 17, 1000))  # no multiple of any tile
+
+
+def check_cases(module, shapes=CHECK_SHAPES, dtypes=DTYPES, config=None) -> list[tuple[int, int, int, torch.dtype, float]]:
+    """Run one version (its autotuning, or ``config``) on fresh random operands of each shape and
+    dtype, the output poisoned with NaN first: ``(m, n, k, dtype, relative error)`` per case."""
     from ..kernels.versions import run
 
-    worst = 0.0
+    cases = []
     for dtype in dtypes:
         for m, n, k in shapes:
             a, b = random_operands(m, n, k, dtype)
             out = run(module, a, b, poisoned_output(m, n, dtype), config=config)
-            error = relative_error(out, reference(a, b))
-            if not error <= TOLERANCE[dtype]:
-                return None
-            worst = max(worst, error)
-    return worst
+            cases.append((m, n, k, dtype, relative_error(out, reference(a, b))))
+    return cases
+
+
+def check_version(module, shapes=CHECK_SHAPES, dtypes=DTYPES, config=None) -> float | None:
+    """The worst relative error of ``check_cases``, or None if any result is off by more than its
+    dtype's tolerance."""
+    cases = check_cases(module, shapes, dtypes, config)
+    if any(not error <= TOLERANCE[dtype] for *_, dtype, error in cases):
+        return None
+    return max(error for *_, error in cases)
