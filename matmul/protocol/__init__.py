@@ -1,0 +1,186 @@
+"""A synchronization-protocol checker: each version's barriers, run on the CPU.
+
+``check(arch, version)`` transpiles a version (tilus's own IR, the program that ``build`` compiles;
+no nvcc, no GPU) and runs it on a model of the machine (``matmul.protocol.machine``) for a small
+problem: ragged last tiles and a ragged last K block, several tiles per CTA where the kernel is
+persistent (the GPU is taken to have ``SMS`` SMs), clusters as the kernel declares them, and for
+CLC kernels a launch that keeps ``RESIDENT_CLUSTERS`` clusters on the GPU so that ``try_cancel``
+steals the rest and finally answers "no work left". Every role (the warps, warpgroups or single
+warps a ``thread_group`` sets apart) of every CTA is a thread of execution; the TMA unit, the
+tensor core's commits, CLC responses and ``st.async`` are asynchronous agents whose effects land
+whenever the schedule says. Each seed is one interleaving: seeded random choices, and strategies
+that starve the asynchronous agents (they fire only when no role can move), flood them, or run
+one role as far as it can before another moves.
+
+What a pass proves, for the problem sizes and interleavings it ran: the *counting* protocol
+holds. Every mbarrier phase completes with exactly its arrival count and exactly the bytes
+announced by ``expect_tx`` (TMA loads, multicast included, CLC responses, ``st.async``); no
+phase completes again before every role that waits on that barrier observed the previous one;
+every parity wait returns on the phase it meant; named barriers and ``barrier.cluster`` see the
+threads they expect; no role waits forever; no CTA exits while a TMA load, a commit, a CLC
+response or an arrival may still reach its shared memory, TMEM or barriers, or while its own TMA
+stores may still read its shared memory; and every element of C is stored exactly once, from an
+accumulator that took every K block of its rows and columns exactly once.
+
+What it does NOT prove: memory ordering (the scope of a wait or an arrival, ``fence.proxy.async``,
+the TMEM fences: it treats every wait as acquiring everything it needs), data values (the MMA,
+layouts, conversions and swizzles are not executed: only which tiles feed which accumulator),
+timing or performance, and anything about problem sizes or schedules it did not run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import random
+import time
+from types import ModuleType
+from typing import Any, Iterator, Optional
+
+import tilus
+from tilus.lang.instantiated_script import CallParameters, JitInstance
+
+from ..kernels import versions
+from .machine import KINDS, AsyncOp, Finding, Machine, Problem, Role
+
+SMS = 4  # the GPU a persistent kernel is built for here: a few SMs, so CTAs get several tiles each
+RESIDENT_CLUSTERS = 2  # clusters on the GPU at once for CLC kernels (the rest are stolen by try_cancel)
+STRATEGIES = ("starve-async", "flood-async", "run-ahead", "random")
+
+__all__ = ["KINDS", "Finding", "Report", "check", "check_function", "configs_to_check", "problem_for",
+           "transpile"]
+
+
+@contextlib.contextmanager
+def _built_for_sms(module: ModuleType, sms: int) -> Iterator[None]:
+    """Kernels that size their persistent grid with ``sm_count()`` see a GPU of ``sms`` SMs."""
+    import pipeline.schedulers as schedulers
+
+    saved = {}
+    for owner in (module, schedulers):
+        if hasattr(owner, "sm_count"):
+            saved[owner] = owner.sm_count
+            owner.sm_count = lambda: sms
+    try:
+        yield
+    finally:
+        for owner, fn in saved.items():
+            owner.sm_count = fn
+
+
+def transpile(module: ModuleType, arch: str, config: dict[str, Any], sms: int = SMS, dtype=tilus.float16):
+    """The tilus IR function of one configuration of a version (what ``build`` compiles)."""
+    from ..build.compiler import target
+
+    cls = module.Kernel
+    params = CallParameters(cls)
+    divisibility = {params.param_names[i]: 1 for i in params.tuning_params}
+    with target(arch), _built_for_sms(module, sms):
+        program = JitInstance._instantiate_schedule((cls, params, {"dtype": dtype, **config}, {}, divisibility))
+    if isinstance(program, str):
+        raise RuntimeError(f"{module.__name__} {config} does not transpile:\n{program}")
+    (function,) = program.functions.values()
+    return function
+
+
+def problem_for(config: dict[str, Any]) -> Problem:
+    """A small problem for a configuration: two or three tile rows and two tile columns of which the
+    last are ragged, and a K that wraps the ring twice and ends in a ragged block."""
+    bm = config.get("block_m", 128) * max(1, config.get("cluster_ctas", 2) // 2)
+    bn = config.get("block_n", 128)
+    bk = config.get("block_k", 64)
+    stages = config.get("stages", 1)
+    return Problem(m=5 * bm // 2 + 8, n=3 * bn // 2 + 8, k=2 * stages * bk + bk // 2 + 8)
+
+
+def configs_to_check(module: ModuleType) -> list[dict[str, Any]]:
+    """The representative configuration, plus one configuration for every other cluster shape
+    (in the autotune space, or in the version's ``EXTRA_CONFIGS``: built and checked, not tuned)."""
+    configs = [dict(module.REPRESENTATIVE)]
+    key = "cluster_ctas"
+    seen = {module.REPRESENTATIVE.get(key)}
+    for config in [*versions.space(module), *getattr(module, "EXTRA_CONFIGS", ())]:
+        if config.get(key) not in seen:
+            seen.add(config.get(key))
+            configs.append({**module.REPRESENTATIVE, key: config[key]})
+    return configs
+
+
+def _chooser(strategy: str, rng: random.Random):
+    last: list[Optional[Role]] = [None]
+
+    def choose(ready: list[Role], ops: list[AsyncOp]):
+        if strategy == "flood-async" and ops:
+            return rng.choice(ops)
+        if strategy in ("starve-async", "run-ahead") and ready:
+            if strategy == "run-ahead" and last[0] in ready:
+                return last[0]
+            last[0] = rng.choice(ready)
+            return last[0]
+        pool = ready + ops
+        return rng.choice(pool)
+
+    return choose
+
+
+@dataclasses.dataclass
+class Report:
+    label: str
+    roles: int = 0
+    events: int = 0
+    interleavings: int = 0
+    seconds: float = 0.0
+    finding: Optional[Finding] = None
+    seed: Optional[int] = None
+    strategy: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.finding is None
+
+    @property
+    def verdict(self) -> str:
+        if self.ok:
+            return "pass"
+        return f"{self.finding.kind} (seed {self.seed}, {self.strategy}): {self.finding.message}"
+
+    def trace(self) -> str:
+        return "\n".join(self.finding.trace) if self.finding else ""
+
+
+def check_function(function, problem: Problem, seeds: int = 24, label: str = "",
+                   resident_clusters: int = RESIDENT_CLUSTERS, clc: Optional[bool] = None) -> Report:
+    """Run ``seeds`` interleavings of one transpiled kernel; stop at the first finding."""
+    report = Report(label)
+    start = time.time()
+    if clc is None:
+        clc = "ClusterLaunchControlTryCancel" in str(function)
+    for seed in range(seeds):
+        strategy = STRATEGIES[seed % len(STRATEGIES)]
+        try:
+            machine = Machine(function, problem, resident_clusters=resident_clusters if clc else None)
+            report.roles = len(machine.ranges) * len(machine.ctas)
+            machine.run(_chooser(strategy, random.Random(seed)))
+        except Finding as finding:
+            report.finding, report.seed, report.strategy = finding, seed, strategy
+            report.events += machine.events if "machine" in locals() else 0
+            report.interleavings += 1
+            break
+        report.events += machine.events
+        report.interleavings += 1
+    report.seconds = time.time() - start
+    return report
+
+
+def check(arch: str, version: str, config: Optional[dict[str, Any]] = None, seeds: int = 24,
+          module: Optional[ModuleType] = None) -> Report:
+    """Check one configuration (default: the representative) of a version."""
+    arch = versions.normalize_arch(arch)
+    module = module or versions.load(arch, version)
+    config = dict(module.REPRESENTATIVE if config is None else config)
+    start = time.time()
+    function = transpile(module, arch, config)
+    report = check_function(function, problem_for(config), seeds, label=f"{arch} {version} {config}")
+    report.seconds += 0  # transpiling is part of the cost the caller sees below
+    report.seconds = time.time() - start
+    return report
