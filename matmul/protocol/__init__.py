@@ -84,13 +84,13 @@ def transpile(module: ModuleType, arch: str, config: dict[str, Any], sms: int = 
 
 
 def problem_for(config: dict[str, Any]) -> Problem:
-    """A small problem for a configuration: two or three tile rows and two tile columns of which the
-    last are ragged, and a K that wraps the ring twice and ends in a ragged block."""
+    """A small problem for a configuration: four tile rows and three tile columns of which the last
+    are ragged, and a K that wraps the ring twice and ends in a ragged block."""
     bm = config.get("block_m", 128) * max(1, config.get("cluster_ctas", 2) // 2)
     bn = config.get("block_n", 128)
     bk = config.get("block_k", 64)
     stages = config.get("stages", 1)
-    return Problem(m=5 * bm // 2 + 8, n=3 * bn // 2 + 8, k=2 * stages * bk + bk // 2 + 8)
+    return Problem(m=7 * bm // 2 + 8, n=5 * bn // 2 + 8, k=2 * stages * bk + bk // 2 + 8)
 
 
 def configs_to_check(module: ModuleType) -> list[dict[str, Any]]:
@@ -144,8 +144,15 @@ class Report:
             return "pass"
         return f"{self.finding.kind} (seed {self.seed}, {self.strategy}): {self.finding.message}"
 
-    def trace(self) -> str:
-        return "\n".join(self.finding.trace) if self.finding else ""
+    def trace(self, lines: int = 40) -> str:
+        """The last events before the finding, those of the CTAs it names first (if it names any)."""
+        if not self.finding:
+            return ""
+        import re
+
+        named = set(re.findall(r"cta\d+", self.finding.message))
+        events = [e for e in self.finding.trace if not named or named & set(re.findall(r"cta\d+", e))]
+        return "\n".join(events[-lines:])
 
 
 def check_function(function, problem: Problem, seeds: int = 24, label: str = "",

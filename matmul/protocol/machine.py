@@ -23,7 +23,6 @@ import math
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
-
 from tilus.hidet.ir import expr as hx
 from tilus.hidet.ir.primitives.cuda import vars as cuda_vars
 from tilus.ir import stmt as ts
@@ -321,7 +320,7 @@ class Problem:
 class Machine:
     """One run of a kernel: a grid of CTAs in clusters, one interleaving chosen by ``choose``."""
 
-    TRACE = 60
+    TRACE = 400
 
     def __init__(self, function: Function, problem: Problem, resident_clusters: Optional[int] = None,
                  max_steps: int = 2_000_000):
@@ -653,7 +652,7 @@ class Machine:
         self.check_coverage()
 
     def report_deadlock(self, live: list[Role]) -> None:
-        lines = [f"{r.name} waits on {r.waiting_on}" for r in live]
+        lines = [f"{r.name} waits on {r.waiting_on() if callable(r.waiting_on) else r.waiting_on}" for r in live]
         kind = "deadlock"
         for r in live:
             b = getattr(r, "wait_barrier", None)
@@ -682,11 +681,16 @@ class Machine:
     def check_acc(self, role, acc: AccTag, r0, r1, c0, c1) -> None:
         where = f"{role.name} stores C[{r0}:{r1}, {c0}:{c1}]"
         ks = []
-        for a_loads, b_loads in acc.terms:
-            k_offsets = {t.k0 for t in a_loads} | {t.k0 for t in b_loads}
+        for first, second in acc.terms:
+            # which operand holds A's rows is the MMA's business (swap-AB kernels compute C^T)
+            loads = first | second
+            a_loads = frozenset(t for t in loads if t.matrix == "A")
+            b_loads = frozenset(t for t in loads if t.matrix == "B")
+            k_offsets = {t.k0 for t in loads}
             if len(k_offsets) != 1 or not a_loads or not b_loads:
-                self.fail("coverage", f"{where}: one MMA read A and B of different K blocks ({sorted(k_offsets)})")
-            if any(t.matrix != "A" for t in a_loads) or any(t.matrix != "B" for t in b_loads):
+                self.fail("coverage", f"{where}: one MMA read A and B of different K blocks, or not both "
+                                      f"({sorted(k_offsets)})")
+            if ({t.matrix for t in first} == {t.matrix for t in second}) or len(a_loads | b_loads) != len(loads):
                 self.fail("coverage", f"{where}: an MMA read the wrong operand")
             if not _covers(a_loads, r0, r1) or not _covers(b_loads, c0, c1):
                 self.fail("coverage", f"{where}: an MMA at K offset {k_offsets.pop()} read A or B tiles that do "
@@ -801,6 +805,22 @@ class Machine:
 
             self.log(f"{role.name}: st.async {value} to cta{target.index}")
             self.async_ops.append(AsyncOp(f"st.async from {role.name}", land, (target.index,)))
+            yield None
+        elif fname == "cuda_bulk_copy_to_rank":
+            local_dst, src, size, local_bar, rank = [self.eval(a, env, role) for a in e.args]
+            target = self.cta_of(role.cta, rank)
+            bar = BarrierAddr(target.index, local_bar.alloc, local_bar.index)
+            # the source's tags travel with the bytes (the span the copy covers, by element offset)
+            entries = [(st, en, tag) for st, en, tag in role.cta.tags[src.alloc] if st <= src.start < en]
+            tags = [(st - src.start, en - src.start, tag) for st, en, tag in entries]
+
+            def land(target=target, bar=bar, tags=tags, size=size, who=role.name):
+                for st, en, tag in tags:
+                    target.tags[local_dst.alloc].append((local_dst.start + st, local_dst.start + en, tag))
+                self.complete_tx(bar, size, f"bulk copy from {who} into cta{target.index}")
+
+            self.log(f"{role.name}: bulk copy of {size} bytes to cta{target.index}")
+            self.async_ops.append(AsyncOp(f"a bulk copy from {role.name}", land, (target.index,)))
             yield None
         else:
             self.eval(e, env, role)
@@ -1003,7 +1023,7 @@ class Machine:
             self.log(f"{role.name}: wait on {b.name} parity {parity} returns (phase {seen})")
 
         role.wait_barrier = b
-        yield ready, resume, f"{b.name} parity {parity} ({b.state()})"
+        yield ready, resume, lambda: f"{b.name} parity {parity} ({b.state()})"
 
     def i_SyncThreadsInst(self, inst, env, role, group, active):
         cta = role.cta
@@ -1086,7 +1106,7 @@ class Machine:
                                                                  shape[1]))
 
     def i_StoreGlobalInst(self, inst, env, role, group, active):
-        dst: GlobalRef = env[inst.inputs[0]]
+        # the destination is C (the only global view stored to)
         value: RegVal = env[inst.inputs[1]]
         offsets = [self.eval(o, env, role) for o in inst.offsets]
         self.record_store(role, [value.tag], offsets, value.shape[-2:], "store")

@@ -1,0 +1,181 @@
+"""Planted protocol bugs for the checker (``matmul.protocol``) to catch.
+
+Each mutant is a text substitution on the source of a real module (a version, or a ``pipeline``
+module the version uses) that must match exactly once, so the mutants follow the kernels as they
+change: a substitution that no longer matches fails its test loudly instead of testing nothing.
+``mutated(mutant)`` loads the changed module as a new module and, for a ``pipeline`` module, puts
+its classes in place of the originals in every loaded module while the block runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import linecache
+import sys
+import types
+from typing import Iterator
+
+from matmul.kernels import versions
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    name: str
+    arch: str
+    version: str
+    module: str  # the module whose source is changed
+    old: str
+    new: str
+    kinds: tuple[str, ...]  # the findings that count as caught
+    config: tuple = ()  # configuration overrides (as items) on the representative
+
+    @property
+    def config_dict(self) -> dict:
+        return dict(self.config)
+
+
+MUTANTS = (
+    Mutant("parity flipped: Blackwell V3's producer waits for the wrong phase of 'empty'",
+           "sm_100a", "v3", "matmul.kernels.blackwell.v3",
+           "self.mbarrier.wait(empty[stage], phase=((k // stages) & 1) ^ 1)",
+           "self.mbarrier.wait(empty[stage], phase=(k // stages) & 1)",
+           ("deadlock",)),
+    Mutant("arrival count off by one: Pipeline's 'empty' barriers count one arrival too many (Hopper V5)",
+           "sm_90a", "v5", "pipeline.pipeline",
+           "self.empty = self.mbarrier.alloc([consumer_arrivals for _ in range(num_stages)])",
+           "self.empty = self.mbarrier.alloc([consumer_arrivals + 1 for _ in range(num_stages)])",
+           ("deadlock", "arrivals")),
+    Mutant("arrival count off by one: Blackwell V6's leader 'acc_ring.empty' one arrival short",
+           "sm_100a", "v6", "matmul.kernels.blackwell.v6",
+           "consumer_arrivals=128 * ctas,", "consumer_arrivals=128 * ctas - 1,",
+           ("overrun",)),
+    Mutant("wrong byte count: Blackwell V6's leader announces one CTA's bytes instead of the pair's",
+           "sm_100a", "v6", "matmul.kernels.blackwell.v6",
+           "transaction_bytes=2 * (s_a[0].nbytes + s_b[0].nbytes)",
+           "transaction_bytes=s_a[0].nbytes + s_b[0].nbytes",
+           ("bytes",)),
+    Mutant("wrong byte count: Hopper V6 announces 16 bytes more than its TMA loads deliver",
+           "sm_90a", "v6", "matmul.kernels.hopper.v6",
+           "transaction_bytes=2 * s_a[slot, 0].nbytes + 2 * s_b[slot, 0].nbytes)",
+           "transaction_bytes=2 * s_a[slot, 0].nbytes + 2 * s_b[slot, 0].nbytes + 16)",
+           ("bytes",)),
+    Mutant("release dropped: the wgmma mainloop never releases a tile's last stage (Hopper V5)",
+           "sm_90a", "v5", "pipeline.mainloop",
+           "        ring.consumer_release()  # the last K block's stage\n", "",
+           ("deadlock",)),
+    Mutant("a role leaves early: Blackwell V3's producer skips the last K block",
+           "sm_100a", "v3", "matmul.kernels.blackwell.v3",
+           "        with self.single_warp(TMA_WARP):  # producer: global -> shared\n"
+           "            for k in range(num_k_blocks):",
+           "        with self.single_warp(TMA_WARP):  # producer: global -> shared\n"
+           "            for k in range(num_k_blocks - 1):",
+           ("deadlock",)),
+    Mutant("a CTA leaves early: Blackwell V6 without the cluster barrier before exit",
+           "sm_100a", "v6", "matmul.kernels.blackwell.v6",
+           "        self.cluster.sync()\n        fence_after_thread_sync()\n        self.tcgen05.dealloc(t_acc)",
+           "        fence_after_thread_sync()\n        self.tcgen05.dealloc(t_acc)",
+           ("exit", "arrivals")),
+    Mutant("tile count broken: the static scheduler rounds a worker's tile count down (Hopper V5)",
+           "sm_90a", "v5", "pipeline.schedulers",
+           "mine = (self.num_tiles - self.worker + self.num_workers - 1) // self.num_workers",
+           "mine = (self.num_tiles - self.worker) // self.num_workers",
+           ("coverage",)),
+    Mutant("accumulator reset: Blackwell V3's MMA overwrites the accumulator at K block 1",
+           "sm_100a", "v3", "matmul.kernels.blackwell.v3",
+           "enable_input_d=k != 0", "enable_input_d=k > 1",
+           ("coverage",)),
+    Mutant("cluster: Blackwell V6's MMA commits free a stage in the leader only (multicast mask)",
+           "sm_100a", "v6", "matmul.kernels.blackwell.v6",
+           "self.tcgen05.commit(mbarrier=ring.consumer_barrier(), cta_group=2,\n"
+           "                                            multicast_mask=every_cta)",
+           "self.tcgen05.commit(mbarrier=ring.consumer_barrier(), cta_group=2,\n"
+           "                                            multicast_mask=leaders)",
+           ("deadlock", "bytes")),
+    Mutant("cluster: Hopper V6's tile broadcast sends its drained arrivals to the peer (remote target)",
+           "sm_90a", "v6", "pipeline.broadcast",
+           "target_rank=0, scope=\"cta\")", "target_rank=1, scope=\"cta\")",
+           ("deadlock", "overrun", "arrivals")),
+    Mutant("cluster: the 4-CTA Blackwell V6's B multicast reaches pair 0 only",
+           "sm_100a", "v6", "matmul.kernels.blackwell.v6",
+           "multicast_mask=0b0101 << half)", "multicast_mask=0b0001 << half)",
+           ("deadlock", "bytes", "coverage"), config=(("cluster_ctas", 4),)),
+)
+
+
+def _load_source(name: str, source: str) -> types.ModuleType:
+    """``source`` as a new module beside ``name``. tilus transpiles a method from its source text
+    (``inspect``), so the text is registered in ``linecache`` under the new module's file name."""
+    original = importlib.import_module(name)
+    filename = f"{original.__file__}<mutant>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    module = types.ModuleType(name + "_mutant")
+    module.__file__ = filename
+    module.__package__ = original.__package__
+    exec(compile(source, filename, "exec", dont_inherit=True), module.__dict__)
+    return module
+
+
+def mutated_source(mutant: Mutant) -> str:
+    original = importlib.import_module(mutant.module)
+    with open(original.__file__) as f:
+        source = f.read()
+    count = source.count(mutant.old)
+    if count != 1:
+        raise AssertionError(f"mutant {mutant.name!r}: the text to replace occurs {count} times in {mutant.module}")
+    return source.replace(mutant.old, mutant.new)
+
+
+@contextlib.contextmanager
+def mutated(mutant: Mutant) -> Iterator[types.ModuleType]:
+    """The version module to check, with the mutation in place for the duration of the block."""
+    source = mutated_source(mutant)
+    version_module = versions.module_name(mutant.arch, mutant.version)
+    if mutant.module == version_module:
+        yield _load_source(mutant.module, source)
+        return
+    original = importlib.import_module(mutant.module)
+    changed = _load_source(mutant.module, source)
+    swaps = {id(value): changed.__dict__[name] for name, value in vars(original).items()
+             if isinstance(value, type) and value.__module__ == original.__name__ and name in changed.__dict__}
+    patched = []  # (namespace dict, key, original value)
+    for module in list(sys.modules.values()):
+        if module is None or not module.__name__.startswith(("pipeline", "matmul.kernels")):
+            continue
+        for name, value in list(vars(module).items()):
+            if id(value) in swaps:
+                patched.append((module.__dict__, name, value))
+            # tilus checks a method's arguments against its annotations: point those at the mutant too
+            if isinstance(value, type) and value.__module__ == module.__name__:
+                for attr in vars(value).values():
+                    annotations = getattr(attr, "__annotations__", None)
+                    if annotations:
+                        patched.extend((annotations, key, v) for key, v in annotations.items() if id(v) in swaps)
+    for namespace, key, value in patched:
+        namespace[key] = swaps[id(value)]
+    try:
+        yield importlib.import_module(version_module)
+    finally:
+        for namespace, key, value in patched:
+            namespace[key] = value
+
+
+def run(index: int, seeds: int) -> dict:
+    """Check mutant ``index`` (in this process: run each mutant in a fresh one, since the
+    substituted classes of a ``pipeline`` mutant must not leak into the next check)."""
+    from matmul import protocol
+
+    mutant = MUTANTS[index]
+    with mutated(mutant) as module:
+        config = {**module.REPRESENTATIVE, **mutant.config_dict}
+        report = protocol.check(mutant.arch, mutant.version, config, seeds=seeds, module=module)
+    finding = report.finding
+    return {"kind": finding.kind if finding else None, "message": finding.message if finding else "",
+            "seed": report.seed, "strategy": report.strategy, "seconds": report.seconds}
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps(run(int(sys.argv[1]), int(sys.argv[2]))))
