@@ -12,8 +12,8 @@ from . import tilus_fixes
 
 tilus_fixes.apply_all()
 
-from .call.api import UnsupportedGPUError, choice, matmul  # noqa: E402
+from .call.api import NotTunedError, UnsupportedGPUError, choice, matmul, tune  # noqa: E402
 from .contract import MatmulInputError  # noqa: E402
 from .kernels import versions  # noqa: E402
 
-__all__ = ["matmul", "choice", "versions", "MatmulInputError", "UnsupportedGPUError"]
+__all__ = ["matmul", "choice", "tune", "versions", "MatmulInputError", "UnsupportedGPUError", "NotTunedError"]

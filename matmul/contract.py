@@ -1,9 +1,19 @@
-"""The contract every kernel of the series shares, checked before any launch.
+"""The operand contract of the series, checked in one place with one set of messages.
 
-C = A @ B^T with A [M, K] and B [N, K], both row-major; C [M, N] row-major in the inputs' dtype;
-float16 or bfloat16 inputs, float32 accumulation. TMA reads and writes the matrices, so each row
-stride must be a multiple of 16 bytes and each base address 16-byte aligned; the rows themselves
-may be of any length (a [M, 17] view of a [M, 24] buffer is fine).
+The kernels compute C = A @ B^T with A [M, K] and B [N, K], both row-major; C [M, N] row-major in
+the inputs' dtype; float16 or bfloat16 inputs, float32 accumulation. TMA reads and writes the
+matrices, so each row stride must be a multiple of 16 bytes and each base address 16-byte aligned;
+the rows themselves may be of any length (a [M, 17] view of a [M, 24] buffer is fine).
+
+Two entry points, one path:
+
+* ``check_operands(a, b, out)``: the kernels' own form, B [N, K] (``versions.run``, the harness).
+* ``check_call(a, b, out)``: torch's form ``a @ b`` with b [K, N] (``matmul.matmul``): b is
+  brought to the kernels' form by ``kernel_b`` (in place for ``w.T``, a copy for row-major b),
+  then the same checks run.
+
+Every rule is one function here, and each raises ``MatmulInputError`` naming the problem and
+the fix; nothing is launched before they pass.
 """
 
 from __future__ import annotations
@@ -16,6 +26,41 @@ TMA_ALIGN_BYTES = 16
 
 class MatmulInputError(ValueError):
     """An operand the kernels cannot take; the message names the problem and the fix."""
+
+
+# --- the rules -----------------------------------------------------------------------------------
+
+
+def _check_tensors(a, b) -> None:
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise MatmulInputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 2:
+            raise MatmulInputError(f"{name} must be 2-D, got shape {tuple(t.shape)}; reshape it to 2-D "
+                                   "(e.g. x.reshape(-1, x.shape[-1]))")
+    if a.dtype not in DTYPES or b.dtype != a.dtype:
+        raise MatmulInputError(f"a and b must both be float16 or both bfloat16, got {a.dtype} and {b.dtype}; "
+                               "convert with .half() or .bfloat16()")
+
+
+def _check_inner(a: torch.Tensor, b: torch.Tensor, b_form: str) -> None:
+    """K of a [M, K] against K of b, which is ``b_form`` ('[K, N]' for torch's a @ b, '[N, K]' for A @ B^T)."""
+    k_b = b.shape[0] if b_form == "[K, N]" else b.shape[1]
+    if a.shape[1] != k_b:
+        raise MatmulInputError(f"inner dimensions differ: a is [M, K] = {list(a.shape)} but b is {b_form} = "
+                               f"{list(b.shape)}" + ("" if b_form == "[K, N]" else "; these kernels compute a @ b.T"))
+    if min(*a.shape, *b.shape) < 1:
+        m, k = a.shape
+        n = b.shape[1] if b_form == "[K, N]" else b.shape[0]
+        raise MatmulInputError(f"every dimension must be at least 1, got M={m}, N={n}, K={k}")
+
+
+def _check_device(a: torch.Tensor, b: torch.Tensor) -> None:
+    if not (a.is_cuda and b.is_cuda):
+        raise MatmulInputError(f"a and b must be CUDA tensors, got devices {a.device} and {b.device}; "
+                               "move them with .cuda()")
+    if a.device != b.device:
+        raise MatmulInputError(f"a and b are on different devices ({a.device}, {b.device}); put both on one GPU")
 
 
 def _check_row_major(name: str, t: torch.Tensor) -> None:
@@ -31,11 +76,66 @@ def _check_row_major(name: str, t: torch.Tensor) -> None:
             f"multiple of {TMA_ALIGN_BYTES} bytes, which TMA requires; pad its rows to a multiple of "
             f"{TMA_ALIGN_BYTES // item} elements (allocate [rows, padded] and slice [:, :cols])"
         )
-    if t.data_ptr() % TMA_ALIGN_BYTES:
+    check_aligned(name, t.data_ptr())
+
+
+def check_aligned(name: str, pointer: int) -> None:
+    """The base-address rule alone: what may change from call to call for operands of one layout."""
+    if pointer % TMA_ALIGN_BYTES:
         raise MatmulInputError(
             f"{name}'s data pointer is not {TMA_ALIGN_BYTES}-byte aligned, which TMA requires; "
             f"pass a freshly allocated tensor or {name}.clone()"
         )
+
+
+def layout(t: torch.Tensor) -> tuple[int, int, int, int, int]:
+    """What decides where a 2-D tensor's elements lie, apart from its base: rows, columns, strides, item size."""
+    return t.shape[0], t.shape[1], t.stride(0), t.stride(1), t.element_size()
+
+
+def overlaps(pointer_1: int, layout_1: tuple, pointer_2: int, layout_2: tuple) -> bool:
+    """Whether two 2-D tensors share an element. Exact for row-major matrices with one row stride
+    (e.g. two column blocks of one buffer); otherwise whether their spans of bytes meet."""
+    rows_1, cols_1, ld_1, unit_1, item = layout_1
+    rows_2, cols_2, ld_2, unit_2, _ = layout_2
+    end_1 = pointer_1 + ((rows_1 - 1) * ld_1 + (cols_1 - 1) * unit_1 + 1) * item
+    end_2 = pointer_2 + ((rows_2 - 1) * ld_2 + (cols_2 - 1) * unit_2 + 1) * item
+    if not (pointer_1 < end_2 and pointer_2 < end_1):
+        return False
+    if (unit_1, unit_2) != (1, 1) or ld_1 != ld_2 or cols_1 > ld_1 or cols_2 > ld_2 or (pointer_2 - pointer_1) % item:
+        return True  # the spans meet; not worth an exact answer for such layouts
+    # tensor 2 in tensor 1's frame: rows from q, columns from r, its rows wrapping past the stride
+    q, r = divmod((pointer_2 - pointer_1) // item, ld_1)
+    parts = [(q, min(r + cols_2, ld_1), r)]
+    if r + cols_2 > ld_1:
+        parts.append((q + 1, r + cols_2 - ld_1, 0))
+    return any(row < rows_1 and 0 < row + rows_2 and start < cols_1 and 0 < end
+               for row, end, start in parts)
+
+
+def check_no_overlap(out_pointer: int, out_layout: tuple, name: str, pointer: int, input_layout: tuple) -> None:
+    """``out`` must not share memory with an input: the kernels read A and B while C is written."""
+    if overlaps(out_pointer, out_layout, pointer, input_layout):
+        raise MatmulInputError(
+            f"out overlaps {name} in memory: the kernels read {name} while writing out, which would "
+            f"corrupt the result; pass a separate out (torch.empty_like) or none"
+        )
+
+
+def _check_out(out, a: torch.Tensor, m: int, n: int, inputs: tuple) -> torch.Tensor:
+    if not isinstance(out, torch.Tensor) or out.dim() != 2 or tuple(out.shape) != (m, n):
+        raise MatmulInputError(f"out must be a tensor of shape [{m}, {n}], got "
+                               f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
+    if out.dtype != a.dtype or out.device != a.device:
+        raise MatmulInputError(f"out must be {a.dtype} on {a.device} like the inputs, got {out.dtype} on "
+                               f"{out.device}; allocate it with torch.empty_like")
+    _check_row_major("out", out)
+    for name, t in inputs:
+        check_no_overlap(out.data_ptr(), layout(out), name, t.data_ptr(), layout(t))
+    return out
+
+
+# --- layouts -------------------------------------------------------------------------------------
 
 
 def aligned_row_length(cols: int, dtype: torch.dtype) -> int:
@@ -56,40 +156,72 @@ def row_stride(t: torch.Tensor) -> int:
     return aligned_row_length(t.shape[1], t.dtype)  # only row 0 is read: any aligned stride will do
 
 
-def check_operands(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Validate A [M, K], B [N, K] (and C [M, N] if given); return C, allocated if not given."""
-    for name, t in (("a", a), ("b", b)):
-        if not isinstance(t, torch.Tensor):
-            raise MatmulInputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 2:
-            raise MatmulInputError(f"{name} must be 2-D, got shape {tuple(t.shape)}; reshape it to 2-D")
-    if a.dtype not in DTYPES or b.dtype != a.dtype:
-        raise MatmulInputError(
-            f"a and b must both be float16 or both bfloat16, got {a.dtype} and {b.dtype}; "
-            "convert with .half() or .bfloat16()"
-        )
-    (m, k), (n, k_b) = a.shape, b.shape
-    if k != k_b:
-        raise MatmulInputError(f"inner dimensions differ: a is [M, K] = {list(a.shape)} but b is [N, K] = "
-                               f"{list(b.shape)}; these kernels compute a @ b.T")
-    if min(m, n, k) < 1:
-        raise MatmulInputError(f"every dimension must be at least 1, got M={m}, N={n}, K={k}")
+def b_is_transposed_view(b: torch.Tensor) -> bool:
+    """Whether torch's b [K, N] is read in place as the kernels' B [N, K] (b = w.T of a row-major w)."""
+    bt = b.T
+    if not (bt.stride(1) == 1 or bt.shape[1] == 1):
+        return False
+    try:
+        _check_row_major("b.T", bt)
+    except MatmulInputError:
+        return False
+    return True
+
+
+def kernel_b(b: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """B [N, K] row-major as the kernels read it, from torch's b [K, N]; and whether it was copied."""
+    bt = b.T
+    row_major = b.stride(1) == 1 or b.shape[1] == 1
+    if bt.stride(1) == 1 or bt.shape[1] == 1:  # b = w.T of a row-major w [N, K]: read w in place
+        try:
+            _check_row_major("b.T", bt)  # its rows must suit TMA; the message says how to pad them
+            return bt, False
+        except MatmulInputError:
+            if not row_major:  # (with K = 1, b [1, N] is both: then copy it)
+                raise
+    if row_major:  # row-major [K, N]: one transposed copy, rows padded to 16 bytes
+        n, k = bt.shape
+        copy = empty_padded(n, k, b.dtype, b.device)
+        copy.copy_(bt)
+        return copy, True
+    raise MatmulInputError(
+        f"b [K, N] = {list(b.shape)} has strides {tuple(b.stride())}: neither row-major [K, N] nor the "
+        "transposed view w.T of a row-major [N, K] matrix; pass b.contiguous()")
+
+
+# --- the two entry points ------------------------------------------------------------------------
+
+
+def check_operands(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
+                   require_cuda: bool = True) -> torch.Tensor:
+    """Validate A [M, K], B [N, K] (and C [M, N] if given); return C, allocated if not given.
+    ``require_cuda=False`` only for CPU stand-ins of the kernels (tests)."""
+    _check_tensors(a, b)
+    _check_inner(a, b, "[N, K]")
     _check_row_major("a", a)
     _check_row_major("b", b)
-    if not a.is_cuda or not b.is_cuda:
-        raise MatmulInputError(
-            f"a and b must be CUDA tensors, got devices {a.device} and {b.device}; move them with .cuda()"
-        )
-    if a.device != b.device:
-        raise MatmulInputError(f"a and b are on different devices ({a.device}, {b.device}); put both on one GPU")
+    if require_cuda:
+        _check_device(a, b)
+    (m, _), n = a.shape, b.shape[0]
     if out is None:
-        out = empty_padded(m, n, a.dtype, a.device)  # a view of exactly [M, N]; TMA may store its rows
-    else:
-        if not isinstance(out, torch.Tensor) or out.dim() != 2 or tuple(out.shape) != (m, n):
-            raise MatmulInputError(f"out must be a tensor of shape [{m}, {n}], got "
-                                   f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
-        if out.dtype != a.dtype or out.device != a.device:
-            raise MatmulInputError(f"out must be {a.dtype} on {a.device} like the inputs, got {out.dtype} on "
-                                   f"{out.device}; allocate it with torch.empty_like")
-        _check_row_major("out", out)
-    return out
+        return empty_padded(m, n, a.dtype, a.device)  # a view of exactly [M, N]; TMA may store its rows
+    return _check_out(out, a, m, n, (("a", a), ("b", b)))
+
+
+def check_shapes(a, b) -> None:
+    """The rules a traced call can check (no data, no pointers): tensors, 2-D, dtypes, a [M, K] @ b [K, N]."""
+    _check_tensors(a, b)
+    _check_inner(a, b, "[K, N]")
+
+
+def check_call(a, b, out=None, *, require_cuda: bool = True) -> tuple[torch.Tensor, bool, torch.Tensor]:
+    """Validate torch's ``a @ b`` (a [M, K], b [K, N], out [M, N]) for the kernels: B [N, K] as they
+    read it (a transposed copy of a row-major b), whether it was copied, and C (allocated if not given)."""
+    check_shapes(a, b)
+    if require_cuda:
+        _check_device(a, b)  # before b may be copied
+    _check_row_major("a", a)
+    if out is not None:  # against the caller's b, not the kernels' copy of it
+        _check_out(out, a, a.shape[0], b.shape[1], (("a", a), ("b", b)))
+    bt, copied = kernel_b(b)
+    return bt, copied, check_operands(a, bt, out, require_cuda=require_cuda)

@@ -1,4 +1,7 @@
-"""CPU stand-ins for the versions' tilus scripts, so that the choice and the harness run without a GPU."""
+"""CPU stand-ins for the versions' tilus scripts, so that the choice, the launch path and the harness
+run without a GPU."""
+
+import ctypes
 
 import torch
 
@@ -6,31 +9,62 @@ from matmul.call import tilus_autotune
 from matmul.kernels import versions
 
 
-class StandInKernel:
-    """A version's tilus script on the CPU, honouring the kernel contract: pointers (here the
-    tensors they point into) and row strides. ``wrong`` ones write zeros."""
+def _tensor_at(pointer, rows, cols, ld, dtype):
+    """The [rows, cols] matrix with row stride ``ld`` at a CPU address (what a launch function gets)."""
+    if isinstance(pointer, torch.Tensor):
+        return pointer.as_strided((rows, cols), (ld, 1))
+    count = (rows - 1) * ld + cols
+    buffer = (ctypes.c_char * (count * dtype.itemsize)).from_address(pointer)
+    return torch.frombuffer(buffer, dtype=dtype, count=count).as_strided((rows, cols), (ld, 1))
 
-    def __init__(self, version, config, wrong):
-        self.version, self.config, self.wrong = version, config, wrong
+
+class StandInKernel:
+    """A version's tilus script (or its launch function) on the CPU, honouring the kernel contract:
+    pointers (tensors, or addresses as the launch path passes them) and row strides. ``wrong`` ones
+    write zeros. ``launches`` counts the calls."""
+
+    def __init__(self, version, config, wrong, dtype=torch.float16):
+        self.version, self.config, self.wrong, self.dtype = version, config, wrong, dtype
+        self.launches = 0
 
     def __call__(self, m, n, k, a_ptr, b_ptr, c_ptr, lda, ldb, ldc):
-        a, b = a_ptr.as_strided((m, k), (lda, 1)), b_ptr.as_strided((n, k), (ldb, 1))
-        c = c_ptr.as_strided((m, n), (ldc, 1))
+        self.launches += 1
+        c = _tensor_at(c_ptr, m, n, ldc, self.dtype)
+        a, b = _tensor_at(a_ptr, m, k, lda, c.dtype), _tensor_at(b_ptr, n, k, ldb, c.dtype)
         c.copy_(torch.zeros(m, n) if self.wrong else a.float() @ b.float().T)
 
 
-def install(monkeypatch, wrong=("v0",), arch="sm_90a") -> list:
-    """Versions v0 and v1 of ``arch`` as stand-ins; returns the list of (version, config) built."""
+def install(monkeypatch, wrong=("v0",), arch="sm_90a", available=("v0", "v1")) -> list:
+    """Versions ``available`` of ``arch`` as stand-ins; returns the list of (version, config) built."""
     built = []
 
     def kernel(module, dtype, config=None):
         version = module.__name__.rsplit(".", 1)[1]
         built.append((version, config))
-        return StandInKernel(version, config, wrong=version in wrong)
+        return StandInKernel(version, config, wrong=version in wrong, dtype=dtype)
 
-    monkeypatch.setattr(versions, "available", lambda arch: ["v0", "v1"])
+    monkeypatch.setattr(versions, "available", lambda arch: list(available))
     monkeypatch.setattr(versions, "kernel", kernel)
     monkeypatch.setattr(tilus_autotune, "prepare", lambda script, args=None: None)
+    monkeypatch.setattr(tilus_autotune, "launch_function", lambda script: script)
     monkeypatch.setattr(tilus_autotune, "tuned_config",
                         lambda script, args: dict(versions.load(arch, script.version).REPRESENTATIVE))
     return built
+
+
+def cpu_worker(arch, dtype, m, n, k, device):
+    """A child-process tuner worker on the CPU: v0 is wrong, v3 kills the process while it is being
+    prepared (as a kernel that faults leaves a CUDA context), v4 raises, the rest are correct."""
+    import os
+
+    from matmul.call import tuner
+
+    def prepare(version):
+        if version == "v3":
+            os._exit(9)
+        if version == "v4":
+            raise RuntimeError("v4 does not build here")
+        config = {} if version == tuner.VENDOR else dict(versions.load(arch, version).REPRESENTATIVE)
+        return tuner.Candidate(version, config, 1.0 if version == "v0" else 1e-4, lambda: None)
+
+    return prepare, lambda c: {"v1": 1.0, "v5": 0.5, tuner.VENDOR: 2.0}.get(c.version, 3.0)

@@ -1,5 +1,6 @@
 """matmul.matmul's contract where no GPU is needed: errors, the layouts of b, the choice and its caches."""
 
+import functools
 import json
 import logging
 import os
@@ -12,9 +13,12 @@ import pytest
 import torch
 
 import matmul
-from matmul.call import api, tilus_autotune
-from matmul.kernels import versions
+from matmul.call import api, tilus_autotune, tuner
 from matmul.call.choice_cache import ChoiceCache, default_dir
+from matmul.call.launch import Plans, SeriesPlan, VendorPlan, signature
+from matmul.contract import check_call, kernel_b
+from matmul.kernels import versions
+from matmul.measure.correctness import TOLERANCE, poisoned_output, random_operands, reference, relative_error
 
 # --- errors before anything runs -----------------------------------------------------------------
 
@@ -23,7 +27,7 @@ from matmul.call.choice_cache import ChoiceCache, default_dir
     (lambda: (torch.randn(64, 48).half(), torch.randn(48, 32).half()), "CUDA tensors"),
     (lambda: (torch.randn(64, 48).half(), torch.randn(32, 48).half().T), "CUDA tensors"),
     (lambda: (torch.randn(2, 64, 48).half(), torch.randn(48, 32).half()), "must be 2-D"),
-    (lambda: (torch.randn(64, 48).half(), torch.randn(40, 32).half()), r"a \[M, K\] and b \[K, N\]"),
+    (lambda: (torch.randn(64, 48).half(), torch.randn(40, 32).half()), r"inner dimensions differ.*b is \[K, N\]"),
     (lambda: (torch.randn(64, 48), torch.randn(48, 32)), "float16 or both bfloat16"),
     (lambda: (torch.randn(64, 48).half(), torch.randn(48, 32).bfloat16()), "float16 or both bfloat16"),
     (lambda: ([[1.0]], torch.randn(1, 1).half()), "must be a torch.Tensor"),
@@ -49,13 +53,13 @@ def test_a_gpu_without_kernels_is_refused_with_the_fix(monkeypatch):
 
 def test_transposed_view_of_a_weight_is_read_in_place():
     w = torch.randn(32, 48).half()  # [N, K] row-major, rows of 96 bytes
-    bt, copied = api.kernel_b(w.T)  # b = w.T has strides (1, K)
+    bt, copied = kernel_b(w.T)  # b = w.T has strides (1, K)
     assert not copied and bt.data_ptr() == w.data_ptr() and bt.stride() == w.stride()
 
 
 def test_row_major_b_is_transposed_once_into_aligned_rows():
     b = torch.randn(17, 30).half()  # [K, N] row-major with K = 17: the copy pads its rows to 24
-    bt, copied = api.kernel_b(b)
+    bt, copied = kernel_b(b)
     assert copied and bt.shape == (30, 17) and bt.stride() == (24, 1)
     assert torch.equal(bt, b.T)
 
@@ -66,20 +70,20 @@ def test_row_major_b_is_transposed_once_into_aligned_rows():
     (torch.randn(1, 1).half(), False),
 ])
 def test_degenerate_layouts(b, copied):
-    bt, was_copied = api.kernel_b(b)
+    bt, was_copied = kernel_b(b)
     assert was_copied == copied and torch.equal(bt, b.T)
 
 
 def test_misaligned_weight_rows_are_refused_with_the_fix():
     w = torch.randn(32, 17).half()  # rows of 34 bytes: TMA cannot read w.T in place
     with pytest.raises(matmul.MatmulInputError, match=r"b\.T's row stride .* pad its rows"):
-        api.kernel_b(w.T)
+        kernel_b(w.T)
 
 
 def test_other_strides_are_refused_with_the_fix():
     b = torch.randn(64, 64).half()[::2, ::2]  # neither layout
     with pytest.raises(matmul.MatmulInputError, match=r"b\.contiguous\(\)"):
-        api.kernel_b(b)
+        kernel_b(b)
 
 
 # --- the choice ----------------------------------------------------------------------------------
@@ -89,8 +93,8 @@ def test_shape_buckets_follow_tilus():
     from tilus.lang.instantiated_script import construct_keys
 
     for x in (1, 7, 17, 128, 1000, 4095, 4096, 4097, 14336):
-        assert api.bucket(x) == construct_keys((), [x])[1][0]
-    key = api.choice_key("sm_90a", "NVIDIA H100 80GB HBM3", torch.bfloat16, 1000, 14336, 4096)
+        assert tuner.bucket(x) == construct_keys((), [x])[1][0]
+    key = tuner.choice_key("sm_90a", "NVIDIA H100 80GB HBM3", torch.bfloat16, 1000, 14336, 4096)
     assert key == "sm_90a/NVIDIA H100 80GB HBM3/bfloat16/1024x16384x4096"
 
 
@@ -100,7 +104,7 @@ def fake_prepare(calls, errors=None, failing=()):
         if version in failing:
             raise RuntimeError(f"{version} did not build")
         module = versions.load("sm_90a", version)
-        return api.Candidate(version, dict(module.REPRESENTATIVE), (errors or {}).get(version, 1e-4), lambda: None)
+        return tuner.Candidate(version, dict(module.REPRESENTATIVE), (errors or {}).get(version, 1e-4), lambda: None)
     return prepare
 
 
@@ -112,12 +116,12 @@ def test_gpu_timer_times_a_candidate_in_turn_with_cublas_and_scales_cublas_time(
         return [1.25 * 1.5, 1.25 * 2.0]
 
     kernel, cublas = (lambda: None), (lambda: None)
-    monkeypatch.setattr(api, "interleaved_ms", paired)
-    candidate = api.Candidate("v1", {}, 1e-4, kernel, reference=cublas, reference_ms=lambda: 2.0)
-    assert api._gpu_timer(candidate) == pytest.approx(1.5)  # 0.75x cuBLAS's 2.0 ms
+    monkeypatch.setattr(tuner, "interleaved_ms", paired)
+    candidate = tuner.Candidate("v1", {}, 1e-4, kernel, reference=cublas, reference_ms=lambda: 2.0)
+    assert tuner._gpu_timer(candidate) == pytest.approx(1.5)  # 0.75x cuBLAS's 2.0 ms
     assert windows == [[kernel, cublas]]
-    monkeypatch.setattr(api, "median_ms", lambda fn, warmup_ms, repeat_ms: 7.0)
-    assert api._gpu_timer(api.Candidate("v1", {}, 1e-4, kernel)) == 7.0  # no reference: its own window
+    monkeypatch.setattr(tuner, "median_ms", lambda fn, warmup_ms, repeat_ms: 7.0)
+    assert tuner._gpu_timer(tuner.Candidate("v1", {}, 1e-4, kernel)) == 7.0  # no reference: its own window
 
 
 def test_tune_times_the_correct_versions_in_alternating_rounds():
@@ -129,16 +133,16 @@ def test_tune_times_the_correct_versions_in_alternating_rounds():
 
     times = {"v0": 1.1, "v1": 1.0, "v2": 3.0}
     order.clear()
-    entry = api.tune("sm_90a", torch.float16, fake_prepare([]), lambda c: order.append(c.version) or
+    entry = tuner.tune("sm_90a", torch.float16, fake_prepare([]), lambda c: order.append(c.version) or
                      times[c.version], names=["v0", "v1", "v2"], rounds=3)
     # after the first round, v2 (3x the fastest) is not timed again
     assert order == ["v0", "v1", "v2", "v1", "v0", "v0", "v1"] and entry["candidates"]["v2"]["ms"] == 3.0
     order.clear()
-    entry = api.tune("sm_90a", torch.float16, fake_prepare(calls), timer, names=["v0", "v1"], rounds=3)
+    entry = tuner.tune("sm_90a", torch.float16, fake_prepare(calls), timer, names=["v0", "v1"], rounds=3)
     assert calls == ["v0", "v1"] and order == ["v0", "v1", "v1", "v1"]
     assert entry["version"] == "v1" and entry["ms"] == 1.0
     assert entry["config"] == versions.load("sm_90a", "v1").REPRESENTATIVE
-    assert entry["fingerprint"] == api.fingerprint("sm_90a", "v1")
+    assert entry["fingerprint"] == tuner.fingerprint("sm_90a", "v1")
     assert set(entry["candidates"]) == {"v0", "v1"}
 
 
@@ -146,30 +150,30 @@ def test_a_version_replaces_cublas_only_when_clearly_faster():
     versions_only = fake_prepare([])
 
     def prepare(version):
-        return api.Candidate(version, {}, 1e-4, lambda: None) if version == api.VENDOR else versions_only(version)
+        return tuner.Candidate(version, {}, 1e-4, lambda: None) if version == tuner.VENDOR else versions_only(version)
 
     def tune(version_ms):
-        return api.tune("sm_90a", torch.float16, prepare, lambda c: 1.0 if c.version == api.VENDOR else version_ms,
-                        names=["v1", api.VENDOR])
+        return tuner.tune("sm_90a", torch.float16, prepare, lambda c: 1.0 if c.version == tuner.VENDOR else version_ms,
+                        names=["v1", tuner.VENDOR])
 
-    assert tune(0.995)["version"] == api.VENDOR  # 0.5% faster: within the noise
+    assert tune(0.995)["version"] == tuner.VENDOR  # 0.5% faster: within the noise
     assert tune(0.98)["version"] == "v1"  # 2% faster
-    assert tune(1.2)["version"] == api.VENDOR
+    assert tune(1.2)["version"] == tuner.VENDOR
 
 
 def test_tune_rules_out_wrong_and_failing_versions():
-    entry = api.tune("sm_90a", torch.float16, fake_prepare([], errors={"v1": float("nan")}, failing={"v2"}),
+    entry = tuner.tune("sm_90a", torch.float16, fake_prepare([], errors={"v1": float("nan")}, failing={"v2"}),
                      lambda c: 1.0, names=["v0", "v1", "v2"])
     assert entry["version"] == "v0"
     assert "over the tolerance" in entry["rejected"]["v1"] and "did not build" in entry["rejected"]["v2"]
-    with pytest.raises(RuntimeError, match="no version of the series ran correctly"):
-        api.tune("sm_90a", torch.float16, fake_prepare([], failing={"v0"}), lambda c: 1.0, names=["v0"])
+    with pytest.raises(RuntimeError, match="no candidate ran correctly"):
+        tuner.tune("sm_90a", torch.float16, fake_prepare([], failing={"v0"}), lambda c: 1.0, names=["v0"])
 
 
 def tuned_entry(cache, key, calls, names=("v0", "v1")):
-    return cache.choose(key, lambda: api.tune("sm_90a", torch.float16, fake_prepare(calls),
+    return cache.choose(key, lambda: tuner.tune("sm_90a", torch.float16, fake_prepare(calls),
                                               lambda c: {"v0": 2.0, "v1": 1.0}[c.version], names=list(names)),
-                        lambda e: api.entry_is_valid("sm_90a", e))
+                        lambda e: tuner.entry_is_valid("sm_90a", e))
 
 
 KEY = "sm_90a/fake GPU/float16/4096x4096x4096"
@@ -188,14 +192,14 @@ CHILD = textwrap.dedent("""
     import json, sys, time, torch
     sys.path.insert(0, {tests!r})
     from test_api import KEY, fake_prepare
-    from matmul.call import api
+    from matmul.call import tuner
     from matmul.call.choice_cache import ChoiceCache
     calls = []
     def tune():
         time.sleep({sleep})  # a long tuning: another process must wait for it, not tune as well
-        return api.tune("sm_90a", torch.float16, fake_prepare(calls),
+        return tuner.tune("sm_90a", torch.float16, fake_prepare(calls),
                         lambda c: {{"v0": 2.0, "v1": 1.0}}[c.version], names=["v0", "v1"])
-    entry = ChoiceCache({root!r}).choose(KEY, tune, lambda e: api.entry_is_valid("sm_90a", e))
+    entry = ChoiceCache({root!r}).choose(KEY, tune, lambda e: tuner.entry_is_valid("sm_90a", e))
     print(json.dumps({{"version": entry["version"], "tuned": calls}}))
 """)
 
@@ -257,7 +261,7 @@ def test_a_stale_entry_is_tuned_again(tmp_path, spoil):
     cache.path.write_text(json.dumps(data))
     calls = []
     assert tuned_entry(cache, KEY, calls)["version"] == "v1" and calls == ["v0", "v1"]
-    assert api.entry_is_valid("sm_90a", cache.entries()[KEY])
+    assert tuner.entry_is_valid("sm_90a", cache.entries()[KEY])
 
 
 def test_cache_location(monkeypatch, tmp_path):
@@ -316,59 +320,264 @@ def test_launch_arguments_hand_tilus_whole_padded_rows():
     assert fa.clone().stride() == (24, 1)  # what tilus tunes on keeps the padded layout
 
 
-# --- the whole choice, with CPU stand-ins for the kernels ----------------------------------------
+# --- the whole path, with CPU stand-ins for the kernels -------------------------------------------
+
 
 
 @pytest.fixture
 def stand_ins(monkeypatch):
     from stand_ins import install
 
-    return install(monkeypatch)
+    return install(monkeypatch, wrong=("v3",), available=("v2", "v3", "v4"))
 
 
-def chooser(root, **overrides):
-    # the versions time faster than cuBLAS unless a test says otherwise
-    return api.Chooser(ChoiceCache(root), **{"timer": lambda c: 2.0 if c.version == api.VENDOR else 1.0, "arch_of": lambda device: "sm_90a",
-                                              "gpu_name": lambda device: "stand-in GPU", **overrides})
+def in_process(timer, tuned=None):
+    """The chooser's tuning step without a child process: the stand-ins live in this one."""
+    def tune_jobs(arch, dtype, device, jobs, on_entry):
+        for job in jobs:
+            if tuned is not None:
+                tuned.append(job["key"])
+            prepare, _ = tuner.gpu_worker(arch, dtype, job["m"], job["n"], job["k"], device)
+            on_entry(job["key"], tuner.tune(arch, dtype, prepare, timer, names=job["names"], label=job["key"]))
+    return tune_jobs
 
 
-def test_the_whole_choice_with_stand_in_kernels(tmp_path, stand_ins):
-    from matmul.measure.correctness import TOLERANCE, poisoned_output, random_operands, reference, relative_error
-    from matmul.contract import row_stride
+def versions_win(c):
+    return 2.0 if c.version == tuner.VENDOR else 1.0
 
+
+def cublas_wins(c):
+    return 0.5 if c.version == tuner.VENDOR else 1.0
+
+
+def plans(root, timer=versions_win, tuned=None, gpu="stand-in GPU"):
+    chooser = tuner.Chooser(ChoiceCache(root), tune_jobs=in_process(timer, tuned), arch_of=lambda device: "sm_90a",
+                            gpu_name=lambda device: gpu)
+    return Plans(chooser, check=functools.partial(check_call, require_cuda=False))
+
+
+
+
+def test_candidates_leave_out_the_teaching_versions_and_what_a_version_rejects(monkeypatch):
+    monkeypatch.setattr(versions, "available", lambda arch: ["v0", "v1", "v2", "v3", "v4"])
+    v4 = versions.load("sm_90a", "v4")
+    assert tuner.candidates("sm_90a", 128, 4096, 4096) == ["v3", "v4", tuner.VENDOR]
+    monkeypatch.setattr(v4, "supports", lambda m, n, k: m <= 256, raising=False)
+    assert tuner.candidates("sm_90a", 4096, 4096, 4096) == ["v3", tuner.VENDOR]
+    assert tuner.candidates("sm_90a", 256, 4096, 4096) == ["v3", "v4", tuner.VENDOR]
+
+
+def test_a_version_with_32_bit_offsets_declares_how_far_it_reaches(monkeypatch):
+    for arch in ("sm_90a", "sm_100a"):
+        v0 = versions.load(arch, "v0")
+        assert v0.MAX_ELEMENTS == 2**31 - 1
+        assert tuner.fits(v0, 4096, 4096, 4096)
+        assert not tuner.fits(v0, 135000, 256, 16384)  # A: 2.2e9 elements
+        assert not tuner.fits(v0, 256, 135000, 16384)  # B
+        assert not tuner.fits(v0, 70000, 32768, 64)  # C
+        assert not tuner.fits(v0, 1024, 256, 1024, lda=2**22)  # a view of much wider rows reaches as far
+    assert tuner.fits(versions.load("sm_90a", "v3"), 135000, 256, 16384)  # TMA: 64-bit addressing
+
+
+def test_the_whole_path_with_stand_in_kernels(tmp_path, stand_ins):
     m, n, k = 100, 60, 17  # ragged: the operands tuned on have padded rows
-    script, entry = chooser(tmp_path).get(torch.device("cpu"), torch.float16, m, n, k)
-    assert entry["version"] == "v1" and "over the tolerance" in entry["rejected"]["v0"]  # v0 is wrong
-    assert script.version == "v1" and script.config == versions.load("sm_90a", "v1").REPRESENTATIVE
+    path = plans(tmp_path)
     a, w = random_operands(m, n, k, torch.float16, device="cpu")
-    bt, copied = api.kernel_b(w.T)
-    out = poisoned_output(m, n, torch.float16, device="cpu")
-    script(m, n, k, a, bt, out, row_stride(a), row_stride(bt), row_stride(out))  # as matmul() launches it
-    assert not copied and relative_error(out, reference(a, w)) <= TOLERANCE[torch.float16]
-
-    # another process: the stored choice is launched without preparing or timing anything
-    stand_ins.clear()
-    never = lambda *args: pytest.fail("tuned again although the choice is stored")  # noqa: E731
-    again, stored = chooser(tmp_path, prepare=never, timer=never).get(torch.device("cpu"), torch.float16, m, n, k)
-    assert stored == entry and stand_ins == [("v1", versions.load("sm_90a", "v1").REPRESENTATIVE)]
-    # same bucket (tilus's rounding), same process: no new lookup at all
-    c = chooser(tmp_path, prepare=never, timer=never)
-    first = c.get(torch.device("cpu"), torch.float16, 97, 60, 17)
-    assert c.get(torch.device("cpu"), torch.float16, 100, 64, 20)[0] is first[0]
-
-
-def test_cublas_is_a_candidate_and_is_launched_when_it_wins(tmp_path, stand_ins):
-    from matmul.measure.correctness import TOLERANCE, poisoned_output, random_operands, reference, relative_error
-    from matmul.contract import row_stride
-
-    m, n, k = 128, 60, 40  # a skinny shape: the series' tiles leave most of a GPU idle
-    timer = lambda c: 0.5 if c.version == api.VENDOR else 1.0  # noqa: E731
-    script, entry = chooser(tmp_path, timer=timer).get(torch.device("cpu"), torch.float16, m, n, k)
-    assert entry["version"] == api.VENDOR and script is api.vendor_launch
-    assert set(entry["candidates"]) == {"v1", api.VENDOR} and entry["candidates"][api.VENDOR]["ms"] == 0.5
-    assert api.entry_is_valid("sm_90a", entry)
-    a, w = random_operands(m, n, k, torch.float16, device="cpu")
-    out = poisoned_output(m, n, torch.float16, device="cpu")  # N = 60: rows padded, not contiguous
-    script(m, n, k, a, w, out, row_stride(a), row_stride(w), row_stride(out))
+    out = path.launch(a, w.T)
     assert relative_error(out, reference(a, w)) <= TOLERANCE[torch.float16]
-    assert not api.entry_is_valid("sm_90a", {**entry, "fingerprint": "another torch"})
+    plan = path.plans[signature(a, w.T, None)]
+    assert isinstance(plan, SeriesPlan) and plan.launch.version == "v4"
+    _, entry = path.chooser.get(torch.device("cpu"), torch.float16, m, n, k)
+    assert entry["version"] == "v4" and "over the tolerance" in entry["rejected"]["v3"]  # v3 is wrong
+    assert set(entry["candidates"]) == {"v4", tuner.VENDOR}  # v2 teaches; it is not tuned
+    out = poisoned_output(m, n, torch.float16, device="cpu")
+    assert path.launch(a, w.T, out) is out and relative_error(out, reference(a, w)) <= TOLERANCE[torch.float16]
+
+    # another process: the stored choice is launched without tuning
+    never = []
+    again = plans(tmp_path, timer=lambda c: pytest.fail("timed again although the choice is stored"), tuned=never)
+    assert relative_error(again.launch(a, w.T), reference(a, w)) <= TOLERANCE[torch.float16] and never == []
+
+
+def test_a_seen_signature_is_launched_without_deriving_anything_again(tmp_path, stand_ins, monkeypatch):
+    path = plans(tmp_path)
+    a, w = random_operands(128, 64, 32, torch.float16, device="cpu")
+    path.launch(a, w.T)
+    plan = path.plans[signature(a, w.T, None)]
+    derived = []
+    original = path.derive
+    monkeypatch.setattr(path, "derive", lambda *args: derived.append(args[3]) or original(*args))
+    for _ in range(3):
+        a2, w2 = random_operands(128, 64, 32, torch.float16, device="cpu")  # new data, same signature
+        assert relative_error(path.launch(a2, w2.T), reference(a2, w2)) <= TOLERANCE[torch.float16]
+    assert derived == [] and plan.launch.launches == 4
+
+    def calls(*operands):
+        before = len(derived)
+        result = path.launch(*operands)
+        return len(derived) - before, result
+
+    b = w.T.contiguous()  # a new stride: row-major b [K, N], copied per call
+    assert calls(a, b)[0] == 1 and calls(a, b)[0] == 0
+    assert relative_error(calls(a, b)[1], reference(a, w)) <= TOLERANCE[torch.float16]
+    assert calls(a.bfloat16(), w.T.bfloat16())[0] == 1  # a new dtype
+    a_big, w_big = random_operands(1000, 64, 32, torch.float16, device="cpu")  # a new bucket: tuned
+    tuned_before = len(path.chooser.entries)
+    assert calls(a_big, w_big.T)[0] == 1 and len(path.chooser.entries) == tuned_before + 1
+    a_near = random_operands(120, 64, 32, torch.float16, device="cpu")[0]  # same bucket, new shape: no tuning
+    assert calls(a_near, w.T)[0] == 1 and len(path.chooser.entries) == tuned_before + 1
+    out = poisoned_output(128, 64, torch.float16, device="cpu")
+    assert calls(a, w.T, out)[0] == 1 and calls(a, w.T, out)[0] == 0  # with out=: a signature of its own
+
+
+def test_the_signature_names_the_device():
+    a, b = torch.empty(8, 16, dtype=torch.float16), torch.empty(16, 8, dtype=torch.float16)
+    on_meta = signature(a.to("meta"), b.to("meta"), None)
+    assert signature(a, b, None) != on_meta and on_meta[-1] == torch.device("meta")
+
+
+def test_a_misaligned_pointer_on_a_seen_signature_is_refused(tmp_path, stand_ins):
+    path = plans(tmp_path)
+    a, w = random_operands(64, 32, 16, torch.float16, device="cpu")
+    path.launch(a, w.T)
+    buffer = torch.empty(64 * 16 + 8, dtype=torch.float16)
+    shifted = buffer[4:4 + 64 * 16].view(64, 16)  # same shape and strides, base 8 bytes off
+    assert signature(shifted, w.T, None) == signature(a, w.T, None)
+    with pytest.raises(matmul.MatmulInputError, match="a's data pointer is not 16-byte aligned"):
+        path.launch(shifted, w.T)
+
+
+@pytest.mark.parametrize("winner", [versions_win, cublas_wins])
+def test_out_overlapping_an_input_is_refused_on_every_path(tmp_path, stand_ins, winner):
+    buffer = torch.randn(64, 64).half()
+    a, w = buffer[:, :32], torch.randn(32, 32).half()  # a [64, 32] in the left half of the buffer
+    with pytest.raises(matmul.MatmulInputError, match="out overlaps a"):
+        plans(tmp_path / "first", timer=winner).launch(a, w.T, buffer[:, 16:48])  # a first call: the full checks
+    path = plans(tmp_path / "seen", timer=winner)
+    path.launch(a, w.T, buffer[:, 32:])  # the right half is apart from a: fine
+    assert signature(a, w.T, buffer[:, 16:48]) == signature(a, w.T, buffer[:, 32:])
+    with pytest.raises(matmul.MatmulInputError, match="out overlaps a"):  # a seen signature: the short path
+        path.launch(a, w.T, buffer[:, 16:48])
+    square = torch.randn(32, 32).half()
+    path.launch(torch.randn(32, 32).half(), square, torch.empty(32, 32).half())
+    with pytest.raises(matmul.MatmulInputError, match="out overlaps b"):
+        path.launch(torch.randn(32, 32).half(), square, square)
+
+
+def test_when_cublas_wins_the_callers_operands_go_to_torch_as_they_are(tmp_path, stand_ins, monkeypatch):
+    path = plans(tmp_path, timer=cublas_wins)
+    a, w = random_operands(128, 60, 40, torch.float16, device="cpu")
+    b = w.T.contiguous()  # row-major [K, N]: cuBLAS takes it without a copy
+    path.launch(a, b)
+    assert isinstance(path.plans[signature(a, b, None)], VendorPlan)
+    seen = []
+    real = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda x, y, **kw: seen.append((x, y)) or real(x, y, **kw))
+    result = path.launch(a, b)
+    assert seen[0][0] is a and seen[0][1] is b and torch.equal(result, real(a, b))
+    out = poisoned_output(128, 60, torch.float16, device="cpu")  # rows padded to 64: cuBLAS's result copied in
+    assert path.launch(a, b, out) is out and relative_error(out, reference(a, w)) <= TOLERANCE[torch.float16]
+
+
+def test_a_chosen_version_that_cannot_take_a_shape_of_its_bucket_leaves_it_to_cublas(tmp_path, stand_ins,
+                                                                                       monkeypatch):
+    path = plans(tmp_path)
+    a, w = random_operands(96, 64, 32, torch.float16, device="cpu")
+    path.launch(a, w.T)  # v4 chosen for the bucket of M = 96 (up to 96)
+    monkeypatch.setattr(versions.load("sm_90a", "v4"), "supports", lambda m, n, k: m < 90, raising=False)
+    a2 = random_operands(95, 64, 32, torch.float16, device="cpu")[0]  # same bucket, M = 95
+    out = path.launch(a2, w.T)
+    assert isinstance(path.plans[signature(a2, w.T, None)], VendorPlan)
+    assert relative_error(out, reference(a2, w)) <= TOLERANCE[torch.float16]
+
+
+# --- tuning in a child process -------------------------------------------------------------------
+
+
+def test_a_candidate_that_kills_its_child_is_rejected_and_the_rest_are_tuned(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+    jobs = [{"key": "one", "m": 64, "n": 64, "k": 64, "names": ["v0", "v1", "v3", "v4", "v5", tuner.VENDOR]},
+            {"key": "two", "m": 32, "n": 32, "k": 32, "names": ["v1", tuner.VENDOR]}]
+    arrived = []
+    entries = tuner.tune_in_child("sm_90a", torch.float16, torch.device("cpu"), jobs,
+                                  worker="stand_ins:cpu_worker", on_entry=lambda key, e: arrived.append(key))
+    one = entries["one"]
+    assert one["version"] == "v5" and "faulted" in one["rejected"]["v3"]
+    assert "over the tolerance" in one["rejected"]["v0"] and "does not build" in one["rejected"]["v4"]
+    assert set(one["candidates"]) == {"v1", "v5", tuner.VENDOR}
+    assert entries["two"]["version"] == "v1" and arrived == ["one", "two"]
+    assert torch.ones(2).sum().item() == 2.0  # this process was never touched
+
+
+def test_a_child_that_fails_with_no_candidate_to_blame_is_a_clear_error(monkeypatch):
+    with pytest.raises(tuner.TuningError, match="no_such_module"):
+        tuner.tune_in_child("sm_90a", torch.float16, torch.device("cpu"),
+                            [{"key": "k", "m": 8, "n": 8, "k": 8, "names": [tuner.VENDOR]}],
+                            worker="no_such_module:worker")
+
+
+# --- torch: compile and autograd through the custom operator ------------------------------------
+
+
+@pytest.fixture
+def stand_in_api(tmp_path, stand_ins, monkeypatch):
+    path = plans(tmp_path)
+    monkeypatch.setattr(api, "_plans", path)
+    return path
+
+
+def test_torch_compile_traces_matmul_without_a_graph_break(stand_in_api):
+    import torch._dynamo
+
+    torch._dynamo.reset()
+
+    def layer(x, w, out):
+        h = matmul.matmul(x, w.T)
+        matmul.matmul(h.relu(), w2.T, out=out)
+        return out * 2
+
+    w2 = torch.randn(48, 64).half()
+    x, w = torch.randn(32, 40).half(), torch.randn(64, 40).half()
+    out = torch.empty(32, 48).half()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(layer, fullgraph=True, backend=backend)
+    result = compiled(x, w, out)
+    expected = ((x.float() @ w.float().T).half().relu().float() @ w2.float().T) * 2
+    assert len(graphs) == 1 and relative_error(result, expected) <= 2 * TOLERANCE[torch.float16]
+    ops = {str(node.target).removesuffix(".default") for node in graphs[0].graph.nodes if node.op == "call_function"}
+    assert {"tilus_matmul.mm", "tilus_matmul.mm_out"} <= ops
+
+
+def test_the_fake_operator_gives_the_kernels_shapes_and_strides(stand_in_api):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x, w = torch.empty(30, 40, dtype=torch.float16), torch.empty(17, 40, dtype=torch.float16)
+        y = torch.ops.tilus_matmul.mm(x, w.T)
+        assert y.shape == (30, 17) and y.stride() == (24, 1)
+        with pytest.raises(matmul.MatmulInputError, match="inner dimensions differ"):
+            torch.ops.tilus_matmul.mm(x, w)
+    real = torch.ops.tilus_matmul.mm(torch.randn(30, 40).half(), torch.randn(17, 40).half().T)
+    assert real.shape == (30, 17) and real.stride() == (24, 1)
+
+
+def test_gradients_flow_through_the_same_kernels(stand_in_api):
+    x = torch.randn(24, 40).half().requires_grad_()
+    w = torch.randn(32, 40).half().requires_grad_()
+    y = matmul.matmul(x, w.T)
+    (y.float() * torch.linspace(-1, 1, 32)).sum().backward()
+    xf, wf = x.detach().float().requires_grad_(), w.detach().float().requires_grad_()
+    ((xf @ wf.T) * torch.linspace(-1, 1, 32)).sum().backward()
+    assert relative_error(x.grad, xf.grad) <= TOLERANCE[torch.float16]
+    assert relative_error(w.grad, wf.grad) <= TOLERANCE[torch.float16]
+    launches = sum(p.launch.launches for p in stand_in_api.plans.values() if isinstance(p, SeriesPlan))
+    assert launches == 3  # forward, dA, dB: all through the series' (stand-in) kernels
+    with pytest.raises(matmul.MatmulInputError, match="does not support automatic differentiation"):
+        matmul.matmul(x, w.T, out=torch.empty(24, 32).half())
+    with torch.no_grad():
+        assert matmul.matmul(x, w.T, out=torch.empty(24, 32).half()).shape == (24, 32)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from matmul.contract import MatmulInputError, check_operands, row_stride
+from matmul.contract import MatmulInputError, check_call, check_operands, layout, overlaps, row_stride
 
 
 def mats(m=64, n=32, k=48, dtype=torch.float16):
@@ -39,3 +39,40 @@ def test_padded_rows_pass_the_layout_checks():
 def test_row_stride_of_a_single_row_is_aligned():
     assert row_stride(torch.empty(1, 17, dtype=torch.float16)) == 24
     assert row_stride(torch.empty(5, 24, dtype=torch.bfloat16)[:, :17]) == 24
+
+
+# --- out overlapping an input --------------------------------------------------------------------
+
+
+
+def shares_an_element(x, y):
+    def addresses(t):
+        rows, cols = t.shape
+        return {t.data_ptr() + (i * t.stride(0) + j * t.stride(1)) * t.element_size()
+                for i in range(rows) for j in range(cols)}
+    return bool(addresses(x) & addresses(y))
+
+
+def test_overlap_is_exact_for_blocks_of_one_buffer():
+    buffer = torch.zeros(12, 16).half()
+    blocks = [buffer[r0:r1, c0:c1] for r0, r1 in ((0, 12), (0, 5), (3, 9), (7, 12))
+              for c0, c1 in ((0, 16), (0, 8), (4, 12), (8, 16), (15, 16))]
+    flat = torch.zeros(400).half()
+    blocks += [flat[s:s + 96].view(6, 16) for s in (0, 5, 16, 100)]  # bases off the row grid
+    for x in blocks:
+        for y in blocks:
+            assert overlaps(x.data_ptr(), layout(x), y.data_ptr(), layout(y)) == shares_an_element(x, y), \
+                (x.data_ptr(), layout(x), y.data_ptr(), layout(y))
+    other = torch.zeros(12, 16).half()
+    assert not overlaps(buffer.data_ptr(), layout(buffer), other.data_ptr(), layout(other))
+
+
+def test_out_overlapping_an_input_is_named():
+    a = torch.randn(64, 48).half()[:, :16]  # a [64, 16] in the left third of each 48-wide row
+    b = torch.randn(16, 16).half()
+    for out in (a, a.as_strided((64, 16), (48, 1), 8)):  # a itself; straddling a's columns
+        with pytest.raises(MatmulInputError, match="out overlaps a"):
+            check_call(a, b, out, require_cuda=False)
+    with pytest.raises(MatmulInputError, match="out overlaps b"):
+        check_call(b.clone(), b, b, require_cuda=False)  # out is b
+    check_call(a, b, a.as_strided((64, 16), (48, 1), 16), require_cuda=False)  # the middle third: apart from a

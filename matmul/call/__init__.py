@@ -1,3 +1,4 @@
-"""The public call ``matmul(a, b)``: its launch path (``api``), the tuner that picks a kernel per
-shape (``tuner``), the on-disk store of those picks (``choice_cache``), and the use of tilus's own
-per-version autotuning (``tilus_autotune``)."""
+"""The public call ``matmul(a, b)`` (``api``), its per-call launch path (``launch``), the tuner that
+picks a kernel per shape bucket in a child process (``tuner``), the on-disk store of those picks
+(``choice_cache``), the use of tilus's own per-version autotuning (``tilus_autotune``), and the
+torch custom operators for ``torch.compile`` and autograd (``torch_op``)."""

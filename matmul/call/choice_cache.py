@@ -27,6 +27,7 @@ again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -121,14 +122,24 @@ class ChoiceCache:
                 Path(tmp).unlink(missing_ok=True)
                 raise
 
+    @contextlib.contextmanager
+    def tuning(self, keys: list[str]):
+        """Hold the tuning locks of ``keys`` (in a fixed order, so two processes cannot deadlock):
+        a second process that needs one of them waits, then finds the first one's result stored."""
+        lock_dir = self.root / "locks"
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.ExitStack() as held:
+            for key in sorted(set(keys)):
+                held.enter_context(filelock.FileLock(
+                    str(lock_dir / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".lock"))))
+            yield
+
     def choose(self, key: str, tune: Callable[[], Entry], is_valid: Callable[[Entry], bool] = lambda e: True) -> Entry:
         """The stored entry for ``key`` if valid, else ``tune()``'s, stored. Only one process tunes a key."""
         entry = self.lookup(key, is_valid)
         if entry is not None:
             return entry
-        lock_dir = self.root / "locks"
-        lock_dir.mkdir(parents=True, exist_ok=True)
-        with filelock.FileLock(str(lock_dir / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".lock"))):
+        with self.tuning([key]):
             entry = self.lookup(key, is_valid)  # another process may have tuned it while we waited
             if entry is None:
                 entry = tune()

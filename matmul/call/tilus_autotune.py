@@ -77,3 +77,16 @@ def prepare(script, args=None) -> None:
     instance = jit_instance(script, args or (1,) * len(script.params.param_names))
     if not instance.valid_programs:  # not built in this process yet: the table is read from disk
         check_dispatch_table(instance.cache_dir, len(instance.transpiled_programs))
+
+
+def launch_function(script):
+    """The compiled launch function of a script with a one-point space (``versions.kernel(module,
+    dtype, config)``): called with the kernel's arguments, it launches on torch's current stream of
+    its tensor argument, without ``Script.__call__``'s per-call key derivation. The one program
+    serves every shape, so placeholder sizes select it."""
+    args = (1,) * len(script.params.param_names)
+    prepare(script, args)
+    instance = jit_instance(script, args)
+    if len(instance.schedules) != 1:
+        raise ValueError(f"{type(script).__name__} has {len(instance.schedules)} configurations; fix one first")
+    return instance._pick_best_program(args).get_launch_func()

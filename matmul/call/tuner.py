@@ -1,0 +1,444 @@
+"""The cross-version tuner behind ``matmul()``: which kernel runs a shape bucket, found in a child
+process so that a kernel that faults cannot harm the caller.
+
+The candidates (``candidates``): cuBLAS (``torch.matmul``, named ``VENDOR``) and every version of
+the series from V3 on whose ``supports(m, n, k)`` (a version module may declare one; absent = every
+shape) and declared ``MAX_ELEMENTS`` (element offsets in 32 bits) admit the shape. V0-V2 are
+teaching steps (tiles through registers, then TMA, then a ring with no warp specialization): on
+the H100 they never beat V3-V6 or cuBLAS on any shape the harness timed, so tuning them on every
+new shape would only cost time.
+
+How a bucket is tuned (``tune``): every candidate is autotuned by tilus over its own space on fresh
+random operands of the shape (never the caller's), checked against the float32 reference on a
+NaN-poisoned output, and the survivors are timed in ``TUNING_ROUNDS`` alternating rounds, each
+candidate in one window with cuBLAS, launched in turn (``_gpu_timer``). A version replaces cuBLAS
+only when faster by more than ``VENDOR_MARGIN``: within the run-to-run noise of a power-limited
+GPU the vendor library is the safer choice.
+
+Isolation (``tune_in_child``): all of that runs in a child process (``python -m
+matmul.call.tuner``) on the same GPU. A kernel that faults (an illegal address leaves a CUDA
+context unusable for good) takes down only the child; the parent names that candidate as
+rejected and starts a new child for the candidates left. The parent never launches a candidate
+before it has been checked. The child reports each step on its stdout as one JSON line
+prefixed by ``PROTOCOL``.
+
+``Chooser`` is the process's memory of choices, in front of ``choice_cache`` (the file shared
+between processes).
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import hashlib
+import importlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import tilus
+import torch
+
+from ..kernels import versions
+from ..measure.correctness import TOLERANCE, poisoned_output, random_operands, reference, relative_error
+from ..measure.timing import alternating_rounds, interleaved_ms, median_ms
+from . import tilus_autotune
+from .choice_cache import ChoiceCache, Entry
+
+VENDOR = "cublas"  # the candidate that is not a version of the series: torch.matmul
+VENDOR_MARGIN = 0.01  # a version must beat cuBLAS by more than this share of its time to be chosen
+TUNING_ROUNDS = 4  # even: each candidate is timed as often early as late in a round
+PRUNE = 1.25  # after the first round, only candidates within this factor of the fastest are timed again
+TEACHING = ("v0", "v1", "v2")  # steps of the series that never win: not tuned by matmul()
+PROTOCOL = "@matmul-tuner "  # the prefix of the child's report lines on its stdout
+CHILD_TIMEOUT_S = 3600.0  # building every candidate on a fresh machine takes minutes, not an hour
+
+
+# --- which kernels may run a shape ---------------------------------------------------------------
+
+
+def bucket(x: int) -> int:
+    """``x`` rounded up to a multiple of 2^(bit_length - 2), tilus's tuning-key rule: 4096 -> 4096,
+    4097 -> 6144, 14336 -> 16384, 1000 -> 1024."""
+    block = 1 << max(x.bit_length() - 2, 0)
+    return (x + block - 1) // block * block
+
+
+def choice_key(arch: str, gpu: str, dtype: torch.dtype, m: int, n: int, k: int) -> str:
+    return f"{arch}/{gpu}/{str(dtype).removeprefix('torch.')}/{bucket(m)}x{bucket(n)}x{bucket(k)}"
+
+
+def fits(module, m: int, n: int, k: int, lda: Optional[int] = None, ldb: Optional[int] = None,
+         ldc: Optional[int] = None) -> bool:
+    """Whether a version may run C [M, N] = A [M, K] @ B [N, K]^T with these row strides (default:
+    rows padded to 16 bytes, as the tuner's operands are): its ``supports(m, n, k)`` if it declares
+    one, and its ``MAX_ELEMENTS`` if it declares one (the largest element offset it can compute)."""
+    supports = getattr(module, "supports", None)
+    if supports is not None and not supports(m, n, k):
+        return False
+    limit = getattr(module, "MAX_ELEMENTS", None)
+    if limit is None:
+        return True
+    lda, ldb, ldc = lda or k + (-k) % 8, ldb or k + (-k) % 8, ldc or n + (-n) % 8
+    return max((m - 1) * lda + k, (n - 1) * ldb + k, (m - 1) * ldc + n) <= limit
+
+
+def candidates(arch: str, m: int, n: int, k: int) -> list[str]:
+    """The versions ``matmul()`` tunes for this shape (see the module's docstring), then cuBLAS."""
+    found = [v for v in versions.available(arch) if v not in TEACHING and fits(versions.load(arch, v), m, n, k)]
+    return [*found, VENDOR]
+
+
+# --- stored choices ------------------------------------------------------------------------------
+
+
+@functools.cache
+def fingerprint(arch: str, version: str) -> str:
+    """Changes when the version's source, the shared entry point, the pipeline code, the tilus fixes or tilus change
+    (for cuBLAS: when torch or its CUDA change)."""
+    import pipeline
+
+    if version == VENDOR:
+        return hashlib.sha256(f"{torch.__version__} {torch.version.cuda}".encode()).hexdigest()[:16]
+    digest = hashlib.sha256(tilus.__version__.encode())
+    from .. import tilus_fixes
+    from ..kernels import entry
+
+    files = [Path(versions.load(arch, version).__file__), Path(entry.__file__),
+             *sorted(Path(pipeline.__file__).parent.glob("*.py")),
+             *sorted(Path(tilus_fixes.__file__).parent.glob("*.py"))]
+    for path in files:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def space_config(module, config: Any) -> Optional[dict]:
+    """The point of the version's autotune space equal to ``config`` (as stored in JSON), or None."""
+    if not isinstance(config, dict):
+        return None
+    normal = json.loads(json.dumps(config))
+    return next((c for c in versions.space(module) if json.loads(json.dumps(c)) == normal), None)
+
+
+def entry_is_valid(arch: str, entry: Entry) -> bool:
+    """A stored choice may be used: its version and configuration exist, and nothing it was timed with changed."""
+    version = entry.get("version")
+    ms = entry.get("ms")
+    if version == VENDOR:
+        return entry.get("fingerprint") == fingerprint(arch, VENDOR) and isinstance(ms, (int, float)) and ms > 0
+    if version not in versions.VERSIONS:
+        return False
+    try:
+        module = versions.load(arch, version)
+    except ModuleNotFoundError:  # the version was removed
+        return False
+    if space_config(module, entry.get("config")) is None:
+        return False
+    return entry.get("fingerprint") == fingerprint(arch, version) and isinstance(ms, (int, float)) and ms > 0
+
+
+# --- tuning one bucket ---------------------------------------------------------------------------
+
+
+@dataclass
+class Candidate:
+    """One version, autotuned by tilus for the shape and checked: its configuration, error and launcher."""
+
+    version: str
+    config: dict
+    error: float
+    run: Callable[[], object]
+    # cuBLAS on the same operands, launched in turn with ``run`` when it is timed, and its time in
+    # a window of its own (measured once, when first asked): the scale of the candidate's time
+    reference: Optional[Callable[[], object]] = None
+    reference_ms: Optional[Callable[[], float]] = None
+
+
+def tune(arch: str, dtype: torch.dtype, prepare: Callable[[str], Candidate], timer: Callable[[Candidate], float],
+         names: list[str], rounds: int = TUNING_ROUNDS, label: str = "",
+         rejected: Optional[dict[str, str]] = None) -> Entry:
+    """Prepare every candidate of ``names`` (a failure or a wrong result rules it out), time the
+    survivors in ``rounds`` alternating rounds, and describe the fastest as a choice entry (cuBLAS,
+    if it is a candidate, unless a version is faster by more than ``VENDOR_MARGIN``). ``rejected``:
+    candidates ruled out before (by a fault in an earlier child), kept in the entry."""
+    found, rejected = [], dict(rejected or {})
+    for version in names:
+        try:
+            candidate = prepare(version)
+        except Exception as e:  # a version that does not build or run here is not a candidate
+            rejected[version] = f"{type(e).__name__}: {e}"[:400]
+            continue
+        if not candidate.error <= TOLERANCE[dtype]:
+            rejected[version] = f"relative error {candidate.error:.3g} over the tolerance {TOLERANCE[dtype]:g}"
+            continue
+        found.append(candidate)
+    if not found:
+        raise RuntimeError(f"no candidate ran correctly for {label}: {rejected}; use torch.matmul meanwhile, "
+                           "and report it")
+    times = alternating_rounds(found, rounds, timer, prune=PRUNE)
+    ms = {c.version: statistics.median(t) for c, t in zip(found, times)}
+    best = min(found, key=lambda c: ms[c.version])
+    vendor = next((c for c in found if c.version == VENDOR), None)
+    if vendor is not None and ms[best.version] >= ms[VENDOR] * (1 - VENDOR_MARGIN):
+        best = vendor
+    return {
+        "version": best.version, "config": best.config, "ms": ms[best.version], "error": best.error,
+        "fingerprint": fingerprint(arch, best.version),
+        "candidates": {c.version: {"config": c.config, "ms": ms[c.version], "error": c.error} for c in found},
+        "rejected": rejected,
+        "tuned": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def vendor_launch(m, n, k, a, bt, out, lda, ldb, ldc) -> None:
+    """cuBLAS behind the kernels' launch signature (the operands as the tuner hands them over)."""
+    a, bt = a.as_strided((m, k), (lda, 1)), bt.as_strided((n, k), (ldb, 1))
+    c = out.as_strided((m, n), (ldc, 1))
+    if c.is_contiguous():
+        torch.matmul(a, bt.T, out=c)
+    else:  # rows padded to 16 bytes: cuBLAS writes a dense result, copied into the padded rows
+        c.copy_(torch.matmul(a, bt.T))
+
+
+def gpu_worker(arch: str, dtype: torch.dtype, m: int, n: int, k: int, device: torch.device):
+    """The candidates' preparation and timer on the GPU, on fresh random operands of the shape."""
+    a, b = random_operands(m, n, k, dtype, device=device)
+    ref = reference(a, b)
+    out = poisoned_output(m, n, dtype, device=device)
+    args = versions.launch_args(a, b, out)
+    vendor = functools.partial(vendor_launch, *args)
+    vendor_ms = functools.cache(lambda: median_ms(vendor, warmup_ms=20.0, repeat_ms=100.0))
+
+    def prepare(version: str) -> Candidate:
+        if version == VENDOR:
+            out.fill_(float("nan"))
+            vendor()
+            return Candidate(version, {}, relative_error(out, ref), vendor, vendor, vendor_ms)
+        module = versions.load(arch, version)
+        tuned = versions.kernel(module, dtype)
+        tilus_autotune.prepare(tuned, args)
+        tuned(*args)  # tilus tunes its space for this shape bucket, or reads its stored choice
+        config = tilus_autotune.tuned_config(tuned, args)
+        fixed = versions.kernel(module, dtype, config)
+        tilus_autotune.prepare(fixed, args)
+        out.fill_(float("nan"))
+        fixed(*args)
+        return Candidate(version, config, relative_error(out, ref), functools.partial(fixed, *args), vendor, vendor_ms)
+
+    return prepare, _gpu_timer
+
+
+def _gpu_timer(candidate: Candidate) -> float:
+    """The candidate's time in milliseconds at cuBLAS's clock: it is timed in one window with
+    cuBLAS, launched in turn (``timing.interleaved_ms``), and its ratio to cuBLAS there scales
+    cuBLAS's time. On a power-limited GPU a kernel timed in a window of its own moves by several
+    percent with what ran before it; the ratio in a shared window does not (the harness times the
+    same way)."""
+    if candidate.reference is None:
+        return median_ms(candidate.run, warmup_ms=20.0, repeat_ms=100.0)
+    ms, reference_ms = interleaved_ms([candidate.run, candidate.reference], warmup_ms=20.0, repeat_ms=100.0)
+    return candidate.reference_ms() * ms / reference_ms
+
+
+# --- the child process ---------------------------------------------------------------------------
+
+DTYPE_NAMES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _report(**message) -> None:
+    sys.stdout.write(PROTOCOL + json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def _context_is_usable(device: torch.device) -> bool:
+    try:
+        torch.cuda.synchronize(device)
+        return torch.ones(1, device=device).add_(1).item() == 2.0
+    except Exception:  # a sticky CUDA error: every later call of this process would fail too
+        return False
+
+
+def child_main(request: dict) -> None:
+    """Tune each job of ``request`` and report its entry; on a fault that leaves the CUDA context
+    unusable, report the candidate and exit (the parent starts a new child without it)."""
+    module_name, _, function = request.get("worker", "matmul.call.tuner:gpu_worker").partition(":")
+    worker = getattr(importlib.import_module(module_name), function)
+    device = torch.device(request["device"])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dtype = DTYPE_NAMES[request["dtype"]]
+    for job in request["jobs"]:
+        m, n, k = job["m"], job["n"], job["k"]
+        prepare_here, timer = worker(request["arch"], dtype, m, n, k, device)
+
+        def prepare(version, prepare_here=prepare_here, key=job["key"]):
+            _report(key=key, preparing=version)
+            try:
+                return prepare_here(version)
+            except Exception:
+                if device.type == "cuda" and not _context_is_usable(device):
+                    _report(key=key, fault=version)
+                    os._exit(3)
+                raise
+
+        entry = tune(request["arch"], dtype, prepare, timer, names=job["names"], label=job["key"],
+                     rejected=job.get("rejected"))
+        _report(key=job["key"], entry=entry)
+
+
+class TuningError(RuntimeError):
+    """Tuning in the child process failed for a reason other than a faulting candidate."""
+
+
+def tune_in_child(arch: str, dtype: torch.dtype, device: torch.device, jobs: list[dict],
+                  worker: str = "matmul.call.tuner:gpu_worker", on_entry: Callable[[str, Entry], None] = None,
+                  timeout_s: float = CHILD_TIMEOUT_S) -> dict[str, Entry]:
+    """Tune ``jobs`` (dicts of key, m, n, k and the candidate ``names``) in child processes; the
+    entries by key, each handed to ``on_entry`` as it arrives. A candidate that kills its child (or
+    leaves its CUDA context unusable) is rejected for that job, and a new child tunes the rest."""
+    pending = [dict(job, rejected=dict(job.get("rejected", {}))) for job in jobs]
+    entries: dict[str, Entry] = {}
+    while pending:
+        request = {"arch": arch, "dtype": str(dtype).removeprefix("torch."), "device": str(device),
+                   "worker": worker, "jobs": pending}
+        with tempfile.TemporaryFile("w+") as stderr:
+            process = subprocess.Popen([sys.executable, "-m", "matmul.call.tuner"], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, stderr=stderr, text=True)
+            timer = threading.Timer(timeout_s, process.kill)
+            timer.start()
+            try:
+                process.stdin.write(json.dumps(request))
+                process.stdin.close()
+                preparing: dict[str, str] = {}
+                for line in process.stdout:
+                    if not line.startswith(PROTOCOL):
+                        continue  # output of the kernels' build, not the tuner's
+                    message = json.loads(line[len(PROTOCOL):])
+                    key = message["key"]
+                    if "preparing" in message:
+                        preparing[key] = message["preparing"]
+                    elif "entry" in message:
+                        entries[key] = message["entry"]
+                        preparing.pop(key, None)
+                        if on_entry is not None:
+                            on_entry(key, message["entry"])
+                code = process.wait()
+            finally:
+                timer.cancel()
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+            stderr.seek(0)
+            log = stderr.read()[-3000:]
+        pending = [job for job in pending if job["key"] not in entries]
+        if not pending:
+            break
+        if code == 0 or not preparing:  # no candidate to blame: a bug or an environment problem
+            raise TuningError(f"tuning {pending[0]['key']} in a child process failed (exit code {code}); "
+                              f"its output ends with:\n{log}")
+        for job in pending:  # blame the candidate the child was preparing when it died
+            culprit = preparing.get(job["key"])
+            if culprit is not None:
+                job["rejected"][culprit] = (f"faulted: the child process tuning it died (exit code {code}) "
+                                            "or lost its CUDA context")
+                job["names"] = [v for v in job["names"] if v != culprit]
+    return entries
+
+
+# --- the process's memory of choices --------------------------------------------------------------
+
+
+class Chooser:
+    """The choice entry of each (device, dtype, shape bucket) this process has used, in front of
+    the choice file; a bucket that neither knows is tuned in a child process. The GPU-facing parts
+    are parameters so that the tests run the whole choice with CPU stand-ins."""
+
+    def __init__(self, cache: Optional[ChoiceCache] = None, tune_jobs=None, arch_of=None, gpu_name=None):
+        self.lock = threading.Lock()
+        self.entries: dict[tuple, tuple[str, Entry]] = {}
+        self.cache = cache
+        self.tune_jobs = tune_jobs or tune_in_child
+        self.arch_of = arch_of
+        self.gpu_name = gpu_name or (lambda device: _gpu_name(device.index))
+
+    def _arch(self, device: torch.device) -> str:
+        if self.arch_of is not None:
+            return self.arch_of(device)
+        from .api import device_arch
+
+        return device_arch(device)
+
+    def get(self, device: torch.device, dtype: torch.dtype, m: int, n: int, k: int) -> tuple[str, Entry]:
+        """The architecture and the choice entry for this shape's bucket (tuned if neither this
+        process nor the choice file has it)."""
+        memo = (device, dtype, bucket(m), bucket(n), bucket(k))
+        found = self.entries.get(memo)
+        if found is None:
+            self.ensure(device, dtype, [(m, n, k)])
+            found = self.entries[memo]
+        return found
+
+    def ensure(self, device: torch.device, dtype: torch.dtype, shapes) -> None:
+        """Make sure every shape's bucket has a choice: the stored ones are read, the others tuned,
+        all in one child process."""
+        if self.cache is None:
+            self.cache = ChoiceCache()  # located when first needed: MATMUL_CACHE_DIR may be set late
+        arch = self._arch(device)
+        is_valid = functools.partial(entry_is_valid, arch)
+        with self.lock:
+            jobs, memos = {}, {}
+            for m, n, k in shapes:
+                memo = (device, dtype, bucket(m), bucket(n), bucket(k))
+                if memo in self.entries:
+                    continue
+                key = choice_key(arch, self.gpu_name(device), dtype, m, n, k)
+                entry = self.cache.lookup(key, is_valid)
+                if entry is not None:
+                    self.entries[memo] = (arch, entry)
+                elif key not in jobs:
+                    jobs[key] = {"key": key, "m": m, "n": n, "k": k, "names": candidates(arch, m, n, k)}
+                    memos[key] = memo
+            if not jobs:
+                return
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise NotTunedError(
+                    f"matmul() has no choice for {', '.join(jobs)} and cannot tune while a CUDA graph is being "
+                    "captured; call matmul() on these shapes once before capturing (or matmul.tune(...))")
+
+            def store(key, entry):
+                self.cache.store(key, entry)
+                self.entries[memos[key]] = (arch, entry)
+
+            with self.cache.tuning(list(jobs)):
+                # another process may have tuned some keys while this one waited for their locks
+                for key in list(jobs):
+                    entry = self.cache.lookup(key, is_valid)
+                    if entry is not None:
+                        self.entries[memos[key]] = (arch, entry)
+                        jobs.pop(key)
+                if jobs:
+                    self.tune_jobs(arch, dtype, device, list(jobs.values()), on_entry=store)
+
+
+class NotTunedError(RuntimeError):
+    """A shape with no stored choice was called where tuning is impossible (CUDA graph capture)."""
+
+
+@functools.cache
+def _gpu_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+if __name__ == "__main__":
+    # the child (``tune_in_child``): importing the package applies the tilus fixes; this module runs
+    # as __main__, so the package's own copy of it does the work
+    from matmul.call import tuner
+
+    tuner.child_main(json.loads(sys.stdin.read()))
