@@ -204,6 +204,25 @@ def candidates_command(args) -> int:
     return 0 if all(r["ok"] for r in rows) else 1
 
 
+def protocol_command(args) -> int:
+    from . import protocol
+
+    rows, failed = [], False
+    for arch in _arches(args.arch):
+        for version in _versions(args.versions, arch):
+            module = versions.load(arch, version)
+            for config in protocol.configs_to_check(module):
+                r = protocol.check(arch, version, config, seeds=args.seeds, module=module)
+                failed |= not r.ok
+                rows.append([versions.ARCH_NAMES[arch], version, r.cluster, r.roles, r.events, r.interleavings,
+                             f"{r.seconds:.1f}", r.verdict])
+                if not r.ok and args.trace:
+                    print(f"{r.label}: {r.verdict}\n{r.trace()}\n", flush=True)
+    headers = ["arch", "version", "cluster", "roles", "events", "interleavings", "s", "verdict"]
+    print(tabulate(rows, headers=headers))
+    return 1 if failed else 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m matmul", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -251,6 +270,13 @@ def main(argv=None) -> int:
     p.add_argument("--sustained", type=float, default=0.0, metavar="SECONDS",
                    help="sustained windows of SECONDS instead of paired windows with cuBLAS")
     p.set_defaults(func=candidates_command)
+    p = sub.add_parser("protocol", help="run each version's barriers on a CPU model over many interleavings "
+                                        "(deadlock, overrun, byte counts, exits, coverage)")
+    p.add_argument("--arch", help="sm_90a, sm_100a or both (comma-separated); default: both")
+    p.add_argument("--versions", help="comma-separated, e.g. v0,v1; default: every version")
+    p.add_argument("--seeds", type=int, default=24, help="interleavings per configuration (default 24)")
+    p.add_argument("--trace", action="store_true", help="print the events before each finding")
+    p.set_defaults(func=protocol_command)
     p = sub.add_parser("plot", help="draw the figures of bench results files (PNG and SVG)")
     p.add_argument("results", nargs="+", help="results-*.json written by bench")
     p.add_argument("--out", help="directory for the figures (default: next to each results file)")

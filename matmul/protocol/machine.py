@@ -654,9 +654,11 @@ class Machine:
     def report_deadlock(self, live: list[Role]) -> None:
         lines = [f"{r.name} waits on {r.waiting_on() if callable(r.waiting_on) else r.waiting_on}" for r in live]
         kind = "deadlock"
+        # bytes that landed before their announcement (tx < 0) mean the stall is elsewhere
+        early = any(b.tx < 0 for c in self.ctas for b in c.barriers.values())
         for r in live:
             b = getattr(r, "wait_barrier", None)
-            if b is not None and b.pending == 0 and b.tx > 0:
+            if not early and b is not None and b.pending == 0 and b.tx > 0:
                 kind = "bytes"
                 lines.insert(0, f"{b.name} has every arrival but waits for {b.tx} bytes that never come")
                 break
