@@ -20,8 +20,12 @@ Barrier invariants:
   (one lane per CTA, ``mbarrier.arrive.expect_tx.shared::cluster``) and the response is multicast
   to the same offset in every CTA, so each CTA waits on its own ``full[s]``.
 * ``empty[s]``: ``consumer_arrivals`` arrivals, one per consumer thread of every CTA of the
-  cluster; in a cluster every consumer arrives on the leader's ``empty[s]`` (cluster scope), since
-  only the leader issues requests.
+  cluster; in a cluster every consumer arrives on the leader's ``empty[s]``, since only the leader
+  issues requests.
+
+Waits and arrivals order at CTA scope, also across the cluster (``Pipeline(cluster_fences=False)``):
+the response lands by ``complete_tx`` on the barrier the reader waits on, so no cluster-scope
+fence is needed on either side.
 
 The producer must consume each response before it issues the next request: ``try_cancel`` after a
 CTA has seen a failed response is undefined, so the producer loop is ``request(); next_tile()``.
@@ -44,8 +48,9 @@ class ClcScheduler(tilus.Class):
         if cluster_ctas == 1:
             self.pipe = Pipeline(num_stages, consumer_arrivals=consumer_arrivals)
         else:
+            # the response lands by complete_tx in every CTA: CTA-scope waits and arrivals suffice
             self.pipe = Pipeline(num_stages, consumer_arrivals=consumer_arrivals * cluster_ctas, scope="cluster",
-                                 release_to=0b1)
+                                 release_to=0b1, cluster_fences=False)
 
     def first_tile(self) -> int32:
         """The linear tile (cluster) index this CTA was launched for."""
@@ -64,7 +69,7 @@ class ClcScheduler(tilus.Class):
             self.mbarrier.arrive_and_expect_tx_multicast(self.pipe.producer_barrier(),
                                                          transaction_bytes=RESPONSE_BYTES,
                                                          multicast_mask=(1 << self.cluster_ctas) - 1,
-                                                         scope="cluster")
+                                                         scope="cta")
             self.clc.try_cancel(self.responses[self.pipe.producer_stage], mbarrier=self.pipe.producer_barrier(),
                                 multicast=True)
         self.pipe.producer_advance()

@@ -23,6 +23,13 @@ group is issued and waited by the four warps together). This is how CUTLASS's Ho
 release. A consumer that keeps one MMA group in flight releases the stage *before* the current
 one, once ``wgmma.wait_group 1`` shows it done: ``consumer_release_previous``.
 
+Tensor-memory stages: with ``tcgen05_fences=True`` the stages are TMEM buffers (Blackwell's
+accumulator ring): every wait is followed by ``tcgen05.fence::after_thread_sync`` and every
+``consumer_release`` is preceded by ``tcgen05.fence::before_thread_sync``
+(``pipeline.tcgen05_fence``), so the tcgen05 operations of the thread that takes a buffer over are
+ordered after those of the thread that handed it over. A ``tcgen05.commit`` that completes a
+barrier carries the "before" fence itself.
+
 Cluster pipelines (the cluster versions, V6)
 --------------------------------------------
 The same class serves rings whose producer and consumers sit in different CTAs of a cluster:
@@ -52,6 +59,8 @@ The same class serves rings whose producer and consumers sit in different CTAs o
 import tilus
 from tilus import RegisterTensor, int32, uint32
 
+from .tcgen05_fence import fence_after_thread_sync, fence_before_thread_sync
+
 
 class Pipeline(tilus.Class):
     def __init__(
@@ -63,11 +72,13 @@ class Pipeline(tilus.Class):
         release_to: int = 0,
         elect_release: bool = False,
         cluster_fences: bool = True,
+        tcgen05_fences: bool = False,
     ):
         self.num_stages: int = num_stages
         self.scope: str = scope
         self.release_to: int = release_to
         self.elect_release: bool = elect_release
+        self.tcgen05_fences: bool = tcgen05_fences
         # the scope the waits acquire at and cross-CTA arrivals release at (see the module doc)
         self.order_scope: str = scope if cluster_fences else "cta"
         self.remote_scope: str = "cluster" if cluster_fences else "cta"
@@ -82,6 +93,8 @@ class Pipeline(tilus.Class):
     def producer_acquire(self):
         """Wait until the current stage is free to be filled."""
         self.mbarrier.wait(self.empty[self.producer_stage], phase=self.producer_phase, scope=self.order_scope)
+        if self.tcgen05_fences:
+            fence_after_thread_sync()
 
     def producer_barrier(self) -> RegisterTensor:
         """The barrier the producer's writes complete on (give it to TMA or tcgen05.commit)."""
@@ -95,10 +108,20 @@ class Pipeline(tilus.Class):
         self.producer_stage = (self.producer_stage + 1) % self.num_stages
         self.producer_phase = self.producer_phase ^ (self.producer_stage == 0)
 
+    def producer_tail(self):
+        """Before the producer's CTA exits: wait until the consumers have released every stage, so
+        that no arrival is still on its way into this CTA's shared memory (a peer's multicast
+        ``tcgen05.commit`` completes asynchronously, after the peer's last wait)."""
+        for _ in range(self.num_stages):
+            self.producer_acquire()
+            self.producer_advance()
+
     # -- consumer side --------------------------------------------------------------------------
     def consumer_acquire(self):
         """Wait until the current stage holds data."""
         self.mbarrier.wait(self.full[self.consumer_stage], phase=self.consumer_phase, scope=self.order_scope)
+        if self.tcgen05_fences:
+            fence_after_thread_sync()
 
     def consumer_barrier(self) -> RegisterTensor:
         """The barrier that frees the current stage (give it to tcgen05.commit)."""
@@ -106,6 +129,8 @@ class Pipeline(tilus.Class):
 
     def consumer_release(self):
         """Arrive on the current stage's ``empty`` barrier: this CTA's, or those of ``release_to``."""
+        if self.tcgen05_fences:
+            fence_before_thread_sync()
         self.release_barrier(self.empty[self.consumer_stage])
 
     def consumer_release_previous(self):

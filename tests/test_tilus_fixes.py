@@ -42,7 +42,7 @@ def result_lib(result):
 def test_fixes_are_applied_for_tilus_0_2_0():
     assert tilus.__version__ == "0.2.0"
     assert set(tilus_fixes.FIXES) == {"tma_sm90", "build_without_gpu", "keep_ptx", "serial_transpile",
-                                      "fence_tall_accumulators"}
+                                      "fence_tall_accumulators", "workspace_in_shared_memory"}
     assert all(fix.applied for fix in tilus_fixes.FIXES.values())
 
 

@@ -11,7 +11,9 @@ around, is guarded to the tilus release that has it, and can be taken out again
 * ``keep_ptx``: the PTX of a kernel is kept only when every IR pass is dumped too;
 * ``serial_transpile``: programs transpiled in forked workers fail tilus's loop-invariant hoisting;
 * ``fence_tall_accumulators``: wgmma accumulators are not fenced, and ptxas serializes the wgmma of
-  a warp-specialized 128-row tile.
+  a warp-specialized 128-row tile;
+* ``workspace_in_shared_memory``: the shared workspace that receives the tensor-memory address is
+  placed 128-byte aligned, but the dynamic shared memory is sized from the unaligned top.
 
 Each module's docstring describes its fault and the work-around in full.
 """
@@ -23,13 +25,21 @@ from typing import Iterator
 
 import tilus
 
-from . import build_without_gpu, fence_tall_accumulators, keep_ptx, serial_transpile, tma_sm90
+from . import (
+    build_without_gpu,
+    fence_tall_accumulators,
+    keep_ptx,
+    serial_transpile,
+    tma_sm90,
+    workspace_in_shared_memory,
+)
 from .build_without_gpu import stand_in_libcuda_dir
 from .fix import Fix
 from .keep_ptx import disassembler
 
 FAULTY_RELEASES = ("0.2.0",)
-MODULES = (tma_sm90, build_without_gpu, keep_ptx, serial_transpile, fence_tall_accumulators)
+MODULES = (tma_sm90, build_without_gpu, keep_ptx, serial_transpile, fence_tall_accumulators,
+           workspace_in_shared_memory)
 
 FIXES: dict[str, Fix] = {}
 

@@ -13,19 +13,22 @@ Synchronization (K block ``k`` uses slot ``s = k % stages``, parity ``(k // stag
 
 | barrier | count | who arrives | who waits | scope |
 | --- | --- | --- | --- | --- |
-| ``full[s]`` | 1 + bytes | the issuing lane's ``arrive.expect_tx`` (both tiles); the 2 TMA loads | warp 0, before the MMA | CTA |
+| ``full[s]`` | 1 + bytes | warp 0's ``arrive.expect_tx`` (both tiles); the 2 TMA loads | warp 0, before the MMA | CTA |
 | ``empty[s]`` | 1 | ``tcgen05.commit`` after the MMA that read slot ``s`` | warp 0, before refilling ``s`` | CTA |
 | ``acc_ready`` | 1 | ``tcgen05.commit`` after the last MMA | all 128 threads (parity 0), then TMEM is read | CTA |
 
-The epilogue is V1's. The output tile is staged in its own buffer, not in the ring: tilus 0.2.0
-places the mbarriers in whatever shared memory is free when the kernel is finalized, so a
-``free_shared`` ring would put the barriers on top of live tiles.
+The epilogue and TMEM's fences are V1's (after the wait on ``acc_ready``). The output blocks are
+staged in their own buffer, not in the ring: tilus 0.2.0 places the mbarriers in whatever shared
+memory is free when the kernel is finalized, so a ``free_shared`` ring would put the barriers on
+top of live tiles.
 """
 
 import tilus
 from tilus import GlobalTensor, float32, int32
-from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.utils import cdiv
+
+from pipeline.tcgen05_fence import fence_after_thread_sync, fence_before_thread_sync
+from pipeline.tma_store import StagedTmaStore
 
 from ..entry import MatmulKernel
 
@@ -33,6 +36,8 @@ IDEA = "software pipelining: a ring of shared-memory stages, TMA loads run ahead
 PTX_MARKERS = ("tcgen05.mma.cta_group::1", "tcgen05.commit", "cp.async.bulk.tensor.2d.shared::cta.global",
                "mbarrier.try_wait.parity")
 REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=3)
+
+EPILOGUE_COLUMNS = 64  # 128 bytes of a 16-bit dtype: one 128-byte-swizzled staging tile
 
 
 # shared memory: stages * (block_m + block_n) * block_k * 2 bytes of ring + the staged output tile
@@ -58,6 +63,8 @@ class Kernel(MatmulKernel):
         s_a = self.shared_tensor(dtype=self.dtype, shape=[stages, self.block_m, self.block_k])
         s_b = self.shared_tensor(dtype=self.dtype, shape=[stages, self.block_n, self.block_k])
         t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
+        with self.single_warp():  # the allocating warp: the CTA will not allocate again
+            self.tcgen05.relinquish_alloc_permit(cta_group=1)
 
         full = self.mbarrier.alloc(counts=[1 for _ in range(stages)])
         empty = self.mbarrier.alloc(counts=[1 for _ in range(stages)])
@@ -86,11 +93,18 @@ class Kernel(MatmulKernel):
         self.mbarrier.wait(acc_ready[0], phase=0)
 
         # epilogue (as in V1)
-        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.block_n])
-        self.annotate_layout(s_c, shared_row_major(self.block_m, self.block_n))
-        r_acc = self.tcgen05.load(t_acc)
-        self.tcgen05.wait_load()
-        self.store_tile(s_c, r_acc.to(self.dtype), g_c, offset_m, offset_n)
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[1, self.block_m, EPILOGUE_COLUMNS])
+        out = StagedTmaStore(s_c)
+        fence_after_thread_sync()  # the MMAs that acc_ready announced, before tcgen05.ld reads TMEM
+        for e in range(self.block_n // EPILOGUE_COLUMNS):
+            t_sub = self.tcgen05.slice(t_acc, offsets=[0, e * EPILOGUE_COLUMNS], shape=[self.block_m, EPILOGUE_COLUMNS],
+                                       dims=[0, 1])
+            r_sub = self.tcgen05.load(t_sub)
+            self.tcgen05.wait_load()
+            out.put(r_sub, g_c, offset_m, offset_n + e * EPILOGUE_COLUMNS)
+        out.finish()
 
+        fence_before_thread_sync()  # every tcgen05.ld, before the barrier after which TMEM is freed
         self.sync()
+        fence_after_thread_sync()
         self.tcgen05.dealloc(t_acc)

@@ -7,8 +7,8 @@ own loop over the K blocks and meeting the others only at mbarriers:
 
 * warp 4 (producer): waits for a slot to be free, announces its bytes, issues the two TMA loads;
 * warp 5 (MMA issuer): waits for a slot to be full, issues the MMA, commits the slot back;
-* warps 0-3 (epilogue warpgroup, the 128 TMEM lanes): wait for the accumulator, then TMEM ->
-  registers -> shared -> TMA store, as in V1/V2.
+* warps 0-3 (epilogue warpgroup, the 128 TMEM lanes): wait for the accumulator, then V1's
+  epilogue, block by block: TMEM -> registers -> shared -> TMA store.
 
 The producer runs up to ``stages`` K blocks ahead of the MMAs, bounded only by the ring.
 
@@ -16,20 +16,23 @@ Synchronization (K block ``k`` uses slot ``s = k % stages``, parity ``p = (k // 
 
 | barrier | count | who arrives | who waits | scope |
 | --- | --- | --- | --- | --- |
-| ``full[s]`` | 1 + bytes | a TMA-warp lane's ``arrive.expect_tx`` (both tiles); the 2 TMA loads | MMA warp, parity ``p`` | CTA |
+| ``full[s]`` | 1 + bytes | TMA warp's ``arrive.expect_tx`` (both tiles); the 2 loads | MMA warp, parity ``p`` | CTA |
 | ``empty[s]`` | 1 | MMA warp's ``tcgen05.commit`` after the MMA that read ``s`` | TMA warp, parity ``p ^ 1`` | CTA |
 | ``acc_ready`` | 1 | MMA warp's ``tcgen05.commit`` after its last MMA | the 128 epilogue threads, parity 0 | CTA |
-| named barrier 1 | 128 | epilogue threads, after staging + ``fence.proxy.async`` | epilogue threads; then the store | CTA |
+| named barrier 1 | 128 | epilogue threads, around each block's staging (V1's ``__syncthreads``) | the same | CTA |
 | ``__syncthreads`` | 192 | all 6 warps, when their role is done | all; then TMEM is freed | CTA |
 
 The TMA warp's parity ``p ^ 1`` on a fresh ``empty[s]`` names the phase before the first, which
-reads as completed: the first pass over the ring does not wait.
+reads as completed: the first pass over the ring does not wait. TMEM's fences are V1's, the
+"after" fence in the epilogue warpgroup after its wait on ``acc_ready``.
 """
 
 import tilus
 from tilus import GlobalTensor, float32, int32
-from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.utils import cdiv
+
+from pipeline.tcgen05_fence import fence_after_thread_sync, fence_before_thread_sync
+from pipeline.tma_store import StagedTmaStore
 
 from ..entry import MatmulKernel
 
@@ -37,6 +40,8 @@ IDEA = "warp specialization: a TMA producer warp, an MMA warp and an epilogue wa
 PTX_MARKERS = ("tcgen05.mma.cta_group::1", "tcgen05.commit", "cp.async.bulk.tensor.2d.shared::cta.global",
                "bar.cta.sync 1, 128")
 REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=3)
+
+EPILOGUE_COLUMNS = 64  # 128 bytes of a 16-bit dtype: one 128-byte-swizzled staging tile
 
 EPILOGUE_WARPS = (0, 4)  # warps 0-3: one warp per 32 TMEM lanes
 TMA_WARP = 4
@@ -64,9 +69,10 @@ class Kernel(MatmulKernel):
 
         s_a = self.shared_tensor(dtype=self.dtype, shape=[stages, self.block_m, self.block_k])
         s_b = self.shared_tensor(dtype=self.dtype, shape=[stages, self.block_n, self.block_k])
-        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.block_n])
-        self.annotate_layout(s_c, shared_row_major(self.block_m, self.block_n))
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[1, self.block_m, EPILOGUE_COLUMNS])
         t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
+        with self.single_warp():  # the allocating warp: the CTA will not allocate again
+            self.tcgen05.relinquish_alloc_permit(cta_group=1)
 
         full = self.mbarrier.alloc(counts=[1 for _ in range(stages)])
         empty = self.mbarrier.alloc(counts=[1 for _ in range(stages)])
@@ -89,9 +95,17 @@ class Kernel(MatmulKernel):
 
         with self.warp_group(warp_begin=EPILOGUE_WARPS[0], num_warps=EPILOGUE_WARPS[1]):  # TMEM -> global
             self.mbarrier.wait(acc_ready[0], phase=0)
-            r_acc = self.tcgen05.load(t_acc)
-            self.tcgen05.wait_load()
-            self.store_tile(s_c, r_acc.to(self.dtype), g_c, offset_m, offset_n)
+            fence_after_thread_sync()  # the MMAs that acc_ready announced, before tcgen05.ld reads TMEM
+            out = StagedTmaStore(s_c)
+            for e in range(self.block_n // EPILOGUE_COLUMNS):
+                t_sub = self.tcgen05.slice(t_acc, offsets=[0, e * EPILOGUE_COLUMNS],
+                                           shape=[self.block_m, EPILOGUE_COLUMNS], dims=[0, 1])
+                r_sub = self.tcgen05.load(t_sub)
+                self.tcgen05.wait_load()
+                out.put(r_sub, g_c, offset_m, offset_n + e * EPILOGUE_COLUMNS)
+            out.finish()
 
+        fence_before_thread_sync()  # every tcgen05.ld, before the barrier after which TMEM is freed
         self.sync()
+        fence_after_thread_sync()
         self.tcgen05.dealloc(t_acc)

@@ -17,23 +17,26 @@ Synchronization (phase rules: ``pipeline/pipeline.py``):
 | barrier | count | who arrives | who waits | scope |
 | --- | --- | --- | --- | --- |
 | ``ring.full[s]`` | 1 + bytes | a TMA-warp lane's ``arrive.expect_tx`` (both tiles); the 2 TMA loads | MMA warp | CTA |
-| ``ring.empty[s]`` | 1 | MMA warp's ``tcgen05.commit`` after the MMA that read ``s`` | TMA warp, before refilling ``s`` | CTA |
+| ``ring.empty[s]`` | 1 | MMA warp's ``tcgen05.commit`` after the MMA that read ``s`` | TMA warp | CTA |
 | ``acc_ring.full[0]`` | 1 | MMA warp's ``tcgen05.commit`` after its last MMA | the 128 epilogue threads | CTA |
 | ``acc_ring.empty[0]`` | 128 | nobody (one tile per CTA) | MMA warp, once, on the fresh barrier | CTA |
-| named barrier 1 | 128 | epilogue threads, after staging + ``fence.proxy.async`` | epilogue threads; then the store | CTA |
+| named barrier 1 | 128 | epilogue threads, around each block's staging (V1's ``__syncthreads``) | the same | CTA |
 | ``__syncthreads`` | 192 | all 6 warps, when their role is done | all; then TMEM is freed | CTA |
 
 ``acc_ring`` has one slot and the CTA one tile: the MMA warp's ``producer_acquire`` waits on
 ``empty[0]`` for the phase before the first, which a fresh barrier reports complete, so it returns
 at once, and the epilogue never releases the slot. V5 makes the accumulator a ring that turns.
+``acc_ring`` is a ``Pipeline(tcgen05_fences=True)``: its waits are followed by
+``tcgen05.fence::after_thread_sync`` (V3's fence in the epilogue, now inside ``consumer_acquire``).
 """
 
 import tilus
 from tilus import GlobalTensor, float32, int32
-from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.utils import cdiv
 
 from pipeline import Pipeline, TileRasterizer
+from pipeline.tcgen05_fence import fence_after_thread_sync, fence_before_thread_sync
+from pipeline.tma_store import StagedTmaStore
 
 from ..entry import MatmulKernel
 
@@ -41,6 +44,8 @@ IDEA = "grouped tile rasterization for L2 reuse; every hand-off through the shar
 PTX_MARKERS = ("tcgen05.mma.cta_group::1", "tcgen05.commit", "cp.async.bulk.tensor.2d.shared::cta.global",
                "bar.cta.sync 1, 128")
 REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=3, group=8)
+
+EPILOGUE_COLUMNS = 64  # 128 bytes of a 16-bit dtype: one 128-byte-swizzled staging tile
 
 TMA_WARP = 4
 MMA_WARP = 5
@@ -72,12 +77,13 @@ class Kernel(MatmulKernel):
 
         s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, self.block_k])
         s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
-        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.block_m, self.block_n])
-        self.annotate_layout(s_c, shared_row_major(self.block_m, self.block_n))
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[1, self.block_m, EPILOGUE_COLUMNS])
         t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
+        with self.single_warp():  # the allocating warp: the CTA will not allocate again
+            self.tcgen05.relinquish_alloc_permit(cta_group=1)
 
         ring = Pipeline(self.stages)
-        acc_ring = Pipeline(1, consumer_arrivals=128)
+        acc_ring = Pipeline(1, consumer_arrivals=128, tcgen05_fences=True)
         self.sync()
 
         with self.single_warp(TMA_WARP):  # producer of ring
@@ -100,9 +106,16 @@ class Kernel(MatmulKernel):
 
         with self.warp_group(warp_begin=0, num_warps=4):  # consumer of acc_ring: TMEM -> global
             acc_ring.consumer_acquire()
-            r_acc = self.tcgen05.load(t_acc)
-            self.tcgen05.wait_load()
-            self.store_tile(s_c, r_acc.to(self.dtype), g_c, offset_m, offset_n)
+            out = StagedTmaStore(s_c)
+            for e in range(self.block_n // EPILOGUE_COLUMNS):
+                t_sub = self.tcgen05.slice(t_acc, offsets=[0, e * EPILOGUE_COLUMNS],
+                                           shape=[self.block_m, EPILOGUE_COLUMNS], dims=[0, 1])
+                r_sub = self.tcgen05.load(t_sub)
+                self.tcgen05.wait_load()
+                out.put(r_sub, g_c, offset_m, offset_n + e * EPILOGUE_COLUMNS)
+            out.finish()
 
+        fence_before_thread_sync()  # every tcgen05.ld, before the barrier after which TMEM is freed
         self.sync()
+        fence_after_thread_sync()
         self.tcgen05.dealloc(t_acc)

@@ -7,8 +7,10 @@ a scheduler warp asks the hardware to cancel a cluster that has not launched yet
 (``pipeline.ClcScheduler``); the grid still has one CTA per tile, so the hardware knows the work
 and balances it. Because the CTA lives on, the accumulator becomes a ring of ``acc_stages`` TMEM
 buffers: the MMA warp fills buffer ``i + 1`` while the epilogue warpgroup drains buffer ``i``. The
-epilogue drains in ``e_block_n``-column sub-tiles, TMEM -> registers -> one of two shared
-sub-tile buffers -> TMA store, so a store is in flight while the next sub-tile is read.
+epilogue drains in ``e_block_n``-column sub-tiles, TMEM -> registers -> one of up to four shared
+staging buffers (as many as fit beside the ring) -> TMA store, so stores stay in flight while the
+next sub-tiles are read, and it hands a buffer back to the MMA warp as soon as its last sub-tile
+is in registers, before that sub-tile is staged and stored.
 
 Warps: 0-3 epilogue (the 128 TMEM lanes), 4 TMA, 5 MMA, 6 scheduler (224 threads).
 
@@ -19,15 +21,17 @@ Synchronization (phase rules: ``pipeline/pipeline.py``):
 | ``ring.full[s]`` | 1 + bytes | a TMA-warp lane's ``arrive.expect_tx`` (both tiles); the 2 TMA loads | MMA warp | CTA |
 | ``ring.empty[s]`` | 1 | MMA warp's ``tcgen05.commit`` after the MMA that read ``s`` | TMA warp | CTA |
 | ``acc_ring.full[a]`` | 1 | MMA warp's ``tcgen05.commit`` after a tile's last MMA | the 128 epilogue threads | CTA |
-| ``acc_ring.empty[a]`` | 128 | each epilogue thread once its ``tcgen05.ld`` of buffer ``a`` completed | MMA warp | CTA |
-| ``clc.full[r]`` | 1 + 16 bytes | scheduler warp's ``arrive.expect_tx``; the ``try_cancel`` response | all 224 threads | CTA |
+| ``acc_ring.empty[a]`` | 128 | each epilogue thread, its last ``tcgen05.ld`` of ``a`` complete | MMA warp | CTA |
+| ``clc.full[r]`` | 1 + 16 bytes | scheduler's ``arrive.expect_tx``; the ``try_cancel`` response | all 224 | CTA |
 | ``clc.empty[r]`` | 224 | every thread of the four roles, once it decoded response ``r`` | scheduler warp | CTA |
-| named barrier 1 | 128 | epilogue threads, around each sub-tile's staging (``StagedTmaStore``) | epilogue threads | CTA |
+| named barrier 1 | 128 | epilogue threads, around each sub-tile's staging (``StagedTmaStore``) | the same | CTA |
 | ``__syncthreads`` | 224 | all 7 warps, when their role is done | all; then TMEM is freed | CTA |
 
 The MMA warp waits on ``acc_ring.empty[a]`` before it overwrites buffer ``a`` (``enable_input_d``
-false on a tile's first K block). Before refilling staging buffer ``j % 2`` the storing lane waits
-until at most one TMA store group still reads (``cp.async.bulk.wait_group.read 1``).
+false on a tile's first K block); ``acc_ring``'s ``tcgen05_fences`` put
+``tcgen05.fence::after_thread_sync`` after both its waits and ``before_thread_sync`` before the
+epilogue's release. Before refilling staging buffer ``j % buffers`` the storing lane waits until
+at most ``buffers - 1`` TMA store groups still read (``cp.async.bulk.wait_group.read``).
 """
 
 import tilus
@@ -36,7 +40,8 @@ from tilus.utils import cdiv
 
 from pipeline import Pipeline, TileRasterizer
 from pipeline.clc import ClcScheduler
-from pipeline.tma_store import StagedTmaStore
+from pipeline.tcgen05_fence import fence_after_thread_sync, fence_before_thread_sync
+from pipeline.tma_store import StagedTmaStore, staging_buffers
 
 from ..entry import MatmulKernel
 
@@ -68,6 +73,9 @@ class Kernel(MatmulKernel):
         self.acc_stages = acc_stages
         self.e_block_n = e_block_n
         self.group = group
+        # as many epilogue staging buffers (up to 4) as fit beside the ring
+        ring_bytes = stages * (block_m + block_n) * block_k * dtype.nbytes
+        self.epilogue_buffers = staging_buffers(block_m * e_block_n * dtype.nbytes, ring_bytes)
 
     def matmul(self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32,
                k_size: int32):
@@ -81,11 +89,13 @@ class Kernel(MatmulKernel):
 
         s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, block_m, block_k])
         s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, block_n, block_k])
-        s_c = self.shared_tensor(dtype=self.dtype, shape=[2, block_m, e_block_n])
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.epilogue_buffers, block_m, e_block_n])
         t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.acc_stages, block_m, block_n])
+        with self.single_warp():  # the allocating warp: the CTA will not allocate again
+            self.tcgen05.relinquish_alloc_permit(cta_group=1)
 
         ring = Pipeline(self.stages)
-        acc_ring = Pipeline(self.acc_stages, consumer_arrivals=128)
+        acc_ring = Pipeline(self.acc_stages, consumer_arrivals=128, tcgen05_fences=True)
         clc = ClcScheduler(CLC_STAGES, consumer_arrivals=CONSUMER_THREADS)
         self.sync()
 
@@ -135,13 +145,16 @@ class Kernel(MatmulKernel):
                                                shape=[block_m, e_block_n], dims=[0, 1])
                     r_sub = self.tcgen05.load(t_sub)
                     self.tcgen05.wait_load()
+                    if e == block_n // e_block_n - 1:  # the buffer's last tcgen05.ld has completed:
+                        acc_ring.consumer_release()  # the MMA warp may refill it while this sub-tile is stored
+                        acc_ring.consumer_advance()
                     out.put(r_sub, g_c, m_tile * block_m, n_tile * block_n + e * e_block_n)
-                acc_ring.consumer_release()  # every tcgen05.ld of this buffer has completed
-                acc_ring.consumer_advance()
                 is_valid, tile = clc.next_tile()
                 if not is_valid:
                     break
             out.finish()
 
+        fence_before_thread_sync()  # every tcgen05.ld, before the barrier after which TMEM is freed
         self.sync()
+        fence_after_thread_sync()
         self.tcgen05.dealloc(t_acc)

@@ -9,33 +9,48 @@ CTAs' shared memory and writes each CTA's 128 rows of the accumulator into that 
 SM that is half the shared memory of a 1-CTA kernel for the same tile, so the ring gets more
 stages and the MMA is twice as tall.
 
-Configuration ``cluster_ctas``: 2 (one pair per cluster), or 4 (two pairs stacked along M that
-need the same B tile). tcgen05.mma has no 4-CTA form, so the 4-CTA cluster is a copy-side
-arrangement: each pair still runs its own 2-CTA MMA, and the B half that CTA ``h`` of pair 0
-loads is multicast by TMA (``multicast_mask``) into CTA ``h`` of both pairs, so every B byte is
-fetched from L2 once per cluster; pair 1 loads only its A halves.
+Configuration ``cluster_ctas``: 2 (one pair per cluster, the autotune space), or 4 (two pairs
+stacked along M that need the same B tile; ``FOUR_CTA``, built and checked but kept out of the
+autotune space, so ``matmul()`` never picks it, until it has run on a Blackwell GPU: select it on
+purpose with ``versions.kernel(module, dtype, FOUR_CTA)``). tcgen05.mma has no 4-CTA form, so the
+4-CTA cluster is a copy-side arrangement: each pair still runs its own 2-CTA MMA, and the B half
+that CTA ``h`` of pair 0 loads is multicast by TMA (``multicast_mask``) into CTA ``h`` of both
+pairs, so every B byte is fetched from L2 once per cluster; pair 1 loads only its A halves.
 
 Warps (in every CTA): 0-3 epilogue, 4 TMA, 5 MMA (idle in the odd CTA), 6 scheduler (issues CLC
 requests in rank 0 only). Synchronization, with ``pairs = cluster_ctas / 2``, ``ctas =
-cluster_ctas``, "leader" the even CTA of a pair:
+cluster_ctas``, "leader" the even CTA of a pair; "CTA" scope on a peer's barrier means the
+arrival reaches the peer (``shared::cluster``) but orders only at CTA scope:
 
 | barrier | count | who arrives | who waits | scope |
 | --- | --- | --- | --- | --- |
-| leader's ``ring.full[s]`` | 1 + bytes | leader's ``arrive.expect_tx`` of the pair's bytes; both CTAs' TMA loads | leader's MMA warp | cluster |
-| ``ring.empty[s]`` | ``pairs`` | each leader's ``tcgen05.commit``, multicast to every CTA | each CTA's TMA warp | cluster |
-| ``acc_ring.full[a]`` | ``pairs`` | each leader's commit after a tile's last MMA, multicast | each CTA's epilogue | cluster |
-| leader's ``acc_ring.empty[a]`` | ``128 * ctas`` | every epilogue thread of the cluster, on every leader | leader's MMA warp | cluster |
-| ``clc.full[r]`` | 1 + 16 bytes | rank 0's ``arrive.expect_tx`` into every CTA; the multicast response | all 224 threads | cluster |
-| rank 0's ``clc.empty[r]`` | ``224 * ctas`` | every thread of the cluster, once it decoded response ``r`` | rank 0's scheduler warp | cluster |
-| ``barrier.cluster`` | all threads | every thread, after the barriers are initialised / before TMEM is freed | every thread | cluster |
+| leader's ``ring.full[s]`` | 1 + bytes | leader's ``arrive.expect_tx``; both CTAs' loads | leader's MMA | CTA |
+| ``ring.empty[s]`` | ``pairs`` | each leader's ``tcgen05.commit``, multicast to every CTA | each CTA's TMA warp | CTA |
+| ``acc_ring.full[a]`` | ``pairs`` | each leader's commit after a tile's last MMA, multicast | epilogue | CTA |
+| leader's ``acc_ring.empty[a]`` | ``128 * ctas`` | every epilogue thread of the cluster | leader's MMA | CTA |
+| ``clc.full[r]`` | 1 + 16 bytes | rank 0's ``arrive.expect_tx`` in every CTA; the response | all 224 | CTA |
+| rank 0's ``clc.empty[r]`` | ``224 * ctas`` | every thread of the cluster, ``r`` decoded | rank 0's scheduler | CTA |
+| ``barrier.cluster`` | all threads | all, after barrier init / before TMEM is freed | all | cluster |
+
+Why CTA scope suffices: what each hand-off passes on is ordered by the hardware itself: TMA bytes
+and CLC responses complete on the barrier they are counted on (``complete_tx``), a
+``tcgen05.commit`` arrives once the MMAs before it are complete, and an epilogue thread releases
+an accumulator buffer after ``tcgen05.wait::ld`` and ``tcgen05.fence::before_thread_sync``. A
+cluster-scope wait would invalidate the SM's L1 at every K block, and a cluster-scope arrival put
+a ``MEMBAR.ALL.GPU`` in front of it; only the two ``barrier.cluster`` keep them.
 
 Both CTAs' TMA loads (``.cta_group::2``) complete their bytes on the leader's ``full[s]`` (the odd
 CTA names it through ``mapa``; a multicast load signals the barrier at the same offset in the
 leader of each destination CTA's pair); the odd CTA's ``full[s]`` is unused. A CTA refills a slot
 only when every pair that reads it (a multicast B half is read by both pairs) is done with it. A
-cancelled cluster is named by its first CTA: tile = ctaid / ctas. The cluster barrier before TMEM
-is freed is there because the leader's MMAs write into the odd CTA's TMEM and its commits arrive
-on the odd CTA's barriers. The epilogue stores are ``pipeline.tma_store.StagedTmaStore``'s, as in V5.
+cancelled cluster is named by its first CTA: tile = ctaid / ctas.
+
+Exit: the leaders' commits of the last K blocks arrive on every CTA's ``ring.empty``
+asynchronously, after the MMA warp's last wait, so each CTA's TMA warp ends with the producer tail
+(``ring.producer_tail()``: one wait per stage for its last release) before the CTA may exit. The
+cluster barrier before TMEM is freed is there because the leader's MMAs write into the odd CTA's
+TMEM and its commits arrive on the odd CTA's barriers; it also orders every thread's remote
+arrivals before any CTA exits. The epilogue (early release, staging buffers, TMEM fences) is V5's.
 """
 
 import tilus
@@ -44,11 +59,12 @@ from tilus.utils import cdiv
 
 from pipeline import Pipeline, TileRasterizer
 from pipeline.clc import ClcScheduler
-from pipeline.tma_store import StagedTmaStore
+from pipeline.tcgen05_fence import fence_after_thread_sync, fence_before_thread_sync
+from pipeline.tma_store import StagedTmaStore, staging_buffers
 
 from ..entry import MatmulKernel
 
-IDEA = ("2-CTA cluster: one 256-row tile per CTA pair (tcgen05 cta_group::2), cluster-scope barriers, "
+IDEA = ("2-CTA cluster: one 256-row tile per CTA pair (tcgen05 cta_group::2), barriers reached across the pair, "
         "multicast commits and CLC")
 PTX_MARKERS = ("tcgen05.mma.cta_group::2", "tcgen05.commit.cta_group::2", "multicast::cluster",
                "clusterlaunchcontrol.try_cancel", "mbarrier.arrive.expect_tx", "shared::cluster", "barrier.cluster")
@@ -62,13 +78,21 @@ CONSUMER_THREADS = 7 * 32  # per CTA: every warp reads every CLC response
 CLC_STAGES = 2
 
 
-# per CTA: stages * (128 + block_n / 2) * block_k * 2 bytes of ring + 2 epilogue sub-tiles; TMEM
-# acc_stages * block_n columns
+# Configurations that are built and checked but left out of the autotune space, so that matmul()
+# never picks them on its own: the 4-CTA cluster (two pairs sharing B by TMA multicast) relies on
+# multicast commits and barriers that span two MMA pairs, which no Blackwell GPU has run here yet.
+# Select it on purpose with versions.kernel(module, dtype, FOUR_CTA).
+FOUR_CTA = dict(REPRESENTATIVE, cluster_ctas=4)
+EXTRA_CONFIGS = (FOUR_CTA,)
+
+
+# per CTA: stages * (128 + block_n / 2) * block_k * 2 bytes of ring + up to 4 epilogue sub-tiles;
+# TMEM acc_stages * block_n columns
 @tilus.autotune("block_m", [256])
 @tilus.autotune("block_n, stages, acc_stages, e_block_n", [(128, 8, 4, 32), (256, 6, 2, 32), (256, 6, 2, 64)])
 @tilus.autotune("block_k", [64])
 @tilus.autotune("group", [8, 16])
-@tilus.autotune("cluster_ctas", [2, 4])
+@tilus.autotune("cluster_ctas", [2])
 class Kernel(MatmulKernel):
     def __init__(self, dtype, block_m: int, block_n: int, block_k: int, stages: int, acc_stages: int,
                  e_block_n: int, group: int, cluster_ctas: int):
@@ -81,6 +105,10 @@ class Kernel(MatmulKernel):
         self.e_block_n = e_block_n
         self.group = group
         self.cluster_ctas = cluster_ctas
+        # as many epilogue staging buffers (up to 4) as fit beside the ring
+        cta_m = block_m // 2
+        ring_bytes = stages * (cta_m + block_n // 2) * block_k * dtype.nbytes
+        self.epilogue_buffers = staging_buffers(cta_m * e_block_n * dtype.nbytes, ring_bytes)
 
     def matmul(self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32,
                k_size: int32):
@@ -104,12 +132,16 @@ class Kernel(MatmulKernel):
 
         s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, cta_m, block_k])
         s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, half_n, block_k])
-        s_c = self.shared_tensor(dtype=self.dtype, shape=[2, cta_m, e_block_n])
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.epilogue_buffers, cta_m, e_block_n])
         t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.acc_stages, cta_m, block_n], cta_group=2)
+        with self.single_warp():  # the allocating warp: the CTA will not allocate again
+            self.tcgen05.relinquish_alloc_permit(cta_group=2)
 
-        ring = Pipeline(self.stages, consumer_arrivals=pairs, scope="cluster")
+        # every hand-off's data is ordered by the hardware (TMA bytes, tcgen05 commits, tcgen05.ld
+        # completion + tcgen05 fences): CTA-scope waits and arrivals, as in V5, reaching the peer
+        ring = Pipeline(self.stages, consumer_arrivals=pairs, scope="cluster", cluster_fences=False)
         acc_ring = Pipeline(self.acc_stages, producer_arrivals=pairs, consumer_arrivals=128 * ctas, scope="cluster",
-                            release_to=leaders)
+                            release_to=leaders, cluster_fences=False, tcgen05_fences=True)
         clc = ClcScheduler(CLC_STAGES, consumer_arrivals=CONSUMER_THREADS, cluster_ctas=ctas)
         self.cluster.sync()  # every barrier of the cluster is initialised before a peer arrives on it
 
@@ -140,6 +172,7 @@ class Kernel(MatmulKernel):
                 is_valid, tile = clc.next_tile()
                 if not is_valid:
                     break
+            ring.producer_tail()  # the leaders' last commits still arrive on this CTA's empty barriers
 
         with self.single_warp(MMA_WARP):  # the leader's: consumer of ring, producer of acc_ring
             while True:
@@ -177,14 +210,17 @@ class Kernel(MatmulKernel):
                                                shape=[cta_m, e_block_n], dims=[0, 1])
                     r_sub = self.tcgen05.load(t_sub)
                     self.tcgen05.wait_load()
+                    if e == block_n // e_block_n - 1:  # the buffer's last tcgen05.ld has completed:
+                        acc_ring.consumer_release()  # on every leader's empty[a]
+                        acc_ring.consumer_advance()
                     out.put(r_sub, g_c, m_tile * cluster_m + rank * cta_m, n_tile * block_n + e * e_block_n)
-                acc_ring.consumer_release()  # on every leader's empty[a], at cluster scope
-                acc_ring.consumer_advance()
                 is_valid, tile = clc.next_tile()
                 if not is_valid:
                     break
             out.finish()
 
         # the peer's MMAs write this CTA's TMEM and its commits arrive on this CTA's barriers
+        fence_before_thread_sync()
         self.cluster.sync()
+        fence_after_thread_sync()
         self.tcgen05.dealloc(t_acc)
