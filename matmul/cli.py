@@ -3,6 +3,7 @@
     python -m matmul compile [--arch sm_90a|sm_100a] [--versions v0,v1,...] [--out DIR] [--all-configs]
     python -m matmul bench [--arch ...] [--versions ...] [--shapes series,ksweep,llm|MxNxK,...] [--out DIR]
     python -m matmul plot RESULTS.json [...] [--out DIR]
+    python -m matmul model [--out DIR] [--dtype float16|bfloat16] [--rounds N]
     python -m matmul candidates VERSION[:knob=int,...] ... [--sizes 4096,8192x14336x4096] [--sustained S | --profile N]
 """
 
@@ -212,7 +213,8 @@ def protocol_command(args) -> int:
         for version in _versions(args.versions, arch):
             module = versions.load(arch, version)
             for config in protocol.configs_to_check(module):
-                r = protocol.check(arch, version, config, seeds=args.seeds, module=module)
+                r = protocol.check(arch, version, config, seeds=args.seeds, module=module,
+                                   ordered_commits=not args.unordered_commits)
                 failed |= not r.ok
                 rows.append([versions.ARCH_NAMES[arch], version, r.cluster, r.roles, r.events, r.interleavings,
                              f"{r.seconds:.1f}", r.verdict])
@@ -221,6 +223,18 @@ def protocol_command(args) -> int:
     headers = ["arch", "version", "cluster", "roles", "events", "interleavings", "s", "verdict"]
     print(tabulate(rows, headers=headers))
     return 1 if failed else 0
+
+
+def model_command(args) -> int:
+    import torch
+
+    from .harness import model
+
+    if versions.local_arch() is None:
+        raise ValueError("the model benchmark times matmul() against torch.matmul on a Hopper or Blackwell GPU; "
+                         "there is none here")
+    out = Path(args.out) if args.out else choice_cache_dir() / "model"
+    return model.main(out, dtype={"float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype], rounds=args.rounds)
 
 
 def main(argv=None) -> int:
@@ -276,11 +290,19 @@ def main(argv=None) -> int:
     p.add_argument("--versions", help="comma-separated, e.g. v0,v1; default: every version")
     p.add_argument("--seeds", type=int, default=24, help="interleavings per configuration (default 24)")
     p.add_argument("--trace", action="store_true", help="print the events before each finding")
+    p.add_argument("--unordered-commits", action="store_true",
+                   help="let one thread's tcgen05.commit arrivals land in any order (default: in issue order)")
     p.set_defaults(func=protocol_command)
     p = sub.add_parser("plot", help="draw the figures of bench results files (PNG and SVG)")
     p.add_argument("results", nargs="+", help="results-*.json written by bench")
     p.add_argument("--out", help="directory for the figures (default: next to each results file)")
     p.set_defaults(func=plot_command)
+    p = sub.add_parser("model", help="matmul() against torch.matmul as a model calls it: back to back with host time, "
+                                     "and a transformer block's forward")
+    p.add_argument("--out", help="directory for the results, table and figure (default: <matmul cache dir>/model)")
+    p.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
+    p.add_argument("--rounds", type=int, default=6, help="alternating rounds per comparison (default 6)")
+    p.set_defaults(func=model_command)
     args = parser.parse_args(argv)
     args.argv = argv
     try:

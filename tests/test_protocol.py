@@ -17,10 +17,7 @@ SEEDS = 16
 
 # Findings in the unmutated kernels, kept visible here until the kernel is fixed (strict: the
 # test fails once the finding is gone, so the entry is removed with the fix).
-KNOWN_FINDINGS = {
-    ("sm_100a", "v1"): "overrun: warps 1-3 wait on mma_done without a barrier per K block, so warp 0 can "
-                       "complete two phases before they observe the first",
-}
+KNOWN_FINDINGS: dict[tuple[str, str], str] = {}
 
 
 def _cases():
@@ -62,6 +59,19 @@ def test_checker_catches_the_mutant(index):
     mutant = protocol_mutants.MUTANTS[index]
     result = _check_mutant(index)
     assert result["kind"] in mutant.kinds, f"{mutant.name}: expected {mutant.kinds}, got {result}"
+
+
+def test_cli_prints_a_row_per_version_and_fails_on_a_finding(capsys, monkeypatch):
+    from matmul import cli
+
+    assert cli.main(["protocol", "--arch", "sm_100a", "--versions", "v3", "--seeds", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "Blackwell" in out and "v3" in out and "pass" in out
+    mutant = protocol_mutants.MUTANTS[0]  # Blackwell V3 with its producer's parity flipped
+    with protocol_mutants.mutated(mutant) as module:
+        monkeypatch.setattr(versions, "load", lambda arch, version: module)
+        assert cli.main(["protocol", "--arch", "sm_100a", "--versions", "v3", "--seeds", "2"]) == 1
+    assert "deadlock" in capsys.readouterr().out
 
 
 def test_a_mutant_that_no_longer_matches_fails_loudly():

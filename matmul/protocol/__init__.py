@@ -4,13 +4,14 @@
 no nvcc, no GPU) and runs it on a model of the machine (``matmul.protocol.machine``) for a small
 problem: ragged last tiles and a ragged last K block, several tiles per CTA where the kernel is
 persistent (the GPU is taken to have ``SMS`` SMs), clusters as the kernel declares them, and for
-CLC kernels a launch that keeps ``RESIDENT_CLUSTERS`` clusters on the GPU so that ``try_cancel``
-steals the rest and finally answers "no work left". Every role (the warps, warpgroups or single
+CLC kernels a launch that keeps one to ``RESIDENT_CLUSTERS`` clusters on the GPU so that
+``try_cancel`` steals the rest and finally answers "no work left". Every role (the warps, warpgroups or single
 warps a ``thread_group`` sets apart) of every CTA is a thread of execution; the TMA unit, the
 tensor core's commits, CLC responses and ``st.async`` are asynchronous agents whose effects land
 whenever the schedule says. Each seed is one interleaving: seeded random choices, and strategies
-that starve the asynchronous agents (they fire only when no role can move), flood them, or run
-one role as far as it can before another moves.
+that starve the asynchronous agents (they fire only when no role can move), flood them, run one
+role as far as it can before another moves, or hold back one kind of role (every CTA's epilogue,
+say) until nothing else can move.
 
 What a pass proves, for the problem sizes and interleavings it ran: the *counting* protocol
 holds. Every mbarrier phase completes with exactly its arrival count and exactly the bytes
@@ -25,7 +26,9 @@ accumulator that took every K block of its rows and columns exactly once.
 What it does NOT prove: memory ordering (the scope of a wait or an arrival, ``fence.proxy.async``,
 the TMEM fences: it treats every wait as acquiring everything it needs), data values (the MMA,
 layouts, conversions and swizzles are not executed: only which tiles feed which accumulator),
-timing or performance, and anything about problem sizes or schedules it did not run.
+timing or performance, and anything about problem sizes or schedules it did not run. It assumes
+that the arrivals of one thread's ``tcgen05.commit``s land in issue order (``ordered_commits``);
+without that assumption a CTA must also wait for its last stage releases before it exits.
 """
 
 from __future__ import annotations
@@ -44,8 +47,8 @@ from ..kernels import versions
 from .machine import KINDS, AsyncOp, Finding, Machine, Problem, Role
 
 SMS = 4  # the GPU a persistent kernel is built for here: a few SMs, so CTAs get several tiles each
-RESIDENT_CLUSTERS = 2  # clusters on the GPU at once for CLC kernels (the rest are stolen by try_cancel)
-STRATEGIES = ("starve-async", "flood-async", "run-ahead", "random")
+RESIDENT_CLUSTERS = 3  # at most this many clusters on the GPU at once for CLC kernels (the rest are stolen)
+STRATEGIES = ("starve-async", "flood-async", "run-ahead", "lag-one-role", "random")
 
 __all__ = ["KINDS", "Finding", "Report", "check", "check_function", "configs_to_check", "problem_for",
            "transpile"]
@@ -108,8 +111,14 @@ def configs_to_check(module: ModuleType) -> list[dict[str, Any]]:
 
 def _chooser(strategy: str, rng: random.Random):
     last: list[Optional[Role]] = [None]
+    lagging: list[Optional[tuple]] = [None]  # the thread range whose roles move only when nothing else can
 
     def choose(ready: list[Role], ops: list[AsyncOp]):
+        if strategy == "lag-one-role":
+            if lagging[0] is None:
+                lagging[0] = rng.choice(sorted({(r.lo, r.hi) for r in ready}))
+            others = [r for r in ready if (r.lo, r.hi) != lagging[0]] + ops
+            return rng.choice(others or ready)
         if strategy == "flood-async" and ops:
             return rng.choice(ops)
         if strategy in ("starve-async", "run-ahead") and ready:
@@ -157,8 +166,11 @@ class Report:
 
 
 def check_function(function, problem: Problem, seeds: int = 24, label: str = "",
-                   resident_clusters: int = RESIDENT_CLUSTERS, clc: Optional[bool] = None) -> Report:
-    """Run ``seeds`` interleavings of one transpiled kernel; stop at the first finding."""
+                   resident_clusters: int = RESIDENT_CLUSTERS, clc: Optional[bool] = None,
+                   ordered_commits: bool = True) -> Report:
+    """Run ``seeds`` interleavings of one transpiled kernel; stop at the first finding. Seed ``s``
+    uses strategy ``STRATEGIES[s % 5]``, and a CLC kernel keeps ``1 + s % resident_clusters``
+    clusters resident (the rest are stolen by ``try_cancel`` or launched as others exit)."""
     report = Report(label)
     start = time.time()
     if clc is None:
@@ -166,7 +178,8 @@ def check_function(function, problem: Problem, seeds: int = 24, label: str = "",
     for seed in range(seeds):
         strategy = STRATEGIES[seed % len(STRATEGIES)]
         try:
-            machine = Machine(function, problem, resident_clusters=resident_clusters if clc else None)
+            resident = 1 + seed % resident_clusters if clc else None
+            machine = Machine(function, problem, resident_clusters=resident, ordered_commits=ordered_commits)
             report.roles = len(machine.ranges) * len(machine.ctas)
             report.cluster = machine.cluster_size
             machine.run(_chooser(strategy, random.Random(seed)))
@@ -182,13 +195,16 @@ def check_function(function, problem: Problem, seeds: int = 24, label: str = "",
 
 
 def check(arch: str, version: str, config: Optional[dict[str, Any]] = None, seeds: int = 24,
-          module: Optional[ModuleType] = None) -> Report:
-    """Check one configuration (default: the representative) of a version."""
+          module: Optional[ModuleType] = None, ordered_commits: bool = True) -> Report:
+    """Check one configuration (default: the representative) of a version. ``ordered_commits=False``
+    lets the arrivals of one thread's ``tcgen05.commit``s land in any order (PTX orders the MMAs a
+    commit tracks, not one commit's arrival against the next one's)."""
     arch = versions.normalize_arch(arch)
     module = module or versions.load(arch, version)
     config = dict(module.REPRESENTATIVE if config is None else config)
     start = time.time()
     function = transpile(module, arch, config)
-    report = check_function(function, problem_for(config), seeds, label=f"{arch} {version} {config}")
+    report = check_function(function, problem_for(config), seeds, label=f"{arch} {version} {config}",
+                            ordered_commits=ordered_commits)
     report.seconds = time.time() - start  # transpiling included
     return report
