@@ -102,8 +102,11 @@ class ClusterSplitKReduce(tilus.Class):
             self.arrived = self.mbarrier.alloc([1])
 
     def store(self, acc: RegisterTensor, slab: int):
-        """A consumer warpgroup's 64 partial rows (slab ``slab`` of the tile) into this CTA's partial tile."""
-        slabs = self.reshape_shared(self.partial, [self.rows // 64, 64, self.cols])
+        """A thread group's partial rows into this CTA's partial tile: ``acc`` is slab ``slab`` of
+        the tile, cut into slabs of ``acc``'s height (64 rows for a wgmma warpgroup, all 128 TMEM
+        lanes for a tcgen05 accumulator)."""
+        height = acc.shape[0]
+        slabs = self.reshape_shared(self.partial, [self.rows // height, height, self.cols])
         self.store_shared(slabs[slab], acc)
 
     def exchange(self, rank: int32):

@@ -13,6 +13,9 @@ kernel's time, both measured the same way in the same run:
   first), then timed in one window with cuBLAS (``timing.interleaved_ms``: launched in turn, L2
   flushed before each); the fastest is timed again in a longer window, and that window's two
   medians are the table's times;
+* a control: ``torch.amax`` of the weight alone (a kernel that only reads the N x K bytes), timed
+  the same way: how close a kernel that reads them can come under this method (the flush leaves L2
+  full of dirty lines, written back while the next kernel reads);
 * back to back, as a model calls them: the same two, each launched ``--calls`` times between one
   pair of events, no flush, host time included (the tilus launch as it is: one Python call of the
   compiled script per matmul).
@@ -80,9 +83,43 @@ def back_to_back_ms(fn, calls: int) -> float:
     return begin.elapsed_time(end) / calls
 
 
-def candidates(module, m: int) -> list[dict]:
-    """The configurations of V7's space whose token tile is the narrowest that holds all M rows."""
-    space = versions.space(module)
+def parse_configs(text: str) -> list[dict]:
+    """``"16/1/2/12,64/2/2/6"`` (block_m/warpgroups/split/stages) -> configuration dicts."""
+    keys = ("block_m", "warpgroups", "split", "stages")
+    return [dict(zip(keys, (int(v) for v in item.split("/")))) for item in text.split(",") if item.strip()]
+
+
+def prebuild(module, configs: list[dict], dtypes: list[torch.dtype]) -> None:
+    """Build every (configuration, dtype) in parallel processes before anything runs: tilus
+    caches each program on disk, where the launches find it."""
+    import concurrent.futures
+    import multiprocessing
+    import os
+
+    context = multiprocessing.get_context("fork")  # before this process touches CUDA
+    with concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count(), mp_context=context) as pool:
+        futures = [pool.submit(_build, module.__name__, config, str(dtype).removeprefix("torch."))
+                   for config in configs for dtype in dtypes]
+        for future in futures:
+            config, error = future.result()
+            if error:
+                print(f"build failed: {config}: {error[-400:]}", flush=True)
+
+
+def _build(module_name: str, config: dict, dtype: str) -> tuple[dict, str]:
+    import importlib
+
+    from ..build import compiler
+
+    module = importlib.import_module(module_name)
+    result = compiler.build_config(module, ARCH, config, versions.TILUS_DTYPES[DTYPES[dtype]])
+    return config, "" if result.ok else result.error
+
+
+def candidates(module, m: int, space: list[dict] | None = None) -> list[dict]:
+    """The configurations (of V7's space, or of ``space``) whose token tile is the narrowest that
+    holds all M rows."""
+    space = space or versions.space(module)
     widths = sorted({c["block_m"] for c in space})
     width = next((w for w in widths if w >= m), widths[-1])
     return [c for c in space if c["block_m"] == width]
@@ -104,18 +141,24 @@ def measure_shape(module, shape: presets.Shape, dtype: torch.dtype, args, floor:
     row = {"m": m, "n": n, "k": k, "label": shape.label, "dtype": str(dtype).removeprefix("torch."),
            "bytes": bytes_floor(m, n, k, dtype.itemsize), "configs": []}
     best = None
-    for config in candidates(module, m):
+    for config in candidates(module, m, args.space):
         out = poisoned_output(m, n, dtype)
-        versions.run(module, a, b, out, config=config)
-        error = relative_error(out, ref)
-        entry = {"config": config, "error": error}
+        entry = {"config": config}
         row["configs"].append(entry)
+        try:
+            versions.run(module, a, b, out, config=config)
+        except Exception as e:  # a configuration that does not build is reported, the others still run
+            entry.update(failed=True, error=f"{type(e).__name__}: {str(e)[-300:]}")
+            continue
+        error = entry["error"] = relative_error(out, ref)
         if not error <= TOLERANCE[dtype]:
             entry["failed"] = True
             continue
         v7_ms, cublas_ms = interleaved_ms([launcher(module, a, b, out, config), cublas],
                                           args.select_warmup_ms, args.select_repeat_ms)
         entry["ratio"] = cublas_ms / v7_ms
+        entry["v7_us"] = v7_ms * 1e3
+        print(f"  {m}x{n}x{k} {config}: {v7_ms * 1e3:.1f} us, {entry['ratio']:.3f}x cuBLAS", flush=True)
         if best is None or entry["ratio"] > best["ratio"]:
             best = entry
     if best is None:
@@ -124,11 +167,12 @@ def measure_shape(module, shape: presets.Shape, dtype: torch.dtype, args, floor:
     out = poisoned_output(m, n, dtype)
     fn = launcher(module, a, b, out, best["config"])
     v7_ms, cublas_ms = interleaved_ms([fn, cublas], args.warmup_ms, args.repeat_ms)
+    weight_read_ms = interleaved_ms([lambda: torch.amax(b)], args.select_warmup_ms, args.select_repeat_ms)[0]
     attainable_ms = row["bytes"] / (floor["copy_tb_per_s"] * 1e12) * 1e3 + floor["empty_ms"]
     row.update(config=best["config"], v7_us=v7_ms * 1e3, cublas_us=cublas_ms * 1e3,
                attainable_us=attainable_ms * 1e3, v7_share=attainable_ms / v7_ms,
                cublas_share=attainable_ms / cublas_ms, ratio=cublas_ms / v7_ms,
-               v7_tb_per_s=row["bytes"] / (v7_ms * 1e-3) / 1e12,
+               v7_tb_per_s=row["bytes"] / (v7_ms * 1e-3) / 1e12, weight_read_us=weight_read_ms * 1e3,
                b2b_v7_us=back_to_back_ms(fn, args.calls) * 1e3, b2b_cublas_us=back_to_back_ms(cublas, args.calls) * 1e3)
     row["b2b_ratio"] = row["b2b_cublas_us"] / row["b2b_v7_us"]
     row["final_error"] = relative_error(out, ref)  # the timed launches wrote the same result
@@ -165,21 +209,22 @@ def table(results: dict) -> str:
     lines = [(f"copy bandwidth {floor['copy_tb_per_s']:.2f} TB/s (512 MiB; 32 MiB: {floor['copy_32mib_tb_per_s']:.2f}), "
              f"empty kernel {floor['empty_ms'] * 1e3:.1f} us; L2 flushed before each launch unless 'back to back'"), ""]
     header = ("| dtype | M | N x K | V7 us | cuBLAS us | floor us | V7 % floor | cuBLAS % floor | V7 / cuBLAS "
-              "| b2b V7 us | b2b cuBLAS us | b2b V7 / cuBLAS | V7 config |")
-    lines += [header, "|" + " --- |" * 13]
+              "| read B us | b2b V7 us | b2b cuBLAS us | b2b V7 / cuBLAS | V7 config |")
+    lines += [header, "|" + " --- |" * 14]
     for r in results["rows"]:
         shape = f"{r['n']} x {r['k']}" + (f" ({r['label']})" if r["label"] and "x" not in r["label"] else "")
         if r.get("failed") and "v7_us" not in r:
-            lines.append(f"| {r['dtype']} | {r['m']} | {shape} | FAILED | | | | | | | | | |")
+            lines.append(f"| {r['dtype']} | {r['m']} | {shape} | FAILED |" + " |" * 10)
             continue
         c = r["config"]
         lines.append(
             f"| {r['dtype']} | {r['m']} | {shape} | {r['v7_us']:.1f} | {r['cublas_us']:.1f} | {r['attainable_us']:.1f} "
             f"| {100 * r['v7_share']:.0f}% | {100 * r['cublas_share']:.0f}% | {r['ratio']:.2f}"
-            f"{' FAILED' if r.get('failed') else ''} | {r['b2b_v7_us']:.1f} | {r['b2b_cublas_us']:.1f} "
+            f"{' FAILED' if r.get('failed') else ''} | {r.get('weight_read_us', float('nan')):.1f} | {r['b2b_v7_us']:.1f} | {r['b2b_cublas_us']:.1f} "
             f"| {r['b2b_ratio']:.2f} | {c['block_m']}/{c['warpgroups']}/{c['split']}/{c['stages']} |")
     lines.append("")
-    lines.append("V7 config: tokens per tile / consumer warpgroups / split (CTAs of a cluster) / stages")
+    lines.append("V7 config: tokens per tile / consumer warpgroups / split (CTAs of a cluster) / stages; "
+                 "read B: torch.amax of the weight alone, timed the same way")
     for dtype, s in results["summary"].items():
         lines.append(f"{dtype}: bar shapes ({s['bar_shapes']}): geomean {s['bar_geomean_vs_cublas']:.3f}x cuBLAS, "
                      f"worst {100 * s['bar_min_share_of_floor']:.0f}% of the attainable floor; all shapes: "
@@ -226,6 +271,8 @@ def run(args) -> dict:
     unsupported = [s.text for s in shapes if not module.supports(*s.mnk)]
     if unsupported:
         raise SystemExit(f"V7 does not support {', '.join(unsupported)} (M <= {module.MAX_M})")
+    dtypes = [DTYPES[name] for name in args.dtypes.split(",")]
+    prebuild(module, args.space or versions.space(module), dtypes)
     floor = {"copy_32mib_tb_per_s": copy_tb_per_s(32 << 20, args.warmup_ms, args.repeat_ms),
              "copy_tb_per_s": copy_tb_per_s(512 << 20, args.warmup_ms, args.repeat_ms),
              "empty_ms": empty_kernel_ms(args.warmup_ms, args.repeat_ms)}
@@ -250,11 +297,14 @@ def main(argv=None) -> None:
     parser.add_argument("--repeat-ms", type=float, default=200.0)
     parser.add_argument("--select-warmup-ms", type=float, default=20.0)
     parser.add_argument("--select-repeat-ms", type=float, default=50.0)
+    parser.add_argument("--configs", type=parse_configs, dest="space", default=None,
+                        help="V7 configurations to choose from instead of its space: block_m/warpgroups/split/stages,...")
     parser.add_argument("--calls", type=int, default=200, help="launches between the back-to-back events")
     args = parser.parse_args(argv)
     if args.plot:
         results = json.loads(args.plot.read_text())
         out_dir = args.out or args.plot.parent
+        out_dir.mkdir(parents=True, exist_ok=True)
     else:
         if args.out is None:
             parser.error("--out is required")

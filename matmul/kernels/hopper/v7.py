@@ -52,7 +52,7 @@ IDEA = "skinny GEMMs: swap-AB, split-K over a cluster reduced through distribute
 PTX_MARKERS = ("wgmma.mma_async.sync.aligned.m64n16k16", "cp.async.bulk.tensor.2d.shared::cta.global",
                "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes",
                "mapa.shared::cluster", "barrier.cluster")
-REPRESENTATIVE = {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 12}
+REPRESENTATIVE = {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 8}
 
 BLOCK_K = 64  # one 128-byte swizzled row of fp16/bf16 per TMA box
 MAX_M = 256  # the widest wgmma (n = 256): beyond it a CTA would need a second accumulator
@@ -70,12 +70,15 @@ def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int) -> int:
     return ring + exchange
 
 
-# Every configuration keeps at least 48 KiB of weight in flight per CTA (stages x 8 KiB x warpgroups);
-# the ring is as deep as shared memory allows next to the exchange tiles.
+# Token tiles of 16, 64, 128 and 256 columns (the narrowest that holds M is the one to use); per
+# tile, the configurations that were fastest somewhere on the decode preset on the H100
+# (plots/h100/skinny/). A split of 2 with 64-row CTAs was best at M <= 64 on most weights: 4 or 8
+# CTAs a cluster were slower (more CTAs reading the same rows at once, a larger exchange), and the
+# ring's depth beyond 8 stages made little difference.
 @tilus.autotune("block_m, warpgroups, split, stages", [
-    (16, 1, 1, 16), (16, 1, 2, 12), (16, 1, 4, 12), (16, 2, 2, 8),
-    (64, 1, 2, 10), (64, 1, 4, 8), (64, 2, 2, 6),
-    (128, 1, 2, 6), (128, 1, 4, 6),
+    (16, 1, 2, 8), (16, 1, 2, 20), (16, 1, 1, 16), (16, 2, 2, 8), (16, 2, 4, 5),
+    (64, 1, 2, 10), (64, 1, 2, 5), (64, 2, 2, 6),
+    (128, 1, 2, 6), (128, 2, 2, 3),
     (256, 1, 1, 3), (256, 1, 2, 3),
 ])
 class Kernel(MatmulKernel):

@@ -1,0 +1,107 @@
+"""V7 (skinny GEMMs) of both series, without a GPU: every configuration fits in shared memory, the
+kernels build, and their PTX shows the design: swap-AB (the tokens are the MMA's N side), TMA
+rings, and the split-K exchange by bulk copies into the cluster peers' shared memory. Also the
+roofline harness's arithmetic and the ``supports`` contract."""
+
+import re
+
+import pytest
+from conftest import representative_build
+
+from matmul import build
+from matmul.harness import presets, roofline
+from matmul.kernels import versions
+
+HOPPER = versions.load("sm_90a", "v7")
+BLACKWELL = versions.load("sm_100a", "v7")
+
+
+def test_v7_is_a_version_of_both_series():
+    assert "v7" in versions.available("sm_90a") and "v7" in versions.available("sm_100a")
+
+
+@pytest.mark.parametrize("module", [HOPPER, BLACKWELL], ids=["hopper", "blackwell"])
+def test_supports_at_most_256_tokens(module):
+    assert module.supports(1, 1, 1) and module.supports(256, 128256, 14336)
+    assert not module.supports(257, 4096, 4096)
+    assert not module.supports(0, 4096, 4096)
+
+
+@pytest.mark.parametrize("module", [HOPPER, BLACKWELL], ids=["hopper", "blackwell"])
+def test_every_configuration_fits_in_shared_memory(module):
+    for config in versions.space(module):
+        assert module.shared_bytes(**config) <= build.SHARED_MEMORY_LIMIT["sm_90a"] - 1024, config
+
+
+@pytest.mark.parametrize("arch, config", [
+    ("sm_90a", HOPPER.REPRESENTATIVE),
+    ("sm_90a", {"block_m": 64, "warpgroups": 2, "split": 2, "stages": 6}),  # two consumer warpgroups
+    ("sm_90a", {"block_m": 16, "warpgroups": 1, "split": 1, "stages": 16}),  # no cluster exchange
+    ("sm_100a", BLACKWELL.REPRESENTATIVE),
+])
+def test_builds_with_the_shared_memory_it_was_sized_for(arch, config):
+    module = versions.load(arch, "v7")
+    result = build.build_config(module, arch, config)
+    assert result.ok, result.error[-3000:]
+    assert result.spill_bytes == 0
+    # the ring and the exchange are all the shared memory V7 takes (plus its mbarriers)
+    assert 0 <= result.shared_bytes - module.shared_bytes(**config) < 1024
+    assert result.cluster == (config["split"], 1, 1)
+    ptx = result.ptx()
+    if config["split"] > 1:
+        assert ptx.count("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes") >= 1
+    else:
+        assert "cp.async.bulk.shared::cluster" not in ptx
+
+
+def test_hopper_swaps_a_and_b():
+    # the weight's rows are the wgmma's M (64), the 16 tokens its N: m64n16, not m64n64 of padding
+    ptx = representative_build("sm_90a", "v7").ptx()
+    shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))
+    assert shapes == {"m64n16k16"}
+
+
+def test_hopper_wgmma_is_not_serialized():
+    report = (representative_build("sm_90a", "v7").program_dir / "module" / "nvcc_output.txt").read_text()
+    assert not re.search(r"C7515|C7520|serialized", report), report
+
+
+def test_blackwell_swaps_a_and_b():
+    # the accumulator is 128 weight rows (TMEM lanes) x the 32 tokens of the tile: 32 TMEM columns
+    result = representative_build("sm_100a", "v7")
+    assert result.ok, result.error[-3000:]
+    assert "tcgen05.mma.cta_group::1.kind::f16" in result.ptx()
+    source = (result.program_dir / "module" / "source.cu").read_text()
+    assert re.findall(r"tcgen05_alloc\w*\(\w+, uint32_t\((\d+)u\)\)", source) == ["32"]
+
+
+def test_the_decode_preset():
+    shapes = presets.PRESETS["decode"]
+    assert len(shapes) == 25
+    assert {s.m for s in shapes} == {1, 16, 64, 128, 256}
+    assert {(s.n, s.k) for s in shapes} == {(4096, 4096), (6144, 4096), (4096, 14336), (28672, 4096), (128256, 4096)}
+    assert all(HOPPER.supports(*s.mnk) for s in shapes)
+
+
+def test_roofline_arithmetic():
+    assert roofline.bytes_floor(1, 4096, 4096, 2) == (4096 + 4096 * 4096 + 4096) * 2
+    assert roofline.parse_configs("16/1/2/8, 64/2/2/6") == [
+        {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 8},
+        {"block_m": 64, "warpgroups": 2, "split": 2, "stages": 6}]
+    # the narrowest token tile that holds M, and only it
+    for m, width in ((1, 16), (16, 16), (17, 64), (64, 64), (100, 128), (256, 256)):
+        assert {c["block_m"] for c in roofline.candidates(HOPPER, m)} == {width}
+
+
+def test_roofline_summary_takes_the_bar_shapes():
+    def row(m, n, k, ratio, share):
+        return {"m": m, "n": n, "k": k, "dtype": "float16", "ratio": ratio, "v7_share": share, "b2b_ratio": 1.0}
+
+    rows = [row(m, n, k, 1.2, 0.9) for m in (1, 16, 64, 128) for n, k in roofline.BAR_SHAPES]
+    rows.append(row(256, 4096, 4096, 0.5, 0.4))  # not a bar shape
+    rows[0]["v7_share"] = 0.8
+    s = roofline.summary(rows)["float16"]
+    assert s["bar_shapes"] == 12
+    assert s["bar_geomean_vs_cublas"] == pytest.approx(1.2)
+    assert s["bar_min_share_of_floor"] == pytest.approx(0.8)
+    assert s["all_geomean_vs_cublas"] < 1.2
