@@ -71,8 +71,15 @@ def _built_for_sms(module: ModuleType, sms: int) -> Iterator[None]:
             owner.sm_count = fn
 
 
-def transpile(module: ModuleType, arch: str, config: dict[str, Any], sms: int = SMS, dtype=tilus.float16):
-    """The tilus IR function of one configuration of a version (what ``build`` compiles)."""
+def transpile(module: ModuleType, arch: str, config: dict[str, Any], sms: int = SMS, dtype=tilus.float16,
+              lowered: bool = True):
+    """The tilus IR function of one configuration of a version: as transpiled, or (``lowered``) after
+    tilus's own passes, the program its code generator turns into CUDA C."""
+    from pathlib import Path
+    from tempfile import TemporaryDirectory
+
+    from tilus.drivers import BuildOptions, optimize_program
+
     from ..build.compiler import target
 
     cls = module.Kernel
@@ -80,8 +87,11 @@ def transpile(module: ModuleType, arch: str, config: dict[str, Any], sms: int = 
     divisibility = {params.param_names[i]: 1 for i in params.tuning_params}
     with target(arch), _built_for_sms(module, sms):
         program = JitInstance._instantiate_schedule((cls, params, {"dtype": dtype, **config}, {}, divisibility))
-    if isinstance(program, str):
-        raise RuntimeError(f"{module.__name__} {config} does not transpile:\n{program}")
+        if isinstance(program, str):
+            raise RuntimeError(f"{module.__name__} {config} does not transpile:\n{program}")
+        if lowered:
+            with TemporaryDirectory() as scratch:
+                program = optimize_program(program, BuildOptions.create(), Path(scratch))
     (function,) = program.functions.values()
     return function
 

@@ -166,6 +166,11 @@ class MemRef:
 @dataclasses.dataclass(frozen=True)
 class GlobalRef:
     matrix: str  # 'A', 'B' or 'C'
+    base: int = 0  # element offset of a slice of the matrix
+
+
+# the row stride the checker passes for A, B and C: an element offset then reads as (row, column)
+ROW_STRIDE = 1 << 20
 
 
 def row_major(shape) -> tuple:
@@ -336,7 +341,7 @@ class Machine:
         self.events = 0
         self.max_steps = max_steps
         self.params = {}
-        args = [problem.m, problem.n, problem.k, "a_ptr", "b_ptr", "c_ptr", problem.k, problem.k, problem.n]
+        args = [problem.m, problem.n, problem.k, "a_ptr", "b_ptr", "c_ptr", ROW_STRIDE, ROW_STRIDE, ROW_STRIDE]
         for var, value in zip(function.params, args):
             self.params[var] = value
         self.num_threads = function.metadata.num_warps * 32
@@ -788,7 +793,7 @@ class Machine:
             env[s.var] = value.data[0]
         elif t is ts.TensorItemPtrStmt:
             ref = env[s.tensor]
-            env[s.ptr_var] = SharedAddr(ref.cta, ref.alloc, ref.start)
+            env[s.ptr_var] = ref if isinstance(ref, GlobalRef) else SharedAddr(ref.cta, ref.alloc, ref.start)
         else:
             self.fail("unsupported", f"statement {t.__name__}")
 
@@ -1111,6 +1116,35 @@ class Machine:
             self.k_block = shape[-1]
         env[inst.register_output] = RegVal(None, shape, LoadTag(src.matrix, offsets[0], shape[0], offsets[1],
                                                                  shape[1]))
+
+    def i_SliceGlobalInst(self, inst, env, role, group, active):
+        ref: GlobalRef = env[inst.inputs[0]]
+        offsets = [self.eval(o, env, role) for o in inst.offsets]
+        row, col = offsets[-2:] if len(offsets) >= 2 else (0, offsets[0] if offsets else 0)
+        env[inst.global_output] = dataclasses.replace(ref, base=ref.base + row * ROW_STRIDE + col)
+
+    def _generic_origin(self, inst, env, role) -> tuple[GlobalRef, int, int]:
+        """The matrix and (row, column) a lowered load/store starts at: its offset at axes 0."""
+        ref: GlobalRef = env[inst.ptr]
+        local = dict(env)
+        for axis in inst.axes:
+            local[axis] = 0
+        offset = ref.base + self.eval(inst.offset, local, role)
+        return ref, offset // ROW_STRIDE, offset % ROW_STRIDE
+
+    def i_LoadGlobalGenericInst(self, inst, env, role, group, active):
+        ref, row, col = self._generic_origin(inst, env, role)
+        shape = tuple(int(s) for s in inst.register_output.shape)
+        if ref.matrix == "A" and self.k_block is None:
+            self.k_block = shape[-1]
+        env[inst.register_output] = RegVal(None, shape, LoadTag(ref.matrix, row, shape[0], col, shape[1]))
+
+    def i_StoreGlobalGenericInst(self, inst, env, role, group, active):
+        ref, row, col = self._generic_origin(inst, env, role)
+        if ref.matrix != "C":
+            self.fail("unsupported", f"a store into {ref.matrix}")
+        value: RegVal = env[inst.inputs[0]]
+        self.record_store(role, [value.tag], [row, col], value.shape[-2:], "store")
 
     def i_StoreGlobalInst(self, inst, env, role, group, active):
         # the destination is C (the only global view stored to)
