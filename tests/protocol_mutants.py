@@ -30,6 +30,7 @@ class Mutant:
     new: str
     kinds: tuple[str, ...]  # the findings that count as caught
     config: tuple = ()  # configuration overrides (as items) on the representative
+    ordered_commits: bool = True  # the checker's assumption (see matmul.protocol)
 
     @property
     def config_dict(self) -> dict:
@@ -82,6 +83,20 @@ MUTANTS = (
            "        self.cluster.sync()\n        fence_after_thread_sync()\n        self.tcgen05.dealloc(t_acc)",
            "        fence_after_thread_sync()\n        self.tcgen05.dealloc(t_acc)",
            ("exit", "arrivals")),
+    Mutant("a producer leaves early: Blackwell V6 without its producer tail, commits landing in any order",
+           "sm_100a", "v6", "matmul.kernels.blackwell.v6",
+           "            ring.producer_tail()", "            pass",
+           ("exit",), ordered_commits=False),
+    Mutant("lost phase: Blackwell V1's four warps also wait on mma_done once per K block, with no barrier "
+           "between them and the warp that issues the MMAs",
+           "sm_100a", "v1", "matmul.kernels.blackwell.v1",
+           "        fence_before_thread_sync()  # warp 0's MMAs, complete, before the barrier...\n",
+           "        phase = 0\n"
+           "        for offset_k in range(0, k_size, self.block_k):\n"
+           "            self.mbarrier.wait(mma_done, phase=phase)\n"
+           "            phase ^= 1\n"
+           "        fence_before_thread_sync()  # warp 0's MMAs, complete, before the barrier...\n",
+           ("overrun",)),
     Mutant("tile count broken: the static scheduler rounds a worker's tile count down (Hopper V5)",
            "sm_90a", "v5", "pipeline.schedulers",
            "mine = (self.num_tiles - self.worker + self.num_workers - 1) // self.num_workers",
@@ -174,7 +189,8 @@ def run(index: int, seeds: int) -> dict:
     mutant = MUTANTS[index]
     with mutated(mutant) as module:
         config = {**module.REPRESENTATIVE, **mutant.config_dict}
-        report = protocol.check(mutant.arch, mutant.version, config, seeds=seeds, module=module)
+        report = protocol.check(mutant.arch, mutant.version, config, seeds=seeds, module=module,
+                                ordered_commits=mutant.ordered_commits)
     finding = report.finding
     return {"kind": finding.kind if finding else None, "message": finding.message if finding else "",
             "seed": report.seed, "strategy": report.strategy, "seconds": report.seconds}

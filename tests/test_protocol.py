@@ -74,6 +74,14 @@ def test_cli_prints_a_row_per_version_and_fails_on_a_finding(capsys, monkeypatch
     assert "deadlock" in capsys.readouterr().out
 
 
+def test_blackwell_v6_keeps_the_protocol_with_commits_landing_in_any_order():
+    """V6's producer tail waits for every stage's release: no commit is in flight at exit even if
+    one thread's commit arrivals land out of order (its mutant without the tail does not)."""
+    module = versions.load("sm_100a", "v6")
+    report = protocol.check("sm_100a", "v6", module.REPRESENTATIVE, seeds=SEEDS, ordered_commits=False)
+    assert report.ok, f"{report.verdict}\n{report.trace()}"
+
+
 def test_a_mutant_that_no_longer_matches_fails_loudly():
     stale = protocol_mutants.Mutant("stale", "sm_100a", "v3", "matmul.kernels.blackwell.v3", "no such text", "",
                                     ("deadlock",))
