@@ -1,34 +1,39 @@
 """A synchronization-protocol checker: each version's barriers, run on the CPU.
 
-``check(arch, version)`` transpiles a version (tilus's own IR, the program that ``build`` compiles;
-no nvcc, no GPU) and runs it on a model of the machine (``matmul.protocol.machine``) for a small
-problem: ragged last tiles and a ragged last K block, several tiles per CTA where the kernel is
-persistent (the GPU is taken to have ``SMS`` SMs), clusters as the kernel declares them, and for
-CLC kernels a launch that keeps one to ``RESIDENT_CLUSTERS`` clusters on the GPU so that
-``try_cancel`` steals the rest and finally answers "no work left". Every role (the warps, warpgroups or single
-warps a ``thread_group`` sets apart) of every CTA is a thread of execution; the TMA unit, the
-tensor core's commits, CLC responses and ``st.async`` are asynchronous agents whose effects land
-whenever the schedule says. Each seed is one interleaving: seeded random choices, and strategies
-that starve the asynchronous agents (they fire only when no role can move), flood them, run one
-role as far as it can before another moves, or hold back one kind of role (every CTA's epilogue,
-say) until nothing else can move.
+``check(arch, version)`` transpiles a version and applies tilus's own passes (the program tilus's
+code generator turns into CUDA C; no nvcc, no GPU), then runs that program on a model of the
+machine (``matmul.protocol.machine``) for a small problem: ragged last tiles and a ragged last K
+block, several tiles per CTA where the kernel is persistent (the GPU is taken to have ``SMS``
+SMs), clusters as the kernel declares them, and for CLC kernels a launch that keeps one to
+``RESIDENT_CLUSTERS`` clusters on the GPU, so that ``try_cancel`` steals the rest and finally
+answers "no work left". Every role (the warps, warpgroups or single warps that a
+``thread_group`` sets apart) of every CTA is a thread of execution; the TMA unit, the tensor
+core's commits, CLC responses, ``st.async`` and DSMEM bulk copies are asynchronous agents whose
+effects land whenever the schedule says. Each seed is one interleaving: seeded random choices,
+and strategies that starve the asynchronous agents (they fire only when no role can move), flood
+them, run one role as far as it can before another moves, or hold back one kind of role (every
+CTA's epilogue, say) until nothing else can move.
 
 What a pass proves, for the problem sizes and interleavings it ran: the *counting* protocol
 holds. Every mbarrier phase completes with exactly its arrival count and exactly the bytes
-announced by ``expect_tx`` (TMA loads, multicast included, CLC responses, ``st.async``); no
-phase completes again before every role that waits on that barrier observed the previous one;
-every parity wait returns on the phase it meant; named barriers and ``barrier.cluster`` see the
-threads they expect; no role waits forever; no CTA exits while a TMA load, a commit, a CLC
-response or an arrival may still reach its shared memory, TMEM or barriers, or while its own TMA
-stores may still read its shared memory; and every element of C is stored exactly once, from an
+announced by ``expect_tx`` (TMA loads, multicast included, CLC responses, ``st.async``, bulk
+copies); no phase completes again before every role that waits on that barrier observed the
+previous one, and every parity wait returns on the phase after the last one its role saw; named
+barriers and ``barrier.cluster`` see the threads they expect; no role waits forever; no CTA exits
+while a TMA load, a commit, a CLC response or an arrival may still reach its shared memory, TMEM
+or barriers, or while its own TMA stores may still read its shared memory; no ``try_cancel``
+follows a "no work left" answer; and every element of C is stored exactly once, from an
 accumulator that took every K block of its rows and columns exactly once.
 
 What it does NOT prove: memory ordering (the scope of a wait or an arrival, ``fence.proxy.async``,
-the TMEM fences: it treats every wait as acquiring everything it needs), data values (the MMA,
+the TMEM fences: every wait is taken to acquire everything it needs), data values (the MMAs,
 layouts, conversions and swizzles are not executed: only which tiles feed which accumulator),
-timing or performance, and anything about problem sizes or schedules it did not run. It assumes
-that the arrivals of one thread's ``tcgen05.commit``s land in issue order (``ordered_commits``);
-without that assumption a CTA must also wait for its last stage releases before it exits.
+timing or performance, what ptxas and the hardware do below tilus's IR (the model follows tilus's
+emitters: a TMA copy or a commit is issued once, by the warp's leader lane; thread ``i`` of a
+multicast arrival arrives on rank ``i``), and anything about problem sizes or schedules it did not
+run. It assumes that the arrivals of one thread's ``tcgen05.commit``s land in issue order
+(``ordered_commits=False`` drops that: a CTA must then also wait for its last stage releases
+before it exits, as Blackwell V6's producer tail does).
 """
 
 from __future__ import annotations
