@@ -83,6 +83,18 @@ def bulk_copy_to_rank(dst, src, barrier, rank) -> None:
                                              uint32(barrier_addr), uint32(rank)]))
 
 
+class SplitKRange(tilus.Class):
+    """The K blocks a CTA of rank ``rank`` sums when ``parts`` CTAs split ``num_k_blocks``: the
+    contiguous range ``first, first + 1, ..., first + count - 1``. ``count`` is at least 1: a CTA
+    whose range is empty (fewer K blocks than CTAs) loads one block wholly past K, which TMA fills
+    with zeros, so every CTA runs the same code and adds a zero partial."""
+
+    def __init__(self, num_k_blocks: int32, parts: int, rank: int32):
+        per_rank: int32 = (num_k_blocks + parts - 1) // parts
+        self.first: int32 = rank * per_rank
+        self.count: int32 = max(min(num_k_blocks - self.first, per_rank), 1)
+
+
 class ClusterSplitKReduce(tilus.Class):
     """The sum over a cluster of ``parts`` CTAs of their ``rows x cols`` float32 partial tiles
     (module doc), written out transposed: the tiles are tiles of C^T (a kernel that swapped its

@@ -38,6 +38,7 @@ def test_every_configuration_fits_in_shared_memory(module):
     ("sm_90a", {"block_m": 64, "warpgroups": 2, "split": 2, "stages": 6}),  # two consumer warpgroups
     ("sm_90a", {"block_m": 16, "warpgroups": 1, "split": 1, "stages": 16}),  # no cluster exchange
     ("sm_100a", BLACKWELL.REPRESENTATIVE),
+    ("sm_100a", {"block_m": 128, "split": 2, "stages": 4}),  # the fullest: 226 KiB
 ])
 def test_builds_with_the_shared_memory_it_was_sized_for(arch, config):
     module = versions.load(arch, "v7")

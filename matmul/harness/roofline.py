@@ -137,7 +137,10 @@ def measure_shape(module, shape: presets.Shape, dtype: torch.dtype, args, floor:
     a, b = random_operands(m, n, k, dtype)
     ref = reference(a, b)
     cublas_out = torch.empty(m, n, dtype=dtype, device="cuda")
-    cublas = lambda: torch.matmul(a, b.T, out=cublas_out)
+
+    def cublas():
+        return torch.matmul(a, b.T, out=cublas_out)
+
     row = {"m": m, "n": n, "k": k, "label": shape.label, "dtype": str(dtype).removeprefix("torch."),
            "bytes": bytes_floor(m, n, k, dtype.itemsize), "configs": []}
     best = None
@@ -167,7 +170,11 @@ def measure_shape(module, shape: presets.Shape, dtype: torch.dtype, args, floor:
     out = poisoned_output(m, n, dtype)
     fn = launcher(module, a, b, out, best["config"])
     v7_ms, cublas_ms = interleaved_ms([fn, cublas], args.warmup_ms, args.repeat_ms)
-    weight_read_ms = interleaved_ms([lambda: torch.amax(b)], args.select_warmup_ms, args.select_repeat_ms)[0]
+
+    def read_weight():
+        return torch.amax(b)
+
+    weight_read_ms = interleaved_ms([read_weight], args.select_warmup_ms, args.select_repeat_ms)[0]
     attainable_ms = row["bytes"] / (floor["copy_tb_per_s"] * 1e12) * 1e3 + floor["empty_ms"]
     row.update(config=best["config"], v7_us=v7_ms * 1e3, cublas_us=cublas_ms * 1e3,
                attainable_us=attainable_ms * 1e3, v7_share=attainable_ms / v7_ms,
@@ -206,8 +213,9 @@ def summary(rows: list[dict]) -> dict:
 
 def table(results: dict) -> str:
     floor = results["floor"]
-    lines = [(f"copy bandwidth {floor['copy_tb_per_s']:.2f} TB/s (512 MiB; 32 MiB: {floor['copy_32mib_tb_per_s']:.2f}), "
-             f"empty kernel {floor['empty_ms'] * 1e3:.1f} us; L2 flushed before each launch unless 'back to back'"), ""]
+    copy_32 = floor["copy_32mib_tb_per_s"]
+    lines = [f"copy bandwidth {floor['copy_tb_per_s']:.2f} TB/s (512 MiB; 32 MiB: {copy_32:.2f}), empty kernel "
+             f"{floor['empty_ms'] * 1e3:.1f} us; L2 flushed before each launch unless 'back to back'", ""]
     header = ("| dtype | M | N x K | V7 us | cuBLAS us | floor us | V7 % floor | cuBLAS % floor | V7 / cuBLAS "
               "| read B us | b2b V7 us | b2b cuBLAS us | b2b V7 / cuBLAS | V7 config |")
     lines += [header, "|" + " --- |" * 14]
@@ -216,12 +224,12 @@ def table(results: dict) -> str:
         if r.get("failed") and "v7_us" not in r:
             lines.append(f"| {r['dtype']} | {r['m']} | {shape} | FAILED |" + " |" * 10)
             continue
-        c = r["config"]
+        config = "/".join(str(r["config"][key]) for key in ("block_m", "warpgroups", "split", "stages"))
         lines.append(
             f"| {r['dtype']} | {r['m']} | {shape} | {r['v7_us']:.1f} | {r['cublas_us']:.1f} | {r['attainable_us']:.1f} "
             f"| {100 * r['v7_share']:.0f}% | {100 * r['cublas_share']:.0f}% | {r['ratio']:.2f}"
-            f"{' FAILED' if r.get('failed') else ''} | {r.get('weight_read_us', float('nan')):.1f} | {r['b2b_v7_us']:.1f} | {r['b2b_cublas_us']:.1f} "
-            f"| {r['b2b_ratio']:.2f} | {c['block_m']}/{c['warpgroups']}/{c['split']}/{c['stages']} |")
+            f"{' FAILED' if r.get('failed') else ''} | {r.get('weight_read_us', float('nan')):.1f} "
+            f"| {r['b2b_v7_us']:.1f} | {r['b2b_cublas_us']:.1f} | {r['b2b_ratio']:.2f} | {config} |")
     lines.append("")
     lines.append("V7 config: tokens per tile / consumer warpgroups / split (CTAs of a cluster) / stages; "
                  "read B: torch.amax of the weight alone, timed the same way")
@@ -251,11 +259,11 @@ def plot(results: dict, out_dir: Path) -> list[Path]:
             ax.text(i + 0.2, 100 * r["v7_share"] + 1, f"{r['ratio']:.2f}x", ha="center", fontsize=6, rotation=90)
         ax.axhline(85, color="#d62728", lw=0.8, ls="--", label="85% of the attainable floor")
         ax.set_xticks(list(x))
-        ax.set_xticklabels([f"{r['m']}\n{r['n']}x{r['k']}" for r in rows], fontsize=6)
+        ax.set_xticklabels([f"M={r['m']}  {r['n']}x{r['k']}" for r in rows], fontsize=6, rotation=90)
         ax.set_ylabel("% of attainable floor")
         ax.set_ylim(0, 115)
-        ax.set_title(f"{dtype}: time at the memory roofline (bytes / copy bandwidth + empty kernel) over measured time; "
-                     f"labels: V7 / cuBLAS", fontsize=9)
+        ax.set_title(f"{dtype}: attainable floor (bytes / copy bandwidth + empty kernel) over measured time, "
+                     "L2 flushed; labels: V7 / cuBLAS", fontsize=9)
         ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     paths = [out_dir / "skinny-sm_90a.png", out_dir / "skinny-sm_90a.svg"]
@@ -298,7 +306,8 @@ def main(argv=None) -> None:
     parser.add_argument("--select-warmup-ms", type=float, default=20.0)
     parser.add_argument("--select-repeat-ms", type=float, default=50.0)
     parser.add_argument("--configs", type=parse_configs, dest="space", default=None,
-                        help="V7 configurations to choose from instead of its space: block_m/warpgroups/split/stages,...")
+                        help="V7 configurations to choose from instead of its space: "
+                             "block_m/warpgroups/split/stages,...")
     parser.add_argument("--calls", type=int, default=200, help="launches between the back-to-back events")
     args = parser.parse_args(argv)
     if args.plot:

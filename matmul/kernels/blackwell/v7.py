@@ -21,10 +21,10 @@ Synchronization (this CTA's K block ``i`` uses slot ``s = i % stages``, parity `
 
 | barrier | count | who arrives | who waits | scope |
 | --- | --- | --- | --- | --- |
-| ``full[s]`` | 1 + bytes | a TMA-warp lane's ``arrive.expect_tx`` (weight and token tiles); the 2 TMA loads | MMA warp, parity ``p`` | CTA |
+| ``full[s]`` | 1 + bytes | a TMA-warp lane's ``expect_tx`` (both tiles); 2 TMA loads | MMA warp, parity ``p`` | CTA |
 | ``empty[s]`` | 1 | MMA warp's ``tcgen05.commit`` after the MMA that read ``s`` | TMA warp, parity ``p ^ 1`` | CTA |
 | ``acc_ready`` | 1 | MMA warp's ``tcgen05.commit`` after its last MMA | warps 0-3, parity 0 | CTA |
-| ``arrived`` (``ClusterSplitKReduce``) | 1 + bytes | this CTA's ``expect_tx``; the peers' bulk copies | warps 0-3, parity 0 | CTA (bytes from the cluster) |
+| ``arrived`` (exchange) | 1 + bytes | this CTA's ``expect_tx``; the peers' bulk copies | warps 0-3, parity 0 | CTA |
 | ``barrier.cluster`` | every thread of the cluster | after the barriers are initialized; before exit | all | cluster |
 
 The exchange's ``__syncthreads`` also orders the last ``tcgen05.ld`` before TMEM is freed (with the
@@ -35,7 +35,7 @@ import tilus
 from tilus import GlobalTensor, float32, int32
 from tilus.utils import cdiv
 
-from pipeline.cluster_reduce import ClusterSplitKReduce
+from pipeline.cluster_reduce import ClusterSplitKReduce, SplitKRange
 from pipeline.tcgen05_fence import fence_after_thread_sync, fence_before_thread_sync
 
 from ..entry import MatmulKernel
@@ -89,15 +89,7 @@ class Kernel(MatmulKernel):
         offset_n: int32 = (tile % num_n_tiles) * ROWS
         offset_m: int32 = (tile // num_n_tiles) * self.block_m
 
-        # this CTA's K blocks: a contiguous range, at least one (an empty range reads zeros past K)
-        num_k_blocks: int32 = cdiv(k_size, BLOCK_K)
-        per_rank: int32 = cdiv(num_k_blocks, self.split)
-        first_k_block: int32 = rank * per_rank
-        count: int32 = num_k_blocks - first_k_block
-        if count > per_rank:
-            count = per_rank
-        if count < 1:
-            count = 1
+        k_blocks = SplitKRange(cdiv(k_size, BLOCK_K), self.split, rank)  # this CTA's share of K
 
         s_w = self.shared_tensor(dtype=self.dtype, shape=[stages, ROWS, BLOCK_K])
         s_x = self.shared_tensor(dtype=self.dtype, shape=[stages, self.block_m, BLOCK_K])
@@ -111,14 +103,14 @@ class Kernel(MatmulKernel):
         self.cluster.sync()  # every barrier of the cluster exists before a peer's copy lands on it
 
         with self.single_warp(TMA_WARP):  # producer: this CTA's share of the weight, and the tokens
-            for i in range(count):
+            for i in range(k_blocks.count):
                 stage = i % stages
                 self.mbarrier.wait(empty[stage], phase=((i // stages) & 1) ^ 1)
                 self.load_k_block(g_b, g_a, s_w[stage], s_x[stage], full[stage], offset_n, offset_m,
-                                  (first_k_block + i) * BLOCK_K)
+                                  (k_blocks.first + i) * BLOCK_K)
 
         with self.single_warp(MMA_WARP):  # C^T tile += weight rows @ tokens^T
-            for i in range(count):
+            for i in range(k_blocks.count):
                 stage = i % stages
                 self.mbarrier.wait(full[stage], phase=(i // stages) & 1)
                 self.tcgen05.mma(s_w[stage], s_x[stage].transpose(), t_acc, enable_input_d=i != 0)

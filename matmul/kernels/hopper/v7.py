@@ -42,7 +42,7 @@ from tilus import GlobalTensor, SharedTensor, float32, int32
 from tilus.utils import cdiv
 
 from pipeline import Pipeline
-from pipeline.cluster_reduce import ClusterSplitKReduce
+from pipeline.cluster_reduce import ClusterSplitKReduce, SplitKRange
 from pipeline.epilogue import wgmma_fragment
 from pipeline.mainloop import WgmmaMainloop
 
@@ -106,13 +106,7 @@ class Kernel(MatmulKernel):
         offset_n: int32 = (tile % num_n_tiles) * rows
         offset_m: int32 = (tile // num_n_tiles) * self.block_m
 
-        # this CTA's K blocks: a contiguous range, at least one (an empty range reads zeros past K)
-        num_k_blocks: int32 = cdiv(k_size, BLOCK_K)
-        per_rank: int32 = cdiv(num_k_blocks, self.split)
-        first_k_block: int32 = rank * per_rank
-        count: int32 = num_k_blocks - first_k_block
-        count = min(count, per_rank)
-        count = max(count, 1)
+        k_blocks = SplitKRange(cdiv(k_size, BLOCK_K), self.split, rank)  # this CTA's share of K
 
         s_w = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.warpgroups, 64, BLOCK_K])
         s_x = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, BLOCK_K])
@@ -121,13 +115,13 @@ class Kernel(MatmulKernel):
         self.cluster.sync()  # every barrier of the cluster exists before a peer's copy lands on it
 
         with self.single_warp(4 * self.warpgroups):  # producer
-            for i in range(count):
+            for i in range(k_blocks.count):
                 ring.producer_acquire()
                 slot = ring.producer_stage
                 with self.single_thread():
                     self.mbarrier.arrive_and_expect_tx(ring.producer_barrier(),
                                                        transaction_bytes=s_w[slot].nbytes + s_x[slot].nbytes)
-                offset_k = (first_k_block + i) * BLOCK_K
+                offset_k = (k_blocks.first + i) * BLOCK_K
                 self.tma.global_to_shared(src=g_b, dst=s_w[slot, 0], offsets=[offset_n, offset_k],
                                           mbarrier=ring.producer_barrier())
                 if self.warpgroups == 2:
@@ -137,9 +131,9 @@ class Kernel(MatmulKernel):
                                           mbarrier=ring.producer_barrier())
                 ring.producer_advance()
 
-        self.consumer(0, ring, s_w, s_x, reduce, count)
+        self.consumer(0, ring, s_w, s_x, reduce, k_blocks.count)
         if self.warpgroups == 2:
-            self.consumer(1, ring, s_w, s_x, reduce, count)
+            self.consumer(1, ring, s_w, s_x, reduce, k_blocks.count)
 
         reduce.exchange(rank)
         with self.warp_group(warp_begin=0, num_warps=4):
