@@ -1,6 +1,7 @@
 """matmul.matmul on a GPU of the series: both layouts of b, both dtypes, out=, awkward shapes, against
-the float32 reference on NaN-poisoned outputs; the choice reused by a second process; the harness
-end to end on a small shape. Skipped without a Hopper or Blackwell GPU.
+the float32 reference on NaN-poisoned outputs; the choice reused by a second process; operands past
+2^31 elements; a candidate that faults while tuning; torch.compile, CUDA graphs and autograd; the
+harness end to end on a small shape. Skipped without a Hopper or Blackwell GPU.
 """
 
 import json
@@ -11,13 +12,14 @@ import sys
 
 import pytest
 import torch
+from conftest import gpu_arch, require_gpu
 
 import matmul
-from matmul.call import api
+from matmul.call import api, tilus_autotune, tuner
+from matmul.call.launch import SeriesPlan
+from matmul.contract import check_call
 from matmul.harness import bench, plot, presets, triton_baseline
 from matmul.measure.correctness import TOLERANCE, poisoned_output, random_operands, reference, relative_error
-
-from conftest import gpu_arch, require_gpu
 
 ARCH = gpu_arch()
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1800),
@@ -53,7 +55,8 @@ def test_the_transposed_view_is_not_copied():
     out = poisoned_output(512, 1024, torch.float16)
     matmul.matmul(a, w.T, out=out)  # tunes, if this shape was not tuned yet
     torch.cuda.synchronize()
-    for b, copies in ((w.T, False), (w.T.contiguous(), True)):
+    series = isinstance(api._plans.plan_for(a, w.T, out), SeriesPlan)  # cuBLAS reads a row-major b as it is
+    for b, copies in ((w.T, False), (w.T.contiguous(), series)):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
@@ -86,15 +89,17 @@ def test_a_second_process_reuses_the_choice_without_tuning():
     a, w = random_operands(m, n, k, torch.float16)
     matmul.matmul(a, w.T)
     entry = api.choice(a, w.T)
-    assert entry["version"] in matmul.versions.available(ARCH) + [api.VENDOR]  # cuBLAS may win this shape
+    assert entry["version"] in matmul.versions.available(ARCH) + [tuner.VENDOR]  # cuBLAS may win this shape
     code = f"""
 import json, torch
 import matmul
-from matmul.call import api
+from matmul.call import api, tilus_autotune, tuner
+from matmul.call.launch import SeriesPlan
+from matmul.contract import check_call
 from matmul.measure.correctness import random_operands, reference, relative_error
 def no_tuning(*args, **kwargs):
     raise AssertionError("tuned again although the choice is stored")
-api.tune = no_tuning
+api._chooser.tune_jobs = no_tuning
 a, w = random_operands({m}, {n}, {k}, torch.float16)
 out = matmul.matmul(a, w.T)
 print(json.dumps({{"error": relative_error(out, reference(a, w)), "version": api.choice(a, w.T)["version"]}}))
@@ -155,3 +160,135 @@ def test_sustained_timing_tells_a_kernel_from_one_of_twice_its_work():
     with pytest.raises(ValueError, match="one function"):
         timer([lambda: a @ b.T, lambda: half @ b.T])
 
+
+
+# --- operands past 2^31 elements -----------------------------------------------------------------
+
+LARGE = {"A": (135000, 256, 16384), "B": (256, 135000, 16384), "C": (70000, 32768, 64)}
+
+
+def chunked_error(out, a, b, rows=8192):
+    """relative_error for matrices too large for a float64 copy: row blocks against the float32 reference."""
+    bf = b.float()
+    diff = ref = 0.0
+    for i in range(0, a.shape[0], rows):
+        r = a[i:i + rows].float() @ bf.T
+        d = out[i:i + rows].double() - r.double()
+        if not torch.isfinite(d).all():
+            return float("inf")
+        diff, ref = diff + d.square().sum().item(), ref + r.double().square().sum().item()
+    return (diff / ref) ** 0.5
+
+
+@pytest.mark.parametrize("which", LARGE)
+def test_every_version_and_matmul_past_2_to_the_31_elements(which):
+    m, n, k = LARGE[which]
+    a, b = random_operands(m, n, k, torch.float16)
+    for version in matmul.versions.available(ARCH):
+        module = matmul.versions.load(ARCH, version)
+        if not tuner.fits(module, m, n, k):  # V0's int32 offsets (MAX_ELEMENTS), V7's supports()
+            continue
+        out = poisoned_output(m, n, torch.float16)
+        matmul.versions.run(module, a, b, out, config=module.REPRESENTATIVE)
+        error = chunked_error(out, a, b)
+        assert error <= TOLERANCE[torch.float16], f"{version} {which} > 2^31 elements: relative error {error:.3g}"
+        del out
+    out = poisoned_output(m, n, torch.float16)
+    matmul.matmul(a, b.T, out=out)  # tunes in a child process first
+    assert chunked_error(out, a, b) <= TOLERANCE[torch.float16], api.choice(a, b.T)
+    assert "v0" not in api.choice(a, b.T)["candidates"]
+
+
+def test_a_candidate_that_faults_while_tuning_leaves_this_process_usable():
+    m, n, k = LARGE["A"]  # V0 addresses A with int32 offsets: past 2^31 elements it faults
+    job = {"key": f"{ARCH}/fault test/float16/{m}x{n}x{k}", "m": m, "n": n, "k": k, "names": ["v0", tuner.VENDOR]}
+    device = torch.device("cuda", torch.cuda.current_device())
+    entries = tuner.tune_in_child(ARCH, torch.float16, device, [job])
+    entry = entries[job["key"]]
+    assert entry["version"] == tuner.VENDOR and "faulted" in entry["rejected"]["v0"], entry
+    a, w = random_operands(1000, 4095, 17, torch.float16)  # this process's CUDA context is intact
+    assert relative_error(torch.matmul(a, w.T), reference(a, w)) <= TOLERANCE[torch.float16]
+    assert relative_error(matmul.matmul(a, w.T), reference(a, w)) <= TOLERANCE[torch.float16]
+
+
+# --- torch: compile, CUDA graphs, autograd -------------------------------------------------------
+
+
+def test_torch_compile_fullgraph_matches_torch():
+    x, w1 = random_operands(1000, 4096, 1024, torch.float16)
+    w2 = random_operands(1, 1000, 4096, torch.float16)[1]
+
+    def mlp(x, w1, w2, out):
+        h = torch.relu(matmul.matmul(x, w1.T))
+        matmul.matmul(h, w2.T, out=out)
+        return out + 1
+
+    expected = torch.relu(x @ w1.T) @ w2.T + 1
+    compiled = torch.compile(mlp, fullgraph=True)
+    result = compiled(x, w1, w2, torch.empty(1000, 1000, device="cuda", dtype=torch.float16))
+    assert relative_error(result, expected.float()) <= 2 * TOLERANCE[torch.float16]
+
+
+def forced_series_plan(x, w, version="v5"):
+    """matmul()'s short path with a given version, whatever the choice (so that a capture records it)."""
+    module = matmul.versions.load(ARCH, version)
+    script = matmul.versions.kernel(module, x.dtype, module.REPRESENTATIVE)
+    bt, copied, c = check_call(x, w.T)
+    return SeriesPlan(tilus_autotune.launch_function(script), x, w.T, bt, copied, c, None)
+
+
+def test_cuda_graph_replay_matches_torch():
+    x, w = random_operands(2048, 4096, 4096, torch.float16)
+    out = torch.empty(2048, 4096, device="cuda", dtype=torch.float16)
+    series = forced_series_plan(x, w)
+    matmul.matmul(x, w.T)  # tuned and planned before the capture
+    matmul.matmul(x, w.T, out=out)
+    series(x, w.T, None)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up on the capture's side stream, as torch's docs advise
+        matmul.matmul(x, w.T)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = matmul.matmul(x, w.T)
+        matmul.matmul(x, w.T, out=out)
+        z = series(x, w.T, None)
+    for _ in range(2):
+        x.copy_(torch.rand_like(x) * 2 - 1)
+        out.fill_(float("nan"))
+        z.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = reference(x, w)
+        for result in (y, out, z):
+            assert relative_error(result, ref) <= TOLERANCE[torch.float16]
+        assert torch.equal(y, torch.matmul(x, w.T)) or api.choice(x, w.T)["version"] != tuner.VENDOR
+
+
+def test_an_untuned_shape_inside_a_capture_is_a_clear_error():
+    x, w = random_operands(3001, 5001, 777, torch.float16)  # a bucket no other test tunes
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(matmul.NotTunedError, match="before capturing"):
+        with torch.cuda.graph(graph):
+            matmul.matmul(x, w.T)
+
+
+def test_gradients_match_torch():
+    x, w = random_operands(1000, 1024, 4096, torch.bfloat16)
+    x, w = x.clone().requires_grad_(), w.clone().requires_grad_()
+    weights = torch.randn(1000, 1024, device="cuda")
+    (matmul.matmul(x, w.T).float() * weights).sum().backward()
+    xf, wf = x.detach().float().requires_grad_(), w.detach().float().requires_grad_()
+    ((xf @ wf.T) * weights).sum().backward()
+    assert relative_error(x.grad, xf.grad) <= TOLERANCE[torch.bfloat16]
+    assert relative_error(w.grad, wf.grad) <= TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_operands_on_another_gpu_than_the_current_one():
+    a, w = random_operands(1000, 4095, 1024, torch.float16, device="cuda:1")
+    with torch.cuda.device(0):
+        out = matmul.matmul(a, w.T)
+    assert out.device == a.device and relative_error(out, reference(a, w)) <= TOLERANCE[torch.float16]
+    assert any(memo[0] == a.device for memo in api._chooser.entries)  # chosen for that GPU (its name in the key)

@@ -52,7 +52,7 @@ from ..measure.timing import alternating_rounds, interleaved_ms, median_ms
 from . import tilus_autotune
 from .choice_cache import ChoiceCache, Entry
 
-VENDOR = "cublas"  # the candidate that is not a version of the series: torch.matmul
+VENDOR = versions.CUBLAS  # the candidate that is not a version of the series: torch.matmul
 VENDOR_MARGIN = 0.01  # a version must beat cuBLAS by more than this share of its time to be chosen
 TUNING_ROUNDS = 4  # even: each candidate is timed as often early as late in a round
 PRUNE = 1.25  # after the first round, only candidates within this factor of the fastest are timed again
