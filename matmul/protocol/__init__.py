@@ -55,7 +55,7 @@ SMS = 4  # the GPU a persistent kernel is built for here: a few SMs, so CTAs get
 RESIDENT_CLUSTERS = 3  # at most this many clusters on the GPU at once for CLC kernels (the rest are stolen)
 STRATEGIES = ("starve-async", "flood-async", "run-ahead", "lag-one-role", "random")
 
-__all__ = ["KINDS", "Finding", "Report", "check", "check_function", "configs_to_check", "problem_for",
+__all__ = ["KINDS", "Finding", "Report", "check", "check_function", "configs_to_check", "problems_for",
            "transpile"]
 
 
@@ -101,14 +101,22 @@ def transpile(module: ModuleType, arch: str, config: dict[str, Any], sms: int = 
     return function
 
 
-def problem_for(config: dict[str, Any]) -> Problem:
-    """A small problem for a configuration: four tile rows and three tile columns of which the last
-    are ragged, and a K that wraps the ring twice and ends in a ragged block."""
+def problems_for(config: dict[str, Any]) -> list[Problem]:
+    """Small problems for a configuration (``block_m`` rows of a cluster tile, ``block_n`` columns):
+
+    * four tile rows and three tile columns, the last of each ragged, and a K that wraps the ring
+      twice and ends in a ragged block (persistent kernels get several tiles per CTA);
+    * less than one tile and less than one K block (one K block in all: loops that run from the
+      second block run zero times);
+    * whole tiles and whole K blocks, the ring filled exactly once.
+    """
     bm = config.get("block_m", 128) * max(1, config.get("cluster_ctas", 2) // 2)
     bn = config.get("block_n", 128)
     bk = config.get("block_k", 64)
     stages = config.get("stages", 1)
-    return Problem(m=7 * bm // 2 + 8, n=5 * bn // 2 + 8, k=2 * stages * bk + bk // 2 + 8)
+    return [Problem(m=7 * bm // 2 + 8, n=5 * bn // 2 + 8, k=2 * stages * bk + bk // 2 + 8),
+            Problem(m=bm // 2 + 8, n=bn // 2 + 8, k=bk // 2 + 8),
+            Problem(m=2 * bm, n=bn, k=stages * bk)]
 
 
 def configs_to_check(module: ModuleType) -> list[dict[str, Any]]:
@@ -158,6 +166,7 @@ class Report:
     finding: Optional[Finding] = None
     seed: Optional[int] = None
     strategy: str = ""
+    problem: Optional[Problem] = None
 
     @property
     def ok(self) -> bool:
@@ -167,7 +176,9 @@ class Report:
     def verdict(self) -> str:
         if self.ok:
             return "pass"
-        return f"{self.finding.kind} (seed {self.seed}, {self.strategy}): {self.finding.message}"
+        p = self.problem
+        return (f"{self.finding.kind} (seed {self.seed}, {self.strategy}, M={p.m} N={p.n} K={p.k}): "
+                f"{self.finding.message}")
 
     def trace(self, lines: int = 40) -> str:
         """The last events before the finding, those of the CTAs it names first (if it names any)."""
@@ -180,27 +191,30 @@ class Report:
         return "\n".join(events[-lines:])
 
 
-def check_function(function, problem: Problem, seeds: int = 24, label: str = "",
+def check_function(function, problems: list[Problem], seeds: int = 24, label: str = "",
                    resident_clusters: int = RESIDENT_CLUSTERS, clc: Optional[bool] = None,
                    ordered_commits: bool = True) -> Report:
     """Run ``seeds`` interleavings of one transpiled kernel; stop at the first finding. Seed ``s``
-    uses strategy ``STRATEGIES[s % 5]``, and a CLC kernel keeps ``1 + s % resident_clusters``
-    clusters resident (the rest are stolen by ``try_cancel`` or launched as others exit)."""
+    uses strategy ``STRATEGIES[s % 5]`` on problem ``problems[s // 5 % len(problems)]`` (so every
+    problem meets every strategy), and a CLC kernel keeps ``1 + s % resident_clusters`` clusters
+    resident (the rest are stolen by ``try_cancel`` or launched as others exit)."""
     report = Report(label)
     start = time.time()
     if clc is None:
         clc = "ClusterLaunchControlTryCancel" in str(function)
     for seed in range(seeds):
         strategy = STRATEGIES[seed % len(STRATEGIES)]
+        problem = problems[seed // len(STRATEGIES) % len(problems)]
+        machine = None
         try:
             resident = 1 + seed % resident_clusters if clc else None
             machine = Machine(function, problem, resident_clusters=resident, ordered_commits=ordered_commits)
-            report.roles = len(machine.ranges) * len(machine.ctas)
+            report.roles = max(report.roles, len(machine.ranges) * len(machine.ctas))  # largest problem
             report.cluster = machine.cluster_size
             machine.run(_chooser(strategy, random.Random(seed)))
         except Finding as finding:
-            report.finding, report.seed, report.strategy = finding, seed, strategy
-            report.events += machine.events if "machine" in locals() else 0
+            report.finding, report.seed, report.strategy, report.problem = finding, seed, strategy, problem
+            report.events += machine.events if machine is not None else 0
             report.interleavings += 1
             break
         report.events += machine.events
@@ -219,7 +233,7 @@ def check(arch: str, version: str, config: Optional[dict[str, Any]] = None, seed
     config = dict(module.REPRESENTATIVE if config is None else config)
     start = time.time()
     function = transpile(module, arch, config)
-    report = check_function(function, problem_for(config), seeds, label=f"{arch} {version} {config}",
+    report = check_function(function, problems_for(config), seeds, label=f"{arch} {version} {config}",
                             ordered_commits=ordered_commits)
     report.seconds = time.time() - start  # transpiling included
     return report

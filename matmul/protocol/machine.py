@@ -694,6 +694,8 @@ class Machine:
         where = f"{role.name} stores C[{r0}:{r1}, {c0}:{c1}]"
         ks = []
         for first, second in acc.terms:
+            if all(t.k0 >= self.problem.k for t in first | second):
+                continue  # a K block wholly past K (a split that got none): TMA fills it with zeros
             # which operand holds A's rows is the MMA's business (swap-AB kernels compute C^T)
             loads = first | second
             a_loads = frozenset(t for t in loads if t.matrix == "A")
