@@ -212,15 +212,16 @@ def protocol_command(args) -> int:
     for arch in _arches(args.arch):
         for version in _versions(args.versions, arch):
             module = versions.load(arch, version)
-            for config in protocol.configs_to_check(module):
+            for config in protocol.configs_to_check(module, args.all_configs):
                 r = protocol.check(arch, version, config, seeds=args.seeds, module=module,
                                    ordered_commits=not args.unordered_commits)
                 failed |= not r.ok
                 rows.append([versions.ARCH_NAMES[arch], version, r.cluster, r.roles, r.events, r.interleavings,
-                             f"{r.seconds:.1f}", r.verdict])
+                             f"{r.seconds:.1f}", r.verdict] + ([config] if args.all_configs else []))
                 if not r.ok and args.trace:
                     print(f"{r.label}: {r.verdict}\n{r.trace()}\n", flush=True)
     headers = ["arch", "version", "cluster", "roles", "events", "interleavings", "s", "verdict"]
+    headers += ["configuration"] if args.all_configs else []
     print(tabulate(rows, headers=headers))
     return 1 if failed else 0
 
@@ -289,6 +290,9 @@ def main(argv=None) -> int:
     p.add_argument("--arch", help="sm_90a, sm_100a or both (comma-separated); default: both")
     p.add_argument("--versions", help="comma-separated, e.g. v0,v1; default: every version")
     p.add_argument("--seeds", type=int, default=24, help="interleavings per configuration (default 24)")
+    p.add_argument("--all-configs", action="store_true",
+                   help="every configuration of the autotune spaces (default: the representative and each "
+                        "other cluster shape)")
     p.add_argument("--trace", action="store_true", help="print the events before each finding")
     p.add_argument("--unordered-commits", action="store_true",
                    help="let one thread's tcgen05.commit arrivals land in any order (default: in issue order)")

@@ -119,9 +119,12 @@ def problems_for(config: dict[str, Any]) -> list[Problem]:
             Problem(m=2 * bm, n=bn, k=stages * bk)]
 
 
-def configs_to_check(module: ModuleType) -> list[dict[str, Any]]:
+def configs_to_check(module: ModuleType, all_configs: bool = False) -> list[dict[str, Any]]:
     """The representative configuration, plus one configuration for every other cluster shape
-    (in the autotune space, or in the version's ``EXTRA_CONFIGS``: built and checked, not tuned)."""
+    (in the autotune space, or in the version's ``EXTRA_CONFIGS``: built and checked, not tuned);
+    or (``all_configs``) every configuration of both."""
+    if all_configs:
+        return [*versions.space(module), *(dict(c) for c in getattr(module, "EXTRA_CONFIGS", ()))]
     configs = [dict(module.REPRESENTATIVE)]
     key = "cluster_ctas"
     seen = {module.REPRESENTATIVE.get(key)}
