@@ -106,3 +106,17 @@ def test_roofline_summary_takes_the_bar_shapes():
     assert s["bar_geomean_vs_cublas"] == pytest.approx(1.2)
     assert s["bar_min_share_of_floor"] == pytest.approx(0.8)
     assert s["all_geomean_vs_cublas"] < 1.2
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_split_k_protocol_on_the_cpu(arch):
+    # the barriers, the bulk copies between the CTAs of a cluster and the coverage of every output
+    # element (each K block summed once) on a model of the machine, over seeded interleavings; K is
+    # at least two blocks, so no CTA of a pair reads past K (the model counts such a block as foreign)
+    from matmul.protocol import check_function, transpile
+    from matmul.protocol.machine import Problem
+
+    module = versions.load(arch, "v7")
+    problems = [Problem(m=17, n=200, k=1064), Problem(m=3, n=130, k=520)]
+    report = check_function(transpile(module, arch, module.REPRESENTATIVE), problems, seeds=10)
+    assert report.finding is None, f"{report.finding.kind}: {report.finding.message}\n{report.trace()}"
