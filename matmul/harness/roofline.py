@@ -225,10 +225,11 @@ def table(results: dict) -> str:
             lines.append(f"| {r['dtype']} | {r['m']} | {shape} | FAILED |" + " |" * 10)
             continue
         config = "/".join(str(r["config"][key]) for key in ("block_m", "warpgroups", "split", "stages"))
+        read = f"{r['weight_read_us']:.1f}" if "weight_read_us" in r else "-"  # a results file without the control
         lines.append(
             f"| {r['dtype']} | {r['m']} | {shape} | {r['v7_us']:.1f} | {r['cublas_us']:.1f} | {r['attainable_us']:.1f} "
             f"| {100 * r['v7_share']:.0f}% | {100 * r['cublas_share']:.0f}% | {r['ratio']:.2f}"
-            f"{' FAILED' if r.get('failed') else ''} | {r.get('weight_read_us', float('nan')):.1f} "
+            f"{' FAILED' if r.get('failed') else ''} | {read} "
             f"| {r['b2b_v7_us']:.1f} | {r['b2b_cublas_us']:.1f} | {r['b2b_ratio']:.2f} | {config} |")
     lines.append("")
     lines.append("V7 config: tokens per tile / consumer warpgroups / split (CTAs of a cluster) / stages; "
