@@ -11,7 +11,7 @@ one contiguous stream of K blocks through a deep TMA ring (``stages`` x 8 KiB of
 warpgroup in flight: HBM's latency is covered only by many bytes in flight on every SM).
 
 Swap A and B: the weight's rows are the wgmma's M side (64 rows per instruction) and the tokens
-its N side (``block_m``, 8 to 256), so at M = 1 or 16 no tensor-core row is padding. The
+its N side (``block_m``, 16 to 256), so at M = 1 or 16 no tensor-core row is padding. The
 accumulator is a tile of C^T ([weight rows, tokens]); it is written transposed, clipped to
 the matrix (``store_global`` masks what lies outside).
 
@@ -26,15 +26,21 @@ with zeros: every rank runs the same code.
 Tokens beyond ``block_m`` take further clusters (the grid is clusters x N tiles x M tiles), each
 re-reading its share of the weight; the configurations are meant for M <= 256 (``supports``).
 
-Synchronization:
-``full[s]`` / ``empty[s]``: V3's ring (``Pipeline``, CTA scope): ``full[s]`` 1 arrival (the
-producer warp's ``expect_tx`` for the weight slabs and the token tile) + the TMA bytes; ``empty[s]``
-one elected arrival per consumer warpgroup after ``wgmma.wait_group`` shows the stage's group
-complete. ``arrived`` (``ClusterSplitKReduce``, each CTA, 1 arrival + the peers' bulk-copy bytes,
-used once). Cluster barriers: ``barrier.cluster`` after the mbarriers are initialized (a peer's
-copy may land on them) and before any CTA exits (a sender's shared memory is read until the
-receiver's barrier completes). Between the main loop and the exchange, one ``__syncthreads``:
-both warpgroups have stored their partials.
+Synchronization (this CTA's K block ``i`` uses stage ``s = i % stages``, parity ``p = (i // stages) & 1``):
+
+| barrier | count | who arrives | who waits | scope |
+| --- | --- | --- | --- | --- |
+| ``full[s]`` | 1 + bytes | the producer's ``expect_tx`` (weight, tokens); its TMA loads | consumers, ``p`` | CTA |
+| ``empty[s]`` | warpgroups | one thread of each consumer warpgroup, after its wgmma wait | producer, ``p ^ 1`` | CTA |
+| ``__syncthreads`` | all threads | every warp, once the partials are stored (in ``exchange``) | all | CTA |
+| ``arrived`` | 1 + bytes | this CTA's ``expect_tx`` (split - 1 slices); peers' bulk copies | warps 0-3, 0 | CTA |
+| ``barrier.cluster`` | the cluster | all: after the mbarriers exist; before exit | all | cluster |
+
+A peer's copy may land on ``arrived`` as soon as the first cluster barrier is passed, so every
+mbarrier is initialized before it. A sender's shared memory is read by its bulk copies until the
+receiver's ``arrived`` completes, so no CTA exits before the last cluster barrier. ``arrived`` is
+used once (``ClusterSplitKReduce``); a fresh ``empty[s]`` read with parity ``p ^ 1`` counts as
+complete, so the ring starts out free (V3).
 """
 
 import tilus
