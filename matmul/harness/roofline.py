@@ -275,6 +275,9 @@ def plot(results: dict, out_dir: Path) -> list[Path]:
 
 
 def run(args) -> dict:
+    if versions.local_arch() != ARCH:
+        raise SystemExit(f"the roofline run needs a Hopper GPU ({ARCH}); this machine has "
+                         f"{versions.local_arch() or 'none'}. Without one, --plot JSON redraws a results file.")
     module = versions.load(ARCH, "v7")
     shapes = presets.unique(presets.parse(args.shapes))
     unsupported = [s.text for s in shapes if not module.supports(*s.mnk)]
