@@ -581,3 +581,21 @@ def test_gradients_flow_through_the_same_kernels(stand_in_api):
         matmul.matmul(x, w.T, out=torch.empty(24, 32).half())
     with torch.no_grad():
         assert matmul.matmul(x, w.T, out=torch.empty(24, 32).half()).shape == (24, 32)
+
+
+def test_a_call_costs_the_longer_of_its_kernel_and_its_launch_on_the_host():
+    def prepare(host):
+        def make(version):
+            config = {} if version == tuner.VENDOR else dict(versions.load("sm_90a", version).REPRESENTATIVE)
+            return tuner.Candidate(version, config, 1e-4, lambda: None, host_ms=host[version])
+        return make
+
+    gpu = {"v4": 1.5, tuner.VENDOR: 1.0}.get
+    # the host issues cuBLAS's call in 2.0 and the version's in 1.0: back to back, the version is faster
+    entry = tuner.tune("sm_90a", torch.float16, prepare({"v4": 1.0, tuner.VENDOR: 2.0}), lambda c: gpu(c.version),
+                       names=["v4", tuner.VENDOR])
+    assert entry["version"] == "v4" and entry["call_ms"] == 1.5 and entry["candidates"][tuner.VENDOR]["call_ms"] == 2.0
+    # long kernels: no host time measured, the kernels' times decide
+    entry = tuner.tune("sm_90a", torch.float16, prepare({"v4": None, tuner.VENDOR: None}), lambda c: gpu(c.version),
+                       names=["v4", tuner.VENDOR])
+    assert entry["version"] == tuner.VENDOR and entry["call_ms"] == 1.0

@@ -25,7 +25,7 @@ from typing import Callable, Optional
 import torch
 
 from .. import contract
-from ..contract import aligned_row_length, check_aligned, check_no_overlap, layout, row_stride
+from ..contract import TMA_ALIGN_BYTES, aligned_row_length, check_aligned, check_no_overlap, layout, row_stride
 from ..kernels import versions
 from . import tilus_autotune
 from .tuner import VENDOR, Chooser, fits, space_config
@@ -73,13 +73,16 @@ class SeriesPlan:
         self.layouts = (layout(a), layout(b), None if out is None else layout(out))
 
     def __call__(self, a, b, out):
-        check_aligned("a", a.data_ptr())
+        # on the path of every call: each step here is paid per launch, so it is kept short
+        if a.data_ptr() % TMA_ALIGN_BYTES:
+            check_aligned("a", a.data_ptr())
         if self.copy_b:
             bt = torch.empty((self.n, self.ldb), dtype=self.dtype, device=self.device)
             bt[:, :self.k].copy_(b.T)
         else:  # b = w.T: the kernel reads w's rows in place
             bt = b
-            check_aligned("b.T", b.data_ptr())
+            if b.data_ptr() % TMA_ALIGN_BYTES:
+                check_aligned("b.T", b.data_ptr())
         if out is None:
             buffer = torch.empty((self.m, self.out_row), dtype=self.dtype, device=self.device)
             out = buffer if self.out_row == self.n else buffer[:, :self.n]
@@ -88,13 +91,18 @@ class SeriesPlan:
             check_aligned("out", out.data_ptr())
             check_no_overlap(out.data_ptr(), self.layouts[2], "a", a.data_ptr(), self.layouts[0])
             check_no_overlap(out.data_ptr(), self.layouts[2], "b", b.data_ptr(), self.layouts[1])
-        args = (self.m, self.n, self.k, a.data_ptr(), bt.data_ptr(), buffer, self.lda, self.ldb, self.ldc)
-        if self.device_index is None or self.device_index == torch.cuda.current_device():
-            self.launch(*args)
+        if self.device_index is None or self.device_index == _current_device():
+            self.launch(self.m, self.n, self.k, a.data_ptr(), bt.data_ptr(), buffer, self.lda, self.ldb, self.ldc)
         else:
             with torch.cuda.device(self.device_index):
-                self.launch(*args)
+                self.launch(self.m, self.n, self.k, a.data_ptr(), bt.data_ptr(), buffer, self.lda, self.ldb,
+                            self.ldc)
         return out
+
+
+def _current_device() -> int:
+    # torch.cuda.current_device() without its initialization check: a plan exists, so CUDA is initialized
+    return torch._C._cuda_getDevice()
 
 
 class Plans:

@@ -11,9 +11,13 @@ new shape would only cost time.
 How a bucket is tuned (``tune``): every candidate is autotuned by tilus over its own space on fresh
 random operands of the shape (never the caller's), checked against the float32 reference on a
 NaN-poisoned output, and the survivors are timed in ``TUNING_ROUNDS`` alternating rounds, each
-candidate in one window with cuBLAS, launched in turn (``_gpu_timer``). A version replaces cuBLAS
-only when faster by more than ``VENDOR_MARGIN``: within the run-to-run noise of a power-limited
-GPU the vendor library is the safer choice.
+candidate in one window with cuBLAS, launched in turn (``_gpu_timer``). Where kernels are short
+(cuBLAS under ``HOST_BOUND_MS``), each candidate's host time per call through ``matmul()``'s own
+launch path is measured too (``host_ms``): launched back to back, as a model issues them, a call
+costs the longer of the two, and that is what is compared (``call_ms``); so a version whose launch
+costs the host less can win a shape where cuBLAS's kernel alone is faster. A version replaces
+cuBLAS only when faster by more than ``VENDOR_MARGIN``: within the run-to-run noise of a
+power-limited GPU the vendor library is the safer choice.
 
 Isolation (``tune_in_child``): all of that runs in a child process (``python -m
 matmul.call.tuner``) on the same GPU. A kernel that faults (an illegal address leaves a CUDA
@@ -159,6 +163,9 @@ class Candidate:
     # a window of its own (measured once, when first asked): the scale of the candidate's time
     reference: Optional[Callable[[], object]] = None
     reference_ms: Optional[Callable[[], float]] = None
+    # the host's time to issue one call through matmul()'s own launch path (``launch``), where it
+    # may matter (short kernels); None where it cannot
+    host_ms: Optional[float] = None
 
 
 def tune(arch: str, dtype: torch.dtype, prepare: Callable[[str], Candidate], timer: Callable[[Candidate], float],
@@ -184,14 +191,17 @@ def tune(arch: str, dtype: torch.dtype, prepare: Callable[[str], Candidate], tim
                            "and report it")
     times = alternating_rounds(found, rounds, timer, prune=PRUNE)
     ms = {c.version: statistics.median(t) for c, t in zip(found, times)}
-    best = min(found, key=lambda c: ms[c.version])
+    # back to back, a call takes the longer of the kernel's time and the host's time to issue it
+    call_ms = {c.version: max(ms[c.version], c.host_ms or 0.0) for c in found}
+    best = min(found, key=lambda c: call_ms[c.version])
     vendor = next((c for c in found if c.version == VENDOR), None)
-    if vendor is not None and ms[best.version] >= ms[VENDOR] * (1 - VENDOR_MARGIN):
+    if vendor is not None and call_ms[best.version] >= call_ms[VENDOR] * (1 - VENDOR_MARGIN):
         best = vendor
     return {
         "version": best.version, "config": best.config, "ms": ms[best.version], "error": best.error,
-        "fingerprint": fingerprint(arch, best.version),
-        "candidates": {c.version: {"config": c.config, "ms": ms[c.version], "error": c.error} for c in found},
+        "call_ms": call_ms[best.version], "fingerprint": fingerprint(arch, best.version),
+        "candidates": {c.version: {"config": c.config, "ms": ms[c.version], "host_ms": c.host_ms,
+                                   "call_ms": call_ms[c.version], "error": c.error} for c in found},
         "rejected": rejected,
         "tuned": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
@@ -216,11 +226,14 @@ def gpu_worker(arch: str, dtype: torch.dtype, m: int, n: int, k: int, device: to
     vendor = functools.partial(vendor_launch, *args)
     vendor_ms = functools.cache(lambda: median_ms(vendor, warmup_ms=20.0, repeat_ms=100.0))
 
+    from .launch import SeriesPlan, VendorPlan
+
     def prepare(version: str) -> Candidate:
         if version == VENDOR:
             out.fill_(float("nan"))
             vendor()
-            return Candidate(version, {}, relative_error(out, ref), vendor, vendor, vendor_ms)
+            host = host_ms(VendorPlan(a, b.T, None), a, b.T, vendor_ms)
+            return Candidate(version, {}, relative_error(out, ref), vendor, vendor, vendor_ms, host)
         module = versions.load(arch, version)
         tuned = versions.kernel(module, dtype)
         tilus_autotune.prepare(tuned, args)
@@ -230,9 +243,35 @@ def gpu_worker(arch: str, dtype: torch.dtype, m: int, n: int, k: int, device: to
         tilus_autotune.prepare(fixed, args)
         out.fill_(float("nan"))
         fixed(*args)
-        return Candidate(version, config, relative_error(out, ref), functools.partial(fixed, *args), vendor, vendor_ms)
+        error = relative_error(out, ref)
+        plan = SeriesPlan(tilus_autotune.launch_function(fixed), a, b.T, b, False, out, None)
+        host = host_ms(plan, a, b.T, vendor_ms)
+        return Candidate(version, config, error, functools.partial(fixed, *args), vendor, vendor_ms, host)
 
     return prepare, _gpu_timer
+
+
+HOST_BOUND_MS = 0.1  # kernels longer than cuBLAS's this: the host's time to issue a call cannot matter
+
+
+def host_ms(plan, a, b, vendor_ms: Callable[[], float], calls: int = 200) -> Optional[float]:
+    """The host's time per call of ``plan(a, b, None)`` issued back to back (the GPU drained first,
+    too few calls to fill the launch queue), for shapes where it may be comparable to the kernels'."""
+    if a.device.type != "cuda" or vendor_ms() > HOST_BOUND_MS:
+        return None
+    import time
+
+    for _ in range(10):
+        plan(a, b, None)
+    best = float("inf")
+    for _ in range(3):
+        torch.cuda.synchronize()
+        begin = time.perf_counter()
+        for _ in range(calls):
+            plan(a, b, None)
+        best = min(best, (time.perf_counter() - begin) / calls * 1e3)
+    torch.cuda.synchronize()
+    return best
 
 
 def _gpu_timer(candidate: Candidate) -> float:
