@@ -305,7 +305,7 @@ def main(argv=None) -> int:
                                      "and a transformer block's forward")
     p.add_argument("--out", help="directory for the results, table and figure (default: <matmul cache dir>/model)")
     p.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
-    p.add_argument("--rounds", type=int, default=6, help="alternating rounds per comparison (default 6)")
+    p.add_argument("--rounds", type=int, default=10, help="alternating rounds per comparison (default 10)")
     p.set_defaults(func=model_command)
     args = parser.parse_args(argv)
     args.argv = argv

@@ -54,8 +54,8 @@ def window_ms(fn: Callable[[], object], calls: int) -> float:
     return start.elapsed_time(end) / calls
 
 
-def compare(ours: Callable[[], object], theirs: Callable[[], object], rounds: int = 6,
-            window_ms_target: float = 30.0) -> dict:
+def compare(ours: Callable[[], object], theirs: Callable[[], object], rounds: int = 10,
+            window_ms_target: float = 50.0) -> dict:
     """Both functions timed in back-to-back windows of about ``window_ms_target``, ``rounds`` rounds
     in alternating order; per call milliseconds (medians) and the median of the rounds' ratios."""
     for fn in (ours, theirs):
@@ -143,7 +143,7 @@ def block_projection_shapes(tokens: int, hidden: int = 4096, mlp: int = 14336, h
 # --- the run -------------------------------------------------------------------------------------
 
 
-def run(dtype=torch.float16, tokens=TOKENS, projections=PROJECTIONS, block_sizes=BLOCK_SIZES, rounds: int = 6,
+def run(dtype=torch.float16, tokens=TOKENS, projections=PROJECTIONS, block_sizes=BLOCK_SIZES, rounds: int = 10,
         log=print) -> dict:
     import matmul
     from matmul.call import api
@@ -310,7 +310,7 @@ def draw(results: dict, out_dir: Path) -> list[Path]:
     return written
 
 
-def main(out_dir: Path, dtype=torch.float16, rounds: int = 6) -> int:
+def main(out_dir: Path, dtype=torch.float16, rounds: int = 10) -> int:
     results = run(dtype=dtype, rounds=rounds)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
