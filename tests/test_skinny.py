@@ -120,3 +120,54 @@ def test_split_k_protocol_on_the_cpu(arch):
     problems = [Problem(m=17, n=200, k=1064), Problem(m=3, n=130, k=520)]
     report = check_function(transpile(module, arch, module.REPRESENTATIVE), problems, seeds=10)
     assert report.finding is None, f"{report.finding.kind}: {report.finding.message}\n{report.trace()}"
+
+
+def test_roofline_checks_each_configuration_then_times_the_best(monkeypatch):
+    # V7 as CPU stand-ins: one configuration writes zeros (must be left out), the others are timed
+    # against cuBLAS and the fastest is kept; no GPU, fake clocks
+    import functools
+
+    import torch
+    from stand_ins import StandInKernel
+
+    from matmul.harness import roofline as harness
+    from matmul.measure import correctness
+
+    launched = []
+
+    class Recorded(StandInKernel):
+        def __call__(self, *args):
+            launched.append(self.config)
+            super().__call__(*args)
+
+    wrong = {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 8}
+    fast = {"block_m": 16, "warpgroups": 2, "split": 2, "stages": 8}
+    monkeypatch.setattr(versions, "kernel", lambda module, dtype, config=None: Recorded(
+        "v7", config, wrong=config == wrong, dtype=dtype))
+
+    def fake_ms(fns, warmup_ms, repeat_ms):
+        times = []
+        for fn in fns:
+            launched.clear()
+            fn()
+            times.append(0.010 if not launched else 0.008 if launched[0] == fast else 0.012)  # cuBLAS: 10 us
+        return times
+
+    # versions.run without its CUDA-only operand check: the same launch
+    monkeypatch.setattr(versions, "run", lambda module, a, b, out, config=None: versions.kernel(
+        module, a.dtype, config)(*versions.launch_args(a, b, out)))
+    monkeypatch.setattr(harness, "random_operands", functools.partial(correctness.random_operands, device="cpu"))
+    monkeypatch.setattr(harness, "poisoned_output", functools.partial(correctness.poisoned_output, device="cpu"))
+    monkeypatch.setattr(harness, "interleaved_ms", fake_ms)
+    monkeypatch.setattr(harness, "back_to_back_ms", lambda fn, calls: (fn(), 0.005)[1])
+    args = type("Args", (), {"space": None, "select_warmup_ms": 1, "select_repeat_ms": 1, "warmup_ms": 1,
+                             "repeat_ms": 1, "calls": 2})()
+    floor = {"copy_tb_per_s": 3.0, "empty_ms": 0.004}
+    row = harness.measure_shape(HOPPER, presets.Shape(3, 72, 100), torch.float16, args, floor)
+
+    assert [c["config"]["block_m"] for c in row["configs"]] == [16] * 5  # every tile that holds M = 3
+    assert [c for c in row["configs"] if c.get("failed")] == [c for c in row["configs"] if c["config"] == wrong]
+    assert row["config"] == fast and not row.get("failed")
+    assert row["ratio"] == pytest.approx(10 / 8)
+    assert row["attainable_us"] == pytest.approx(harness.bytes_floor(3, 72, 100, 2) / 3e12 * 1e6 + 4)
+    assert row["b2b_ratio"] == pytest.approx(1.0)

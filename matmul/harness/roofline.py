@@ -136,7 +136,7 @@ def measure_shape(module, shape: presets.Shape, dtype: torch.dtype, args, floor:
     m, n, k = shape.mnk
     a, b = random_operands(m, n, k, dtype)
     ref = reference(a, b)
-    cublas_out = torch.empty(m, n, dtype=dtype, device="cuda")
+    cublas_out = torch.empty(m, n, dtype=dtype, device=a.device)
 
     def cublas():
         return torch.matmul(a, b.T, out=cublas_out)
