@@ -212,7 +212,7 @@ def protocol_command(args) -> int:
     for arch in _arches(args.arch):
         for version in _versions(args.versions, arch):
             module = versions.load(arch, version)
-            for config in protocol.configs_to_check(module, args.all_configs):
+            for config in protocol.configs_to_check(module, arch, args.all_configs):
                 r = protocol.check(arch, version, config, seeds=args.seeds, module=module,
                                    ordered_commits=not args.unordered_commits)
                 failed |= not r.ok

@@ -24,12 +24,13 @@ def _cases():
     for arch in versions.ARCHS:
         for version in versions.available(arch):
             module = versions.load(arch, version)
-            for config in protocol.configs_to_check(module):
+            for config in protocol.configs_to_check(module, arch):
                 marks = ()
                 if (arch, version) in KNOWN_FINDINGS:
                     marks = pytest.mark.xfail(reason=KNOWN_FINDINGS[(arch, version)], strict=True)
-                shape = f"-cluster{config['cluster_ctas']}" if "cluster_ctas" in config else ""
-                yield pytest.param(arch, version, config, id=f"{arch}-{version}{shape}", marks=marks)
+                extra = "" if config == module.REPRESENTATIVE else "-" + "-".join(
+                    f"{k}{v}" for k, v in config.items() if module.REPRESENTATIVE.get(k) != v)
+                yield pytest.param(arch, version, config, id=f"{arch}-{version}{extra}", marks=marks)
 
 
 @pytest.mark.parametrize("arch, version, config", list(_cases()))

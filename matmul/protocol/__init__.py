@@ -119,19 +119,21 @@ def problems_for(config: dict[str, Any]) -> list[Problem]:
             Problem(m=2 * bm, n=bn, k=stages * bk)]
 
 
-def configs_to_check(module: ModuleType, all_configs: bool = False) -> list[dict[str, Any]]:
-    """The representative configuration, plus one configuration for every other cluster shape
-    (in the autotune space, or in the version's ``EXTRA_CONFIGS``: built and checked, not tuned);
-    or (``all_configs``) every configuration of both."""
+def configs_to_check(module: ModuleType, arch: Optional[str] = None, all_configs: bool = False) -> list[dict[str, Any]]:
+    """The representative configuration, plus the first configuration of every other cluster shape
+    (in the autotune space, or in the version's ``EXTRA_CONFIGS``: built and checked, not tuned),
+    read from what each configuration transpiles to; or (``all_configs``) every configuration."""
+    candidates = [*versions.space(module), *(dict(c) for c in getattr(module, "EXTRA_CONFIGS", ()))]
     if all_configs:
-        return [*versions.space(module), *(dict(c) for c in getattr(module, "EXTRA_CONFIGS", ()))]
+        return candidates
+    arch = arch or next(a for a, family in versions.ARCHS.items() if f".{family}." in module.__name__ + ".")
     configs = [dict(module.REPRESENTATIVE)]
-    key = "cluster_ctas"
-    seen = {module.REPRESENTATIVE.get(key)}
-    for config in [*versions.space(module), *getattr(module, "EXTRA_CONFIGS", ())]:
-        if config.get(key) not in seen:
-            seen.add(config.get(key))
-            configs.append({**module.REPRESENTATIVE, key: config[key]})
+    shapes = {transpile(module, arch, module.REPRESENTATIVE, lowered=False).metadata.cluster_blocks}
+    for config in candidates:
+        shape = transpile(module, arch, config, lowered=False).metadata.cluster_blocks
+        if shape not in shapes:
+            shapes.add(shape)
+            configs.append(config)
     return configs
 
 

@@ -824,13 +824,16 @@ class Machine:
             local_dst, src, size, local_bar, rank = [self.eval(a, env, role) for a in e.args]
             target = self.cta_of(role.cta, rank)
             bar = BarrierAddr(target.index, local_bar.alloc, local_bar.index)
-            # the source's tags travel with the bytes (the span the copy covers, by element offset)
-            entries = [(st, en, tag) for st, en, tag in role.cta.tags[src.alloc] if st <= src.start < en]
-            tags = [(st - src.start, en - src.start, tag) for st, en, tag in entries]
+            # the source's tags travel with the bytes, over the elements the copy covers
+            length = int(size / role.cta.allocs[src.alloc].elem_bytes)
+            tags = [(max(st, src.start) - src.start, min(en, src.start + length) - src.start, tag)
+                    for st, en, tag in role.cta.tags[src.alloc] if st < src.start + length and en > src.start]
 
             def land(target=target, bar=bar, tags=tags, size=size, who=role.name):
-                for st, en, tag in tags:
-                    target.tags[local_dst.alloc].append((local_dst.start + st, local_dst.start + en, tag))
+                entries = target.tags[local_dst.alloc]
+                lo, hi = local_dst.start, local_dst.start + length
+                entries[:] = [e for e in entries if e[1] <= lo or e[0] >= hi]
+                entries.extend((lo + st, lo + en, tag) for st, en, tag in tags)
                 self.complete_tx(bar, size, f"bulk copy from {who} into cta{target.index}")
 
             self.log(f"{role.name}: bulk copy of {size} bytes to cta{target.index}")
