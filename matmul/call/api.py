@@ -68,11 +68,12 @@ def device_arch(device: torch.device) -> str:
 
 _chooser = Chooser(arch_of=device_arch)
 _plans = Plans(_chooser)
+_is_compiling = torch.compiler.is_compiling  # looked up once: matmul() pays for every lookup on every call
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``a @ b`` (a [M, K], b [K, N]) into ``out`` [M, N] if given; see the module's docstring."""
-    if torch.compiler.is_compiling():  # traced: the custom operator, which the compiler sees through
+    if _is_compiling():  # traced: the custom operator, which the compiler sees through
         return torch_op.traced(a, b, out)
     try:
         needs_grad = a.requires_grad or b.requires_grad
