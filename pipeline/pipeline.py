@@ -53,6 +53,9 @@ The same class serves rings whose producer and consumers sit in different CTAs o
   but orders them at CTA scope (acquire.cta waits, release.cta arrivals), as CUTLASS's TMA
   pipelines do. Keep the default (True) where a stage hands over data written by plain stores
   from another CTA.
+* ``producer_tail()``: a peer's multicast ``tcgen05.commit`` may still be on its way into this
+  CTA's ``empty`` barriers after the last wait of the peer's MMA warp; before the producer's CTA
+  exits, the producer waits once more on every stage, for the releases of the last fills.
 """
 
 

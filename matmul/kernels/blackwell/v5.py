@@ -57,7 +57,7 @@ CONSUMER_THREADS = 7 * 32  # every warp reads every CLC response
 CLC_STAGES = 2  # lets the TMA and MMA warps learn their next tile while the epilogue finishes one
 
 
-# TMEM: acc_stages * block_n <= 512 columns; shared memory: the ring + 2 sub-tiles of the epilogue
+# TMEM: acc_stages * block_n <= 512 columns; shared memory: the ring + up to 4 epilogue sub-tiles
 @tilus.autotune("block_m, block_n, stages, acc_stages", [(128, 128, 6, 2), (128, 128, 6, 4), (128, 256, 4, 2)])
 @tilus.autotune("block_k", [64])
 @tilus.autotune("e_block_n", [32, 64])
