@@ -97,6 +97,23 @@ MUTANTS = (
            "            phase ^= 1\n"
            "        fence_before_thread_sync()  # warp 0's MMAs, complete, before the barrier...\n",
            ("overrun",)),
+    Mutant("release early: Blackwell V3 commits a stage back before issuing the MMA that reads it",
+           "sm_100a", "v3", "matmul.kernels.blackwell.v3",
+           "                self.tcgen05.mma(s_a[stage], s_b[stage].transpose(), t_acc, enable_input_d=k != 0)\n"
+           "                self.tcgen05.commit(mbarrier=empty[stage])\n",
+           "                self.tcgen05.commit(mbarrier=empty[stage])\n"
+           "                self.tcgen05.mma(s_a[stage], s_b[stage].transpose(), t_acc, enable_input_d=k != 0)\n",
+           ("race",)),
+    Mutant("release early: the wgmma mainloop frees the previous stage without waiting for its group (Hopper V5)",
+           "sm_90a", "v5", "pipeline.mainloop",
+           "            self.wgmma.wait_group(1)  # the group of K block kb-1 is complete: its stage is free\n", "",
+           ("race",)),
+    Mutant("staging reused early: StagedTmaStore rewrites a buffer a TMA store may still read (Blackwell V5)",
+           "sm_100a", "v5", "pipeline.tma_store",
+           "            self.tma.wait_group(self.buffers - 1, read=True)"
+           "  # the store that last read `buf` is done with it\n",
+           "            pass\n",
+           ("race",)),
     Mutant("tile count broken: the static scheduler rounds a worker's tile count down (Hopper V5)",
            "sm_90a", "v5", "pipeline.schedulers",
            "mine = (self.num_tiles - self.worker + self.num_workers - 1) // self.num_workers",

@@ -21,7 +21,10 @@ copies); no phase completes again before every role that waits on that barrier o
 previous one, and every parity wait returns on the phase after the last one its role saw; named
 barriers and ``barrier.cluster`` see the threads they expect; no role waits forever; no CTA exits
 while a TMA load, a commit, a CLC response or an arrival may still reach its shared memory, TMEM
-or barriers, or while its own TMA stores may still read its shared memory; no ``try_cancel``
+or barriers, or while its own TMA stores may still read its shared memory; no shared memory is
+overwritten (TMA load, store, bulk copy) while an MMA or a TMA store issued before may still read
+it (an MMA's reads end when a commit of its thread lands or at ``wgmma.wait_group``, a TMA
+store's at ``cp.async.bulk.wait_group``); no ``try_cancel``
 follows a "no work left" answer; and every element of C is stored exactly once, from an
 accumulator that took every K block of its rows and columns exactly once.
 

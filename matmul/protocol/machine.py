@@ -51,6 +51,8 @@ KINDS = {
     "coverage": "an output tile not stored exactly once, or stored from an accumulator that did not "
                 "consume every K block of its rows and columns exactly once",
     "clc": "a try_cancel issued after the cluster was answered 'no work left'",
+    "race": "shared memory overwritten (TMA load, store, copy) while an MMA or a TMA store issued before "
+            "may still read it",
     "livelock": "the run did not end within its step budget",
     "unsupported": "the kernel uses something the checker does not model",
 }
@@ -121,12 +123,21 @@ class AccTag:
         self.terms: list[tuple[frozenset, frozenset]] = []
 
 
+class Reader:
+    """An asynchronous read of shared memory in flight (an MMA's operands, a TMA store's source)."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self.done = False
+
+
 @dataclasses.dataclass
 class AsyncOp:
     what: str
     fire: Callable[[], None]
     targets: tuple[int, ...]  # CTAs whose shared memory / barriers / TMEM it touches
     queue: Optional[tuple] = None  # ops of one queue fire in issue order (tcgen05 commits of a thread)
+    byte_barriers: tuple = ()  # the barriers its bytes complete on
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -195,8 +206,11 @@ class Role:
         self.on_resume: Optional[Callable[[], None]] = None
         self.waiting_on = ""
         self.finished = False
-        self.bulk_groups: list[int] = []  # TMA stores per committed bulk group
-        self.uncommitted_stores = 0
+        self.bulk_groups: list[list[Reader]] = []  # the TMA stores of each committed bulk group
+        self.uncommitted_stores: list[Reader] = []
+        self.wgmma_groups: list[list[Reader]] = []  # committed wgmma groups not yet waited for
+        self.wgmma_open: list[Reader] = []
+        self.mma_reads: list[Reader] = []  # tcgen05 MMAs issued by this role, until a commit lands
         self.steps = 0
 
     def ready(self) -> bool:
@@ -217,6 +231,7 @@ class Cta:
         self.named: dict[tuple[int, int], GroupBarrier] = {}
         self.tags: dict[int, list] = collections.defaultdict(list)  # alloc -> [(start, end, tag)]
         self.values: dict[SharedAddr, Any] = {}  # words written by st.async / CLC responses
+        self.readers: dict[int, list] = collections.defaultdict(list)  # alloc -> [(start, end, Reader)]
         self.roles: list[Role] = []
         self.exited = False
 
@@ -224,6 +239,17 @@ class Cta:
         entries = self.tags[ref.alloc]
         entries[:] = [e for e in entries if e[1] <= ref.start or e[0] >= ref.end]
         entries.append((ref.start, ref.end, tag))
+
+    def add_reader(self, ref: MemRef, reader: Reader) -> None:
+        entries = self.readers[ref.alloc]
+        entries[:] = [e for e in entries if not e[2].done]
+        entries.append((ref.start, ref.end, reader))
+
+    def pending_reader(self, alloc: int, start: int, end: int) -> Optional[Reader]:
+        for s, e, reader in self.readers[alloc]:
+            if not reader.done and not (e <= start or s >= end):
+                return reader
+        return None
 
     def read_tags(self, ref: MemRef) -> list:
         return [t for s, e, t in self.tags[ref.alloc] if not (e <= ref.start or s >= ref.end)]
@@ -552,6 +578,10 @@ class Machine:
     def _maybe_complete(self, b: Barrier) -> None:
         if b.pending == 0 and b.tx == 0:
             n = b.completed
+            for op in self.async_ops:
+                if b.addr in op.byte_barriers:
+                    self.fail("bytes", f"{b.name} completes phase {n} with every announced byte landed while "
+                                       f"{op.what} still has bytes on the way to it (fewer bytes announced than sent)")
             for role, seen in b.observed.items():
                 if not role.finished and seen is not None and seen < n - 1:
                     self.fail("overrun", f"{b.name} completes phase {n} while {role.name} has not yet observed "
@@ -673,6 +703,11 @@ class Machine:
                 lines.insert(0, f"{b.name} has every arrival but waits for {b.tx} bytes that never come")
                 break
         self.fail(kind, "every live role is blocked: " + "; ".join(lines[:12]) + (" ..." if len(lines) > 12 else ""))
+
+    def check_write(self, cta: Cta, alloc: int, start: int, end: int, what: str) -> None:
+        reader = cta.pending_reader(alloc, start, end)
+        if reader is not None:
+            self.fail("race", f"{what} overwrites shared memory of cta{cta.index} that {reader.what} may still read")
 
     # -- coverage ---------------------------------------------------------------------------------
     def record_store(self, role: Role, tags: list, offsets: list, shape: tuple, why: str) -> None:
@@ -818,7 +853,7 @@ class Machine:
                 self.complete_tx(bar, 4, f"st.async from {who} (value {value})")
 
             self.log(f"{role.name}: st.async {value} to cta{target.index}")
-            self.async_ops.append(AsyncOp(f"st.async from {role.name}", land, (target.index,)))
+            self.async_ops.append(AsyncOp(f"st.async from {role.name}", land, (target.index,), byte_barriers=(bar,)))
             yield None
         elif fname == "cuda_bulk_copy_to_rank":
             local_dst, src, size, local_bar, rank = [self.eval(a, env, role) for a in e.args]
@@ -832,12 +867,13 @@ class Machine:
             def land(target=target, bar=bar, tags=tags, size=size, who=role.name):
                 entries = target.tags[local_dst.alloc]
                 lo, hi = local_dst.start, local_dst.start + length
+                self.check_write(target, local_dst.alloc, lo, hi, f"a bulk copy from {who}")
                 entries[:] = [e for e in entries if e[1] <= lo or e[0] >= hi]
                 entries.extend((lo + st, lo + en, tag) for st, en, tag in tags)
                 self.complete_tx(bar, size, f"bulk copy from {who} into cta{target.index}")
 
             self.log(f"{role.name}: bulk copy of {size} bytes to cta{target.index}")
-            self.async_ops.append(AsyncOp(f"a bulk copy from {role.name}", land, (target.index,)))
+            self.async_ops.append(AsyncOp(f"a bulk copy from {role.name}", land, (target.index,), byte_barriers=(bar,)))
             yield None
         else:
             self.eval(e, env, role)
@@ -1080,6 +1116,7 @@ class Machine:
         for d, b in dests:
             if d.exited:
                 self.fail("exit", f"{role.name} TMA-loads into cta{d.index}, which has exited")
+            self.check_write(d, dst.alloc, dst.start, dst.end, f"{role.name}'s TMA load")
             d.write_tag(dst.at(d.index), tag)
 
             def land(b=b, d=d):
@@ -1087,7 +1124,7 @@ class Machine:
                                             f"into cta{d.index}")
 
             self.async_ops.append(AsyncOp(f"a TMA load from {role.name}", land,
-                                          (d.index, b.cta) if b.cta != d.index else (d.index,)))
+                                          (d.index, b.cta) if b.cta != d.index else (d.index,), byte_barriers=(b,)))
         self.log(f"{role.name}: TMA load {src.matrix}[{offsets[0]}:+{rows}, {offsets[1]}:+{cols}] "
                  f"{nbytes} bytes to {[d.index for d, _ in dests]}")
         yield None
@@ -1099,19 +1136,17 @@ class Machine:
         if dst.matrix != "C":
             self.fail("unsupported", f"a TMA store into {dst.matrix}")
         self.record_store(role, role.cta.read_tags(src), offsets, src.shape[-2:], "TMA store")
-        role.uncommitted_stores += 1
+        reader = Reader(f"a TMA store by {role.name}")
+        role.cta.add_reader(src, reader)
+        role.uncommitted_stores.append(reader)
 
     def i_CopyAsyncTensorCommitGroupInst(self, inst, env, role, group, active):
         if role.uncommitted_stores:
             role.bulk_groups.append(role.uncommitted_stores)
-            role.uncommitted_stores = 0
+            role.uncommitted_stores = []
 
     def i_CopyAsyncTensorWaitGroupInst(self, inst, env, role, group, active):
-        n = inst.n
-        if n == 0:
-            role.bulk_groups.clear()
-        else:
-            del role.bulk_groups[:-n]
+        _complete_all_but(role.bulk_groups, int(self.eval(inst.n, env, role)))
 
     def i_LoadGlobalInst(self, inst, env, role, group, active):
         src: GlobalRef = env[inst.inputs[0]]
@@ -1160,6 +1195,7 @@ class Machine:
     def i_StoreSharedInst(self, inst, env, role, group, active):
         dst: MemRef = env[inst.inputs[0]]
         value: RegVal = env[inst.inputs[1]]
+        self.check_write(role.cta, dst.alloc, dst.start, dst.end, f"{role.name}'s store")
         role.cta.write_tag(dst, value.tag)
 
     # -- MMA --------------------------------------------------------------------------------------
@@ -1169,6 +1205,17 @@ class Machine:
     def i_WgmmaMmaSSInst(self, inst, env, role, group, active):
         a, b, d = (env[x] for x in inst.inputs)
         d.tag.terms.append((self._reads(role.cta, a), self._reads(role.cta, b)))
+        reader = Reader(f"a wgmma of {role.name}")
+        role.cta.add_reader(a, reader)
+        role.cta.add_reader(b, reader)
+        role.wgmma_open.append(reader)
+
+    def i_WgmmaCommitGroupInst(self, inst, env, role, group, active):
+        role.wgmma_groups.append(role.wgmma_open)
+        role.wgmma_open = []
+
+    def i_WgmmaWaitGroupInst(self, inst, env, role, group, active):
+        _complete_all_but(role.wgmma_groups, int(self.eval(inst.n, env, role)))
 
     def i_Tcgen05MmaSSInst(self, inst, env, role, group, active):
         a, b, d = (env[x] for x in inst.inputs)
@@ -1181,7 +1228,11 @@ class Machine:
         else:
             members = [cta]
         b_reads = frozenset().union(*(self._reads(c, b) for c in members))
+        reader = Reader(f"an MMA of {role.name}")
+        role.mma_reads.append(reader)
         for c in members:
+            c.add_reader(a.at(c.index), reader)
+            c.add_reader(b.at(c.index), reader)
             if c.exited:
                 self.fail("exit", f"{role.name}'s MMA writes the TMEM of cta{c.index}, which has exited")
             tmem = d.at(c.index)
@@ -1199,7 +1250,12 @@ class Machine:
         else:
             targets = [bar]
 
-        def land(targets=targets, who=role.name):
+        tracked = [r for r in role.mma_reads if not r.done]  # a commit tracks every MMA issued before it
+        role.mma_reads = tracked
+
+        def land(targets=targets, who=role.name, tracked=tracked):
+            for reader in tracked:
+                reader.done = True
             for t in targets:
                 self.arrive_async(t, f"tcgen05.commit from {who}")
 
@@ -1247,7 +1303,8 @@ class Machine:
                 self.complete_tx(dataclasses.replace(bar, cta=c.index), 16, f"CLC response into cta{c.index}")
 
         self.log(f"{role.name}: clusterlaunchcontrol.try_cancel")
-        self.async_ops.append(AsyncOp(f"a CLC response for {role.name}", answer, tuple(c.index for c in members)))
+        self.async_ops.append(AsyncOp(f"a CLC response for {role.name}", answer, tuple(c.index for c in members),
+                                      byte_barriers=tuple(dataclasses.replace(bar, cta=c.index) for c in members)))
         yield None
 
     def i_ClusterLaunchControlQueryResponseInst(self, inst, env, role, group, active):
@@ -1262,10 +1319,18 @@ class Machine:
 NO_OP_CALLS = ("cuda_tcgen05_fence", "cuda_fence")
 
 NO_OPS = {
-    "AnnotateLayoutInst", "FenceProxyAsync", "FenceProxyAsyncInst", "WgmmaFenceInst", "WgmmaCommitGroupInst",
-    "WgmmaWaitGroupInst", "Tcgen05WaitInst", "Tcgen05DeallocInst", "Tcgen05RelinquishAllocPermitInst",
-    "FenceProxyAsyncReleaseInst",
+    "AnnotateLayoutInst", "FenceProxyAsync", "FenceProxyAsyncInst", "WgmmaFenceInst", "Tcgen05WaitInst",
+    "Tcgen05DeallocInst", "Tcgen05RelinquishAllocPermitInst", "FenceProxyAsyncReleaseInst",
 }
+
+
+def _complete_all_but(groups: list[list[Reader]], newest: int) -> None:
+    """A wait_group(n): every group but the ``newest`` n has completed its reads."""
+    done = groups[:-newest] if newest else groups[:]
+    for group in done:
+        for reader in group:
+            reader.done = True
+    del groups[:len(done)]
 
 
 def _covers(loads, lo: int, hi: int) -> bool:
