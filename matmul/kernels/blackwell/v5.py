@@ -79,18 +79,17 @@ class Kernel(MatmulKernel):
 
     def matmul(self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32,
                k_size: int32):
-        block_m, block_n, block_k, e_block_n = self.block_m, self.block_n, self.block_k, self.e_block_n
-        num_m_tiles = cdiv(m_size, block_m)
-        num_n_tiles = cdiv(n_size, block_n)
+        num_m_tiles = cdiv(m_size, self.block_m)
+        num_n_tiles = cdiv(n_size, self.block_n)
         self.attrs.blocks = num_m_tiles * num_n_tiles
         self.attrs.warps = 7
         raster = TileRasterizer(num_m_tiles, num_n_tiles, self.group)
-        num_k_blocks: int32 = cdiv(k_size, block_k)
+        num_k_blocks: int32 = cdiv(k_size, self.block_k)
 
-        s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, block_m, block_k])
-        s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, block_n, block_k])
-        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.epilogue_buffers, block_m, e_block_n])
-        t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.acc_stages, block_m, block_n])
+        s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, self.block_k])
+        s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.epilogue_buffers, self.block_m, self.e_block_n])
+        t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.acc_stages, self.block_m, self.block_n])
         with self.single_warp():  # the allocating warp: the CTA will not allocate again
             self.tcgen05.relinquish_alloc_permit(cta_group=1)
 
@@ -106,7 +105,8 @@ class Kernel(MatmulKernel):
                 for k in range(num_k_blocks):
                     ring.producer_acquire()
                     self.load_k_block(g_a, g_b, s_a[ring.producer_stage], s_b[ring.producer_stage],
-                                      ring.producer_barrier(), m_tile * block_m, n_tile * block_n, k * block_k)
+                                      ring.producer_barrier(), m_tile * self.block_m, n_tile * self.block_n,
+                                      k * self.block_k)
                     ring.producer_advance()
                 is_valid, tile = clc.next_tile()
                 if not is_valid:
@@ -140,15 +140,15 @@ class Kernel(MatmulKernel):
             while True:
                 m_tile, n_tile = raster.tile(tile)
                 acc_ring.consumer_acquire()
-                for e in range(block_n // e_block_n):
-                    t_sub = self.tcgen05.slice(t_acc[acc_ring.consumer_stage], offsets=[0, e * e_block_n],
-                                               shape=[block_m, e_block_n], dims=[0, 1])
+                for e in range(self.block_n // self.e_block_n):
+                    t_sub = self.tcgen05.slice(t_acc[acc_ring.consumer_stage], offsets=[0, e * self.e_block_n],
+                                               shape=[self.block_m, self.e_block_n], dims=[0, 1])
                     r_sub = self.tcgen05.load(t_sub)
                     self.tcgen05.wait_load()
-                    if e == block_n // e_block_n - 1:  # the buffer's last tcgen05.ld has completed:
+                    if e == self.block_n // self.e_block_n - 1:  # the buffer's last tcgen05.ld has completed:
                         acc_ring.consumer_release()  # the MMA warp may refill it while this sub-tile is stored
                         acc_ring.consumer_advance()
-                    out.put(r_sub, g_c, m_tile * block_m, n_tile * block_n + e * e_block_n)
+                    out.put(r_sub, g_c, m_tile * self.block_m, n_tile * self.block_n + e * self.e_block_n)
                 is_valid, tile = clc.next_tile()
                 if not is_valid:
                     break
