@@ -8,9 +8,9 @@ With one buffer each block waits for the store of the one before to have read it
 up to ``buffers - 1`` stores stay in flight.
 
 A sub-tile of 64 columns of a 16-bit dtype is 128 bytes wide: tilus gives its staging buffer the
-128-byte swizzle, in which the 8 threads that store one 16-byte chunk each of 8 consecutive rows
-(a thread holds a TMEM lane, i.e. a row) hit 8 different bank groups, and the TMA store reads the
-same swizzle back. A wide row-major staging tile would put those rows in the same banks.
+128-byte swizzle, and the TMA store reads the same swizzle back. Each ``stmatrix`` writes 8 rows of
+16 bytes; in that swizzle the 8 chunks fall in 8 different groups of banks, where a row-major tile
+512 bytes wide (a whole 128 x 256 output tile) would put all 8 in the same banks.
 
 Invariants:
 
