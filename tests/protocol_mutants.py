@@ -114,6 +114,24 @@ MUTANTS = (
            "  # the store that last read `buf` is done with it\n",
            "            pass\n",
            ("race",)),
+    Mutant("accumulator read early: Blackwell V3's epilogue reads TMEM without waiting for acc_ready",
+           "sm_100a", "v3", "matmul.kernels.blackwell.v3",
+           "            self.mbarrier.wait(acc_ready[0], phase=0)\n", "",
+           ("race", "coverage")),
+    Mutant("accumulator freed early: Blackwell V5's epilogue hands a TMEM buffer back before its last "
+           "tcgen05.ld completed",
+           "sm_100a", "v5", "matmul.kernels.blackwell.v5",
+           "                    self.tcgen05.wait_load()\n"
+           "                    if e == self.block_n // self.e_block_n - 1:"
+           "  # the buffer's last tcgen05.ld has completed:\n"
+           "                        acc_ring.consumer_release()"
+           "  # the MMA warp may refill it while this sub-tile is stored\n"
+           "                        acc_ring.consumer_advance()\n",
+           "                    if e == self.block_n // self.e_block_n - 1:\n"
+           "                        acc_ring.consumer_release()\n"
+           "                        acc_ring.consumer_advance()\n"
+           "                    self.tcgen05.wait_load()\n",
+           ("race",)),
     Mutant("tile count broken: the static scheduler rounds a worker's tile count down (Hopper V5)",
            "sm_90a", "v5", "pipeline.schedulers",
            "mine = (self.num_tiles - self.worker + self.num_workers - 1) // self.num_workers",

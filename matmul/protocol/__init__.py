@@ -140,14 +140,17 @@ def configs_to_check(module: ModuleType, arch: Optional[str] = None, all_configs
     return configs
 
 
-def _chooser(strategy: str, rng: random.Random):
+def _chooser(strategy: str, rng: random.Random, turn: int = 0):
+    """The scheduling decisions of one interleaving. ``turn`` picks, for "lag-one-role", which kind
+    of role (thread range) is held back: every kind in turn over the seeds."""
     last: list[Optional[Role]] = [None]
     lagging: list[Optional[tuple]] = [None]  # the thread range whose roles move only when nothing else can
 
     def choose(ready: list[Role], ops: list[AsyncOp]):
         if strategy == "lag-one-role":
             if lagging[0] is None:
-                lagging[0] = rng.choice(sorted({(r.lo, r.hi) for r in ready}))
+                ranges = sorted({(r.lo, r.hi) for r in ready})
+                lagging[0] = ranges[turn % len(ranges)]
             others = [r for r in ready if (r.lo, r.hi) != lagging[0]] + ops
             return rng.choice(others or ready)
         if strategy == "flood-async" and ops:
@@ -203,23 +206,25 @@ def check_function(function, problems: list[Problem], seeds: int = 24, label: st
                    resident_clusters: int = RESIDENT_CLUSTERS, clc: Optional[bool] = None,
                    ordered_commits: bool = True) -> Report:
     """Run ``seeds`` interleavings of one transpiled kernel; stop at the first finding. Seed ``s``
-    uses strategy ``STRATEGIES[s % 5]`` on problem ``problems[s // 5 % len(problems)]`` (so every
-    problem meets every strategy), and a CLC kernel keeps ``1 + s % resident_clusters`` clusters
-    resident (the rest are stolen by ``try_cancel`` or launched as others exit)."""
+    uses strategy ``STRATEGIES[s % 5]``; each run of five seeds takes one problem, the first
+    (largest) every other run, so that every problem meets every strategy; a CLC kernel keeps
+    ``1 + s % resident_clusters`` clusters resident (the rest are stolen by ``try_cancel`` or
+    launched as others exit)."""
     report = Report(label)
     start = time.time()
     if clc is None:
         clc = "ClusterLaunchControlTryCancel" in str(function)
     for seed in range(seeds):
         strategy = STRATEGIES[seed % len(STRATEGIES)]
-        problem = problems[seed // len(STRATEGIES) % len(problems)]
+        turn = seed // len(STRATEGIES)
+        problem = problems[0] if turn % 2 == 0 else problems[1 + turn // 2 % (len(problems) - 1)]
         machine = None
         try:
             resident = 1 + seed % resident_clusters if clc else None
             machine = Machine(function, problem, resident_clusters=resident, ordered_commits=ordered_commits)
             report.roles = max(report.roles, len(machine.ranges) * len(machine.ctas))  # largest problem
             report.cluster = machine.cluster_size
-            machine.run(_chooser(strategy, random.Random(seed)))
+            machine.run(_chooser(strategy, random.Random(seed), turn // 2))
         except Finding as finding:
             report.finding, report.seed, report.strategy, report.problem = finding, seed, strategy, problem
             report.events += machine.events if machine is not None else 0

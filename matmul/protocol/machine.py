@@ -211,6 +211,7 @@ class Role:
         self.wgmma_groups: list[list[Reader]] = []  # committed wgmma groups not yet waited for
         self.wgmma_open: list[Reader] = []
         self.mma_reads: list[Reader] = []  # tcgen05 MMAs issued by this role, until a commit lands
+        self.tmem_loads: list[Reader] = []  # tcgen05.ld issued by this role, until tcgen05.wait::ld
         self.steps = 0
 
     def ready(self) -> bool:
@@ -232,6 +233,7 @@ class Cta:
         self.tags: dict[int, list] = collections.defaultdict(list)  # alloc -> [(start, end, tag)]
         self.values: dict[SharedAddr, Any] = {}  # words written by st.async / CLC responses
         self.readers: dict[int, list] = collections.defaultdict(list)  # alloc -> [(start, end, Reader)]
+        self.tmem_writers: dict[int, list] = collections.defaultdict(list)  # MMAs writing TMEM, until committed
         self.roles: list[Role] = []
         self.exited = False
 
@@ -245,8 +247,16 @@ class Cta:
         entries[:] = [e for e in entries if not e[2].done]
         entries.append((ref.start, ref.end, reader))
 
-    def pending_reader(self, alloc: int, start: int, end: int) -> Optional[Reader]:
-        for s, e, reader in self.readers[alloc]:
+    def add_tmem_writer(self, ref: MemRef, writer: Reader) -> None:
+        entries = self.tmem_writers[ref.alloc]
+        entries[:] = [e for e in entries if not e[2].done]
+        entries.append((ref.start, ref.end, writer))
+
+    def pending_writer(self, ref: MemRef) -> Optional[Reader]:
+        return self.pending_reader(ref.alloc, ref.start, ref.end, self.tmem_writers)
+
+    def pending_reader(self, alloc: int, start: int, end: int, table: Optional[dict] = None) -> Optional[Reader]:
+        for s, e, reader in (self.readers if table is None else table)[alloc]:
             if not reader.done and not (e <= start or s >= end):
                 return reader
         return None
@@ -641,6 +651,11 @@ class Machine:
         for op in self.async_ops:
             if cta.index in op.targets:
                 self.fail("exit", f"cta{cta.index} exits while {op.what} is still in flight into it")
+        for table in (cta.readers, cta.tmem_writers):
+            for entries in table.values():
+                for *_, access in entries:
+                    if not access.done:
+                        self.fail("exit", f"cta{cta.index} exits while {access.what} may still access its memory")
         for b in cta.barriers.values():
             if b.pending != b.count:
                 self.fail("arrivals", f"cta{cta.index} exits with {b.name} partly arrived ({b.state()})")
@@ -1236,6 +1251,11 @@ class Machine:
             if c.exited:
                 self.fail("exit", f"{role.name}'s MMA writes the TMEM of cta{c.index}, which has exited")
             tmem = d.at(c.index)
+            loading = c.pending_reader(tmem.alloc, tmem.start, tmem.end)
+            if loading is not None:
+                self.fail("race", f"{role.name}'s MMA overwrites TMEM of cta{c.index} that {loading.what} may still "
+                                  f"read (no tcgen05.wait::ld before the buffer was handed back)")
+            c.add_tmem_writer(tmem, reader)
             acc = None if not enable else next((t for t in c.read_tags(tmem) if isinstance(t, AccTag)), None)
             if acc is None:
                 acc = AccTag()
@@ -1275,8 +1295,21 @@ class Machine:
 
     def i_Tcgen05LoadInst(self, inst, env, role, group, active):
         ref: MemRef = env[inst.inputs[0]]
+        writer = role.cta.pending_writer(ref)
+        if writer is not None:
+            self.fail("race", f"{role.name}'s tcgen05.ld reads TMEM that {writer.what} may still write (no commit "
+                              f"of it has landed)")
+        load = Reader(f"a tcgen05.ld of {role.name}")
+        role.cta.add_reader(ref, load)
+        role.tmem_loads.append(load)
         accs = [t for t in role.cta.read_tags(ref) if isinstance(t, AccTag)]
         env[inst.register_output] = RegVal(None, tuple(inst.register_output.shape), accs[0] if accs else None)
+
+    def i_Tcgen05WaitInst(self, inst, env, role, group, active):
+        if inst.wait_load:
+            for load in role.tmem_loads:
+                load.done = True
+            role.tmem_loads = []
 
     # -- cluster launch control -------------------------------------------------------------------
     def i_ClusterLaunchControlTryCancelInst(self, inst, env, role, group, active):
@@ -1319,7 +1352,7 @@ class Machine:
 NO_OP_CALLS = ("cuda_tcgen05_fence", "cuda_fence")
 
 NO_OPS = {
-    "AnnotateLayoutInst", "FenceProxyAsync", "FenceProxyAsyncInst", "WgmmaFenceInst", "Tcgen05WaitInst",
+    "AnnotateLayoutInst", "FenceProxyAsync", "FenceProxyAsyncInst", "WgmmaFenceInst",
     "Tcgen05DeallocInst", "Tcgen05RelinquishAllocPermitInst", "FenceProxyAsyncReleaseInst",
 }
 
