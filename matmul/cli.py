@@ -41,7 +41,7 @@ def compile_command(args) -> int:
     rows, failed = [], False
     gpu_arch = None if args.no_check else versions.local_arch()
     work = [(arch, version) for arch in _arches(args.arch) for version in _versions(args.versions, arch)]
-    progress = tqdm(total=sum(len(versions.space(versions.load(a, v))) if args.all_configs else 1 for a, v in work),
+    progress = tqdm(total=sum(len(versions.build_configs(versions.load(a, v))) if args.all_configs else 1 for a, v in work),
                     desc="[compile]", unit="config", disable=None)  # disable=None: silent when not a terminal
     for arch, version in work:
         module = versions.load(arch, version)

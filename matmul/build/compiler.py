@@ -127,9 +127,10 @@ def build_config(module: ModuleType, arch: str, config: dict[str, Any], dtype=ti
 
 def build_version(module: ModuleType, arch: str, all_configs: bool = False, dtype=tilus.float16,
                   progress=None) -> list[BuildResult]:
-    """Build the version's REPRESENTATIVE configuration, or its whole space; ``progress(config)`` is
-    called before each build (the CLI shows what it is building)."""
-    configs = versions.space(module) if all_configs else [module.REPRESENTATIVE]
+    """Build the version's REPRESENTATIVE configuration, or every configuration it has (its space and
+    its ``EXTRA_CONFIGS``); ``progress(config)`` is called before each build (the CLI shows what it
+    is building)."""
+    configs = versions.build_configs(module) if all_configs else [module.REPRESENTATIVE]
     results = []
     for config in configs:
         if progress is not None:

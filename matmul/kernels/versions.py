@@ -11,6 +11,10 @@ A version module (``matmul/kernels/<family>/v<N>.py``) defines:
 * ``PTX_MARKERS`` -- the PTX instructions that show its step (checked by the tests).
 * ``supports(m, n, k)`` (optional) -- whether the version is made for that shape; absent means every
   shape. The tuner, the bench and the GPU tests skip a version on shapes it does not support.
+* ``EXTRA_CONFIGS`` (optional) -- configurations outside the autotune space that are built and
+  checked (``build_configs``) but never tuned, so ``matmul()`` cannot pick them; one is run only
+  when asked for by name (``kernel(module, dtype, config)``). Blackwell V6's 4-CTA cluster waits
+  there until it has run on hardware.
 """
 
 from __future__ import annotations
@@ -88,6 +92,11 @@ def space(module: ModuleType) -> list[dict[str, Any]]:
         keys = [n.strip() for n in names.split(",")]
         items.append([dict(zip(keys, v if len(keys) > 1 else [v])) for v in values])
     return [functools.reduce(lambda x, y: x | y, combo, {}) for combo in itertools.product(*items)]
+
+
+def build_configs(module: ModuleType) -> list[dict[str, Any]]:
+    """Every configuration to build and check: the autotune space, then ``EXTRA_CONFIGS``."""
+    return [*space(module), *(dict(config) for config in getattr(module, "EXTRA_CONFIGS", ()))]
 
 
 @functools.cache

@@ -126,7 +126,7 @@ def configs_to_check(module: ModuleType, arch: Optional[str] = None, all_configs
     """The representative configuration, plus the first configuration of every other cluster shape
     (in the autotune space, or in the version's ``EXTRA_CONFIGS``: built and checked, not tuned),
     read from what each configuration transpiles to; or (``all_configs``) every configuration."""
-    candidates = [*versions.space(module), *(dict(c) for c in getattr(module, "EXTRA_CONFIGS", ()))]
+    candidates = versions.build_configs(module)
     if all_configs:
         return candidates
     arch = arch or next(a for a, family in versions.ARCHS.items() if f".{family}." in module.__name__ + ".")
