@@ -421,6 +421,8 @@ def test_a_seen_signature_is_launched_without_deriving_anything_again(tmp_path, 
     assert calls(a, b)[0] == 1 and calls(a, b)[0] == 0
     assert relative_error(calls(a, b)[1], reference(a, w)) <= TOLERANCE[torch.float16]
     assert calls(a.bfloat16(), w.T.bfloat16())[0] == 1  # a new dtype
+    with pytest.raises(matmul.MatmulInputError, match="float16 or both bfloat16"):
+        path.launch(a, w.T.bfloat16())  # b's dtype alone differs from a seen signature
     a_big, w_big = random_operands(1000, 64, 32, torch.float16, device="cpu")  # a new bucket: tuned
     tuned_before = len(path.chooser.entries)
     assert calls(a_big, w_big.T)[0] == 1 and len(path.chooser.entries) == tuned_before + 1
@@ -462,19 +464,25 @@ def test_out_overlapping_an_input_is_refused_on_every_path(tmp_path, stand_ins, 
     path.launch(torch.randn(32, 32).half(), square, torch.empty(32, 32).half())
     with pytest.raises(matmul.MatmulInputError, match="out overlaps b"):
         path.launch(torch.randn(32, 32).half(), square, square)
+    w = torch.randn(32, 32).half()
+    path.launch(torch.randn(32, 32).half(), w.T, torch.empty(32, 32).half())
+    with pytest.raises(matmul.MatmulInputError, match="out overlaps b"):  # out is the weight behind b = w.T
+        path.launch(torch.randn(32, 32).half(), w.T, w)
 
 
 def test_when_cublas_wins_the_callers_operands_go_to_torch_as_they_are(tmp_path, stand_ins, monkeypatch):
     path = plans(tmp_path, timer=cublas_wins)
     a, w = random_operands(128, 60, 40, torch.float16, device="cpu")
-    b = w.T.contiguous()  # row-major [K, N]: cuBLAS takes it without a copy
-    path.launch(a, b)
-    assert isinstance(path.plans[signature(a, b, None)], VendorPlan)
-    seen = []
     real = torch.mm
-    monkeypatch.setattr(torch, "mm", lambda x, y, **kw: seen.append((x, y)) or real(x, y, **kw))
-    result = path.launch(a, b)
-    assert seen[0][0] is a and seen[0][1] is b and torch.equal(result, real(a, b))
+    for b in (w.T, w.T.contiguous()):  # x @ w.T, and a row-major [K, N] b: cuBLAS takes either as it is
+        path.launch(a, b)
+        assert isinstance(path.plans[signature(a, b, None)], VendorPlan)
+        seen = []
+        monkeypatch.setattr(torch, "mm", lambda x, y, **kw: seen.append((x, y)) or real(x, y, **kw))
+        result = path.launch(a, b)
+        monkeypatch.setattr(torch, "mm", real)
+        assert seen[0][0] is a and seen[0][1] is b and torch.equal(result, real(a, b))
+    b = w.T.contiguous()
     out = poisoned_output(128, 60, torch.float16, device="cpu")  # rows padded to 64: cuBLAS's result copied in
     assert path.launch(a, b, out) is out and relative_error(out, reference(a, w)) <= TOLERANCE[torch.float16]
 

@@ -55,10 +55,10 @@ def shares_an_element(x, y):
 
 def test_overlap_is_exact_for_blocks_of_one_buffer():
     buffer = torch.zeros(12, 16).half()
-    blocks = [buffer[r0:r1, c0:c1] for r0, r1 in ((0, 12), (0, 5), (3, 9), (7, 12))
-              for c0, c1 in ((0, 16), (0, 8), (4, 12), (8, 16), (15, 16))]
-    flat = torch.zeros(400).half()
-    blocks += [flat[s:s + 96].view(6, 16) for s in (0, 5, 16, 100)]  # bases off the row grid
+    blocks = [buffer[r0:r1, c0:c1] for r0, r1 in ((0, 12), (0, 5), (5, 9), (3, 9), (4, 5), (7, 12))
+              for c0, c1 in ((0, 16), (0, 8), (4, 12), (8, 16), (15, 16), (12, 16))]
+    blocks += [buffer.view(-1)[s:s + 96].view(6, 16) for s in (5, 13, 21, 90)]  # bases off the row grid
+    blocks += [buffer.view(-1)[s:s + 60].as_strided((5, 4), (16, 1)) for s in (14, 78, 109)]  # rows straddling buffer rows
     for x in blocks:
         for y in blocks:
             assert overlaps(x.data_ptr(), layout(x), y.data_ptr(), layout(y)) == shares_an_element(x, y), \
@@ -75,4 +75,6 @@ def test_out_overlapping_an_input_is_named():
             check_call(a, b, out, require_cuda=False)
     with pytest.raises(MatmulInputError, match="out overlaps b"):
         check_call(b.clone(), b, b, require_cuda=False)  # out is b
+    with pytest.raises(MatmulInputError, match="out overlaps b"):
+        check_call(b.clone(), b.T, b, require_cuda=False)  # out is the weight w behind b = w.T
     check_call(a, b, a.as_strided((64, 16), (48, 1), 16), require_cuda=False)  # the middle third: apart from a
