@@ -1,0 +1,79 @@
+"""The model benchmark's pieces that need no GPU: the transformer block against a plain reference,
+its projection shapes, the report and the figure, and the command's answer without a GPU."""
+
+import math
+
+import pytest
+import torch
+
+from matmul import cli
+from matmul.harness import model
+
+
+def small_block(linear):
+    return model.Block(linear, hidden=64, mlp=96, heads=4, kv_heads=2, dtype=torch.float32, device="cpu", seed=3)
+
+
+def reference_block(block, x):
+    """The same block written out head by head, without scaled_dot_product_attention's grouping."""
+    w, (batch, seq, hidden) = block.weights, x.shape
+    d, heads, kv_heads = block.head_dim, block.heads, block.kv_heads
+    h = x.reshape(-1, hidden)
+    qkv = block.rms_norm(h, w["norm_1"]) @ w["qkv"].T
+    q, k, v = qkv[:, :hidden], qkv[:, hidden:hidden + kv_heads * d], qkv[:, hidden + kv_heads * d:]
+    outs = []
+    for b in range(batch):
+        rows = slice(b * seq, (b + 1) * seq)
+        heads_out = []
+        for i in range(heads):
+            j = i // (heads // kv_heads)  # the key/value head this query head shares
+            qi, kj, vj = q[rows, i * d:(i + 1) * d], k[rows, j * d:(j + 1) * d], v[rows, j * d:(j + 1) * d]
+            scores = (qi @ kj.T) / math.sqrt(d) + torch.full((seq, seq), float("-inf")).triu(1)
+            heads_out.append(scores.softmax(-1) @ vj)
+        outs.append(torch.cat(heads_out, dim=1))
+    h = h + torch.cat(outs) @ w["o"].T
+    gate, up = (block.rms_norm(h, w["norm_2"]) @ w["gate_up"].T).chunk(2, dim=-1)
+    return (h + (torch.nn.functional.silu(gate) * up) @ w["down"].T).reshape(batch, seq, hidden)
+
+
+def test_the_block_computes_a_llama_style_layer():
+    calls = []
+    block = small_block(lambda t, w: calls.append((t.shape[0], *w.shape)) or t @ w.T)
+    x = torch.randn(2, 5, 64)
+    assert torch.allclose(block(x), reference_block(block, x), atol=1e-4, rtol=1e-4)
+    assert calls == model.block_projection_shapes(10, hidden=64, mlp=96, heads=4, kv_heads=2)
+    assert model.block_projection_shapes(128) == [(128, 6144, 4096), (128, 4096, 4096), (128, 28672, 4096),
+                                                  (128, 4096, 14336)]
+
+
+def test_the_extended_preset():
+    assert model.PROJECTIONS["qkv"] == (6144, 4096) and model.PROJECTIONS["gate-up"] == (28672, 4096)
+    assert model.PROJECTIONS["lm_head"] == (128256, 4096) and model.TOKENS == (16, 128, 1024, 8192)
+
+
+def fake_results():
+    rows = [{"label": label, "m": m, "n": n, "k": k, "kernel": "cuBLAS", "matmul_ms": 0.02, "torch_ms": 0.021,
+             "ratio": 1.05, "ratios": [1.05], "calls": 10, "vs_torch_error": 0.0}
+            for label, (n, k) in list(model.PROJECTIONS.items())[:2] for m in (16, 128)]
+    return {"format": model.FORMAT, "dtype": "float16", "machine": {"gpu": "stand-in"}, "back_to_back": rows,
+            "back_to_back_summary": {"geomean": 1.05, "min": 1.05, "shapes": len(rows)},
+            "host_us": {"torch.matmul": 15.0, "matmul()": 14.0, "matmul() runs": "v7", "short path error": 1e-4},
+            "block": [{"batch": 1, "seq": 128, "tokens": 128, "matmul_ms": 0.5, "torch_ms": 0.51, "ratio": 1.02,
+                       "vs_torch_error": 0.0}]}
+
+
+def test_the_report_and_the_figure(tmp_path):
+    text = model.table(fake_results())
+    assert "| q, o | 16 x 4096 x 4096 | cuBLAS | 20.0 | 21.0 | 1.050 |" in text
+    assert "| matmul() | 14.00 |" in text and "short path error" not in text
+    assert "| 1 x 128 | 128 | 0.500 | 0.510 | 1.020 |" in text
+    written = model.draw(fake_results(), tmp_path)
+    assert {p.name for p in written} == {"model-float16.png", "model-float16.svg"}
+    assert all(p.stat().st_size > 1000 for p in written)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the answer without a GPU")
+def test_the_command_without_a_gpu_says_so(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["model"])
+    assert "there is none here" in capsys.readouterr().err
