@@ -24,6 +24,8 @@ from ..entry import MatmulKernel
 IDEA = "wgmma reads shared-memory tiles that the threads load through registers"
 PTX_MARKERS = ("wgmma.mma_async", "st.shared")
 REPRESENTATIVE = dict(block_m=128, block_n=128, block_k=32)
+# tiles load through registers at int32 element offsets: no operand may reach past 2^31 - 1 elements
+MAX_ELEMENTS = 2**31 - 1
 
 
 # one warpgroup holds the whole accumulator in registers (block_m * block_n / 128 floats a thread),
