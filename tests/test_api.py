@@ -478,7 +478,7 @@ def test_when_cublas_wins_the_callers_operands_go_to_torch_as_they_are(tmp_path,
         path.launch(a, b)
         assert isinstance(path.plans[signature(a, b, None)], VendorPlan)
         seen = []
-        monkeypatch.setattr(torch, "mm", lambda x, y, **kw: seen.append((x, y)) or real(x, y, **kw))
+        monkeypatch.setattr(torch, "mm", lambda x, y, seen=seen, **kw: seen.append((x, y)) or real(x, y, **kw))
         result = path.launch(a, b)
         monkeypatch.setattr(torch, "mm", real)
         assert seen[0][0] is a and seen[0][1] is b and torch.equal(result, real(a, b))

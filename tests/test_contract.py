@@ -58,7 +58,8 @@ def test_overlap_is_exact_for_blocks_of_one_buffer():
     blocks = [buffer[r0:r1, c0:c1] for r0, r1 in ((0, 12), (0, 5), (5, 9), (3, 9), (4, 5), (7, 12))
               for c0, c1 in ((0, 16), (0, 8), (4, 12), (8, 16), (15, 16), (12, 16))]
     blocks += [buffer.view(-1)[s:s + 96].view(6, 16) for s in (5, 13, 21, 90)]  # bases off the row grid
-    blocks += [buffer.view(-1)[s:s + 60].as_strided((5, 4), (16, 1)) for s in (14, 78, 109)]  # rows straddling buffer rows
+    # rows that straddle the buffer's rows
+    blocks += [buffer.view(-1)[s:s + 60].as_strided((5, 4), (16, 1)) for s in (14, 78, 109)]
     for x in blocks:
         for y in blocks:
             assert overlaps(x.data_ptr(), layout(x), y.data_ptr(), layout(y)) == shares_an_element(x, y), \
