@@ -89,9 +89,14 @@ def show_docstring(module: ModuleType) -> None:
        "\n".join("> " + line for line in _rst_to_md(docstring(module)).splitlines()))
 
 
-def show_source(obj, language: str = "python") -> None:
-    """The source of a module, class or function, exactly as it is in the repository."""
-    md(f"`{_where(obj)}`\n\n" + fenced(inspect.getsource(obj), language))
+def show_source(obj, language: str = "python", folded: bool = False) -> None:
+    """The source of a module, class or function, exactly as it is in the repository; ``folded``
+    puts it in a block the reader opens with a click (for a second copy of the same idea)."""
+    text = fenced(inspect.getsource(obj), language)
+    if folded:
+        md(f"<details><summary><code>{_where(obj)}</code> (click to open)</summary>\n\n{text}\n\n</details>")
+    else:
+        md(f"`{_where(obj)}`\n\n" + text)
 
 
 def _where(obj) -> str:
@@ -278,7 +283,8 @@ def time_against_cublas(modules: list[ModuleType], shape=TIME_SHAPE, dtype=torch
 
 def live(arch: str, version: str, compare_previous: bool = True) -> None:
     """On a GPU of ``arch``'s kind: check the version and time it (with the previous version and
-    cuBLAS). Elsewhere: say why not (the build above is what this machine can show)."""
+    cuBLAS; V7, the skinny kernel, on skinny shapes against the memory roofline). Elsewhere: say
+    why not (the build above is what this machine can show)."""
     here = gpu_arch()
     if here != arch:
         md(f"*{NAMES[arch]} {version} is not run here*: this needs a {NAMES[arch]} GPU (`{arch}`); this machine has "
@@ -287,6 +293,9 @@ def live(arch: str, version: str, compare_previous: bool = True) -> None:
               "built and inspected, never run or timed." if arch == "sm_100a" else ""))
         return
     module = versions.load(arch, version)
+    if version == "v7":
+        live_skinny(module)
+        return
     check(module)
     modules = [module]
     before = previous(version)
@@ -343,3 +352,218 @@ def _show_results_file(path: Path, upto: str | None) -> None:
                          "TFLOPS": None if r.get("tflops") is None else round(r["tflops"], 1),
                          "x cuBLAS": None if r.get("vs_cublas") is None else round(r["vs_cublas"], 3),
                          "ok": r.get("ok")} for r in mine])
+
+
+# -- which code produced these outputs ------------------------------------------------------------
+
+COMMIT_ENV = "MATMUL_TUTORIALS_COMMIT"  # set by the one who runs the notebooks where .git is stale
+
+
+def commit() -> str:
+    """The commit of the code these cells run: ``$MATMUL_TUTORIALS_COMMIT`` when set (a GPU machine
+    may carry the working tree with an older ``.git``), else ``git describe --always --dirty``."""
+    import os
+    import subprocess
+
+    if os.environ.get(COMMIT_ENV):
+        return os.environ[COMMIT_ENV]
+    try:
+        return subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+
+
+def stamp() -> None:
+    """What produced the outputs below: the commit, the machine and the software, printed once at the
+    top of each notebook (``_run.py`` writes the same into the notebook's metadata)."""
+    import datetime
+    import platform
+
+    import tilus
+
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    print(f"outputs of commit {commit()}, run {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC\n"
+          f"machine: {gpu}; Python {platform.python_version()}, torch {torch.__version__}, tilus {tilus.__version__}")
+    md(machine_line())
+
+
+# -- the measured step on the H100 (committed results) --------------------------------------------
+
+PAIRED = ROOT / "plots" / "h100" / "results-sm_90a-float16-series_ksweep.json"
+SUSTAINED = ROOT / "plots" / "h100" / "results-sm_90a-float16-series-sustained.json"
+PAIRED_MEANS = ("*Paired windows*: each kernel is launched in turn with cuBLAS in one window (L2 flushed before "
+                "every launch), so both run at the same clock: the ratio is work per clock.")
+SUSTAINED_MEANS = ("*Sustained*: each kernel runs alone, back to back for 3 s, and is timed once its clock has "
+                   "settled under the card's 700 W power limit: the rate it keeps, which also credits a kernel that "
+                   "draws less power (moves fewer bytes) with the higher clock it then gets.")
+
+
+def _series_rows(path: Path) -> dict:
+    from matmul.harness import results as results_file
+
+    results = results_file.load(path)
+    return results, {(r["m"], r["n"], r["k"], r["kernel"]): r for r in results["rows"] if r["m"] == r["n"] == r["k"]}
+
+
+def h100_rows(version: str, sizes=(4096, 8192)) -> list[dict]:
+    """This version, the previous one and cuBLAS on the square series shapes, in both committed
+    H100 runs (paired windows and sustained), one row each with its GPU, shape and dtype."""
+    rows = []
+    before = previous(version)
+    for label, path in (("paired", PAIRED), ("sustained", SUSTAINED)):
+        results, by_key = _series_rows(path)
+        gpu = results["machine"]["gpu"].replace("NVIDIA ", "")
+        for size in sizes:
+            prev = by_key.get((size, size, size, before)) if before else None
+            for kernel in [k for k in (before, version) if k] + ["cuBLAS"]:
+                r = by_key.get((size, size, size, kernel))
+                if r is None:
+                    continue
+                rows.append({
+                    "timing": label, "GPU": gpu, "M x N x K": f"{size} x {size} x {size}", "dtype": results["dtype"],
+                    "kernel": kernel.upper() if kernel != "cuBLAS" else kernel,
+                    "ms": f"{r['ms']:.3f}", "TFLOPS": f"{r['tflops']:.0f}",
+                    "x cuBLAS": f"{r['vs_cublas']:.3f}",
+                    f"x {before.upper() if before else 'previous'}": (
+                        f"{prev['ms'] / r['ms']:.2f}" if prev and kernel == version else ""),
+                    "config": ", ".join(f"{k}={v}" for k, v in (r.get("config") or {}).items()),
+                })
+    return rows
+
+
+def on_the_h100(version: str) -> None:
+    """The measured step: this version against the previous one and cuBLAS on the project's H100,
+    read from the committed results (never from this machine), with what each timing means."""
+    missing = [p for p in (PAIRED, SUSTAINED) if not p.exists()]
+    if missing:
+        md(f"**No committed H100 results** ({', '.join(str(p.relative_to(ROOT)) for p in missing)} missing).")
+        return
+    md(f"Hopper {version.upper()} on the project's H100 (the autotuned configuration the harness picked), "
+       f"from `{PAIRED.relative_to(ROOT)}` and `{SUSTAINED.relative_to(ROOT)}` "
+       "(commands in `plots/h100/COMMAND.md`). These are measurements of the **Hopper** kernels only; "
+       "no Blackwell kernel has been run by this project.\n\n"
+       f"* {PAIRED_MEANS}\n* {SUSTAINED_MEANS}\n\n" + _md_table(h100_rows(version)))
+
+
+# -- the Pipeline, in two steps -------------------------------------------------------------------
+
+PIPELINE_V4_METHODS = ("producer_acquire", "producer_barrier", "producer_release", "producer_advance",
+                       "consumer_acquire", "consumer_barrier", "consumer_release", "consumer_release_previous",
+                       "release_barrier", "consumer_advance")
+PIPELINE_CLUSTER_METHODS = ("__init__", "release_barrier", "arrive_on_ranks", "producer_tail")
+
+
+def _pipeline_doc_sections() -> tuple[str, str, str]:
+    """pipeline.Pipeline's module docstring cut where it changes subject: what one CTA needs, the
+    tensor-memory paragraph, the cluster parameters."""
+    import pipeline.pipeline as module
+
+    doc = _rst_to_md(docstring(module))
+    head, cluster = doc.split("Cluster pipelines", 1)
+    one_cta, tmem = head.split("Tensor-memory stages", 1)
+    return one_cta.strip(), "Tensor-memory stages" + tmem.rstrip(), "Cluster pipelines" + cluster
+
+
+def _methods(names) -> str:
+    import pipeline
+
+    return "\n".join(inspect.getsource(getattr(pipeline.Pipeline, name)) for name in names)
+
+
+def show_pipeline_v4() -> None:
+    """The Pipeline as V4 uses it: a ring of stages, two barriers a stage, phase bits, arrival
+    counts, elect_release; the cluster parameters wait for V6."""
+    one_cta, _, _ = _pipeline_doc_sections()
+    md("\n".join("> " + line for line in one_cta.splitlines()) + "\n\n" +
+       "`pipeline/pipeline.py`, the methods V4 calls (the constructor's cluster parameters `scope`, "
+       "`release_to`, `cluster_fences`, the `tcgen05_fences` of tensor-memory rings and `producer_tail` "
+       "come in the V6 notebook; V4 leaves them at their defaults):\n\n" + fenced(_methods(PIPELINE_V4_METHODS), "python"))
+
+
+def show_pipeline_cluster() -> None:
+    """The Pipeline's parameters for rings that span a cluster or hold tensor memory (V6)."""
+    _, tmem, cluster = _pipeline_doc_sections()
+    md("\n".join("> " + line for line in (tmem + "\n\n" + cluster).splitlines()) + "\n\n" +
+       "`pipeline/pipeline.py`, the constructor and the methods those parameters change:\n\n" +
+       fenced(_methods(PIPELINE_CLUSTER_METHODS), "python"))
+
+
+# -- V7: skinny GEMMs at the memory roofline ------------------------------------------------------
+
+SKINNY = ROOT / "plots" / "h100" / "skinny"
+
+
+def skinny_results(dtype: str = "float16") -> None:
+    """The committed H100 table of V7 against cuBLAS and the attainable floor (plots/h100/skinny)."""
+    path = SKINNY / "roofline.json"
+    if not path.exists():
+        md(f"**No committed skinny results** (`{path.relative_to(ROOT)}` missing).")
+        return
+    results = json.loads(path.read_text())
+    floor = results["floor"]
+    rows = [{"GPU": results["device"].replace("NVIDIA ", ""), "dtype": r["dtype"], "M": r["m"],
+             "N x K": f"{r['n']} x {r['k']}" + (f" ({r['label']})" if r.get("label") else ""),
+             "V7 us": f"{r['v7_us']:.1f}", "cuBLAS us": f"{r['cublas_us']:.1f}", "floor us": f"{r['attainable_us']:.1f}",
+             "V7 % floor": f"{100 * r['v7_share']:.0f}%", "cuBLAS % floor": f"{100 * r['cublas_share']:.0f}%",
+             "V7 / cuBLAS": f"{r['ratio']:.2f}", "back to back V7 / cuBLAS": f"{r['b2b_ratio']:.2f}",
+             "V7 config": "/".join(str(r["config"][k]) for k in ("block_m", "warpgroups", "split", "stages"))}
+            for r in results["rows"] if r["dtype"] == dtype and not r.get("failed")]
+    summary = results["summary"].get(dtype, {})
+    md(f"From `{path.relative_to(ROOT)}` (command and findings in `plots/h100/skinny/COMMAND.md`): one run on the "
+       f"**{results['device']}**, {dtype}, L2 flushed before each launch. Copy bandwidth "
+       f"**{floor['copy_tb_per_s']:.2f} TB/s** (512 MiB; 32 MiB: {floor['copy_32mib_tb_per_s']:.2f}), empty kernel "
+       f"**{floor['empty_ms'] * 1e3:.1f} us**; floor = bytes / copy bandwidth + empty kernel. V7 config = tokens per "
+       "tile / consumer warpgroups / split (CTAs of a cluster) / stages. *Back to back*: 200 calls in a row, "
+       "no flush, host time included (as a model calls them).\n\n" + _md_table(rows) +
+       (f"\n\nOver the issue's bar shapes (4096 x 4096, 6144 x 4096, 4096 x 14336 at M = 1, 16, 64, 128): "
+        f"geometric mean **{summary['bar_geomean_vs_cublas']:.3f}x cuBLAS** (bar: 1.15x), worst share of the "
+        f"attainable floor **{100 * summary['bar_min_share_of_floor']:.0f}%** (bar: 85%)." if summary else ""))
+    figure = SKINNY / "skinny-sm_90a.png"
+    if figure.exists():
+        from IPython.display import Image, display
+
+        display(Image(filename=str(figure)))
+
+
+SKINNY_CHECK_SHAPES = ((1, 1000, 1000), (3, 4097, 520), (17, 1000, 4104), (100, 2050, 1030), (255, 1030, 2000))
+SKINNY_TIME_SHAPES = ((1, 4096, 4096), (16, 4096, 4096), (64, 4096, 4096), (128, 4096, 4096))
+
+
+def live_skinny(module: ModuleType, dtypes=(torch.float16, torch.bfloat16)) -> None:
+    """V7 on this Hopper GPU: checked on ragged skinny shapes (poisoned output, float32 reference),
+    then timed against cuBLAS and the attainable floor measured here, through the roofline harness's
+    own functions (its configuration picked per M as the harness does)."""
+    from matmul.harness import roofline
+    from matmul.measure.timing import interleaved_ms
+
+    rows = []
+    for dtype in dtypes:
+        for m, n, k in SKINNY_CHECK_SHAPES:
+            config = roofline.candidates(module, m)[0]
+            ((*_, error),) = correctness.check_cases(module, [(m, n, k)], [dtype], config)
+            rows.append({"M x N x K": f"{m} x {n} x {k}", "dtype": str(dtype).split(".")[-1], "config": config,
+                         "relative error": f"{error:.2e}", "ok": error <= correctness.TOLERANCE[dtype]})
+    show_table(rows)
+    bad = [r for r in rows if not r["ok"]]
+    if bad:
+        raise AssertionError(f"{module.__name__} is wrong: {bad}")
+    copy = roofline.copy_tb_per_s(512 << 20, 100.0, 200.0)
+    empty_ms = roofline.empty_kernel_ms(100.0, 200.0)
+    timed = []
+    for m, n, k in SKINNY_TIME_SHAPES:
+        a, b = correctness.random_operands(m, n, k, torch.float16)
+        out, ref_out = correctness.poisoned_output(m, n, torch.float16), torch.empty(m, n, dtype=torch.float16,
+                                                                                   device=a.device)
+        config = roofline.candidates(module, m)[0]
+        v7_ms, cublas_ms = interleaved_ms([roofline.launcher(module, a, b, out, config),
+                                           lambda: torch.matmul(a, b.T, out=ref_out)], 100.0, 300.0)
+        floor_ms = roofline.bytes_floor(m, n, k, 2) / (copy * 1e12) * 1e3 + empty_ms
+        timed.append({"M x N x K": f"{m} x {n} x {k}", "dtype": "float16", "config": config,
+                      "V7 us": round(v7_ms * 1e3, 1), "cuBLAS us": round(cublas_ms * 1e3, 1),
+                      "floor us": round(floor_ms * 1e3, 1), "V7 % floor": f"{100 * floor_ms / v7_ms:.0f}%",
+                      "V7 / cuBLAS": f"{cublas_ms / v7_ms:.2f}"})
+    md(f"Timed here on **{torch.cuda.get_device_name()}** (L2 flushed before each launch, V7 and cuBLAS in one "
+       f"window): copy bandwidth {copy:.2f} TB/s, empty kernel {empty_ms * 1e3:.1f} us. Each M at the first "
+       "configuration of its token width (the harness sweeps them all; the table above is its best).")
+    show_table(timed)
