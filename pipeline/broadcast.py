@@ -54,8 +54,9 @@ class LeaderTileBroadcast(tilus.Class):
         self.mbarrier.wait(self.drained[self.send_slot], phase=self.send_phase, scope="cta")
         with self.single_thread():
             for rank in range(2):
-                self.mbarrier.arrive_and_expect_tx_remote(self.filled[self.send_slot], transaction_bytes=4,
-                                                          target_rank=rank, scope="cta")
+                self.mbarrier.arrive_and_expect_tx_remote(
+                    self.filled[self.send_slot], transaction_bytes=4, target_rank=rank, scope="cta"
+                )
                 async_store_to_rank(self.slots[self.send_slot], linear, rank, self.filled[self.send_slot])
         self.send_slot = (self.send_slot + 1) % self.depth
         self.send_phase = self.send_phase ^ (self.send_slot == 0)
@@ -67,8 +68,9 @@ class LeaderTileBroadcast(tilus.Class):
         linear: int32 = load_after_wait(self.slots[self.recv_slot])
         self.sync()  # every thread of the group has its copy before the slot is handed back
         with self.single_thread():
-            self.mbarrier.arrive_and_expect_tx_remote(self.drained[self.recv_slot], transaction_bytes=0,
-                                                      target_rank=0, scope="cta")
+            self.mbarrier.arrive_and_expect_tx_remote(
+                self.drained[self.recv_slot], transaction_bytes=0, target_rank=0, scope="cta"
+            )
         self.recv_slot = (self.recv_slot + 1) % self.depth
         self.recv_phase = self.recv_phase ^ (self.recv_slot == 0)
         return linear

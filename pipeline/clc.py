@@ -49,8 +49,13 @@ class ClcScheduler(tilus.Class):
             self.pipe = Pipeline(num_stages, consumer_arrivals=consumer_arrivals)
         else:
             # the response lands by complete_tx in every CTA: CTA-scope waits and arrivals suffice
-            self.pipe = Pipeline(num_stages, consumer_arrivals=consumer_arrivals * cluster_ctas, scope="cluster",
-                                 release_to=0b1, cluster_fences=False)
+            self.pipe = Pipeline(
+                num_stages,
+                consumer_arrivals=consumer_arrivals * cluster_ctas,
+                scope="cluster",
+                release_to=0b1,
+                cluster_fences=False,
+            )
 
     def first_tile(self) -> int32:
         """The linear tile (cluster) index this CTA was launched for."""
@@ -62,16 +67,20 @@ class ClcScheduler(tilus.Class):
         if self.cluster_ctas == 1:
             with self.single_thread():
                 self.mbarrier.arrive_and_expect_tx(self.pipe.producer_barrier(), transaction_bytes=RESPONSE_BYTES)
-            self.clc.try_cancel(self.responses[self.pipe.producer_stage], mbarrier=self.pipe.producer_barrier(),
-                                multicast=False)
+            self.clc.try_cancel(
+                self.responses[self.pipe.producer_stage], mbarrier=self.pipe.producer_barrier(), multicast=False
+            )
         else:
             # one lane per CTA arrives on that CTA's full barrier; the response goes to every CTA
-            self.mbarrier.arrive_and_expect_tx_multicast(self.pipe.producer_barrier(),
-                                                         transaction_bytes=RESPONSE_BYTES,
-                                                         multicast_mask=(1 << self.cluster_ctas) - 1,
-                                                         scope="cta")
-            self.clc.try_cancel(self.responses[self.pipe.producer_stage], mbarrier=self.pipe.producer_barrier(),
-                                multicast=True)
+            self.mbarrier.arrive_and_expect_tx_multicast(
+                self.pipe.producer_barrier(),
+                transaction_bytes=RESPONSE_BYTES,
+                multicast_mask=(1 << self.cluster_ctas) - 1,
+                scope="cta",
+            )
+            self.clc.try_cancel(
+                self.responses[self.pipe.producer_stage], mbarrier=self.pipe.producer_barrier(), multicast=True
+            )
         self.pipe.producer_advance()
 
     def next_tile(self):

@@ -54,9 +54,9 @@ def _register() -> None:
         attrs.func_kind = "cuda_internal"
         asm(
             template="{ .reg.b32 remote, remote_bar; mapa.shared::cluster.u32 remote, %0, %4; "
-                     "mapa.shared::cluster.u32 remote_bar, %3, %4; "
-                     "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes "
-                     "[remote], [%1], %2, [remote_bar]; }",
+            "mapa.shared::cluster.u32 remote_bar, %3, %4; "
+            "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes "
+            "[remote], [%1], %2, [remote_bar]; }",
             inputs=[local_dst, src, size, local_barrier, cta_rank],
             is_volatile=True,
             memory_fence=True,
@@ -79,8 +79,10 @@ def bulk_copy_to_rank(dst, src, barrier, rank) -> None:
     dst_addr = builder.tensor_ptr(dst, space="shared")
     src_addr = builder.tensor_ptr(src, space="shared")
     barrier_addr = builder.tensor_item_value(barrier)
-    builder.evaluate(None, call_cuda(_COPY, [uint32(dst_addr), uint32(src_addr), uint32(src.nbytes),
-                                             uint32(barrier_addr), uint32(rank)]))
+    builder.evaluate(
+        None,
+        call_cuda(_COPY, [uint32(dst_addr), uint32(src_addr), uint32(src.nbytes), uint32(barrier_addr), uint32(rank)]),
+    )
 
 
 class SplitKRange(tilus.Class):
@@ -127,13 +129,13 @@ class ClusterSplitKReduce(tilus.Class):
         self.sync()
         if self.parts > 1:
             with self.single_thread():
-                self.mbarrier.arrive_and_expect_tx(self.arrived[0],
-                                                   transaction_bytes=(self.parts - 1) * self.partial[0].nbytes)
+                self.mbarrier.arrive_and_expect_tx(
+                    self.arrived[0], transaction_bytes=(self.parts - 1) * self.partial[0].nbytes
+                )
                 for step in self.range(1, self.parts, 1, unroll="all"):
                     peer: int32 = (rank + step) % self.parts
                     # the peer keeps what it receives from this CTA in slot (rank - peer - 1) mod parts
-                    bulk_copy_to_rank(self.received[self.parts - 1 - step], self.partial[peer], self.arrived[0],
-                                      peer)
+                    bulk_copy_to_rank(self.received[self.parts - 1 - step], self.partial[peer], self.arrived[0], peer)
 
     def write(self, rank: int32, g_c: GlobalTensor, offset_m: int32, offset_n: int32):
         """This CTA's slice (``rows / parts`` rows of C^T from row ``rank * rows / parts``) summed

@@ -21,10 +21,10 @@ move the load above the wait and read the slot before it was written. The load h
 from typing import no_type_check
 
 from tilus.hidet.ir.dtypes import int32, uint32
+from tilus.hidet.ir.primitives.cuda.funcs import call_cuda
 from tilus.hidet.ir.primitives.func import is_primitive_function, register_primitive_function
 from tilus.hidet.ir.stmt import asm
 from tilus.hidet.lang import attrs, script
-from tilus.hidet.ir.primitives.cuda.funcs import call_cuda
 from tilus.lang.instructions import base
 
 _LOAD = "ld_shared_b32_ordered"
@@ -53,8 +53,8 @@ def _register() -> None:
         attrs.func_kind = "cuda_internal"
         asm(
             template="{ .reg.b32 remote, remote_bar; mapa.shared::cluster.u32 remote, %0, %2; "
-                     "mapa.shared::cluster.u32 remote_bar, %1, %2; "
-                     "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [remote], %3, [remote_bar]; }",
+            "mapa.shared::cluster.u32 remote_bar, %1, %2; "
+            "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [remote], %3, [remote_bar]; }",
             inputs=[local_addr, local_barrier, cta_rank, value],
             is_volatile=True,
             memory_fence=True,

@@ -36,8 +36,9 @@ def wgmma_fragment_blocks(rows: int, cols: int):
     Holds for one row of wgmma instructions (``rows == 64``); taller tiles interleave the rows'
     registers differently (``wgmma_fragment_grid``)."""
     if rows != 64 or cols % SUB_COLS:
-        raise ValueError(f"column blocks of a {rows} x {cols} fragment: need 64 rows and a multiple of "
-                         f"{SUB_COLS} columns")
+        raise ValueError(
+            f"column blocks of a {rows} x {cols} fragment: need 64 rows and a multiple of {SUB_COLS} columns"
+        )
     block = unsqueeze(generate_wgmma_register_layout(rows, SUB_COLS, 64, SUB_COLS, 16), [0])
     return compose(local(cols // SUB_COLS, 1, 1), block)
 
@@ -48,8 +49,10 @@ def wgmma_fragment_grid(rows: int, cols: int, sub_cols: int):
     after the other in every thread's registers, and each slab's is ``cols / sub_cols`` column
     blocks one after the other (``sub_cols`` a multiple of 8)."""
     if rows % 64 or cols % sub_cols or sub_cols % 8:
-        raise ValueError(f"a {rows} x {cols} fragment in {sub_cols}-column blocks: need a multiple of 64 rows "
-                         f"and of {sub_cols} (itself a multiple of 8) columns")
+        raise ValueError(
+            f"a {rows} x {cols} fragment in {sub_cols}-column blocks: need a multiple of 64 rows "
+            f"and of {sub_cols} (itself a multiple of 8) columns"
+        )
     block = unsqueeze(generate_wgmma_register_layout(64, sub_cols, 64, sub_cols, 16), [0, 1])
     return compose(local(rows // 64, cols // sub_cols, 1, 1), block)
 
@@ -91,8 +94,10 @@ class SlotTileStore(tilus.Class):
         rows, cols = acc.shape
         sub_cols = self.slots.shape[-1]
         if self.slots.shape[0] * sub_cols < cols:
-            raise ValueError(f"a {rows} x {cols} tile does not fit in {self.slots.shape[0]} slots of {sub_cols} "
-                             f"columns: use stages * block_k >= block_n")
+            raise ValueError(
+                f"a {rows} x {cols} tile does not fit in {self.slots.shape[0]} slots of {sub_cols} "
+                f"columns: use stages * block_k >= block_n"
+            )
         grid = self.view(acc, layout=wgmma_fragment_grid(rows, cols, sub_cols))  # no copy
         self.sync()  # every warp of the group is past its wgmma wait: no wgmma reads the slots now
         for i in self.range(rows // 64, unroll="all"):

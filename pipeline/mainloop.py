@@ -41,7 +41,7 @@ class WgmmaMainloop(tilus.Class):
     def finish(self, s_a: SharedTensor, s_b: SharedTensor, wg: int, acc: RegisterTensor, num_k_blocks: int32):
         """K blocks 1 ... ``num_k_blocks - 1``, then the last wait and release."""
         ring = self.ring
-        for kb in self.range(1, num_k_blocks, 1, unroll=1):  # unrolled, nvcc moves accumulators between wgmma
+        for kb in self.range(1, num_k_blocks, 1, unroll=1):  # noqa: B007 (unrolled, nvcc moves accumulators)
             ring.consumer_advance()
             self.issue(s_a, s_b, wg, acc)  # K block kb
             self.wgmma.wait_group(1)  # the group of K block kb-1 is complete: its stage is free

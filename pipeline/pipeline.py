@@ -58,7 +58,6 @@ The same class serves rings whose producer and consumers sit in different CTAs o
   exits, the producer waits once more on every stage, for the releases of the last fills.
 """
 
-
 import tilus
 from tilus import RegisterTensor, int32, uint32
 
@@ -150,8 +149,9 @@ class Pipeline(tilus.Class):
                     self.mbarrier.arrive(barrier, scope=self.order_scope)
             else:
                 # thread i of the calling group arrives on the barrier of CTA rank i, for each bit i
-                self.mbarrier.arrive_and_expect_tx_multicast(barrier, transaction_bytes=0,
-                                                             multicast_mask=self.release_to, scope=self.remote_scope)
+                self.mbarrier.arrive_and_expect_tx_multicast(
+                    barrier, transaction_bytes=0, multicast_mask=self.release_to, scope=self.remote_scope
+                )
         elif self.release_to == 0:
             self.mbarrier.arrive(barrier, scope=self.order_scope)
         else:
@@ -161,17 +161,21 @@ class Pipeline(tilus.Class):
         """Arrive on ``barrier`` in each CTA of the bit mask ``ranks``. The mask is known when the
         kernel is built, so the branches fold away."""
         if ranks & 0b0001:
-            self.mbarrier.arrive_and_expect_tx_remote(barrier, transaction_bytes=0, target_rank=0,
-                                                      scope=self.remote_scope)
+            self.mbarrier.arrive_and_expect_tx_remote(
+                barrier, transaction_bytes=0, target_rank=0, scope=self.remote_scope
+            )
         if ranks & 0b0010:
-            self.mbarrier.arrive_and_expect_tx_remote(barrier, transaction_bytes=0, target_rank=1,
-                                                      scope=self.remote_scope)
+            self.mbarrier.arrive_and_expect_tx_remote(
+                barrier, transaction_bytes=0, target_rank=1, scope=self.remote_scope
+            )
         if ranks & 0b0100:
-            self.mbarrier.arrive_and_expect_tx_remote(barrier, transaction_bytes=0, target_rank=2,
-                                                      scope=self.remote_scope)
+            self.mbarrier.arrive_and_expect_tx_remote(
+                barrier, transaction_bytes=0, target_rank=2, scope=self.remote_scope
+            )
         if ranks & 0b1000:
-            self.mbarrier.arrive_and_expect_tx_remote(barrier, transaction_bytes=0, target_rank=3,
-                                                      scope=self.remote_scope)
+            self.mbarrier.arrive_and_expect_tx_remote(
+                barrier, transaction_bytes=0, target_rank=3, scope=self.remote_scope
+            )
 
     def consumer_advance(self):
         self.consumer_stage = (self.consumer_stage + 1) % self.num_stages

@@ -42,8 +42,9 @@ def _register() -> None:
         attrs.func_kind = "cuda_internal"
         asm(template="tcgen05.fence::before_thread_sync;", is_volatile=True, memory_fence=True)
 
-    register_primitive_function(name=cuda_tcgen05_fence_before_thread_sync.name,
-                                func_or_type=cuda_tcgen05_fence_before_thread_sync)
+    register_primitive_function(
+        name=cuda_tcgen05_fence_before_thread_sync.name, func_or_type=cuda_tcgen05_fence_before_thread_sync
+    )
 
     @no_type_check
     @script
@@ -52,8 +53,9 @@ def _register() -> None:
         attrs.func_kind = "cuda_internal"
         asm(template="tcgen05.fence::after_thread_sync;", is_volatile=True, memory_fence=True)
 
-    register_primitive_function(name=cuda_tcgen05_fence_after_thread_sync.name,
-                                func_or_type=cuda_tcgen05_fence_after_thread_sync)
+    register_primitive_function(
+        name=cuda_tcgen05_fence_after_thread_sync.name, func_or_type=cuda_tcgen05_fence_after_thread_sync
+    )
 
 
 _register()

@@ -41,8 +41,10 @@ def staging_buffers(sub_tile_bytes: int, other_shared_bytes: int, most: int = ST
     is built."""
     fit = (SHARED_MEMORY_PER_CTA - BARRIER_BYTES - other_shared_bytes) // sub_tile_bytes
     if fit < 1:
-        raise ValueError(f"no {sub_tile_bytes}-byte staging buffer fits beside {other_shared_bytes} bytes of "
-                         f"shared memory: use fewer stages or narrower sub-tiles")
+        raise ValueError(
+            f"no {sub_tile_bytes}-byte staging buffer fits beside {other_shared_bytes} bytes of "
+            f"shared memory: use fewer stages or narrower sub-tiles"
+        )
     return min(most, fit)
 
 

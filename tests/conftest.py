@@ -6,7 +6,6 @@ import torch
 from matmul import build
 from matmul.kernels import versions
 
-
 gpu_arch = versions.local_arch
 
 
@@ -14,8 +13,9 @@ def require_gpu(arch: str) -> None:
     """Skip unless this machine has a GPU that runs the ``arch`` series."""
     here = gpu_arch()
     if here != arch:
-        pytest.skip(f"needs a {versions.ARCH_NAMES[arch]} GPU ({arch}); this machine has "
-                    f"{'none' if here is None else here}")
+        pytest.skip(
+            f"needs a {versions.ARCH_NAMES[arch]} GPU ({arch}); this machine has {'none' if here is None else here}"
+        )
 
 
 @functools.cache

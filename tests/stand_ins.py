@@ -47,8 +47,9 @@ def install(monkeypatch, wrong=("v0",), arch="sm_90a", available=("v0", "v1")) -
     monkeypatch.setattr(versions, "kernel", kernel)
     monkeypatch.setattr(tilus_autotune, "prepare", lambda script, args=None: None)
     monkeypatch.setattr(tilus_autotune, "launch_function", lambda script: script)
-    monkeypatch.setattr(tilus_autotune, "tuned_config",
-                        lambda script, args: dict(versions.load(arch, script.version).REPRESENTATIVE))
+    monkeypatch.setattr(
+        tilus_autotune, "tuned_config", lambda script, args: dict(versions.load(arch, script.version).REPRESENTATIVE)
+    )
     return built
 
 

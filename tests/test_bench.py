@@ -12,9 +12,9 @@ import torch
 from matmul.harness import bench, plot, presets, triton_baseline
 from matmul.harness import results as results_file
 from matmul.harness.bench import Contender
+from matmul.harness.presets import Shape
 from matmul.harness.results import CUBLAS
 from matmul.measure.correctness import reference
-from matmul.harness.presets import Shape
 
 FIXTURE = Path(__file__).parent / "data" / "bench_small.json"
 
@@ -26,8 +26,12 @@ def test_presets():
     assert {(s.m, s.n) for s in chosen["ksweep"]} == {(8192, 8192)}
     llm = chosen["llm"]
     assert len(llm) == 12 and {s.m for s in llm} == {128, 1024, 8192}
-    assert {(s.label, s.n, s.k) for s in llm} == {("q, o", 4096, 4096), ("k, v", 1024, 4096),
-                                                 ("gate, up", 14336, 4096), ("down", 4096, 14336)}
+    assert {(s.label, s.n, s.k) for s in llm} == {
+        ("q, o", 4096, 4096),
+        ("k, v", 1024, 4096),
+        ("gate, up", 14336, 4096),
+        ("down", 4096, 14336),
+    }
     assert chosen["custom"] == [Shape(1000, 4095, 17)]
     assert len(presets.unique(chosen)) == 2 + 6 + 12 + 1 - 1  # 8192^3 is in series and ksweep
     for bad in ("squares", "12x34", "0x8x8", ""):
@@ -37,6 +41,7 @@ def test_presets():
 
 def stand_ins(a, b, dtype):
     """cuBLAS and versions on the CPU: right, wrong, half-written (NaN left) and failing."""
+
     def writer(out, fn):
         return lambda: out.copy_(fn())
 
@@ -49,11 +54,13 @@ def stand_ins(a, b, dtype):
     def failing():
         raise RuntimeError("no configuration built")
 
-    return [Contender(CUBLAS, "baseline", writer(outs[CUBLAS], right), outs[CUBLAS]),
-            Contender("v0", "version", writer(outs["v0"], right), outs["v0"], lambda: {"block_m": 64}),
-            Contender("v1", "version", writer(outs["v1"], lambda: torch.zeros_like(right())), outs["v1"]),
-            Contender("v2", "version", partial, outs["v2"]),
-            Contender("v3", "version", failing, outs["v3"])]
+    return [
+        Contender(CUBLAS, "baseline", writer(outs[CUBLAS], right), outs[CUBLAS]),
+        Contender("v0", "version", writer(outs["v0"], right), outs["v0"], lambda: {"block_m": 64}),
+        Contender("v1", "version", writer(outs["v1"], lambda: torch.zeros_like(right())), outs["v1"]),
+        Contender("v2", "version", partial, outs["v2"]),
+        Contender("v3", "version", failing, outs["v3"]),
+    ]
 
 
 def test_every_kernel_is_checked_before_it_is_timed_against_cublas():
@@ -112,8 +119,22 @@ def test_bench_without_a_gpu_compiles_and_redraws_the_committed_results(tmp_path
     committed = tmp_path / "plots" / "h100"
     committed.mkdir(parents=True)
     (committed / "results-sm_90a-float16-series_ksweep_llm.json").write_text(FIXTURE.read_text())
-    proc = subprocess.run([sys.executable, "-m", "matmul", "bench", "--arch", "sm_90a", "--versions", "v0",
-                           "--redraw-from", str(tmp_path / "plots")], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "matmul",
+            "bench",
+            "--arch",
+            "sm_90a",
+            "--versions",
+            "v0",
+            "--redraw-from",
+            str(tmp_path / "plots"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "No GPU of the sm_90a series here" in proc.stdout
     assert any(line.startswith("sm_90a") and "v0" in line for line in proc.stdout.splitlines())  # the compile report
@@ -124,8 +145,22 @@ def test_bench_without_a_gpu_compiles_and_redraws_the_committed_results(tmp_path
 
 
 def test_bench_without_a_gpu_says_when_nothing_is_committed(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "matmul", "bench", "--arch", "sm_90a", "--versions", "v0",
-                           "--redraw-from", str(tmp_path)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "matmul",
+            "bench",
+            "--arch",
+            "sm_90a",
+            "--versions",
+            "v0",
+            "--redraw-from",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"No results under {tmp_path} yet" in proc.stdout
 
@@ -149,8 +184,16 @@ def test_a_whole_run_with_stand_in_kernels_on_the_cpu(monkeypatch, tmp_path):
     saved = []
     chosen = presets.parse("series,40x24x17")
     chosen["series"] = [Shape(64, 48, 32)]  # small stand-ins for the preset's sizes
-    results = bench.run("sm_90a", ["v0", "v1"], chosen, torch.float16, rounds=2, triton=False, autotuned=False,
-                        save=lambda r: saved.append(len(r["rows"])))
+    results = bench.run(
+        "sm_90a",
+        ["v0", "v1"],
+        chosen,
+        torch.float16,
+        rounds=2,
+        triton=False,
+        autotuned=False,
+        save=lambda r: saved.append(len(r["rows"])),
+    )
     assert saved == [3, 6]  # written after each shape
     rows = {(r["kernel"], r["m"]): r for r in results["rows"]}
     assert set(rows) == {(k, m) for k in (CUBLAS, "v0", "v1") for m in (64, 40)}
@@ -180,8 +223,12 @@ def correct_stand_ins():
 
 def test_each_ratio_comes_from_one_window_so_a_drifting_clock_cancels():
     shape, dtype, ref, contender = correct_stand_ins()
-    found = [contender(CUBLAS, "baseline"), contender("v0", "version"), contender("v1", "version"),
-             contender(results_file.AUTOTUNED, "autotuned")]
+    found = [
+        contender(CUBLAS, "baseline"),
+        contender("v0", "version"),
+        contender("v1", "version"),
+        contender(results_file.AUTOTUNED, "autotuned"),
+    ]
     speed = {CUBLAS: 1.0, "v0": 2.0, "v1": 1.25, results_file.AUTOTUNED: 1.0}  # ms on a steady clock
     windows = []
 
@@ -191,10 +238,17 @@ def test_each_ratio_comes_from_one_window_so_a_drifting_clock_cancels():
         return [speed[name] * 1.1 ** len(windows) for name in names]
 
     rows = {r["kernel"]: r for r in bench.measure(shape, found, ref, dtype, timer, rounds=2)}
-    assert windows == ["v0", "v1", results_file.AUTOTUNED, results_file.AUTOTUNED, "v1", "v0"]  # reversed every other round
+    assert windows == [
+        "v0",
+        "v1",
+        results_file.AUTOTUNED,
+        results_file.AUTOTUNED,
+        "v1",
+        "v0",
+    ]  # reversed every other round
     assert rows["v0"]["vs_cublas"] == pytest.approx(0.5) and rows["v1"]["vs_cublas"] == pytest.approx(0.8)
     assert rows[results_file.AUTOTUNED]["vs_cublas"] == pytest.approx(1.0)  # cuBLAS against itself: no position effect
-    assert rows["v0"]["ms_rounds"] == pytest.approx([2.0 * 1.1, 2.0 * 1.1 ** 6])  # the raw window times
+    assert rows["v0"]["ms_rounds"] == pytest.approx([2.0 * 1.1, 2.0 * 1.1**6])  # the raw window times
     assert rows["v0"]["ms"] == pytest.approx(2 * rows[CUBLAS]["ms"])  # at cuBLAS's median clock
     assert len(rows[CUBLAS]["ms_rounds"]) == 6  # cuBLAS's time: from every window
     assert list(rows) == [CUBLAS, "v0", "v1", results_file.AUTOTUNED]  # the table keeps its order
@@ -227,9 +281,10 @@ def test_sustained_results_have_their_own_file_and_figures(tmp_path):
     results = results_file.load(FIXTURE)
     results["timing"] = {"mode": "sustained", "seconds": 3.0, "rounds": 4}
     assert results_file.is_sustained(results) and not results_file.is_sustained(results_file.load(FIXTURE))
-    assert results_file.results_name("sm_90a", "float16", {"series": []}, sustained=True) == \
-        "results-sm_90a-float16-series-sustained.json"
+    assert (
+        results_file.results_name("sm_90a", "float16", {"series": []}, sustained=True)
+        == "results-sm_90a-float16-series-sustained.json"
+    )
     written = plot.draw_all(results, tmp_path)
     assert written and all(p.stem.endswith("-sustained") for p in written)
     assert "back to back, 3 s a window" in plot.progression(results)._suptitle.get_text()
-

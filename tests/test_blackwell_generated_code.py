@@ -21,8 +21,10 @@ from matmul.kernels import versions
 ARCH = "sm_100a"
 BLACKWELL = ("v0", "v1", "v2", "v3", "v4", "v5", "v6")
 # one barrier instruction of any kind: the points a TMEM hand-off crosses between threads
-BARRIER = re.compile(r"mbarrier\.try_wait|bar\.sync|bar\.cta\.sync|barrier\.sync|barrier\.cluster\.wait|"
-                     r"mbarrier\.arrive|barrier\.cluster\.arrive")
+BARRIER = re.compile(
+    r"mbarrier\.try_wait|bar\.sync|bar\.cta\.sync|barrier\.sync|barrier\.cluster\.wait|"
+    r"mbarrier\.arrive|barrier\.cluster\.arrive"
+)
 
 
 def built(version: str) -> build.BuildResult:
@@ -55,6 +57,7 @@ def cuda_source(result: build.BuildResult) -> str:
 
 # -- V0: no local memory ---------------------------------------------------------------------------
 
+
 def test_v0_epilogue_stays_out_of_local_memory():
     # reading the whole 128 x 128 fp32 accumulator at once put it in a 256-byte stack frame
     result = built("v0")
@@ -66,13 +69,17 @@ def test_v0_epilogue_stays_out_of_local_memory():
 
 # -- V1-V4: the output staged block by block, 128-byte swizzled --------------------------------------
 
+
 def output_tensor_map(result: build.BuildResult) -> tuple[list[int], str]:
     """The box ([columns, rows]) and swizzle of the tensor map the kernel stores C through."""
     source = cuda_source(result)
-    call = re.search(r"cuTensorMapEncodeTiled\(\s*\(&(tma_tensor_map\w*)\),[^;]*?\(\w+\*\)\(c_ptr\)\),[^;]*?"
-                     r"CU_TENSOR_MAP_SWIZZLE_(\w+),", source)
+    call = re.search(
+        r"cuTensorMapEncodeTiled\(\s*\(&(tma_tensor_map\w*)\),[^;]*?\(\w+\*\)\(c_ptr\)\),[^;]*?"
+        r"CU_TENSOR_MAP_SWIZZLE_(\w+),",
+        source,
+    )
     assert call, "no tensor map over c_ptr"
-    suffix = call.group(1)[len("tma_tensor_map"):]
+    suffix = call.group(1)[len("tma_tensor_map") :]
     box = [int(x) for x in re.findall(rf"tma_box_shape{suffix}\[\d\] = uint32_t\((\d+)u\);", source)]
     return box, call.group(2)
 
@@ -92,6 +99,7 @@ def test_v1_to_v4_stage_the_output_in_swizzled_column_blocks(version):
 
 # -- every version: the TMEM allocation permit, the TMEM fences --------------------------------------
 
+
 @pytest.mark.parametrize("version", BLACKWELL)
 def test_the_tmem_allocation_permit_is_relinquished_after_allocating(version):
     ptx = built(version).ptx()
@@ -104,7 +112,7 @@ def test_the_tmem_allocation_permit_is_relinquished_after_allocating(version):
 def fenced(ptx: str, at: int, fence: str, anchor: re.Pattern = BARRIER) -> bool:
     """Whether ``fence`` lies between the instruction at ``at`` and the nearest ``anchor`` before it."""
     anchors = [m.end() for m in anchor.finditer(ptx, 0, at)]
-    return fence in ptx[anchors[-1] if anchors else 0:at]
+    return fence in ptx[anchors[-1] if anchors else 0 : at]
 
 
 AFTER = "tcgen05.fence::after_thread_sync;"
@@ -132,18 +140,19 @@ def test_tmem_hand_offs_are_fenced(version):
 
 # -- V5, V6: a TMEM buffer goes back as soon as it is read; four staging buffers ---------------------
 
+
 def releases_before_the_last_store(ptx: str) -> bool:
     """The epilogue's arrival that frees an accumulator buffer (the one behind before_thread_sync
     after a tcgen05.wait::ld) comes before the staging (stmatrix) and TMA store of a sub-tile that
     was read before it: the buffer is not held while its last sub-tile is stored."""
     for fence in re.finditer(re.escape(BEFORE), ptx):
         previous_ld = ptx.rfind("tcgen05.ld.", 0, fence.start())
-        if previous_ld < 0 or "tcgen05.wait::ld" not in ptx[previous_ld:fence.start()]:
+        if previous_ld < 0 or "tcgen05.wait::ld" not in ptx[previous_ld : fence.start()]:
             continue
-        if "stmatrix" in ptx[previous_ld:fence.start()]:
+        if "stmatrix" in ptx[previous_ld : fence.start()]:
             continue  # this sub-tile was already staged: the release waited for it
         next_ld = ptx.find("tcgen05.ld.", fence.end())
-        rest = ptx[fence.end():next_ld if next_ld >= 0 else len(ptx)]
+        rest = ptx[fence.end() : next_ld if next_ld >= 0 else len(ptx)]
         if "mbarrier.arrive" in rest and "stmatrix" in rest and "cp.async.bulk.tensor.2d.global" in rest:
             return True
     return False
@@ -160,6 +169,7 @@ def test_a_tmem_buffer_is_released_before_its_last_sub_tile_is_stored(version):
 
 # -- V6: CTA-scope rings ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("cluster", ["2-CTA", "4-CTA"])
 def test_v6_waits_and_arrives_at_cta_scope(cluster):
     ptx = (built("v6") if cluster == "2-CTA" else four_cta()).ptx()
@@ -174,8 +184,11 @@ def test_v6_waits_and_arrives_at_cta_scope(cluster):
 
 def sass_ops(sass: str) -> list[str]:
     """The instructions of a SASS listing, one a line, without address and predicate."""
-    return [re.sub(r"^@!?U?P\w+\s+", "", line.split("*/", 1)[1].split(";")[0].strip())
-            for line in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]{4,}\*/", line)]
+    return [
+        re.sub(r"^@!?U?P\w+\s+", "", line.split("*/", 1)[1].split(";")[0].strip())
+        for line in sass.splitlines()
+        if re.match(r"\s*/\*[0-9a-f]{4,}\*/", line)
+    ]
 
 
 def l1_invalidations_outside_the_exit_path(sass: str) -> int:
@@ -184,8 +197,9 @@ def l1_invalidations_outside_the_exit_path(sass: str) -> int:
     ops = sass_ops(sass)
     count = 0
     for i, op in enumerate(ops):
-        if op.startswith("CCTL.IVALL") and not (ops[i - 1].startswith("UCGABAR_WAIT")
-                                                 or ops[i - 1].startswith("DEPBAR.LE SB0, 0x0")):
+        if op.startswith("CCTL.IVALL") and not (
+            ops[i - 1].startswith("UCGABAR_WAIT") or ops[i - 1].startswith("DEPBAR.LE SB0, 0x0")
+        ):
             count += 1
     return count
 
@@ -200,10 +214,11 @@ def test_v6_steady_state_has_no_l1_invalidation_or_gpu_membar():
     # MEMBAR.ALL.GPU only as the release of a barrier.cluster.arrive
     ops = sass_ops(v6)
     membars = [i for i, op in enumerate(ops) if op.startswith("MEMBAR.ALL.GPU")]
-    assert membars and all(any(op.startswith("UCGABAR_ARV") for op in ops[i:i + 4]) for i in membars)
+    assert membars and all(any(op.startswith("UCGABAR_ARV") for op in ops[i : i + 4]) for i in membars)
 
 
 # -- V6: the producer tail --------------------------------------------------------------------------
+
 
 def v6_without(line: str, folder, monkeypatch) -> types.ModuleType:
     """A copy of V6 with one line of its source turned into ``pass`` (a planted bug), written to
@@ -240,6 +255,7 @@ def test_v6_waits_for_the_last_commits_into_each_cta_before_it_exits(cluster, mo
 
 # -- V6's 4-CTA cluster: built and checked, selectable, never tuned ---------------------------------
 
+
 def test_the_four_cta_v6_is_selectable_but_not_in_the_autotune_space():
     module = versions.load(ARCH, "v6")
     assert module.FOUR_CTA["cluster_ctas"] == 4 and module.FOUR_CTA in module.EXTRA_CONFIGS
@@ -251,6 +267,7 @@ def test_the_four_cta_v6_is_selectable_but_not_in_the_autotune_space():
 
 
 # -- the shared workspace (tcgen05.alloc's address) lies inside the requested shared memory ----------
+
 
 def workspace_span(result: build.BuildResult) -> tuple[int, int]:
     """(offset of tilus's shared workspace, dynamic shared memory the launch asks for)."""

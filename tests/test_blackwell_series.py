@@ -117,8 +117,9 @@ def test_v6_pairs_two_ctas_on_one_256_row_tile():
     assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.[^\s]*\.cta_group::2 ", ptx)
     assert "mapa.shared::cluster" in ptx
     # the CLC response is multicast to both CTAs
-    assert ("clusterlaunchcontrol.try_cancel.async.shared::cta.mbarrier::complete_tx::bytes"
-            ".multicast::cluster::all.b128") in ptx
+    assert (
+        "clusterlaunchcontrol.try_cancel.async.shared::cta.mbarrier::complete_tx::bytes.multicast::cluster::all.b128"
+    ) in ptx
     # consumers arrive on the leader's barriers in the peer CTA (ordered at CTA scope:
     # test_blackwell_generated_code.py)
     assert "mbarrier.arrive.expect_tx.release.cta.shared::cluster.b64" in ptx
@@ -135,9 +136,12 @@ def test_v6_four_cta_cluster_multicasts_the_shared_operand():
     # the MMA is still a pair's (there is no 4-CTA tcgen05.mma); the B half is loaded once per
     # cluster and multicast into both pairs
     assert "tcgen05.mma.cta_group::2" in ptx
-    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global\.tile\.mbarrier::complete_tx::bytes"
-                     r"\.multicast::cluster\.cta_group::2 "
-                     r"\[%r\d+\], \[%rd\d+, \{%r\d+, %r\d+\}\], \[%r\d+\], %rs\d+;", ptx)
+    assert re.search(
+        r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global\.tile\.mbarrier::complete_tx::bytes"
+        r"\.multicast::cluster\.cta_group::2 "
+        r"\[%r\d+\], \[%rd\d+, \{%r\d+, %r\d+\}\], \[%r\d+\], %rs\d+;",
+        ptx,
+    )
     # commits reach all four CTAs (mask 0b1111), and the 2-CTA build has no multicast TMA load
     assert re.search(r"mov\.b16\s+%rs\d+, 15;", ptx)
     assert "multicast::cluster.cta_group::2" not in ptx_of("v6")

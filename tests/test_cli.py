@@ -5,7 +5,8 @@ import sys
 def test_compile_command_reports_and_writes_ptx(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "matmul", "compile", "--arch", "sm_90a", "--versions", "v1", "--out", str(tmp_path)],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     row = next(line for line in proc.stdout.splitlines() if line.startswith("sm_90a"))
@@ -72,8 +73,11 @@ def test_candidates_checks_then_times_each_configuration_against_cublas(monkeypa
         return measure(shape, found, ref, dtype, timing, rounds, paired=paired)
 
     monkeypatch.setattr(candidates.bench, "measure", named_measure)
-    chosen = [*candidates.parse("v0:block_m=128", "sm_90a"), *candidates.parse("v1:block_m=128", "sm_90a"),
-              *candidates.parse("v1:block_m=64", "sm_90a")]
+    chosen = [
+        *candidates.parse("v0:block_m=128", "sm_90a"),
+        *candidates.parse("v1:block_m=128", "sm_90a"),
+        *candidates.parse("v1:block_m=64", "sm_90a"),
+    ]
     lines = []
     rows = candidates.measure("sm_90a", chosen, [(40, 24, 17)], rounds=2, print_=lines.append)
     assert any("v0 block_m=128: WRONG" in line for line in lines)

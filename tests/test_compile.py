@@ -4,11 +4,10 @@ PTX shows the step it is about."""
 import re
 
 import pytest
+from conftest import representative_build
 
 from matmul import build
 from matmul.kernels import versions
-
-from conftest import representative_build
 
 CASES = [(arch, v) for arch in versions.ARCHS for v in versions.available(arch)]
 

@@ -8,11 +8,10 @@ import itertools
 
 import pytest
 import torch
+from conftest import gpu_arch
 
 from matmul.kernels import versions
 from matmul.measure.correctness import TOLERANCE, poisoned_output, random_operands, reference, relative_error
-
-from conftest import gpu_arch
 
 SIZES = (1, 17, 1000, 4095)
 SHAPES = list(itertools.product(SIZES, SIZES, SIZES)) + [(8191, 1000, 17), (17, 8191, 1000), (1000, 17, 8191)]
@@ -20,8 +19,11 @@ DTYPES = (torch.float16, torch.bfloat16)
 
 ARCH = gpu_arch()
 HERE = versions.available(ARCH) if ARCH else []
-pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600),
-              pytest.mark.skipif(ARCH is None, reason="needs a Hopper or Blackwell GPU")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(ARCH is None, reason="needs a Hopper or Blackwell GPU"),
+]
 
 
 def supported(module, m, n, k):

@@ -8,12 +8,11 @@ import inspect
 import re
 
 import pytest
+from conftest import representative_build
 
 from matmul.kernels import versions
 from pipeline import grouped_tile_order
 from pipeline.schedulers import DEFAULT_SM_COUNT, static_tiles
-
-from conftest import representative_build
 
 ARCH = "sm_90a"
 SERIES = ["v2", "v3", "v4", "v5", "v6"]
@@ -144,8 +143,9 @@ def test_cluster_tiles_cover_the_matrix_once():
     num_m_tiles, num_n_tiles, group = 7, 5, 4
     pairs = (num_m_tiles + 1) // 2
     covered = sorted((2 * p + rank, n) for p, n in grouped_tile_order(pairs, num_n_tiles, group) for rank in (0, 1))
-    assert [t for t in covered if t[0] < num_m_tiles] == [(m, n) for m in range(num_m_tiles)
-                                                          for n in range(num_n_tiles)]
+    assert [t for t in covered if t[0] < num_m_tiles] == [
+        (m, n) for m in range(num_m_tiles) for n in range(num_n_tiles)
+    ]
 
 
 @pytest.mark.parametrize("cols", [64, 128, 256])

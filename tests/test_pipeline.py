@@ -4,12 +4,11 @@ and (on a Hopper GPU) run by kernels that record what they were given."""
 import pytest
 import tilus
 import torch
+from conftest import require_gpu
 from tilus import int32, void_p
 
 from matmul import build
 from pipeline import Pipeline, TileRasterizer, grouped_tile, grouped_tile_order
-
-from conftest import require_gpu
 
 GRIDS = [(1, 1, 8), (7, 5, 8), (8, 8, 8), (13, 3, 4), (3, 13, 4), (9, 17, 16), (33, 1, 8), (1, 33, 8), (16, 16, 1)]
 
@@ -65,8 +64,12 @@ class RingCopy(tilus.Script):
         g_src = self.global_view(src_ptr, dtype=tilus.float16, shape=[ctas * rows, 64])
         g_dst = self.global_view(dst_ptr, dtype=tilus.float16, shape=[ctas * rows, 64])
         s_ring = self.shared_tensor(dtype=tilus.float16, shape=[self.stages, block, 64])
-        ring = Pipeline(self.stages, consumer_arrivals=128 * ctas, scope="cluster" if self.two_ctas else "cta",
-                        release_to=0b11 if self.two_ctas else 0)
+        ring = Pipeline(
+            self.stages,
+            consumer_arrivals=128 * ctas,
+            scope="cluster" if self.two_ctas else "cta",
+            release_to=0b11 if self.two_ctas else 0,
+        )
         cta = self.blockIdx.x
         if self.two_ctas:
             self.cluster.sync()
@@ -77,8 +80,12 @@ class RingCopy(tilus.Script):
                 ring.producer_acquire()
                 with self.single_thread():
                     self.mbarrier.arrive_and_expect_tx(ring.producer_barrier(), transaction_bytes=s_ring[0].nbytes)
-                self.tma.global_to_shared(src=g_src, dst=s_ring[ring.producer_stage], offsets=[cta * rows + offset, 0],
-                                          mbarrier=ring.producer_barrier())
+                self.tma.global_to_shared(
+                    src=g_src,
+                    dst=s_ring[ring.producer_stage],
+                    offsets=[cta * rows + offset, 0],
+                    mbarrier=ring.producer_barrier(),
+                )
                 ring.producer_advance()
         with self.warp_group(warp_begin=0, num_warps=4):
             for offset in range(0, rows, block):

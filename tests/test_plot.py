@@ -86,12 +86,14 @@ def test_presets_missing_from_the_results_give_no_figure(results):
 
 
 def test_plot_command(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "matmul", "plot", str(FIXTURE), "--out", str(tmp_path)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "matmul", "plot", str(FIXTURE), "--out", str(tmp_path)], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "ksweep-sm_90a-float16.svg").exists() and "progression-sm_90a-float16.png" in proc.stdout
-    bad = subprocess.run([sys.executable, "-m", "matmul", "plot", str(tmp_path / "nothing.json")],
-                         capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "matmul", "plot", str(tmp_path / "nothing.json")], capture_output=True, text=True
+    )
     assert bad.returncode != 0
 
 

@@ -33,13 +33,16 @@ def test_every_configuration_fits_in_shared_memory(module):
         assert module.shared_bytes(**config) <= build.SHARED_MEMORY_LIMIT["sm_90a"] - 1024, config
 
 
-@pytest.mark.parametrize("arch, config", [
-    ("sm_90a", HOPPER.REPRESENTATIVE),
-    ("sm_90a", {"block_m": 64, "warpgroups": 2, "split": 2, "stages": 6}),  # two consumer warpgroups
-    ("sm_90a", {"block_m": 16, "warpgroups": 1, "split": 1, "stages": 16}),  # no cluster exchange
-    ("sm_100a", BLACKWELL.REPRESENTATIVE),
-    ("sm_100a", {"block_m": 128, "split": 2, "stages": 4}),  # the fullest: 226 KiB
-])
+@pytest.mark.parametrize(
+    "arch, config",
+    [
+        ("sm_90a", HOPPER.REPRESENTATIVE),
+        ("sm_90a", {"block_m": 64, "warpgroups": 2, "split": 2, "stages": 6}),  # two consumer warpgroups
+        ("sm_90a", {"block_m": 16, "warpgroups": 1, "split": 1, "stages": 16}),  # no cluster exchange
+        ("sm_100a", BLACKWELL.REPRESENTATIVE),
+        ("sm_100a", {"block_m": 128, "split": 2, "stages": 4}),  # the fullest: 226 KiB
+    ],
+)
 def test_builds_with_the_shared_memory_it_was_sized_for(arch, config):
     module = versions.load(arch, "v7")
     result = build.build_config(module, arch, config)
@@ -88,7 +91,8 @@ def test_roofline_arithmetic():
     assert roofline.bytes_floor(1, 4096, 4096, 2) == (4096 + 4096 * 4096 + 4096) * 2
     assert roofline.parse_configs("16/1/2/8, 64/2/2/6") == [
         {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 8},
-        {"block_m": 64, "warpgroups": 2, "split": 2, "stages": 6}]
+        {"block_m": 64, "warpgroups": 2, "split": 2, "stages": 6},
+    ]
     # the narrowest token tile that holds M, and only it
     for m, width in ((1, 16), (16, 16), (17, 64), (64, 64), (100, 128), (256, 256)):
         assert {c["block_m"] for c in roofline.candidates(HOPPER, m)} == {width}
@@ -142,8 +146,11 @@ def test_roofline_checks_each_configuration_then_times_the_best(monkeypatch):
 
     wrong = {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 8}
     fast = {"block_m": 16, "warpgroups": 2, "split": 2, "stages": 8}
-    monkeypatch.setattr(versions, "kernel", lambda module, dtype, config=None: Recorded(
-        "v7", config, wrong=config == wrong, dtype=dtype))
+    monkeypatch.setattr(
+        versions,
+        "kernel",
+        lambda module, dtype, config=None: Recorded("v7", config, wrong=config == wrong, dtype=dtype),
+    )
 
     def fake_ms(fns, warmup_ms, repeat_ms):
         times = []
@@ -154,14 +161,22 @@ def test_roofline_checks_each_configuration_then_times_the_best(monkeypatch):
         return times
 
     # versions.run without its CUDA-only operand check: the same launch
-    monkeypatch.setattr(versions, "run", lambda module, a, b, out, config=None: versions.kernel(
-        module, a.dtype, config)(*versions.launch_args(a, b, out)))
+    monkeypatch.setattr(
+        versions,
+        "run",
+        lambda module, a, b, out, config=None: versions.kernel(module, a.dtype, config)(
+            *versions.launch_args(a, b, out)
+        ),
+    )
     monkeypatch.setattr(harness, "random_operands", functools.partial(correctness.random_operands, device="cpu"))
     monkeypatch.setattr(harness, "poisoned_output", functools.partial(correctness.poisoned_output, device="cpu"))
     monkeypatch.setattr(harness, "interleaved_ms", fake_ms)
     monkeypatch.setattr(harness, "back_to_back_ms", lambda fn, calls: (fn(), 0.005)[1])
-    args = type("Args", (), {"space": None, "select_warmup_ms": 1, "select_repeat_ms": 1, "warmup_ms": 1,
-                             "repeat_ms": 1, "calls": 2})()
+    args = type(
+        "Args",
+        (),
+        {"space": None, "select_warmup_ms": 1, "select_repeat_ms": 1, "warmup_ms": 1, "repeat_ms": 1, "calls": 2},
+    )()
     floor = {"copy_tb_per_s": 3.0, "empty_ms": 0.004}
     row = harness.measure_shape(HOPPER, presets.Shape(3, 72, 100), torch.float16, args, floor)
 

@@ -24,8 +24,11 @@ TOKENS = (1, 3, 17, 100, 255)
 WEIGHTS = ((4095, 1023), (1023, 4095), (31, 63))
 DTYPES = (torch.float16, torch.bfloat16)
 
-pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900),
-              pytest.mark.skipif(gpu_arch() != ARCH, reason="needs a Hopper GPU (sm_90a)")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(gpu_arch() != ARCH, reason="needs a Hopper GPU (sm_90a)"),
+]
 
 
 def check(m, n, k, dtype, config=None):
@@ -45,8 +48,9 @@ def test_autotuned_on_ragged_shapes(dtype):
             check(m, n, k, dtype)
 
 
-@pytest.mark.parametrize("config", versions.space(versions.load(ARCH, "v7")),
-                         ids=lambda c: "-".join(f"{v}" for v in c.values()))
+@pytest.mark.parametrize(
+    "config", versions.space(versions.load(ARCH, "v7")), ids=lambda c: "-".join(f"{v}" for v in c.values())
+)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_every_configuration(config, dtype):
     for m in (1, 17, 255):

@@ -8,9 +8,8 @@ import tilus
 import tilus.drivers
 import torch
 
-from matmul import build
+from matmul import build, tilus_fixes
 from matmul.kernels import versions
-from matmul import tilus_fixes
 
 
 @pytest.fixture
@@ -30,7 +29,8 @@ def use_cache(path) -> None:
     tilus.drivers.get_cache_dir.cache_clear()  # tilus memoizes program -> cache folder
 
 
-def build_hopper_tma_kernel(config=dict(block_m=64, block_n=128, block_k=32)):
+def build_hopper_tma_kernel(config=None):
+    config = config or dict(block_m=64, block_n=128, block_k=32)
     use_cache(tilus.option.get_option("cache_dir") + f"/fresh{next(_builds)}")
     return build.build_config(versions.load("sm_90a", "v1"), "sm_90a", config)
 
@@ -41,8 +41,14 @@ def result_lib(result):
 
 def test_fixes_are_applied_for_tilus_0_2_0():
     assert tilus.__version__ == "0.2.0"
-    assert set(tilus_fixes.FIXES) == {"tma_sm90", "build_without_gpu", "keep_ptx", "serial_transpile",
-                                      "fence_tall_accumulators", "workspace_in_shared_memory"}
+    assert set(tilus_fixes.FIXES) == {
+        "tma_sm90",
+        "build_without_gpu",
+        "keep_ptx",
+        "serial_transpile",
+        "fence_tall_accumulators",
+        "workspace_in_shared_memory",
+    }
     assert all(fix.applied for fix in tilus_fixes.FIXES.values())
 
 
@@ -68,8 +74,9 @@ def test_build_without_gpu_needs_the_fix(fresh_cache):
     assert build_hopper_tma_kernel().ok
     assert tilus_fixes.stand_in_libcuda_dir() is not None  # no driver here: linked against the stand-in
     # ...which keeps the library loadable on a GPU machine: it still asks for the driver by soname
-    dynamic = subprocess.run(["readelf", "-d", str(result_lib(build_hopper_tma_kernel()))],
-                             capture_output=True, text=True).stdout
+    dynamic = subprocess.run(
+        ["readelf", "-d", str(result_lib(build_hopper_tma_kernel()))], capture_output=True, text=True
+    ).stdout
     assert "[libcuda.so.1]" in dynamic
     with tilus_fixes.disabled("build_without_gpu"):
         result = build_hopper_tma_kernel()
@@ -125,8 +132,12 @@ def build_with_and_without(fix: str, module, config, cache):
 
 def test_a_128_row_accumulator_keeps_its_wgmma_in_flight_only_with_the_fix(fresh_cache):
     # Hopper V2 with a 128 x 128 tile: one warpgroup, two rows of wgmma instructions
-    fixed, faulty = build_with_and_without("fence_tall_accumulators", versions.load("sm_90a", "v2"),
-                                           dict(block_m=128, block_n=128, block_k=64, stages=2), fresh_cache)
+    fixed, faulty = build_with_and_without(
+        "fence_tall_accumulators",
+        versions.load("sm_90a", "v2"),
+        dict(block_m=128, block_n=128, block_k=64, stages=2),
+        fresh_cache,
+    )
     assert fixed.ok and not re.search(r"C75\d\d|serialized", ptxas_report(fixed)), ptxas_report(fixed)
     # without it ptxas injects a warpgroup.arrive (C7519) and a warpgroup.wait (C7517): the wgmma
     # group V2 keeps in flight is waited for at once

@@ -10,15 +10,14 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterator, Optional
 
 import tilus
 import tilus.target
-from tilus.drivers import BuildOptions, build_program
-from tilus.drivers import get_cache_dir
+from tilus.drivers import BuildOptions, build_program, get_cache_dir
 from tilus.lang.instantiated_script import CallParameters, JitInstance
 
 from ..kernels import versions
@@ -125,8 +124,9 @@ def build_config(module: ModuleType, arch: str, config: dict[str, Any], dtype=ti
     return result
 
 
-def build_version(module: ModuleType, arch: str, all_configs: bool = False, dtype=tilus.float16,
-                  progress=None) -> list[BuildResult]:
+def build_version(
+    module: ModuleType, arch: str, all_configs: bool = False, dtype=tilus.float16, progress=None
+) -> list[BuildResult]:
     """Build the version's REPRESENTATIVE configuration, or every configuration it has (its space and
     its ``EXTRA_CONFIGS``); ``progress(config)`` is called before each build (the CLI shows what it
     is building)."""
@@ -147,8 +147,11 @@ def normalized_ptx(ptx: str) -> str:
     import re
 
     text = ptx.split("\t.section\t.debug", 1)[0]
-    lines = [line for line in text.splitlines()
-             if not line.lstrip().startswith((".loc", ".file", "//")) and not line.startswith(".section\t.debug")]
+    lines = [
+        line
+        for line in text.splitlines()
+        if not line.lstrip().startswith((".loc", ".file", "//")) and not line.startswith(".section\t.debug")
+    ]
     return re.sub(r"_INTERNAL_[0-9a-f]{8}", "_INTERNAL_", "\n".join(lines))
 
 

@@ -35,14 +35,13 @@ from typing import Callable, Optional
 import torch
 from tqdm import tqdm
 
-from . import presets
 from ..call import tilus_autotune
 from ..kernels import versions
 from ..measure.correctness import TOLERANCE, random_operands, reference, relative_error
 from ..measure.timing import alternating_rounds, tflops
+from . import presets
 from .presets import Shape
 from .results import AUTOTUNED, CUBLAS, FORMAT, TRITON, Results, Row, _dtype_name, machine, software, summary
-
 
 
 @dataclass
@@ -57,8 +56,9 @@ class Contender:
 # --- one shape -----------------------------------------------------------------------------------
 
 
-def check_contenders(shape: Shape, contenders: list[Contender], ref: torch.Tensor, dtype: torch.dtype,
-                     progress: Optional[tqdm] = None) -> tuple[dict[str, Row], list[Contender]]:
+def check_contenders(
+    shape: Shape, contenders: list[Contender], ref: torch.Tensor, dtype: torch.dtype, progress: Optional[tqdm] = None
+) -> tuple[dict[str, Row], list[Contender]]:
     """Run each contender once on a NaN-poisoned output and compare it with ``ref``: a row per
     contender (by name), and the contenders to time (the correct ones, and cuBLAS whatever it did)."""
     base = {"m": shape.m, "n": shape.n, "k": shape.k, "label": shape.label, "dtype": _dtype_name(dtype)}
@@ -82,9 +82,16 @@ def check_contenders(shape: Shape, contenders: list[Contender], ref: torch.Tenso
     return rows, timed
 
 
-def measure(shape: Shape, contenders: list[Contender], ref: torch.Tensor, dtype: torch.dtype,
-            timer: Callable[[list[Callable[[], object]]], list[float]], rounds: int = 6,
-            progress: Optional[tqdm] = None, paired: bool = True) -> list[Row]:
+def measure(
+    shape: Shape,
+    contenders: list[Contender],
+    ref: torch.Tensor,
+    dtype: torch.dtype,
+    timer: Callable[[list[Callable[[], object]]], list[float]],
+    rounds: int = 6,
+    progress: Optional[tqdm] = None,
+    paired: bool = True,
+) -> list[Row]:
     """Check, then time, ``contenders`` on one shape; one row per contender (see the module's docstring).
     With ``paired=False`` every kernel, cuBLAS too, is timed in windows of its own (``SustainedTimer``):
     its ratio is cuBLAS's median time over its own, and each window's ``timer.last_window`` (clock,
@@ -126,12 +133,19 @@ def measure(shape: Shape, contenders: list[Contender], ref: torch.Tensor, dtype:
     return list(rows.values())
 
 
-def contenders(arch: str, names: list[str], a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype,
-               triton: bool = True, autotuned: bool = True) -> list[Contender]:
+def contenders(
+    arch: str,
+    names: list[str],
+    a: torch.Tensor,
+    b: torch.Tensor,
+    dtype: torch.dtype,
+    triton: bool = True,
+    autotuned: bool = True,
+) -> list[Contender]:
     """cuBLAS, the versions ``names``, the Triton baseline (if installed) and ``matmul()`` for C = A @ B^T."""
-    from . import triton_baseline
     from ..call import api
     from ..measure.correctness import poisoned_output
+    from . import triton_baseline
 
     m, n = a.shape[0], b.shape[0]
     out = poisoned_output(m, n, dtype)
@@ -145,12 +159,27 @@ def contenders(arch: str, names: list[str], a: torch.Tensor, b: torch.Tensor, dt
         except Exception as e:  # e.g. no configuration transpiles: the row says so when it runs
             found.append(Contender(name, "version", functools.partial(_raise, e), out))
             continue
-        found.append(Contender(name, "version", functools.partial(script, *args), out,
-                               functools.partial(tilus_autotune.tuned_config, script, args)))
+        found.append(
+            Contender(
+                name,
+                "version",
+                functools.partial(script, *args),
+                out,
+                functools.partial(tilus_autotune.tuned_config, script, args),
+            )
+        )
     if triton and triton_baseline.available():
-        found.append(Contender(TRITON, "baseline", functools.partial(triton_baseline.matmul_abt, a, b, out), out,
-                               triton_baseline.best_config))
+        found.append(
+            Contender(
+                TRITON,
+                "baseline",
+                functools.partial(triton_baseline.matmul_abt, a, b, out),
+                out,
+                triton_baseline.best_config,
+            )
+        )
     if autotuned:
+
         def chosen():
             entry = api.choice(a, b.T)
             return {"version": entry["version"], **entry["config"]}
@@ -162,34 +191,58 @@ def contenders(arch: str, names: list[str], a: torch.Tensor, b: torch.Tensor, dt
 # --- a whole run ---------------------------------------------------------------------------------
 
 
-def run(arch: str, names: list[str], chosen: dict[str, list[Shape]], dtype: torch.dtype = torch.float16,
-        rounds: int = 6, warmup_ms: float = 50.0, repeat_ms: float = 200.0, triton: bool = True,
-        autotuned: bool = True, command: str = "", save: Optional[Callable[[dict], None]] = None,
-        sustained_s: float = 0.0) -> Results:
+def run(
+    arch: str,
+    names: list[str],
+    chosen: dict[str, list[Shape]],
+    dtype: torch.dtype = torch.float16,
+    rounds: int = 6,
+    warmup_ms: float = 50.0,
+    repeat_ms: float = 200.0,
+    triton: bool = True,
+    autotuned: bool = True,
+    command: str = "",
+    save: Optional[Callable[[dict], None]] = None,
+    sustained_s: float = 0.0,
+) -> Results:
     """Bench every shape of ``chosen``; ``save(results)`` after each shape keeps what a crash would lose.
     With ``sustained_s``, each kernel (cuBLAS too) is timed alone, launched back to back for that
     many seconds per window (``timing.SustainedTimer``), instead of in turn with cuBLAS."""
-    from . import triton_baseline
     from ..measure.timing import SustainedTimer, interleaved_ms
+    from . import triton_baseline
 
     if sustained_s:
         timer = SustainedTimer(sustained_s)
-        method = {"mode": "sustained", "method": "per round, one window per kernel (cuBLAS too) in which it is "
-                  "launched back to back, same operands, no L2 flush (timing.SustainedTimer): its time is the "
-                  "median launch of the window's second half, with the SM clock and board power nvidia-smi "
-                  "sampled then; ratio to cuBLAS: cuBLAS's median time over the kernel's; rounds in "
-                  "alternating order", "seconds": sustained_s, "rounds": rounds}
+        method = {
+            "mode": "sustained",
+            "method": "per round, one window per kernel (cuBLAS too) in which it is "
+            "launched back to back, same operands, no L2 flush (timing.SustainedTimer): its time is the "
+            "median launch of the window's second half, with the SM clock and board power nvidia-smi "
+            "sampled then; ratio to cuBLAS: cuBLAS's median time over the kernel's; rounds in "
+            "alternating order",
+            "seconds": sustained_s,
+            "rounds": rounds,
+        }
     else:
         timer = functools.partial(interleaved_ms, warmup_ms=warmup_ms, repeat_ms=repeat_ms)
-        method = {"mode": "paired", "method": "per round, one window per kernel in which it and cuBLAS are "
-                  "launched in turn (timing.interleaved_ms, L2 flushed, median of each); ratio to cuBLAS: "
-                  "median of the windows' ratios; rounds in alternating order", "warmup_ms": warmup_ms,
-                  "repeat_ms": repeat_ms, "rounds": rounds}
+        method = {
+            "mode": "paired",
+            "method": "per round, one window per kernel in which it and cuBLAS are "
+            "launched in turn (timing.interleaved_ms, L2 flushed, median of each); ratio to cuBLAS: "
+            "median of the windows' ratios; rounds in alternating order",
+            "warmup_ms": warmup_ms,
+            "repeat_ms": repeat_ms,
+            "rounds": rounds,
+        }
     shapes = presets.unique(chosen)
     results: Results = {
-        "format": FORMAT, "command": command, "arch": arch, "dtype": _dtype_name(dtype),
+        "format": FORMAT,
+        "command": command,
+        "arch": arch,
+        "dtype": _dtype_name(dtype),
         "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(), "software": software(),
+        "machine": machine(),
+        "software": software(),
         "timing": method,
         "presets": {name: [s._asdict() for s in group] for name, group in chosen.items()},
         "rows": [],
@@ -197,14 +250,14 @@ def run(arch: str, names: list[str], chosen: dict[str, list[Shape]], dtype: torc
     per_shape = 1 + len(names) + (triton and triton_baseline.available()) + autotuned
     # per shape: one check per kernel, then one window per kernel (but cuBLAS, when paired) per round
     windows = per_shape if sustained_s else per_shape - 1
-    with tqdm(total=len(shapes) * (per_shape + rounds * windows), desc="[bench] checking and timing",
-              unit="run") as bar:
+    with tqdm(
+        total=len(shapes) * (per_shape + rounds * windows), desc="[bench] checking and timing", unit="run"
+    ) as bar:
         for shape in shapes:
             bar.set_postfix_str(shape.text)
             a, b = random_operands(shape.m, shape.n, shape.k, dtype)
             found = contenders(arch, names, a, b, dtype, triton=triton, autotuned=autotuned)
-            results["rows"] += measure(shape, found, reference(a, b), dtype, timer, rounds, bar,
-                                       paired=not sustained_s)
+            results["rows"] += measure(shape, found, reference(a, b), dtype, timer, rounds, bar, paired=not sustained_s)
             del a, b, found
             torch.cuda.empty_cache()
             if save:

@@ -44,20 +44,27 @@ def label(name: str, config: dict) -> str:
     return f"{name} " + " ".join(f"{k}={v}" for k, v in config.items())
 
 
-def contenders(arch: str, candidates: list[tuple[str, dict]], a: torch.Tensor, b: torch.Tensor,
-               out: torch.Tensor) -> list[bench.Contender]:
+def contenders(
+    arch: str, candidates: list[tuple[str, dict]], a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
+) -> list[bench.Contender]:
     """cuBLAS and each candidate (a version at a fixed configuration) as the bench's contenders."""
     cublas_out = torch.empty_like(out)
-    found = [bench.Contender(CUBLAS, "baseline", functools.partial(torch.matmul, a, b.T, out=cublas_out),
-                             cublas_out)]
+    found = [bench.Contender(CUBLAS, "baseline", functools.partial(torch.matmul, a, b.T, out=cublas_out), cublas_out)]
     for name, config in candidates:
         run = functools.partial(versions.run, versions.load(arch, name), a, b, out, config=config)
         found.append(bench.Contender(label(name, config), "version", run, out))
     return found
 
 
-def measure(arch: str, candidates: list[tuple[str, dict]], sizes: list[tuple[int, int, int]], rounds: int,
-            timer: Optional[Callable] = None, profile: int = 0, print_=print) -> list[Row]:
+def measure(
+    arch: str,
+    candidates: list[tuple[str, dict]],
+    sizes: list[tuple[int, int, int]],
+    rounds: int,
+    timer: Optional[Callable] = None,
+    profile: int = 0,
+    print_=print,
+) -> list[Row]:
     """Check and time every candidate on every size; print one line per candidate and the best
     configuration of each version; return the bench's rows. ``timer`` as ``bench.measure`` takes it
     (default: paired windows with cuBLAS)."""
@@ -93,8 +100,11 @@ def measure(arch: str, candidates: list[tuple[str, dict]], sizes: list[tuple[int
                 clock = statistics.mean(row.get("clock_mhz_rounds") or [float("nan")])
                 line += f" at {clock:.0f} MHz (sustained)"
             else:
-                line += " (windows " + " ".join(f"{c / t:.3f}" for t, c in zip(row["ms_rounds"],
-                                                                            row["cublas_ms_rounds"])) + ")"
+                line += (
+                    " (windows "
+                    + " ".join(f"{c / t:.3f}" for t, c in zip(row["ms_rounds"], row["cublas_ms_rounds"]))
+                    + ")"
+                )
             print_(line)
             if row["kernel"] != CUBLAS:
                 name = row["kernel"].split()[0]

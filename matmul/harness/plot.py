@@ -39,10 +39,15 @@ def _label(kernel: str) -> str:
 
 def _title(results: Results, what: str) -> str:
     arch = results["arch"]
-    how = (f"; sustained: each kernel alone, back to back, {results['timing'].get('seconds', 0):g} s a window"
-           if is_sustained(results) else "; each kernel timed in turn with cuBLAS")
-    return (f"{what}\n{results['machine']['gpu']}, {versions.ARCH_NAMES.get(arch, arch)} series ({arch})\n"
-            f"{results['dtype']} in and out, fp32 accumulate, C = A @ B^T{how}")
+    how = (
+        f"; sustained: each kernel alone, back to back, {results['timing'].get('seconds', 0):g} s a window"
+        if is_sustained(results)
+        else "; each kernel timed in turn with cuBLAS"
+    )
+    return (
+        f"{what}\n{results['machine']['gpu']}, {versions.ARCH_NAMES.get(arch, arch)} series ({arch})\n"
+        f"{results['dtype']} in and out, fp32 accumulate, C = A @ B^T{how}"
+    )
 
 
 def _rows(results: Results, m: int, n: int, k: int) -> dict[str, dict]:
@@ -84,14 +89,22 @@ def progression(results: Results) -> Optional[Figure]:
         for bar, kname in zip(bars, names):
             row = rows[kname]
             text = "failed" if not row.get("ok") else (f"{row['vs_cublas']:.1%}" if "vs_cublas" in row else "")
-            ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
-                        xytext=(0, 2), textcoords="offset points", fontsize=8)
+            ax.annotate(
+                text,
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                xytext=(0, 2),
+                textcoords="offset points",
+                fontsize=8,
+            )
         ax.set_title(_shape_title(shape))
         ax.set_ylabel("TFLOPS (bar labels: share of cuBLAS)")
         ax.set_ylim(0, max(heights, default=1) * 1.15 or 1)
         if cublas:
-            share = ax.secondary_yaxis("right", functions=(lambda t, c=cublas: t / c * 100,
-                                                           lambda p, c=cublas: p * c / 100))
+            share = ax.secondary_yaxis(
+                "right", functions=(lambda t, c=cublas: t / c * 100, lambda p, c=cublas: p * c / 100)
+            )
             share.set_ylabel("% of cuBLAS")
         ax.tick_params(axis="x", labelrotation=0)
     fig.suptitle(_title(results, "One idea at a time: each version against cuBLAS"))
@@ -105,12 +118,22 @@ def ksweep(results: Results) -> Optional[Figure]:
     fig = Figure(figsize=(8.5, 5.6), layout="constrained")
     ax = fig.subplots()
     for kname in _version_kernels(results) + [TRITON, AUTOTUNED, CUBLAS]:
-        points = [(s["k"], r["tflops"]) for s in shapes
-                  if (r := _rows(results, s["m"], s["n"], s["k"]).get(kname)) and r.get("ok") and "tflops" in r]
+        points = [
+            (s["k"], r["tflops"])
+            for s in shapes
+            if (r := _rows(results, s["m"], s["n"], s["k"]).get(kname)) and r.get("ok") and "tflops" in r
+        ]
         if points:
             ks, tflops = zip(*points)
-            ax.plot(ks, tflops, marker="o", label=_label(kname), color=_color(kname),
-                    linestyle="--" if kname == CUBLAS else "-", linewidth=2.2 if kname in STYLE else 1.5)
+            ax.plot(
+                ks,
+                tflops,
+                marker="o",
+                label=_label(kname),
+                color=_color(kname),
+                linestyle="--" if kname == CUBLAS else "-",
+                linewidth=2.2 if kname in STYLE else 1.5,
+            )
     ax.set_xscale("log", base=2)
     ax.set_xticks([s["k"] for s in shapes], [str(s["k"]) for s in shapes])
     ax.minorticks_off()
@@ -132,8 +155,11 @@ def llm(results: Results) -> Optional[Figure]:
     shapes = _preset(results, "llm")
     if not shapes:
         return None
-    shown = [kname for kname in (AUTOTUNED, TRITON)
-             if any(_rows(results, s["m"], s["n"], s["k"]).get(kname, {}).get("vs_cublas") for s in shapes)]
+    shown = [
+        kname
+        for kname in (AUTOTUNED, TRITON)
+        if any(_rows(results, s["m"], s["n"], s["k"]).get(kname, {}).get("vs_cublas") for s in shapes)
+    ]
     fig = Figure(figsize=(max(9.0, 0.9 * len(shapes) + 5), 5.6), layout="constrained")
     ax = fig.subplots()
     width = 0.8 / max(len(shown), 1)
@@ -141,25 +167,44 @@ def llm(results: Results) -> Optional[Figure]:
         ratios = [_rows(results, s["m"], s["n"], s["k"]).get(kname, {}).get("vs_cublas") or 0.0 for s in shapes]
         measured = [x for x in ratios if x > 0]
         label = f"{_label(kname)}: geomean {geomean(measured):.2f}x, worst {min(measured):.2f}x" if measured else kname
-        bars = ax.bar([j + (i - (len(shown) - 1) / 2) * width for j in range(len(shapes))], ratios, width,
-                      label=label, color=_color(kname))
+        bars = ax.bar(
+            [j + (i - (len(shown) - 1) / 2) * width for j in range(len(shapes))],
+            ratios,
+            width,
+            label=label,
+            color=_color(kname),
+        )
         # matmul() may pick cuBLAS itself where no version of the series is faster: say so on the bar
-        picked = [(_rows(results, s["m"], s["n"], s["k"]).get(kname, {}).get("config") or {}).get("version")
-                  for s in shapes]
+        picked = [
+            (_rows(results, s["m"], s["n"], s["k"]).get(kname, {}).get("config") or {}).get("version") for s in shapes
+        ]
         for bar, version in zip(bars, picked):
             if kname == AUTOTUNED and version == CUBLAS:
                 bar.set_hatch("//")
-        ax.bar_label(bars, [(f"{x:.2f}" + (f"\n{_label(v)}" if v and kname == AUTOTUNED else "")) if x
-                            else "failed" for x, v in zip(ratios, picked)], fontsize=7, padding=1)
+        ax.bar_label(
+            bars,
+            [
+                (f"{x:.2f}" + (f"\n{_label(v)}" if v and kname == AUTOTUNED else "")) if x else "failed"
+                for x, v in zip(ratios, picked)
+            ],
+            fontsize=7,
+            padding=1,
+        )
     ax.axhline(1.0, color=_color(CUBLAS), linestyle="--", linewidth=1, label="cuBLAS (1.0x)")
     ax.axhline(0.8, color="0.5", linestyle=":", linewidth=1, label="0.8x floor")
-    ax.set_xticks(range(len(shapes)), [f"{s['label'] or s['n']}\nM={s['m']}\nN={s['n']}\nK={s['k']}" for s in shapes],
-                  fontsize=7)
+    ax.set_xticks(
+        range(len(shapes)), [f"{s['label'] or s['n']}\nM={s['m']}\nN={s['n']}\nK={s['k']}" for s in shapes], fontsize=7
+    )
     ax.set_ylabel("speed relative to cuBLAS (x)")
     ax.set_ylim(0, max([1.2] + [p.get_height() * 1.1 for p in ax.patches]))
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.suptitle(_title(results, "Llama-3-8B projections (x @ w.T): multiple of cuBLAS, M = tokens "
-                                 "(on each bar: what matmul() ran; hatched: cuBLAS)"))
+    fig.suptitle(
+        _title(
+            results,
+            "Llama-3-8B projections (x @ w.T): multiple of cuBLAS, M = tokens "
+            "(on each bar: what matmul() ran; hatched: cuBLAS)",
+        )
+    )
     return fig
 
 

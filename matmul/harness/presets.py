@@ -32,8 +32,13 @@ LLAMA3_8B_PROJECTIONS = {"q, o": (4096, 4096), "k, v": (1024, 4096), "gate, up":
 LLM_TOKENS = (128, 1024, 8192)
 # decoding and small batches, where a projection is bound by reading its weight once: the square
 # projection, the fused q/k/v and gate/up weights, down, and the lm_head of a 128256-token vocabulary
-DECODE_PROJECTIONS = {"4096 x 4096": (4096, 4096), "qkv": (6144, 4096), "down": (4096, 14336),
-                      "gate-up": (28672, 4096), "lm_head": (128256, 4096)}
+DECODE_PROJECTIONS = {
+    "4096 x 4096": (4096, 4096),
+    "qkv": (6144, 4096),
+    "down": (4096, 14336),
+    "gate-up": (28672, 4096),
+    "lm_head": (128256, 4096),
+}
 DECODE_TOKENS = (1, 16, 64, 128, 256)
 
 PRESETS: dict[str, list[Shape]] = {
@@ -58,8 +63,9 @@ def parse(spec: str) -> dict[str, list[Shape]]:
         try:
             m, n, k = (int(x) for x in item.split("x"))
         except ValueError:
-            raise ValueError(f"unknown shape {item!r}: use a preset ({', '.join(PRESETS)}) or MxNxK, "
-                             "e.g. 4096x4096x4096") from None
+            raise ValueError(
+                f"unknown shape {item!r}: use a preset ({', '.join(PRESETS)}) or MxNxK, e.g. 4096x4096x4096"
+            ) from None
         if min(m, n, k) < 1:
             raise ValueError(f"shape {item!r}: every dimension must be at least 1")
         chosen.setdefault("custom", []).append(Shape(m, n, k))

@@ -68,13 +68,26 @@ class Results(TypedDict, total=False):
 
 def machine() -> dict[str, Any]:
     props = torch.cuda.get_device_properties(0)
-    info = {"gpu": props.name, "sms": props.multi_processor_count,
-            "capability": f"{props.major}.{props.minor}", "memory_gib": round(props.total_memory / 2**30, 1)}
-    query = ("clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.draw,power.limit,temperature.gpu,"
-             "pstate,driver_version")
+    info = {
+        "gpu": props.name,
+        "sms": props.multi_processor_count,
+        "capability": f"{props.major}.{props.minor}",
+        "memory_gib": round(props.total_memory / 2**30, 1),
+    }
+    query = (
+        "clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.draw,power.limit,temperature.gpu,pstate,driver_version"
+    )
     try:
-        line = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[0]
+        line = (
+            subprocess.run(
+                ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            .stdout.strip()
+            .splitlines()[0]
+        )
         info.update(zip(query.split(","), (x.strip() for x in line.split(","))))
     except Exception as e:  # the timings are still worth keeping without the clocks
         info["nvidia-smi"] = f"unavailable: {e}"
@@ -89,8 +102,15 @@ def software() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             info[package] = "not installed"
     try:
-        info["git"] = subprocess.run(["git", "-C", str(Path(__file__).parent), "describe", "--always", "--dirty"],
-                                     capture_output=True, text=True, timeout=10).stdout.strip() or "unknown"
+        info["git"] = (
+            subprocess.run(
+                ["git", "-C", str(Path(__file__).parent), "describe", "--always", "--dirty"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout.strip()
+            or "unknown"
+        )
     except Exception:
         info["git"] = "unknown"
     return info
@@ -104,15 +124,17 @@ def summary(results: Results) -> dict[str, Any]:
     for name, keep in (("llm", lambda r: (r["m"], r["n"], r["k"]) in llm), ("all", lambda r: True)):
         ratios = [r.get("vs_cublas") for r in results["rows"] if r["kernel"] == AUTOTUNED and keep(r)]
         if ratios and all(ratios):
-            out[name] = {"matmul_vs_cublas_geomean": math.exp(statistics.fmean(math.log(x) for x in ratios)),
-                         "matmul_vs_cublas_min": min(ratios), "shapes": len(ratios)}
+            out[name] = {
+                "matmul_vs_cublas_geomean": math.exp(statistics.fmean(math.log(x) for x in ratios)),
+                "matmul_vs_cublas_min": min(ratios),
+                "shapes": len(ratios),
+            }
         elif ratios:
             out[name] = {"failed": sum(1 for x in ratios if not x), "shapes": len(ratios)}
     return out
 
 
-def results_name(arch: str, dtype: str, chosen: dict[str, list],
-                 sustained: bool = False) -> str:
+def results_name(arch: str, dtype: str, chosen: dict[str, list], sustained: bool = False) -> str:
     return f"results-{arch}-{dtype}-{'_'.join(chosen)}{'-sustained' if sustained else ''}.json"
 
 
@@ -148,8 +170,14 @@ def table(results: Results) -> str:
     clocks = any("clock_mhz_rounds" in r for r in results["rows"])  # sustained windows: the clock each ran at
     for r in results["rows"]:
         status = "" if r.get("ok") else ("FAILED " + r.get("message", f"error {r.get('error', 0):.3g}"))[:60]
-        row = {"shape": f"{r['m']}x{r['n']}x{r['k']}", "label": r.get("label", ""), "kernel": r["kernel"],
-               "ms": r.get("ms"), "TFLOPS": r.get("tflops"), "x cuBLAS": r.get("vs_cublas")}
+        row = {
+            "shape": f"{r['m']}x{r['n']}x{r['k']}",
+            "label": r.get("label", ""),
+            "kernel": r["kernel"],
+            "ms": r.get("ms"),
+            "TFLOPS": r.get("tflops"),
+            "x cuBLAS": r.get("vs_cublas"),
+        }
         if clocks:
             row["MHz"] = statistics.median(r["clock_mhz_rounds"]) if r.get("clock_mhz_rounds") else None
         rows.append({**row, "rel. error": r.get("error"), "config": _config_text(r.get("config")), "": status})

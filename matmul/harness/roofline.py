@@ -98,8 +98,11 @@ def prebuild(module, configs: list[dict], dtypes: list[torch.dtype]) -> None:
 
     context = multiprocessing.get_context("fork")  # before this process touches CUDA
     with concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count(), mp_context=context) as pool:
-        futures = [pool.submit(_build, module.__name__, config, str(dtype).removeprefix("torch."))
-                   for config in configs for dtype in dtypes]
+        futures = [
+            pool.submit(_build, module.__name__, config, str(dtype).removeprefix("torch."))
+            for config in configs
+            for dtype in dtypes
+        ]
         for future in futures:
             config, error = future.result()
             if error:
@@ -141,8 +144,15 @@ def measure_shape(module, shape: presets.Shape, dtype: torch.dtype, args, floor:
     def cublas():
         return torch.matmul(a, b.T, out=cublas_out)
 
-    row = {"m": m, "n": n, "k": k, "label": shape.label, "dtype": str(dtype).removeprefix("torch."),
-           "bytes": bytes_floor(m, n, k, dtype.itemsize), "configs": []}
+    row = {
+        "m": m,
+        "n": n,
+        "k": k,
+        "label": shape.label,
+        "dtype": str(dtype).removeprefix("torch."),
+        "bytes": bytes_floor(m, n, k, dtype.itemsize),
+        "configs": [],
+    }
     best = None
     for config in candidates(module, m, args.space):
         out = poisoned_output(m, n, dtype)
@@ -157,8 +167,9 @@ def measure_shape(module, shape: presets.Shape, dtype: torch.dtype, args, floor:
         if not error <= TOLERANCE[dtype]:
             entry["failed"] = True
             continue
-        v7_ms, cublas_ms = interleaved_ms([launcher(module, a, b, out, config), cublas],
-                                          args.select_warmup_ms, args.select_repeat_ms)
+        v7_ms, cublas_ms = interleaved_ms(
+            [launcher(module, a, b, out, config), cublas], args.select_warmup_ms, args.select_repeat_ms
+        )
         entry["ratio"] = cublas_ms / v7_ms
         entry["v7_us"] = v7_ms * 1e3
         print(f"  {m}x{n}x{k} {config}: {v7_ms * 1e3:.1f} us, {entry['ratio']:.3f}x cuBLAS", flush=True)
@@ -176,11 +187,19 @@ def measure_shape(module, shape: presets.Shape, dtype: torch.dtype, args, floor:
 
     weight_read_ms = interleaved_ms([read_weight], args.select_warmup_ms, args.select_repeat_ms)[0]
     attainable_ms = row["bytes"] / (floor["copy_tb_per_s"] * 1e12) * 1e3 + floor["empty_ms"]
-    row.update(config=best["config"], v7_us=v7_ms * 1e3, cublas_us=cublas_ms * 1e3,
-               attainable_us=attainable_ms * 1e3, v7_share=attainable_ms / v7_ms,
-               cublas_share=attainable_ms / cublas_ms, ratio=cublas_ms / v7_ms,
-               v7_tb_per_s=row["bytes"] / (v7_ms * 1e-3) / 1e12, weight_read_us=weight_read_ms * 1e3,
-               b2b_v7_us=back_to_back_ms(fn, args.calls) * 1e3, b2b_cublas_us=back_to_back_ms(cublas, args.calls) * 1e3)
+    row.update(
+        config=best["config"],
+        v7_us=v7_ms * 1e3,
+        cublas_us=cublas_ms * 1e3,
+        attainable_us=attainable_ms * 1e3,
+        v7_share=attainable_ms / v7_ms,
+        cublas_share=attainable_ms / cublas_ms,
+        ratio=cublas_ms / v7_ms,
+        v7_tb_per_s=row["bytes"] / (v7_ms * 1e-3) / 1e12,
+        weight_read_us=weight_read_ms * 1e3,
+        b2b_v7_us=back_to_back_ms(fn, args.calls) * 1e3,
+        b2b_cublas_us=back_to_back_ms(cublas, args.calls) * 1e3,
+    )
     row["b2b_ratio"] = row["b2b_cublas_us"] / row["b2b_v7_us"]
     row["final_error"] = relative_error(out, ref)  # the timed launches wrote the same result
     if not row["final_error"] <= TOLERANCE[dtype]:
@@ -214,10 +233,15 @@ def summary(rows: list[dict]) -> dict:
 def table(results: dict) -> str:
     floor = results["floor"]
     copy_32 = floor["copy_32mib_tb_per_s"]
-    lines = [f"copy bandwidth {floor['copy_tb_per_s']:.2f} TB/s (512 MiB; 32 MiB: {copy_32:.2f}), empty kernel "
-             f"{floor['empty_ms'] * 1e3:.1f} us; L2 flushed before each launch unless 'back to back'", ""]
-    header = ("| dtype | M | N x K | V7 us | cuBLAS us | floor us | V7 % floor | cuBLAS % floor | V7 / cuBLAS "
-              "| read B us | b2b V7 us | b2b cuBLAS us | b2b V7 / cuBLAS | V7 config |")
+    lines = [
+        f"copy bandwidth {floor['copy_tb_per_s']:.2f} TB/s (512 MiB; 32 MiB: {copy_32:.2f}), empty kernel "
+        f"{floor['empty_ms'] * 1e3:.1f} us; L2 flushed before each launch unless 'back to back'",
+        "",
+    ]
+    header = (
+        "| dtype | M | N x K | V7 us | cuBLAS us | floor us | V7 % floor | cuBLAS % floor | V7 / cuBLAS "
+        "| read B us | b2b V7 us | b2b cuBLAS us | b2b V7 / cuBLAS | V7 config |"
+    )
     lines += [header, "|" + " --- |" * 14]
     for r in results["rows"]:
         shape = f"{r['n']} x {r['k']}" + (f" ({r['label']})" if r["label"] and "x" not in r["label"] else "")
@@ -230,15 +254,20 @@ def table(results: dict) -> str:
             f"| {r['dtype']} | {r['m']} | {shape} | {r['v7_us']:.1f} | {r['cublas_us']:.1f} | {r['attainable_us']:.1f} "
             f"| {100 * r['v7_share']:.0f}% | {100 * r['cublas_share']:.0f}% | {r['ratio']:.2f}"
             f"{' FAILED' if r.get('failed') else ''} | {read} "
-            f"| {r['b2b_v7_us']:.1f} | {r['b2b_cublas_us']:.1f} | {r['b2b_ratio']:.2f} | {config} |")
+            f"| {r['b2b_v7_us']:.1f} | {r['b2b_cublas_us']:.1f} | {r['b2b_ratio']:.2f} | {config} |"
+        )
     lines.append("")
-    lines.append("V7 config: tokens per tile / consumer warpgroups / split (CTAs of a cluster) / stages; "
-                 "read B: torch.amax of the weight alone, timed the same way")
+    lines.append(
+        "V7 config: tokens per tile / consumer warpgroups / split (CTAs of a cluster) / stages; "
+        "read B: torch.amax of the weight alone, timed the same way"
+    )
     for dtype, s in results["summary"].items():
-        lines.append(f"{dtype}: bar shapes ({s['bar_shapes']}): geomean {s['bar_geomean_vs_cublas']:.3f}x cuBLAS, "
-                     f"worst {100 * s['bar_min_share_of_floor']:.0f}% of the attainable floor; all shapes: "
-                     f"{s['all_geomean_vs_cublas']:.3f}x flushed, {s['all_geomean_b2b_vs_cublas']:.3f}x back to back"
-                     + (f"; FAILED: {', '.join(s['failed'])}" if s["failed"] else ""))
+        lines.append(
+            f"{dtype}: bar shapes ({s['bar_shapes']}): geomean {s['bar_geomean_vs_cublas']:.3f}x cuBLAS, "
+            f"worst {100 * s['bar_min_share_of_floor']:.0f}% of the attainable floor; all shapes: "
+            f"{s['all_geomean_vs_cublas']:.3f}x flushed, {s['all_geomean_b2b_vs_cublas']:.3f}x back to back"
+            + (f"; FAILED: {', '.join(s['failed'])}" if s["failed"] else "")
+        )
     return "\n".join(lines)
 
 
@@ -263,8 +292,11 @@ def plot(results: dict, out_dir: Path) -> list[Path]:
         ax.set_xticklabels([f"M={r['m']}  {r['n']}x{r['k']}" for r in rows], fontsize=6, rotation=90)
         ax.set_ylabel("% of attainable floor")
         ax.set_ylim(0, 115)
-        ax.set_title(f"{dtype}: attainable floor (bytes / copy bandwidth + empty kernel) over measured time, "
-                     "L2 flushed; labels: V7 / cuBLAS", fontsize=9)
+        ax.set_title(
+            f"{dtype}: attainable floor (bytes / copy bandwidth + empty kernel) over measured time, "
+            "L2 flushed; labels: V7 / cuBLAS",
+            fontsize=9,
+        )
         ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     paths = [out_dir / "skinny-sm_90a.png", out_dir / "skinny-sm_90a.svg"]
@@ -276,8 +308,10 @@ def plot(results: dict, out_dir: Path) -> list[Path]:
 
 def run(args) -> dict:
     if versions.local_arch() != ARCH:
-        raise SystemExit(f"the roofline run needs a Hopper GPU ({ARCH}); this machine has "
-                         f"{versions.local_arch() or 'none'}. Without one, --plot JSON redraws a results file.")
+        raise SystemExit(
+            f"the roofline run needs a Hopper GPU ({ARCH}); this machine has "
+            f"{versions.local_arch() or 'none'}. Without one, --plot JSON redraws a results file."
+        )
     module = versions.load(ARCH, "v7")
     shapes = presets.unique(presets.parse(args.shapes))
     unsupported = [s.text for s in shapes if not module.supports(*s.mnk)]
@@ -285,9 +319,11 @@ def run(args) -> dict:
         raise SystemExit(f"V7 does not support {', '.join(unsupported)} (M <= {module.MAX_M})")
     dtypes = [DTYPES[name] for name in args.dtypes.split(",")]
     prebuild(module, args.space or versions.space(module), dtypes)
-    floor = {"copy_32mib_tb_per_s": copy_tb_per_s(32 << 20, args.warmup_ms, args.repeat_ms),
-             "copy_tb_per_s": copy_tb_per_s(512 << 20, args.warmup_ms, args.repeat_ms),
-             "empty_ms": empty_kernel_ms(args.warmup_ms, args.repeat_ms)}
+    floor = {
+        "copy_32mib_tb_per_s": copy_tb_per_s(32 << 20, args.warmup_ms, args.repeat_ms),
+        "copy_tb_per_s": copy_tb_per_s(512 << 20, args.warmup_ms, args.repeat_ms),
+        "empty_ms": empty_kernel_ms(args.warmup_ms, args.repeat_ms),
+    }
     print(json.dumps(floor), flush=True)
     rows = []
     for name in args.dtypes.split(","):
@@ -295,8 +331,13 @@ def run(args) -> dict:
             row = measure_shape(module, shape, DTYPES[name], args, floor)
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "configs"}), flush=True)
-    return {"device": torch.cuda.get_device_name(), "floor": floor, "rows": rows, "summary": summary(rows),
-            "command": " ".join(sys.argv)}
+    return {
+        "device": torch.cuda.get_device_name(),
+        "floor": floor,
+        "rows": rows,
+        "summary": summary(rows),
+        "command": " ".join(sys.argv),
+    }
 
 
 def main(argv=None) -> None:
@@ -309,9 +350,13 @@ def main(argv=None) -> None:
     parser.add_argument("--repeat-ms", type=float, default=200.0)
     parser.add_argument("--select-warmup-ms", type=float, default=20.0)
     parser.add_argument("--select-repeat-ms", type=float, default=50.0)
-    parser.add_argument("--configs", type=parse_configs, dest="space", default=None,
-                        help="V7 configurations to choose from instead of its space: "
-                             "block_m/warpgroups/split/stages,...")
+    parser.add_argument(
+        "--configs",
+        type=parse_configs,
+        dest="space",
+        default=None,
+        help="V7 configurations to choose from instead of its space: block_m/warpgroups/split/stages,...",
+    )
     parser.add_argument("--calls", type=int, default=200, help="launches between the back-to-back events")
     args = parser.parse_args(argv)
     if args.plot:

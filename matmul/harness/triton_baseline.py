@@ -31,15 +31,39 @@ if triton is not None:
     def _configs():
         # (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps): large tiles for large outputs, smaller ones so
         # that a short M (decoding) still fills the SMs
-        shapes = [(128, 256, 64, 3, 8), (256, 128, 64, 3, 8), (128, 128, 64, 4, 4), (128, 128, 64, 4, 8),
-                  (64, 256, 64, 4, 4), (64, 128, 64, 4, 4), (64, 64, 64, 5, 4)]
-        return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
-                              num_stages=stages, num_warps=warps) for bm, bn, bk, stages, warps in shapes]
+        shapes = [
+            (128, 256, 64, 3, 8),
+            (256, 128, 64, 3, 8),
+            (128, 128, 64, 4, 4),
+            (128, 128, 64, 4, 8),
+            (64, 256, 64, 4, 4),
+            (64, 128, 64, 4, 4),
+            (64, 64, 64, 5, 4),
+        ]
+        return [
+            triton.Config(
+                {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_stages=stages, num_warps=warps
+            )
+            for bm, bn, bk, stages, warps in shapes
+        ]
 
     @triton.autotune(configs=_configs(), key=["M", "N", "K"])
     @triton.jit
-    def _abt_kernel(a_ptr, b_ptr, c_ptr, M, N, K, lda, ldb, ldc,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    def _abt_kernel(
+        a_ptr,
+        b_ptr,
+        c_ptr,
+        M,
+        N,
+        K,
+        lda,
+        ldb,
+        ldc,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        GROUP_M: tl.constexpr,
+    ):
         pid = tl.program_id(0)
         tiles_m = tl.cdiv(M, BLOCK_M)
         tiles_n = tl.cdiv(N, BLOCK_N)

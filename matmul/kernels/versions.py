@@ -25,9 +25,8 @@ import itertools
 from types import ModuleType
 from typing import Any, Optional
 
-import torch
-
 import tilus
+import torch
 
 from ..contract import check_operands, row_stride
 
@@ -102,10 +101,14 @@ def build_configs(module: ModuleType) -> list[dict[str, Any]]:
 @functools.cache
 def _fixed_kernel_class(kernel_cls: type, config_items: tuple) -> type:
     # Same kernel, an autotune space of one point: tilus builds and caches it as usual.
-    return type(kernel_cls.__name__, (kernel_cls,), {
-        "_autotune_space": {name: [value] for name, value in config_items},
-        "__module__": kernel_cls.__module__,
-    })
+    return type(
+        kernel_cls.__name__,
+        (kernel_cls,),
+        {
+            "_autotune_space": {name: [value] for name, value in config_items},
+            "__module__": kernel_cls.__module__,
+        },
+    )
 
 
 def kernel(module: ModuleType, dtype: torch.dtype, config: Optional[dict[str, Any]] = None):
@@ -114,8 +117,13 @@ def kernel(module: ModuleType, dtype: torch.dtype, config: Optional[dict[str, An
     return cls(dtype=TILUS_DTYPES[dtype])
 
 
-def run(module: ModuleType, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None,
-        config: Optional[dict[str, Any]] = None) -> torch.Tensor:
+def run(
+    module: ModuleType,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: Optional[torch.Tensor] = None,
+    config: Optional[dict[str, Any]] = None,
+) -> torch.Tensor:
     """C = A @ B^T with one version of the series (A [M, K], B [N, K], row-major)."""
     out = check_operands(a, b, out)
     with torch.cuda.device(a.device):

@@ -47,7 +47,9 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 CHECK_SHAPES = ((1000, 4095, 17), (17, 1000, 4095), (4095, 17, 1000))  # no multiple of any tile
 
 
-def check_cases(module, shapes=CHECK_SHAPES, dtypes=DTYPES, config=None) -> list[tuple[int, int, int, torch.dtype, float]]:
+def check_cases(
+    module, shapes=CHECK_SHAPES, dtypes=DTYPES, config=None
+) -> list[tuple[int, int, int, torch.dtype, float]]:
     """Run one version (its autotuning, or ``config``) on fresh random operands of each shape and
     dtype, the output poisoned with NaN first: ``(m, n, k, dtype, relative error)`` per case."""
     from ..kernels.versions import run

@@ -23,8 +23,9 @@ def median_ms(fn: Callable[[], object], warmup_ms: float = 100.0, repeat_ms: flo
     return float(do_bench(fn, warmup=warmup_ms, rep=repeat_ms, return_mode="median"))
 
 
-def interleaved_ms(fns: Sequence[Callable[[], object]], warmup_ms: float = 100.0,
-                   repeat_ms: float = 500.0) -> list[float]:
+def interleaved_ms(
+    fns: Sequence[Callable[[], object]], warmup_ms: float = 100.0, repeat_ms: float = 500.0
+) -> list[float]:
     """Median time of one call of each of ``fns`` in milliseconds, the calls taken in turn
     (f0, f1, ..., f0, f1, ...), L2 flushed before each, each call timed by its own CUDA events.
 
@@ -51,8 +52,10 @@ def interleaved_ms(fns: Sequence[Callable[[], object]], warmup_ms: float = 100.0
             flush.zero_()
             fn()
     turns = max(10, int(repeat_ms / estimate))
-    events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in fns]
-              for _ in range(turns)]
+    events = [
+        [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in fns]
+        for _ in range(turns)
+    ]
     for turn in events:
         for fn, (begin, finish) in zip(fns, turn):
             flush.zero_()
@@ -108,9 +111,18 @@ class _ClockSampler:
         self.log = tempfile.NamedTemporaryFile("r", suffix=".csv")
         try:
             self.process = subprocess.Popen(
-                ["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw", "--format=csv,noheader,nounits",
-                 "-lms", str(sample_ms), "-i", str(torch.cuda.current_device())],
-                stdout=open(self.log.name, "w"), stderr=subprocess.DEVNULL)
+                [
+                    "nvidia-smi",
+                    "--query-gpu=timestamp,clocks.sm,power.draw",
+                    "--format=csv,noheader,nounits",
+                    "-lms",
+                    str(sample_ms),
+                    "-i",
+                    str(torch.cuda.current_device()),
+                ],
+                stdout=open(self.log.name, "w"),
+                stderr=subprocess.DEVNULL,
+            )
         except OSError:  # no nvidia-smi here: times only
             self.process = None
 
@@ -140,8 +152,9 @@ def tflops(m: int, n: int, k: int, ms: float) -> float:
     return 2.0 * m * n * k / (ms * 1e-3) / 1e12
 
 
-def alternating_rounds(items: Sequence[T], rounds: int, time_one: Callable[[T], float],
-                       prune: Optional[float] = None) -> list[list[float]]:
+def alternating_rounds(
+    items: Sequence[T], rounds: int, time_one: Callable[[T], float], prune: Optional[float] = None
+) -> list[list[float]]:
     """Time every item once per round, the order reversed every other round, so that no item always
     runs on a cooler or warmer GPU (an even ``rounds`` gives each as many early as late places).
     With ``prune``, only items within ``prune`` times the fastest first-round time are timed after

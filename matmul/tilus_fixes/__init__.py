@@ -38,8 +38,7 @@ from .fix import Fix
 from .keep_ptx import disassembler
 
 FAULTY_RELEASES = ("0.2.0",)
-MODULES = (tma_sm90, build_without_gpu, keep_ptx, serial_transpile, fence_tall_accumulators,
-           workspace_in_shared_memory)
+MODULES = (tma_sm90, build_without_gpu, keep_ptx, serial_transpile, fence_tall_accumulators, workspace_in_shared_memory)
 
 FIXES: dict[str, Fix] = {}
 

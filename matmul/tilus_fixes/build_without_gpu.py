@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+
 from .fix import Fix
 
 # The one driver function tilus's host code calls. The stand-in defines it (failing, as a machine
@@ -38,8 +39,12 @@ def stand_in_libcuda_dir() -> str | None:
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f"libcuda.so.{os.getpid()}"
         host_cc = shutil.which("cc") or shutil.which("gcc") or "cc"
-        subprocess.run([host_cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-x", "c", "-", "-o", str(tmp)],
-                       input=_STAND_IN_SOURCE, text=True, check=True)
+        subprocess.run(
+            [host_cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-x", "c", "-", "-o", str(tmp)],
+            input=_STAND_IN_SOURCE,
+            text=True,
+            check=True,
+        )
         os.replace(tmp, lib)  # atomic: parallel builders never see a half-written library
     return str(folder)
 
@@ -66,11 +71,19 @@ def _compile_without_gpu_check(original):
     from tilus.hidet.backend.build import NVCC
 
     @functools.wraps(original)
-    def compile_source(source_file, output_library_file, target, include_dirs=(), linking_dirs=(),
-                       linking_libraries=(), object_files=()):
+    def compile_source(
+        source_file,
+        output_library_file,
+        target,
+        include_dirs=(),
+        linking_dirs=(),
+        linking_libraries=(),
+        object_files=(),
+    ):
         if not target.is_nvgpu():
-            return original(source_file, output_library_file, target, include_dirs, linking_dirs,
-                            linking_libraries, object_files)
+            return original(
+                source_file, output_library_file, target, include_dirs, linking_dirs, linking_libraries, object_files
+            )
         stand_in = stand_in_libcuda_dir()
         NVCC().compile(
             os.path.abspath(source_file),
@@ -92,6 +105,8 @@ def make() -> Fix:
     return Fix(
         name="build_without_gpu",
         fault="building needs torch.cuda.is_available() and a driver libcuda.so for -lcuda",
-        patches=[(drivers, "compile_source", _compile_without_gpu_check),
-                 (compiled_program.CompiledProgram, "__init__", _load_with_stand_in)],
+        patches=[
+            (drivers, "compile_source", _compile_without_gpu_check),
+            (compiled_program.CompiledProgram, "__init__", _load_with_stand_in),
+        ],
     )

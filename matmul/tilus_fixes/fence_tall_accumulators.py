@@ -15,6 +15,7 @@ follows. One-row accumulators are left as they are.
 from __future__ import annotations
 
 import functools
+
 from .fix import Fix
 
 WGMMA_ROWS = 64  # rows of one wgmma instruction: a taller accumulator takes several rows of them

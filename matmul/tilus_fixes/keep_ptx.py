@@ -13,7 +13,9 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+
 from .fix import Fix
+
 
 @functools.cache
 def _cuda_tool(name: str) -> str | None:

@@ -10,7 +10,9 @@ takes milliseconds: it is done in-process; building (nvcc) still runs in paralle
 from __future__ import annotations
 
 import functools
+
 from .fix import Fix
+
 
 def _transpile_in_process(original):
     from tilus.lang.instantiated_script import JitInstance

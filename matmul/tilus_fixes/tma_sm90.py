@@ -9,16 +9,16 @@ the default there); ``cta_group=2`` below sm_100 is refused with a clear error.
 from __future__ import annotations
 
 import functools
+
 from .fix import Fix, sm_major
+
 
 def _drop_cta_group_below_sm100(original):
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
         if sm_major() < 10:
             if kwargs.get("cta_group") not in (None, 1):
-                raise ValueError(
-                    "TMA with cta_group=2 needs sm_100 or newer; on Hopper use cta_group=1 (the default)"
-                )
+                raise ValueError("TMA with cta_group=2 needs sm_100 or newer; on Hopper use cta_group=1 (the default)")
             kwargs["cta_group"] = None
         return original(*args, **kwargs)
 

@@ -41,6 +41,6 @@ def make() -> Fix:
     return Fix(
         name="workspace_in_shared_memory",
         fault="the shared workspace is placed 128-byte aligned but the dynamic shared memory is sized from the "
-              "unaligned top: the workspace can lie outside it",
+        "unaligned top: the workspace can lie outside it",
         patches=[(SharedMemoryAllocationContext, "finalize", _size_from_the_aligned_workspace)],
     )

@@ -34,8 +34,7 @@ from pipeline.tcgen05_fence import fence_after_thread_sync, fence_before_thread_
 from ..entry import MatmulKernel
 
 IDEA = "tcgen05.mma into tensor memory, completion on an mbarrier; tiles loaded through registers"
-PTX_MARKERS = ("tcgen05.mma.cta_group::1", "tcgen05.commit", "tcgen05.alloc", "tcgen05.ld",
-               "st.shared")
+PTX_MARKERS = ("tcgen05.mma.cta_group::1", "tcgen05.commit", "tcgen05.alloc", "tcgen05.ld", "st.shared")
 REPRESENTATIVE = dict(block_m=128, block_n=128, block_k=32)
 # tiles load through registers at int32 element offsets: no operand may reach past 2^31 - 1 elements
 MAX_ELEMENTS = 2**31 - 1
@@ -52,8 +51,9 @@ class Kernel(MatmulKernel):
         self.block_n = block_n
         self.block_k = block_k
 
-    def matmul(self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32,
-               k_size: int32):
+    def matmul(
+        self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32, k_size: int32
+    ):
         self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
         self.attrs.warps = 4  # 4 warps x 32 lanes = the 128 TMEM lanes of the accumulator
         offset_m: int32 = self.blockIdx.x * self.block_m
@@ -86,8 +86,9 @@ class Kernel(MatmulKernel):
         # thread group would go through local memory)
         fence_after_thread_sync()  # the MMAs that mma_done announced, before tcgen05.ld reads TMEM
         for e in range(self.block_n // EPILOGUE_COLUMNS):
-            t_sub = self.tcgen05.slice(t_acc, offsets=[0, e * EPILOGUE_COLUMNS], shape=[self.block_m, EPILOGUE_COLUMNS],
-                                       dims=[0, 1])
+            t_sub = self.tcgen05.slice(
+                t_acc, offsets=[0, e * EPILOGUE_COLUMNS], shape=[self.block_m, EPILOGUE_COLUMNS], dims=[0, 1]
+            )
             r_sub = self.tcgen05.load(t_sub)
             self.tcgen05.wait_load()
             self.store_global(g_c, r_sub.to(self.dtype), offsets=[offset_m, offset_n + e * EPILOGUE_COLUMNS])

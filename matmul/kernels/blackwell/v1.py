@@ -40,8 +40,12 @@ from pipeline.tma_store import StagedTmaStore
 from ..entry import MatmulKernel
 
 IDEA = "TMA loads, completion counted in bytes on an mbarrier; TMA store epilogue"
-PTX_MARKERS = ("tcgen05.mma.cta_group::1", "cp.async.bulk.tensor.2d.shared::cta.global",
-               "cp.async.bulk.tensor.2d.global.shared::cta", "mbarrier.arrive.expect_tx")
+PTX_MARKERS = (
+    "tcgen05.mma.cta_group::1",
+    "cp.async.bulk.tensor.2d.shared::cta.global",
+    "cp.async.bulk.tensor.2d.global.shared::cta",
+    "mbarrier.arrive.expect_tx",
+)
 REPRESENTATIVE = dict(block_m=128, block_n=128, block_k=64)
 
 EPILOGUE_COLUMNS = 64  # 128 bytes of a 16-bit dtype: one 128-byte-swizzled staging tile
@@ -56,8 +60,9 @@ class Kernel(MatmulKernel):
         self.block_n = block_n
         self.block_k = block_k
 
-    def matmul(self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32,
-               k_size: int32):
+    def matmul(
+        self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32, k_size: int32
+    ):
         self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
         self.attrs.warps = 4
         offset_m: int32 = self.blockIdx.x * self.block_m
@@ -91,8 +96,9 @@ class Kernel(MatmulKernel):
         s_c = self.shared_tensor(dtype=self.dtype, shape=[1, self.block_m, EPILOGUE_COLUMNS])
         out = StagedTmaStore(s_c)
         for e in range(self.block_n // EPILOGUE_COLUMNS):
-            t_sub = self.tcgen05.slice(t_acc, offsets=[0, e * EPILOGUE_COLUMNS], shape=[self.block_m, EPILOGUE_COLUMNS],
-                                       dims=[0, 1])
+            t_sub = self.tcgen05.slice(
+                t_acc, offsets=[0, e * EPILOGUE_COLUMNS], shape=[self.block_m, EPILOGUE_COLUMNS], dims=[0, 1]
+            )
             r_sub = self.tcgen05.load(t_sub)
             self.tcgen05.wait_load()
             # converted first: half as many registers stay live while put() waits for the staging tile

@@ -33,8 +33,12 @@ from pipeline.tma_store import StagedTmaStore
 from ..entry import MatmulKernel
 
 IDEA = "software pipelining: a ring of shared-memory stages, TMA loads run ahead of the MMAs"
-PTX_MARKERS = ("tcgen05.mma.cta_group::1", "tcgen05.commit", "cp.async.bulk.tensor.2d.shared::cta.global",
-               "mbarrier.try_wait.parity")
+PTX_MARKERS = (
+    "tcgen05.mma.cta_group::1",
+    "tcgen05.commit",
+    "cp.async.bulk.tensor.2d.shared::cta.global",
+    "mbarrier.try_wait.parity",
+)
 REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=3)
 
 EPILOGUE_COLUMNS = 64  # 128 bytes of a 16-bit dtype: one 128-byte-swizzled staging tile
@@ -51,8 +55,9 @@ class Kernel(MatmulKernel):
         self.block_k = block_k
         self.stages = stages
 
-    def matmul(self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32,
-               k_size: int32):
+    def matmul(
+        self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32, k_size: int32
+    ):
         self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
         self.attrs.warps = 4
         stages = self.stages
@@ -87,8 +92,9 @@ class Kernel(MatmulKernel):
                 if k >= 1 and refill < num_k_blocks:
                     prev = (k - 1) % stages
                     self.mbarrier.wait(empty[prev], phase=((k - 1) // stages) & 1)
-                    self.load_k_block(g_a, g_b, s_a[prev], s_b[prev], full[prev], offset_m, offset_n,
-                                      refill * self.block_k)
+                    self.load_k_block(
+                        g_a, g_b, s_a[prev], s_b[prev], full[prev], offset_m, offset_n, refill * self.block_k
+                    )
             self.tcgen05.commit(mbarrier=acc_ready[0])
         self.mbarrier.wait(acc_ready[0], phase=0)
 
@@ -97,8 +103,9 @@ class Kernel(MatmulKernel):
         out = StagedTmaStore(s_c)
         fence_after_thread_sync()  # the MMAs that acc_ready announced, before tcgen05.ld reads TMEM
         for e in range(self.block_n // EPILOGUE_COLUMNS):
-            t_sub = self.tcgen05.slice(t_acc, offsets=[0, e * EPILOGUE_COLUMNS], shape=[self.block_m, EPILOGUE_COLUMNS],
-                                       dims=[0, 1])
+            t_sub = self.tcgen05.slice(
+                t_acc, offsets=[0, e * EPILOGUE_COLUMNS], shape=[self.block_m, EPILOGUE_COLUMNS], dims=[0, 1]
+            )
             r_sub = self.tcgen05.load(t_sub)
             self.tcgen05.wait_load()
             # converted first: half as many registers stay live while put() waits for the staging tile

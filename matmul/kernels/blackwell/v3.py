@@ -37,8 +37,12 @@ from pipeline.tma_store import StagedTmaStore
 from ..entry import MatmulKernel
 
 IDEA = "warp specialization: a TMA producer warp, an MMA warp and an epilogue warpgroup"
-PTX_MARKERS = ("tcgen05.mma.cta_group::1", "tcgen05.commit", "cp.async.bulk.tensor.2d.shared::cta.global",
-               "bar.cta.sync 1, 128")
+PTX_MARKERS = (
+    "tcgen05.mma.cta_group::1",
+    "tcgen05.commit",
+    "cp.async.bulk.tensor.2d.shared::cta.global",
+    "bar.cta.sync 1, 128",
+)
 REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=3)
 
 EPILOGUE_COLUMNS = 64  # 128 bytes of a 16-bit dtype: one 128-byte-swizzled staging tile
@@ -58,8 +62,9 @@ class Kernel(MatmulKernel):
         self.block_k = block_k
         self.stages = stages
 
-    def matmul(self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32,
-               k_size: int32):
+    def matmul(
+        self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32, k_size: int32
+    ):
         self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
         self.attrs.warps = 6
         stages = self.stages
@@ -98,8 +103,9 @@ class Kernel(MatmulKernel):
             fence_after_thread_sync()  # the MMAs that acc_ready announced, before tcgen05.ld reads TMEM
             out = StagedTmaStore(s_c)
             for e in range(self.block_n // EPILOGUE_COLUMNS):
-                t_sub = self.tcgen05.slice(t_acc, offsets=[0, e * EPILOGUE_COLUMNS],
-                                           shape=[self.block_m, EPILOGUE_COLUMNS], dims=[0, 1])
+                t_sub = self.tcgen05.slice(
+                    t_acc, offsets=[0, e * EPILOGUE_COLUMNS], shape=[self.block_m, EPILOGUE_COLUMNS], dims=[0, 1]
+                )
                 r_sub = self.tcgen05.load(t_sub)
                 self.tcgen05.wait_load()
                 # converted first: half as many registers stay live while put() waits for the staging tile

@@ -41,8 +41,12 @@ from pipeline.tma_store import StagedTmaStore
 from ..entry import MatmulKernel
 
 IDEA = "grouped tile rasterization for L2 reuse; every hand-off through the shared Pipeline class"
-PTX_MARKERS = ("tcgen05.mma.cta_group::1", "tcgen05.commit", "cp.async.bulk.tensor.2d.shared::cta.global",
-               "bar.cta.sync 1, 128")
+PTX_MARKERS = (
+    "tcgen05.mma.cta_group::1",
+    "tcgen05.commit",
+    "cp.async.bulk.tensor.2d.shared::cta.global",
+    "bar.cta.sync 1, 128",
+)
 REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=3, group=8)
 
 EPILOGUE_COLUMNS = 64  # 128 bytes of a 16-bit dtype: one 128-byte-swizzled staging tile
@@ -63,8 +67,9 @@ class Kernel(MatmulKernel):
         self.stages = stages
         self.group = group
 
-    def matmul(self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32,
-               k_size: int32):
+    def matmul(
+        self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32, k_size: int32
+    ):
         num_m_tiles = cdiv(m_size, self.block_m)
         num_n_tiles = cdiv(n_size, self.block_n)
         self.attrs.blocks = num_m_tiles * num_n_tiles
@@ -89,16 +94,25 @@ class Kernel(MatmulKernel):
         with self.single_warp(TMA_WARP):  # producer of ring
             for k in range(num_k_blocks):
                 ring.producer_acquire()
-                self.load_k_block(g_a, g_b, s_a[ring.producer_stage], s_b[ring.producer_stage],
-                                  ring.producer_barrier(), offset_m, offset_n, k * self.block_k)
+                self.load_k_block(
+                    g_a,
+                    g_b,
+                    s_a[ring.producer_stage],
+                    s_b[ring.producer_stage],
+                    ring.producer_barrier(),
+                    offset_m,
+                    offset_n,
+                    k * self.block_k,
+                )
                 ring.producer_advance()
 
         with self.single_warp(MMA_WARP):  # consumer of ring, producer of acc_ring
             acc_ring.producer_acquire()
             for k in range(num_k_blocks):
                 ring.consumer_acquire()
-                self.tcgen05.mma(s_a[ring.consumer_stage], s_b[ring.consumer_stage].transpose(), t_acc,
-                                 enable_input_d=k != 0)
+                self.tcgen05.mma(
+                    s_a[ring.consumer_stage], s_b[ring.consumer_stage].transpose(), t_acc, enable_input_d=k != 0
+                )
                 self.tcgen05.commit(mbarrier=ring.consumer_barrier())
                 ring.consumer_advance()
             self.tcgen05.commit(mbarrier=acc_ring.producer_barrier())
@@ -108,8 +122,9 @@ class Kernel(MatmulKernel):
             acc_ring.consumer_acquire()
             out = StagedTmaStore(s_c)
             for e in range(self.block_n // EPILOGUE_COLUMNS):
-                t_sub = self.tcgen05.slice(t_acc, offsets=[0, e * EPILOGUE_COLUMNS],
-                                           shape=[self.block_m, EPILOGUE_COLUMNS], dims=[0, 1])
+                t_sub = self.tcgen05.slice(
+                    t_acc, offsets=[0, e * EPILOGUE_COLUMNS], shape=[self.block_m, EPILOGUE_COLUMNS], dims=[0, 1]
+                )
                 r_sub = self.tcgen05.load(t_sub)
                 self.tcgen05.wait_load()
                 # converted first: half as many registers stay live while put() waits for the staging tile

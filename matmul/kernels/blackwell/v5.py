@@ -46,8 +46,12 @@ from pipeline.tma_store import StagedTmaStore, staging_buffers
 from ..entry import MatmulKernel
 
 IDEA = "persistent kernel scheduled by cluster launch control; TMEM accumulator ring and sub-tiled TMA epilogue"
-PTX_MARKERS = ("tcgen05.mma.cta_group::1", "clusterlaunchcontrol.try_cancel",
-               "clusterlaunchcontrol.query_cancel", "cp.async.bulk.wait_group.read")
+PTX_MARKERS = (
+    "tcgen05.mma.cta_group::1",
+    "clusterlaunchcontrol.try_cancel",
+    "clusterlaunchcontrol.query_cancel",
+    "cp.async.bulk.wait_group.read",
+)
 REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, acc_stages=2, e_block_n=32, group=8)
 
 TMA_WARP = 4
@@ -63,8 +67,9 @@ CLC_STAGES = 2  # lets the TMA and MMA warps learn their next tile while the epi
 @tilus.autotune("e_block_n", [32, 64])
 @tilus.autotune("group", [8, 16])
 class Kernel(MatmulKernel):
-    def __init__(self, dtype, block_m: int, block_n: int, block_k: int, stages: int, acc_stages: int,
-                 e_block_n: int, group: int):
+    def __init__(
+        self, dtype, block_m: int, block_n: int, block_k: int, stages: int, acc_stages: int, e_block_n: int, group: int
+    ):
         super().__init__(dtype)
         self.block_m = block_m
         self.block_n = block_n
@@ -77,8 +82,9 @@ class Kernel(MatmulKernel):
         ring_bytes = stages * (block_m + block_n) * block_k * dtype.nbytes
         self.epilogue_buffers = staging_buffers(block_m * e_block_n * dtype.nbytes, ring_bytes)
 
-    def matmul(self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32,
-               k_size: int32):
+    def matmul(
+        self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32, k_size: int32
+    ):
         num_m_tiles = cdiv(m_size, self.block_m)
         num_n_tiles = cdiv(n_size, self.block_n)
         self.attrs.blocks = num_m_tiles * num_n_tiles
@@ -104,9 +110,16 @@ class Kernel(MatmulKernel):
                 m_tile, n_tile = raster.tile(tile)
                 for k in range(num_k_blocks):
                     ring.producer_acquire()
-                    self.load_k_block(g_a, g_b, s_a[ring.producer_stage], s_b[ring.producer_stage],
-                                      ring.producer_barrier(), m_tile * self.block_m, n_tile * self.block_n,
-                                      k * self.block_k)
+                    self.load_k_block(
+                        g_a,
+                        g_b,
+                        s_a[ring.producer_stage],
+                        s_b[ring.producer_stage],
+                        ring.producer_barrier(),
+                        m_tile * self.block_m,
+                        n_tile * self.block_n,
+                        k * self.block_k,
+                    )
                     ring.producer_advance()
                 is_valid, tile = clc.next_tile()
                 if not is_valid:
@@ -117,8 +130,12 @@ class Kernel(MatmulKernel):
                 acc_ring.producer_acquire()
                 for k in range(num_k_blocks):
                     ring.consumer_acquire()
-                    self.tcgen05.mma(s_a[ring.consumer_stage], s_b[ring.consumer_stage].transpose(),
-                                     t_acc[acc_ring.producer_stage], enable_input_d=k != 0)
+                    self.tcgen05.mma(
+                        s_a[ring.consumer_stage],
+                        s_b[ring.consumer_stage].transpose(),
+                        t_acc[acc_ring.producer_stage],
+                        enable_input_d=k != 0,
+                    )
                     self.tcgen05.commit(mbarrier=ring.consumer_barrier())
                     ring.consumer_advance()
                 self.tcgen05.commit(mbarrier=acc_ring.producer_barrier())
@@ -141,8 +158,12 @@ class Kernel(MatmulKernel):
                 m_tile, n_tile = raster.tile(tile)
                 acc_ring.consumer_acquire()
                 for e in range(self.block_n // self.e_block_n):
-                    t_sub = self.tcgen05.slice(t_acc[acc_ring.consumer_stage], offsets=[0, e * self.e_block_n],
-                                               shape=[self.block_m, self.e_block_n], dims=[0, 1])
+                    t_sub = self.tcgen05.slice(
+                        t_acc[acc_ring.consumer_stage],
+                        offsets=[0, e * self.e_block_n],
+                        shape=[self.block_m, self.e_block_n],
+                        dims=[0, 1],
+                    )
                     r_sub = self.tcgen05.load(t_sub)
                     self.tcgen05.wait_load()
                     if e == self.block_n // self.e_block_n - 1:  # the buffer's last tcgen05.ld has completed:

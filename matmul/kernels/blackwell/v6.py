@@ -64,12 +64,22 @@ from pipeline.tma_store import StagedTmaStore, staging_buffers
 
 from ..entry import MatmulKernel
 
-IDEA = ("2-CTA cluster: one 256-row tile per CTA pair (tcgen05 cta_group::2), barriers reached across the pair, "
-        "multicast commits and CLC")
-PTX_MARKERS = ("tcgen05.mma.cta_group::2", "tcgen05.commit.cta_group::2", "multicast::cluster",
-               "clusterlaunchcontrol.try_cancel", "mbarrier.arrive.expect_tx", "shared::cluster", "barrier.cluster")
-REPRESENTATIVE = dict(block_m=256, block_n=256, block_k=64, stages=6, acc_stages=2, e_block_n=32, group=8,
-                      cluster_ctas=2)
+IDEA = (
+    "2-CTA cluster: one 256-row tile per CTA pair (tcgen05 cta_group::2), barriers reached across the pair, "
+    "multicast commits and CLC"
+)
+PTX_MARKERS = (
+    "tcgen05.mma.cta_group::2",
+    "tcgen05.commit.cta_group::2",
+    "multicast::cluster",
+    "clusterlaunchcontrol.try_cancel",
+    "mbarrier.arrive.expect_tx",
+    "shared::cluster",
+    "barrier.cluster",
+)
+REPRESENTATIVE = dict(
+    block_m=256, block_n=256, block_k=64, stages=6, acc_stages=2, e_block_n=32, group=8, cluster_ctas=2
+)
 
 TMA_WARP = 4
 MMA_WARP = 5
@@ -94,8 +104,18 @@ EXTRA_CONFIGS = (FOUR_CTA,)
 @tilus.autotune("group", [8, 16])
 @tilus.autotune("cluster_ctas", [2])
 class Kernel(MatmulKernel):
-    def __init__(self, dtype, block_m: int, block_n: int, block_k: int, stages: int, acc_stages: int,
-                 e_block_n: int, group: int, cluster_ctas: int):
+    def __init__(
+        self,
+        dtype,
+        block_m: int,
+        block_n: int,
+        block_k: int,
+        stages: int,
+        acc_stages: int,
+        e_block_n: int,
+        group: int,
+        cluster_ctas: int,
+    ):
         super().__init__(dtype)
         self.block_m = block_m  # rows of the tile of one CTA pair
         self.block_n = block_n
@@ -110,8 +130,9 @@ class Kernel(MatmulKernel):
         ring_bytes = stages * (cta_m + block_n // 2) * block_k * dtype.nbytes
         self.epilogue_buffers = staging_buffers(cta_m * e_block_n * dtype.nbytes, ring_bytes)
 
-    def matmul(self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32,
-               k_size: int32):
+    def matmul(
+        self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32, k_size: int32
+    ):
         block_n, block_k, e_block_n, ctas = self.block_n, self.block_k, self.e_block_n, self.cluster_ctas
         cta_m = self.block_m // 2  # rows of A and C (TMEM lanes) held by one CTA
         half_n = block_n // 2  # rows of B loaded by one CTA
@@ -140,8 +161,15 @@ class Kernel(MatmulKernel):
         # every hand-off's data is ordered by the hardware (TMA bytes, tcgen05 commits, tcgen05.ld
         # completion + tcgen05 fences): CTA-scope waits and arrivals, as in V5, reaching the peer
         ring = Pipeline(self.stages, consumer_arrivals=pairs, scope="cluster", cluster_fences=False)
-        acc_ring = Pipeline(self.acc_stages, producer_arrivals=pairs, consumer_arrivals=128 * ctas, scope="cluster",
-                            release_to=leaders, cluster_fences=False, tcgen05_fences=True)
+        acc_ring = Pipeline(
+            self.acc_stages,
+            producer_arrivals=pairs,
+            consumer_arrivals=128 * ctas,
+            scope="cluster",
+            release_to=leaders,
+            cluster_fences=False,
+            tcgen05_fences=True,
+        )
         clc = ClcScheduler(CLC_STAGES, consumer_arrivals=CONSUMER_THREADS, cluster_ctas=ctas)
         self.cluster.sync()  # every barrier of the cluster is initialised before a peer arrives on it
 
@@ -155,19 +183,35 @@ class Kernel(MatmulKernel):
                     ring.producer_acquire()
                     if half == 0:
                         with self.single_thread():
-                            self.mbarrier.arrive_and_expect_tx(ring.producer_barrier(),
-                                                               transaction_bytes=2 * (s_a[0].nbytes + s_b[0].nbytes))
+                            self.mbarrier.arrive_and_expect_tx(
+                                ring.producer_barrier(), transaction_bytes=2 * (s_a[0].nbytes + s_b[0].nbytes)
+                            )
                     full = self.cluster.map_shared_addr(ring.producer_barrier(), target_rank=leader)
-                    self.tma.global_to_shared(src=g_a, dst=s_a[ring.producer_stage],
-                                              offsets=[offset_a, k * block_k], mbarrier=full, cta_group=2)
+                    self.tma.global_to_shared(
+                        src=g_a,
+                        dst=s_a[ring.producer_stage],
+                        offsets=[offset_a, k * block_k],
+                        mbarrier=full,
+                        cta_group=2,
+                    )
                     if ctas == 2:
-                        self.tma.global_to_shared(src=g_b, dst=s_b[ring.producer_stage],
-                                                  offsets=[offset_b, k * block_k], mbarrier=full, cta_group=2)
+                        self.tma.global_to_shared(
+                            src=g_b,
+                            dst=s_b[ring.producer_stage],
+                            offsets=[offset_b, k * block_k],
+                            mbarrier=full,
+                            cta_group=2,
+                        )
                     else:
                         if rank < 2:  # pair 0 fetches B once for both pairs: CTA h -> ranks h and h + 2
-                            self.tma.global_to_shared(src=g_b, dst=s_b[ring.producer_stage],
-                                                      offsets=[offset_b, k * block_k], mbarrier=full, cta_group=2,
-                                                      multicast_mask=0b0101 << half)
+                            self.tma.global_to_shared(
+                                src=g_b,
+                                dst=s_b[ring.producer_stage],
+                                offsets=[offset_b, k * block_k],
+                                mbarrier=full,
+                                cta_group=2,
+                                multicast_mask=0b0101 << half,
+                            )
                     ring.producer_advance()
                 is_valid, tile = clc.next_tile()
                 if not is_valid:
@@ -180,10 +224,14 @@ class Kernel(MatmulKernel):
                     acc_ring.producer_acquire()
                     for k in range(num_k_blocks):
                         ring.consumer_acquire()
-                        self.tcgen05.mma(s_a[ring.consumer_stage], s_b[ring.consumer_stage].transpose(),
-                                         t_acc[acc_ring.producer_stage], enable_input_d=k != 0, cta_group=2)
-                        self.tcgen05.commit(mbarrier=ring.consumer_barrier(), cta_group=2,
-                                            multicast_mask=every_cta)
+                        self.tcgen05.mma(
+                            s_a[ring.consumer_stage],
+                            s_b[ring.consumer_stage].transpose(),
+                            t_acc[acc_ring.producer_stage],
+                            enable_input_d=k != 0,
+                            cta_group=2,
+                        )
+                        self.tcgen05.commit(mbarrier=ring.consumer_barrier(), cta_group=2, multicast_mask=every_cta)
                         ring.consumer_advance()
                     self.tcgen05.commit(mbarrier=acc_ring.producer_barrier(), cta_group=2, multicast_mask=every_cta)
                     acc_ring.producer_advance()
@@ -206,8 +254,12 @@ class Kernel(MatmulKernel):
                 m_tile, n_tile = raster.tile(tile)
                 acc_ring.consumer_acquire()
                 for e in range(block_n // e_block_n):
-                    t_sub = self.tcgen05.slice(t_acc[acc_ring.consumer_stage], offsets=[0, e * e_block_n],
-                                               shape=[cta_m, e_block_n], dims=[0, 1])
+                    t_sub = self.tcgen05.slice(
+                        t_acc[acc_ring.consumer_stage],
+                        offsets=[0, e * e_block_n],
+                        shape=[cta_m, e_block_n],
+                        dims=[0, 1],
+                    )
                     r_sub = self.tcgen05.load(t_sub)
                     self.tcgen05.wait_load()
                     if e == block_n // e_block_n - 1:  # the buffer's last tcgen05.ld has completed:

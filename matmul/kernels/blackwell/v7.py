@@ -41,9 +41,14 @@ from pipeline.tcgen05_fence import fence_after_thread_sync, fence_before_thread_
 from ..entry import MatmulKernel
 
 IDEA = "skinny GEMMs: swap-AB tcgen05, split-K over a cluster reduced through distributed shared memory"
-PTX_MARKERS = ("tcgen05.mma.cta_group::1", "tcgen05.commit", "cp.async.bulk.tensor.2d.shared::cta.global",
-               "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes",
-               "mapa.shared::cluster", "barrier.cluster")
+PTX_MARKERS = (
+    "tcgen05.mma.cta_group::1",
+    "tcgen05.commit",
+    "cp.async.bulk.tensor.2d.shared::cta.global",
+    "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes",
+    "mapa.shared::cluster",
+    "barrier.cluster",
+)
 REPRESENTATIVE = {"block_m": 32, "split": 2, "stages": 8}
 
 BLOCK_K = 64  # one 128-byte swizzled row of fp16/bf16 per TMA box
@@ -76,8 +81,9 @@ class Kernel(MatmulKernel):
         if ROWS % split or (ROWS // split) % 8:
             raise ValueError(f"{ROWS} weight rows do not cut into {split} slices of a multiple of 8")
 
-    def matmul(self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32,
-               k_size: int32):
+    def matmul(
+        self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32, k_size: int32
+    ):
         num_n_tiles = cdiv(n_size, ROWS)
         num_m_tiles = cdiv(m_size, self.block_m)
         self.attrs.blocks = self.split * num_n_tiles * num_m_tiles
@@ -106,8 +112,9 @@ class Kernel(MatmulKernel):
             for i in range(k_blocks.count):
                 stage = i % stages
                 self.mbarrier.wait(empty[stage], phase=((i // stages) & 1) ^ 1)
-                self.load_k_block(g_b, g_a, s_w[stage], s_x[stage], full[stage], offset_n, offset_m,
-                                  (k_blocks.first + i) * BLOCK_K)
+                self.load_k_block(
+                    g_b, g_a, s_w[stage], s_x[stage], full[stage], offset_n, offset_m, (k_blocks.first + i) * BLOCK_K
+                )
 
         with self.single_warp(MMA_WARP):  # C^T tile += weight rows @ tokens^T
             for i in range(k_blocks.count):

@@ -9,10 +9,13 @@ what the next versions fix.
 
 Synchronization (no mbarriers yet):
 
-| what | how | who | why |
-| --- | --- | --- | --- |
-| tiles stored -> wgmma reads them | ``fence.proxy.async`` + ``__syncthreads`` | all 128 threads | the tensor core reads shared memory through the async proxy |
-| wgmma done -> next tiles overwrite | ``wgmma.wait_group 0`` + ``__syncthreads`` | all 128 threads | no wgmma still reads a tile being replaced |
+| hand-off | how | who |
+| --- | --- | --- |
+| tiles stored -> wgmma reads them | ``fence.proxy.async`` + ``__syncthreads`` | all 128 threads |
+| wgmma done -> next tiles written | ``wgmma.wait_group 0`` + ``__syncthreads`` | all 128 threads |
+
+The fence is needed because the tensor core reads shared memory through the async proxy; the wait,
+so that no wgmma still reads a tile being replaced.
 """
 
 import tilus
@@ -38,8 +41,9 @@ class Kernel(MatmulKernel):
         self.block_n = block_n
         self.block_k = block_k
 
-    def matmul(self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32,
-               k_size: int32):
+    def matmul(
+        self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32, k_size: int32
+    ):
         self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
         self.attrs.warps = 4  # one warpgroup: the unit that issues wgmma
         offset_m: int32 = self.blockIdx.x * self.block_m

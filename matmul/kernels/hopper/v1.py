@@ -10,7 +10,9 @@ Synchronization (CTA scope):
 
 | barrier | count | who arrives | who waits | scope |
 | --- | --- | --- | --- | --- |
-| ``loaded`` | 1 + the TMA bytes | per K block, one elected lane: ``arrive.expect_tx`` announcing both tiles' bytes | all 128 threads, on the phase of this K block (the parity flips every K block) | CTA |
+| ``loaded`` | 1 + bytes | per K block, an elected lane's ``arrive.expect_tx``; the 2 loads | all 128 threads | CTA |
+
+The phase waited for flips every K block.
 
 ``wgmma.wait_group 0`` + ``__syncthreads`` protect the tiles from the next load. In the epilogue,
 ``fence.proxy.async`` + ``__syncthreads`` order the shared-memory stores before the TMA store
@@ -25,8 +27,12 @@ from tilus.utils import cdiv
 from ..entry import MatmulKernel
 
 IDEA = "TMA loads into swizzled shared memory; TMA store epilogue"
-PTX_MARKERS = ("wgmma.mma_async", "cp.async.bulk.tensor.2d.shared::cta.global",
-               "cp.async.bulk.tensor.2d.global.shared::cta", "mbarrier.try_wait")
+PTX_MARKERS = (
+    "wgmma.mma_async",
+    "cp.async.bulk.tensor.2d.shared::cta.global",
+    "cp.async.bulk.tensor.2d.global.shared::cta",
+    "mbarrier.try_wait",
+)
 REPRESENTATIVE = dict(block_m=128, block_n=128, block_k=64)
 
 
@@ -40,8 +46,9 @@ class Kernel(MatmulKernel):
         self.block_n = block_n
         self.block_k = block_k
 
-    def matmul(self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32,
-               k_size: int32):
+    def matmul(
+        self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32, k_size: int32
+    ):
         self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
         self.attrs.warps = 4
         offset_m: int32 = self.blockIdx.x * self.block_m

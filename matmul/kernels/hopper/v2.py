@@ -19,7 +19,9 @@ Synchronization (slot ``s`` serves K blocks ``s, s + stages, ...``):
 
 | barrier | count | who arrives | who waits | scope |
 | --- | --- | --- | --- | --- |
-| ``full[s]`` | 1 + the TMA bytes | per use, warp 0's elected lane: ``arrive.expect_tx`` for both tiles | all 128 threads, parity ``(k // stages) & 1``, before the wgmma of K block ``k`` | CTA |
+| ``full[s]`` | 1 + bytes | warp 0's elected lane: ``arrive.expect_tx``; the 2 loads | 128 threads, parity ``p`` | CTA |
+
+K block ``k`` uses slot ``s = k % stages`` with parity ``p = (k // stages) & 1``.
 
 Slot reuse needs no barrier of its own: after ``wgmma.wait_group 1`` each warp knows the group of
 block ``k-1`` is complete, and ``__syncthreads`` makes that true for all four warps before warp 0
@@ -37,8 +39,12 @@ from pipeline.epilogue import SlotTileStore, wgmma_fragment
 from ..entry import MatmulKernel
 
 IDEA = "software pipelining: a ring of TMA stages on mbarriers, one wgmma group kept in flight"
-PTX_MARKERS = ("wgmma.mma_async", "wgmma.wait_group.sync.aligned 1", "cp.async.bulk.tensor.2d.shared::cta.global",
-               "mbarrier.try_wait.parity")
+PTX_MARKERS = (
+    "wgmma.mma_async",
+    "wgmma.wait_group.sync.aligned 1",
+    "cp.async.bulk.tensor.2d.shared::cta.global",
+    "mbarrier.try_wait.parity",
+)
 REPRESENTATIVE = dict(block_m=128, block_n=128, block_k=64, stages=2)
 
 
@@ -56,8 +62,9 @@ class Kernel(MatmulKernel):
         self.block_k = block_k
         self.stages = stages
 
-    def matmul(self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32,
-               k_size: int32):
+    def matmul(
+        self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32, k_size: int32
+    ):
         self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
         self.attrs.warps = 4
         offset_m: int32 = self.blockIdx.x * self.block_m
@@ -86,16 +93,18 @@ class Kernel(MatmulKernel):
             if refill < num_k_blocks:
                 prev = (kb - 1) % self.stages
                 with self.single_warp():
-                    self.load_k_block(g_a, g_b, s_a[prev], s_b[prev], full[prev], offset_m, offset_n,
-                                      refill * self.block_k)
+                    self.load_k_block(
+                        g_a, g_b, s_a[prev], s_b[prev], full[prev], offset_m, offset_n, refill * self.block_k
+                    )
         self.wgmma.wait_group(0)
 
         # epilogue: V1's, staged in the ring's A slots (idle now: every load has landed, every
         # wgmma is complete), block_k columns per slot
         SlotTileStore(s_a).store(acc, g_c, offset_m, offset_n, slab=0)
 
-    def wait_and_multiply(self, full: RegisterTensor, s_a: SharedTensor, s_b: SharedTensor, acc: RegisterTensor,
-                          kb: int32):
+    def wait_and_multiply(
+        self, full: RegisterTensor, s_a: SharedTensor, s_b: SharedTensor, acc: RegisterTensor, kb: int32
+    ):
         """Wait for K block ``kb``'s tiles, issue its wgmma and commit them as one group."""
         slot = kb % self.stages
         self.mbarrier.wait(full[slot], phase=(kb // self.stages) & 1)

@@ -20,9 +20,13 @@ parity of the use it waits for):
 
 | barrier | count | who arrives | who waits | scope |
 | --- | --- | --- | --- | --- |
-| ``full[s]`` | 1 + the TMA bytes | per use, the producer's elected lane: ``arrive.expect_tx`` for both A slabs and the B tile | both consumer warpgroups, parity ``(k // stages) & 1`` | CTA |
-| ``empty[s]`` | 2 | per use, one elected thread of *each* consumer warpgroup, after ``wgmma.wait_group 1`` shows its group that read the slot complete | the producer, parity ``((k // stages) & 1) ^ 1``, before refilling the slot | CTA |
-| named barriers 1, 2 | 128 | the threads of consumer warpgroup 0 (id 1) or 1 (id 2), in the epilogue | the same threads | CTA |
+| ``full[s]`` | 1 + bytes | producer's elected lane: ``arrive.expect_tx``; the loads | consumers, parity ``p`` | CTA |
+| ``empty[s]`` | 2 | a thread of each consumer, after ``wgmma.wait_group 1`` | producer, parity ``p ^ 1`` | CTA |
+| named barriers 1, 2 | 128 | consumer warpgroup 0 (id 1) or 1 (id 2), in the epilogue | the same threads | CTA |
+
+K block ``k`` uses slot ``s = k % stages`` with parity ``p = (k // stages) & 1``; a consumer releases
+a slot once ``wgmma.wait_group 1`` shows its group that read the slot complete, and the producer
+waits before refilling it.
 
 In the first round the producer's parity names the phase before the barrier's first, which counts
 as complete, so the ring starts out free. A wgmma group is issued and waited by the whole
@@ -45,8 +49,14 @@ from ..entry import MatmulKernel
 
 IDEA = "warp specialization: a TMA producer warp feeding two wgmma consumer warpgroups, full/empty mbarriers"
 # the consumers' release of a slot (a plain arrive) and the named barriers of the two warpgroups
-PTX_MARKERS = ("wgmma.mma_async", "cp.async.bulk.tensor.2d.shared::cta.global", "mbarrier.arrive.expect_tx",
-               "mbarrier.arrive.release.cta.shared::cta.b64", "bar.cta.sync 1, 128", "bar.cta.sync 2, 128")
+PTX_MARKERS = (
+    "wgmma.mma_async",
+    "cp.async.bulk.tensor.2d.shared::cta.global",
+    "mbarrier.arrive.expect_tx",
+    "mbarrier.arrive.release.cta.shared::cta.b64",
+    "bar.cta.sync 1, 128",
+    "bar.cta.sync 2, 128",
+)
 REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4)
 
 
@@ -63,8 +73,9 @@ class Kernel(MatmulKernel):
         self.block_k = block_k
         self.stages = stages
 
-    def matmul(self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32,
-               k_size: int32):
+    def matmul(
+        self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32, k_size: int32
+    ):
         half_m = self.block_m // 2  # the rows of one consumer warpgroup
         self.attrs.blocks = [cdiv(m_size, self.block_m), cdiv(n_size, self.block_n)]
         self.attrs.warps = 9  # warps 0-3 and 4-7: consumer warpgroups; warp 8: producer
@@ -89,8 +100,18 @@ class Kernel(MatmulKernel):
         self.consumer(0, full, empty, s_a, s_b, g_c, num_k_blocks, offset_m, offset_n)
         self.consumer(1, full, empty, s_a, s_b, g_c, num_k_blocks, offset_m, offset_n)
 
-    def consumer(self, wg: int, full: RegisterTensor, empty: RegisterTensor, s_a: SharedTensor, s_b: SharedTensor,
-                 g_c: GlobalTensor, num_k_blocks: int32, offset_m: int32, offset_n: int32):
+    def consumer(
+        self,
+        wg: int,
+        full: RegisterTensor,
+        empty: RegisterTensor,
+        s_a: SharedTensor,
+        s_b: SharedTensor,
+        g_c: GlobalTensor,
+        num_k_blocks: int32,
+        offset_m: int32,
+        offset_n: int32,
+    ):
         """Consumer warpgroup ``wg``: rows ``wg * block_m / 2 ...`` of the tile."""
         half_m = self.block_m // 2
         with self.warp_group(warp_begin=4 * wg, num_warps=4):
@@ -108,8 +129,9 @@ class Kernel(MatmulKernel):
             # ring's A slots (the other warpgroup may still be reading its slab and B)
             SlotTileStore(s_a).store(acc, g_c, offset_m + wg * half_m, offset_n, slab=wg)
 
-    def wait_and_multiply(self, full: RegisterTensor, s_a: SharedTensor, s_b: SharedTensor, wg: int,
-                          acc: RegisterTensor, kb: int32):
+    def wait_and_multiply(
+        self, full: RegisterTensor, s_a: SharedTensor, s_b: SharedTensor, wg: int, acc: RegisterTensor, kb: int32
+    ):
         """Wait for K block ``kb``'s tiles, issue this warpgroup's wgmma and commit them as one group."""
         slot = kb % self.stages
         self.mbarrier.wait(full[slot], phase=(kb // self.stages) & 1)

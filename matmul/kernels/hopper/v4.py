@@ -16,8 +16,8 @@ Synchronization (V3's, through ``Pipeline``; parities from the pipeline's phase 
 
 | barrier | count | who arrives | who waits | scope |
 | --- | --- | --- | --- | --- |
-| ``full[s]`` | 1 + the TMA bytes | per use, the producer's elected lane: ``arrive.expect_tx`` (``producer_barrier``) | both consumer warpgroups (``consumer_acquire``) | CTA |
-| ``empty[s]`` | 2 | one elected thread of each consumer warpgroup after ``wgmma.wait_group 1`` (``consumer_release_previous``, ``elect_release=True``) | the producer (``producer_acquire``) | CTA |
+| ``full[s]`` | 1 + bytes | producer's elected lane; the loads | consumers (``consumer_acquire``) | CTA |
+| ``empty[s]`` | 2 | a thread of each consumer (``consumer_release_previous``) | producer (``producer_acquire``) | CTA |
 | named barriers 1, 2 | 128 | each consumer warpgroup, in the epilogue | the same threads | CTA |
 """
 
@@ -32,8 +32,12 @@ from pipeline.mainloop import WgmmaMainloop
 from ..entry import MatmulKernel
 
 IDEA = "grouped tile rasterization for L2 reuse; the ring through the shared Pipeline class"
-PTX_MARKERS = ("wgmma.mma_async.sync.aligned.m64n256k16", "cp.async.bulk.tensor.2d.shared::cta.global",
-               "bar.cta.sync 1, 128", "bar.cta.sync 2, 128")
+PTX_MARKERS = (
+    "wgmma.mma_async.sync.aligned.m64n256k16",
+    "cp.async.bulk.tensor.2d.shared::cta.global",
+    "bar.cta.sync 1, 128",
+    "bar.cta.sync 2, 128",
+)
 REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, group=16)
 
 
@@ -51,8 +55,9 @@ class Kernel(MatmulKernel):
         self.stages = stages
         self.group = group
 
-    def matmul(self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32,
-               k_size: int32):
+    def matmul(
+        self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32, k_size: int32
+    ):
         half_m = self.block_m // 2  # the rows of one consumer warpgroup
         num_m_tiles = cdiv(m_size, self.block_m)
         num_n_tiles = cdiv(n_size, self.block_n)
@@ -74,14 +79,25 @@ class Kernel(MatmulKernel):
                 ring.producer_acquire()
                 slot = ring.producer_stage
                 # both warpgroups' slabs of A and the B tile, on the stage's full barrier
-                self.load_k_block(g_a, g_b, s_a[slot], s_b[slot], ring.producer_barrier(), offset_m, offset_n,
-                                  kb * self.block_k)
+                self.load_k_block(
+                    g_a, g_b, s_a[slot], s_b[slot], ring.producer_barrier(), offset_m, offset_n, kb * self.block_k
+                )
                 ring.producer_advance()
 
         self.consumer(0, ring, s_a, s_b, g_c, num_k_blocks, offset_m, offset_n)
         self.consumer(1, ring, s_a, s_b, g_c, num_k_blocks, offset_m, offset_n)
 
-    def consumer(self, wg: int, ring: Pipeline, s_a: SharedTensor, s_b: SharedTensor, g_c: GlobalTensor, num_k_blocks: int32, offset_m: int32, offset_n: int32):
+    def consumer(
+        self,
+        wg: int,
+        ring: Pipeline,
+        s_a: SharedTensor,
+        s_b: SharedTensor,
+        g_c: GlobalTensor,
+        num_k_blocks: int32,
+        offset_m: int32,
+        offset_n: int32,
+    ):
         """Consumer warpgroup ``wg``: rows ``wg * block_m / 2 ...`` of the tile."""
         half_m = self.block_m // 2
         with self.warp_group(warp_begin=4 * wg, num_warps=4):

@@ -18,8 +18,8 @@ tile to the next on both sides; at the end of each tile the last slot is release
 
 | barrier | count | who arrives | who waits | scope |
 | --- | --- | --- | --- | --- |
-| ``full[s]`` | 1 + the TMA bytes | per use, the producer's elected lane | both consumer warpgroups | CTA |
-| ``empty[s]`` | 2 | one elected thread of each consumer warpgroup, once ``wgmma.wait_group`` shows the slot's group complete | the producer | CTA |
+| ``full[s]`` | 1 + bytes | the producer's elected lane; the loads | both consumer warpgroups | CTA |
+| ``empty[s]`` | 2 | an elected thread of each consumer warpgroup, after ``wgmma.wait_group`` | the producer | CTA |
 | named barriers 1, 2 | 128 | each consumer warpgroup, around its staging buffers | the same threads | CTA |
 
 Staging buffers (two per warpgroup): before a buffer is rewritten, the issuing lane's
@@ -33,15 +33,19 @@ from tilus import GlobalTensor, SharedTensor, float32, int32
 from tilus.utils import cdiv
 
 from pipeline import Pipeline
-from pipeline.schedulers import StaticTileScheduler, sm_count
 from pipeline.epilogue import SUB_COLS, WgmmaTileStore, wgmma_fragment
 from pipeline.mainloop import WgmmaMainloop
+from pipeline.schedulers import StaticTileScheduler, sm_count
 
 from ..entry import MatmulKernel
 
 IDEA = "persistent CTAs over a static tile schedule; asynchronous sub-tiled TMA-store epilogue"
-PTX_MARKERS = ("wgmma.mma_async.sync.aligned.m64n256k16", "cp.async.bulk.tensor.2d.global.shared::cta",
-               "cp.async.bulk.wait_group.read 1", "stmatrix")
+PTX_MARKERS = (
+    "wgmma.mma_async.sync.aligned.m64n256k16",
+    "cp.async.bulk.tensor.2d.global.shared::cta",
+    "cp.async.bulk.wait_group.read 1",
+    "stmatrix",
+)
 REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, group=16)
 
 
@@ -59,8 +63,9 @@ class Kernel(MatmulKernel):
         self.group = group
         self.num_sms = sm_count()
 
-    def matmul(self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32,
-               k_size: int32):
+    def matmul(
+        self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32, k_size: int32
+    ):
         half_m = self.block_m // 2
         num_m_tiles = cdiv(m_size, self.block_m)
         num_n_tiles = cdiv(n_size, self.block_n)
@@ -85,15 +90,25 @@ class Kernel(MatmulKernel):
                 for kb in range(num_k_blocks):
                     ring.producer_acquire()
                     slot = ring.producer_stage
-                    self.load_k_block(g_a, g_b, s_a[slot], s_b[slot], ring.producer_barrier(), offset_m, offset_n,
-                                      kb * self.block_k)
+                    self.load_k_block(
+                        g_a, g_b, s_a[slot], s_b[slot], ring.producer_barrier(), offset_m, offset_n, kb * self.block_k
+                    )
                     ring.producer_advance()
 
         self.consumer(0, ring, tiles, s_a, s_b, s_c, g_c, num_k_blocks)
         self.consumer(1, ring, tiles, s_a, s_b, s_c, g_c, num_k_blocks)
 
-    def consumer(self, wg: int, ring: Pipeline, tiles: StaticTileScheduler, s_a: SharedTensor, s_b: SharedTensor,
-                 s_c: SharedTensor, g_c: GlobalTensor, num_k_blocks: int32):
+    def consumer(
+        self,
+        wg: int,
+        ring: Pipeline,
+        tiles: StaticTileScheduler,
+        s_a: SharedTensor,
+        s_b: SharedTensor,
+        s_c: SharedTensor,
+        g_c: GlobalTensor,
+        num_k_blocks: int32,
+    ):
         """Consumer warpgroup ``wg``: rows ``wg * block_m / 2 ...`` of every tile of this CTA."""
         half_m = self.block_m // 2
         with self.warp_group(warp_begin=4 * wg, num_warps=4):

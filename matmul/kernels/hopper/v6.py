@@ -27,11 +27,18 @@ Synchronization (in each CTA of the pair):
 
 | barrier | count | who arrives | who waits | scope |
 | --- | --- | --- | --- | --- |
-| ``full[s]`` | 1 + the TMA bytes | the CTA's own producer: ``arrive.expect_tx`` for its A tile plus the *whole* B tile; the bytes of its A load, its B half and the peer's B half (which may land before the local ``expect_tx``: the phase cannot complete before that arrival) | both consumer warpgroups of the CTA | CTA |
-| ``empty[s]`` | 4 | every consumer warpgroup of both CTAs releases every stage in both CTAs (``release_to=0b11``, ``elect_release=True``: thread 0 of the warpgroup arrives on rank 0's barrier, thread 1 on rank 1's), after ``wgmma.wait_group`` | the CTA's producer, before loading its A tile or its B half into the stage | CTA (remote arrivals) |
-| ``filled[d]`` (tile ring) | 1 + 4 bytes | the leader's producer: ``expect_tx`` and the ``st.async`` of the tile index, counted like TMA bytes | the producer (peer only) and both consumer warpgroups | CTA |
-| ``drained[d]`` (tile ring, leader only) | 5 | each consumer warpgroup of both CTAs and the peer's producer, after a barrier of its own threads once all have read the slot | the leader's producer, before it writes the slot again | CTA (remote arrivals) |
-| ``barrier.cluster`` | both CTAs | every thread, after the mbarriers are initialized and before exit | every thread | cluster |
+| ``full[s]`` | 1 + bytes | own producer's ``expect_tx``; own A, own and peer's B half | both consumers | CTA |
+| ``empty[s]`` | 4 | each consumer of both CTAs, after ``wgmma.wait_group`` | own producer | CTA, remote |
+| ``filled[d]`` | 1 + 4 bytes | leader producer: ``expect_tx``, ``st.async`` of the tile | the readers | CTA |
+| ``drained[d]`` | 5 | (leader) each consumer of both CTAs, the peer's producer | leader producer | CTA, remote |
+| ``barrier.cluster`` | 2 CTAs | every thread, after barrier setup and before exit | all threads | cluster |
+
+``full[s]``'s bytes from the peer may land before the local ``expect_tx``: the phase cannot complete
+before that arrival. Every consumer warpgroup releases every stage in both CTAs (``release_to=0b11``,
+``elect_release=True``: thread 0 of the warpgroup arrives on rank 0's barrier, thread 1 on rank 1's),
+so a producer loads its A tile or its B half only into a stage neither CTA still reads.
+``filled``/``drained`` are the tile ring of ``LeaderTileBroadcast``: each reader arrives on the
+leader's ``drained[d]`` after a barrier of its own threads once all have read the slot.
 
 The rings order at CTA scope (``cluster_fences=False``: acquire.cta waits, release.cta arrivals,
 even on the peer's barrier): a stage carries only TMA bytes, counted by the hardware on the
@@ -49,16 +56,21 @@ from tilus.utils import cdiv
 
 from pipeline import Pipeline, TileRasterizer
 from pipeline.broadcast import LeaderTileBroadcast
-from pipeline.schedulers import sm_count
 from pipeline.epilogue import SUB_COLS, WgmmaTileStore, wgmma_fragment
 from pipeline.mainloop import WgmmaMainloop
+from pipeline.schedulers import sm_count
 
 from ..entry import MatmulKernel
 
 IDEA = "2-CTA clusters: B multicast to both CTAs, stages released across the pair, leader-decided tiles"
-PTX_MARKERS = ("wgmma.mma_async.sync.aligned.m64n256k16", ".multicast::cluster", "mapa.shared::cluster",
-               "mbarrier.arrive.expect_tx.release.cta.shared::cluster",
-               "st.async.shared::cluster.mbarrier::complete_tx::bytes", "barrier.cluster")
+PTX_MARKERS = (
+    "wgmma.mma_async.sync.aligned.m64n256k16",
+    ".multicast::cluster",
+    "mapa.shared::cluster",
+    "mbarrier.arrive.expect_tx.release.cta.shared::cluster",
+    "st.async.shared::cluster.mbarrier::complete_tx::bytes",
+    "barrier.cluster",
+)
 REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, group=8)
 
 
@@ -77,8 +89,9 @@ class Kernel(MatmulKernel):
         self.group = group
         self.num_sms = sm_count()
 
-    def matmul(self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32,
-               k_size: int32):
+    def matmul(
+        self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32, k_size: int32
+    ):
         half_m = self.block_m // 2  # the rows of one consumer warpgroup
         half_n = self.block_n // 2  # the rows of B each CTA of the pair loads
         num_pairs = cdiv(cdiv(m_size, self.block_m), 2)  # a cluster tile: two tiles stacked along M
@@ -95,8 +108,9 @@ class Kernel(MatmulKernel):
         s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, half_n, self.block_k])  # [.., half]
         s_c = self.shared_tensor(dtype=self.dtype, shape=[2, 2, half_m, SUB_COLS])  # [warpgroup, buffer]
 
-        ring = Pipeline(self.stages, consumer_arrivals=4, scope="cluster", release_to=0b11, elect_release=True,
-                        cluster_fences=False)
+        ring = Pipeline(
+            self.stages, consumer_arrivals=4, scope="cluster", release_to=0b11, elect_release=True, cluster_fences=False
+        )
         tiles = LeaderTileBroadcast(depth=2, readers=5)
         raster = TileRasterizer(num_pairs, num_n_tiles, self.group)
         self.cluster.sync()  # every barrier of both CTAs exists before anything arrives on it
@@ -122,8 +136,18 @@ class Kernel(MatmulKernel):
         self.consumer(1, ring, tiles, raster, rank, first, s_a, s_b, s_c, g_c, num_k_blocks, num_cluster_tiles)
         self.cluster.sync()  # neither CTA exits while its peer may still arrive on its barriers
 
-    def load_tile(self, ring: Pipeline, raster: TileRasterizer, linear: int32, rank: int32, s_a: SharedTensor,
-                  s_b: SharedTensor, g_a: GlobalTensor, g_b: GlobalTensor, num_k_blocks: int32):
+    def load_tile(
+        self,
+        ring: Pipeline,
+        raster: TileRasterizer,
+        linear: int32,
+        rank: int32,
+        s_a: SharedTensor,
+        s_b: SharedTensor,
+        g_a: GlobalTensor,
+        g_b: GlobalTensor,
+        num_k_blocks: int32,
+    ):
         """Producer: this CTA's A tile and its half of the pair's B tile, every K block."""
         half_m = self.block_m // 2
         half_n = self.block_n // 2
@@ -134,20 +158,40 @@ class Kernel(MatmulKernel):
             ring.producer_acquire()  # free in both CTAs
             slot = ring.producer_stage
             with self.single_thread():
-                self.mbarrier.arrive_and_expect_tx(ring.producer_barrier(),
-                                                   transaction_bytes=2 * s_a[slot, 0].nbytes + 2 * s_b[slot, 0].nbytes)
+                self.mbarrier.arrive_and_expect_tx(
+                    ring.producer_barrier(), transaction_bytes=2 * s_a[slot, 0].nbytes + 2 * s_b[slot, 0].nbytes
+                )
             offset_k = kb * self.block_k
-            self.tma.global_to_shared(src=g_a, dst=s_a[slot, 0], offsets=[offset_m, offset_k],
-                                      mbarrier=ring.producer_barrier())
-            self.tma.global_to_shared(src=g_a, dst=s_a[slot, 1], offsets=[offset_m + half_m, offset_k],
-                                      mbarrier=ring.producer_barrier())
-            self.tma.global_to_shared(src=g_b, dst=s_b[slot, rank], offsets=[offset_b, offset_k],
-                                      mbarrier=ring.producer_barrier(), multicast_mask=0b11)
+            self.tma.global_to_shared(
+                src=g_a, dst=s_a[slot, 0], offsets=[offset_m, offset_k], mbarrier=ring.producer_barrier()
+            )
+            self.tma.global_to_shared(
+                src=g_a, dst=s_a[slot, 1], offsets=[offset_m + half_m, offset_k], mbarrier=ring.producer_barrier()
+            )
+            self.tma.global_to_shared(
+                src=g_b,
+                dst=s_b[slot, rank],
+                offsets=[offset_b, offset_k],
+                mbarrier=ring.producer_barrier(),
+                multicast_mask=0b11,
+            )
             ring.producer_advance()
 
-    def consumer(self, wg: int, ring: Pipeline, tiles: LeaderTileBroadcast, raster: TileRasterizer, rank: int32,
-                 first: int32, s_a: SharedTensor, s_b: SharedTensor, s_c: SharedTensor, g_c: GlobalTensor,
-                 num_k_blocks: int32, num_cluster_tiles: int32):
+    def consumer(
+        self,
+        wg: int,
+        ring: Pipeline,
+        tiles: LeaderTileBroadcast,
+        raster: TileRasterizer,
+        rank: int32,
+        first: int32,
+        s_a: SharedTensor,
+        s_b: SharedTensor,
+        s_c: SharedTensor,
+        g_c: GlobalTensor,
+        num_k_blocks: int32,
+        num_cluster_tiles: int32,
+    ):
         """Consumer warpgroup ``wg``: rows ``wg * block_m / 2 ...`` of every tile of this CTA."""
         half_m = self.block_m // 2
         with self.warp_group(warp_begin=4 * wg, num_warps=4):

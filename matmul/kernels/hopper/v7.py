@@ -55,9 +55,13 @@ from pipeline.mainloop import WgmmaMainloop
 from ..entry import MatmulKernel
 
 IDEA = "skinny GEMMs: swap-AB, split-K over a cluster reduced through distributed shared memory, deep TMA rings"
-PTX_MARKERS = ("wgmma.mma_async.sync.aligned.m64n16k16", "cp.async.bulk.tensor.2d.shared::cta.global",
-               "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes",
-               "mapa.shared::cluster", "barrier.cluster")
+PTX_MARKERS = (
+    "wgmma.mma_async.sync.aligned.m64n16k16",
+    "cp.async.bulk.tensor.2d.shared::cta.global",
+    "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes",
+    "mapa.shared::cluster",
+    "barrier.cluster",
+)
 REPRESENTATIVE = {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 8}
 
 BLOCK_K = 64  # one 128-byte swizzled row of fp16/bf16 per TMA box
@@ -81,12 +85,23 @@ def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int) -> int:
 # (plots/h100/skinny/). A split of 2 with 64-row CTAs was best at M <= 64 on most weights: 4 or 8
 # CTAs a cluster were slower (more CTAs reading the same rows at once, a larger exchange), and the
 # ring's depth beyond 8 stages made little difference.
-@tilus.autotune("block_m, warpgroups, split, stages", [
-    (16, 1, 2, 8), (16, 1, 2, 20), (16, 1, 1, 16), (16, 2, 2, 8), (16, 2, 4, 5),
-    (64, 1, 2, 10), (64, 1, 2, 5), (64, 2, 2, 6),
-    (128, 1, 2, 6), (128, 2, 2, 3),
-    (256, 1, 1, 3), (256, 1, 2, 3),
-])
+@tilus.autotune(
+    "block_m, warpgroups, split, stages",
+    [
+        (16, 1, 2, 8),
+        (16, 1, 2, 20),
+        (16, 1, 1, 16),
+        (16, 2, 2, 8),
+        (16, 2, 4, 5),
+        (64, 1, 2, 10),
+        (64, 1, 2, 5),
+        (64, 2, 2, 6),
+        (128, 1, 2, 6),
+        (128, 2, 2, 3),
+        (256, 1, 1, 3),
+        (256, 1, 2, 3),
+    ],
+)
 class Kernel(MatmulKernel):
     def __init__(self, dtype, block_m: int, warpgroups: int, split: int, stages: int):
         super().__init__(dtype)
@@ -99,8 +114,9 @@ class Kernel(MatmulKernel):
         if (64 * warpgroups) % split or (64 * warpgroups // split) % 8:
             raise ValueError(f"{64 * warpgroups} weight rows do not cut into {split} slices of a multiple of 8")
 
-    def matmul(self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32,
-               k_size: int32):
+    def matmul(
+        self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32, k_size: int32
+    ):
         rows = 64 * self.warpgroups  # weight rows of a CTA (the output tile's N side)
         num_n_tiles = cdiv(n_size, rows)
         num_m_tiles = cdiv(m_size, self.block_m)
@@ -125,16 +141,20 @@ class Kernel(MatmulKernel):
                 ring.producer_acquire()
                 slot = ring.producer_stage
                 with self.single_thread():
-                    self.mbarrier.arrive_and_expect_tx(ring.producer_barrier(),
-                                                       transaction_bytes=s_w[slot].nbytes + s_x[slot].nbytes)
+                    self.mbarrier.arrive_and_expect_tx(
+                        ring.producer_barrier(), transaction_bytes=s_w[slot].nbytes + s_x[slot].nbytes
+                    )
                 offset_k = (k_blocks.first + i) * BLOCK_K
-                self.tma.global_to_shared(src=g_b, dst=s_w[slot, 0], offsets=[offset_n, offset_k],
-                                          mbarrier=ring.producer_barrier())
+                self.tma.global_to_shared(
+                    src=g_b, dst=s_w[slot, 0], offsets=[offset_n, offset_k], mbarrier=ring.producer_barrier()
+                )
                 if self.warpgroups == 2:
-                    self.tma.global_to_shared(src=g_b, dst=s_w[slot, 1], offsets=[offset_n + 64, offset_k],
-                                              mbarrier=ring.producer_barrier())
-                self.tma.global_to_shared(src=g_a, dst=s_x[slot], offsets=[offset_m, offset_k],
-                                          mbarrier=ring.producer_barrier())
+                    self.tma.global_to_shared(
+                        src=g_b, dst=s_w[slot, 1], offsets=[offset_n + 64, offset_k], mbarrier=ring.producer_barrier()
+                    )
+                self.tma.global_to_shared(
+                    src=g_a, dst=s_x[slot], offsets=[offset_m, offset_k], mbarrier=ring.producer_barrier()
+                )
                 ring.producer_advance()
 
         self.consumer(0, ring, s_w, s_x, reduce, k_blocks.count)
@@ -146,8 +166,9 @@ class Kernel(MatmulKernel):
             reduce.write(rank, g_c, offset_m, offset_n)
         self.cluster.sync()  # no CTA leaves while a peer's copy may still read its partial tile
 
-    def consumer(self, wg: int, ring: Pipeline, s_w: SharedTensor, s_x: SharedTensor, reduce: ClusterSplitKReduce,
-                 count: int32):
+    def consumer(
+        self, wg: int, ring: Pipeline, s_w: SharedTensor, s_x: SharedTensor, reduce: ClusterSplitKReduce, count: int32
+    ):
         """Consumer warpgroup ``wg``: weight rows ``64 * wg ...`` of the tile times every token, over
         this CTA's K blocks, into the partial tile."""
         with self.warp_group(warp_begin=4 * wg, num_warps=4):
