@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import importlib
 import linecache
+import re
 import sys
 import types
 from typing import Iterator
@@ -172,14 +173,37 @@ def _load_source(name: str, source: str) -> types.ModuleType:
     return module
 
 
+def _layout_free_pattern(text: str) -> re.Pattern:
+    """``text`` as a pattern that ignores line breaks and spaces, and the trailing comma a formatter
+    adds before a closing bracket (the statement's own indentation is the caller's)."""
+    parts = []
+    for char in text.strip():
+        if char.isspace():
+            continue
+        if char in ")]}":
+            parts.append(r",?\s*")
+        parts.append(re.escape(char))
+    return re.compile(r"\s*".join(parts))
+
+
 def mutated_source(mutant: Mutant) -> str:
+    """The module's source with ``old`` replaced by ``new``; ``old`` must occur exactly once (laid out
+    as written, or as a formatter may have re-wrapped it)."""
     original = importlib.import_module(mutant.module)
     with open(original.__file__) as f:
         source = f.read()
-    count = source.count(mutant.old)
-    if count != 1:
-        raise AssertionError(f"mutant {mutant.name!r}: the text to replace occurs {count} times in {mutant.module}")
-    return source.replace(mutant.old, mutant.new)
+    if source.count(mutant.old) == 1:
+        return source.replace(mutant.old, mutant.new)
+    matches = list(_layout_free_pattern(mutant.old).finditer(source))
+    if len(matches) != 1:
+        raise AssertionError(f"mutant {mutant.name!r}: the text to replace occurs {len(matches)} times in "
+                             f"{mutant.module}")
+    match = matches[0]
+    indent = mutant.old[:len(mutant.old) - len(mutant.old.lstrip())]
+    new = mutant.new[len(indent):] if mutant.new.startswith(indent) else mutant.new
+    if mutant.old.endswith("\n") and new.endswith("\n"):
+        new = new[:-1]  # the pattern stops at the last character of ``old``
+    return source[:match.start()] + new + source[match.end():]
 
 
 @contextlib.contextmanager
