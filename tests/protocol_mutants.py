@@ -39,124 +39,218 @@ class Mutant:
 
 
 MUTANTS = (
-    Mutant("parity flipped: Blackwell V3's producer waits for the wrong phase of 'empty'",
-           "sm_100a", "v3", "matmul.kernels.blackwell.v3",
-           "self.mbarrier.wait(empty[stage], phase=((k // stages) & 1) ^ 1)",
-           "self.mbarrier.wait(empty[stage], phase=(k // stages) & 1)",
-           ("deadlock",)),
-    Mutant("arrival count off by one: Pipeline's 'empty' barriers count one arrival too many (Hopper V5)",
-           "sm_90a", "v5", "pipeline.pipeline",
-           "self.empty = self.mbarrier.alloc([consumer_arrivals for _ in range(num_stages)])",
-           "self.empty = self.mbarrier.alloc([consumer_arrivals + 1 for _ in range(num_stages)])",
-           ("deadlock", "arrivals")),
-    Mutant("arrival count off by one: Blackwell V6's leader 'acc_ring.empty' one arrival short",
-           "sm_100a", "v6", "matmul.kernels.blackwell.v6",
-           "consumer_arrivals=128 * ctas,", "consumer_arrivals=128 * ctas - 1,",
-           ("overrun",)),
-    Mutant("wrong byte count: Blackwell V6's leader announces one CTA's bytes instead of the pair's",
-           "sm_100a", "v6", "matmul.kernels.blackwell.v6",
-           "transaction_bytes=2 * (s_a[0].nbytes + s_b[0].nbytes)",
-           "transaction_bytes=s_a[0].nbytes + s_b[0].nbytes",
-           ("bytes",)),
-    Mutant("wrong byte count: Hopper V6 announces 16 bytes more than its TMA loads deliver",
-           "sm_90a", "v6", "matmul.kernels.hopper.v6",
-           "transaction_bytes=2 * s_a[slot, 0].nbytes + 2 * s_b[slot, 0].nbytes)",
-           "transaction_bytes=2 * s_a[slot, 0].nbytes + 2 * s_b[slot, 0].nbytes + 16)",
-           ("bytes",)),
-    Mutant("phase bit never flips: Pipeline's producer keeps waiting for parity 1 on 'empty' (Blackwell V5)",
-           "sm_100a", "v5", "pipeline.pipeline",
-           "self.producer_phase = self.producer_phase ^ (self.producer_stage == 0)",
-           "self.producer_phase = self.producer_phase",
-           ("overrun",)),
-    Mutant("release dropped: the wgmma mainloop never releases a tile's last stage (Hopper V5)",
-           "sm_90a", "v5", "pipeline.mainloop",
-           "        ring.consumer_release()  # the last K block's stage\n", "",
-           ("deadlock",)),
-    Mutant("a role leaves early: Blackwell V3's producer skips the last K block",
-           "sm_100a", "v3", "matmul.kernels.blackwell.v3",
-           "        with self.single_warp(TMA_WARP):  # producer: global -> shared\n"
-           "            for k in range(num_k_blocks):",
-           "        with self.single_warp(TMA_WARP):  # producer: global -> shared\n"
-           "            for k in range(num_k_blocks - 1):",
-           ("deadlock",)),
-    Mutant("a CTA leaves early: Blackwell V6 without the cluster barrier before exit",
-           "sm_100a", "v6", "matmul.kernels.blackwell.v6",
-           "        self.cluster.sync()\n        fence_after_thread_sync()\n        self.tcgen05.dealloc(t_acc)",
-           "        fence_after_thread_sync()\n        self.tcgen05.dealloc(t_acc)",
-           ("exit", "arrivals")),
-    Mutant("a producer leaves early: Blackwell V6 without its producer tail, commits landing in any order",
-           "sm_100a", "v6", "matmul.kernels.blackwell.v6",
-           "            ring.producer_tail()", "            pass",
-           ("exit",), ordered_commits=False),
-    Mutant("lost phase: Blackwell V1's four warps also wait on mma_done once per K block, with no barrier "
-           "between them and the warp that issues the MMAs",
-           "sm_100a", "v1", "matmul.kernels.blackwell.v1",
-           "        fence_before_thread_sync()  # warp 0's MMAs, complete, before the barrier...\n",
-           "        phase = 0\n"
-           "        for offset_k in range(0, k_size, self.block_k):\n"
-           "            self.mbarrier.wait(mma_done, phase=phase)\n"
-           "            phase ^= 1\n"
-           "        fence_before_thread_sync()  # warp 0's MMAs, complete, before the barrier...\n",
-           ("overrun",)),
-    Mutant("release early: Blackwell V3 commits a stage back before issuing the MMA that reads it",
-           "sm_100a", "v3", "matmul.kernels.blackwell.v3",
-           "                self.tcgen05.mma(s_a[stage], s_b[stage].transpose(), t_acc, enable_input_d=k != 0)\n"
-           "                self.tcgen05.commit(mbarrier=empty[stage])\n",
-           "                self.tcgen05.commit(mbarrier=empty[stage])\n"
-           "                self.tcgen05.mma(s_a[stage], s_b[stage].transpose(), t_acc, enable_input_d=k != 0)\n",
-           ("race",)),
-    Mutant("release early: the wgmma mainloop frees the previous stage without waiting for its group (Hopper V5)",
-           "sm_90a", "v5", "pipeline.mainloop",
-           "            self.wgmma.wait_group(1)  # the group of K block kb-1 is complete: its stage is free\n", "",
-           ("race",)),
-    Mutant("staging reused early: StagedTmaStore rewrites a buffer a TMA store may still read (Blackwell V5)",
-           "sm_100a", "v5", "pipeline.tma_store",
-           "            self.tma.wait_group(self.buffers - 1, read=True)"
-           "  # the store that last read `buf` is done with it\n",
-           "            pass\n",
-           ("race",)),
-    Mutant("accumulator read early: Blackwell V3's epilogue reads TMEM without waiting for acc_ready",
-           "sm_100a", "v3", "matmul.kernels.blackwell.v3",
-           "            self.mbarrier.wait(acc_ready[0], phase=0)\n", "",
-           ("race", "coverage")),
-    Mutant("accumulator freed early: Blackwell V5's epilogue hands a TMEM buffer back before its last "
-           "tcgen05.ld completed",
-           "sm_100a", "v5", "matmul.kernels.blackwell.v5",
-           "                    self.tcgen05.wait_load()\n"
-           "                    if e == self.block_n // self.e_block_n - 1:"
-           "  # the buffer's last tcgen05.ld has completed:\n"
-           "                        acc_ring.consumer_release()"
-           "  # the MMA warp may refill it while this sub-tile is stored\n"
-           "                        acc_ring.consumer_advance()\n",
-           "                    if e == self.block_n // self.e_block_n - 1:\n"
-           "                        acc_ring.consumer_release()\n"
-           "                        acc_ring.consumer_advance()\n"
-           "                    self.tcgen05.wait_load()\n",
-           ("race",)),
-    Mutant("tile count broken: the static scheduler rounds a worker's tile count down (Hopper V5)",
-           "sm_90a", "v5", "pipeline.schedulers",
-           "mine = (self.num_tiles - self.worker + self.num_workers - 1) // self.num_workers",
-           "mine = (self.num_tiles - self.worker) // self.num_workers",
-           ("coverage",)),
-    Mutant("accumulator reset: Blackwell V3's MMA overwrites the accumulator at K block 1",
-           "sm_100a", "v3", "matmul.kernels.blackwell.v3",
-           "enable_input_d=k != 0", "enable_input_d=k > 1",
-           ("coverage",)),
-    Mutant("cluster: Blackwell V6's MMA commits free a stage in the leader only (multicast mask)",
-           "sm_100a", "v6", "matmul.kernels.blackwell.v6",
-           "self.tcgen05.commit(mbarrier=ring.consumer_barrier(), cta_group=2,\n"
-           "                                            multicast_mask=every_cta)",
-           "self.tcgen05.commit(mbarrier=ring.consumer_barrier(), cta_group=2,\n"
-           "                                            multicast_mask=leaders)",
-           ("deadlock", "bytes")),
-    Mutant("cluster: Hopper V6's tile broadcast sends its drained arrivals to the peer (remote target)",
-           "sm_90a", "v6", "pipeline.broadcast",
-           "target_rank=0, scope=\"cta\")", "target_rank=1, scope=\"cta\")",
-           ("deadlock", "overrun", "arrivals")),
-    Mutant("cluster: the 4-CTA Blackwell V6's B multicast reaches pair 0 only",
-           "sm_100a", "v6", "matmul.kernels.blackwell.v6",
-           "multicast_mask=0b0101 << half)", "multicast_mask=0b0001 << half)",
-           ("deadlock", "bytes", "coverage"), config=(("cluster_ctas", 4),)),
+    Mutant(
+        "parity flipped: Blackwell V3's producer waits for the wrong phase of 'empty'",
+        "sm_100a",
+        "v3",
+        "matmul.kernels.blackwell.v3",
+        "self.mbarrier.wait(empty[stage], phase=((k // stages) & 1) ^ 1)",
+        "self.mbarrier.wait(empty[stage], phase=(k // stages) & 1)",
+        ("deadlock",),
+    ),
+    Mutant(
+        "arrival count off by one: Pipeline's 'empty' barriers count one arrival too many (Hopper V5)",
+        "sm_90a",
+        "v5",
+        "pipeline.pipeline",
+        "self.empty = self.mbarrier.alloc([consumer_arrivals for _ in range(num_stages)])",
+        "self.empty = self.mbarrier.alloc([consumer_arrivals + 1 for _ in range(num_stages)])",
+        ("deadlock", "arrivals"),
+    ),
+    Mutant(
+        "arrival count off by one: Blackwell V6's leader 'acc_ring.empty' one arrival short",
+        "sm_100a",
+        "v6",
+        "matmul.kernels.blackwell.v6",
+        "consumer_arrivals=128 * ctas,",
+        "consumer_arrivals=128 * ctas - 1,",
+        ("overrun",),
+    ),
+    Mutant(
+        "wrong byte count: Blackwell V6's leader announces one CTA's bytes instead of the pair's",
+        "sm_100a",
+        "v6",
+        "matmul.kernels.blackwell.v6",
+        "transaction_bytes=2 * (s_a[0].nbytes + s_b[0].nbytes)",
+        "transaction_bytes=s_a[0].nbytes + s_b[0].nbytes",
+        ("bytes",),
+    ),
+    Mutant(
+        "wrong byte count: Hopper V6 announces 16 bytes more than its TMA loads deliver",
+        "sm_90a",
+        "v6",
+        "matmul.kernels.hopper.v6",
+        "transaction_bytes=2 * s_a[slot, 0].nbytes + 2 * s_b[slot, 0].nbytes)",
+        "transaction_bytes=2 * s_a[slot, 0].nbytes + 2 * s_b[slot, 0].nbytes + 16)",
+        ("bytes",),
+    ),
+    Mutant(
+        "phase bit never flips: Pipeline's producer keeps waiting for parity 1 on 'empty' (Blackwell V5)",
+        "sm_100a",
+        "v5",
+        "pipeline.pipeline",
+        "self.producer_phase = self.producer_phase ^ (self.producer_stage == 0)",
+        "self.producer_phase = self.producer_phase",
+        ("overrun",),
+    ),
+    Mutant(
+        "release dropped: the wgmma mainloop never releases a tile's last stage (Hopper V5)",
+        "sm_90a",
+        "v5",
+        "pipeline.mainloop",
+        "        ring.consumer_release()  # the last K block's stage\n",
+        "",
+        ("deadlock",),
+    ),
+    Mutant(
+        "a role leaves early: Blackwell V3's producer skips the last K block",
+        "sm_100a",
+        "v3",
+        "matmul.kernels.blackwell.v3",
+        "        with self.single_warp(TMA_WARP):  # producer: global -> shared\n"
+        "            for k in range(num_k_blocks):",
+        "        with self.single_warp(TMA_WARP):  # producer: global -> shared\n"
+        "            for k in range(num_k_blocks - 1):",
+        ("deadlock",),
+    ),
+    Mutant(
+        "a CTA leaves early: Blackwell V6 without the cluster barrier before exit",
+        "sm_100a",
+        "v6",
+        "matmul.kernels.blackwell.v6",
+        "        self.cluster.sync()\n        fence_after_thread_sync()\n        self.tcgen05.dealloc(t_acc)",
+        "        fence_after_thread_sync()\n        self.tcgen05.dealloc(t_acc)",
+        ("exit", "arrivals"),
+    ),
+    Mutant(
+        "a producer leaves early: Blackwell V6 without its producer tail, commits landing in any order",
+        "sm_100a",
+        "v6",
+        "matmul.kernels.blackwell.v6",
+        "            ring.producer_tail()",
+        "            pass",
+        ("exit",),
+        ordered_commits=False,
+    ),
+    Mutant(
+        "lost phase: Blackwell V1's four warps also wait on mma_done once per K block, with no barrier "
+        "between them and the warp that issues the MMAs",
+        "sm_100a",
+        "v1",
+        "matmul.kernels.blackwell.v1",
+        "        fence_before_thread_sync()  # warp 0's MMAs, complete, before the barrier...\n",
+        "        phase = 0\n"
+        "        for offset_k in range(0, k_size, self.block_k):\n"
+        "            self.mbarrier.wait(mma_done, phase=phase)\n"
+        "            phase ^= 1\n"
+        "        fence_before_thread_sync()  # warp 0's MMAs, complete, before the barrier...\n",
+        ("overrun",),
+    ),
+    Mutant(
+        "release early: Blackwell V3 commits a stage back before issuing the MMA that reads it",
+        "sm_100a",
+        "v3",
+        "matmul.kernels.blackwell.v3",
+        "                self.tcgen05.mma(s_a[stage], s_b[stage].transpose(), t_acc, enable_input_d=k != 0)\n"
+        "                self.tcgen05.commit(mbarrier=empty[stage])\n",
+        "                self.tcgen05.commit(mbarrier=empty[stage])\n"
+        "                self.tcgen05.mma(s_a[stage], s_b[stage].transpose(), t_acc, enable_input_d=k != 0)\n",
+        ("race",),
+    ),
+    Mutant(
+        "release early: the wgmma mainloop frees the previous stage without waiting for its group (Hopper V5)",
+        "sm_90a",
+        "v5",
+        "pipeline.mainloop",
+        "            self.wgmma.wait_group(1)  # the group of K block kb-1 is complete: its stage is free\n",
+        "",
+        ("race",),
+    ),
+    Mutant(
+        "staging reused early: StagedTmaStore rewrites a buffer a TMA store may still read (Blackwell V5)",
+        "sm_100a",
+        "v5",
+        "pipeline.tma_store",
+        "            self.tma.wait_group(self.buffers - 1, read=True)"
+        "  # the store that last read `buf` is done with it\n",
+        "            pass\n",
+        ("race",),
+    ),
+    Mutant(
+        "accumulator read early: Blackwell V3's epilogue reads TMEM without waiting for acc_ready",
+        "sm_100a",
+        "v3",
+        "matmul.kernels.blackwell.v3",
+        "            self.mbarrier.wait(acc_ready[0], phase=0)\n",
+        "",
+        ("race", "coverage"),
+    ),
+    Mutant(
+        "accumulator freed early: Blackwell V5's epilogue hands a TMEM buffer back before its last "
+        "tcgen05.ld completed",
+        "sm_100a",
+        "v5",
+        "matmul.kernels.blackwell.v5",
+        "                    self.tcgen05.wait_load()\n"
+        "                    if e == self.block_n // self.e_block_n - 1:"
+        "  # the buffer's last tcgen05.ld has completed:\n"
+        "                        acc_ring.consumer_release()"
+        "  # the MMA warp may refill it while this sub-tile is stored\n"
+        "                        acc_ring.consumer_advance()\n",
+        "                    if e == self.block_n // self.e_block_n - 1:\n"
+        "                        acc_ring.consumer_release()\n"
+        "                        acc_ring.consumer_advance()\n"
+        "                    self.tcgen05.wait_load()\n",
+        ("race",),
+    ),
+    Mutant(
+        "tile count broken: the static scheduler rounds a worker's tile count down (Hopper V5)",
+        "sm_90a",
+        "v5",
+        "pipeline.schedulers",
+        "mine = (self.num_tiles - self.worker + self.num_workers - 1) // self.num_workers",
+        "mine = (self.num_tiles - self.worker) // self.num_workers",
+        ("coverage",),
+    ),
+    Mutant(
+        "accumulator reset: Blackwell V3's MMA overwrites the accumulator at K block 1",
+        "sm_100a",
+        "v3",
+        "matmul.kernels.blackwell.v3",
+        "enable_input_d=k != 0",
+        "enable_input_d=k > 1",
+        ("coverage",),
+    ),
+    Mutant(
+        "cluster: Blackwell V6's MMA commits free a stage in the leader only (multicast mask)",
+        "sm_100a",
+        "v6",
+        "matmul.kernels.blackwell.v6",
+        "self.tcgen05.commit(mbarrier=ring.consumer_barrier(), cta_group=2,\n"
+        "                                            multicast_mask=every_cta)",
+        "self.tcgen05.commit(mbarrier=ring.consumer_barrier(), cta_group=2,\n"
+        "                                            multicast_mask=leaders)",
+        ("deadlock", "bytes"),
+    ),
+    Mutant(
+        "cluster: Hopper V6's tile broadcast sends its drained arrivals to the peer (remote target)",
+        "sm_90a",
+        "v6",
+        "pipeline.broadcast",
+        'target_rank=0, scope="cta")',
+        'target_rank=1, scope="cta")',
+        ("deadlock", "overrun", "arrivals"),
+    ),
+    Mutant(
+        "cluster: the 4-CTA Blackwell V6's B multicast reaches pair 0 only",
+        "sm_100a",
+        "v6",
+        "matmul.kernels.blackwell.v6",
+        "multicast_mask=0b0101 << half)",
+        "multicast_mask=0b0001 << half)",
+        ("deadlock", "bytes", "coverage"),
+        config=(("cluster_ctas", 4),),
+    ),
 )
 
 
@@ -196,14 +290,15 @@ def mutated_source(mutant: Mutant) -> str:
         return source.replace(mutant.old, mutant.new)
     matches = list(_layout_free_pattern(mutant.old).finditer(source))
     if len(matches) != 1:
-        raise AssertionError(f"mutant {mutant.name!r}: the text to replace occurs {len(matches)} times in "
-                             f"{mutant.module}")
+        raise AssertionError(
+            f"mutant {mutant.name!r}: the text to replace occurs {len(matches)} times in {mutant.module}"
+        )
     match = matches[0]
-    indent = mutant.old[:len(mutant.old) - len(mutant.old.lstrip())]
-    new = mutant.new[len(indent):] if mutant.new.startswith(indent) else mutant.new
+    indent = mutant.old[: len(mutant.old) - len(mutant.old.lstrip())]
+    new = mutant.new[len(indent) :] if mutant.new.startswith(indent) else mutant.new
     if mutant.old.endswith("\n") and new.endswith("\n"):
         new = new[:-1]  # the pattern stops at the last character of ``old``
-    return source[:match.start()] + new + source[match.end():]
+    return source[: match.start()] + new + source[match.end() :]
 
 
 @contextlib.contextmanager
@@ -216,8 +311,11 @@ def mutated(mutant: Mutant) -> Iterator[types.ModuleType]:
         return
     original = importlib.import_module(mutant.module)
     changed = _load_source(mutant.module, source)
-    swaps = {id(value): changed.__dict__[name] for name, value in vars(original).items()
-             if isinstance(value, type) and value.__module__ == original.__name__ and name in changed.__dict__}
+    swaps = {
+        id(value): changed.__dict__[name]
+        for name, value in vars(original).items()
+        if isinstance(value, type) and value.__module__ == original.__name__ and name in changed.__dict__
+    }
     patched = []  # (namespace dict, key, original value)
     for module in list(sys.modules.values()):
         if module is None or not module.__name__.startswith(("pipeline", "matmul.kernels")):
@@ -248,11 +346,17 @@ def run(index: int, seeds: int) -> dict:
     mutant = MUTANTS[index]
     with mutated(mutant) as module:
         config = {**module.REPRESENTATIVE, **mutant.config_dict}
-        report = protocol.check(mutant.arch, mutant.version, config, seeds=seeds, module=module,
-                                ordered_commits=mutant.ordered_commits)
+        report = protocol.check(
+            mutant.arch, mutant.version, config, seeds=seeds, module=module, ordered_commits=mutant.ordered_commits
+        )
     finding = report.finding
-    return {"kind": finding.kind if finding else None, "message": finding.message if finding else "",
-            "seed": report.seed, "strategy": report.strategy, "seconds": report.seconds}
+    return {
+        "kind": finding.kind if finding else None,
+        "message": finding.message if finding else "",
+        "seed": report.seed,
+        "strategy": report.strategy,
+        "seconds": report.seconds,
+    }
 
 
 if __name__ == "__main__":

@@ -28,8 +28,11 @@ def _cases():
                 marks = ()
                 if (arch, version) in KNOWN_FINDINGS:
                     marks = pytest.mark.xfail(reason=KNOWN_FINDINGS[(arch, version)], strict=True)
-                extra = "" if config == module.REPRESENTATIVE else "-" + "-".join(
-                    f"{k}{v}" for k, v in config.items() if module.REPRESENTATIVE.get(k) != v)
+                extra = (
+                    ""
+                    if config == module.REPRESENTATIVE
+                    else "-" + "-".join(f"{k}{v}" for k, v in config.items() if module.REPRESENTATIVE.get(k) != v)
+                )
                 yield pytest.param(arch, version, config, id=f"{arch}-{version}{extra}", marks=marks)
 
 
@@ -45,17 +48,24 @@ def _check_mutant(index: int) -> dict:
     if mutant.module == versions.module_name(mutant.arch, mutant.version):
         return protocol_mutants.run(index, SEEDS)
     # a pipeline module's mutant swaps classes that tilus caches by name: check it in a fresh process
-    done = subprocess.run([sys.executable, protocol_mutants.__file__, str(index), str(SEEDS)], capture_output=True,
-                          text=True, cwd=Path(__file__).parent.parent, timeout=300)
+    done = subprocess.run(
+        [sys.executable, protocol_mutants.__file__, str(index), str(SEEDS)],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parent.parent,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     import json
 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("index", range(len(protocol_mutants.MUTANTS)),
-                         ids=[m.name.split(":")[0].replace(" ", "-") + f"-{i}"
-                              for i, m in enumerate(protocol_mutants.MUTANTS)])
+@pytest.mark.parametrize(
+    "index",
+    range(len(protocol_mutants.MUTANTS)),
+    ids=[m.name.split(":")[0].replace(" ", "-") + f"-{i}" for i, m in enumerate(protocol_mutants.MUTANTS)],
+)
 def test_checker_catches_the_mutant(index):
     mutant = protocol_mutants.MUTANTS[index]
     result = _check_mutant(index)
@@ -84,8 +94,9 @@ def test_blackwell_v6_keeps_the_protocol_with_commits_landing_in_any_order():
 
 
 def test_a_mutant_that_no_longer_matches_fails_loudly():
-    stale = protocol_mutants.Mutant("stale", "sm_100a", "v3", "matmul.kernels.blackwell.v3", "no such text", "",
-                                    ("deadlock",))
+    stale = protocol_mutants.Mutant(
+        "stale", "sm_100a", "v3", "matmul.kernels.blackwell.v3", "no such text", "", ("deadlock",)
+    )
     with pytest.raises(AssertionError, match="occurs 0 times"):
         protocol_mutants.mutated_source(stale)
 

@@ -58,8 +58,7 @@ SMS = 4  # the GPU a persistent kernel is built for here: a few SMs, so CTAs get
 RESIDENT_CLUSTERS = 3  # at most this many clusters on the GPU at once for CLC kernels (the rest are stolen)
 STRATEGIES = ("starve-async", "flood-async", "run-ahead", "lag-one-role", "random")
 
-__all__ = ["KINDS", "Finding", "Report", "check", "check_function", "configs_to_check", "problems_for",
-           "transpile"]
+__all__ = ["KINDS", "Finding", "Report", "check", "check_function", "configs_to_check", "problems_for", "transpile"]
 
 
 @contextlib.contextmanager
@@ -79,8 +78,9 @@ def _built_for_sms(module: ModuleType, sms: int) -> Iterator[None]:
             owner.sm_count = fn
 
 
-def transpile(module: ModuleType, arch: str, config: dict[str, Any], sms: int = SMS, dtype=tilus.float16,
-              lowered: bool = True):
+def transpile(
+    module: ModuleType, arch: str, config: dict[str, Any], sms: int = SMS, dtype=tilus.float16, lowered: bool = True
+):
     """The tilus IR function of one configuration of a version: as transpiled, or (``lowered``) after
     tilus's own passes, the program its code generator turns into CUDA C."""
     from pathlib import Path
@@ -117,9 +117,11 @@ def problems_for(config: dict[str, Any]) -> list[Problem]:
     bn = config.get("block_n", 128)
     bk = config.get("block_k", 64)
     stages = config.get("stages", 1)
-    return [Problem(m=7 * bm // 2 + 8, n=5 * bn // 2 + 8, k=2 * stages * bk + bk // 2 + 8),
-            Problem(m=bm // 2 + 8, n=bn // 2 + 8, k=bk // 2 + 8),
-            Problem(m=2 * bm, n=bn, k=stages * bk)]
+    return [
+        Problem(m=7 * bm // 2 + 8, n=5 * bn // 2 + 8, k=2 * stages * bk + bk // 2 + 8),
+        Problem(m=bm // 2 + 8, n=bn // 2 + 8, k=bk // 2 + 8),
+        Problem(m=2 * bm, n=bn, k=stages * bk),
+    ]
 
 
 def configs_to_check(module: ModuleType, arch: Optional[str] = None, all_configs: bool = False) -> list[dict[str, Any]]:
@@ -188,8 +190,9 @@ class Report:
         if self.ok:
             return "pass"
         p = self.problem
-        return (f"{self.finding.kind} (seed {self.seed}, {self.strategy}, M={p.m} N={p.n} K={p.k}): "
-                f"{self.finding.message}")
+        return (
+            f"{self.finding.kind} (seed {self.seed}, {self.strategy}, M={p.m} N={p.n} K={p.k}): {self.finding.message}"
+        )
 
     def trace(self, lines: int = 40) -> str:
         """The last events before the finding, those of the CTAs it names first (if it names any)."""
@@ -202,9 +205,15 @@ class Report:
         return "\n".join(events[-lines:])
 
 
-def check_function(function, problems: list[Problem], seeds: int = 24, label: str = "",
-                   resident_clusters: int = RESIDENT_CLUSTERS, clc: Optional[bool] = None,
-                   ordered_commits: bool = True) -> Report:
+def check_function(
+    function,
+    problems: list[Problem],
+    seeds: int = 24,
+    label: str = "",
+    resident_clusters: int = RESIDENT_CLUSTERS,
+    clc: Optional[bool] = None,
+    ordered_commits: bool = True,
+) -> Report:
     """Run ``seeds`` interleavings of one transpiled kernel; stop at the first finding. Seed ``s``
     uses strategy ``STRATEGIES[s % 5]``; each run of five seeds takes one problem, the first
     (largest) every other run, so that every problem meets every strategy; a CLC kernel keeps
@@ -236,8 +245,14 @@ def check_function(function, problems: list[Problem], seeds: int = 24, label: st
     return report
 
 
-def check(arch: str, version: str, config: Optional[dict[str, Any]] = None, seeds: int = 24,
-          module: Optional[ModuleType] = None, ordered_commits: bool = True) -> Report:
+def check(
+    arch: str,
+    version: str,
+    config: Optional[dict[str, Any]] = None,
+    seeds: int = 24,
+    module: Optional[ModuleType] = None,
+    ordered_commits: bool = True,
+) -> Report:
     """Check one configuration (default: the representative) of a version. ``ordered_commits=False``
     lets the arrivals of one thread's ``tcgen05.commit``s land in any order (PTX orders the MMAs a
     commit tracks, not one commit's arrival against the next one's)."""
@@ -246,7 +261,8 @@ def check(arch: str, version: str, config: Optional[dict[str, Any]] = None, seed
     config = dict(module.REPRESENTATIVE if config is None else config)
     start = time.time()
     function = transpile(module, arch, config)
-    report = check_function(function, problems_for(config), seeds, label=f"{arch} {version} {config}",
-                            ordered_commits=ordered_commits)
+    report = check_function(
+        function, problems_for(config), seeds, label=f"{arch} {version} {config}", ordered_commits=ordered_commits
+    )
     report.seconds = time.time() - start  # transpiling included
     return report

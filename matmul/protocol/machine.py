@@ -42,17 +42,17 @@ class Finding(Exception):
 KINDS = {
     "deadlock": "a wait that can never complete (every live role blocked)",
     "overrun": "a barrier phase completed again before a waiter observed the previous one, or more "
-               "arrivals than its count",
+    "arrivals than its count",
     "bytes": "transaction bytes that do not match: more bytes landed than announced, or a phase "
-             "held open by bytes that never come",
+    "held open by bytes that never come",
     "arrivals": "a CTA exited with a barrier phase partly arrived (an arrival count that does not match)",
     "exit": "a CTA exited while a peer could still write into its shared memory, TMEM or barriers, "
-            "or with its own TMA stores still reading shared memory",
+    "or with its own TMA stores still reading shared memory",
     "coverage": "an output tile not stored exactly once, or stored from an accumulator that did not "
-                "consume every K block of its rows and columns exactly once",
+    "consume every K block of its rows and columns exactly once",
     "clc": "a try_cancel issued after the cluster was answered 'no work left'",
     "race": "shared memory overwritten (TMA load, store, copy) while an MMA or a TMA store issued before "
-            "may still read it",
+    "may still read it",
     "livelock": "the run did not end within its step budget",
     "unsupported": "the kernel uses something the checker does not model",
 }
@@ -90,8 +90,10 @@ class Barrier:
         self.observed: dict[Role, int] = {}  # the last completed phase each waiting role saw
 
     def state(self) -> str:
-        return (f"{self.name}: phase {self.completed} (parity {self.completed & 1}), "
-                f"{self.count - self.pending}/{self.count} arrived, tx {self.tx}")
+        return (
+            f"{self.name}: phase {self.completed} (parity {self.completed & 1}), "
+            f"{self.count - self.pending}/{self.count} arrived, tx {self.tx}"
+        )
 
 
 class GroupBarrier:
@@ -364,8 +366,14 @@ class Machine:
 
     TRACE = 400
 
-    def __init__(self, function: Function, problem: Problem, resident_clusters: Optional[int] = None,
-                 max_steps: int = 2_000_000, ordered_commits: bool = True):
+    def __init__(
+        self,
+        function: Function,
+        problem: Problem,
+        resident_clusters: Optional[int] = None,
+        max_steps: int = 2_000_000,
+        ordered_commits: bool = True,
+    ):
         self.function = function
         self.problem = problem
         # tcgen05.commit arrivals of one thread land in the order the commits were issued (each
@@ -398,8 +406,10 @@ class Machine:
                     cl = index // self.cluster_size
                     self.ctas.append(Cta(index, (x, y, z), cl, x % self.cluster_size))
         self.num_clusters = len(self.ctas) // self.cluster_size
-        self.cluster_bars = [GroupBarrier(self.num_threads * self.cluster_size, f"barrier.cluster #{c}")
-                             for c in range(self.num_clusters)]
+        self.cluster_bars = [
+            GroupBarrier(self.num_threads * self.cluster_size, f"barrier.cluster #{c}")
+            for c in range(self.num_clusters)
+        ]
         self.pending_clusters = collections.deque(range(self.num_clusters))
         self.resident_limit = resident_clusters or self.num_clusters
         self.resident: set[int] = set()
@@ -568,8 +578,11 @@ class Machine:
 
     def _arrivals(self, b: Barrier, arrivals: int) -> None:
         if arrivals > b.pending:
-            self.fail("overrun", f"{arrivals} arrival(s) on {b.name} with only {b.pending} outstanding in phase "
-                                 f"{b.completed} ({b.state()})")
+            self.fail(
+                "overrun",
+                f"{arrivals} arrival(s) on {b.name} with only {b.pending} outstanding in phase "
+                f"{b.completed} ({b.state()})",
+            )
         b.pending -= arrivals
         self._maybe_complete(b)
 
@@ -581,8 +594,11 @@ class Machine:
             self.fail("exit", f"{why}: bytes land on {b.name} of cta{target.index}, which has exited")
         b.tx -= nbytes
         if b.tx < 0 and b.pending == 0:
-            self.fail("bytes", f"{why}: {-b.tx} more bytes than announced landed on {b.name} after every arrival "
-                               f"of phase {b.completed}")
+            self.fail(
+                "bytes",
+                f"{why}: {-b.tx} more bytes than announced landed on {b.name} after every arrival "
+                f"of phase {b.completed}",
+            )
         self._maybe_complete(b)
 
     def _maybe_complete(self, b: Barrier) -> None:
@@ -590,12 +606,18 @@ class Machine:
             n = b.completed
             for op in self.async_ops:
                 if b.addr in op.byte_barriers:
-                    self.fail("bytes", f"{b.name} completes phase {n} with every announced byte landed while "
-                                       f"{op.what} still has bytes on the way to it (fewer bytes announced than sent)")
+                    self.fail(
+                        "bytes",
+                        f"{b.name} completes phase {n} with every announced byte landed while "
+                        f"{op.what} still has bytes on the way to it (fewer bytes announced than sent)",
+                    )
             for role, seen in b.observed.items():
                 if not role.finished and seen is not None and seen < n - 1:
-                    self.fail("overrun", f"{b.name} completes phase {n} while {role.name} has not yet observed "
-                                         f"phase {n - 1} (it last saw {seen})")
+                    self.fail(
+                        "overrun",
+                        f"{b.name} completes phase {n} while {role.name} has not yet observed "
+                        f"phase {n - 1} (it last saw {seen})",
+                    )
             b.completed += 1
             b.pending = b.count
             self.log(f"{b.name} completes phase {n}")
@@ -608,7 +630,7 @@ class Machine:
     def launch(self, cluster: int) -> None:
         self.resident.add(cluster)
         self.log(f"cluster {cluster} launches")
-        for cta in self.ctas[cluster * self.cluster_size:(cluster + 1) * self.cluster_size]:
+        for cta in self.ctas[cluster * self.cluster_size : (cluster + 1) * self.cluster_size]:
             for lo, hi in self.ranges:
                 role = Role(cta, lo, hi)
                 role.gen = self.run_role(role)
@@ -640,8 +662,10 @@ class Machine:
         self.log(f"{role.name} ends")
         cta = role.cta
         if role.bulk_groups or role.uncommitted_stores:
-            self.fail("exit", f"{role.name} ends with TMA stores that may still read shared memory "
-                              f"(no bulk wait_group 0 after them)")
+            self.fail(
+                "exit",
+                f"{role.name} ends with TMA stores that may still read shared memory (no bulk wait_group 0 after them)",
+            )
         if all(r.finished for r in cta.roles):
             self.exit_cta(cta)
 
@@ -660,10 +684,9 @@ class Machine:
             if b.pending != b.count:
                 self.fail("arrivals", f"cta{cta.index} exits with {b.name} partly arrived ({b.state()})")
             if b.tx != 0:
-                self.fail("bytes", f"cta{cta.index} exits with {b.name} holding {b.tx} transaction bytes "
-                                   f"({b.state()})")
+                self.fail("bytes", f"cta{cta.index} exits with {b.name} holding {b.tx} transaction bytes ({b.state()})")
         base = cta.cluster * self.cluster_size
-        if all(c.exited for c in self.ctas[base:base + self.cluster_size]):
+        if all(c.exited for c in self.ctas[base : base + self.cluster_size]):
             self.resident.discard(cta.cluster)
             self.finished_clusters.add(cta.cluster)
             self.launch_ready_clusters()
@@ -752,21 +775,28 @@ class Machine:
             b_loads = frozenset(t for t in loads if t.matrix == "B")
             k_offsets = {t.k0 for t in loads}
             if len(k_offsets) != 1 or not a_loads or not b_loads:
-                self.fail("coverage", f"{where}: one MMA read A and B of different K blocks, or not both "
-                                      f"({sorted(k_offsets)})")
+                self.fail(
+                    "coverage",
+                    f"{where}: one MMA read A and B of different K blocks, or not both ({sorted(k_offsets)})",
+                )
             if ({t.matrix for t in first} == {t.matrix for t in second}) or len(a_loads | b_loads) != len(loads):
                 self.fail("coverage", f"{where}: an MMA read the wrong operand")
             if not _covers(a_loads, r0, r1) or not _covers(b_loads, c0, c1):
-                self.fail("coverage", f"{where}: an MMA at K offset {k_offsets.pop()} read A or B tiles that do "
-                                      f"not hold these rows/columns")
+                self.fail(
+                    "coverage",
+                    f"{where}: an MMA at K offset {k_offsets.pop()} read A or B tiles that do "
+                    f"not hold these rows/columns",
+                )
             ks.append(next(iter(k_offsets)))
         block = self.k_block
         want = list(range(0, self.problem.k, block)) if block else []
         if sorted(ks) != want:
             missing = sorted(set(want) - set(ks))
             extra = sorted(k for k in set(ks) if ks.count(k) > 1 or k not in want)
-            self.fail("coverage", f"{where}: accumulated K offsets {sorted(ks)}; missing {missing}, "
-                                  f"repeated or foreign {extra}")
+            self.fail(
+                "coverage",
+                f"{where}: accumulated K offsets {sorted(ks)}; missing {missing}, repeated or foreign {extra}",
+            )
 
     def check_coverage(self) -> None:
         bad = np.argwhere(self.stored != 1)
@@ -775,8 +805,10 @@ class Machine:
             count = self.stored[r, c]
             never = int((self.stored == 0).sum())
             twice = int((self.stored > 1).sum())
-            self.fail("coverage", f"C[{r}, {c}] stored {count} times ({never} elements never stored, {twice} "
-                                  f"stored more than once)")
+            self.fail(
+                "coverage",
+                f"C[{r}, {c}] stored {count} times ({never} elements never stored, {twice} stored more than once)",
+            )
 
     # -- the interpreter --------------------------------------------------------------------------
     def run_role(self, role: Role) -> Iterator:
@@ -876,8 +908,11 @@ class Machine:
             bar = BarrierAddr(target.index, local_bar.alloc, local_bar.index)
             # the source's tags travel with the bytes, over the elements the copy covers
             length = int(size / role.cta.allocs[src.alloc].elem_bytes)
-            tags = [(max(st, src.start) - src.start, min(en, src.start + length) - src.start, tag)
-                    for st, en, tag in role.cta.tags[src.alloc] if st < src.start + length and en > src.start]
+            tags = [
+                (max(st, src.start) - src.start, min(en, src.start + length) - src.start, tag)
+                for st, en, tag in role.cta.tags[src.alloc]
+                if st < src.start + length and en > src.start
+            ]
 
             def land(target=target, bar=bar, tags=tags, size=size, who=role.name):
                 entries = target.tags[local_dst.alloc]
@@ -979,8 +1014,9 @@ class Machine:
     def i_PermuteSharedInst(self, inst, env, role, group, active):
         ref = env[inst.inputs[0]]
         dims = inst.dims
-        env[inst.shared_output] = dataclasses.replace(ref, shape=tuple(ref.shape[d] for d in dims),
-                                                      strides=tuple(ref.strides[d] for d in dims))
+        env[inst.shared_output] = dataclasses.replace(
+            ref, shape=tuple(ref.shape[d] for d in dims), strides=tuple(ref.strides[d] for d in dims)
+        )
 
     def i_ReshapeSharedInst(self, inst, env, role, group, active):
         ref = env[inst.inputs[0]]
@@ -1021,8 +1057,9 @@ class Machine:
     def i_LoadSharedInst(self, inst, env, role, group, active):
         tags = role.cta.read_tags(env[inst.inputs[0]])
         accs = [t for t in tags if isinstance(t, AccTag)]
-        env[inst.register_output] = RegVal(None, tuple(inst.register_output.shape),
-                                           accs[0] if accs else (tags[0] if tags else None))
+        env[inst.register_output] = RegVal(
+            None, tuple(inst.register_output.shape), accs[0] if accs else (tags[0] if tags else None)
+        )
 
     def i_MapSharedAddrInst(self, inst, env, role, group, active):
         value = env[inst.inputs[0]]
@@ -1082,11 +1119,17 @@ class Machine:
             last = b.observed.get(role)
             if last is None:
                 if seen not in (-1, 0):
-                    self.fail("overrun", f"{role.name}'s first wait on {b.name} (parity {parity}) returns on phase "
-                                         f"{seen}: earlier phases were never observed")
+                    self.fail(
+                        "overrun",
+                        f"{role.name}'s first wait on {b.name} (parity {parity}) returns on phase "
+                        f"{seen}: earlier phases were never observed",
+                    )
             elif seen != last + 1:
-                self.fail("overrun", f"{role.name}'s wait on {b.name} (parity {parity}) returns on phase {seen}; "
-                                     f"it last saw phase {last}")
+                self.fail(
+                    "overrun",
+                    f"{role.name}'s wait on {b.name} (parity {parity}) returns on phase {seen}; "
+                    f"it last saw phase {last}",
+                )
             b.observed[role] = seen
             self.log(f"{role.name}: wait on {b.name} parity {parity} returns (phase {seen})")
 
@@ -1135,13 +1178,22 @@ class Machine:
             d.write_tag(dst.at(d.index), tag)
 
             def land(b=b, d=d):
-                self.complete_tx(b, nbytes, f"TMA load {src.matrix}[{offsets[0]}+{rows}, {offsets[1]}+{cols}] "
-                                            f"into cta{d.index}")
+                self.complete_tx(
+                    b, nbytes, f"TMA load {src.matrix}[{offsets[0]}+{rows}, {offsets[1]}+{cols}] into cta{d.index}"
+                )
 
-            self.async_ops.append(AsyncOp(f"a TMA load from {role.name}", land,
-                                          (d.index, b.cta) if b.cta != d.index else (d.index,), byte_barriers=(b,)))
-        self.log(f"{role.name}: TMA load {src.matrix}[{offsets[0]}:+{rows}, {offsets[1]}:+{cols}] "
-                 f"{nbytes} bytes to {[d.index for d, _ in dests]}")
+            self.async_ops.append(
+                AsyncOp(
+                    f"a TMA load from {role.name}",
+                    land,
+                    (d.index, b.cta) if b.cta != d.index else (d.index,),
+                    byte_barriers=(b,),
+                )
+            )
+        self.log(
+            f"{role.name}: TMA load {src.matrix}[{offsets[0]}:+{rows}, {offsets[1]}:+{cols}] "
+            f"{nbytes} bytes to {[d.index for d, _ in dests]}"
+        )
         yield None
 
     def i_CopyAsyncTensorSharedToGlobalInst(self, inst, env, role, group, active):
@@ -1169,8 +1221,7 @@ class Machine:
         shape = tuple(int(s) for s in inst.register_output.shape)
         if src.matrix == "A" and self.k_block is None:
             self.k_block = shape[-1]
-        env[inst.register_output] = RegVal(None, shape, LoadTag(src.matrix, offsets[0], shape[0], offsets[1],
-                                                                 shape[1]))
+        env[inst.register_output] = RegVal(None, shape, LoadTag(src.matrix, offsets[0], shape[0], offsets[1], shape[1]))
 
     def i_SliceGlobalInst(self, inst, env, role, group, active):
         ref: GlobalRef = env[inst.inputs[0]]
@@ -1253,8 +1304,11 @@ class Machine:
             tmem = d.at(c.index)
             loading = c.pending_reader(tmem.alloc, tmem.start, tmem.end)
             if loading is not None:
-                self.fail("race", f"{role.name}'s MMA overwrites TMEM of cta{c.index} that {loading.what} may still "
-                                  f"read (no tcgen05.wait::ld before the buffer was handed back)")
+                self.fail(
+                    "race",
+                    f"{role.name}'s MMA overwrites TMEM of cta{c.index} that {loading.what} may still "
+                    f"read (no tcgen05.wait::ld before the buffer was handed back)",
+                )
             c.add_tmem_writer(tmem, reader)
             acc = None if not enable else next((t for t in c.read_tags(tmem) if isinstance(t, AccTag)), None)
             if acc is None:
@@ -1265,8 +1319,11 @@ class Machine:
     def i_Tcgen05CommitInst(self, inst, env, role, group, active):
         bar: BarrierAddr = self.eval(inst.mbarrier, env, role)
         if inst.multicast_mask is not None:
-            targets = [dataclasses.replace(bar, cta=self.cta_of(role.cta, r).index)
-                       for r in range(self.cluster_size) if (inst.multicast_mask >> r) & 1]
+            targets = [
+                dataclasses.replace(bar, cta=self.cta_of(role.cta, r).index)
+                for r in range(self.cluster_size)
+                if (inst.multicast_mask >> r) & 1
+            ]
         else:
             targets = [bar]
 
@@ -1280,9 +1337,14 @@ class Machine:
                 self.arrive_async(t, f"tcgen05.commit from {who}")
 
         self.log(f"{role.name}: tcgen05.commit to {[self.barrier(t).name for t in targets]}")
-        self.async_ops.append(AsyncOp(f"a tcgen05.commit from {role.name}", land,
-                                      tuple(t.cta for t in targets),
-                                      queue=("commit", role) if self.ordered_commits else None))
+        self.async_ops.append(
+            AsyncOp(
+                f"a tcgen05.commit from {role.name}",
+                land,
+                tuple(t.cta for t in targets),
+                queue=("commit", role) if self.ordered_commits else None,
+            )
+        )
         yield None
 
     def arrive_async(self, addr: BarrierAddr, why: str) -> None:
@@ -1297,8 +1359,10 @@ class Machine:
         ref: MemRef = env[inst.inputs[0]]
         writer = role.cta.pending_writer(ref)
         if writer is not None:
-            self.fail("race", f"{role.name}'s tcgen05.ld reads TMEM that {writer.what} may still write (no commit "
-                              f"of it has landed)")
+            self.fail(
+                "race",
+                f"{role.name}'s tcgen05.ld reads TMEM that {writer.what} may still write (no commit of it has landed)",
+            )
         load = Reader(f"a tcgen05.ld of {role.name}")
         role.cta.add_reader(ref, load)
         role.tmem_loads.append(load)
@@ -1319,8 +1383,11 @@ class Machine:
         cta = role.cta
         members = [self.cta_of(cta, r) for r in range(self.cluster_size)] if multicast else [cta]
         if cta.cluster in self.clc_failed:
-            self.fail("clc", f"{role.name} issues clusterlaunchcontrol.try_cancel after its cluster was answered "
-                             f"'no work left' (undefined behaviour)")
+            self.fail(
+                "clc",
+                f"{role.name} issues clusterlaunchcontrol.try_cancel after its cluster was answered "
+                f"'no work left' (undefined behaviour)",
+            )
 
         def answer(slot=slot, bar=bar, members=members, who=role.name):
             cancelled = self.cancel_cluster()
@@ -1336,8 +1403,14 @@ class Machine:
                 self.complete_tx(dataclasses.replace(bar, cta=c.index), 16, f"CLC response into cta{c.index}")
 
         self.log(f"{role.name}: clusterlaunchcontrol.try_cancel")
-        self.async_ops.append(AsyncOp(f"a CLC response for {role.name}", answer, tuple(c.index for c in members),
-                                      byte_barriers=tuple(dataclasses.replace(bar, cta=c.index) for c in members)))
+        self.async_ops.append(
+            AsyncOp(
+                f"a CLC response for {role.name}",
+                answer,
+                tuple(c.index for c in members),
+                byte_barriers=tuple(dataclasses.replace(bar, cta=c.index) for c in members),
+            )
+        )
         yield None
 
     def i_ClusterLaunchControlQueryResponseInst(self, inst, env, role, group, active):
@@ -1352,8 +1425,13 @@ class Machine:
 NO_OP_CALLS = ("cuda_tcgen05_fence", "cuda_fence")
 
 NO_OPS = {
-    "AnnotateLayoutInst", "FenceProxyAsync", "FenceProxyAsyncInst", "WgmmaFenceInst",
-    "Tcgen05DeallocInst", "Tcgen05RelinquishAllocPermitInst", "FenceProxyAsyncReleaseInst",
+    "AnnotateLayoutInst",
+    "FenceProxyAsync",
+    "FenceProxyAsyncInst",
+    "WgmmaFenceInst",
+    "Tcgen05DeallocInst",
+    "Tcgen05RelinquishAllocPermitInst",
+    "FenceProxyAsyncReleaseInst",
 }
 
 
@@ -1363,7 +1441,7 @@ def _complete_all_but(groups: list[list[Reader]], newest: int) -> None:
     for group in done:
         for reader in group:
             reader.done = True
-    del groups[:len(done)]
+    del groups[: len(done)]
 
 
 def _covers(loads, lo: int, hi: int) -> bool:
