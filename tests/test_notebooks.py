@@ -1,9 +1,12 @@
-"""The tutorial notebooks (tutorials/v*.ipynb): committed clean, and each runs top to bottom.
+"""The tutorial notebooks (tutorials/v*.ipynb): committed with their outputs (from a run on the
+project's H100, so that a reader sees the code, the results and the figures on the page), each
+with what it teaches, its measured result, an exercise; and each runs top to bottom.
 
-Each notebook is executed in a fresh Jupyter kernel (nbclient + ipykernel) running this
-interpreter; a cell that raises fails the test with the cell's traceback. Without a GPU the
-notebooks build their kernels and show the PTX; on a Hopper or Blackwell GPU they also check the
-kernels of that architecture against a float32 reference and time them against cuBLAS.
+A copy of each notebook is executed in a fresh Jupyter kernel (nbclient + ipykernel) running this
+interpreter; a cell that raises fails the test with the cell's traceback; the committed file is
+never rewritten. Without a GPU the notebooks build their kernels and show the PTX; on a Hopper or
+Blackwell GPU they also check the kernels of that architecture against a float32 reference and
+time them against cuBLAS.
 """
 
 import json
@@ -29,18 +32,41 @@ def _version(path: Path) -> str:
 
 
 def test_there_are_notebooks():
-    assert NOTEBOOKS and [p.name[:2] for p in NOTEBOOKS] == [f"v{i}" for i in range(len(NOTEBOOKS))], \
+    assert NOTEBOOKS and [p.name[:2] for p in NOTEBOOKS] == [f"v{i}" for i in range(len(NOTEBOOKS))], (
         "tutorials/ holds v0_*.ipynb, v1_*.ipynb, ... in order, none missing"
+    )
+
+
+def _markdown(nb: dict) -> list[str]:
+    return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_committed_without_outputs(path):
-    """Notebooks are committed stripped: no outputs, no execution counts (the outputs depend on the
-    machine that ran them; run the notebook to see them)."""
+def test_committed_with_outputs(path):
+    """A reader browsing the repository sees what the notebook printed: every code cell was
+    executed, they show outputs, and the first output names the commit that produced them."""
     nb = _load(path)
-    dirty = [i for i, cell in enumerate(nb["cells"]) if cell["cell_type"] == "code"
-             and (cell.get("outputs") or cell.get("execution_count") is not None)]
-    assert not dirty, f"{path.name}: cells {dirty} have outputs or execution counts; strip them before committing"
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    unrun = [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code" and c.get("execution_count") is None]
+    assert not unrun, f"{path.name}: cells {unrun} were not executed; run python tutorials/_run.py --inplace"
+    shown = sum(1 for c in code if c.get("outputs"))
+    assert shown >= len(code) // 2, f"{path.name}: only {shown} of {len(code)} code cells have outputs"
+    errors = [i for i, c in enumerate(code) if any(o.get("output_type") == "error" for o in c.get("outputs", []))]
+    assert not errors, f"{path.name}: code cells {errors} show errors"
+    first = json.dumps(next(c["outputs"] for c in code if c.get("outputs")))
+    assert "outputs of commit" in first, f"{path.name}: the first output does not name the commit (h.stamp())"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_teaches_measures_and_asks(path):
+    """What you will learn at the top, the step's result on the H100, and an exercise whose answer
+    is hidden in a <details> block."""
+    cells = _markdown(_load(path))
+    headings = [line for text in cells for line in text.splitlines() if line.startswith("#")]
+    assert any("What you will learn" in line for line in headings), f"{path.name}: no 'What you will learn' cell"
+    assert any("On the H100" in line for line in headings), f"{path.name}: no 'On the H100' cell"
+    exercises = [text for text in cells if "<details>" in text and "</details>" in text and "Answer" in text]
+    assert exercises, f"{path.name}: no exercise with its answer in <details><summary>Answer</summary>...</details>"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -82,14 +108,19 @@ def _executor():
 @pytest.mark.notebook
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_runs(path):
+def test_notebook_runs(path, tmp_path):
     _runner()
     version = _version(path)
     missing = [arch for arch in versions.ARCHS if version not in versions.available(arch)]
     if missing:
         pytest.skip(f"{version} does not exist yet for {', '.join(missing)}")
-    # raises CellExecutionError (with the failing cell and its traceback) if a cell fails
-    _executor().execute(path, timeout=CELL_TIMEOUT_S)
+    committed = path.read_bytes()
+    copy = tmp_path / path.name
+    copy.write_bytes(committed)
+    # raises CellExecutionError (with the failing cell and its traceback) if a cell fails; the copy
+    # runs with tutorials/ as its working directory, as the notebook does in a front end
+    _executor().execute(copy, timeout=CELL_TIMEOUT_S)
+    assert path.read_bytes() == committed, f"running {path.name} rewrote the committed notebook"
 
 
 @pytest.mark.notebook
@@ -102,7 +133,44 @@ def test_runner_fails_on_a_failing_cell(tmp_path):
     from nbformat.v4 import new_code_cell, new_notebook
 
     path = tmp_path / "broken.ipynb"
-    nbformat.write(new_notebook(cells=[new_code_cell("x = 1"), new_code_cell("raise RuntimeError('boom')"),
-                                       new_code_cell("y = 2")]), path)
+    nbformat.write(
+        new_notebook(
+            cells=[new_code_cell("x = 1"), new_code_cell("raise RuntimeError('boom')"), new_code_cell("y = 2")]
+        ),
+        path,
+    )
     with pytest.raises(CellExecutionError, match="boom"):
         _executor().execute(path, timeout=120)
+
+
+@pytest.mark.notebook
+@pytest.mark.timeout(600)
+def test_runner_inplace_tar_and_unpack(tmp_path):
+    """The GPU run's flow: notebooks executed in place (stamped with the commit that ran them),
+    packed into one tar, unpacked into a tutorials folder (only notebooks; nothing else)."""
+    _runner()
+    import tarfile
+
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    run = _executor()
+    source = tmp_path / "run"
+    source.mkdir()
+    path = source / "v9_tiny.ipynb"
+    nbformat.write(new_notebook(cells=[new_code_cell("print(6 * 7)")]), path)
+    tar = tmp_path / "notebooks.tar"
+    assert run.main([str(path), "--inplace", "--tar", str(tar)]) == 0
+    executed = nbformat.read(path, as_version=4)
+    assert "42" in executed.cells[0].outputs[0]["text"]
+    assert executed.metadata["tutorial"]["executed"]["commit"]
+    into = tmp_path / "tutorials"
+    into.mkdir()
+    assert run.unpack(tar, into) == [into / "v9_tiny.ipynb"]
+    assert (into / "v9_tiny.ipynb").read_bytes() == path.read_bytes()
+
+    stray = tmp_path / "stray.tar"
+    with tarfile.open(stray, "w") as archive:
+        archive.add(path, arcname="../v9_tiny.ipynb")
+    with pytest.raises(SystemExit, match="only tutorial notebooks"):
+        run.unpack(stray, into)

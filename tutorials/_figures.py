@@ -10,17 +10,35 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
 COLORS = {
-    "load": "#4C72B0", "tma": "#4C72B0", "mma": "#DD8452", "wait": "#CCCCCC", "epilogue": "#55A868",
-    "store": "#55A868", "sched": "#8172B3", "idle": "#EEEEEE", "a": "#9ecae1", "b": "#fdae6b",
-    "c": "#a1d99b", "peer": "#c994c7",
+    "load": "#4C72B0",
+    "tma": "#4C72B0",
+    "mma": "#DD8452",
+    "wait": "#CCCCCC",
+    "epilogue": "#55A868",
+    "store": "#55A868",
+    "sched": "#8172B3",
+    "idle": "#EEEEEE",
+    "a": "#9ecae1",
+    "b": "#fdae6b",
+    "c": "#a1d99b",
+    "peer": "#c994c7",
 }
 
 
 # -- tiles ----------------------------------------------------------------------------------------
 
 
-def tiles(block_m: int, block_n: int, block_k: int, m_tiles: int = 4, n_tiles: int = 3, k_blocks: int = 5,
-          tile: tuple[int, int] = (1, 2), k_step: int | None = 1, title: str = ""):
+def tiles(
+    block_m: int,
+    block_n: int,
+    block_k: int,
+    m_tiles: int = 4,
+    n_tiles: int = 3,
+    k_blocks: int = 5,
+    tile: tuple[int, int] = (1, 2),
+    k_step: int | None = 1,
+    title: str = "",
+):
     """A [M, K], B [N, K] and C [M, N] cut into tiles: the CTA of output tile ``tile`` walks the K
     blocks of one row band of A and one row band of B (C = A @ B^T)."""
     tm, tn = tile
@@ -56,7 +74,9 @@ def tiles(block_m: int, block_n: int, block_k: int, m_tiles: int = 4, n_tiles: i
     ax.set_yticks([])
     ax.set_title("C  [M, N]")
     ax.set_xlabel(f"one tile = {block_m} x {block_n}: one CTA")
-    fig.suptitle(title or f"CTA ({tm},{tn}) computes C tile ({tm},{tn}) = sum over k of A tile (tm, k) @ B tile (tn, k)^T")
+    fig.suptitle(
+        title or f"CTA ({tm},{tn}) computes C tile ({tm},{tn}) = sum over k of A tile (tm, k) @ B tile (tn, k)^T"
+    )
     fig.tight_layout()
     return fig
 
@@ -64,15 +84,23 @@ def tiles(block_m: int, block_n: int, block_k: int, m_tiles: int = 4, n_tiles: i
 # -- timelines ------------------------------------------------------------------------------------
 
 
-def timeline(lanes: list[tuple[str, list[tuple[float, float, str, str]]]], title: str, xlabel: str = "time (schematic)",
-             width: float = 12, arrows: list[tuple[tuple[float, int], tuple[float, int]]] = ()):
+def timeline(
+    lanes: list[tuple[str, list[tuple[float, float, str, str]]]],
+    title: str,
+    xlabel: str = "time (schematic)",
+    width: float = 12,
+    arrows: list[tuple[tuple[float, int], tuple[float, int]]] = (),
+):
     """A Gantt chart: one lane per actor, boxes (start, length, label, color key or color)."""
     fig, ax = plt.subplots(figsize=(width, 0.7 * len(lanes) + 1.2))
-    for row, (name, boxes) in enumerate(lanes):
+    for row, (_name, boxes) in enumerate(lanes):
         y = len(lanes) - 1 - row
         for start, length, label, color in boxes:
-            ax.add_patch(Rectangle((start, y + 0.15), length, 0.7, facecolor=COLORS.get(color, color),
-                                   edgecolor="black", linewidth=0.6))
+            ax.add_patch(
+                Rectangle(
+                    (start, y + 0.15), length, 0.7, facecolor=COLORS.get(color, color), edgecolor="black", linewidth=0.6
+                )
+            )
             if label:
                 ax.text(start + length / 2, y + 0.5, label, ha="center", va="center", fontsize=8)
     for (x0, r0), (x1, r1) in arrows:
@@ -91,8 +119,14 @@ def timeline(lanes: list[tuple[str, list[tuple[float, float, str, str]]]], title
     return fig
 
 
-def serial_k_loop(k_blocks: int = 4, load: float = 2.0, mma: float = 1.0, loader: str = "all 128 threads",
-                  load_label: str = "load", title: str = ""):
+def serial_k_loop(
+    k_blocks: int = 4,
+    load: float = 2.0,
+    mma: float = 1.0,
+    loader: str = "all 128 threads",
+    load_label: str = "load",
+    title: str = "",
+):
     """One CTA's K loop when loading and computing take turns: while the tiles load the tensor
     core idles, while it computes nobody loads."""
     t = 0.0
@@ -103,8 +137,10 @@ def serial_k_loop(k_blocks: int = 4, load: float = 2.0, mma: float = 1.0, loader
         mmas.append((t, mma, f"mma k{k}", "mma"))
         t += mma
     epilogue = [(t, 1.2, "epilogue", "epilogue")]
-    return timeline([(loader, loads + epilogue), ("tensor core", mmas)],
-                    title or "Loads and MMAs take turns: each waits for the other")
+    return timeline(
+        [(loader, loads + epilogue), ("tensor core", mmas)],
+        title or "Loads and MMAs take turns: each waits for the other",
+    )
 
 
 def pipelined_k_loop(stages: int, k_blocks: int = 8, load: float = 2.0, mma: float = 1.0, title: str = ""):
@@ -125,8 +161,10 @@ def pipelined_k_loop(stages: int, k_blocks: int = 8, load: float = 2.0, mma: flo
         mma_end.append(begin + mma)
     busy = sum(l for _, l, _, _ in mmas) / mma_end[-1]
     lanes = [(f"slot {s}", boxes) for s, boxes in enumerate(slots)] + [("tensor core", mmas)]
-    return timeline(lanes, title or f"{stages} slot(s): tensor core busy {busy:.0%} of the time "
-                                    f"(load latency = {load / mma:g} MMAs)")
+    return timeline(
+        lanes,
+        title or f"{stages} slot(s): tensor core busy {busy:.0%} of the time (load latency = {load / mma:g} MMAs)",
+    )
 
 
 # -- mbarriers ------------------------------------------------------------------------------------
@@ -145,8 +183,13 @@ def transaction_count(bytes_a: int, bytes_b: int, pieces: int = 4):
     fig, ax = plt.subplots(figsize=(8, 3))
     ax.step(times, [p / 1024 for p in pending], where="post", color=COLORS["tma"])
     ax.axvline(1, color="grey", linestyle=":")
-    ax.text(1.05, total / 1024 * 0.95, "arrive.expect_tx\n(one thread: +%d KiB,\n arrivals 1 \u2192 0)" % (total // 1024),
-            fontsize=8, va="top")
+    ax.text(
+        1.05,
+        total / 1024 * 0.95,
+        "arrive.expect_tx\n(one thread: +%d KiB,\n arrivals 1 \u2192 0)" % (total // 1024),
+        fontsize=8,
+        va="top",
+    )
     ax.axvline(t, color=COLORS["mma"], linestyle="--")
     ax.text(t + 0.05, total / 1024 * 0.5, "phase completes:\nwaiters on it go on", fontsize=8, color=COLORS["mma"])
     ax.set_xlim(0, t + 1.5)
@@ -168,16 +211,31 @@ def ring(num_stages: int, producer: int = 2, consumer: int = 0, title: str = "")
         angle = math.pi / 2 - 2 * math.pi * s / num_stages
         x, y = 1.2 * math.cos(angle), 1.2 * math.sin(angle)
         holds = (s - consumer) % num_stages < (producer - consumer) % num_stages
-        ax.add_patch(Rectangle((x - 0.4, y - 0.25), 0.8, 0.5, facecolor=COLORS["a"] if holds else "white",
-                               edgecolor="black"))
+        ax.add_patch(
+            Rectangle((x - 0.4, y - 0.25), 0.8, 0.5, facecolor=COLORS["a"] if holds else "white", edgecolor="black")
+        )
         ax.text(x, y + 0.08, f"stage {s}", ha="center", va="center", fontsize=10)
         ax.text(x, y - 0.12, "full" if holds else "empty", ha="center", va="center", fontsize=7, color="#333333")
         if s == producer:
-            ax.annotate("producer\n(TMA) fills next", (x, y), (1.75 * x, 1.75 * y), ha="center", fontsize=9,
-                        arrowprops=dict(arrowstyle="->", color=COLORS["tma"]), color=COLORS["tma"])
+            ax.annotate(
+                "producer\n(TMA) fills next",
+                (x, y),
+                (1.75 * x, 1.75 * y),
+                ha="center",
+                fontsize=9,
+                arrowprops=dict(arrowstyle="->", color=COLORS["tma"]),
+                color=COLORS["tma"],
+            )
         if s == consumer:
-            ax.annotate("consumer\n(MMA) reads", (x, y), (1.75 * x + 0.01, 1.75 * y + 0.01), ha="center", fontsize=9,
-                        arrowprops=dict(arrowstyle="->", color=COLORS["mma"]), color=COLORS["mma"])
+            ax.annotate(
+                "consumer\n(MMA) reads",
+                (x, y),
+                (1.75 * x + 0.01, 1.75 * y + 0.01),
+                ha="center",
+                fontsize=9,
+                arrowprops=dict(arrowstyle="->", color=COLORS["mma"]),
+                color=COLORS["mma"],
+            )
     ax.set_xlim(-2.3, 2.3)
     ax.set_ylim(-2.3, 2.3)
     ax.set_aspect("equal")
@@ -196,14 +254,27 @@ def tensor_memory(block_m: int, block_n: int, buffers: int = 1, columns: int = 5
     fig, ax = plt.subplots(figsize=(10, 3.2))
     ax.add_patch(Rectangle((0, 0), columns, lanes, facecolor="white", edgecolor="black"))
     for b in range(buffers):
-        ax.add_patch(Rectangle((b * block_n, 0), block_n, min(block_m, lanes), facecolor=COLORS["c"],
-                               edgecolor="black", alpha=0.9 - 0.25 * b))
-        ax.text(b * block_n + block_n / 2, lanes / 2, f"accumulator{'' if buffers == 1 else ' ' + str(b)}\n"
-                f"{min(block_m, lanes)} x {block_n} fp32", ha="center", va="center", fontsize=9)
+        ax.add_patch(
+            Rectangle(
+                (b * block_n, 0),
+                block_n,
+                min(block_m, lanes),
+                facecolor=COLORS["c"],
+                edgecolor="black",
+                alpha=0.9 - 0.25 * b,
+            )
+        )
+        ax.text(
+            b * block_n + block_n / 2,
+            lanes / 2,
+            f"accumulator{'' if buffers == 1 else ' ' + str(b)}\n{min(block_m, lanes)} x {block_n} fp32",
+            ha="center",
+            va="center",
+            fontsize=9,
+        )
     for w in range(4):
         ax.axhline(w * 32, color="grey", linewidth=0.6, linestyle=":")
-        ax.text(columns + 6, (w + 0.5) * 32, f"warp {w} reads\nlanes {32 * w}-{32 * w + 31}",
-                va="center", fontsize=7)
+        ax.text(columns + 6, (w + 0.5) * 32, f"warp {w} reads\nlanes {32 * w}-{32 * w + 31}", va="center", fontsize=7)
     ax.set_xlim(0, columns + 70)
     ax.set_ylim(lanes, 0)
     ax.set_xlabel(f"columns (0 .. {columns - 1}), 32-bit each")
@@ -242,15 +313,25 @@ def raster_orders(num_m: int, num_n: int, group: int, wave: int):
     from pipeline.schedulers import grouped_tile_order
 
     # a 2-D grid [M tiles, N tiles] is launched with blockIdx.x (the M tile) varying fastest
-    orders = {"2-D grid, blockIdx.x = M tile (V0-V3)": [(i % num_m, i // num_m) for i in range(num_m * num_n)],
-              f"grouped (group = {group})": grouped_tile_order(num_m, num_n, group)}
+    orders = {
+        "2-D grid, blockIdx.x = M tile (V0-V3)": [(i % num_m, i // num_m) for i in range(num_m * num_n)],
+        f"grouped (group = {group})": grouped_tile_order(num_m, num_n, group),
+    }
     fig, axes = plt.subplots(1, 2, figsize=(12, min(12 * num_m / num_n / 2 + 1.2, 7)))
     for ax, (name, order) in zip(axes, orders.items()):
         first = order[:wave]
         for pos, (r, c) in enumerate(order):
             face = COLORS["c"] if pos < wave else "white"
-            ax.add_patch(Rectangle((c, num_m - 1 - r), 1, 1, facecolor=face, edgecolor="grey",
-                                   linewidth=0.5 if num_m * num_n <= 256 else 0.2))
+            ax.add_patch(
+                Rectangle(
+                    (c, num_m - 1 - r),
+                    1,
+                    1,
+                    facecolor=face,
+                    edgecolor="grey",
+                    linewidth=0.5 if num_m * num_n <= 256 else 0.2,
+                )
+            )
             if num_m * num_n <= 256:
                 ax.text(c + 0.5, num_m - 0.5 - r, str(pos), ha="center", va="center", fontsize=7)
         rows, cols = len({r for r, _ in first}), len({c for _, c in first})
@@ -260,8 +341,10 @@ def raster_orders(num_m: int, num_n: int, group: int, wave: int):
         ax.set_xticks([])
         ax.set_yticks([])
         ax.set_title(f"{name}\nfirst {wave} tiles read {rows} A bands + {cols} B bands = {rows + cols}")
-    fig.suptitle(f"Launch order of a {num_m} x {num_n} grid of C tiles (shaded: the first {wave}, in flight together"
-                 + ("; numbers: launch order)" if num_m * num_n <= 256 else ")"))
+    fig.suptitle(
+        f"Launch order of a {num_m} x {num_n} grid of C tiles (shaded: the first {wave}, in flight together"
+        + ("; numbers: launch order)" if num_m * num_n <= 256 else ")")
+    )
     fig.tight_layout()
     return fig
 
@@ -281,8 +364,10 @@ def persistent(num_sms: int, tiles: int, durations=None, title: str = "", static
         lanes[sm].append((free[sm], durations[t] - 0.05, f"tile {t}", "mma"))
         free[sm] += durations[t]
     how = "static round-robin" if static else "dynamic: the next tile to whoever finishes first"
-    return timeline([(f"CTA on SM {s}", boxes) for s, boxes in enumerate(lanes)],
-                    title or f"{num_sms} persistent CTAs, {tiles} tiles, {how}: done at {max(free):.2f}")
+    return timeline(
+        [(f"CTA on SM {s}", boxes) for s, boxes in enumerate(lanes)],
+        title or f"{num_sms} persistent CTAs, {tiles} tiles, {how}: done at {max(free):.2f}",
+    )
 
 
 # -- 2-CTA clusters -------------------------------------------------------------------------------
@@ -298,18 +383,29 @@ def two_cta_tile(block_m: int, block_n: int, block_k: int):
     ax = axes[0]
     for r in range(2):
         ax.add_patch(Rectangle((0, 1 - r), 1, 1, facecolor=colors[r], edgecolor="black"))
-        ax.text(0.5, 1.5 - r, f"CTA {r}\nrows {r * half_m}..{(r + 1) * half_m - 1}", ha="center", va="center", fontsize=9)
+        ax.text(
+            0.5, 1.5 - r, f"CTA {r}\nrows {r * half_m}..{(r + 1) * half_m - 1}", ha="center", va="center", fontsize=9
+        )
     ax.set_title(f"A tile {block_m} x {block_k}")
     ax2 = axes[1]
     for r in range(2):
         ax2.add_patch(Rectangle((0, 1 - r), 1, 1, facecolor=colors[r], edgecolor="black"))
-        ax2.text(0.5, 1.5 - r, f"CTA {r}\nrows {r * half_n}..{(r + 1) * half_n - 1}", ha="center", va="center", fontsize=9)
+        ax2.text(
+            0.5, 1.5 - r, f"CTA {r}\nrows {r * half_n}..{(r + 1) * half_n - 1}", ha="center", va="center", fontsize=9
+        )
     ax2.set_title(f"B tile {block_n} x {block_k}")
     ax3 = axes[2]
     for r in range(2):
         ax3.add_patch(Rectangle((0, 1 - r), 2, 1, facecolor=colors[r], edgecolor="black", alpha=0.8))
-        ax3.text(1, 1.5 - r, f"CTA {r}'s tensor memory: C rows {r * half_m}..{(r + 1) * half_m - 1}, all {block_n} columns\n"
-                 f"= its A half @ (both B halves)^T", ha="center", va="center", fontsize=9)
+        ax3.text(
+            1,
+            1.5 - r,
+            f"CTA {r}'s tensor memory: C rows {r * half_m}..{(r + 1) * half_m - 1}, all {block_n} columns\n"
+            f"= its A half @ (both B halves)^T",
+            ha="center",
+            va="center",
+            fontsize=9,
+        )
     ax3.set_title(f"C tile {block_m} x {block_n}")
     for a in axes:
         a.set_xlim(0, 2 if a is ax3 else 1)
@@ -331,10 +427,16 @@ def shared_memory_budget(configs: list[dict], parts, limit_bytes: int, title: st
     labels = []
     for i, cfg in enumerate(configs):
         bottom = 0.0
-        for j, (name, nbytes, color) in enumerate(parts):
+        for name, nbytes, color in parts:
             value = nbytes(cfg) / 1024
-            ax.bar(i, value, bottom=bottom, color=COLORS.get(color, color), edgecolor="black",
-                   label=name if i == 0 else None)
+            ax.bar(
+                i,
+                value,
+                bottom=bottom,
+                color=COLORS.get(color, color),
+                edgecolor="black",
+                label=name if i == 0 else None,
+            )
             bottom += value
         ax.text(i, bottom + 3, f"{bottom:.0f}", ha="center", fontsize=8)
         labels.append("\n".join(f"{k}={v}" for k, v in cfg.items()))
@@ -347,9 +449,17 @@ def shared_memory_budget(configs: list[dict], parts, limit_bytes: int, title: st
     return fig
 
 
-def specialized_k_loop(stages: int, k_blocks: int = 6, load: float = 2.0, mma: float = 1.0, epilogue: float = 2.0,
-                       producer: str = "TMA warp", issuer: str | None = "MMA warp",
-                       waiter: str = "epilogue warps", title: str = ""):
+def specialized_k_loop(
+    stages: int,
+    k_blocks: int = 6,
+    load: float = 2.0,
+    mma: float = 1.0,
+    epilogue: float = 2.0,
+    producer: str = "TMA warp",
+    issuer: str | None = "MMA warp",
+    waiter: str = "epilogue warps",
+    title: str = "",
+):
     """Warp specialization: each role runs its own loop and meets the others only at barriers. The
     producer issues a load as soon as a slot is free, the issuer (None: the MMA is issued by the
     waiting warpgroup itself, as on Hopper) issues an MMA as soon as its slot has landed, and the
@@ -375,8 +485,9 @@ def specialized_k_loop(stages: int, k_blocks: int = 6, load: float = 2.0, mma: f
     return timeline(lanes, title or "Each role runs its own loop; the thin marks are instructions issued")
 
 
-def wave_traffic(num_m: int, num_n: int, block_m: int, block_n: int, k: int, wave: int, groups=(1, 2, 4, 8, 16),
-                 itemsize: int = 2):
+def wave_traffic(
+    num_m: int, num_n: int, block_m: int, block_n: int, k: int, wave: int, groups=(1, 2, 4, 8, 16), itemsize: int = 2
+):
     """For each launch order, the operand bytes one wave of ``wave`` CTAs reads (each distinct A row
     band and B row band once: what L2 must hold for the wave to find its operands there), averaged
     over the full waves of the grid."""
@@ -386,9 +497,11 @@ def wave_traffic(num_m: int, num_n: int, block_m: int, block_n: int, k: int, wav
     orders.update({f"grouped, group={g}": grouped_tile_order(num_m, num_n, g) for g in groups})
     names, mib = [], []
     for name, order in orders.items():
-        waves = [order[i:i + wave] for i in range(0, len(order) - wave + 1, wave)] or [order]
-        per_wave = [len({r for r, _ in w}) * block_m * k * itemsize + len({c for _, c in w}) * block_n * k * itemsize
-                    for w in waves]
+        waves = [order[i : i + wave] for i in range(0, len(order) - wave + 1, wave)] or [order]
+        per_wave = [
+            len({r for r, _ in w}) * block_m * k * itemsize + len({c for _, c in w}) * block_n * k * itemsize
+            for w in waves
+        ]
         names.append(name)
         mib.append(sum(per_wave) / len(per_wave) / 2**20)
     fig, ax = plt.subplots(figsize=(9, 3.4))
@@ -401,8 +514,9 @@ def wave_traffic(num_m: int, num_n: int, block_m: int, block_n: int, k: int, wav
     return fig
 
 
-def persistent_overlap(tiles: int = 3, setup: float = 0.8, mainloop: float = 3.0, epilogue: float = 1.6,
-                       acc_stages: int = 2):
+def persistent_overlap(
+    tiles: int = 3, setup: float = 0.8, mainloop: float = 3.0, epilogue: float = 1.6, acc_stages: int = 2
+):
     """One SM over time. Top: one CTA per tile (V4): set-up, main loop, epilogue, then the next CTA.
     Bottom: one persistent CTA (V5) with ``acc_stages`` accumulator buffers in tensor memory: the
     MMA warp starts tile i+1 while the epilogue warps drain tile i."""
@@ -424,9 +538,15 @@ def persistent_overlap(tiles: int = 3, setup: float = 0.8, mainloop: float = 3.0
         begin = max(core_end[i], epi_end[-1] if epi_end else 0.0)
         v5_epi.append((begin, epilogue, f"epilogue t{i}", "epilogue"))
         epi_end.append(begin + epilogue)
-    return timeline([("V4: tensor core", v4_core), ("V4: epilogue warps", v4_epi),
-                     ("V5: tensor core", v5_core), ("V5: epilogue warps", v5_epi)],
-                    f"{tiles} tiles on one SM: V4 done at {t:.1f}, V5 at {epi_end[-1]:.1f} (schematic units)")
+    return timeline(
+        [
+            ("V4: tensor core", v4_core),
+            ("V4: epilogue warps", v4_epi),
+            ("V5: tensor core", v5_core),
+            ("V5: epilogue warps", v5_epi),
+        ],
+        f"{tiles} tiles on one SM: V4 done at {t:.1f}, V5 at {epi_end[-1]:.1f} (schematic units)",
+    )
 
 
 def subtile_epilogue(sub_tiles: int = 6, read: float = 1.0, store: float = 1.6, buffers: int = 2):
@@ -443,8 +563,10 @@ def subtile_epilogue(sub_tiles: int = 6, read: float = 1.0, store: float = 1.6, 
         begin = max(t, store_end[-1] if store_end else 0.0)
         stores.append((begin, store, f"store {j}", "store"))
         store_end.append(begin + store)
-    return timeline([("epilogue warpgroup", warps), ("TMA store unit", stores)],
-                    f"Sub-tiled epilogue with {buffers} staging buffers: stores overlap the next sub-tile's read")
+    return timeline(
+        [("epilogue warpgroup", warps), ("TMA store unit", stores)],
+        f"Sub-tiled epilogue with {buffers} staging buffers: stores overlap the next sub-tile's read",
+    )
 
 
 def multicast_pair(block_m: int, block_n: int, block_k: int):
@@ -455,15 +577,41 @@ def multicast_pair(block_m: int, block_n: int, block_k: int):
     for r in range(2):
         y = 1.2 - 1.2 * r
         ax.add_patch(Rectangle((0, y), 1, 1, facecolor=colors[r], edgecolor="black"))
-        ax.text(0.5, y + 0.5, f"A tile of CTA {r}\n{block_m} x {block_k}\n(loaded by CTA {r})", ha="center", va="center",
-                fontsize=8)
+        ax.text(
+            0.5,
+            y + 0.5,
+            f"A tile of CTA {r}\n{block_m} x {block_k}\n(loaded by CTA {r})",
+            ha="center",
+            va="center",
+            fontsize=8,
+        )
         for half in range(2):
-            ax.add_patch(Rectangle((1.6 + 1.1 * half, y), 1, 1, facecolor=colors[half], edgecolor="black", hatch="//"
-                                   if half != r else None))
-            ax.text(2.1 + 1.1 * half, y + 0.5, f"B rows {half * block_n // 2}..{(half + 1) * block_n // 2 - 1}\n"
-                    f"loaded by CTA {half}", ha="center", va="center", fontsize=8)
-        ax.text(4.1, y + 0.5, f"CTA {r}'s shared memory for one K block:\nits A tile + the whole B tile\n"
-                f"C tile rows {r * block_m}..{(r + 1) * block_m - 1} of the pair", va="center", fontsize=9)
+            ax.add_patch(
+                Rectangle(
+                    (1.6 + 1.1 * half, y),
+                    1,
+                    1,
+                    facecolor=colors[half],
+                    edgecolor="black",
+                    hatch="//" if half != r else None,
+                )
+            )
+            ax.text(
+                2.1 + 1.1 * half,
+                y + 0.5,
+                f"B rows {half * block_n // 2}..{(half + 1) * block_n // 2 - 1}\nloaded by CTA {half}",
+                ha="center",
+                va="center",
+                fontsize=8,
+            )
+        ax.text(
+            4.1,
+            y + 0.5,
+            f"CTA {r}'s shared memory for one K block:\nits A tile + the whole B tile\n"
+            f"C tile rows {r * block_m}..{(r + 1) * block_m - 1} of the pair",
+            va="center",
+            fontsize=9,
+        )
     ax.set_xlim(0, 7.5)
     ax.set_ylim(-0.1, 2.3)
     ax.axis("off")

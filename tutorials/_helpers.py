@@ -43,9 +43,14 @@ def machine_line() -> str:
         if arch is None:
             return f"GPU here: {name}, neither Hopper nor Blackwell: every kernel is built, none is run."
         other = "sm_100a" if arch == "sm_90a" else "sm_90a"
-        return (f"GPU here: {name} ({arch}). The {NAMES[arch]} kernels run and are timed; the "
-                f"{NAMES[other]} kernels are built and inspected only.")
-    return "No GPU here: every kernel is built for its architecture and inspected (PTX, registers, shared memory), none is run."
+        return (
+            f"GPU here: {name} ({arch}). The {NAMES[arch]} kernels run and are timed; the "
+            f"{NAMES[other]} kernels are built and inspected only."
+        )
+    return (
+        "No GPU here: every kernel is built for its architecture and inspected (PTX, registers, shared memory), "
+        "none is run."
+    )
 
 
 def available(version: str) -> dict[str, bool]:
@@ -85,8 +90,10 @@ def docstring(module: ModuleType) -> str:
 
 def show_docstring(module: ModuleType) -> None:
     """A module's docstring (its idea and its synchronization invariants) as a quote."""
-    md(f"**`{module.__name__}`** &mdash; {module.IDEA}\n\n" +
-       "\n".join("> " + line for line in _rst_to_md(docstring(module)).splitlines()))
+    md(
+        f"**`{module.__name__}`** &mdash; {module.IDEA}\n\n"
+        + "\n".join("> " + line for line in _rst_to_md(docstring(module)).splitlines())
+    )
 
 
 def show_source(obj, language: str = "python", folded: bool = False) -> None:
@@ -115,15 +122,23 @@ def code_without_docstring(module: ModuleType) -> list[str]:
     lines = source.splitlines()
     first = tree.body[0] if tree.body else None
     if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
-        lines = lines[first.end_lineno:]
+        lines = lines[first.end_lineno :]
     while lines and not lines[0].strip():
         lines = lines[1:]
     return lines
 
 
 def diff(old: ModuleType, new: ModuleType, context: int = 3) -> list[str]:
-    return list(difflib.unified_diff(code_without_docstring(old), code_without_docstring(new),
-                                     fromfile=_where(old), tofile=_where(new), n=context, lineterm=""))
+    return list(
+        difflib.unified_diff(
+            code_without_docstring(old),
+            code_without_docstring(new),
+            fromfile=_where(old),
+            tofile=_where(new),
+            n=context,
+            lineterm="",
+        )
+    )
 
 
 def show_diff(old: ModuleType, new: ModuleType, context: int = 3) -> None:
@@ -139,13 +154,17 @@ def show_diff(old: ModuleType, new: ModuleType, context: int = 3) -> None:
         shared = [issubclass(m.Kernel, MatmulKernel) for m in (old, new)]
         if shared[0] != shared[1]:
             which = _where(new if not shared[1] else old)
-            note = (f"\n\n*Note:* `{which}` spells out the kernel's entry point (`__call__` with the global views) "
-                    "instead of deriving from the shared `matmul.kernel.MatmulKernel`, so those lines show up in the "
-                    "diff too; they are not part of the step.")
+            note = (
+                f"\n\n*Note:* `{which}` spells out the kernel's entry point (`__call__` with the global views) "
+                "instead of deriving from the shared `matmul.kernel.MatmulKernel`, so those lines show up in the "
+                "diff too; they are not part of the step."
+            )
     except ImportError:
         pass
-    md(f"`{_where(old)}` &rarr; `{_where(new)}`: **{added}** lines in, **{removed}** lines out "
-       f"(module docstrings left out)\n\n" + fenced("\n".join(lines) or "(no change in the code)", "diff") + note)
+    md(
+        f"`{_where(old)}` &rarr; `{_where(new)}`: **{added}** lines in, **{removed}** lines out "
+        f"(module docstrings left out)\n\n" + fenced("\n".join(lines) or "(no change in the code)", "diff") + note
+    )
 
 
 # -- building and reading the PTX -----------------------------------------------------------------
@@ -170,17 +189,21 @@ def ptx_excerpt(ptx: str, markers, context: int = 1, per_marker: int = 1, width:
         for i in hits[:per_marker]:
             for j in range(max(0, i - context), min(len(lines), i + context + 1)):
                 text = lines[j].strip()
-                text = text if len(text) <= width else text[:width - 3] + "..."
+                text = text if len(text) <= width else text[: width - 3] + "..."
                 out.append(f"{'>>' if j == i else '  '} {j + 1:5d}  {text}")
     return "\n".join(out)
 
 
 def resources(result: build.BuildResult) -> dict:
     return {
-        "arch": result.arch, "version": result.version,
+        "arch": result.arch,
+        "version": result.version,
         "config": ", ".join(f"{k}={v}" for k, v in result.config.items()),
-        "threads": result.threads, "registers/thread": result.registers, "spills (B)": result.spill_bytes,
-        "shared memory (KiB)": round(result.shared_bytes / 1024, 1), "cluster": "x".join(map(str, result.cluster)),
+        "threads": result.threads,
+        "registers/thread": result.registers,
+        "spills (B)": result.spill_bytes,
+        "shared memory (KiB)": round(result.shared_bytes / 1024, 1),
+        "cluster": "x".join(map(str, result.cluster)),
         "PTX lines": len(result.ptx().splitlines()),
     }
 
@@ -191,14 +214,21 @@ def show_build(arch: str, version: str, per_marker: int = 1, context: int = 1) -
     module = versions.load(arch, version)
     result = build_representative(arch, version)
     if not result.ok:
-        raise RuntimeError(f"{module.__name__} {module.REPRESENTATIVE} does not build for {arch}:\n{result.error[-3000:]}")
+        raise RuntimeError(
+            f"{module.__name__} {module.REPRESENTATIVE} does not build for {arch}:\n{result.error[-3000:]}"
+        )
     table = resources(result)
-    md(f"**{NAMES[arch]} {version}** built for `{arch}` with `REPRESENTATIVE = {module.REPRESENTATIVE}`\n\n" +
-       _md_table([table]))
+    md(
+        f"**{NAMES[arch]} {version}** built for `{arch}` with `REPRESENTATIVE = {module.REPRESENTATIVE}`\n\n"
+        + _md_table([table])
+    )
     missing = [m for m in module.PTX_MARKERS if m not in result.ptx()]
-    md(f"PTX lines that show the step (`PTX_MARKERS` of `{module.__name__}`)" +
-       (f" &mdash; **missing: {missing}**" if missing else "") + "\n\n" +
-       fenced(ptx_excerpt(result.ptx(), module.PTX_MARKERS, context=context, per_marker=per_marker), "text"))
+    md(
+        f"PTX lines that show the step (`PTX_MARKERS` of `{module.__name__}`)"
+        + (f" &mdash; **missing: {missing}**" if missing else "")
+        + "\n\n"
+        + fenced(ptx_excerpt(result.ptx(), module.PTX_MARKERS, context=context, per_marker=per_marker), "text")
+    )
     if missing:
         raise AssertionError(f"{module.__name__}: markers missing from the PTX: {missing}")
     return result
@@ -208,7 +238,7 @@ def ptx_lines(arch: str, version: str, pattern: str, limit: int = 8, width: int 
     """The PTX lines of a built version that match a regular expression (with their numbers)."""
     lines = build_representative(arch, version).ptx().splitlines()
     hits = [(i, l.strip()) for i, l in enumerate(lines) if re.search(pattern, l)]
-    shown = [f"{i + 1:5d}  {l if len(l) <= width else l[:width - 3] + '...'}" for i, l in hits[:limit]]
+    shown = [f"{i + 1:5d}  {l if len(l) <= width else l[: width - 3] + '...'}" for i, l in hits[:limit]]
     more = f"\n... and {len(hits) - limit} more" if len(hits) > limit else ""
     return f"// {len(hits)} line(s) match {pattern!r}\n" + "\n".join(shown) + more
 
@@ -239,9 +269,16 @@ def check(module: ModuleType, shapes=CHECK_SHAPES, dtypes=(torch.float16, torch.
     """The version's REPRESENTATIVE configuration checked as the tests check it
     (``matmul.measure.correctness.check_cases``: awkward shapes, poisoned output, float32
     reference), shown as a table. Raises if any result is off by more than its dtype's tolerance."""
-    rows = [{"M x N x K": f"{m} x {n} x {k}", "dtype": str(dtype).split(".")[-1], "relative error": f"{error:.2e}",
-             "tolerance": f"{correctness.TOLERANCE[dtype]:.1e}", "ok": error <= correctness.TOLERANCE[dtype]}
-            for m, n, k, dtype, error in correctness.check_cases(module, shapes, dtypes, module.REPRESENTATIVE)]
+    rows = [
+        {
+            "M x N x K": f"{m} x {n} x {k}",
+            "dtype": str(dtype).split(".")[-1],
+            "relative error": f"{error:.2e}",
+            "tolerance": f"{correctness.TOLERANCE[dtype]:.1e}",
+            "ok": error <= correctness.TOLERANCE[dtype],
+        }
+        for m, n, k, dtype, error in correctness.check_cases(module, shapes, dtypes, module.REPRESENTATIVE)
+    ]
     show_table(rows)
     bad = [r for r in rows if not r["ok"]]
     if bad:
@@ -265,18 +302,27 @@ def time_against_cublas(modules: list[ModuleType], shape=TIME_SHAPE, dtype=torch
     chosen = [(module.__name__.rsplit(".", 1)[1], module.REPRESENTATIVE) for module in modules]
     found = candidates.contenders(arch, chosen, a, b, correctness.poisoned_output(m, n, dtype))
     timer = functools.partial(interleaved_ms, warmup_ms=100.0, repeat_ms=300.0)
-    measured = {r["kernel"]: r for r in bench.measure(Shape(m, n, k, ""), found, correctness.reference(a, b), dtype,
-                                                      timer, 1)}
+    measured = {
+        r["kernel"]: r for r in bench.measure(Shape(m, n, k, ""), found, correctness.reference(a, b), dtype, timer, 1)
+    }
     rows = []
     for name, config in [*chosen, (CUBLAS, {})]:
         r = measured[candidates.label(name, config) if config else CUBLAS]
         if not r["ok"]:
             raise AssertionError(f"{name}: {r.get('message') or 'relative error %.3g' % r['error']} at {shape}")
-        rows.append({"kernel": "cuBLAS (torch.matmul)" if name == CUBLAS else name.upper(), "config": config or "",
-                     "ms": round(r["ms"], 4), "TFLOPS": round(r["tflops"], 1),
-                     "vs cuBLAS": f"{r['vs_cublas']:.2f}x" if name != CUBLAS else "1.00x"})
-    md(f"Measured here on **{torch.cuda.get_device_name(a.device)}**, {m} x {n} x {k} {str(dtype).split('.')[-1]}, "
-       "each version at its REPRESENTATIVE configuration (the harness autotunes; see the closing figure):")
+        rows.append(
+            {
+                "kernel": "cuBLAS (torch.matmul)" if name == CUBLAS else name.upper(),
+                "config": config or "",
+                "ms": round(r["ms"], 4),
+                "TFLOPS": round(r["tflops"], 1),
+                "vs cuBLAS": f"{r['vs_cublas']:.2f}x" if name != CUBLAS else "1.00x",
+            }
+        )
+    md(
+        f"Measured here on **{torch.cuda.get_device_name(a.device)}**, {m} x {n} x {k} {str(dtype).split('.')[-1]}, "
+        "each version at its REPRESENTATIVE configuration (the harness autotunes; see the closing figure):"
+    )
     show_table(rows)
     return rows
 
@@ -287,10 +333,16 @@ def live(arch: str, version: str, compare_previous: bool = True) -> None:
     why not (the build above is what this machine can show)."""
     here = gpu_arch()
     if here != arch:
-        md(f"*{NAMES[arch]} {version} is not run here*: this needs a {NAMES[arch]} GPU (`{arch}`); this machine has "
-           f"{'no GPU' if not torch.cuda.is_available() else torch.cuda.get_device_name()}."
-           + (" No Blackwell GPU is available to this project: every Blackwell kernel in these notebooks is "
-              "built and inspected, never run or timed." if arch == "sm_100a" else ""))
+        md(
+            f"*{NAMES[arch]} {version} is not run here*: this needs a {NAMES[arch]} GPU (`{arch}`); this machine has "
+            f"{'no GPU' if not torch.cuda.is_available() else torch.cuda.get_device_name()}."
+            + (
+                " No Blackwell GPU is available to this project: every Blackwell kernel in these notebooks is "
+                "built and inspected, never run or timed."
+                if arch == "sm_100a"
+                else ""
+            )
+        )
         return
     module = versions.load(arch, version)
     if version == "v7":
@@ -308,8 +360,21 @@ def live(arch: str, version: str, compare_previous: bool = True) -> None:
 
 
 def results_files() -> list[Path]:
-    """Committed benchmark results under plots/ (``results-*.json``, written by ``python -m matmul bench``)."""
-    return sorted(Path(p) for p in glob.glob(str(ROOT / "plots" / "**" / "results-*.json"), recursive=True))
+    """Committed benchmark results of one GPU's series (``plots/<gpu>/results-*.json``, written by
+    ``python -m matmul bench``; the model and skinny runs below them have files of their own)."""
+    return sorted(Path(p) for p in glob.glob(str(ROOT / "plots" / "*" / "results-*.json")))
+
+
+def png(figure):
+    """A matplotlib Figure as a PNG image for display: the same picture whether or not pyplot's
+    inline backend is active in this kernel."""
+    import io
+
+    from IPython.display import Image
+
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    return Image(data=buffer.getvalue(), format="png")
 
 
 def show_results(upto: str | None = None) -> None:
@@ -318,8 +383,10 @@ def show_results(upto: str | None = None) -> None:
     and this notebook's version's rows. Never fails: with no results committed it says so."""
     files = results_files()
     if not files:
-        md("**No benchmark results are committed yet** (no `plots/**/results-*.json`): the progression figure "
-           "appears here once the harness's results are committed (`python -m matmul bench` on a GPU).")
+        md(
+            "**No benchmark results are committed yet** (no `plots/**/results-*.json`): the progression figure "
+            "appears here once the harness's results are committed (`python -m matmul bench` on a GPU)."
+        )
         return
     for path in files:
         try:
@@ -339,19 +406,32 @@ def _show_results_file(path: Path, upto: str | None) -> None:
     sustained = results_file.is_sustained(results)
     figure = plot.progression(results)  # None: this file has no square series (e.g. the LLM shapes)
     if figure is not None:
-        display(figure)
-    how = ("each kernel launched alone, back to back, at the clock its own power draw allows" if sustained
-           else "each kernel timed in turn with cuBLAS, at a shared clock")
-    md(f"From `{path.relative_to(ROOT)}`: measured on **{gpu}** ({NAMES.get(arch, arch)} series, `{arch}`), each "
-       f"version autotuned by the harness, {how}. Only that GPU's series was measured: no Blackwell figure comes "
-       "from this project's machines.")
+        display(png(figure))
+    how = (
+        "each kernel launched alone, back to back, at the clock its own power draw allows"
+        if sustained
+        else "each kernel timed in turn with cuBLAS, at a shared clock"
+    )
+    md(
+        f"From `{path.relative_to(ROOT)}`: measured on **{gpu}** ({NAMES.get(arch, arch)} series, `{arch}`), each "
+        f"version autotuned by the harness, {how}. Only that GPU's series was measured: no Blackwell figure comes "
+        "from this project's machines."
+    )
     if upto:
         mine = [r for r in results.get("rows", []) if r.get("kernel", r.get("version")) == upto]
         if mine:
-            show_table([{"version": upto, "M x N x K": f"{r['m']} x {r['n']} x {r['k']}",
-                         "TFLOPS": None if r.get("tflops") is None else round(r["tflops"], 1),
-                         "x cuBLAS": None if r.get("vs_cublas") is None else round(r["vs_cublas"], 3),
-                         "ok": r.get("ok")} for r in mine])
+            show_table(
+                [
+                    {
+                        "version": upto,
+                        "M x N x K": f"{r['m']} x {r['n']} x {r['k']}",
+                        "TFLOPS": None if r.get("tflops") is None else round(r["tflops"], 1),
+                        "x cuBLAS": None if r.get("vs_cublas") is None else round(r["vs_cublas"], 3),
+                        "ok": r.get("ok"),
+                    }
+                    for r in mine
+                ]
+            )
 
 
 # -- which code produced these outputs ------------------------------------------------------------
@@ -368,8 +448,9 @@ def commit() -> str:
     if os.environ.get(COMMIT_ENV):
         return os.environ[COMMIT_ENV]
     try:
-        return subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
 
@@ -383,8 +464,10 @@ def stamp() -> None:
     import tilus
 
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
-    print(f"outputs of commit {commit()}, run {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC\n"
-          f"machine: {gpu}; Python {platform.python_version()}, torch {torch.__version__}, tilus {tilus.__version__}")
+    print(
+        f"outputs of commit {commit()}, run {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC\n"
+        f"machine: {gpu}; Python {platform.python_version()}, torch {torch.__version__}, tilus {tilus.__version__}"
+    )
     md(machine_line())
 
 
@@ -392,11 +475,15 @@ def stamp() -> None:
 
 PAIRED = ROOT / "plots" / "h100" / "results-sm_90a-float16-series_ksweep.json"
 SUSTAINED = ROOT / "plots" / "h100" / "results-sm_90a-float16-series-sustained.json"
-PAIRED_MEANS = ("*Paired windows*: each kernel is launched in turn with cuBLAS in one window (L2 flushed before "
-                "every launch), so both run at the same clock: the ratio is work per clock.")
-SUSTAINED_MEANS = ("*Sustained*: each kernel runs alone, back to back for 3 s, and is timed once its clock has "
-                   "settled under the card's 700 W power limit: the rate it keeps, which also credits a kernel that "
-                   "draws less power (moves fewer bytes) with the higher clock it then gets.")
+PAIRED_MEANS = (
+    "*Paired windows*: each kernel is launched in turn with cuBLAS in one window (L2 flushed before "
+    "every launch), so both run at the same clock: the ratio is work per clock."
+)
+SUSTAINED_MEANS = (
+    "*Sustained*: each kernel runs alone, back to back for 3 s, and is timed once its clock has "
+    "settled under the card's 700 W power limit: the rate it keeps, which also credits a kernel that "
+    "draws less power (moves fewer bytes) with the higher clock it then gets."
+)
 
 
 def _series_rows(path: Path) -> dict:
@@ -420,15 +507,22 @@ def h100_rows(version: str, sizes=(4096, 8192)) -> list[dict]:
                 r = by_key.get((size, size, size, kernel))
                 if r is None:
                     continue
-                rows.append({
-                    "timing": label, "GPU": gpu, "M x N x K": f"{size} x {size} x {size}", "dtype": results["dtype"],
-                    "kernel": kernel.upper() if kernel != "cuBLAS" else kernel,
-                    "ms": f"{r['ms']:.3f}", "TFLOPS": f"{r['tflops']:.0f}",
-                    "x cuBLAS": f"{r['vs_cublas']:.3f}",
-                    f"x {before.upper() if before else 'previous'}": (
-                        f"{prev['ms'] / r['ms']:.2f}" if prev and kernel == version else ""),
-                    "config": ", ".join(f"{k}={v}" for k, v in (r.get("config") or {}).items()),
-                })
+                rows.append(
+                    {
+                        "timing": label,
+                        "GPU": gpu,
+                        "M x N x K": f"{size} x {size} x {size}",
+                        "dtype": results["dtype"],
+                        "kernel": kernel.upper() if kernel != "cuBLAS" else kernel,
+                        "ms": f"{r['ms']:.3f}",
+                        "TFLOPS": f"{r['tflops']:.0f}",
+                        "x cuBLAS": f"{r['vs_cublas']:.3f}",
+                        f"x {before.upper() if before else 'previous'}": (
+                            f"{prev['ms'] / r['ms']:.2f}" if prev and kernel == version else ""
+                        ),
+                        "config": ", ".join(f"{k}={v}" for k, v in (r.get("config") or {}).items()),
+                    }
+                )
     return rows
 
 
@@ -439,18 +533,29 @@ def on_the_h100(version: str) -> None:
     if missing:
         md(f"**No committed H100 results** ({', '.join(str(p.relative_to(ROOT)) for p in missing)} missing).")
         return
-    md(f"Hopper {version.upper()} on the project's H100 (the autotuned configuration the harness picked), "
-       f"from `{PAIRED.relative_to(ROOT)}` and `{SUSTAINED.relative_to(ROOT)}` "
-       "(commands in `plots/h100/COMMAND.md`). These are measurements of the **Hopper** kernels only; "
-       "no Blackwell kernel has been run by this project.\n\n"
-       f"* {PAIRED_MEANS}\n* {SUSTAINED_MEANS}\n\n" + _md_table(h100_rows(version)))
+    md(
+        f"Hopper {version.upper()} on the project's H100 (the autotuned configuration the harness picked), "
+        f"from `{PAIRED.relative_to(ROOT)}` and `{SUSTAINED.relative_to(ROOT)}` "
+        "(commands in `plots/h100/COMMAND.md`). These are measurements of the **Hopper** kernels only; "
+        "no Blackwell kernel has been run by this project.\n\n"
+        f"* {PAIRED_MEANS}\n* {SUSTAINED_MEANS}\n\n" + _md_table(h100_rows(version))
+    )
 
 
 # -- the Pipeline, in two steps -------------------------------------------------------------------
 
-PIPELINE_V4_METHODS = ("producer_acquire", "producer_barrier", "producer_release", "producer_advance",
-                       "consumer_acquire", "consumer_barrier", "consumer_release", "consumer_release_previous",
-                       "release_barrier", "consumer_advance")
+PIPELINE_V4_METHODS = (
+    "producer_acquire",
+    "producer_barrier",
+    "producer_release",
+    "producer_advance",
+    "consumer_acquire",
+    "consumer_barrier",
+    "consumer_release",
+    "consumer_release_previous",
+    "release_barrier",
+    "consumer_advance",
+)
 PIPELINE_CLUSTER_METHODS = ("__init__", "release_barrier", "arrive_on_ranks", "producer_tail")
 
 
@@ -475,18 +580,25 @@ def show_pipeline_v4() -> None:
     """The Pipeline as V4 uses it: a ring of stages, two barriers a stage, phase bits, arrival
     counts, elect_release; the cluster parameters wait for V6."""
     one_cta, _, _ = _pipeline_doc_sections()
-    md("\n".join("> " + line for line in one_cta.splitlines()) + "\n\n" +
-       "`pipeline/pipeline.py`, the methods V4 calls (the constructor's cluster parameters `scope`, "
-       "`release_to`, `cluster_fences`, the `tcgen05_fences` of tensor-memory rings and `producer_tail` "
-       "come in the V6 notebook; V4 leaves them at their defaults):\n\n" + fenced(_methods(PIPELINE_V4_METHODS), "python"))
+    md(
+        "\n".join("> " + line for line in one_cta.splitlines())
+        + "\n\n"
+        + "`pipeline/pipeline.py`, the methods V4 calls (the constructor's cluster parameters `scope`, "
+        "`release_to`, `cluster_fences`, the `tcgen05_fences` of tensor-memory rings and `producer_tail` "
+        "come in the V6 notebook; V4 leaves them at their defaults):\n\n"
+        + fenced(_methods(PIPELINE_V4_METHODS), "python")
+    )
 
 
 def show_pipeline_cluster() -> None:
     """The Pipeline's parameters for rings that span a cluster or hold tensor memory (V6)."""
     _, tmem, cluster = _pipeline_doc_sections()
-    md("\n".join("> " + line for line in (tmem + "\n\n" + cluster).splitlines()) + "\n\n" +
-       "`pipeline/pipeline.py`, the constructor and the methods those parameters change:\n\n" +
-       fenced(_methods(PIPELINE_CLUSTER_METHODS), "python"))
+    md(
+        "\n".join("> " + line for line in (tmem + "\n\n" + cluster).splitlines())
+        + "\n\n"
+        + "`pipeline/pipeline.py`, the constructor and the methods those parameters change:\n\n"
+        + fenced(_methods(PIPELINE_CLUSTER_METHODS), "python")
+    )
 
 
 # -- V7: skinny GEMMs at the memory roofline ------------------------------------------------------
@@ -502,23 +614,41 @@ def skinny_results(dtype: str = "float16") -> None:
         return
     results = json.loads(path.read_text())
     floor = results["floor"]
-    rows = [{"GPU": results["device"].replace("NVIDIA ", ""), "dtype": r["dtype"], "M": r["m"],
-             "N x K": f"{r['n']} x {r['k']}" + (f" ({r['label']})" if r.get("label") else ""),
-             "V7 us": f"{r['v7_us']:.1f}", "cuBLAS us": f"{r['cublas_us']:.1f}", "floor us": f"{r['attainable_us']:.1f}",
-             "V7 % floor": f"{100 * r['v7_share']:.0f}%", "cuBLAS % floor": f"{100 * r['cublas_share']:.0f}%",
-             "V7 / cuBLAS": f"{r['ratio']:.2f}", "back to back V7 / cuBLAS": f"{r['b2b_ratio']:.2f}",
-             "V7 config": "/".join(str(r["config"][k]) for k in ("block_m", "warpgroups", "split", "stages"))}
-            for r in results["rows"] if r["dtype"] == dtype and not r.get("failed")]
+    rows = [
+        {
+            "GPU": results["device"].replace("NVIDIA ", ""),
+            "dtype": r["dtype"],
+            "M": r["m"],
+            "N x K": f"{r['n']} x {r['k']}" + (f" ({r['label']})" if r.get("label") else ""),
+            "V7 us": f"{r['v7_us']:.1f}",
+            "cuBLAS us": f"{r['cublas_us']:.1f}",
+            "floor us": f"{r['attainable_us']:.1f}",
+            "V7 % floor": f"{100 * r['v7_share']:.0f}%",
+            "cuBLAS % floor": f"{100 * r['cublas_share']:.0f}%",
+            "V7 / cuBLAS": f"{r['ratio']:.2f}",
+            "back to back V7 / cuBLAS": f"{r['b2b_ratio']:.2f}",
+            "V7 config": "/".join(str(r["config"][k]) for k in ("block_m", "warpgroups", "split", "stages")),
+        }
+        for r in results["rows"]
+        if r["dtype"] == dtype and not r.get("failed")
+    ]
     summary = results["summary"].get(dtype, {})
-    md(f"From `{path.relative_to(ROOT)}` (command and findings in `plots/h100/skinny/COMMAND.md`): one run on the "
-       f"**{results['device']}**, {dtype}, L2 flushed before each launch. Copy bandwidth "
-       f"**{floor['copy_tb_per_s']:.2f} TB/s** (512 MiB; 32 MiB: {floor['copy_32mib_tb_per_s']:.2f}), empty kernel "
-       f"**{floor['empty_ms'] * 1e3:.1f} us**; floor = bytes / copy bandwidth + empty kernel. V7 config = tokens per "
-       "tile / consumer warpgroups / split (CTAs of a cluster) / stages. *Back to back*: 200 calls in a row, "
-       "no flush, host time included (as a model calls them).\n\n" + _md_table(rows) +
-       (f"\n\nOver the issue's bar shapes (4096 x 4096, 6144 x 4096, 4096 x 14336 at M = 1, 16, 64, 128): "
-        f"geometric mean **{summary['bar_geomean_vs_cublas']:.3f}x cuBLAS** (bar: 1.15x), worst share of the "
-        f"attainable floor **{100 * summary['bar_min_share_of_floor']:.0f}%** (bar: 85%)." if summary else ""))
+    md(
+        f"From `{path.relative_to(ROOT)}` (command and findings in `plots/h100/skinny/COMMAND.md`): one run on the "
+        f"**{results['device']}**, {dtype}, L2 flushed before each launch. Copy bandwidth "
+        f"**{floor['copy_tb_per_s']:.2f} TB/s** (512 MiB; 32 MiB: {floor['copy_32mib_tb_per_s']:.2f}), empty kernel "
+        f"**{floor['empty_ms'] * 1e3:.1f} us**; floor = bytes / copy bandwidth + empty kernel. V7 config = tokens per "
+        "tile / consumer warpgroups / split (CTAs of a cluster) / stages. *Back to back*: 200 calls in a row, "
+        "no flush, host time included (as a model calls them).\n\n"
+        + _md_table(rows)
+        + (
+            f"\n\nOver the issue's bar shapes (4096 x 4096, 6144 x 4096, 4096 x 14336 at M = 1, 16, 64, 128): "
+            f"geometric mean **{summary['bar_geomean_vs_cublas']:.3f}x cuBLAS** (bar: 1.15x), worst share of the "
+            f"attainable floor **{100 * summary['bar_min_share_of_floor']:.0f}%** (bar: 85%)."
+            if summary
+            else ""
+        )
+    )
     figure = SKINNY / "skinny-sm_90a.png"
     if figure.exists():
         from IPython.display import Image, display
@@ -542,8 +672,15 @@ def live_skinny(module: ModuleType, dtypes=(torch.float16, torch.bfloat16)) -> N
         for m, n, k in SKINNY_CHECK_SHAPES:
             config = roofline.candidates(module, m)[0]
             ((*_, error),) = correctness.check_cases(module, [(m, n, k)], [dtype], config)
-            rows.append({"M x N x K": f"{m} x {n} x {k}", "dtype": str(dtype).split(".")[-1], "config": config,
-                         "relative error": f"{error:.2e}", "ok": error <= correctness.TOLERANCE[dtype]})
+            rows.append(
+                {
+                    "M x N x K": f"{m} x {n} x {k}",
+                    "dtype": str(dtype).split(".")[-1],
+                    "config": config,
+                    "relative error": f"{error:.2e}",
+                    "ok": error <= correctness.TOLERANCE[dtype],
+                }
+            )
     show_table(rows)
     bad = [r for r in rows if not r["ok"]]
     if bad:
@@ -553,17 +690,32 @@ def live_skinny(module: ModuleType, dtypes=(torch.float16, torch.bfloat16)) -> N
     timed = []
     for m, n, k in SKINNY_TIME_SHAPES:
         a, b = correctness.random_operands(m, n, k, torch.float16)
-        out, ref_out = correctness.poisoned_output(m, n, torch.float16), torch.empty(m, n, dtype=torch.float16,
-                                                                                   device=a.device)
+        out, ref_out = (
+            correctness.poisoned_output(m, n, torch.float16),
+            torch.empty(m, n, dtype=torch.float16, device=a.device),
+        )
         config = roofline.candidates(module, m)[0]
-        v7_ms, cublas_ms = interleaved_ms([roofline.launcher(module, a, b, out, config),
-                                           lambda: torch.matmul(a, b.T, out=ref_out)], 100.0, 300.0)
+
+        def cublas(a=a, b=b, ref_out=ref_out):
+            return torch.matmul(a, b.T, out=ref_out)
+
+        v7_ms, cublas_ms = interleaved_ms([roofline.launcher(module, a, b, out, config), cublas], 100.0, 300.0)
         floor_ms = roofline.bytes_floor(m, n, k, 2) / (copy * 1e12) * 1e3 + empty_ms
-        timed.append({"M x N x K": f"{m} x {n} x {k}", "dtype": "float16", "config": config,
-                      "V7 us": round(v7_ms * 1e3, 1), "cuBLAS us": round(cublas_ms * 1e3, 1),
-                      "floor us": round(floor_ms * 1e3, 1), "V7 % floor": f"{100 * floor_ms / v7_ms:.0f}%",
-                      "V7 / cuBLAS": f"{cublas_ms / v7_ms:.2f}"})
-    md(f"Timed here on **{torch.cuda.get_device_name()}** (L2 flushed before each launch, V7 and cuBLAS in one "
-       f"window): copy bandwidth {copy:.2f} TB/s, empty kernel {empty_ms * 1e3:.1f} us. Each M at the first "
-       "configuration of its token width (the harness sweeps them all; the table above is its best).")
+        timed.append(
+            {
+                "M x N x K": f"{m} x {n} x {k}",
+                "dtype": "float16",
+                "config": config,
+                "V7 us": round(v7_ms * 1e3, 1),
+                "cuBLAS us": round(cublas_ms * 1e3, 1),
+                "floor us": round(floor_ms * 1e3, 1),
+                "V7 % floor": f"{100 * floor_ms / v7_ms:.0f}%",
+                "V7 / cuBLAS": f"{cublas_ms / v7_ms:.2f}",
+            }
+        )
+    md(
+        f"Timed here on **{torch.cuda.get_device_name()}** (L2 flushed before each launch, V7 and cuBLAS in one "
+        f"window): copy bandwidth {copy:.2f} TB/s, empty kernel {empty_ms * 1e3:.1f} us. Each M at the first "
+        "configuration of its token width (the harness sweeps them all; the table above is its best)."
+    )
     show_table(timed)

@@ -41,10 +41,13 @@ def provenance() -> dict:
     sys.path.insert(0, str(TUTORIALS))
     import _helpers
 
-    return {"commit": _helpers.commit(),
-            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU",
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "python": platform.python_version(), "torch": torch.__version__}
+    return {
+        "commit": _helpers.commit(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU",
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
 
 
 def execute(path: Path, out: Path | None = None, timeout: int = CELL_TIMEOUT_S, stamp: dict | None = None):
@@ -64,13 +67,22 @@ def execute(path: Path, out: Path | None = None, timeout: int = CELL_TIMEOUT_S, 
         # a kernel spec of our own: the kernel runs this interpreter, whatever 'python' is on PATH
         spec = Path(tmp) / "kernels" / "tutorials"
         spec.mkdir(parents=True)
-        (spec / "kernel.json").write_text(json.dumps({
-            "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-            "display_name": "tutorials", "language": "python"}))
-        km = AsyncKernelManager(kernel_name="tutorials", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(spec.parent)]))
+        (spec / "kernel.json").write_text(
+            json.dumps(
+                {
+                    "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                    "display_name": "tutorials",
+                    "language": "python",
+                }
+            )
+        )
+        km = AsyncKernelManager(
+            kernel_name="tutorials", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(spec.parent)])
+        )
         nb = nbformat.read(path, as_version=4)
-        client = NotebookClient(nb, km=km, timeout=timeout, allow_errors=False,
-                                resources={"metadata": {"path": str(TUTORIALS)}})
+        client = NotebookClient(
+            nb, km=km, timeout=timeout, allow_errors=False, resources={"metadata": {"path": str(TUTORIALS)}}
+        )
         try:
             client.execute()
             if stamp is not None:
