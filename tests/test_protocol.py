@@ -115,3 +115,28 @@ def test_a_barrier_left_partly_arrived_is_reported():
     barrier.pending = 1
     with pytest.raises(Finding, match="partly arrived"):
         machine.exit_cta(machine.ctas[0])
+
+
+def test_a_role_that_loops_without_synchronizing_is_reported_not_hung():
+    import tilus
+    from tilus import int32
+    from tilus.lang.instantiated_script import CallParameters, JitInstance
+
+    from matmul.protocol.machine import Finding, Machine, Problem
+
+    class Spin(tilus.Script):
+        def __call__(self, n: int32):
+            self.attrs.blocks = 1
+            self.attrs.warps = 1
+            x: int32 = 0
+            for i in range(n):
+                x = x + i
+
+    params = CallParameters(Spin)
+    program = JitInstance._instantiate_schedule((Spin, params, {}, {}, {params.param_names[0]: 1}))
+    assert not isinstance(program, str), program
+    (function,) = program.functions.values()
+    machine = Machine(function, Problem(m=Machine.LOOP_BUDGET + 1, n=1, k=1))
+    with pytest.raises(Finding, match="without synchronizing") as caught:
+        machine.run(lambda ready, ops: ready[0])
+    assert caught.value.kind == "livelock"

@@ -11,8 +11,11 @@ execute them: an arrival made by ``k`` threads counts ``k``.
 
 Every instruction that synchronizes becomes an event on the model; the others are no-ops, except
 for what feeds control flow (scalars, barrier addresses, CLC responses, values sent with
-``st.async``) and a small provenance tag that follows the data (which A and B tiles each MMA
-read, which accumulator a store writes) so that coverage can be checked.
+``st.async``), a small provenance tag that follows the data (which A and B tiles each MMA read,
+which accumulator a store writes) so that coverage can be checked, and the asynchronous accesses
+still in flight (an MMA's operand reads and TMEM writes until a commit of its thread lands or
+``wgmma.wait_group``, a ``tcgen05.ld`` until ``tcgen05.wait::ld``, a TMA store's reads until
+its bulk ``wait_group``) so that an overwrite of what they still touch is a race.
 """
 
 from __future__ import annotations
@@ -214,7 +217,7 @@ class Role:
         self.wgmma_open: list[Reader] = []
         self.mma_reads: list[Reader] = []  # tcgen05 MMAs issued by this role, until a commit lands
         self.tmem_loads: list[Reader] = []  # tcgen05.ld issued by this role, until tcgen05.wait::ld
-        self.steps = 0
+        self.wait_barrier: Optional[Barrier] = None  # the mbarrier it waits on, if any
 
     def ready(self) -> bool:
         return not self.finished and (self.block is None or self.block())
@@ -341,10 +344,6 @@ def role_ranges(function: Function) -> list[tuple[int, int]]:
     return list(zip(points[:-1], points[1:]))
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _c_div(a: int, b: int) -> int:
     q = abs(a) // abs(b)
     return q if (a >= 0) == (b >= 0) else -q
@@ -364,7 +363,8 @@ class Problem:
 class Machine:
     """One run of a kernel: a grid of CTAs in clusters, one interleaving chosen by ``choose``."""
 
-    TRACE = 400
+    TRACE = 400  # events kept for a finding's trace
+    LOOP_BUDGET = 1_000_000  # loop iterations one role may run between two synchronization events
 
     def __init__(
         self,
@@ -379,6 +379,7 @@ class Machine:
         # tcgen05.commit arrivals of one thread land in the order the commits were issued (each
         # commit tracks every MMA issued before it); False lets them land in any order
         self.ordered_commits = ordered_commits
+        self.loop_iterations = 0
         self.clc_failed: set[int] = set()  # clusters that were answered "no work left"
         self.trace: collections.deque = collections.deque(maxlen=self.TRACE)
         self.async_ops: list[AsyncOp] = []
@@ -415,7 +416,6 @@ class Machine:
         self.resident: set[int] = set()
         self.finished_clusters: set[int] = set()
         self.roles: list[Role] = []
-        self.globals_seen: list[str] = []
         self.global_names: dict[Any, GlobalRef] = {}
         self.stored = np.zeros((problem.m, problem.n), dtype=np.int32)
         self.k_block: Optional[int] = None
@@ -648,7 +648,7 @@ class Machine:
             role.on_resume()
             role.on_resume = None
         role.block = None
-        role.steps += 1
+        self.loop_iterations = 0
         try:
             request = next(role.gen)
         except StopIteration:
@@ -656,6 +656,11 @@ class Machine:
             return
         if request is not None:
             role.block, role.on_resume, role.waiting_on = request
+
+    def count_iteration(self, role: Role) -> None:
+        self.loop_iterations += 1
+        if self.loop_iterations > self.LOOP_BUDGET:
+            self.fail("livelock", f"{role.name} ran {self.LOOP_BUDGET} loop iterations without synchronizing")
 
     def finish(self, role: Role) -> None:
         role.finished = True
@@ -735,7 +740,7 @@ class Machine:
         # bytes that landed before their announcement (tx < 0) mean the stall is elsewhere
         early = any(b.tx < 0 for c in self.ctas for b in c.barriers.values())
         for r in live:
-            b = getattr(r, "wait_barrier", None)
+            b = r.wait_barrier
             if not early and b is not None and b.pending == 0 and b.tx > 0:
                 kind = "bytes"
                 lines.insert(0, f"{b.name} has every arrival but waits for {b.tx} bytes that never come")
@@ -835,6 +840,7 @@ class Machine:
             extent = self.eval(s.extent, env, role)
             try:
                 for i in range(extent):
+                    self.count_iteration(role)
                     env[s.iter_var] = i
                     yield from self.exec(s.body, env, role, group, active)
             except _Break:
@@ -842,6 +848,7 @@ class Machine:
         elif t is ts.WhileStmt:
             try:
                 while self.eval(s.cond, env, role):
+                    self.count_iteration(role)
                     yield from self.exec(s.body, env, role, group, active)
             except _Break:
                 pass
