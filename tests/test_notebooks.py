@@ -159,8 +159,15 @@ def test_runner_inplace_tar_and_unpack(tmp_path):
     source.mkdir()
     path = source / "v9_tiny.ipynb"
     nbformat.write(new_notebook(cells=[new_code_cell("print(6 * 7)")]), path)
+    broken = source / "v8_broken.ipynb"
+    nbformat.write(new_notebook(cells=[new_code_cell("raise RuntimeError('boom')")]), broken)
+    before = broken.read_bytes()
     tar = tmp_path / "notebooks.tar"
-    assert run.main([str(path), "--inplace", "--tar", str(tar)]) == 0
+    # --keep-going: the broken notebook is reported, left as it was and out of the pack; exit 1
+    assert run.main([str(broken), str(path), "--inplace", "--tar", str(tar), "--keep-going"]) == 1
+    assert broken.read_bytes() == before
+    with tarfile.open(tar) as archive:
+        assert archive.getnames() == ["v9_tiny.ipynb"]
     executed = nbformat.read(path, as_version=4)
     assert "42" in executed.cells[0].outputs[0]["text"]
     assert executed.metadata["tutorial"]["executed"]["commit"]

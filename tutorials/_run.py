@@ -13,7 +13,8 @@ notebook only once all its cells ran). An executed notebook's
 metadata records what produced its outputs (``tutorial.executed``: commit, GPU, date, software);
 the commit is ``$MATMUL_TUTORIALS_COMMIT`` when set (a machine whose ``.git`` is older than its
 working tree), else ``git describe --always --dirty``. ``--tar`` packs the executed notebooks
-into one file (a GPU machine that returns only a few files); ``--unpack`` writes a pack's
+into one file (a GPU machine that returns only a few files; with ``--keep-going`` a failing
+notebook is reported and left out, the others still run and are packed); ``--unpack`` writes a pack's
 notebooks into ``tutorials/`` and nothing else. tests/test_notebooks.py uses ``execute``.
 """
 
@@ -126,6 +127,9 @@ def main(argv=None) -> int:
     parser.add_argument("--tar", type=Path, help="then pack the executed notebooks into this tar file")
     parser.add_argument("--unpack", type=Path, metavar="TAR", help="write a pack's notebooks into tutorials/ and stop")
     parser.add_argument("--timeout", type=int, default=CELL_TIMEOUT_S, help="seconds per cell")
+    parser.add_argument(
+        "--keep-going", action="store_true", help="run (and pack) the other notebooks when one fails; exit 1 at the end"
+    )
     args = parser.parse_args(argv)
     if args.unpack:
         for path in unpack(args.unpack):
@@ -139,11 +143,18 @@ def main(argv=None) -> int:
         parser.error("to write into tutorials/, use --inplace")
     stamp = provenance()
     print(f"outputs of commit {stamp['commit']} on {stamp['gpu']}")
-    written = []
+    written, failed = [], []
     for path in args.notebooks:
         start = time.time()
         target = path if args.inplace else (args.out / path.name if args.out else None)
-        nb = execute(path, None if args.inplace else target, args.timeout, stamp)
+        try:
+            nb = execute(path, None if args.inplace else target, args.timeout, stamp)
+        except Exception as e:  # CellExecutionError names the cell and shows its traceback
+            if not args.keep_going:
+                raise
+            failed.append(path)
+            print(f"FAILED {path} after {time.time() - start:.0f} s:\n{str(e)[-3000:]}", flush=True)
+            continue
         if args.inplace:  # only once every cell ran: a failure leaves the committed notebook as it was
             import nbformat
 
@@ -153,6 +164,9 @@ def main(argv=None) -> int:
     if args.tar:
         pack(written, args.tar)
         print(f"packed {len(written)} notebook(s) into {args.tar}")
+    if failed:
+        print(f"{len(failed)} notebook(s) failed: {', '.join(map(str, failed))}")
+        return 1
     return 0
 
 
