@@ -1,10 +1,10 @@
 """``python -m matmul``: the project's command line.
 
-    python -m matmul compile [--arch sm_90a|sm_100a] [--versions v0,v1,...] [--out DIR] [--all-configs]
-    python -m matmul bench [--arch ...] [--versions ...] [--shapes series,ksweep,llm|MxNxK,...] [--out DIR]
-    python -m matmul plot RESULTS.json [...] [--out DIR]
-    python -m matmul model [--out DIR] [--dtype float16|bfloat16] [--rounds N]
-    python -m matmul candidates VERSION[:knob=int,...] ... [--sizes 4096,8192x14336x4096] [--sustained S | --profile N]
+python -m matmul compile [--arch sm_90a|sm_100a] [--versions v0,v1,...] [--out DIR] [--all-configs]
+python -m matmul bench [--arch ...] [--versions ...] [--shapes series,ksweep,llm|MxNxK,...] [--out DIR]
+python -m matmul plot RESULTS.json [...] [--out DIR]
+python -m matmul model [--out DIR] [--dtype float16|bfloat16] [--rounds N]
+python -m matmul candidates VERSION[:knob=int,...] ... [--sizes 4096,8192x14336x4096] [--sustained S | --profile N]
 """
 
 from __future__ import annotations
@@ -41,8 +41,12 @@ def compile_command(args) -> int:
     rows, failed = [], False
     gpu_arch = None if args.no_check else versions.local_arch()
     work = [(arch, version) for arch in _arches(args.arch) for version in _versions(args.versions, arch)]
-    progress = tqdm(total=sum(len(versions.build_configs(versions.load(a, v))) if args.all_configs else 1 for a, v in work),
-                    desc="[compile]", unit="config", disable=None)  # disable=None: silent when not a terminal
+    progress = tqdm(
+        total=sum(len(versions.build_configs(versions.load(a, v))) if args.all_configs else 1 for a, v in work),
+        desc="[compile]",
+        unit="config",
+        disable=None,
+    )  # disable=None: silent when not a terminal
     for arch, version in work:
         module = versions.load(arch, version)
 
@@ -60,7 +64,10 @@ def compile_command(args) -> int:
         over_smem = [r for r in built if not r.within_shared_limit]
         ok = len(built) == len(results) and not missing and spills == 0 and not over_smem
         row = {
-            "arch": arch, "version": version, "built": len(built), "failed": len(results) - len(built),
+            "arch": arch,
+            "version": version,
+            "built": len(built),
+            "failed": len(results) - len(built),
             "registers": max((r.registers for r in built), default="-"),
             "spills (B)": spills,
             "smem (KiB)": max((r.shared_bytes for r in built), default=0) // 1024,
@@ -106,8 +113,10 @@ def redraw(results_dir: Path, out: Path | None = None) -> int:
 
     found = sorted(Path(results_dir).glob("**/results-*.json"))
     if not found:
-        print(f"No results under {results_dir} yet: run `python -m matmul bench --out {results_dir}` on an H100 "
-              "to make them.")
+        print(
+            f"No results under {results_dir} yet: run `python -m matmul bench --out {results_dir}` on an H100 "
+            "to make them."
+        )
         return 0
     for path in found:
         results = results_file.load(path)
@@ -128,8 +137,11 @@ def bench_command(args) -> int:
     arch = versions.normalize_arch(args.arch) if args.arch else here
     if here is None or arch != here:
         gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-        print(f"No GPU of the {arch or 'sm_90a/sm_100a'} series here ({gpu}): nothing can be timed. Compiling "
-              "instead, then redrawing the committed results.\n", flush=True)
+        print(
+            f"No GPU of the {arch or 'sm_90a/sm_100a'} series here ({gpu}): nothing can be timed. Compiling "
+            "instead, then redrawing the committed results.\n",
+            flush=True,
+        )
         args.no_check, args.all_configs = True, False
         status = compile_command(args)
         print()
@@ -139,17 +151,29 @@ def bench_command(args) -> int:
     path = out_dir / results_file.results_name(arch, args.dtype, chosen, sustained=bool(args.sustained))
     command = "python -m matmul " + " ".join(sys.argv[1:] if args.argv is None else args.argv)
     try:
-        results = bench.run(arch, names, chosen, dtype, rounds=args.rounds, warmup_ms=args.warmup_ms,
-                            repeat_ms=args.repeat_ms, triton=not args.no_triton, command=command,
-                            save=lambda r: results_file.write(r, path), sustained_s=args.sustained)
+        results = bench.run(
+            arch,
+            names,
+            chosen,
+            dtype,
+            rounds=args.rounds,
+            warmup_ms=args.warmup_ms,
+            repeat_ms=args.repeat_ms,
+            triton=not args.no_triton,
+            command=command,
+            save=lambda r: results_file.write(r, path),
+            sustained_s=args.sustained,
+        )
     except ValueError as e:  # from inside the run: not a usage error, keep the traceback
         raise RuntimeError(f"{type(e).__name__}: {e}") from e
     results_file.write(results, path)
     print(results_file.table(results))
     for name, s in results["summary"].items():
         if "matmul_vs_cublas_geomean" in s:
-            print(f"matmul() vs cuBLAS over {name} ({s['shapes']} shapes): geometric mean "
-                  f"{s['matmul_vs_cublas_geomean']:.3f}x, worst {s['matmul_vs_cublas_min']:.3f}x")
+            print(
+                f"matmul() vs cuBLAS over {name} ({s['shapes']} shapes): geometric mean "
+                f"{s['matmul_vs_cublas_geomean']:.3f}x, worst {s['matmul_vs_cublas_min']:.3f}x"
+            )
     from .harness import plot
 
     print(f"\nresults: {path}")
@@ -195,13 +219,20 @@ def candidates_command(args) -> int:
     if args.prebuild:
         for name, config in chosen:
             r = build.build_config(versions.load(arch, name), arch, config)
-            print(candidates.label(name, config), "ok" if r.ok else f"FAILED {r.error[-2000:]}", f"{r.registers} registers",
-                  f"{r.spill_bytes} B spilled", f"{r.shared_bytes // 1024} KiB shared", flush=True)
+            print(
+                candidates.label(name, config),
+                "ok" if r.ok else f"FAILED {r.error[-2000:]}",
+                f"{r.registers} registers",
+                f"{r.spill_bytes} B spilled",
+                f"{r.shared_bytes // 1024} KiB shared",
+                flush=True,
+            )
         return 0
     sizes = [tuple(int(d) for d in s.split("x")) if "x" in s else (int(s),) * 3 for s in args.sizes.split(",")]
     timer = SustainedTimer(args.sustained) if args.sustained else None
-    rows = candidates.measure(arch, chosen, sizes, args.rounds, timer=timer, profile=args.profile,
-                              print_=lambda line: print(line, flush=True))
+    rows = candidates.measure(
+        arch, chosen, sizes, args.rounds, timer=timer, profile=args.profile, print_=lambda line: print(line, flush=True)
+    )
     return 0 if all(r["ok"] for r in rows) else 1
 
 
@@ -213,11 +244,23 @@ def protocol_command(args) -> int:
         for version in _versions(args.versions, arch):
             module = versions.load(arch, version)
             for config in protocol.configs_to_check(module, arch, args.all_configs):
-                r = protocol.check(arch, version, config, seeds=args.seeds, module=module,
-                                   ordered_commits=not args.unordered_commits)
+                r = protocol.check(
+                    arch, version, config, seeds=args.seeds, module=module, ordered_commits=not args.unordered_commits
+                )
                 failed |= not r.ok
-                rows.append([versions.ARCH_NAMES[arch], version, r.cluster, r.roles, r.events, r.interleavings,
-                             f"{r.seconds:.1f}", r.verdict] + ([config] if args.all_configs else []))
+                rows.append(
+                    [
+                        versions.ARCH_NAMES[arch],
+                        version,
+                        r.cluster,
+                        r.roles,
+                        r.events,
+                        r.interleavings,
+                        f"{r.seconds:.1f}",
+                        r.verdict,
+                    ]
+                    + ([config] if args.all_configs else [])
+                )
                 if not r.ok and args.trace:
                     print(f"{r.label}: {r.verdict}\n{r.trace()}\n", flush=True)
     headers = ["arch", "version", "cluster", "roles", "events", "interleavings", "s", "verdict"]
@@ -232,15 +275,17 @@ def model_command(args) -> int:
     from .harness import model
 
     if versions.local_arch() is None:
-        raise ValueError("the model benchmark times matmul() against torch.matmul on a Hopper or Blackwell GPU; "
-                         "there is none here")
+        raise ValueError(
+            "the model benchmark times matmul() against torch.matmul on a Hopper or Blackwell GPU; there is none here"
+        )
     out = Path(args.out) if args.out else choice_cache_dir() / "model"
     return model.main(out, dtype={"float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype], rounds=args.rounds)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m matmul", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m matmul", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("compile", help="build the versions for an architecture and report what they compiled to")
     p.add_argument("--arch", help="sm_90a, sm_100a or both (comma-separated); default: both")
@@ -248,61 +293,106 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="write each version's PTX (and SASS) to OUT/<arch>/<version>.ptx")
     p.add_argument("--all-configs", action="store_true", help="build every configuration of the autotune space")
     p.add_argument("--no-check", action="store_true", help="do not run the kernels even on a matching GPU")
-    p.add_argument("--compare", metavar="DIR", help="say whether each version's PTX is the same as DIR/<arch>/<version>.ptx "
-                   "(written by an earlier --out), ignoring line information: a refactoring's proof")
+    p.add_argument(
+        "--compare",
+        metavar="DIR",
+        help="say whether each version's PTX is the same as DIR/<arch>/<version>.ptx "
+        "(written by an earlier --out), ignoring line information: a refactoring's proof",
+    )
     p.set_defaults(func=compile_command)
-    p = sub.add_parser("bench", help="check and time the versions, cuBLAS, Triton and matmul() on this GPU",
-                       description="Without a GPU of the series: compile report, then redraw the committed results.")
+    p = sub.add_parser(
+        "bench",
+        help="check and time the versions, cuBLAS, Triton and matmul() on this GPU",
+        description="Without a GPU of the series: compile report, then redraw the committed results.",
+    )
     p.add_argument("--arch", help="sm_90a or sm_100a; default: this machine's GPU")
     p.add_argument("--versions", help="comma-separated, e.g. v0,v1; default: every version")
-    p.add_argument("--shapes", default="series",
-                   help="presets (series, ksweep, llm) and MxNxK shapes, comma-separated (default: series)")
+    p.add_argument(
+        "--shapes",
+        default="series",
+        help="presets (series, ksweep, llm) and MxNxK shapes, comma-separated (default: series)",
+    )
     p.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
-    p.add_argument("--out", help="directory for results-<arch>-<dtype>-<shapes>.json and the figures "
-                                 "(default: <matmul cache dir>/bench)")
-    p.add_argument("--rounds", type=int, default=6,
-                   help="timing rounds per shape: each round times every kernel in one window with cuBLAS, the "
-                        "order reversed every other round (an even count gives every kernel as many early as "
-                        "late places); a kernel's ratio to cuBLAS is the median of its windows' (default 6)")
+    p.add_argument(
+        "--out",
+        help="directory for results-<arch>-<dtype>-<shapes>.json and the figures (default: <matmul cache dir>/bench)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=6,
+        help="timing rounds per shape: each round times every kernel in one window with cuBLAS, the "
+        "order reversed every other round (an even count gives every kernel as many early as "
+        "late places); a kernel's ratio to cuBLAS is the median of its windows' (default 6)",
+    )
     p.add_argument("--warmup-ms", type=float, default=50.0, help="warm-up per timing window (default 50)")
     p.add_argument("--repeat-ms", type=float, default=200.0, help="timed runs per timing window, in ms (default 200)")
-    p.add_argument("--sustained", type=float, default=0.0, metavar="SECONDS",
-                   help="time each kernel (cuBLAS too) alone, launched back to back for SECONDS per window, "
-                        "with the clock and power it runs at (the rate a power-limited GPU settles at); "
-                        "default: paired windows with cuBLAS")
+    p.add_argument(
+        "--sustained",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="time each kernel (cuBLAS too) alone, launched back to back for SECONDS per window, "
+        "with the clock and power it runs at (the rate a power-limited GPU settles at); "
+        "default: paired windows with cuBLAS",
+    )
     p.add_argument("--no-triton", action="store_true", help="leave out the Triton baseline")
     p.add_argument("--redraw-from", help="without a GPU: where the committed results are (default: plots/)")
     p.set_defaults(func=bench_command, all_configs=False, no_check=True, compare=None)
-    p = sub.add_parser("candidates", help="time chosen configurations of versions against cuBLAS (to choose a space)",
-                       description=candidates_doc())
+    p = sub.add_parser(
+        "candidates",
+        help="time chosen configurations of versions against cuBLAS (to choose a space)",
+        description=candidates_doc(),
+    )
     p.add_argument("candidates", nargs="+", help="VERSION (its whole space) or VERSION:knob=int,knob=int,...")
     p.add_argument("--arch", help="sm_90a or sm_100a; default: this machine's GPU")
     p.add_argument("--sizes", default="4096,8192", help="N (for N^3) or MxNxK, comma-separated (default 4096,8192)")
     p.add_argument("--rounds", type=int, default=6, help="timing rounds (default 6)")
     p.add_argument("--prebuild", action="store_true", help="only build them for --arch (no GPU needed)")
-    p.add_argument("--profile", type=int, default=0, metavar="LAUNCHES",
-                   help="check, then launch each LAUNCHES times in an NVTX range 'profile' (for ncu)")
-    p.add_argument("--sustained", type=float, default=0.0, metavar="SECONDS",
-                   help="sustained windows of SECONDS instead of paired windows with cuBLAS")
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="LAUNCHES",
+        help="check, then launch each LAUNCHES times in an NVTX range 'profile' (for ncu)",
+    )
+    p.add_argument(
+        "--sustained",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="sustained windows of SECONDS instead of paired windows with cuBLAS",
+    )
     p.set_defaults(func=candidates_command)
-    p = sub.add_parser("protocol", help="run each version's barriers on a CPU model over many interleavings "
-                                        "(deadlock, overrun, byte counts, exits, coverage)")
+    p = sub.add_parser(
+        "protocol",
+        help="run each version's barriers on a CPU model over many interleavings "
+        "(deadlock, overrun, byte counts, exits, coverage)",
+    )
     p.add_argument("--arch", help="sm_90a, sm_100a or both (comma-separated); default: both")
     p.add_argument("--versions", help="comma-separated, e.g. v0,v1; default: every version")
     p.add_argument("--seeds", type=int, default=24, help="interleavings per configuration (default 24)")
-    p.add_argument("--all-configs", action="store_true",
-                   help="every configuration of the autotune spaces (default: the representative and each "
-                        "other cluster shape)")
+    p.add_argument(
+        "--all-configs",
+        action="store_true",
+        help="every configuration of the autotune spaces (default: the representative and each other cluster shape)",
+    )
     p.add_argument("--trace", action="store_true", help="print the events before each finding")
-    p.add_argument("--unordered-commits", action="store_true",
-                   help="let one thread's tcgen05.commit arrivals land in any order (default: in issue order)")
+    p.add_argument(
+        "--unordered-commits",
+        action="store_true",
+        help="let one thread's tcgen05.commit arrivals land in any order (default: in issue order)",
+    )
     p.set_defaults(func=protocol_command)
     p = sub.add_parser("plot", help="draw the figures of bench results files (PNG and SVG)")
     p.add_argument("results", nargs="+", help="results-*.json written by bench")
     p.add_argument("--out", help="directory for the figures (default: next to each results file)")
     p.set_defaults(func=plot_command)
-    p = sub.add_parser("model", help="matmul() against torch.matmul as a model calls it: back to back with host time, "
-                                     "and a transformer block's forward")
+    p = sub.add_parser(
+        "model",
+        help="matmul() against torch.matmul as a model calls it: back to back with host time, "
+        "and a transformer block's forward",
+    )
     p.add_argument("--out", help="directory for the results, table and figure (default: <matmul cache dir>/model)")
     p.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
     p.add_argument("--rounds", type=int, default=10, help="alternating rounds per comparison (default 10)")

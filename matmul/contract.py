@@ -36,19 +36,24 @@ def _check_tensors(a, b) -> None:
         if not isinstance(t, torch.Tensor):
             raise MatmulInputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 2:
-            raise MatmulInputError(f"{name} must be 2-D, got shape {tuple(t.shape)}; reshape it to 2-D "
-                                   "(e.g. x.reshape(-1, x.shape[-1]))")
+            raise MatmulInputError(
+                f"{name} must be 2-D, got shape {tuple(t.shape)}; reshape it to 2-D (e.g. x.reshape(-1, x.shape[-1]))"
+            )
     if a.dtype not in DTYPES or b.dtype != a.dtype:
-        raise MatmulInputError(f"a and b must both be float16 or both bfloat16, got {a.dtype} and {b.dtype}; "
-                               "convert with .half() or .bfloat16()")
+        raise MatmulInputError(
+            f"a and b must both be float16 or both bfloat16, got {a.dtype} and {b.dtype}; "
+            "convert with .half() or .bfloat16()"
+        )
 
 
 def _check_inner(a: torch.Tensor, b: torch.Tensor, b_form: str) -> None:
     """K of a [M, K] against K of b, which is ``b_form`` ('[K, N]' for torch's a @ b, '[N, K]' for A @ B^T)."""
     k_b = b.shape[0] if b_form == "[K, N]" else b.shape[1]
     if a.shape[1] != k_b:
-        raise MatmulInputError(f"inner dimensions differ: a is [M, K] = {list(a.shape)} but b is {b_form} = "
-                               f"{list(b.shape)}" + ("" if b_form == "[K, N]" else "; these kernels compute a @ b.T"))
+        raise MatmulInputError(
+            f"inner dimensions differ: a is [M, K] = {list(a.shape)} but b is {b_form} = "
+            f"{list(b.shape)}" + ("" if b_form == "[K, N]" else "; these kernels compute a @ b.T")
+        )
     if min(*a.shape, *b.shape) < 1:
         m, k = a.shape
         n = b.shape[1] if b_form == "[K, N]" else b.shape[0]
@@ -57,8 +62,9 @@ def _check_inner(a: torch.Tensor, b: torch.Tensor, b_form: str) -> None:
 
 def _check_device(a: torch.Tensor, b: torch.Tensor) -> None:
     if not (a.is_cuda and b.is_cuda):
-        raise MatmulInputError(f"a and b must be CUDA tensors, got devices {a.device} and {b.device}; "
-                               "move them with .cuda()")
+        raise MatmulInputError(
+            f"a and b must be CUDA tensors, got devices {a.device} and {b.device}; move them with .cuda()"
+        )
     if a.device != b.device:
         raise MatmulInputError(f"a and b are on different devices ({a.device}, {b.device}); put both on one GPU")
 
@@ -109,8 +115,7 @@ def overlaps(pointer_1: int, layout_1: tuple, pointer_2: int, layout_2: tuple) -
     parts = [(q, min(r + cols_2, ld_1), r)]
     if r + cols_2 > ld_1:
         parts.append((q + 1, r + cols_2 - ld_1, 0))
-    return any(row < rows_1 and 0 < row + rows_2 and start < cols_1 and 0 < end
-               for row, end, start in parts)
+    return any(row < rows_1 and 0 < row + rows_2 and start < cols_1 and 0 < end for row, end, start in parts)
 
 
 def check_no_overlap(out_pointer: int, out_layout: tuple, name: str, pointer: int, input_layout: tuple) -> None:
@@ -124,11 +129,15 @@ def check_no_overlap(out_pointer: int, out_layout: tuple, name: str, pointer: in
 
 def _check_out(out, a: torch.Tensor, m: int, n: int, inputs: tuple) -> torch.Tensor:
     if not isinstance(out, torch.Tensor) or out.dim() != 2 or tuple(out.shape) != (m, n):
-        raise MatmulInputError(f"out must be a tensor of shape [{m}, {n}], got "
-                               f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
+        raise MatmulInputError(
+            f"out must be a tensor of shape [{m}, {n}], got "
+            f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}"
+        )
     if out.dtype != a.dtype or out.device != a.device:
-        raise MatmulInputError(f"out must be {a.dtype} on {a.device} like the inputs, got {out.dtype} on "
-                               f"{out.device}; allocate it with torch.empty_like")
+        raise MatmulInputError(
+            f"out must be {a.dtype} on {a.device} like the inputs, got {out.dtype} on "
+            f"{out.device}; allocate it with torch.empty_like"
+        )
     _check_row_major("out", out)
     for name, t in inputs:
         check_no_overlap(out.data_ptr(), layout(out), name, t.data_ptr(), layout(t))
@@ -186,14 +195,16 @@ def kernel_b(b: torch.Tensor) -> tuple[torch.Tensor, bool]:
         return copy, True
     raise MatmulInputError(
         f"b [K, N] = {list(b.shape)} has strides {tuple(b.stride())}: neither row-major [K, N] nor the "
-        "transposed view w.T of a row-major [N, K] matrix; pass b.contiguous()")
+        "transposed view w.T of a row-major [N, K] matrix; pass b.contiguous()"
+    )
 
 
 # --- the two entry points ------------------------------------------------------------------------
 
 
-def check_operands(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
-                   require_cuda: bool = True) -> torch.Tensor:
+def check_operands(
+    a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *, require_cuda: bool = True
+) -> torch.Tensor:
     """Validate A [M, K], B [N, K] (and C [M, N] if given); return C, allocated if not given.
     ``require_cuda=False`` only for CPU stand-ins of the kernels (tests)."""
     _check_tensors(a, b)

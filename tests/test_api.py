@@ -23,15 +23,18 @@ from matmul.measure.correctness import TOLERANCE, poisoned_output, random_operan
 # --- errors before anything runs -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda: (torch.randn(64, 48).half(), torch.randn(48, 32).half()), "CUDA tensors"),
-    (lambda: (torch.randn(64, 48).half(), torch.randn(32, 48).half().T), "CUDA tensors"),
-    (lambda: (torch.randn(2, 64, 48).half(), torch.randn(48, 32).half()), "must be 2-D"),
-    (lambda: (torch.randn(64, 48).half(), torch.randn(40, 32).half()), r"inner dimensions differ.*b is \[K, N\]"),
-    (lambda: (torch.randn(64, 48), torch.randn(48, 32)), "float16 or both bfloat16"),
-    (lambda: (torch.randn(64, 48).half(), torch.randn(48, 32).bfloat16()), "float16 or both bfloat16"),
-    (lambda: ([[1.0]], torch.randn(1, 1).half()), "must be a torch.Tensor"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: (torch.randn(64, 48).half(), torch.randn(48, 32).half()), "CUDA tensors"),
+        (lambda: (torch.randn(64, 48).half(), torch.randn(32, 48).half().T), "CUDA tensors"),
+        (lambda: (torch.randn(2, 64, 48).half(), torch.randn(48, 32).half()), "must be 2-D"),
+        (lambda: (torch.randn(64, 48).half(), torch.randn(40, 32).half()), r"inner dimensions differ.*b is \[K, N\]"),
+        (lambda: (torch.randn(64, 48), torch.randn(48, 32)), "float16 or both bfloat16"),
+        (lambda: (torch.randn(64, 48).half(), torch.randn(48, 32).bfloat16()), "float16 or both bfloat16"),
+        (lambda: ([[1.0]], torch.randn(1, 1).half()), "must be a torch.Tensor"),
+    ],
+)
 def test_bad_calls_name_the_problem_and_the_fix(make, message):
     a, b = make()
     with pytest.raises(matmul.MatmulInputError, match=message):
@@ -64,11 +67,14 @@ def test_row_major_b_is_transposed_once_into_aligned_rows():
     assert torch.equal(bt, b.T)
 
 
-@pytest.mark.parametrize("b, copied", [
-    (torch.randn(5, 1).half(), False),  # N = 1: b.T is one row, in place
-    (torch.randn(1, 16).half(), True),  # K = 1: b [1, N] row-major (b.T's rows would be 2 bytes apart)
-    (torch.randn(1, 1).half(), False),
-])
+@pytest.mark.parametrize(
+    "b, copied",
+    [
+        (torch.randn(5, 1).half(), False),  # N = 1: b.T is one row, in place
+        (torch.randn(1, 16).half(), True),  # K = 1: b [1, N] row-major (b.T's rows would be 2 bytes apart)
+        (torch.randn(1, 1).half(), False),
+    ],
+)
 def test_degenerate_layouts(b, copied):
     bt, was_copied = kernel_b(b)
     assert was_copied == copied and torch.equal(bt, b.T)
@@ -105,6 +111,7 @@ def fake_prepare(calls, errors=None, failing=()):
             raise RuntimeError(f"{version} did not build")
         module = versions.load("sm_90a", version)
         return tuner.Candidate(version, dict(module.REPRESENTATIVE), (errors or {}).get(version, 1e-4), lambda: None)
+
     return prepare
 
 
@@ -133,8 +140,14 @@ def test_tune_times_the_correct_versions_in_alternating_rounds():
 
     times = {"v0": 1.1, "v1": 1.0, "v2": 3.0}
     order.clear()
-    entry = tuner.tune("sm_90a", torch.float16, fake_prepare([]), lambda c: order.append(c.version) or
-                     times[c.version], names=["v0", "v1", "v2"], rounds=3)
+    entry = tuner.tune(
+        "sm_90a",
+        torch.float16,
+        fake_prepare([]),
+        lambda c: order.append(c.version) or times[c.version],
+        names=["v0", "v1", "v2"],
+        rounds=3,
+    )
     # after the first round, v2 (3x the fastest) is not timed again
     assert order == ["v0", "v1", "v2", "v1", "v0", "v0", "v1"] and entry["candidates"]["v2"]["ms"] == 3.0
     order.clear()
@@ -153,8 +166,13 @@ def test_a_version_replaces_cublas_only_when_clearly_faster():
         return tuner.Candidate(version, {}, 1e-4, lambda: None) if version == tuner.VENDOR else versions_only(version)
 
     def tune(version_ms):
-        return tuner.tune("sm_90a", torch.float16, prepare, lambda c: 1.0 if c.version == tuner.VENDOR else version_ms,
-                        names=["v1", tuner.VENDOR])
+        return tuner.tune(
+            "sm_90a",
+            torch.float16,
+            prepare,
+            lambda c: 1.0 if c.version == tuner.VENDOR else version_ms,
+            names=["v1", tuner.VENDOR],
+        )
 
     assert tune(0.995)["version"] == tuner.VENDOR  # 0.5% faster: within the noise
     assert tune(0.98)["version"] == "v1"  # 2% faster
@@ -162,8 +180,13 @@ def test_a_version_replaces_cublas_only_when_clearly_faster():
 
 
 def test_tune_rules_out_wrong_and_failing_versions():
-    entry = tuner.tune("sm_90a", torch.float16, fake_prepare([], errors={"v1": float("nan")}, failing={"v2"}),
-                     lambda c: 1.0, names=["v0", "v1", "v2"])
+    entry = tuner.tune(
+        "sm_90a",
+        torch.float16,
+        fake_prepare([], errors={"v1": float("nan")}, failing={"v2"}),
+        lambda c: 1.0,
+        names=["v0", "v1", "v2"],
+    )
     assert entry["version"] == "v0"
     assert "over the tolerance" in entry["rejected"]["v1"] and "did not build" in entry["rejected"]["v2"]
     with pytest.raises(RuntimeError, match="no candidate ran correctly"):
@@ -171,9 +194,13 @@ def test_tune_rules_out_wrong_and_failing_versions():
 
 
 def tuned_entry(cache, key, calls, names=("v0", "v1")):
-    return cache.choose(key, lambda: tuner.tune("sm_90a", torch.float16, fake_prepare(calls),
-                                              lambda c: {"v0": 2.0, "v1": 1.0}[c.version], names=list(names)),
-                        lambda e: tuner.entry_is_valid("sm_90a", e))
+    return cache.choose(
+        key,
+        lambda: tuner.tune(
+            "sm_90a", torch.float16, fake_prepare(calls), lambda c: {"v0": 2.0, "v1": 1.0}[c.version], names=list(names)
+        ),
+        lambda e: tuner.entry_is_valid("sm_90a", e),
+    )
 
 
 KEY = "sm_90a/fake GPU/float16/4096x4096x4096"
@@ -207,8 +234,7 @@ CHILD = textwrap.dedent("""
 def run_children(root, count, sleep, together):
     def start():
         code = CHILD.format(tests=os.path.dirname(__file__), root=str(root), sleep=sleep)
-        return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+        return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def finish(proc):
         stdout, stderr = proc.communicate(timeout=300)
@@ -232,11 +258,18 @@ def test_concurrent_processes_tune_a_shape_once(tmp_path):
     assert [r["version"] for r in results] == ["v1", "v1"]
 
 
-@pytest.mark.parametrize("content", [
-    "", "{", "garbage \x00\xff", json.dumps({"format": 1})[:-3], "[1, 2, 3]",
-    json.dumps({"format": 1, "tilus": "0.0.1", "entries": {}}),  # another tilus release
-    json.dumps({"format": 99, "entries": {}}),
-])
+@pytest.mark.parametrize(
+    "content",
+    [
+        "",
+        "{",
+        "garbage \x00\xff",
+        json.dumps({"format": 1})[:-3],
+        "[1, 2, 3]",
+        json.dumps({"format": 1, "tilus": "0.0.1", "entries": {}}),  # another tilus release
+        json.dumps({"format": 99, "entries": {}}),
+    ],
+)
 def test_a_corrupt_or_stale_choice_file_is_rebuilt(tmp_path, caplog, content):
     (tmp_path / "choices.json").write_text(content, errors="surrogateescape")
     calls = []
@@ -246,13 +279,16 @@ def test_a_corrupt_or_stale_choice_file_is_rebuilt(tmp_path, caplog, content):
     assert json.loads((tmp_path / "choices.json").read_text())["entries"][KEY]["version"] == "v1"
 
 
-@pytest.mark.parametrize("spoil", [
-    lambda e: e.update(version="v9"),  # a version that does not exist
-    lambda e: e.update(config={"block_m": 3, "block_n": 5, "block_k": 7}),  # not in the space any more
-    lambda e: e.update(fingerprint="0" * 16),  # the kernel's source changed since it was tuned
-    lambda e: e.update(ms="fast"),
-    lambda e: e.pop("config"),
-])
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        lambda e: e.update(version="v9"),  # a version that does not exist
+        lambda e: e.update(config={"block_m": 3, "block_n": 5, "block_k": 7}),  # not in the space any more
+        lambda e: e.update(fingerprint="0" * 16),  # the kernel's source changed since it was tuned
+        lambda e: e.update(ms="fast"),
+        lambda e: e.pop("config"),
+    ],
+)
 def test_a_stale_entry_is_tuned_again(tmp_path, spoil):
     cache = ChoiceCache(tmp_path)
     tuned_entry(cache, KEY, [])
@@ -275,9 +311,10 @@ def test_cache_location(monkeypatch, tmp_path):
 def test_matmul_cache_dir_also_moves_tilus_cache_unless_tilus_has_its_own(tmp_path):
     code = "import matmul, tilus.option; print(tilus.option.get_option('cache_dir'))"
     env = {k: v for k, v in os.environ.items() if k not in ("MATMUL_CACHE_DIR", "TILUS_CACHE_DIR")}
-    for extra, expected in (({"MATMUL_CACHE_DIR": str(tmp_path / "m")}, tmp_path / "m" / "tilus"),
-                            ({"MATMUL_CACHE_DIR": str(tmp_path / "m"), "TILUS_CACHE_DIR": str(tmp_path / "t")},
-                             tmp_path / "t")):
+    for extra, expected in (
+        ({"MATMUL_CACHE_DIR": str(tmp_path / "m")}, tmp_path / "m" / "tilus"),
+        ({"MATMUL_CACHE_DIR": str(tmp_path / "m"), "TILUS_CACHE_DIR": str(tmp_path / "t")}, tmp_path / "t"),
+    ):
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**env, **extra})
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert proc.stdout.strip() == str(expected)
@@ -297,11 +334,17 @@ def test_a_valid_tilus_dispatch_table_is_kept(tmp_path):
     assert (tmp_path / "dispatch_table.pickle").exists() and (tmp_path / "latency").exists()
 
 
-@pytest.mark.parametrize("content", [
-    b"", b"garbage", pickle.dumps({(4096,): 2})[:-4],  # truncated
-    pickle.dumps({(4096,): 7}),  # names a program that was not built
-    pickle.dumps([1, 2]), pickle.dumps({(4096,): "2"}),
-])
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"",
+        b"garbage",
+        pickle.dumps({(4096,): 2})[:-4],  # truncated
+        pickle.dumps({(4096,): 7}),  # names a program that was not built
+        pickle.dumps([1, 2]),
+        pickle.dumps({(4096,): "2"}),
+    ],
+)
 def test_a_broken_tilus_dispatch_table_is_removed(tmp_path, content):
     write_table(tmp_path, content)
     assert tilus_autotune.check_dispatch_table(tmp_path, programs=3)
@@ -323,7 +366,6 @@ def test_launch_arguments_hand_tilus_whole_padded_rows():
 # --- the whole path, with CPU stand-ins for the kernels -------------------------------------------
 
 
-
 @pytest.fixture
 def stand_ins(monkeypatch):
     from stand_ins import install
@@ -333,12 +375,14 @@ def stand_ins(monkeypatch):
 
 def in_process(timer, tuned=None):
     """The chooser's tuning step without a child process: the stand-ins live in this one."""
+
     def tune_jobs(arch, dtype, device, jobs, on_entry):
         for job in jobs:
             if tuned is not None:
                 tuned.append(job["key"])
             prepare, _ = tuner.gpu_worker(arch, dtype, job["m"], job["n"], job["k"], device)
             on_entry(job["key"], tuner.tune(arch, dtype, prepare, timer, names=job["names"], label=job["key"]))
+
     return tune_jobs
 
 
@@ -351,11 +395,13 @@ def cublas_wins(c):
 
 
 def plans(root, timer=versions_win, tuned=None, gpu="stand-in GPU"):
-    chooser = tuner.Chooser(ChoiceCache(root), tune_jobs=in_process(timer, tuned), arch_of=lambda device: "sm_90a",
-                            gpu_name=lambda device: gpu)
+    chooser = tuner.Chooser(
+        ChoiceCache(root),
+        tune_jobs=in_process(timer, tuned),
+        arch_of=lambda device: "sm_90a",
+        gpu_name=lambda device: gpu,
+    )
     return Plans(chooser, check=functools.partial(check_call, require_cuda=False))
-
-
 
 
 def test_candidates_leave_out_the_teaching_versions_and_what_a_version_rejects(monkeypatch):
@@ -443,7 +489,7 @@ def test_a_misaligned_pointer_on_a_seen_signature_is_refused(tmp_path, stand_ins
     a, w = random_operands(64, 32, 16, torch.float16, device="cpu")
     path.launch(a, w.T)
     buffer = torch.empty(64 * 16 + 8, dtype=torch.float16)
-    shifted = buffer[4:4 + 64 * 16].view(64, 16)  # same shape and strides, base 8 bytes off
+    shifted = buffer[4 : 4 + 64 * 16].view(64, 16)  # same shape and strides, base 8 bytes off
     assert signature(shifted, w.T, None) == signature(a, w.T, None)
     with pytest.raises(matmul.MatmulInputError, match="a's data pointer is not 16-byte aligned"):
         path.launch(shifted, w.T)
@@ -487,8 +533,7 @@ def test_when_cublas_wins_the_callers_operands_go_to_torch_as_they_are(tmp_path,
     assert path.launch(a, b, out) is out and relative_error(out, reference(a, w)) <= TOLERANCE[torch.float16]
 
 
-def test_a_chosen_version_that_cannot_take_a_shape_of_its_bucket_leaves_it_to_cublas(tmp_path, stand_ins,
-                                                                                       monkeypatch):
+def test_a_chosen_version_that_cannot_take_a_shape_of_its_bucket_leaves_it_to_cublas(tmp_path, stand_ins, monkeypatch):
     path = plans(tmp_path)
     a, w = random_operands(96, 64, 32, torch.float16, device="cpu")
     path.launch(a, w.T)  # v4 chosen for the bucket of M = 96 (up to 96)
@@ -504,11 +549,19 @@ def test_a_chosen_version_that_cannot_take_a_shape_of_its_bucket_leaves_it_to_cu
 
 def test_a_candidate_that_kills_its_child_is_rejected_and_the_rest_are_tuned(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
-    jobs = [{"key": "one", "m": 64, "n": 64, "k": 64, "names": ["v0", "v1", "v3", "v4", "v5", tuner.VENDOR]},
-            {"key": "two", "m": 32, "n": 32, "k": 32, "names": ["v1", tuner.VENDOR]}]
+    jobs = [
+        {"key": "one", "m": 64, "n": 64, "k": 64, "names": ["v0", "v1", "v3", "v4", "v5", tuner.VENDOR]},
+        {"key": "two", "m": 32, "n": 32, "k": 32, "names": ["v1", tuner.VENDOR]},
+    ]
     arrived = []
-    entries = tuner.tune_in_child("sm_90a", torch.float16, torch.device("cpu"), jobs,
-                                  worker="stand_ins:cpu_worker", on_entry=lambda key, e: arrived.append(key))
+    entries = tuner.tune_in_child(
+        "sm_90a",
+        torch.float16,
+        torch.device("cpu"),
+        jobs,
+        worker="stand_ins:cpu_worker",
+        on_entry=lambda key, e: arrived.append(key),
+    )
     one = entries["one"]
     assert one["version"] == "v5" and "faulted" in one["rejected"]["v3"]
     assert "over the tolerance" in one["rejected"]["v0"] and "does not build" in one["rejected"]["v4"]
@@ -519,9 +572,13 @@ def test_a_candidate_that_kills_its_child_is_rejected_and_the_rest_are_tuned(mon
 
 def test_a_child_that_fails_with_no_candidate_to_blame_is_a_clear_error(monkeypatch):
     with pytest.raises(tuner.TuningError, match="no_such_module"):
-        tuner.tune_in_child("sm_90a", torch.float16, torch.device("cpu"),
-                            [{"key": "k", "m": 8, "n": 8, "k": 8, "names": [tuner.VENDOR]}],
-                            worker="no_such_module:worker")
+        tuner.tune_in_child(
+            "sm_90a",
+            torch.float16,
+            torch.device("cpu"),
+            [{"key": "k", "m": 8, "n": 8, "k": 8, "names": [tuner.VENDOR]}],
+            worker="no_such_module:worker",
+        )
 
 
 # --- torch: compile and autograd through the custom operator ------------------------------------
@@ -596,14 +653,25 @@ def test_a_call_costs_the_longer_of_its_kernel_and_its_launch_on_the_host():
         def make(version):
             config = {} if version == tuner.VENDOR else dict(versions.load("sm_90a", version).REPRESENTATIVE)
             return tuner.Candidate(version, config, 1e-4, lambda: None, host_ms=host[version])
+
         return make
 
     gpu = {"v4": 1.5, tuner.VENDOR: 1.0}.get
     # the host issues cuBLAS's call in 2.0 and the version's in 1.0: back to back, the version is faster
-    entry = tuner.tune("sm_90a", torch.float16, prepare({"v4": 1.0, tuner.VENDOR: 2.0}), lambda c: gpu(c.version),
-                       names=["v4", tuner.VENDOR])
+    entry = tuner.tune(
+        "sm_90a",
+        torch.float16,
+        prepare({"v4": 1.0, tuner.VENDOR: 2.0}),
+        lambda c: gpu(c.version),
+        names=["v4", tuner.VENDOR],
+    )
     assert entry["version"] == "v4" and entry["call_ms"] == 1.5 and entry["candidates"][tuner.VENDOR]["call_ms"] == 2.0
     # long kernels: no host time measured, the kernels' times decide
-    entry = tuner.tune("sm_90a", torch.float16, prepare({"v4": None, tuner.VENDOR: None}), lambda c: gpu(c.version),
-                       names=["v4", tuner.VENDOR])
+    entry = tuner.tune(
+        "sm_90a",
+        torch.float16,
+        prepare({"v4": None, tuner.VENDOR: None}),
+        lambda c: gpu(c.version),
+        names=["v4", tuner.VENDOR],
+    )
     assert entry["version"] == tuner.VENDOR and entry["call_ms"] == 1.0

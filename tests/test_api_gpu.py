@@ -24,8 +24,11 @@ from matmul.harness import results as results_file
 from matmul.measure.correctness import TOLERANCE, poisoned_output, random_operands, reference, relative_error
 
 ARCH = gpu_arch()
-pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1800),
-              pytest.mark.skipif(ARCH is None, reason="needs a Hopper or Blackwell GPU")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.timeout(1800),
+    pytest.mark.skipif(ARCH is None, reason="needs a Hopper or Blackwell GPU"),
+]
 
 # not multiples of any tile; one row, one column; an LLM-like projection
 SHAPES = [(1000, 4095, 17), (17, 1000, 4095), (1, 24, 1000), (333, 1, 257), (128, 1024, 4096)]
@@ -132,8 +135,16 @@ def test_triton_baseline(m, n, k):
 def test_harness_end_to_end(tmp_path):
     chosen = presets.parse("256x512x384,1000x4095x17")
     names = matmul.versions.available(ARCH)[:2]
-    results = bench.run(ARCH, names, chosen, torch.float16, rounds=2, warmup_ms=5, repeat_ms=20,
-                        save=lambda r: results_file.write(r, tmp_path / "partial.json"))
+    results = bench.run(
+        ARCH,
+        names,
+        chosen,
+        torch.float16,
+        rounds=2,
+        warmup_ms=5,
+        repeat_ms=20,
+        save=lambda r: results_file.write(r, tmp_path / "partial.json"),
+    )
     path = tmp_path / results_file.results_name(ARCH, "float16", chosen)
     results_file.write(results, path)
     loaded = results_file.load(path)
@@ -171,7 +182,6 @@ def test_sustained_timing_tells_a_kernel_from_one_of_twice_its_work():
         timer([lambda: a @ b.T, lambda: half @ b.T])
 
 
-
 # --- operands past 2^31 elements -----------------------------------------------------------------
 
 LARGE = {"A": (135000, 256, 16384), "B": (256, 135000, 16384), "C": (70000, 32768, 64)}
@@ -182,8 +192,8 @@ def chunked_error(out, a, b, rows=8192):
     bf = b.float()
     diff = ref = 0.0
     for i in range(0, a.shape[0], rows):
-        r = a[i:i + rows].float() @ bf.T
-        d = out[i:i + rows].double() - r.double()
+        r = a[i : i + rows].float() @ bf.T
+        d = out[i : i + rows].double() - r.double()
         if not torch.isfinite(d).all():
             return float("inf")
         diff, ref = diff + d.square().sum().item(), ref + r.double().square().sum().item()

@@ -10,18 +10,21 @@ def mats(m=64, n=32, k=48, dtype=torch.float16):
     return torch.randn(m, k).to(dtype), torch.randn(n, k).to(dtype)
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda: (torch.randn(4, 8, 8).half(), torch.randn(8, 8).half()), "must be 2-D"),
-    (lambda: mats(dtype=torch.float32), "float16 or both bfloat16"),
-    (lambda: (mats()[0], mats(dtype=torch.bfloat16)[1]), "float16 or both bfloat16"),
-    (lambda: (torch.randn(64, 48).half(), torch.randn(32, 40).half()), "inner dimensions differ"),
-    (lambda: (torch.randn(0, 48).half(), torch.randn(32, 48).half()), "at least 1"),
-    (lambda: (torch.randn(48, 64).half().T, torch.randn(32, 48).half()), "unit stride"),
-    (lambda: (torch.randn(64, 20).half()[:, :17], torch.randn(32, 17).half()), "not a multiple of 16 bytes"),
-    (lambda: (torch.randn(64 * 48 + 1).half()[1:].view(64, 48), torch.randn(32, 48).half()), "16-byte aligned"),
-    (lambda: mats(), "CUDA tensors"),
-    (lambda: ([[1.0]], mats()[1]), "must be a torch.Tensor"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: (torch.randn(4, 8, 8).half(), torch.randn(8, 8).half()), "must be 2-D"),
+        (lambda: mats(dtype=torch.float32), "float16 or both bfloat16"),
+        (lambda: (mats()[0], mats(dtype=torch.bfloat16)[1]), "float16 or both bfloat16"),
+        (lambda: (torch.randn(64, 48).half(), torch.randn(32, 40).half()), "inner dimensions differ"),
+        (lambda: (torch.randn(0, 48).half(), torch.randn(32, 48).half()), "at least 1"),
+        (lambda: (torch.randn(48, 64).half().T, torch.randn(32, 48).half()), "unit stride"),
+        (lambda: (torch.randn(64, 20).half()[:, :17], torch.randn(32, 17).half()), "not a multiple of 16 bytes"),
+        (lambda: (torch.randn(64 * 48 + 1).half()[1:].view(64, 48), torch.randn(32, 48).half()), "16-byte aligned"),
+        (lambda: mats(), "CUDA tensors"),
+        (lambda: ([[1.0]], mats()[1]), "must be a torch.Tensor"),
+    ],
+)
 def test_bad_operands_are_named(make, message):
     a, b = make()
     with pytest.raises(MatmulInputError, match=message):
@@ -44,26 +47,36 @@ def test_row_stride_of_a_single_row_is_aligned():
 # --- out overlapping an input --------------------------------------------------------------------
 
 
-
 def shares_an_element(x, y):
     def addresses(t):
         rows, cols = t.shape
-        return {t.data_ptr() + (i * t.stride(0) + j * t.stride(1)) * t.element_size()
-                for i in range(rows) for j in range(cols)}
+        return {
+            t.data_ptr() + (i * t.stride(0) + j * t.stride(1)) * t.element_size()
+            for i in range(rows)
+            for j in range(cols)
+        }
+
     return bool(addresses(x) & addresses(y))
 
 
 def test_overlap_is_exact_for_blocks_of_one_buffer():
     buffer = torch.zeros(12, 16).half()
-    blocks = [buffer[r0:r1, c0:c1] for r0, r1 in ((0, 12), (0, 5), (5, 9), (3, 9), (4, 5), (7, 12))
-              for c0, c1 in ((0, 16), (0, 8), (4, 12), (8, 16), (15, 16), (12, 16))]
-    blocks += [buffer.view(-1)[s:s + 96].view(6, 16) for s in (5, 13, 21, 90)]  # bases off the row grid
+    blocks = [
+        buffer[r0:r1, c0:c1]
+        for r0, r1 in ((0, 12), (0, 5), (5, 9), (3, 9), (4, 5), (7, 12))
+        for c0, c1 in ((0, 16), (0, 8), (4, 12), (8, 16), (15, 16), (12, 16))
+    ]
+    blocks += [buffer.view(-1)[s : s + 96].view(6, 16) for s in (5, 13, 21, 90)]  # bases off the row grid
     # rows that straddle the buffer's rows
-    blocks += [buffer.view(-1)[s:s + 60].as_strided((5, 4), (16, 1)) for s in (14, 78, 109)]
+    blocks += [buffer.view(-1)[s : s + 60].as_strided((5, 4), (16, 1)) for s in (14, 78, 109)]
     for x in blocks:
         for y in blocks:
-            assert overlaps(x.data_ptr(), layout(x), y.data_ptr(), layout(y)) == shares_an_element(x, y), \
-                (x.data_ptr(), layout(x), y.data_ptr(), layout(y))
+            assert overlaps(x.data_ptr(), layout(x), y.data_ptr(), layout(y)) == shares_an_element(x, y), (
+                x.data_ptr(),
+                layout(x),
+                y.data_ptr(),
+                layout(y),
+            )
     other = torch.zeros(12, 16).half()
     assert not overlaps(buffer.data_ptr(), layout(buffer), other.data_ptr(), layout(other))
 

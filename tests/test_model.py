@@ -20,14 +20,14 @@ def reference_block(block, x):
     d, heads, kv_heads = block.head_dim, block.heads, block.kv_heads
     h = x.reshape(-1, hidden)
     qkv = block.rms_norm(h, w["norm_1"]) @ w["qkv"].T
-    q, k, v = qkv[:, :hidden], qkv[:, hidden:hidden + kv_heads * d], qkv[:, hidden + kv_heads * d:]
+    q, k, v = qkv[:, :hidden], qkv[:, hidden : hidden + kv_heads * d], qkv[:, hidden + kv_heads * d :]
     outs = []
     for b in range(batch):
         rows = slice(b * seq, (b + 1) * seq)
         heads_out = []
         for i in range(heads):
             j = i // (heads // kv_heads)  # the key/value head this query head shares
-            qi, kj, vj = q[rows, i * d:(i + 1) * d], k[rows, j * d:(j + 1) * d], v[rows, j * d:(j + 1) * d]
+            qi, kj, vj = q[rows, i * d : (i + 1) * d], k[rows, j * d : (j + 1) * d], v[rows, j * d : (j + 1) * d]
             scores = (qi @ kj.T) / math.sqrt(d) + torch.full((seq, seq), float("-inf")).triu(1)
             heads_out.append(scores.softmax(-1) @ vj)
         outs.append(torch.cat(heads_out, dim=1))
@@ -42,8 +42,12 @@ def test_the_block_computes_a_llama_style_layer():
     x = torch.randn(2, 5, 64)
     assert torch.allclose(block(x), reference_block(block, x), atol=1e-4, rtol=1e-4)
     assert calls == model.block_projection_shapes(10, hidden=64, mlp=96, heads=4, kv_heads=2)
-    assert model.block_projection_shapes(128) == [(128, 6144, 4096), (128, 4096, 4096), (128, 28672, 4096),
-                                                  (128, 4096, 14336)]
+    assert model.block_projection_shapes(128) == [
+        (128, 6144, 4096),
+        (128, 4096, 4096),
+        (128, 28672, 4096),
+        (128, 4096, 14336),
+    ]
 
 
 def test_the_extended_preset():
@@ -52,14 +56,42 @@ def test_the_extended_preset():
 
 
 def fake_results():
-    rows = [{"label": label, "m": m, "n": n, "k": k, "kernel": "cuBLAS", "matmul_ms": 0.02, "torch_ms": 0.021,
-             "ratio": 1.05, "ratios": [1.05], "calls": 10, "vs_torch_error": 0.0}
-            for label, (n, k) in list(model.PROJECTIONS.items())[:2] for m in (16, 128)]
-    return {"format": model.FORMAT, "dtype": "float16", "machine": {"gpu": "stand-in"}, "back_to_back": rows,
-            "back_to_back_summary": {"geomean": 1.05, "min": 1.05, "shapes": len(rows)},
-            "host_us": {"torch.matmul": 15.0, "matmul()": 14.0, "matmul() runs": "v7", "short path error": 1e-4},
-            "block": [{"batch": 1, "seq": 128, "tokens": 128, "matmul_ms": 0.5, "torch_ms": 0.51, "ratio": 1.02,
-                       "vs_torch_error": 0.0}]}
+    rows = [
+        {
+            "label": label,
+            "m": m,
+            "n": n,
+            "k": k,
+            "kernel": "cuBLAS",
+            "matmul_ms": 0.02,
+            "torch_ms": 0.021,
+            "ratio": 1.05,
+            "ratios": [1.05],
+            "calls": 10,
+            "vs_torch_error": 0.0,
+        }
+        for label, (n, k) in list(model.PROJECTIONS.items())[:2]
+        for m in (16, 128)
+    ]
+    return {
+        "format": model.FORMAT,
+        "dtype": "float16",
+        "machine": {"gpu": "stand-in"},
+        "back_to_back": rows,
+        "back_to_back_summary": {"geomean": 1.05, "min": 1.05, "shapes": len(rows)},
+        "host_us": {"torch.matmul": 15.0, "matmul()": 14.0, "matmul() runs": "v7", "short path error": 1e-4},
+        "block": [
+            {
+                "batch": 1,
+                "seq": 128,
+                "tokens": 128,
+                "matmul_ms": 0.5,
+                "torch_ms": 0.51,
+                "ratio": 1.02,
+                "vs_torch_error": 0.0,
+            }
+        ],
+    }
 
 
 def test_the_report_and_the_figure(tmp_path):

@@ -60,7 +60,8 @@ def device_arch(device: torch.device) -> str:
         raise UnsupportedGPUError(
             f"{torch.cuda.get_device_name(device)} ({device}) has compute capability "
             f"{capability[0]}.{capability[1]}; the kernels of this project need a Hopper GPU (9.0, e.g. "
-            "H100/H200) or a Blackwell B200/GB200 (10.0). Use torch.matmul(a, b) on this GPU")
+            "H100/H200) or a Blackwell B200/GB200 (10.0). Use torch.matmul(a, b) on this GPU"
+        )
     if not versions.available(arch):
         raise UnsupportedGPUError(f"no version of the series exists yet for {arch}; use torch.matmul(a, b)")
     return arch
@@ -90,8 +91,9 @@ def choice(a: torch.Tensor, b: torch.Tensor) -> Entry:
     return _chooser.get(a.device, a.dtype, a.shape[0], bt.shape[0], a.shape[1])[1]
 
 
-def tune(shapes: Iterable[tuple[int, int, int]], dtype: torch.dtype = torch.float16,
-         device: Optional[torch.device] = None) -> dict[tuple[int, int, int], Entry]:
+def tune(
+    shapes: Iterable[tuple[int, int, int]], dtype: torch.dtype = torch.float16, device: Optional[torch.device] = None
+) -> dict[tuple[int, int, int], Entry]:
     """Make sure each (M, N, K) of ``shapes`` has a choice on ``device`` (default: the current GPU),
     tuning all that lack one in one child process; the entries by shape. Call it before capturing a
     CUDA graph, or to pay for the tuning of a model's shapes up front."""

@@ -86,9 +86,14 @@ class ChoiceCache:
             log.warning("ignoring the choice cache %s: not a choice file; it will be rebuilt", self.path)
             return {}
         if data.get("format") != FORMAT or data.get("tilus") != tilus.__version__:
-            log.warning("ignoring the choice cache %s: written for format %s and tilus %s (now %s and %s); "
-                        "it will be rebuilt", self.path, data.get("format"), data.get("tilus"), FORMAT,
-                        tilus.__version__)
+            log.warning(
+                "ignoring the choice cache %s: written for format %s and tilus %s (now %s and %s); it will be rebuilt",
+                self.path,
+                data.get("format"),
+                data.get("tilus"),
+                FORMAT,
+                tilus.__version__,
+            )
             return {}
         return data["entries"]
 
@@ -130,8 +135,9 @@ class ChoiceCache:
         lock_dir.mkdir(parents=True, exist_ok=True)
         with contextlib.ExitStack() as held:
             for key in sorted(set(keys)):
-                held.enter_context(filelock.FileLock(
-                    str(lock_dir / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".lock"))))
+                held.enter_context(
+                    filelock.FileLock(str(lock_dir / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".lock")))
+                )
             yield
 
     def choose(self, key: str, tune: Callable[[], Entry], is_valid: Callable[[Entry], bool] = lambda e: True) -> Entry:

@@ -35,8 +35,19 @@ def signature(a, b, out) -> tuple:
     """What a plan depends on apart from the data; raises AttributeError for what is not a tensor."""
     if out is None:
         return a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.device
-    return (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.device,
-            out.shape, out.stride(), out.dtype, out.device)
+    return (
+        a.shape,
+        b.shape,
+        a.stride(),
+        b.stride(),
+        a.dtype,
+        b.dtype,
+        a.device,
+        out.shape,
+        out.stride(),
+        out.dtype,
+        out.device,
+    )
 
 
 class VendorPlan:
@@ -61,8 +72,16 @@ class VendorPlan:
 class SeriesPlan:
     """A version chose for this bucket: its compiled launch function, called with the pointers."""
 
-    def __init__(self, launch: Callable, a: torch.Tensor, b: torch.Tensor, bt: torch.Tensor, copied: bool,
-                 c: torch.Tensor, out: Optional[torch.Tensor]):
+    def __init__(
+        self,
+        launch: Callable,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        bt: torch.Tensor,
+        copied: bool,
+        c: torch.Tensor,
+        out: Optional[torch.Tensor],
+    ):
         (self.m, self.k), self.n = a.shape, bt.shape[0]
         self.launch = launch
         self.lda, self.ldb, self.ldc = row_stride(a), row_stride(bt), row_stride(c)
@@ -78,14 +97,14 @@ class SeriesPlan:
             check_aligned("a", a.data_ptr())
         if self.copy_b:
             bt = torch.empty((self.n, self.ldb), dtype=self.dtype, device=self.device)
-            bt[:, :self.k].copy_(b.T)
+            bt[:, : self.k].copy_(b.T)
         else:  # b = w.T: the kernel reads w's rows in place
             bt = b
             if b.data_ptr() % TMA_ALIGN_BYTES:
                 check_aligned("b.T", b.data_ptr())
         if out is None:
             buffer = torch.empty((self.m, self.out_row), dtype=self.dtype, device=self.device)
-            out = buffer if self.out_row == self.n else buffer[:, :self.n]
+            out = buffer if self.out_row == self.n else buffer[:, : self.n]
         else:
             buffer = out
             check_aligned("out", out.data_ptr())
@@ -95,8 +114,7 @@ class SeriesPlan:
             self.launch(self.m, self.n, self.k, a.data_ptr(), bt.data_ptr(), buffer, self.lda, self.ldb, self.ldc)
         else:
             with torch.cuda.device(self.device_index):
-                self.launch(self.m, self.n, self.k, a.data_ptr(), bt.data_ptr(), buffer, self.lda, self.ldb,
-                            self.ldc)
+                self.launch(self.m, self.n, self.k, a.data_ptr(), bt.data_ptr(), buffer, self.lda, self.ldb, self.ldc)
         return out
 
 
@@ -149,4 +167,3 @@ class Plans:
         """The plan a call with these operands uses (derived if needed): for tests and ``choice``."""
         key = signature(a, b, out)
         return self.plans.get(key) or self.derive(a, b, out, key)
-

@@ -53,9 +53,12 @@ def check_dispatch_table(cache_dir: Path, programs: int) -> bool:
             with open(table_path, "rb") as f:
                 table = pickle.load(f)
             valid = isinstance(table, dict) and all(
-                isinstance(key, tuple) and all(isinstance(x, int) for x in key)
-                and isinstance(index, int) and 0 <= index < programs
-                for key, index in table.items())
+                isinstance(key, tuple)
+                and all(isinstance(x, int) for x in key)
+                and isinstance(index, int)
+                and 0 <= index < programs
+                for key, index in table.items()
+            )
             problem = "names a program that was not built"
         except Exception as e:  # truncated or garbage: any unpickling error
             valid, problem = False, f"does not load ({type(e).__name__})"

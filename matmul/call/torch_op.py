@@ -88,6 +88,8 @@ def traced(a, b, out: Optional[torch.Tensor]):
 def with_grad(a, b, out: Optional[torch.Tensor]):
     """``matmul()`` when autograd must record it."""
     if out is not None:
-        raise MatmulInputError("matmul(out=...) does not support automatic differentiation (as torch's "
-                               "out= functions); call matmul(a, b) without out, or under torch.no_grad()")
+        raise MatmulInputError(
+            "matmul(out=...) does not support automatic differentiation (as torch's "
+            "out= functions); call matmul(a, b) without out, or under torch.no_grad()"
+        )
     return torch.ops.tilus_matmul.mm(a, b)

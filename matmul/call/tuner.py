@@ -79,8 +79,9 @@ def choice_key(arch: str, gpu: str, dtype: torch.dtype, m: int, n: int, k: int) 
     return f"{arch}/{gpu}/{str(dtype).removeprefix('torch.')}/{bucket(m)}x{bucket(n)}x{bucket(k)}"
 
 
-def fits(module, m: int, n: int, k: int, lda: Optional[int] = None, ldb: Optional[int] = None,
-         ldc: Optional[int] = None) -> bool:
+def fits(
+    module, m: int, n: int, k: int, lda: Optional[int] = None, ldb: Optional[int] = None, ldc: Optional[int] = None
+) -> bool:
     """Whether a version may run C [M, N] = A [M, K] @ B [N, K]^T with these row strides (default:
     rows padded to 16 bytes, as the tuner's operands are): its ``supports(m, n, k)`` if it declares
     one, and its ``MAX_ELEMENTS`` if it declares one (the largest element offset it can compute)."""
@@ -115,9 +116,12 @@ def fingerprint(arch: str, version: str) -> str:
     from .. import tilus_fixes
     from ..kernels import entry
 
-    files = [Path(versions.load(arch, version).__file__), Path(entry.__file__),
-             *sorted(Path(pipeline.__file__).parent.glob("*.py")),
-             *sorted(Path(tilus_fixes.__file__).parent.glob("*.py"))]
+    files = [
+        Path(versions.load(arch, version).__file__),
+        Path(entry.__file__),
+        *sorted(Path(pipeline.__file__).parent.glob("*.py")),
+        *sorted(Path(tilus_fixes.__file__).parent.glob("*.py")),
+    ]
     for path in files:
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
@@ -168,9 +172,16 @@ class Candidate:
     host_ms: Optional[float] = None
 
 
-def tune(arch: str, dtype: torch.dtype, prepare: Callable[[str], Candidate], timer: Callable[[Candidate], float],
-         names: list[str], rounds: int = TUNING_ROUNDS, label: str = "",
-         rejected: Optional[dict[str, str]] = None) -> Entry:
+def tune(
+    arch: str,
+    dtype: torch.dtype,
+    prepare: Callable[[str], Candidate],
+    timer: Callable[[Candidate], float],
+    names: list[str],
+    rounds: int = TUNING_ROUNDS,
+    label: str = "",
+    rejected: Optional[dict[str, str]] = None,
+) -> Entry:
     """Prepare every candidate of ``names`` (a failure or a wrong result rules it out), time the
     survivors in ``rounds`` alternating rounds, and describe the fastest as a choice entry (cuBLAS,
     if it is a candidate, unless a version is faster by more than ``VENDOR_MARGIN``). ``rejected``:
@@ -187,8 +198,9 @@ def tune(arch: str, dtype: torch.dtype, prepare: Callable[[str], Candidate], tim
             continue
         found.append(candidate)
     if not found:
-        raise RuntimeError(f"no candidate ran correctly for {label}: {rejected}; use torch.matmul meanwhile, "
-                           "and report it")
+        raise RuntimeError(
+            f"no candidate ran correctly for {label}: {rejected}; use torch.matmul meanwhile, and report it"
+        )
     times = alternating_rounds(found, rounds, timer, prune=PRUNE)
     ms = {c.version: statistics.median(t) for c, t in zip(found, times)}
     # back to back, a call takes the longer of the kernel's time and the host's time to issue it
@@ -198,10 +210,22 @@ def tune(arch: str, dtype: torch.dtype, prepare: Callable[[str], Candidate], tim
     if vendor is not None and call_ms[best.version] >= call_ms[VENDOR] * (1 - VENDOR_MARGIN):
         best = vendor
     return {
-        "version": best.version, "config": best.config, "ms": ms[best.version], "error": best.error,
-        "call_ms": call_ms[best.version], "fingerprint": fingerprint(arch, best.version),
-        "candidates": {c.version: {"config": c.config, "ms": ms[c.version], "host_ms": c.host_ms,
-                                   "call_ms": call_ms[c.version], "error": c.error} for c in found},
+        "version": best.version,
+        "config": best.config,
+        "ms": ms[best.version],
+        "error": best.error,
+        "call_ms": call_ms[best.version],
+        "fingerprint": fingerprint(arch, best.version),
+        "candidates": {
+            c.version: {
+                "config": c.config,
+                "ms": ms[c.version],
+                "host_ms": c.host_ms,
+                "call_ms": call_ms[c.version],
+                "error": c.error,
+            }
+            for c in found
+        },
         "rejected": rejected,
         "tuned": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
@@ -338,8 +362,9 @@ def child_main(request: dict) -> None:
                     os._exit(3)
                 raise
 
-        entry = tune(request["arch"], dtype, prepare, timer, names=job["names"], label=job["key"],
-                     rejected=job.get("rejected"))
+        entry = tune(
+            request["arch"], dtype, prepare, timer, names=job["names"], label=job["key"], rejected=job.get("rejected")
+        )
         _report(key=job["key"], entry=entry)
 
 
@@ -347,20 +372,36 @@ class TuningError(RuntimeError):
     """Tuning in the child process failed for a reason other than a faulting candidate."""
 
 
-def tune_in_child(arch: str, dtype: torch.dtype, device: torch.device, jobs: list[dict],
-                  worker: str = "matmul.call.tuner:gpu_worker", on_entry: Callable[[str, Entry], None] = None,
-                  timeout_s: float = CHILD_TIMEOUT_S) -> dict[str, Entry]:
+def tune_in_child(
+    arch: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    jobs: list[dict],
+    worker: str = "matmul.call.tuner:gpu_worker",
+    on_entry: Callable[[str, Entry], None] = None,
+    timeout_s: float = CHILD_TIMEOUT_S,
+) -> dict[str, Entry]:
     """Tune ``jobs`` (dicts of key, m, n, k and the candidate ``names``) in child processes; the
     entries by key, each handed to ``on_entry`` as it arrives. A candidate that kills its child (or
     leaves its CUDA context unusable) is rejected for that job, and a new child tunes the rest."""
     pending = [dict(job, rejected=dict(job.get("rejected", {}))) for job in jobs]
     entries: dict[str, Entry] = {}
     while pending:
-        request = {"arch": arch, "dtype": str(dtype).removeprefix("torch."), "device": str(device),
-                   "worker": worker, "jobs": pending}
+        request = {
+            "arch": arch,
+            "dtype": str(dtype).removeprefix("torch."),
+            "device": str(device),
+            "worker": worker,
+            "jobs": pending,
+        }
         with tempfile.TemporaryFile("w+") as stderr:
-            process = subprocess.Popen([sys.executable, "-m", "matmul.call.tuner"], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, stderr=stderr, text=True)
+            process = subprocess.Popen(
+                [sys.executable, "-m", "matmul.call.tuner"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+            )
             timer = threading.Timer(timeout_s, process.kill)
             timer.start()
             try:
@@ -370,7 +411,7 @@ def tune_in_child(arch: str, dtype: torch.dtype, device: torch.device, jobs: lis
                 for line in process.stdout:
                     if not line.startswith(PROTOCOL):
                         continue  # output of the kernels' build, not the tuner's
-                    message = json.loads(line[len(PROTOCOL):])
+                    message = json.loads(line[len(PROTOCOL) :])
                     key = message["key"]
                     if "preparing" in message:
                         preparing[key] = message["preparing"]
@@ -391,13 +432,15 @@ def tune_in_child(arch: str, dtype: torch.dtype, device: torch.device, jobs: lis
         if not pending:
             break
         if code == 0 or not preparing:  # no candidate to blame: a bug or an environment problem
-            raise TuningError(f"tuning {pending[0]['key']} in a child process failed (exit code {code}); "
-                              f"its output ends with:\n{log}")
+            raise TuningError(
+                f"tuning {pending[0]['key']} in a child process failed (exit code {code}); its output ends with:\n{log}"
+            )
         for job in pending:  # blame the candidate the child was preparing when it died
             culprit = preparing.get(job["key"])
             if culprit is not None:
-                job["rejected"][culprit] = (f"faulted: the child process tuning it died (exit code {code}) "
-                                            "or lost its CUDA context")
+                job["rejected"][culprit] = (
+                    f"faulted: the child process tuning it died (exit code {code}) or lost its CUDA context"
+                )
                 job["names"] = [v for v in job["names"] if v != culprit]
     return entries
 
@@ -460,7 +503,8 @@ class Chooser:
             if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
                 raise NotTunedError(
                     f"matmul() has no choice for {', '.join(jobs)} and cannot tune while a CUDA graph is being "
-                    "captured; call matmul() on these shapes once before capturing (or matmul.tune(...))")
+                    "captured; call matmul() on these shapes once before capturing (or matmul.tune(...))"
+                )
 
             def store(key, entry):
                 self.cache.store(key, entry)

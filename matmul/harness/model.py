@@ -35,8 +35,12 @@ import torch
 
 from . import presets
 
-PROJECTIONS = {**presets.LLAMA3_8B_PROJECTIONS, "qkv": (6144, 4096), "gate-up": (28672, 4096),
-               "lm_head": (128256, 4096)}
+PROJECTIONS = {
+    **presets.LLAMA3_8B_PROJECTIONS,
+    "qkv": (6144, 4096),
+    "gate-up": (28672, 4096),
+    "lm_head": (128256, 4096),
+}
 TOKENS = (16, 128, 1024, 8192)
 HOST_SHAPE = (16, 256, 256)
 BLOCK_SIZES = ((1, 128), (1, 1024), (4, 1024), (2, 4096))  # batch x sequence
@@ -54,8 +58,9 @@ def window_ms(fn: Callable[[], object], calls: int) -> float:
     return start.elapsed_time(end) / calls
 
 
-def compare(ours: Callable[[], object], theirs: Callable[[], object], rounds: int = 10,
-            window_ms_target: float = 50.0) -> dict:
+def compare(
+    ours: Callable[[], object], theirs: Callable[[], object], rounds: int = 10, window_ms_target: float = 50.0
+) -> dict:
     """Both functions timed in back-to-back windows of about ``window_ms_target``, ``rounds`` rounds
     in alternating order; per call milliseconds (medians) and the median of the rounds' ratios."""
     for fn in (ours, theirs):
@@ -71,8 +76,13 @@ def compare(ours: Callable[[], object], theirs: Callable[[], object], rounds: in
         for fn, times in order if r % 2 == 0 else order[::-1]:
             times.append(window_ms(fn, calls))
     ratios = [t / o for o, t in zip(ours_ms, theirs_ms)]
-    return {"matmul_ms": statistics.median(ours_ms), "torch_ms": statistics.median(theirs_ms),
-            "ratio": statistics.median(ratios), "ratios": ratios, "calls": calls}
+    return {
+        "matmul_ms": statistics.median(ours_ms),
+        "torch_ms": statistics.median(theirs_ms),
+        "ratio": statistics.median(ratios),
+        "ratios": ratios,
+        "calls": calls,
+    }
 
 
 def host_us(fn: Callable[[], object], calls: int = 2000, repeats: int = 5) -> float:
@@ -95,8 +105,18 @@ class Block:
     """One Llama-style decoder block (no rotary embedding: it does not touch the projections), its
     projections through ``linear(x, w)`` (``x @ w.T``)."""
 
-    def __init__(self, linear: Callable, hidden: int = 4096, mlp: int = 14336, heads: int = 32, kv_heads: int = 8,
-                 dtype=torch.float16, device="cuda", seed: int = 0, weights: Optional[dict] = None):
+    def __init__(
+        self,
+        linear: Callable,
+        hidden: int = 4096,
+        mlp: int = 14336,
+        heads: int = 32,
+        kv_heads: int = 8,
+        dtype=torch.float16,
+        device="cuda",
+        seed: int = 0,
+        weights: Optional[dict] = None,
+    ):
         self.linear, self.hidden, self.mlp, self.heads, self.kv_heads = linear, hidden, mlp, heads, kv_heads
         self.head_dim = hidden // heads
         if weights is None:
@@ -106,10 +126,14 @@ class Block:
                 return (torch.randn(n, k, device=device, dtype=torch.float32, generator=g) / math.sqrt(k)).to(dtype)
 
             kv = kv_heads * self.head_dim
-            weights = {"qkv": weight(hidden + 2 * kv, hidden), "o": weight(hidden, hidden),
-                       "gate_up": weight(2 * mlp, hidden), "down": weight(hidden, mlp),
-                       "norm_1": torch.ones(hidden, device=device, dtype=dtype),
-                       "norm_2": torch.ones(hidden, device=device, dtype=dtype)}
+            weights = {
+                "qkv": weight(hidden + 2 * kv, hidden),
+                "o": weight(hidden, hidden),
+                "gate_up": weight(2 * mlp, hidden),
+                "down": weight(hidden, mlp),
+                "norm_1": torch.ones(hidden, device=device, dtype=dtype),
+                "norm_2": torch.ones(hidden, device=device, dtype=dtype),
+            }
         self.weights = weights
 
     @staticmethod
@@ -132,19 +156,25 @@ class Block:
         return h.reshape(batch, seq, hidden)
 
 
-def block_projection_shapes(tokens: int, hidden: int = 4096, mlp: int = 14336, heads: int = 32,
-                            kv_heads: int = 8) -> list[tuple[int, int, int]]:
+def block_projection_shapes(
+    tokens: int, hidden: int = 4096, mlp: int = 14336, heads: int = 32, kv_heads: int = 8
+) -> list[tuple[int, int, int]]:
     """(M, N, K) of ``Block``'s four projections (q/k/v fused, o, gate/up fused, down) at ``tokens``."""
     kv = kv_heads * hidden // heads
-    return [(tokens, hidden + 2 * kv, hidden), (tokens, hidden, hidden), (tokens, 2 * mlp, hidden),
-            (tokens, hidden, mlp)]
+    return [
+        (tokens, hidden + 2 * kv, hidden),
+        (tokens, hidden, hidden),
+        (tokens, 2 * mlp, hidden),
+        (tokens, hidden, mlp),
+    ]
 
 
 # --- the run -------------------------------------------------------------------------------------
 
 
-def run(dtype=torch.float16, tokens=TOKENS, projections=PROJECTIONS, block_sizes=BLOCK_SIZES, rounds: int = 10,
-        log=print) -> dict:
+def run(
+    dtype=torch.float16, tokens=TOKENS, projections=PROJECTIONS, block_sizes=BLOCK_SIZES, rounds: int = 10, log=print
+) -> dict:
     import matmul
     from matmul.call import api
 
@@ -156,35 +186,57 @@ def run(dtype=torch.float16, tokens=TOKENS, projections=PROJECTIONS, block_sizes
     log(f"tuning {len(set(shapes) | set(block_shapes) | {HOST_SHAPE})} shapes (those not stored yet) ...")
     began = time.time()
     matmul.tune([*shapes, *block_shapes, HOST_SHAPE], dtype=dtype, device=device)
-    results = {"format": FORMAT, "dtype": str(dtype).removeprefix("torch."), "machine": machine(),
-               "software": software(), "tuning_s": time.time() - began, "rounds": rounds, "back_to_back": [],
-               "block": []}
+    results = {
+        "format": FORMAT,
+        "dtype": str(dtype).removeprefix("torch."),
+        "machine": machine(),
+        "software": software(),
+        "tuning_s": time.time() - began,
+        "rounds": rounds,
+        "back_to_back": [],
+        "block": [],
+    }
 
     g = torch.Generator(device=device).manual_seed(1)
     for label, (n, k) in projections.items():
         w = (torch.rand(n, k, device=device, generator=g) * 2 - 1).to(dtype)
         for m in tokens:
             x = (torch.rand(m, k, device=device, generator=g) * 2 - 1).to(dtype)
-            row = {"label": label, "m": m, "n": n, "k": k, "kernel": api.choice(x, w.T)["version"],
-                   **_projection(x, w, rounds)}
+            row = {
+                "label": label,
+                "m": m,
+                "n": n,
+                "k": k,
+                "kernel": api.choice(x, w.T)["version"],
+                **_projection(x, w, rounds),
+            }
             results["back_to_back"].append(row)
-            log(f"{label:>9} {m:>5}x{n}x{k}: matmul() {row['matmul_ms'] * 1e3:9.1f} us ({row['kernel']}), "
-                f"torch {row['torch_ms'] * 1e3:9.1f} us: {row['ratio']:.3f}x")
+            log(
+                f"{label:>9} {m:>5}x{n}x{k}: matmul() {row['matmul_ms'] * 1e3:9.1f} us ({row['kernel']}), "
+                f"torch {row['torch_ms'] * 1e3:9.1f} us: {row['ratio']:.3f}x"
+            )
         torch.cuda.empty_cache()
     ratios = [r["ratio"] for r in results["back_to_back"]]
-    results["back_to_back_summary"] = {"geomean": math.exp(statistics.fmean(math.log(r) for r in ratios)),
-                                       "min": min(ratios), "shapes": len(ratios)}
+    results["back_to_back_summary"] = {
+        "geomean": math.exp(statistics.fmean(math.log(r) for r in ratios)),
+        "min": min(ratios),
+        "shapes": len(ratios),
+    }
 
     results["host_us"] = host_times(dtype, device)
-    log(f"host time per call at {'x'.join(map(str, HOST_SHAPE))}: " +
-        ", ".join(f"{name} {us:.1f} us" for name, us in results["host_us"].items() if isinstance(us, float)))
+    log(
+        f"host time per call at {'x'.join(map(str, HOST_SHAPE))}: "
+        + ", ".join(f"{name} {us:.1f} us" for name, us in results["host_us"].items() if isinstance(us, float))
+    )
 
     for batch, seq in block_sizes:
         x = torch.randn(batch, seq, 4096, device=device, generator=g).to(dtype)
         row = {"batch": batch, "seq": seq, "tokens": batch * seq, **_block(x, dtype, rounds)}
         results["block"].append(row)
-        log(f"block {batch} x {seq}: matmul() {row['matmul_ms']:.3f} ms, torch {row['torch_ms']:.3f} ms: "
-            f"{row['ratio']:.3f}x (outputs differ by {row['vs_torch_error']:.1e})")
+        log(
+            f"block {batch} x {seq}: matmul() {row['matmul_ms']:.3f} ms, torch {row['torch_ms']:.3f} ms: "
+            f"{row['ratio']:.3f}x (outputs differ by {row['vs_torch_error']:.1e})"
+        )
     return results
 
 
@@ -196,8 +248,10 @@ def _projection(x: torch.Tensor, w: torch.Tensor, rounds: int) -> dict:
     import matmul
 
     error = _relative_difference(matmul.matmul(x, w.T), torch.matmul(x, w.T))
-    return {"vs_torch_error": error,
-            **compare(lambda: matmul.matmul(x, w.T), lambda: torch.matmul(x, w.T), rounds=rounds)}
+    return {
+        "vs_torch_error": error,
+        **compare(lambda: matmul.matmul(x, w.T), lambda: torch.matmul(x, w.T), rounds=rounds),
+    }
 
 
 def _block(x: torch.Tensor, dtype, rounds: int) -> dict:
@@ -206,8 +260,10 @@ def _block(x: torch.Tensor, dtype, rounds: int) -> dict:
     ours = Block(lambda t, w: matmul.matmul(t, w.T), dtype=dtype, device=x.device)
     theirs = Block(lambda t, w: torch.matmul(t, w.T), dtype=dtype, device=x.device, weights=ours.weights)
     error = _relative_difference(ours(x), theirs(x))
-    return {"vs_torch_error": error,
-            **compare(lambda: ours(x), lambda: theirs(x), rounds=rounds, window_ms_target=100.0)}
+    return {
+        "vs_torch_error": error,
+        **compare(lambda: ours(x), lambda: theirs(x), rounds=rounds, window_ms_target=100.0),
+    }
 
 
 def host_times(dtype, device) -> dict:
@@ -222,8 +278,11 @@ def host_times(dtype, device) -> dict:
     m, n, k = HOST_SHAPE
     x = torch.rand(m, k, device=device).to(dtype)
     w = torch.rand(n, k, device=device).to(dtype)
-    out = {"torch.matmul": host_us(lambda: torch.matmul(x, w.T)), "matmul()": host_us(lambda: matmul.matmul(x, w.T)),
-           "matmul() runs": api.choice(x, w.T)["version"]}
+    out = {
+        "torch.matmul": host_us(lambda: torch.matmul(x, w.T)),
+        "matmul()": host_us(lambda: matmul.matmul(x, w.T)),
+        "matmul() runs": api.choice(x, w.T)["version"],
+    }
     arch = api.device_arch(device)
     version = next(v for v in tuner.candidates(arch, m, n, k) if v != tuner.VENDOR)
     module = versions.load(arch, version)
@@ -244,23 +303,39 @@ def host_times(dtype, device) -> dict:
 
 
 def table(results: dict) -> str:
-    lines = ["| projection | M x N x K | matmul() runs | matmul() us/call | torch us/call | x torch |",
-             "| --- | --- | --- | ---: | ---: | ---: |"]
+    lines = [
+        "| projection | M x N x K | matmul() runs | matmul() us/call | torch us/call | x torch |",
+        "| --- | --- | --- | ---: | ---: | ---: |",
+    ]
     for r in results["back_to_back"]:
-        lines.append(f"| {r['label']} | {r['m']} x {r['n']} x {r['k']} | {r['kernel']} | {r['matmul_ms'] * 1e3:.1f} | "
-                     f"{r['torch_ms'] * 1e3:.1f} | {r['ratio']:.3f} |")
+        lines.append(
+            f"| {r['label']} | {r['m']} x {r['n']} x {r['k']} | {r['kernel']} | {r['matmul_ms'] * 1e3:.1f} | "
+            f"{r['torch_ms'] * 1e3:.1f} | {r['ratio']:.3f} |"
+        )
     s = results["back_to_back_summary"]
-    lines += ["", f"Back to back over {s['shapes']} shapes: geometric mean {s['geomean']:.3f}x torch.matmul, "
-                  f"worst {s['min']:.3f}x.", "", "| host time per call, 16 x 256 x 256 | us |", "| --- | ---: |"]
+    lines += [
+        "",
+        f"Back to back over {s['shapes']} shapes: geometric mean {s['geomean']:.3f}x torch.matmul, "
+        f"worst {s['min']:.3f}x.",
+        "",
+        "| host time per call, 16 x 256 x 256 | us |",
+        "| --- | ---: |",
+    ]
     for name, value in results["host_us"].items():
         if isinstance(value, float) and "error" not in name:
             lines.append(f"| {name} | {value:.2f} |")
-    lines += ["", f"(matmul() runs {results['host_us']['matmul() runs']} there.)", "",
-              "| block (batch x seq) | tokens | matmul() ms | torch ms | x torch | outputs differ by |",
-              "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines += [
+        "",
+        f"(matmul() runs {results['host_us']['matmul() runs']} there.)",
+        "",
+        "| block (batch x seq) | tokens | matmul() ms | torch ms | x torch | outputs differ by |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in results["block"]:
-        lines.append(f"| {r['batch']} x {r['seq']} | {r['tokens']} | {r['matmul_ms']:.3f} | {r['torch_ms']:.3f} | "
-                     f"{r['ratio']:.3f} | {r['vs_torch_error']:.1e} |")
+        lines.append(
+            f"| {r['batch']} x {r['seq']} | {r['tokens']} | {r['matmul_ms']:.3f} | {r['torch_ms']:.3f} | "
+            f"{r['ratio']:.3f} | {r['vs_torch_error']:.1e} |"
+        )
     return "\n".join(lines)
 
 
@@ -282,13 +357,18 @@ def draw(results: dict, out_dir: Path) -> list[Path]:
         ax.bar(xs, values, width, label=f"M = {m}", color=colors[i % len(colors)])
     ax.axhline(1.0, color="0.3", lw=1)
     ax.axhline(0.97, color="0.3", lw=1, ls=":")
-    ax.set_xticks(range(len(labels)), [f"{label}\n{dict((r['label'], (r['n'], r['k'])) for r in rows)[label][0]} x "
-                                       f"{dict((r['label'], (r['n'], r['k'])) for r in rows)[label][1]}"
-                                       for label in labels], fontsize=8)
+    ax.set_xticks(
+        range(len(labels)),
+        [
+            f"{label}\n{dict((r['label'], (r['n'], r['k'])) for r in rows)[label][0]} x "
+            f"{dict((r['label'], (r['n'], r['k'])) for r in rows)[label][1]}"
+            for label in labels
+        ],
+        fontsize=8,
+    )
     ax.set_ylabel("torch.matmul time / matmul() time")
     s = results["back_to_back_summary"]
-    ax.set_title(f"Back to back, host time included (geomean {s['geomean']:.3f}x, worst {s['min']:.3f}x)",
-                 fontsize=10)
+    ax.set_title(f"Back to back, host time included (geomean {s['geomean']:.3f}x, worst {s['min']:.3f}x)", fontsize=10)
     ax.legend(fontsize=8, ncols=len(tokens))
     low = min(0.9, min(r["ratio"] for r in rows) - 0.02)
     ax.set_ylim(low, max(1.1, max(r["ratio"] for r in rows) + 0.02))
@@ -299,8 +379,10 @@ def draw(results: dict, out_dir: Path) -> list[Path]:
     ax2.set_xticks(range(len(blocks)), [f"{r['batch']} x {r['seq']}" for r in blocks], fontsize=8)
     ax2.set_title("Transformer block forward", fontsize=10)
     ax2.set_ylim(min(0.9, min(r["ratio"] for r in blocks) - 0.02), max(1.1, max(r["ratio"] for r in blocks) + 0.02))
-    fig.suptitle(f"matmul() against torch.matmul as a model calls it: {results['machine'].get('gpu', '')}, "
-                 f"{results['dtype']}", fontsize=11)
+    fig.suptitle(
+        f"matmul() against torch.matmul as a model calls it: {results['machine'].get('gpu', '')}, {results['dtype']}",
+        fontsize=11,
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for ext in ("png", "svg"):
