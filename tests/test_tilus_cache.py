@@ -11,8 +11,8 @@ import textwrap
 CHILD = textwrap.dedent("""
     import json, sys, torch
     from matmul import build
-from matmul.call import tilus_autotune
-from matmul.kernels import versions
+    from matmul.call import tilus_autotune
+    from matmul.kernels import versions
     module = versions.load("sm_90a", "v1")
     args = (1000, 4095, 17, None, None, None, 24, 24, 4096)  # sizes and strides; no pointer is read
     with build.target("sm_90a"):
