@@ -218,7 +218,7 @@ def run(
         torch.cuda.empty_cache()
     ratios = [r["ratio"] for r in results["back_to_back"]]
     results["back_to_back_summary"] = {
-        "geomean": math.exp(statistics.fmean(math.log(r) for r in ratios)),
+        "geomean": statistics.geometric_mean(ratios),
         "min": min(ratios),
         "shapes": len(ratios),
     }

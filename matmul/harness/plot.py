@@ -12,7 +12,6 @@ carry no date, so redrawing unchanged results leaves the files unchanged.
 
 from __future__ import annotations
 
-import math
 import statistics
 from pathlib import Path
 from typing import Optional
@@ -147,10 +146,6 @@ def ksweep(results: Results) -> Optional[Figure]:
     return fig
 
 
-def geomean(values: list[float]) -> float:
-    return math.exp(statistics.fmean(math.log(v) for v in values))
-
-
 def llm(results: Results) -> Optional[Figure]:
     shapes = _preset(results, "llm")
     if not shapes:
@@ -166,7 +161,11 @@ def llm(results: Results) -> Optional[Figure]:
     for i, kname in enumerate(shown):
         ratios = [_rows(results, s["m"], s["n"], s["k"]).get(kname, {}).get("vs_cublas") or 0.0 for s in shapes]
         measured = [x for x in ratios if x > 0]
-        label = f"{_label(kname)}: geomean {geomean(measured):.2f}x, worst {min(measured):.2f}x" if measured else kname
+        label = (
+            f"{_label(kname)}: geomean {statistics.geometric_mean(measured):.2f}x, worst {min(measured):.2f}x"
+            if measured
+            else kname
+        )
         bars = ax.bar(
             [j + (i - (len(shown) - 1) / 2) * width for j in range(len(shapes))],
             ratios,

@@ -9,7 +9,6 @@ of every ratio), ``TRITON`` (the Triton baseline) or ``AUTOTUNED`` (the ``matmul
 from __future__ import annotations
 
 import json
-import math
 import platform
 import statistics
 import subprocess
@@ -125,7 +124,7 @@ def summary(results: Results) -> dict[str, Any]:
         ratios = [r.get("vs_cublas") for r in results["rows"] if r["kernel"] == AUTOTUNED and keep(r)]
         if ratios and all(ratios):
             out[name] = {
-                "matmul_vs_cublas_geomean": math.exp(statistics.fmean(math.log(x) for x in ratios)),
+                "matmul_vs_cublas_geomean": statistics.geometric_mean(ratios),
                 "matmul_vs_cublas_min": min(ratios),
                 "shapes": len(ratios),
             }

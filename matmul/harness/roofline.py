@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -208,8 +208,9 @@ def measure_shape(module, shape: presets.Shape, dtype: torch.dtype, args, floor:
 
 
 def geomean(values) -> float:
+    """The geometric mean, NaN for no values (a table of shapes that all failed)."""
     values = list(values)
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+    return statistics.geometric_mean(values) if values else float("nan")
 
 
 def summary(rows: list[dict]) -> dict:
