@@ -93,9 +93,9 @@ def test_roofline_arithmetic():
         {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 8},
         {"block_m": 64, "warpgroups": 2, "split": 2, "stages": 6},
     ]
-    # the narrowest token tile that holds M, and only it
-    for m, width in ((1, 16), (16, 16), (17, 64), (64, 64), (100, 128), (256, 256)):
-        assert {c["block_m"] for c in roofline.candidates(HOPPER, m)} == {width}
+    # token tiles no wider than the narrowest that holds M, and at most two of them
+    for m, widths in ((1, {16}), (16, {16}), (17, {16, 64}), (64, {64}), (100, {64, 128}), (256, {128, 256})):
+        assert {c["block_m"] for c in roofline.candidates(HOPPER, m)} == widths
 
 
 def test_roofline_summary_takes_the_bar_shapes():
@@ -152,12 +152,14 @@ def test_roofline_checks_each_configuration_then_times_the_best(monkeypatch):
         lambda module, dtype, config=None: Recorded("v7", config, wrong=config == wrong, dtype=dtype),
     )
 
-    def fake_ms(fns, warmup_ms, repeat_ms):
+    def fake_ms(fns, warmup_ms, repeat_ms, flush="read"):
         times = []
         for fn in fns:
             launched.clear()
             fn()
             times.append(0.010 if not launched else 0.008 if launched[0] == fast else 0.012)  # cuBLAS: 10 us
+        if flush == "write":  # the dirty lines cost every kernel the same 5 us
+            times = [t + 0.005 for t in times]
         return times
 
     # versions.run without its CUDA-only operand check: the same launch
@@ -177,12 +179,31 @@ def test_roofline_checks_each_configuration_then_times_the_best(monkeypatch):
         (),
         {"space": None, "select_warmup_ms": 1, "select_repeat_ms": 1, "warmup_ms": 1, "repeat_ms": 1, "calls": 2},
     )()
-    floor = {"copy_tb_per_s": 3.0, "empty_ms": 0.004}
+    floor = {"copy_tb_per_s": 3.0, "empty_ms": 0.004, "write_copy_tb_per_s": 2.5, "write_empty_ms": 0.004}
     row = harness.measure_shape(HOPPER, presets.Shape(3, 72, 100), torch.float16, args, floor)
 
-    assert [c["config"]["block_m"] for c in row["configs"]] == [16] * 5  # every tile that holds M = 3
+    assert {c["config"]["block_m"] for c in row["configs"]} == {16}  # every 16-token tile (holds M = 3)
     assert [c for c in row["configs"] if c.get("failed")] == [c for c in row["configs"] if c["config"] == wrong]
     assert row["config"] == fast and not row.get("failed")
     assert row["ratio"] == pytest.approx(10 / 8)
     assert row["attainable_us"] == pytest.approx(harness.bytes_floor(3, 72, 100, 2) / 3e12 * 1e6 + 4)
     assert row["b2b_ratio"] == pytest.approx(1.0)
+    assert row["write_ratio"] == pytest.approx(15 / 13)
+    assert row["write_attainable_us"] == pytest.approx(harness.bytes_floor(3, 72, 100, 2) / 2.5e12 * 1e6 + 4)
+    # the table shows both flushes; a results file from before the reading flush still renders
+    row["label"] = ""
+    results = {"floor": {**floor, "copy_32mib_tb_per_s": 2.9, "write_copy_32mib_tb_per_s": 2.4}, "rows": [row]}
+    results["summary"] = harness.summary([row])
+    text = harness.table(results)
+    assert "L2 flushed by writing" in text and "| 1.15 |" in text
+    old = {k: v for k, v in row.items() if not k.startswith("write_")}
+    legacy = {"floor": {"copy_tb_per_s": 3.0, "empty_ms": 0.004, "copy_32mib_tb_per_s": 2.4}, "rows": [old]}
+    legacy["summary"] = harness.summary([old])
+    assert "| - | - | - |" in harness.table(legacy)
+
+
+def test_the_flush_methods_are_named():
+    from matmul.measure.timing import L2Flush
+
+    with pytest.raises(ValueError, match="read, write"):
+        L2Flush("clean")

@@ -1,4 +1,4 @@
-"""Timing on the GPU: median of many runs after warm-up, with CUDA events (METHOD.md's rules)."""
+"""Timing on the GPU: median of many runs after warm-up, with CUDA events, L2 flushed by reading."""
 
 from __future__ import annotations
 
@@ -11,30 +11,53 @@ T = TypeVar("T")
 
 
 def median_ms(fn: Callable[[], object], warmup_ms: float = 100.0, repeat_ms: float = 500.0) -> float:
-    """Median time of one call of ``fn`` in milliseconds.
+    """Median time of one call of ``fn`` in milliseconds, L2 flushed before each (``interleaved_ms``
+    with one function; not ``triton.testing.do_bench``, whose flush writes: see ``L2Flush``)."""
+    return interleaved_ms([fn], warmup_ms, repeat_ms)[0]
 
-    Uses ``triton.testing.do_bench`` (which also flushes L2 between runs) when Triton is installed,
-    and the same loop of CUDA events as ``interleaved_ms`` otherwise.
+
+FLUSH_METHODS = ("read", "write")
+
+
+class L2Flush:
+    """Evicts what the last kernels left in the 50 MiB L2 by streaming a 256 MiB buffer through it.
+
+    * ``"read"`` (the default): a reduction reads the buffer; L2 is left holding clean lines, and the
+      next kernel finds its operands in HBM and nothing else to pay for, as a layer of a model finds
+      its weight after the other layers ran.
+    * ``"write"``: ``zero_()`` writes the buffer (as ``triton.testing.do_bench`` flushes); L2 is
+      left full of dirty lines, which the next kernel writes back to HBM while it reads: up to
+      ~50 MB of writes it did not cause. Compute-bound kernels do not notice; a kernel that only
+      streams a 32 MiB weight measures ~5 us (25%) slower (plots/h100/skinny/).
     """
-    try:
-        from triton.testing import do_bench
-    except ImportError:
-        return interleaved_ms([fn], warmup_ms, repeat_ms)[0]
-    return float(do_bench(fn, warmup=warmup_ms, rep=repeat_ms, return_mode="median"))
+
+    def __init__(self, method: str = "read", nbytes: int = 256 << 20):
+        if method not in FLUSH_METHODS:
+            raise ValueError(f"flush method {method!r}: one of {', '.join(FLUSH_METHODS)}")
+        self.method = method
+        self.buffer = torch.zeros(nbytes // 4, dtype=torch.int32, device="cuda")
+        self.sink = torch.empty((), dtype=torch.int64, device="cuda")
+
+    def __call__(self) -> None:
+        if self.method == "read":
+            torch.sum(self.buffer, dim=0, out=self.sink)
+        else:
+            self.buffer.zero_()
 
 
 def interleaved_ms(
-    fns: Sequence[Callable[[], object]], warmup_ms: float = 100.0, repeat_ms: float = 500.0
+    fns: Sequence[Callable[[], object]], warmup_ms: float = 100.0, repeat_ms: float = 500.0, flush: str = "read"
 ) -> list[float]:
     """Median time of one call of each of ``fns`` in milliseconds, the calls taken in turn
-    (f0, f1, ..., f0, f1, ...), L2 flushed before each, each call timed by its own CUDA events.
+    (f0, f1, ..., f0, f1, ...), L2 flushed before each (``L2Flush(flush)``), each call timed by its
+    own CUDA events.
 
     On a power-limited GPU the clock drifts with what ran before; kernels timed in one window,
     launch by launch, meet the same clock and thermal state, so their ratio does not depend on
     where in a run the window falls. ``warmup_ms`` of turns first (untimed), then turns for about
     ``repeat_ms`` (at least 10).
     """
-    flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")  # larger than L2
+    flush_l2 = L2Flush(flush)
     for fn in fns:  # first calls (and any lazy setup) before anything is timed
         fn()
     torch.cuda.synchronize()
@@ -42,14 +65,14 @@ def interleaved_ms(
     start.record()
     for _ in range(3):
         for fn in fns:
-            flush.zero_()
+            flush_l2()
             fn()
     end.record()
     torch.cuda.synchronize()
     estimate = max(start.elapsed_time(end) / 3, 1e-3)  # one turn, flushes included
     for _ in range(int(warmup_ms / estimate)):
         for fn in fns:
-            flush.zero_()
+            flush_l2()
             fn()
     turns = max(10, int(repeat_ms / estimate))
     events = [
@@ -58,7 +81,7 @@ def interleaved_ms(
     ]
     for turn in events:
         for fn, (begin, finish) in zip(fns, turn):
-            flush.zero_()
+            flush_l2()
             begin.record()
             fn()
             finish.record()

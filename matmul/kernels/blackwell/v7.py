@@ -92,8 +92,9 @@ class Kernel(MatmulKernel):
         stages = self.stages
         rank: int32 = self.cluster.blockRank  # which K range of the tile this CTA sums
         tile: int32 = self.blockIdx.x // self.split
-        offset_n: int32 = (tile % num_n_tiles) * ROWS
-        offset_m: int32 = (tile // num_n_tiles) * self.block_m
+        # the token tiles of one weight tile are neighbours in launch order (Hopper V7)
+        offset_m: int32 = (tile % num_m_tiles) * self.block_m
+        offset_n: int32 = (tile // num_m_tiles) * ROWS
 
         k_blocks = SplitKRange(cdiv(k_size, BLOCK_K), self.split, rank)  # this CTA's share of K
 

@@ -80,11 +80,12 @@ def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int) -> int:
     return ring + exchange
 
 
-# Token tiles of 16, 64, 128 and 256 columns (the narrowest that holds M is the one to use); per
-# tile, the configurations that were fastest somewhere on the decode preset on the H100
-# (plots/h100/skinny/). A split of 2 with 64-row CTAs was best at M <= 64 on most weights: 4 or 8
-# CTAs a cluster were slower (more CTAs reading the same rows at once, a larger exchange), and the
-# ring's depth beyond 8 stages made little difference.
+# Token tiles of 16, 64, 128 and 256 columns; per tile, the configurations that were fastest
+# somewhere on the decode preset on the H100 (plots/h100/skinny/). A split of 2 with 64-row CTAs
+# was best at M <= 64 on most weights: 4 or 8 CTAs a cluster were slower (more CTAs reading the
+# same rows at once, a larger exchange), and the ring's depth beyond 8 stages made little
+# difference. From M = 128 on, two 128-token tiles without a split (8 stages: the ring can take the
+# room the exchange leaves) often beat one wider tile.
 @tilus.autotune(
     "block_m, warpgroups, split, stages",
     [
@@ -94,10 +95,12 @@ def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int) -> int:
         (16, 2, 2, 8),
         (16, 2, 4, 5),
         (64, 1, 2, 10),
+        (64, 1, 2, 12),
         (64, 1, 2, 5),
         (64, 2, 2, 6),
         (128, 1, 2, 6),
         (128, 2, 2, 3),
+        (128, 1, 1, 8),
         (256, 1, 1, 3),
         (256, 1, 2, 3),
     ],
@@ -125,8 +128,10 @@ class Kernel(MatmulKernel):
         self.attrs.warps = 4 * self.warpgroups + 1  # consumer warpgroups, then the producer warp
         rank: int32 = self.cluster.blockRank  # which K range of the tile this CTA sums
         tile: int32 = self.blockIdx.x // self.split
-        offset_n: int32 = (tile % num_n_tiles) * rows
-        offset_m: int32 = (tile // num_n_tiles) * self.block_m
+        # the token tiles of one weight tile are neighbours in launch order: they run at the same
+        # time, so the weight comes from HBM once and from L2 for the others, in every wave
+        offset_m: int32 = (tile % num_m_tiles) * self.block_m
+        offset_n: int32 = (tile // num_m_tiles) * rows
 
         k_blocks = SplitKRange(cdiv(k_size, BLOCK_K), self.split, rank)  # this CTA's share of K
 
