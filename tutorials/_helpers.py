@@ -626,6 +626,8 @@ def skinny_results(dtype: str = "float16") -> None:
             "V7 % floor": f"{100 * r['v7_share']:.0f}%",
             "cuBLAS % floor": f"{100 * r['cublas_share']:.0f}%",
             "V7 / cuBLAS": f"{r['ratio']:.2f}",
+            "writing flush: V7 % floor": f"{100 * r['write_v7_share']:.0f}%" if "write_v7_share" in r else "-",
+            "writing flush: V7 / cuBLAS": f"{r['write_ratio']:.2f}" if "write_ratio" in r else "-",
             "back to back V7 / cuBLAS": f"{r['b2b_ratio']:.2f}",
             "V7 config": "/".join(str(r["config"][k]) for k in ("block_m", "warpgroups", "split", "stages")),
         }
@@ -635,7 +637,8 @@ def skinny_results(dtype: str = "float16") -> None:
     summary = results["summary"].get(dtype, {})
     md(
         f"From `{path.relative_to(ROOT)}` (command and findings in `plots/h100/skinny/COMMAND.md`): one run on the "
-        f"**{results['device']}**, {dtype}, L2 flushed before each launch. Copy bandwidth "
+        f"**{results['device']}**, {dtype}, L2 flushed before each launch by reading 256 MiB (the *writing flush* "
+        "columns: by writing it, which leaves dirty lines for the timed kernel to write back). Copy bandwidth "
         f"**{floor['copy_tb_per_s']:.2f} TB/s** (512 MiB; 32 MiB: {floor['copy_32mib_tb_per_s']:.2f}), empty kernel "
         f"**{floor['empty_ms'] * 1e3:.1f} us**; floor = bytes / copy bandwidth + empty kernel. V7 config = tokens per "
         "tile / consumer warpgroups / split (CTAs of a cluster) / stages. *Back to back*: 200 calls in a row, "
