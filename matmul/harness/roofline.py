@@ -138,11 +138,13 @@ def _build(module_name: str, config: dict, dtype: str) -> tuple[dict, str]:
 def candidates(module, m: int, space: list[dict] | None = None) -> list[dict]:
     """The configurations (of V7's space, or of ``space``) worth timing at M tokens: token tiles no
     wider than the narrowest that holds all M, and at most two of them (a weight tile re-read by
-    more token tiles than that loses; a 128-token tile twice can beat one of 256)."""
+    more token tiles than that loses; a 128-token tile twice can beat one of 256). The widest tile's
+    configurations come first, in the space's order."""
     space = space or versions.space(module)
     widths = sorted({c["block_m"] for c in space})
     widest = next((w for w in widths if w >= m), widths[-1])
-    return [c for c in space if c["block_m"] <= widest and -(-m // c["block_m"]) <= 2]
+    found = [c for c in space if c["block_m"] <= widest and -(-m // c["block_m"]) <= 2]
+    return sorted(found, key=lambda c: -c["block_m"])
 
 
 def launcher(module, a, b, out, config):
