@@ -342,7 +342,8 @@ def plot(results: dict, out_dir: Path) -> list[Path]:
         ax.set_ylabel("% of attainable floor")
         ax.set_ylim(0, 115)
         ax.set_title(
-            f"{dtype}: attainable floor (bytes / copy bandwidth + empty kernel) over measured time, "
+            f"{results.get('device', 'GPU')}, {dtype}: attainable floor (bytes / copy bandwidth + empty kernel) "
+            "over measured time, "
             "L2 flushed by reading; labels: V7 / cuBLAS",
             fontsize=9,
         )
