@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -74,11 +75,14 @@ def empty_kernel_ms(warmup_ms: float, repeat_ms: float, flush: str = "read") -> 
     return interleaved_ms([lambda: torch.cuda._sleep(0)], warmup_ms, repeat_ms, flush)[0]
 
 
+# each flush (``timing.L2Flush``) and the prefix of its keys in the floor and in a row
+FLUSHES = (("read", ""), ("write", "write_"))
+
+
 def floors(warmup_ms: float, repeat_ms: float) -> dict:
-    """The copy rates and the empty kernel's time under each flush (``timing.L2Flush``); the keys
-    without a prefix are the reading flush's, those with ``write_`` the writing flush's."""
+    """The copy rates and the empty kernel's time under each flush of ``FLUSHES``."""
     found = {}
-    for flush, prefix in (("read", ""), ("write", "write_")):
+    for flush, prefix in FLUSHES:
         found[prefix + "copy_32mib_tb_per_s"] = copy_tb_per_s(32 << 20, warmup_ms, repeat_ms, flush)
         found[prefix + "copy_tb_per_s"] = copy_tb_per_s(512 << 20, warmup_ms, repeat_ms, flush)
         found[prefix + "empty_ms"] = empty_kernel_ms(warmup_ms, repeat_ms, flush)
@@ -199,30 +203,23 @@ def measure_shape(module, shape: presets.Shape, dtype: torch.dtype, args, floor:
         return row
     out = poisoned_output(m, n, dtype)
     fn = launcher(module, a, b, out, best["config"])
-    v7_ms, cublas_ms = interleaved_ms([fn, cublas], args.warmup_ms, args.repeat_ms)
-    write_v7_ms, write_cublas_ms = interleaved_ms([fn, cublas], args.warmup_ms, args.repeat_ms, flush="write")
+    for flush, prefix in FLUSHES:
+        v7_ms, cublas_ms = interleaved_ms([fn, cublas], args.warmup_ms, args.repeat_ms, flush)
+        attainable_ms = row["bytes"] / (floor[prefix + "copy_tb_per_s"] * 1e12) * 1e3 + floor[prefix + "empty_ms"]
+        row[prefix + "v7_us"] = v7_ms * 1e3
+        row[prefix + "cublas_us"] = cublas_ms * 1e3
+        row[prefix + "attainable_us"] = attainable_ms * 1e3
+        row[prefix + "v7_share"] = attainable_ms / v7_ms
+        row[prefix + "cublas_share"] = attainable_ms / cublas_ms
+        row[prefix + "ratio"] = cublas_ms / v7_ms
 
     def read_weight():
         return torch.amax(b)
 
     weight_read_ms = interleaved_ms([read_weight], args.select_warmup_ms, args.select_repeat_ms)[0]
-    attainable_ms = row["bytes"] / (floor["copy_tb_per_s"] * 1e12) * 1e3 + floor["empty_ms"]
-    write_attainable_ms = row["bytes"] / (floor["write_copy_tb_per_s"] * 1e12) * 1e3 + floor["write_empty_ms"]
     row.update(
         config=best["config"],
-        v7_us=v7_ms * 1e3,
-        cublas_us=cublas_ms * 1e3,
-        attainable_us=attainable_ms * 1e3,
-        v7_share=attainable_ms / v7_ms,
-        cublas_share=attainable_ms / cublas_ms,
-        ratio=cublas_ms / v7_ms,
-        write_v7_us=write_v7_ms * 1e3,
-        write_cublas_us=write_cublas_ms * 1e3,
-        write_attainable_us=write_attainable_ms * 1e3,
-        write_v7_share=write_attainable_ms / write_v7_ms,
-        write_cublas_share=write_attainable_ms / write_cublas_ms,
-        write_ratio=write_cublas_ms / write_v7_ms,
-        v7_tb_per_s=row["bytes"] / (v7_ms * 1e-3) / 1e12,
+        v7_tb_per_s=row["bytes"] / (row["v7_us"] * 1e-6) / 1e12,
         weight_read_us=weight_read_ms * 1e3,
         b2b_v7_us=back_to_back_ms(fn, args.calls) * 1e3,
         b2b_cublas_us=back_to_back_ms(cublas, args.calls) * 1e3,
@@ -305,8 +302,8 @@ def table(results: dict) -> str:
         "read B: torch.amax of the weight alone, L2 flushed by reading"
     )
     for dtype, s in results["summary"].items():
-        written = ""
-        if s.get("write_bar_geomean_vs_cublas", float("nan")) == s.get("write_bar_geomean_vs_cublas"):  # not NaN
+        written = ""  # a results file from before the reading flush has no writing-flush figures
+        if not math.isnan(s.get("write_bar_geomean_vs_cublas", float("nan"))):
             written = (
                 f" (flushed by writing: {s['write_bar_geomean_vs_cublas']:.3f}x, "
                 f"{100 * s['write_bar_min_share_of_floor']:.0f}%)"
