@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import matmul
-from matmul.call import api, tilus_autotune, tuner
+from matmul.call import api, tilus_autotune, torch_op, tuner
 from matmul.call.choice_cache import ChoiceCache, default_dir
 from matmul.call.launch import Plans, SeriesPlan, VendorPlan, signature
 from matmul.contract import check_call, kernel_b
@@ -478,6 +478,48 @@ def test_a_seen_signature_is_launched_without_deriving_anything_again(tmp_path, 
     assert calls(a, w.T, out)[0] == 1 and calls(a, w.T, out)[0] == 0  # with out=: a signature of its own
 
 
+def test_a_seen_call_without_out_goes_straight_to_its_function(tmp_path, stand_ins, monkeypatch):
+    path = plans(tmp_path)
+    monkeypatch.setattr(api, "_plans", path)
+    a, w = random_operands(128, 64, 32, torch.float16, device="cpu")
+    matmul.matmul(a, w.T)  # first call: the full checks, the choice, the plan
+    key = signature(a, w.T, None)
+    plan = path.plans[key]
+    assert path.direct[key] == plan.result
+    monkeypatch.setattr(path, "launch", lambda *args: pytest.fail("a seen call went through Plans.launch"))
+    a2, w2 = random_operands(128, 64, 32, torch.float16, device="cpu")
+    assert relative_error(matmul.matmul(a2, w2.T), reference(a2, w2)) <= TOLERANCE[torch.float16]
+    with torch.no_grad():  # a model's parameters require gradients; inference records none
+        assert matmul.matmul(a2, w2.T.requires_grad_()).shape == (128, 64)
+    assert plan.launch.launches == 3
+
+    cublas = plans(tmp_path / "cublas", timer=cublas_wins)
+    monkeypatch.setattr(api, "_plans", cublas)
+    matmul.matmul(a, w.T)
+    assert cublas.direct[key] is torch.mm  # the caller's operands go to torch as they are
+    assert torch.equal(matmul.matmul(a2, w2.T), torch.mm(a2, w2.T))
+
+
+def test_a_call_that_records_a_gradient_or_passes_out_leaves_the_direct_path(tmp_path, stand_ins, monkeypatch):
+    path = plans(tmp_path)
+    monkeypatch.setattr(api, "_plans", path)
+    a, w = random_operands(64, 32, 16, torch.float16, device="cpu")
+    matmul.matmul(a, w.T)
+    seen = []
+    monkeypatch.setattr(torch_op, "with_grad", lambda *args: seen.append("grad"))
+    matmul.matmul(a.clone().requires_grad_(), w.T)  # recorded by autograd: through the operator
+    launch = path.launch
+    monkeypatch.setattr(path, "launch", lambda *args: seen.append("out") or launch(*args))
+    out = poisoned_output(64, 32, torch.float16, device="cpu")
+    assert matmul.matmul(a, w.T, out=out) is out and relative_error(out, reference(a, w)) <= TOLERANCE[torch.float16]
+    assert seen == ["grad", "out"]
+
+
+def test_b_on_another_device_is_a_new_signature():
+    a, b = torch.empty(8, 16, dtype=torch.float16), torch.empty(16, 8, dtype=torch.float16)
+    assert signature(a, b, None) != signature(a, b.to("meta"), None)
+
+
 def test_the_signature_names_the_device():
     a, b = torch.empty(8, 16, dtype=torch.float16), torch.empty(16, 8, dtype=torch.float16)
     on_meta = signature(a.to("meta"), b.to("meta"), None)
@@ -652,7 +694,8 @@ def test_a_call_costs_the_longer_of_its_kernel_and_its_launch_on_the_host():
     def prepare(host):
         def make(version):
             config = {} if version == tuner.VENDOR else dict(versions.load("sm_90a", version).REPRESENTATIVE)
-            return tuner.Candidate(version, config, 1e-4, lambda: None, host_ms=host[version])
+            measure = None if host[version] is None else functools.partial(float, host[version])
+            return tuner.Candidate(version, config, 1e-4, lambda: None, host=measure)
 
         return make
 
@@ -675,3 +718,19 @@ def test_a_call_costs_the_longer_of_its_kernel_and_its_launch_on_the_host():
         names=["v4", tuner.VENDOR],
     )
     assert entry["version"] == tuner.VENDOR and entry["call_ms"] == 1.0
+
+
+def test_a_hiccup_of_the_host_does_not_decide_a_shape():
+    # the host issues v4's call in 1.0 and cuBLAS's in 2.0, but v4's first measurement meets a
+    # hiccup (3.0); the kernels take 1.5 and 1.0: v4 still wins, on the least of its host times
+    rounds = tuner.HOST_ROUNDS
+    host = {"v4": iter([3.0] + [1.0] * (rounds - 1)), tuner.VENDOR: iter([2.0] * rounds)}  # one per round
+
+    def make(version):
+        config = {} if version == tuner.VENDOR else dict(versions.load("sm_90a", version).REPRESENTATIVE)
+        return tuner.Candidate(version, config, 1e-4, lambda: None, host=functools.partial(next, host[version]))
+
+    gpu = {"v4": 1.5, tuner.VENDOR: 1.0}.get
+    entry = tuner.tune("sm_90a", torch.float16, make, lambda c: gpu(c.version), names=["v4", tuner.VENDOR])
+    assert entry["version"] == "v4" and entry["candidates"]["v4"]["host_ms"] == 1.0
+    assert entry["candidates"][tuner.VENDOR]["call_ms"] == 2.0

@@ -55,6 +55,14 @@ def test_the_extended_preset():
     assert model.PROJECTIONS["lm_head"] == (128256, 4096) and model.TOKENS == (16, 128, 1024, 8192)
 
 
+def test_a_layers_window_reads_every_weight_from_memory():
+    def count(n, k):
+        return model.layer_count(torch.empty(n, k, dtype=torch.float16, device="meta"))
+
+    assert (count(4096, 4096), count(1024, 4096), count(128256, 4096)) == (8, 32, 1)
+    assert count(4096, 4096) * 4096 * 4096 * 2 >= 5 * 50e6  # five times the H100's L2
+
+
 def fake_results():
     rows = [
         {
@@ -69,6 +77,8 @@ def fake_results():
             "ratios": [1.05],
             "calls": 10,
             "vs_torch_error": 0.0,
+            "layers": 8,
+            "one_weight": {"matmul_ms": 0.012, "torch_ms": 0.0114, "ratio": 0.95, "ratios": [0.95], "calls": 10},
         }
         for label, (n, k) in list(model.PROJECTIONS.items())[:2]
         for m in (16, 128)
@@ -79,6 +89,7 @@ def fake_results():
         "machine": {"gpu": "stand-in"},
         "back_to_back": rows,
         "back_to_back_summary": {"geomean": 1.05, "min": 1.05, "shapes": len(rows)},
+        "one_weight_summary": {"geomean": 0.95, "min": 0.95, "shapes": len(rows)},
         "host_us": {"torch.matmul": 15.0, "matmul()": 14.0, "matmul() runs": "v7", "short path error": 1e-4},
         "block": [
             {
@@ -96,7 +107,8 @@ def fake_results():
 
 def test_the_report_and_the_figure(tmp_path):
     text = model.table(fake_results())
-    assert "| q, o | 16 x 4096 x 4096 | cuBLAS | 20.0 | 21.0 | 1.050 |" in text
+    assert "| q, o | 16 x 4096 x 4096 | cuBLAS | 8 | 20.0 | 21.0 | 1.050 | 12.0 | 11.4 | 0.950 |" in text
+    assert "geometric mean 1.050x torch.matmul, worst 1.050x" in text and "one weight: geometric mean 0.950x" in text
     assert "| matmul() | 14.00 |" in text and "short path error" not in text
     assert "| 1 x 128 | 128 | 0.500 | 0.510 | 1.020 |" in text
     written = model.draw(fake_results(), tmp_path)

@@ -42,7 +42,7 @@ from ..contract import MatmulInputError, check_call
 from ..kernels import versions
 from . import torch_op
 from .choice_cache import Entry
-from .launch import Plans
+from .launch import Plans, signature
 from .tuner import VENDOR, Chooser, NotTunedError
 
 __all__ = ["matmul", "choice", "tune", "MatmulInputError", "UnsupportedGPUError", "NotTunedError", "VENDOR"]
@@ -76,6 +76,14 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: Optional[torch.Tensor] = No
     """``a @ b`` (a [M, K], b [K, N]) into ``out`` [M, N] if given; see the module's docstring."""
     if _is_compiling():  # traced: the custom operator, which the compiler sees through
         return torch_op.traced(a, b, out)
+    if out is None:  # the commonest call, seen before: its function, with nothing in between
+        try:
+            direct = _plans.direct.get(signature(a, b, None))
+            recorded = (a.requires_grad or b.requires_grad) and torch.is_grad_enabled()
+        except AttributeError:  # not tensors: the checks of the launch path name the problem
+            direct = None
+        if direct is not None and not recorded:
+            return direct(a, b)
     try:
         needs_grad = a.requires_grad or b.requires_grad
     except AttributeError:  # not tensors: the checks of the launch path name the problem

@@ -15,6 +15,11 @@ with a signature runs the full checks (``contract.check_call``, the clear errors
 A later call with the same signature checks only what the signature does not fix: the 16-byte
 alignment of the data pointers (TMA's rule) and, with ``out``, that it does not overlap ``a`` or
 ``b``; and it launches under the operands' GPU when that is not the current one.
+
+The commonest call, ``matmul(x, w.T)`` with no ``out`` and no gradient to record, takes a shorter
+way still: ``Plans.direct`` maps its signature to the function that computes it, ``torch.mm``
+itself when cuBLAS won (so that call costs the host what ``torch.mm`` costs, plus one lookup), or
+the plan's ``result`` when a version won; ``api.matmul`` calls that function with no layer between.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from .tuner import VENDOR, Chooser, fits, space_config
 def signature(a, b, out) -> tuple:
     """What a plan depends on apart from the data; raises AttributeError for what is not a tensor."""
     if out is None:
-        return a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.device
+        return a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.device, b.device
     return (
         a.shape,
         b.shape,
@@ -43,6 +48,7 @@ def signature(a, b, out) -> tuple:
         a.dtype,
         b.dtype,
         a.device,
+        b.device,
         out.shape,
         out.stride(),
         out.dtype,
@@ -91,6 +97,10 @@ class SeriesPlan:
         self.out_row = aligned_row_length(self.n, a.dtype)  # an allocated output's row, padded to 16 bytes
         self.layouts = (layout(a), layout(b), None if out is None else layout(out))
 
+    def result(self, a, b):
+        """``a @ b`` into a new tensor: the direct path of ``matmul(a, b)`` (``Plans.direct``)."""
+        return self(a, b, None)
+
     def __call__(self, a, b, out):
         # on the path of every call: each step here is paid per launch, so it is kept short
         if a.data_ptr() % TMA_ALIGN_BYTES:
@@ -132,6 +142,15 @@ class Plans:
         self.check = check
         self.program = program or tilus_autotune.launch_function
         self.plans: dict[tuple, object] = {}
+        # signatures without ``out`` -> the function of (a, b) that ``api.matmul`` calls directly
+        self.direct: dict[tuple, Callable] = {}
+
+    def keep(self, key: tuple, plan, with_out: bool) -> None:
+        """Keep ``plan`` for calls of signature ``key``, and for calls without ``out`` the function
+        ``api.matmul`` calls directly."""
+        self.plans[key] = plan
+        if not with_out:
+            self.direct[key] = torch.mm if isinstance(plan, VendorPlan) else plan.result
 
     def launch(self, a, b, out=None):
         """``a @ b`` into ``out`` (allocated if None); the result."""
@@ -160,7 +179,7 @@ class Plans:
         if plan is None:
             plan = VendorPlan(a, b, out)
         if key is not None:
-            self.plans[key] = plan
+            self.keep(key, plan, with_out=out is not None)
         return plan
 
     def plan_for(self, a, b, out=None):

@@ -15,7 +15,10 @@ candidate in one window with cuBLAS, launched in turn (``_gpu_timer``). Where ke
 (cuBLAS under ``HOST_BOUND_MS``), each candidate's host time per call through ``matmul()``'s own
 launch path is measured too (``host_ms``): launched back to back, as a model issues them, a call
 costs the longer of the two, and that is what is compared (``call_ms``); so a version whose launch
-costs the host less can win a shape where cuBLAS's kernel alone is faster. A version replaces
+costs the host less can win a shape where cuBLAS's kernel alone is faster. Host times are taken
+in ``HOST_ROUNDS`` alternating rounds and the least of each candidate's kept (``host_times``): a
+hiccup of the host (another process, a page fault) only ever adds time, and one that falls on
+one candidate's only measurement would decide the shape. A version replaces
 cuBLAS only when faster by more than ``VENDOR_MARGIN``: within the run-to-run noise of a
 power-limited GPU the vendor library is the safer choice.
 
@@ -60,6 +63,7 @@ VENDOR = versions.CUBLAS  # the candidate that is not a version of the series: t
 VENDOR_MARGIN = 0.01  # a version must beat cuBLAS by more than this share of its time to be chosen
 TUNING_ROUNDS = 4  # even: each candidate is timed as often early as late in a round
 PRUNE = 1.25  # after the first round, only candidates within this factor of the fastest are timed again
+HOST_ROUNDS = 6  # host times per candidate, in turn: the least is kept
 TEACHING = ("v0", "v1", "v2")  # steps of the series that never win: not tuned by matmul()
 PROTOCOL = "@matmul-tuner "  # the prefix of the child's report lines on its stdout
 CHILD_TIMEOUT_S = 3600.0  # building every candidate on a fresh machine takes minutes, not an hour
@@ -167,9 +171,9 @@ class Candidate:
     # a window of its own (measured once, when first asked): the scale of the candidate's time
     reference: Optional[Callable[[], object]] = None
     reference_ms: Optional[Callable[[], float]] = None
-    # the host's time to issue one call through matmul()'s own launch path (``launch``), where it
-    # may matter (short kernels); None where it cannot
-    host_ms: Optional[float] = None
+    # measures the host's time in ms to issue one call through matmul()'s own launch path
+    # (``launch``), where it may matter (short kernels); None where it cannot
+    host: Optional[Callable[[], float]] = None
 
 
 def tune(
@@ -203,8 +207,9 @@ def tune(
         )
     times = alternating_rounds(found, rounds, timer, prune=PRUNE)
     ms = {c.version: statistics.median(t) for c, t in zip(found, times)}
+    host_ms = host_times(found)
     # back to back, a call takes the longer of the kernel's time and the host's time to issue it
-    call_ms = {c.version: max(ms[c.version], c.host_ms or 0.0) for c in found}
+    call_ms = {c.version: max(ms[c.version], host_ms.get(c.version) or 0.0) for c in found}
     best = min(found, key=lambda c: call_ms[c.version])
     vendor = next((c for c in found if c.version == VENDOR), None)
     if vendor is not None and call_ms[best.version] >= call_ms[VENDOR] * (1 - VENDOR_MARGIN):
@@ -220,7 +225,7 @@ def tune(
             c.version: {
                 "config": c.config,
                 "ms": ms[c.version],
-                "host_ms": c.host_ms,
+                "host_ms": host_ms.get(c.version),
                 "call_ms": call_ms[c.version],
                 "error": c.error,
             }
@@ -229,6 +234,17 @@ def tune(
         "rejected": rejected,
         "tuned": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def host_times(found: list[Candidate], rounds: int = HOST_ROUNDS) -> dict[str, float]:
+    """Each candidate's host time per call (of those that measure one): ``rounds`` measurements
+    taken in turn, the order reversed every other round, and the least kept."""
+    timed = [c for c in found if c.host is not None]
+    samples: dict[str, list[float]] = {c.version: [] for c in timed}
+    for r in range(rounds):
+        for c in timed if r % 2 == 0 else timed[::-1]:
+            samples[c.version].append(c.host())
+    return {version: min(times) for version, times in samples.items()}
 
 
 def vendor_launch(m, n, k, a, bt, out, lda, ldb, ldc) -> None:
@@ -256,7 +272,7 @@ def gpu_worker(arch: str, dtype: torch.dtype, m: int, n: int, k: int, device: to
         if version == VENDOR:
             out.fill_(float("nan"))
             vendor()
-            host = host_ms(VendorPlan(a, b.T, None), a, b.T, vendor_ms)
+            host = host_timer(VendorPlan(a, b.T, None), a, b.T, vendor_ms)
             return Candidate(version, {}, relative_error(out, ref), vendor, vendor, vendor_ms, host)
         module = versions.load(arch, version)
         tuned = versions.kernel(module, dtype)
@@ -269,7 +285,7 @@ def gpu_worker(arch: str, dtype: torch.dtype, m: int, n: int, k: int, device: to
         fixed(*args)
         error = relative_error(out, ref)
         plan = SeriesPlan(tilus_autotune.launch_function(fixed), a, b.T, b, False, out, None)
-        host = host_ms(plan, a, b.T, vendor_ms)
+        host = host_timer(plan, a, b.T, vendor_ms)
         return Candidate(version, config, error, functools.partial(fixed, *args), vendor, vendor_ms, host)
 
     return prepare, _gpu_timer
@@ -278,11 +294,12 @@ def gpu_worker(arch: str, dtype: torch.dtype, m: int, n: int, k: int, device: to
 HOST_BOUND_MS = 0.1  # kernels longer than cuBLAS's this: the host's time to issue a call cannot matter
 
 
-def host_ms(plan, a, b, vendor_ms: Callable[[], float], calls: int = 200) -> Optional[float]:
-    """The host's time per call of ``matmul(a, b)`` when it launches ``plan``, issued back to back
-    (the GPU drained first, too few calls to fill the launch queue), for shapes where it may be
-    comparable to the kernels' time. The call goes through ``api.matmul`` itself, with a plan table
-    that holds only ``plan``, so that everything a caller pays is counted."""
+def host_timer(plan, a, b, vendor_ms: Callable[[], float], calls: int = 200) -> Optional[Callable[[], float]]:
+    """A function that measures the host's time per call of ``matmul(a, b)`` when it launches
+    ``plan``, ``calls`` calls issued back to back (the GPU drained first, too few calls to fill the
+    launch queue); None for shapes where it cannot compare with the kernels' time. The calls go
+    through ``api.matmul`` itself, with a plan table that holds only ``plan``, so that everything a
+    caller pays is counted."""
     if a.device.type != "cuda" or vendor_ms() > HOST_BOUND_MS:
         return None
     import time
@@ -291,22 +308,24 @@ def host_ms(plan, a, b, vendor_ms: Callable[[], float], calls: int = 200) -> Opt
     from .launch import Plans, signature
 
     table = Plans(chooser=None)
-    table.plans[signature(a, b, None)] = plan
-    saved, api._plans = api._plans, table
-    try:
-        for _ in range(10):
-            api.matmul(a, b)
-        best = float("inf")
-        for _ in range(3):
+    table.keep(signature(a, b, None), plan, with_out=False)
+
+    def measure() -> float:
+        saved, api._plans = api._plans, table
+        try:
+            for _ in range(10):
+                api.matmul(a, b)
             torch.cuda.synchronize()
             begin = time.perf_counter()
             for _ in range(calls):
                 api.matmul(a, b)
-            best = min(best, (time.perf_counter() - begin) / calls * 1e3)
-        torch.cuda.synchronize()
-    finally:
-        api._plans = saved
-    return best
+            elapsed = time.perf_counter() - begin
+            torch.cuda.synchronize()
+        finally:
+            api._plans = saved
+        return elapsed / calls * 1e3
+
+    return measure
 
 
 def _gpu_timer(candidate: Candidate) -> float:
