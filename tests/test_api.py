@@ -15,7 +15,7 @@ import torch
 import matmul
 from matmul.call import api, tilus_autotune, torch_op, tuner
 from matmul.call.choice_cache import ChoiceCache, default_dir
-from matmul.call.launch import Plans, SeriesPlan, VendorPlan, signature
+from matmul.call.launch import Plans, SeriesPlan, VendorPlan, call_key, signature
 from matmul.contract import check_call, kernel_b
 from matmul.kernels import versions
 from matmul.measure.correctness import TOLERANCE, poisoned_output, random_operands, reference, relative_error
@@ -483,9 +483,8 @@ def test_a_seen_call_without_out_goes_straight_to_its_function(tmp_path, stand_i
     monkeypatch.setattr(api, "_plans", path)
     a, w = random_operands(128, 64, 32, torch.float16, device="cpu")
     matmul.matmul(a, w.T)  # first call: the full checks, the choice, the plan
-    key = signature(a, w.T, None)
-    plan = path.plans[key]
-    assert path.direct[key] == plan.result
+    plan = path.plans[signature(a, w.T, None)]
+    launch = path.launch
     monkeypatch.setattr(path, "launch", lambda *args: pytest.fail("a seen call went through Plans.launch"))
     a2, w2 = random_operands(128, 64, 32, torch.float16, device="cpu")
     assert relative_error(matmul.matmul(a2, w2.T), reference(a2, w2)) <= TOLERANCE[torch.float16]
@@ -493,11 +492,25 @@ def test_a_seen_call_without_out_goes_straight_to_its_function(tmp_path, stand_i
         assert matmul.matmul(a2, w2.T.requires_grad_()).shape == (128, 64)
     assert plan.launch.launches == 3
 
+    # the same shapes in another layout, b's dtype or b's device: the rest of the signature sends them back
+    sent_back = []
+    monkeypatch.setattr(path, "launch", lambda a, b, out=None: sent_back.append(b) or launch(a, b, out))
+    assert relative_error(matmul.matmul(a2, w2.T.contiguous()), reference(a2, w2)) <= TOLERANCE[torch.float16]
+    assert isinstance(path.plans[signature(a2, w2.T.contiguous(), None)], SeriesPlan)  # derived for that layout
+    with pytest.raises(matmul.MatmulInputError, match="float16 or both bfloat16"):
+        matmul.matmul(a2, w2.T.bfloat16())
+    with pytest.raises(RuntimeError):  # the stand-in kernels check no device: the meta b fails in them
+        matmul.matmul(a2, w2.T.to("meta"))
+    assert [b.dtype for b in sent_back] == [torch.float16, torch.bfloat16, torch.float16]
+    assert sent_back[2].device.type == "meta" and plan.launch.launches == 3  # not through the cpu plan
+
     cublas = plans(tmp_path / "cublas", timer=cublas_wins)
     monkeypatch.setattr(api, "_plans", cublas)
     matmul.matmul(a, w.T)
-    assert cublas.direct[key] is torch.mm  # the caller's operands go to torch as they are
+    assert cublas.direct[call_key(a, w.T)] is torch.mm  # the caller's operands go to torch as they are
     assert torch.equal(matmul.matmul(a2, w2.T), torch.mm(a2, w2.T))
+    odd = torch.randn(32, 256).half()[:, ::4]  # strides the kernels refuse: cuBLAS, chosen for the shape, takes them
+    assert torch.equal(matmul.matmul(a2, odd), torch.mm(a2, odd))
 
 
 def test_a_call_that_records_a_gradient_or_passes_out_leaves_the_direct_path(tmp_path, stand_ins, monkeypatch):

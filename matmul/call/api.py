@@ -42,7 +42,7 @@ from ..contract import MatmulInputError, check_call
 from ..kernels import versions
 from . import torch_op
 from .choice_cache import Entry
-from .launch import Plans, signature
+from .launch import Plans, call_key
 from .tuner import VENDOR, Chooser, NotTunedError
 
 __all__ = ["matmul", "choice", "tune", "MatmulInputError", "UnsupportedGPUError", "NotTunedError", "VENDOR"]
@@ -78,7 +78,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: Optional[torch.Tensor] = No
         return torch_op.traced(a, b, out)
     if out is None:  # the commonest call, seen before: its function, with nothing in between
         try:
-            direct = _plans.direct.get(signature(a, b, None))
+            direct = _plans.direct.get(call_key(a, b))
             recorded = (a.requires_grad or b.requires_grad) and torch.is_grad_enabled()
         except AttributeError:  # not tensors: the checks of the launch path name the problem
             direct = None

@@ -17,9 +17,16 @@ alignment of the data pointers (TMA's rule) and, with ``out``, that it does not 
 ``b``; and it launches under the operands' GPU when that is not the current one.
 
 The commonest call, ``matmul(x, w.T)`` with no ``out`` and no gradient to record, takes a shorter
-way still: ``Plans.direct`` maps its signature to the function that computes it, ``torch.mm``
-itself when cuBLAS won (so that call costs the host what ``torch.mm`` costs, plus one lookup), or
-the plan's ``result`` when a version won; ``api.matmul`` calls that function with no layer between.
+way still, because on a host-bound call every read of a tensor attribute is a visible share of the
+time (a signature is eight of them, about 0.7 us): ``Plans.direct`` maps the four that pick the
+kernel (``call_key``: the shapes, the dtype, the device) to the function that computes the call,
+and ``api.matmul`` calls it with no layer between.
+
+* cuBLAS won: ``torch.mm`` itself, on the caller's operands. torch.mm takes every layout and
+  checks dtypes and devices itself, so a later call of these shapes whatever its strides (or its
+  alignment) goes there too, and gets a correct result.
+* a version won: the plan's ``direct_function``, which checks the rest of the signature (the
+  strides, b's dtype and device) and hands any call that differs there back to ``Plans.launch``.
 """
 
 from __future__ import annotations
@@ -54,6 +61,11 @@ def signature(a, b, out) -> tuple:
         out.dtype,
         out.device,
     )
+
+
+def call_key(a, b) -> tuple:
+    """What picks the kernel of a call without ``out`` (``Plans.direct``): the shapes, dtype and device."""
+    return a.shape, b.shape, a.dtype, a.device
 
 
 class VendorPlan:
@@ -97,9 +109,18 @@ class SeriesPlan:
         self.out_row = aligned_row_length(self.n, a.dtype)  # an allocated output's row, padded to 16 bytes
         self.layouts = (layout(a), layout(b), None if out is None else layout(out))
 
-    def result(self, a, b):
-        """``a @ b`` into a new tensor: the direct path of ``matmul(a, b)`` (``Plans.direct``)."""
-        return self(a, b, None)
+    def direct_function(self, a, b, fallback: Callable) -> Callable:
+        """``matmul(a2, b2)`` through this plan for operands with ``a``'s and ``b``'s shapes, dtype and
+        device (``Plans.direct``); operands whose strides, or b's dtype or device, differ from
+        ``a``'s and ``b``'s go to ``fallback``."""
+        rest = (a.stride(), b.stride(), b.dtype, b.device)
+
+        def run(a, b):
+            if (a.stride(), b.stride(), b.dtype, b.device) != rest:
+                return fallback(a, b)
+            return self(a, b, None)
+
+        return run
 
     def __call__(self, a, b, out):
         # on the path of every call: each step here is paid per launch, so it is kept short
@@ -142,15 +163,18 @@ class Plans:
         self.check = check
         self.program = program or tilus_autotune.launch_function
         self.plans: dict[tuple, object] = {}
-        # signatures without ``out`` -> the function of (a, b) that ``api.matmul`` calls directly
+        # call_key(a, b) -> the function of (a, b) that ``api.matmul`` calls directly when there is no out
         self.direct: dict[tuple, Callable] = {}
 
-    def keep(self, key: tuple, plan, with_out: bool) -> None:
-        """Keep ``plan`` for calls of signature ``key``, and for calls without ``out`` the function
-        ``api.matmul`` calls directly."""
-        self.plans[key] = plan
-        if not with_out:
-            self.direct[key] = torch.mm if isinstance(plan, VendorPlan) else plan.result
+    def keep(self, plan, a, b, out=None) -> None:
+        """Keep ``plan`` for calls with the signature of these operands, and for calls without ``out``
+        the function ``api.matmul`` calls directly."""
+        self.plans[signature(a, b, out)] = plan
+        if out is None:
+            if isinstance(plan, VendorPlan):
+                self.direct[call_key(a, b)] = torch.mm
+            else:  # a call this plan cannot take goes the whole way, whatever self.launch is then
+                self.direct[call_key(a, b)] = plan.direct_function(a, b, lambda a, b: self.launch(a, b))
 
     def launch(self, a, b, out=None):
         """``a @ b`` into ``out`` (allocated if None); the result."""
@@ -179,7 +203,7 @@ class Plans:
         if plan is None:
             plan = VendorPlan(a, b, out)
         if key is not None:
-            self.keep(key, plan, with_out=out is not None)
+            self.keep(plan, a, b, out)
         return plan
 
     def plan_for(self, a, b, out=None):

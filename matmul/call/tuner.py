@@ -305,10 +305,10 @@ def host_timer(plan, a, b, vendor_ms: Callable[[], float], calls: int = 200) -> 
     import time
 
     from . import api
-    from .launch import Plans, signature
+    from .launch import Plans
 
     table = Plans(chooser=None)
-    table.keep(signature(a, b, None), plan, with_out=False)
+    table.keep(plan, a, b)
 
     def measure() -> float:
         saved, api._plans = api._plans, table

@@ -31,7 +31,7 @@ def probe(m, n, k):
     w = torch.randn(n, k, device="cuda", dtype=torch.float16)
     b = w.T
     plan = launch.VendorPlan(a, b, None)
-    api._plans.keep(launch.signature(a, b, None), plan, with_out=False)  # cuBLAS for this signature, untuned
+    api._plans.keep(plan, a, b)  # cuBLAS for this signature, untuned
     fns = {
         "torch.matmul": lambda: torch.matmul(a, b),
         "torch.mm": lambda: torch.mm(a, b),
@@ -41,6 +41,7 @@ def probe(m, n, k):
         "Plans.launch": lambda: api._plans.launch(a, b),
         "VendorPlan": lambda: plan(a, b, None),
         "signature": lambda: launch.signature(a, b, None),
+        "call_key": lambda: launch.call_key(a, b),
     }
     forward = {name: host_us(fn) for name, fn in fns.items()}
     backward = {name: host_us(fn) for name, fn in reversed(fns.items())}  # both orders: the host drifts
