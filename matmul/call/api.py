@@ -9,7 +9,8 @@ so the layouts of ``b`` are:
 * ``b`` row-major [K, N] (``b.is_contiguous()``): when a version of the series runs, transposed
   into a temporary [N, K] copy per call (one extra read and write of ``b``); cuBLAS reads it as it
   is. Keep weights as [N, K] and pass ``w.T``.
-* any other strides: ``MatmulInputError``; pass ``b.contiguous()``.
+* any other strides: ``MatmulInputError``; pass ``b.contiguous()``. (Once cuBLAS has won a shape,
+  a call of that shape in any layout goes to ``torch.mm``, which takes it: see ``launch``.)
 
 Where no kernel applies, ``MatmulInputError`` names the problem and the fix, and nothing runs
 (``matmul.contract`` has every rule): CPU tensors, dtypes other than float16/bfloat16, shapes that
@@ -23,7 +24,8 @@ Which kernel runs: the first call for a shape bucket (each of M, N, K rounded up
 its own tuning) tunes it in a child process (``tuner``: the candidates, why V0-V2 are not among
 them, and the isolation) and stores the choice (``choice_cache``); ``tune(shapes)`` does that ahead
 of time, for many shapes in one child. Later calls with operands of a signature already seen take
-the short path of ``launch``: the chosen kernel launched with nothing derived again.
+the short path of ``launch``: the chosen kernel launched with nothing derived again; a call without
+``out`` goes there straight from ``matmul`` after one lookup (``Plans.direct``).
 ``choice(a, b)`` names the winner.
 
 torch: ``matmul`` is also the custom operator ``torch.ops.tilus_matmul.mm`` (``torch_op``), which
