@@ -6,24 +6,12 @@ per shape (host_probe.txt).
 """
 
 import json
-import time
 
 import torch
 import torch.nn.functional as F
 
 from matmul.call import api, launch
-
-
-def host_us(fn, calls=2000, loops=5):
-    best = float("inf")
-    for _ in range(loops):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - start) / calls * 1e6)
-    torch.cuda.synchronize()
-    return best
+from matmul.harness.model import host_us  # best of 5 loops of 2000 calls, the GPU drained first
 
 
 def probe(m, n, k):

@@ -19,6 +19,8 @@ SHAPES = [(16, 4096, 4096), (128, 4096, 4096), (16, 256, 256), (128, 1024, 4096)
 
 
 def host_us(fn, calls=2000, loops=5):
+    # matmul.harness.model.host_us's loop, written out: importing it would import matmul before
+    # the first stage, which times torch alone
     best = float("inf")
     for _ in range(loops):
         torch.cuda.synchronize()
