@@ -78,19 +78,15 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: Optional[torch.Tensor] = No
     """``a @ b`` (a [M, K], b [K, N]) into ``out`` [M, N] if given; see the module's docstring."""
     if _is_compiling():  # traced: the custom operator, which the compiler sees through
         return torch_op.traced(a, b, out)
-    if out is None:  # the commonest call, seen before: its function, with nothing in between
-        try:
-            direct = _plans.direct.get(call_key(a, b))
-            recorded = (a.requires_grad or b.requires_grad) and torch.is_grad_enabled()
-        except AttributeError:  # not tensors: the checks of the launch path name the problem
-            direct = None
-        if direct is not None and not recorded:
-            return direct(a, b)
     try:
-        needs_grad = a.requires_grad or b.requires_grad
+        recorded = (a.requires_grad or b.requires_grad) and torch.is_grad_enabled()
+        # the commonest call, seen before: its function, with nothing in between
+        direct = None if out is not None or recorded else _plans.direct.get(call_key(a, b))
     except AttributeError:  # not tensors: the checks of the launch path name the problem
-        needs_grad = False
-    if needs_grad and torch.is_grad_enabled():
+        recorded, direct = False, None
+    if direct is not None:
+        return direct(a, b)
+    if recorded:
         return torch_op.with_grad(a, b, out)
     return _plans.launch(a, b, out)
 
