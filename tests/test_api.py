@@ -15,7 +15,7 @@ import torch
 import matmul
 from matmul.call import api, tilus_autotune, torch_op, tuner
 from matmul.call.choice_cache import ChoiceCache, default_dir
-from matmul.call.launch import Plans, SeriesPlan, VendorPlan, call_key, signature
+from matmul.call.launch import Plans, SeriesPlan, VendorPlan, signature
 from matmul.contract import check_call, kernel_b
 from matmul.kernels import versions
 from matmul.measure.correctness import TOLERANCE, poisoned_output, random_operands, reference, relative_error
@@ -478,44 +478,61 @@ def test_a_seen_signature_is_launched_without_deriving_anything_again(tmp_path, 
     assert calls(a, w.T, out)[0] == 1 and calls(a, w.T, out)[0] == 0  # with out=: a signature of its own
 
 
-def test_a_seen_call_without_out_goes_straight_to_its_function(tmp_path, stand_ins, monkeypatch):
-    path = plans(tmp_path)
-    monkeypatch.setattr(api, "_plans", path)
+@pytest.fixture
+def route():
+    """``api.use_plans`` for the test: matmul() uses the plans it is given; the process's afterwards."""
+    previous = api._plans
+
+    def use(plans):
+        api.use_plans(plans)
+        return plans
+
+    yield use
+    api.use_plans(previous)
+
+
+native = pytest.mark.skipif(api._native is None, reason="matmul()'s native entry is not built here")
+
+
+@native
+def test_a_seen_call_without_out_goes_straight_to_its_plan(tmp_path, stand_ins, monkeypatch, route):
+    path = route(plans(tmp_path))
     a, w = random_operands(128, 64, 32, torch.float16, device="cpu")
-    matmul.matmul(a, w.T)  # first call: the full checks, the choice, the plan
+    matmul.matmul(a, w.T)  # first call: through Python, the full checks, the choice, the plan and its route
     plan = path.plans[signature(a, w.T, None)]
     launch = path.launch
-    monkeypatch.setattr(path, "launch", lambda *args: pytest.fail("a seen call went through Plans.launch"))
+    monkeypatch.setattr(path, "launch", lambda *args: pytest.fail("a seen call went through Python's matmul"))
     a2, w2 = random_operands(128, 64, 32, torch.float16, device="cpu")
     assert relative_error(matmul.matmul(a2, w2.T), reference(a2, w2)) <= TOLERANCE[torch.float16]
     with torch.no_grad():  # a model's parameters require gradients; inference records none
         assert matmul.matmul(a2, w2.T.requires_grad_()).shape == (128, 64)
     assert plan.launch.launches == 3
 
-    # the same shapes in another layout, b's dtype or b's device: the rest of the signature sends them back
-    sent_back = []
-    monkeypatch.setattr(path, "launch", lambda a, b, out=None: sent_back.append(b) or launch(a, b, out))
+    # the same shapes in another layout, b's dtype or b's device: other signatures, through Python
+    sent = []
+    monkeypatch.setattr(path, "launch", lambda a, b, out=None: sent.append(b) or launch(a, b, out))
     assert relative_error(matmul.matmul(a2, w2.T.contiguous()), reference(a2, w2)) <= TOLERANCE[torch.float16]
     assert isinstance(path.plans[signature(a2, w2.T.contiguous(), None)], SeriesPlan)  # derived for that layout
     with pytest.raises(matmul.MatmulInputError, match="float16 or both bfloat16"):
         matmul.matmul(a2, w2.T.bfloat16())
     with pytest.raises(RuntimeError):  # the stand-in kernels check no device: the meta b fails in them
         matmul.matmul(a2, w2.T.to("meta"))
-    assert [b.dtype for b in sent_back] == [torch.float16, torch.bfloat16, torch.float16]
-    assert sent_back[2].device.type == "meta" and plan.launch.launches == 3  # not through the cpu plan
+    assert [b.dtype for b in sent] == [torch.float16, torch.bfloat16, torch.float16]
+    assert sent[2].device.type == "meta" and plan.launch.launches == 3  # not through the cpu plan
+    with pytest.raises(matmul.MatmulInputError, match="b.contiguous"):  # strides no kernel takes, even once seen
+        matmul.matmul(a2, torch.randn(32, 256).half()[:, ::4])
 
-    cublas = plans(tmp_path / "cublas", timer=cublas_wins)
-    monkeypatch.setattr(api, "_plans", cublas)
+    # cuBLAS won: at::mm on the caller's tensors, with neither Python's matmul nor torch.mm in between
+    cublas = route(plans(tmp_path / "cublas", timer=cublas_wins))
     matmul.matmul(a, w.T)
-    assert cublas.direct[call_key(a, w.T)] is torch.mm  # the caller's operands go to torch as they are
-    assert torch.equal(matmul.matmul(a2, w2.T), torch.mm(a2, w2.T))
-    odd = torch.randn(32, 256).half()[:, ::4]  # strides the kernels refuse: cuBLAS, chosen for the shape, takes them
-    assert torch.equal(matmul.matmul(a2, odd), torch.mm(a2, odd))
+    assert isinstance(cublas.direct.get(a, w.T).__self__, VendorPlan)
+    monkeypatch.setattr(cublas, "launch", lambda *args: pytest.fail("a seen call went through Python's matmul"))
+    monkeypatch.setattr(torch, "mm", lambda *args, **kwargs: pytest.fail("the vendor route called torch.mm"))
+    assert torch.equal(matmul.matmul(a2, w2.T), a2 @ w2.T)
 
 
-def test_a_call_that_records_a_gradient_or_passes_out_leaves_the_direct_path(tmp_path, stand_ins, monkeypatch):
-    path = plans(tmp_path)
-    monkeypatch.setattr(api, "_plans", path)
+def test_a_call_that_records_a_gradient_or_passes_out_goes_through_python(tmp_path, stand_ins, monkeypatch, route):
+    path = route(plans(tmp_path))
     a, w = random_operands(64, 32, 16, torch.float16, device="cpu")
     matmul.matmul(a, w.T)
     seen = []
@@ -640,10 +657,8 @@ def test_a_child_that_fails_with_no_candidate_to_blame_is_a_clear_error(monkeypa
 
 
 @pytest.fixture
-def stand_in_api(tmp_path, stand_ins, monkeypatch):
-    path = plans(tmp_path)
-    monkeypatch.setattr(api, "_plans", path)
-    return path
+def stand_in_api(tmp_path, stand_ins, route):
+    return route(plans(tmp_path))
 
 
 def test_torch_compile_traces_matmul_without_a_graph_break(stand_in_api):

@@ -9,8 +9,7 @@ so the layouts of ``b`` are:
 * ``b`` row-major [K, N] (``b.is_contiguous()``): when a version of the series runs, transposed
   into a temporary [N, K] copy per call (one extra read and write of ``b``); cuBLAS reads it as it
   is. Keep weights as [N, K] and pass ``w.T``.
-* any other strides: ``MatmulInputError``; pass ``b.contiguous()``. (Once cuBLAS has won a shape,
-  a call of that shape in any layout goes to ``torch.mm``, which takes it: see ``launch``.)
+* any other strides: ``MatmulInputError``; pass ``b.contiguous()``.
 
 Where no kernel applies, ``MatmulInputError`` names the problem and the fix, and nothing runs
 (``matmul.contract`` has every rule): CPU tensors, dtypes other than float16/bfloat16, shapes that
@@ -24,8 +23,11 @@ Which kernel runs: the first call for a shape bucket (each of M, N, K rounded up
 its own tuning) tunes it in a child process (``tuner``: the candidates, why V0-V2 are not among
 them, and the isolation) and stores the choice (``choice_cache``); ``tune(shapes)`` does that ahead
 of time, for many shapes in one child. Later calls with operands of a signature already seen take
-the short path of ``launch``: the chosen kernel launched with nothing derived again; a call without
-``out`` goes there straight from ``matmul`` after one lookup (``Plans.direct``).
+the short path of ``launch``: the chosen kernel launched with nothing derived again. A seen call
+without ``out`` does not even pass through Python: ``matmul`` is the builtin of a small C++
+extension (``native_entry``, built on the first import on a machine) that looks the signature up
+and runs its route, cuBLAS's ``at::mm`` or the chosen version's launch; every other call reaches
+the Python function ``python_matmul``, which is also ``matmul`` where the extension cannot be built.
 ``choice(a, b)`` names the winner.
 
 torch: ``matmul`` is also the custom operator ``torch.ops.tilus_matmul.mm`` (``torch_op``), which
@@ -42,12 +44,22 @@ import torch
 
 from ..contract import MatmulInputError, check_call
 from ..kernels import versions
-from . import torch_op
+from . import native_entry, torch_op
 from .choice_cache import Entry
-from .launch import Plans, call_key
+from .launch import Plans
 from .tuner import VENDOR, Chooser, NotTunedError
 
-__all__ = ["matmul", "choice", "tune", "MatmulInputError", "UnsupportedGPUError", "NotTunedError", "VENDOR"]
+__all__ = [
+    "matmul",
+    "python_matmul",
+    "choice",
+    "tune",
+    "use_plans",
+    "MatmulInputError",
+    "UnsupportedGPUError",
+    "NotTunedError",
+    "VENDOR",
+]
 
 
 class UnsupportedGPUError(MatmulInputError):
@@ -71,24 +83,40 @@ def device_arch(device: torch.device) -> str:
 
 _chooser = Chooser(arch_of=device_arch)
 _plans = Plans(_chooser)
-_is_compiling = torch.compiler.is_compiling  # looked up once: matmul() pays for every lookup on every call
+_is_compiling = torch.compiler.is_compiling  # looked up once: every call pays for every lookup
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+def python_matmul(a: torch.Tensor, b: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``a @ b`` (a [M, K], b [K, N]) into ``out`` [M, N] if given; see the module's docstring."""
     if _is_compiling():  # traced: the custom operator, which the compiler sees through
         return torch_op.traced(a, b, out)
     try:
         recorded = (a.requires_grad or b.requires_grad) and torch.is_grad_enabled()
-        # the commonest call, seen before: its function, with nothing in between
-        direct = None if out is not None or recorded else _plans.direct.get(call_key(a, b))
     except AttributeError:  # not tensors: the checks of the launch path name the problem
-        recorded, direct = False, None
-    if direct is not None:
-        return direct(a, b)
+        recorded = False
     if recorded:
         return torch_op.with_grad(a, b, out)
     return _plans.launch(a, b, out)
+
+
+_native = native_entry.module()
+if _native is None:
+    matmul = python_matmul
+else:
+    _native.route(_plans.direct, python_matmul)
+    matmul = _native.matmul
+    # torch.compile cannot look into a builtin: it traces the Python function in its place
+    torch.compiler.substitute_in_graph(matmul)(python_matmul)
+
+
+def use_plans(plans: Plans) -> Plans:
+    """Make ``plans`` the ones ``matmul`` uses, its table of routes included; the previous ones. For
+    the tuner, which times a candidate through ``matmul`` itself, and for tests with stand-in kernels."""
+    global _plans
+    previous, _plans = _plans, plans
+    if _native is not None:
+        _native.route(plans.direct, python_matmul)
+    return previous
 
 
 def choice(a: torch.Tensor, b: torch.Tensor) -> Entry:

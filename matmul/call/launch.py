@@ -16,17 +16,11 @@ A later call with the same signature checks only what the signature does not fix
 alignment of the data pointers (TMA's rule) and, with ``out``, that it does not overlap ``a`` or
 ``b``; and it launches under the operands' GPU when that is not the current one.
 
-The commonest call, ``matmul(x, w.T)`` with no ``out`` and no gradient to record, takes a shorter
-way still, because on a host-bound call every read of a tensor attribute is a visible share of the
-time (a signature is eight of them, about 0.7 us): ``Plans.direct`` maps the four that pick the
-kernel (``call_key``: the shapes, the dtype, the device) to the function that computes the call,
-and ``api.matmul`` calls it with no layer between.
-
-* cuBLAS won: ``torch.mm`` itself, on the caller's operands. torch.mm takes every layout and
-  checks dtypes and devices itself, so a later call of these shapes whatever its strides (or its
-  alignment) goes there too, and gets a correct result.
-* a version won: the plan's ``direct_function``, which checks the rest of the signature (the
-  strides, b's dtype and device) and hands any call that differs there back to ``Plans.launch``.
+A call without ``out`` whose signature was seen does not come here at all where the native entry is
+built (``native_entry``): ``keep`` also puts the plan's route in ``Plans.direct``, the C++ table the
+public ``matmul`` reads, so such a call runs its plan (or, for cuBLAS, ``at::mm`` on the caller's
+tensors) without a Python frame in between. On a host-bound call every read of a tensor attribute
+in Python is a visible share of the time; the table reads the signature from the ``at::Tensor``.
 """
 
 from __future__ import annotations
@@ -39,7 +33,7 @@ import torch
 from .. import contract
 from ..contract import TMA_ALIGN_BYTES, aligned_row_length, check_aligned, check_no_overlap, layout, row_stride
 from ..kernels import versions
-from . import tilus_autotune
+from . import native_entry, tilus_autotune
 from .tuner import VENDOR, Chooser, fits, space_config
 
 
@@ -63,11 +57,6 @@ def signature(a, b, out) -> tuple:
     )
 
 
-def call_key(a, b) -> tuple:
-    """What picks the kernel of a call without ``out`` (``Plans.direct``): the shapes, dtype and device."""
-    return a.shape, b.shape, a.dtype, a.device
-
-
 class VendorPlan:
     """cuBLAS chose for this bucket: ``torch.mm`` on the caller's operands (b [K, N] as given)."""
 
@@ -75,7 +64,7 @@ class VendorPlan:
         self.layouts = (layout(a), layout(b), None if out is None else layout(out))
         self.out_contiguous = out is not None and out.is_contiguous()
 
-    def __call__(self, a, b, out):
+    def __call__(self, a, b, out=None):
         if out is None:
             return torch.mm(a, b)
         check_no_overlap(out.data_ptr(), self.layouts[2], "a", a.data_ptr(), self.layouts[0])
@@ -109,20 +98,7 @@ class SeriesPlan:
         self.out_row = aligned_row_length(self.n, a.dtype)  # an allocated output's row, padded to 16 bytes
         self.layouts = (layout(a), layout(b), None if out is None else layout(out))
 
-    def direct_function(self, a, b, fallback: Callable) -> Callable:
-        """``matmul(a2, b2)`` through this plan for operands with ``a``'s and ``b``'s shapes, dtype and
-        device (``Plans.direct``); operands whose strides, or b's dtype or device, differ from
-        ``a``'s and ``b``'s go to ``fallback``."""
-        rest = (a.stride(), b.stride(), b.dtype, b.device)
-
-        def run(a, b):
-            if (a.stride(), b.stride(), b.dtype, b.device) != rest:
-                return fallback(a, b)
-            return self(a, b, None)
-
-        return run
-
-    def __call__(self, a, b, out):
+    def __call__(self, a, b, out=None):
         # on the path of every call: each step here is paid per launch, so it is kept short
         if a.data_ptr() % TMA_ALIGN_BYTES:
             check_aligned("a", a.data_ptr())
@@ -158,23 +134,20 @@ class Plans:
     """The process's plans by signature. ``check`` and ``program`` are parameters so that the tests
     can run the path on the CPU with stand-in kernels."""
 
-    def __init__(self, chooser: Chooser, check=contract.check_call, program=None):
+    def __init__(self, chooser: Chooser, check=contract.check_call, program=None, direct="native"):
         self.chooser = chooser
         self.check = check
         self.program = program or tilus_autotune.launch_function
         self.plans: dict[tuple, object] = {}
-        # call_key(a, b) -> the function of (a, b) that ``api.matmul`` calls directly when there is no out
-        self.direct: dict[tuple, Callable] = {}
+        # the native entry's table of routes for calls without out (None where it is not built)
+        self.direct = native_entry.new_table() if direct == "native" else direct
 
     def keep(self, plan, a, b, out=None) -> None:
         """Keep ``plan`` for calls with the signature of these operands, and for calls without ``out``
-        the function ``api.matmul`` calls directly."""
+        its route in the native entry's table."""
         self.plans[signature(a, b, out)] = plan
-        if out is None:
-            if isinstance(plan, VendorPlan):
-                self.direct[call_key(a, b)] = torch.mm
-            else:  # a call this plan cannot take goes the whole way, whatever self.launch is then
-                self.direct[call_key(a, b)] = plan.direct_function(a, b, lambda a, b: self.launch(a, b))
+        if out is None and self.direct is not None:
+            self.direct.put(a, b, plan.__call__, vendor=isinstance(plan, VendorPlan))
 
     def launch(self, a, b, out=None):
         """``a @ b`` into ``out`` (allocated if None); the result."""

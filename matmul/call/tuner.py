@@ -311,7 +311,7 @@ def host_timer(plan, a, b, vendor_ms: Callable[[], float], calls: int = 200) -> 
     table.keep(plan, a, b)
 
     def measure() -> float:
-        saved, api._plans = api._plans, table
+        saved = api.use_plans(table)
         try:
             for _ in range(10):
                 api.matmul(a, b)
@@ -322,7 +322,7 @@ def host_timer(plan, a, b, vendor_ms: Callable[[], float], calls: int = 200) -> 
             elapsed = time.perf_counter() - begin
             torch.cuda.synchronize()
         finally:
-            api._plans = saved
+            api.use_plans(saved)
         return elapsed / calls * 1e3
 
     return measure

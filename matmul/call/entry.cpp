@@ -1,0 +1,175 @@
+// The entry of matmul(): the seen call, looked up and run without the Python interpreter in between.
+//
+// On a host-bound call (a model's small and middle-sized projections, issued back to back) every
+// step before the launch is a visible share of the call. In Python, reading the eight attributes
+// that make a call's signature costs about as much as torch's own argument parsing, and one more
+// frame on top of torch.mm makes matmul() slower than torch.matmul on the very shapes where cuBLAS
+// wins. Here the signature is read from the at::Tensor (sizes, strides, dtypes, devices: loads, not
+// Python objects) and looked up in a hash table that the Python side fills as it derives plans
+// (``DirectTable.put``):
+//
+// * a vendor route (cuBLAS won): at::mm on the caller's tensors, as torch.mm runs it (the GIL
+//   released around it, as torch's own bindings do), without torch's argument parser;
+// * a series route (a version of the series won): the plan's Python function, called with the
+//   caller's own argument vector.
+//
+// Every other call (not two tensors, out=, keywords, a gradient to record, a tensor subclass or a
+// mode that overrides torch functions, a signature not seen) goes to the Python ``matmul`` it was
+// routed with, which runs the full checks and derives the plan.
+#include <ATen/PythonTorchFunctionTLS.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/mm.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <cstring>
+#include <unordered_map>
+
+namespace py = pybind11;
+
+namespace {
+
+// What a route depends on apart from the data: the signature of a call without out= (the Python
+// side's launch.signature(a, b, None)).
+struct Signature {
+  int64_t dims[8];  // a's sizes and strides, then b's
+  int64_t kinds;    // both dtypes and both devices, packed
+
+  bool operator==(const Signature& other) const { return std::memcmp(this, &other, sizeof(Signature)) == 0; }
+};
+
+struct SignatureHash {
+  size_t operator()(const Signature& s) const {
+    uint64_t h = static_cast<uint64_t>(s.kinds);
+    for (int64_t d : s.dims) h = (h ^ static_cast<uint64_t>(d)) * 0x100000001b3ULL;  // FNV-1a's prime
+    return static_cast<size_t>(h);
+  }
+};
+
+uint64_t device_bits(const at::Device& device) {
+  return (static_cast<uint64_t>(static_cast<uint8_t>(device.type())) << 8) | static_cast<uint8_t>(device.index());
+}
+
+// false for what no route can take: not two strided matrices
+bool signature_of(const at::Tensor& a, const at::Tensor& b, Signature* s) {
+  if (a.layout() != at::kStrided || b.layout() != at::kStrided || a.dim() != 2 || b.dim() != 2) return false;
+  auto as = a.sizes(), at_ = a.strides(), bs = b.sizes(), bt = b.strides();
+  int64_t dims[8] = {as[0], as[1], at_[0], at_[1], bs[0], bs[1], bt[0], bt[1]};
+  std::memcpy(s->dims, dims, sizeof dims);
+  s->kinds = static_cast<int64_t>(static_cast<uint64_t>(static_cast<uint8_t>(a.scalar_type())) |
+                                  static_cast<uint64_t>(static_cast<uint8_t>(b.scalar_type())) << 8 |
+                                  device_bits(a.device()) << 16 | device_bits(b.device()) << 32);
+  return true;
+}
+
+struct Route {
+  py::object function;  // the Python function of (a, b) that computes the call
+  bool vendor;          // cuBLAS: at::mm here instead of calling ``function``
+};
+
+class DirectTable {
+ public:
+  void put(const at::Tensor& a, const at::Tensor& b, py::object function, bool vendor) {
+    Signature s;
+    if (!signature_of(a, b, &s)) throw py::value_error("a route needs two strided matrices");
+    routes_[s] = Route{std::move(function), vendor};
+  }
+
+  // the route's function, or None
+  py::object get(const at::Tensor& a, const at::Tensor& b) const {
+    const Route* route = find(a, b);
+    return route ? route->function : py::none();
+  }
+
+  const Route* find(const at::Tensor& a, const at::Tensor& b) const {
+    Signature s;
+    if (!signature_of(a, b, &s)) return nullptr;
+    auto it = routes_.find(s);
+    return it == routes_.end() ? nullptr : &it->second;
+  }
+
+  size_t size() const { return routes_.size(); }
+  void clear() { routes_.clear(); }
+
+ private:
+  std::unordered_map<Signature, Route, SignatureHash> routes_;
+};
+
+// The table matmul() reads and the Python function it hands every other call to (``route``). Plain
+// references, not py::object: a static py::object would be released after the interpreter is gone.
+PyObject* routed_table = nullptr;  // keeps ``table`` alive while it is read
+const DirectTable* table = nullptr;
+PyObject* fallback = nullptr;
+
+// a torch.Tensor or nn.Parameter, not a subclass: a subclass may override what torch functions do
+bool plain_tensor(PyObject* obj) { return THPVariable_CheckExact(obj); }
+
+// a call that holds its own reference to ``function``: the call may re-route or clear the table
+PyObject* call_held(PyObject* function, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  Py_INCREF(function);
+  PyObject* result = PyObject_Vectorcall(function, args, nargsf, kwnames);
+  Py_DECREF(function);
+  return result;
+}
+
+PyObject* matmul_entry(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargsf, PyObject* kwnames) {
+  HANDLE_TH_ERRORS
+  if (fallback == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "matmul's native entry was never routed (call route(table, fallback))");
+    return nullptr;
+  }
+  if (table != nullptr && PyVectorcall_NARGS(nargsf) == 2 && kwnames == nullptr && plain_tensor(args[0]) &&
+      plain_tensor(args[1]) && !at::impl::torch_function_mode_enabled()) {
+    const at::Tensor& a = THPVariable_Unpack(args[0]);
+    const at::Tensor& b = THPVariable_Unpack(args[1]);
+    bool recorded = at::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad());
+    const Route* route = recorded ? nullptr : table->find(a, b);
+    if (route != nullptr && route->vendor) {
+      at::Tensor c;
+      {
+        py::gil_scoped_release no_gil;
+        c = at::mm(a, b);
+      }
+      return THPVariable_Wrap(std::move(c));
+    }
+    if (route != nullptr) return call_held(route->function.ptr(), args, 2, nullptr);
+  }
+  return call_held(fallback, args, nargsf, kwnames);
+  END_HANDLE_TH_ERRORS
+}
+
+void route(py::object new_table, py::object new_fallback) {
+  const DirectTable* t = new_table.is_none() ? nullptr : new_table.cast<const DirectTable*>();
+  if (!PyCallable_Check(new_fallback.ptr())) throw py::type_error("the fallback must be callable");
+  PyObject* old_table = routed_table;
+  PyObject* old_fallback = fallback;
+  routed_table = new_table.inc_ref().ptr();
+  fallback = new_fallback.inc_ref().ptr();
+  table = t;
+  Py_XDECREF(old_table);  // last: releasing them may run Python code, which may call matmul()
+  Py_XDECREF(old_fallback);
+}
+
+PyMethodDef entry_methods[] = {
+    {"matmul", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(matmul_entry)),
+     METH_FASTCALL | METH_KEYWORDS,
+     "matmul(a, b, *, out=None)\n--\n\n``a @ b``: see ``matmul.call.api``. Seen calls run from the routed "
+     "table; every other call goes to the Python function it was routed with."},
+    {nullptr, nullptr, 0, nullptr}};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  py::class_<DirectTable>(m, "DirectTable",
+                          "Routes of seen calls without out=, by signature (shapes, strides, dtypes, devices)")
+      .def(py::init<>())
+      .def("put", &DirectTable::put, py::arg("a"), py::arg("b"), py::arg("function"), py::arg("vendor"))
+      .def("get", &DirectTable::get, py::arg("a"), py::arg("b"))
+      .def("clear", &DirectTable::clear)
+      .def("__len__", &DirectTable::size);
+  m.def("route", &route, py::arg("table"), py::arg("fallback"),
+        "Make matmul() read ``table`` (a DirectTable, or None for none) and hand every other call to ``fallback``");
+  if (PyModule_AddFunctions(m.ptr(), entry_methods) != 0) throw py::error_already_set();
+}

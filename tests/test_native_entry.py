@@ -1,0 +1,183 @@
+"""matmul()'s native entry (matmul/call/entry.cpp): the table of routes, which calls it runs and which it
+hands to Python, and the Python entry where it cannot be built. CPU tensors and Python stand-ins for
+the routes: the entry itself does not care which device a route runs on."""
+
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import matmul
+from matmul.call import api, native_entry
+
+native = api._native
+built = pytest.mark.skipif(native is None, reason="matmul()'s native entry is not built here")
+
+
+def operands(m=24, n=16, k=40):
+    return torch.randn(m, k).half(), torch.randn(n, k).half().T  # x and w.T, as a linear layer calls it
+
+
+class Recorder:
+    """A route or a fallback that records its calls and returns a marker."""
+
+    def __init__(self, name):
+        self.name, self.calls = name, []
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+        return self.name
+
+
+@pytest.fixture
+def routed():
+    """The process's entry routed to a fresh table and a recording fallback; restored afterwards."""
+    table, fallback = native.DirectTable(), Recorder("python")
+    native.route(table, fallback)
+    yield table, fallback
+    native.route(api._plans.direct, api.python_matmul)
+
+
+@built
+def test_routes_are_kept_by_the_whole_signature():
+    table = native.DirectTable()
+    a, b = operands()
+    function = Recorder("series")
+    table.put(a, b, function, vendor=False)
+    assert table.get(a, b) is function and len(table) == 1
+    assert table.get(*operands()) is function  # new data, the same signature
+    others = [
+        (a, b.contiguous()),  # b's strides
+        (a.T.contiguous().T, b),  # a's strides
+        (a, b.bfloat16()),  # b's dtype
+        (a.bfloat16(), b),  # a's dtype
+        (a.to("meta"), b),  # a's device
+        (a, b.to("meta")),  # b's device
+        (a[:20], b),  # a's shape
+        (a[:, :32], b[:32]),  # K
+        (a.unsqueeze(0), b),  # not a matrix
+    ]
+    for x, y in others:
+        assert table.get(x, y) is None
+    with pytest.raises(ValueError, match="two strided matrices"):
+        table.put(a.unsqueeze(0), b, function, vendor=False)
+    table.clear()
+    assert len(table) == 0 and table.get(a, b) is None
+
+
+@built
+def test_a_seen_call_runs_its_route_and_every_other_call_goes_to_python(routed):
+    table, fallback = routed
+    a, b = operands()
+    series = Recorder("series")
+    table.put(a, b, series, vendor=False)
+    assert matmul.matmul(a, b) == "series" and series.calls[-1][0] == (a, b)
+    with torch.no_grad():  # parameters require gradients; inference records none
+        assert matmul.matmul(a, b.clone().requires_grad_()) == "series"
+    assert matmul.matmul(a, b.T.contiguous().T) == "series"  # the same strides, a copy
+
+    class Subclass(torch.Tensor):
+        pass
+
+    class Mode(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    others = [
+        ((a, b.contiguous()), {}),  # not seen
+        ((a, b), {"out": torch.empty(24, 16).half()}),
+        ((a, b), {"out": None}),  # keywords of any kind: Python parses them
+        ((a,), {}),
+        ((a, b, None), {}),
+        (([[1.0]], b), {}),  # not a tensor
+        ((a.as_subclass(Subclass), b), {}),  # a subclass may override torch functions
+        ((a, b.clone().requires_grad_()), {}),  # autograd must record it
+    ]
+    for args, kwargs in others:
+        fallback.calls.clear()
+        assert matmul.matmul(*args, **kwargs) == "python"
+        assert len(fallback.calls) == 1 and fallback.calls[0][0] == args and fallback.calls[0][1] == kwargs
+    with Mode():  # a torch function mode sees torch's calls: matmul() leaves them to Python
+        assert matmul.matmul(a, b) == "python"
+    assert len(series.calls) == 3
+
+
+@built
+def test_a_vendor_route_runs_at_mm_on_the_callers_tensors(routed, monkeypatch):
+    table, fallback = routed
+    a, b = operands()
+    function = Recorder("vendor")
+    table.put(a, b, function, vendor=True)
+    a2, b2 = operands()
+    monkeypatch.setattr(torch, "mm", lambda *args, **kwargs: pytest.fail("the vendor route called torch.mm"))
+    dispatched = []
+
+    class Watch(torch.utils._python_dispatch.TorchDispatchMode):  # what reaches the dispatcher
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            dispatched.append((func, [t.data_ptr() for t in args]))
+            return func(*args, **(kwargs or {}))
+
+    with Watch():
+        c = matmul.matmul(a2, b2)
+    assert torch.equal(c, a2 @ b2) and function.calls == [] and fallback.calls == []
+    assert dispatched == [(torch.ops.aten.mm.default, [a2.data_ptr(), b2.data_ptr()])]
+
+
+@built
+def test_a_route_may_change_the_routing_while_it_runs(routed):
+    table, fallback = routed
+    a, b = operands()
+
+    def reroute(x, y):  # drops the table that holds this very function, then calls through the entry
+        native.route(None, fallback)
+        table.clear()
+        return matmul.matmul(x, y)
+
+    table.put(a, b, reroute, vendor=False)
+    del reroute
+    assert matmul.matmul(a, b) == "python" and len(table) == 0
+
+
+@built
+def test_an_error_in_a_route_reaches_the_caller(routed):
+    table, _ = routed
+    a, b = operands()
+
+    def fails(x, y):
+        raise matmul.MatmulInputError("a's data pointer is not 16-byte aligned")
+
+    table.put(a, b, fails, vendor=False)
+    with pytest.raises(matmul.MatmulInputError, match="not 16-byte aligned"):
+        matmul.matmul(a, b)
+    table.put(a, b.float(), Recorder("unused"), vendor=True)
+    with pytest.raises(RuntimeError, match="same dtype"):  # at::mm's own error, as a Python exception
+        matmul.matmul(a, b.float())
+
+
+def test_without_the_native_entry_matmul_is_the_python_function(tmp_path):
+    code = (
+        "import matmul; from matmul.call import api; assert matmul.matmul is api.python_matmul, matmul.matmul\n"
+        "import torch\n"
+        "try:\n    matmul.matmul(torch.randn(8, 8).half(), torch.randn(8, 8).half())\n"
+        "except matmul.MatmulInputError as e:\n    print('refused:', e)\n"
+    )
+    env = {**os.environ, native_entry.SWITCH: "0", "MATMUL_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "refused: " in proc.stdout and "CUDA tensors" in proc.stdout
+    assert not (tmp_path / "entry").exists()  # no build attempted
+
+
+def test_a_failed_build_leaves_the_python_entry_with_a_warning(monkeypatch, caplog):
+    from torch.utils import cpp_extension
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("Ninja is required to load C++ extensions")
+
+    monkeypatch.setattr(cpp_extension, "load", fails)
+    with caplog.at_level(logging.WARNING):
+        assert native_entry.load() is None
+    assert "native entry is not available" in caplog.text and "Ninja is required" in caplog.text
