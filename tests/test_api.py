@@ -500,6 +500,7 @@ def test_a_seen_call_without_out_goes_straight_to_its_plan(tmp_path, stand_ins, 
     a, w = random_operands(128, 64, 32, torch.float16, device="cpu")
     matmul.matmul(a, w.T)  # first call: through Python, the full checks, the choice, the plan and its route
     plan = path.plans[signature(a, w.T, None)]
+    assert path.direct.kind(a, w.T) == "launch"  # the native entry calls the program itself
     launch = path.launch
     monkeypatch.setattr(path, "launch", lambda *args: pytest.fail("a seen call went through Python's matmul"))
     a2, w2 = random_operands(128, 64, 32, torch.float16, device="cpu")
@@ -513,6 +514,7 @@ def test_a_seen_call_without_out_goes_straight_to_its_plan(tmp_path, stand_ins, 
     monkeypatch.setattr(path, "launch", lambda a, b, out=None: sent.append(b) or launch(a, b, out))
     assert relative_error(matmul.matmul(a2, w2.T.contiguous()), reference(a2, w2)) <= TOLERANCE[torch.float16]
     assert isinstance(path.plans[signature(a2, w2.T.contiguous(), None)], SeriesPlan)  # derived for that layout
+    assert path.direct.kind(a2, w2.T.contiguous()) == "python"  # b copied per call: the plan runs
     with pytest.raises(matmul.MatmulInputError, match="float16 or both bfloat16"):
         matmul.matmul(a2, w2.T.bfloat16())
     with pytest.raises(RuntimeError):  # the stand-in kernels check no device: the meta b fails in them

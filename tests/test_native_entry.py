@@ -46,8 +46,8 @@ def test_routes_are_kept_by_the_whole_signature():
     table = native.DirectTable()
     a, b = operands()
     function = Recorder("series")
-    table.put(a, b, function, vendor=False)
-    assert table.get(a, b) is function and len(table) == 1
+    table.put(a, b, function)
+    assert table.get(a, b) is function and table.kind(a, b) == "python" and len(table) == 1
     assert table.get(*operands()) is function  # new data, the same signature
     others = [
         (a, b.contiguous()),  # b's strides
@@ -63,7 +63,7 @@ def test_routes_are_kept_by_the_whole_signature():
     for x, y in others:
         assert table.get(x, y) is None
     with pytest.raises(ValueError, match="two strided matrices"):
-        table.put(a.unsqueeze(0), b, function, vendor=False)
+        table.put(a.unsqueeze(0), b, function)
     table.clear()
     assert len(table) == 0 and table.get(a, b) is None
 
@@ -73,7 +73,7 @@ def test_a_seen_call_runs_its_route_and_every_other_call_goes_to_python(routed):
     table, fallback = routed
     a, b = operands()
     series = Recorder("series")
-    table.put(a, b, series, vendor=False)
+    table.put(a, b, series)
     assert matmul.matmul(a, b) == "series" and series.calls[-1][0] == (a, b)
     with torch.no_grad():  # parameters require gradients; inference records none
         assert matmul.matmul(a, b.clone().requires_grad_()) == "series"
@@ -110,7 +110,7 @@ def test_a_vendor_route_runs_at_mm_on_the_callers_tensors(routed, monkeypatch):
     table, fallback = routed
     a, b = operands()
     function = Recorder("vendor")
-    table.put(a, b, function, vendor=True)
+    table.put_vendor(a, b, function)
     a2, b2 = operands()
     monkeypatch.setattr(torch, "mm", lambda *args, **kwargs: pytest.fail("the vendor route called torch.mm"))
     dispatched = []
@@ -127,6 +127,30 @@ def test_a_vendor_route_runs_at_mm_on_the_callers_tensors(routed, monkeypatch):
 
 
 @built
+@pytest.mark.parametrize("n", [16, 17])  # 17: rows padded to 24 elements (16 bytes), a view returned
+def test_a_launch_route_allocates_the_output_and_calls_the_program(routed, n):
+    from stand_ins import StandInKernel
+
+    table, fallback = routed
+    a, b = operands(n=n)
+    row = -(-n // 8) * 8
+    program, plan = StandInKernel("v4", {}, wrong=False), Recorder("plan")
+    table.put_launch(a, b, plan, program, 24, n, 40, 40, 40, row, row, 16)
+    assert table.kind(a, b) == "launch"
+    a2, b2 = operands(n=n)
+    c = matmul.matmul(a2, b2)
+    assert torch.allclose(c.float(), a2.float() @ b2.float(), atol=1e-2, rtol=1e-2)
+    assert c.shape == (24, n) and c.stride() == (row, 1) and c.dtype == a.dtype
+    assert program.launches == 1 and plan.calls == [] and fallback.calls == []
+
+    # the same signature, a's base 8 bytes off: the plan runs, which refuses it with the fix
+    buffer = torch.empty(24 * 40 + 4).half()
+    shifted = buffer[4 : 4 + 24 * 40].view(24, 40).copy_(a2)
+    assert table.kind(shifted, b2) == "launch"
+    assert matmul.matmul(shifted, b2) == "plan" and plan.calls[0][0] == (shifted, b2) and program.launches == 1
+
+
+@built
 def test_a_route_may_change_the_routing_while_it_runs(routed):
     table, fallback = routed
     a, b = operands()
@@ -136,7 +160,7 @@ def test_a_route_may_change_the_routing_while_it_runs(routed):
         table.clear()
         return matmul.matmul(x, y)
 
-    table.put(a, b, reroute, vendor=False)
+    table.put(a, b, reroute)
     del reroute
     assert matmul.matmul(a, b) == "python" and len(table) == 0
 
@@ -149,10 +173,10 @@ def test_an_error_in_a_route_reaches_the_caller(routed):
     def fails(x, y):
         raise matmul.MatmulInputError("a's data pointer is not 16-byte aligned")
 
-    table.put(a, b, fails, vendor=False)
+    table.put(a, b, fails)
     with pytest.raises(matmul.MatmulInputError, match="not 16-byte aligned"):
         matmul.matmul(a, b)
-    table.put(a, b.float(), Recorder("unused"), vendor=True)
+    table.put_vendor(a, b.float(), Recorder("unused"))
     with pytest.raises(RuntimeError, match="same dtype"):  # at::mm's own error, as a Python exception
         matmul.matmul(a, b.float())
 

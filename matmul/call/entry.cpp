@@ -10,8 +10,9 @@
 //
 // * a vendor route (cuBLAS won): at::mm on the caller's tensors, as torch.mm runs it (the GIL
 //   released around it, as torch's own bindings do), without torch's argument parser;
-// * a series route (a version of the series won): the plan's Python function, called with the
-//   caller's own argument vector.
+// * a launch route (a version of the series won, b = w.T): the output allocated here (at::empty) and
+//   the compiled program's launch function called with the pointers, as SeriesPlan.__call__ would;
+// * a Python route (a version won, b row-major [K, N], copied per call): the plan itself.
 //
 // Every other call (not two tensors, out=, keywords, a gradient to record, a tensor subclass or a
 // mode that overrides torch functions, a signature not seen) goes to the Python ``matmul`` it was
@@ -19,7 +20,9 @@
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
+#include <c10/core/DeviceGuard.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
@@ -64,23 +67,52 @@ bool signature_of(const at::Tensor& a, const at::Tensor& b, Signature* s) {
   return true;
 }
 
+// A version's compiled program, launched from here: what SeriesPlan.__call__ does for a call
+// without out= and with b = w.T, without its Python (torch.empty's argument parsing alone costs
+// several microseconds on a slow host).
+struct Launch {
+  py::object program;  // the launch function: (m, n, k, a_ptr, b_ptr, c, lda, ldb, ldc)
+  py::object m, n, k, lda, ldb, ldc;  // made once: Python ints
+  int64_t rows, columns, row_length;  // the result is [rows, columns] in rows of row_length (16-byte padded)
+  int64_t align;                      // the bytes TMA needs the data pointers aligned to
+};
+
+enum class Kind { python, vendor, launch };
+
 struct Route {
-  py::object function;  // the Python function of (a, b) that computes the call
-  bool vendor;          // cuBLAS: at::mm here instead of calling ``function``
+  Kind kind;
+  py::object function;  // the Python function of (a, b) that computes the call (the plan)
+  Launch launch;        // Kind::launch only
 };
 
 class DirectTable {
  public:
-  void put(const at::Tensor& a, const at::Tensor& b, py::object function, bool vendor) {
-    Signature s;
-    if (!signature_of(a, b, &s)) throw py::value_error("a route needs two strided matrices");
-    routes_[s] = Route{std::move(function), vendor};
+  void put(const at::Tensor& a, const at::Tensor& b, py::object function) {
+    insert(a, b, Route{Kind::python, std::move(function), {}});
+  }
+
+  void put_vendor(const at::Tensor& a, const at::Tensor& b, py::object function) {
+    insert(a, b, Route{Kind::vendor, std::move(function), {}});
+  }
+
+  void put_launch(const at::Tensor& a, const at::Tensor& b, py::object function, py::object program, int64_t m,
+                  int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t row_length, int64_t align) {
+    Launch launch{std::move(program), py::int_(m), py::int_(n), py::int_(k), py::int_(lda), py::int_(ldb),
+                  py::int_(ldc), m, n, row_length, align};
+    insert(a, b, Route{Kind::launch, std::move(function), std::move(launch)});
   }
 
   // the route's function, or None
   py::object get(const at::Tensor& a, const at::Tensor& b) const {
     const Route* route = find(a, b);
     return route ? route->function : py::none();
+  }
+
+  // "python", "vendor" or "launch", or None: what a call of this signature runs
+  py::object kind(const at::Tensor& a, const at::Tensor& b) const {
+    const Route* route = find(a, b);
+    if (route == nullptr) return py::none();
+    return py::str(route->kind == Kind::vendor ? "vendor" : route->kind == Kind::launch ? "launch" : "python");
   }
 
   const Route* find(const at::Tensor& a, const at::Tensor& b) const {
@@ -94,6 +126,12 @@ class DirectTable {
   void clear() { routes_.clear(); }
 
  private:
+  void insert(const at::Tensor& a, const at::Tensor& b, Route route) {
+    Signature s;
+    if (!signature_of(a, b, &s)) throw py::value_error("a route needs two strided matrices");
+    routes_[s] = std::move(route);
+  }
+
   std::unordered_map<Signature, Route, SignatureHash> routes_;
 };
 
@@ -114,6 +152,38 @@ PyObject* call_held(PyObject* function, PyObject* const* args, size_t nargsf, Py
   return result;
 }
 
+bool aligned(const at::Tensor& t, int64_t align) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % static_cast<uintptr_t>(align) == 0;
+}
+
+// a @ b through a version's program: the output allocated, the program called with the pointers
+PyObject* run_launch(const Launch& route, const at::Tensor& a, const at::Tensor& b) {
+  Launch launch = route;  // its own references: the program may re-route or clear the table
+  c10::OptionalDeviceGuard device_guard;
+  if (a.is_cuda()) device_guard.reset_device(a.device());  // the program launches on the current device
+  at::Tensor buffer = at::empty({launch.rows, launch.row_length}, a.options());
+  PyObject* out = THPVariable_Wrap(buffer);
+  if (out == nullptr) return nullptr;
+  PyObject* a_ptr = PyLong_FromVoidPtr(a.data_ptr());
+  PyObject* b_ptr = PyLong_FromVoidPtr(b.data_ptr());  // b = w.T: w's rows, read in place
+  PyObject* result = nullptr;
+  if (a_ptr != nullptr && b_ptr != nullptr) {
+    PyObject* argv[9] = {launch.m.ptr(), launch.n.ptr(), launch.k.ptr(), a_ptr, b_ptr, out,
+                         launch.lda.ptr(), launch.ldb.ptr(), launch.ldc.ptr()};
+    result = PyObject_Vectorcall(launch.program.ptr(), argv, 9, nullptr);
+  }
+  Py_XDECREF(a_ptr);
+  Py_XDECREF(b_ptr);
+  if (result == nullptr) {
+    Py_DECREF(out);
+    return nullptr;
+  }
+  Py_DECREF(result);
+  if (launch.row_length == launch.columns) return out;
+  Py_DECREF(out);  // rows padded to 16 bytes: the [rows, columns] view of them
+  return THPVariable_Wrap(buffer.narrow(1, 0, launch.columns));
+}
+
 PyObject* matmul_entry(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargsf, PyObject* kwnames) {
   HANDLE_TH_ERRORS
   if (fallback == nullptr) {
@@ -126,7 +196,7 @@ PyObject* matmul_entry(PyObject* /*module*/, PyObject* const* args, Py_ssize_t n
     const at::Tensor& b = THPVariable_Unpack(args[1]);
     bool recorded = at::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad());
     const Route* route = recorded ? nullptr : table->find(a, b);
-    if (route != nullptr && route->vendor) {
+    if (route != nullptr && route->kind == Kind::vendor) {
       at::Tensor c;
       {
         py::gil_scoped_release no_gil;
@@ -134,6 +204,10 @@ PyObject* matmul_entry(PyObject* /*module*/, PyObject* const* args, Py_ssize_t n
       }
       return THPVariable_Wrap(std::move(c));
     }
+    if (route != nullptr && route->kind == Kind::launch && aligned(a, route->launch.align) &&
+        aligned(b, route->launch.align))
+      return run_launch(route->launch, a, b);
+    // a Python route, or misaligned pointers: the plan checks them and names the problem
     if (route != nullptr) return call_held(route->function.ptr(), args, 2, nullptr);
   }
   return call_held(fallback, args, nargsf, kwnames);
@@ -165,8 +239,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<DirectTable>(m, "DirectTable",
                           "Routes of seen calls without out=, by signature (shapes, strides, dtypes, devices)")
       .def(py::init<>())
-      .def("put", &DirectTable::put, py::arg("a"), py::arg("b"), py::arg("function"), py::arg("vendor"))
+      .def("put", &DirectTable::put, py::arg("a"), py::arg("b"), py::arg("function"),
+           "Route calls of this signature to ``function(a, b)``")
+      .def("put_vendor", &DirectTable::put_vendor, py::arg("a"), py::arg("b"), py::arg("function"),
+           "Route calls of this signature to at::mm (``function`` is what ``get`` returns)")
+      .def("put_launch", &DirectTable::put_launch, py::arg("a"), py::arg("b"), py::arg("function"),
+           py::arg("program"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("lda"), py::arg("ldb"),
+           py::arg("ldc"), py::arg("row_length"), py::arg("align"),
+           "Route calls of this signature to ``program(m, n, k, a_ptr, b_ptr, c, lda, ldb, ldc)`` on a new "
+           "[m, row_length] c; calls whose pointers are not ``align``-byte aligned to ``function(a, b)``")
       .def("get", &DirectTable::get, py::arg("a"), py::arg("b"))
+      .def("kind", &DirectTable::kind, py::arg("a"), py::arg("b"))
       .def("clear", &DirectTable::clear)
       .def("__len__", &DirectTable::size);
   m.def("route", &route, py::arg("table"), py::arg("fallback"),

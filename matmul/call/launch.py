@@ -17,10 +17,12 @@ alignment of the data pointers (TMA's rule) and, with ``out``, that it does not 
 ``b``; and it launches under the operands' GPU when that is not the current one.
 
 A call without ``out`` whose signature was seen does not come here at all where the native entry is
-built (``native_entry``): ``keep`` also puts the plan's route in ``Plans.direct``, the C++ table the
-public ``matmul`` reads, so such a call runs its plan (or, for cuBLAS, ``at::mm`` on the caller's
-tensors) without a Python frame in between. On a host-bound call every read of a tensor attribute
-in Python is a visible share of the time; the table reads the signature from the ``at::Tensor``.
+built (``native_entry``): ``keep`` also puts the plan's route (``add_route``) in ``Plans.direct``,
+the C++ table the public ``matmul`` reads. On a host-bound call every step in Python is a visible
+share of the time; the table reads the signature from the ``at::Tensor`` and runs the route without
+a Python frame: ``at::mm`` on the caller's tensors for cuBLAS; for a version, what
+``SeriesPlan.__call__`` does (the alignment checked, the output allocated, the program called with
+the pointers), unless b is copied per call, where the plan itself runs.
 """
 
 from __future__ import annotations
@@ -64,6 +66,10 @@ class VendorPlan:
         self.layouts = (layout(a), layout(b), None if out is None else layout(out))
         self.out_contiguous = out is not None and out.is_contiguous()
 
+    def add_route(self, table, a, b) -> None:
+        """Calls without ``out`` of the signature of ``a`` and ``b``: at::mm, from the native entry."""
+        table.put_vendor(a, b, self.__call__)
+
     def __call__(self, a, b, out=None):
         if out is None:
             return torch.mm(a, b)
@@ -97,6 +103,16 @@ class SeriesPlan:
         self.device_index = a.device.index if a.device.type == "cuda" else None
         self.out_row = aligned_row_length(self.n, a.dtype)  # an allocated output's row, padded to 16 bytes
         self.layouts = (layout(a), layout(b), None if out is None else layout(out))
+
+    def add_route(self, table, a, b) -> None:
+        """Calls without ``out`` of the signature of ``a`` and ``b``: the native entry allocates the
+        output and calls the program itself, unless b is copied per call (then this plan runs)."""
+        if self.copy_b:
+            table.put(a, b, self.__call__)
+        else:
+            n, row = self.n, self.out_row
+            args = (self.launch, self.m, n, self.k, self.lda, self.ldb, self.ldc, row, TMA_ALIGN_BYTES)
+            table.put_launch(a, b, self.__call__, *args)
 
     def __call__(self, a, b, out=None):
         # on the path of every call: each step here is paid per launch, so it is kept short
@@ -147,7 +163,7 @@ class Plans:
         its route in the native entry's table."""
         self.plans[signature(a, b, out)] = plan
         if out is None and self.direct is not None:
-            self.direct.put(a, b, plan.__call__, vendor=isinstance(plan, VendorPlan))
+            plan.add_route(self.direct, a, b)
 
     def launch(self, a, b, out=None):
         """``a @ b`` into ``out`` (allocated if None); the result."""
