@@ -18,7 +18,9 @@ the host is slower than the GPU, its time is what the window measures. Three mea
     shows the host's cost per call at its most exposed.
 * ``host_us``: the host's own time per call at 16 x 256 x 256 (``perf_counter`` around the loop,
   the GPU idle), for ``torch.matmul``, ``matmul()``, and the version of the series that ``matmul()``
-  would launch there through tilus's ``Script.__call__`` and through ``matmul()``'s short path.
+  would launch there through tilus's ``Script.__call__`` and through ``matmul()``'s short path in
+  Python (``SeriesPlan.__call__``, what calls with ``out=`` run; a seen call without it takes the
+  native entry's route, which the ``matmul()`` row times).
 * ``block``: the forward pass of one transformer block written here (``Block``: RMSNorm, attention
   through ``scaled_dot_product_attention`` with grouped key/value heads, a SwiGLU MLP) with its four
   projections through ``matmul()`` against the same block through ``torch.matmul``.
