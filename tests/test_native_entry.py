@@ -4,6 +4,7 @@ the routes: the entry itself does not care which device a route runs on."""
 
 import logging
 import os
+import pickle
 import subprocess
 import sys
 
@@ -179,6 +180,10 @@ def test_an_error_in_a_route_reaches_the_caller(routed):
     table.put_vendor(a, b.float(), Recorder("unused"))
     with pytest.raises(RuntimeError, match="same dtype"):  # at::mm's own error, as a Python exception
         matmul.matmul(a, b.float())
+
+
+def test_matmul_pickles_by_name():  # as a function handed to another process
+    assert pickle.loads(pickle.dumps(matmul.matmul)) is matmul.matmul
 
 
 def test_without_the_native_entry_matmul_is_the_python_function(tmp_path):

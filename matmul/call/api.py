@@ -105,6 +105,7 @@ if _native is None:
 else:
     _native.route(_plans.direct, python_matmul)
     matmul = _native.matmul
+    matmul.__module__ = __name__  # found here, not in the extension (which is not importable by name): it pickles
     # torch.compile cannot look into a builtin: it traces the Python function in its place
     torch.compiler.substitute_in_graph(matmul)(python_matmul)
 

@@ -57,7 +57,9 @@ uint64_t device_bits(const at::Device& device) {
 
 // false for what no route can take: not two strided matrices
 bool signature_of(const at::Tensor& a, const at::Tensor& b, Signature* s) {
-  if (a.layout() != at::kStrided || b.layout() != at::kStrided || a.dim() != 2 || b.dim() != 2) return false;
+  if (a.layout() != at::kStrided || b.layout() != at::kStrided || a.is_nested() || b.is_nested() || a.dim() != 2 ||
+      b.dim() != 2)
+    return false;
   auto as = a.sizes(), at_ = a.strides(), bs = b.sizes(), bt = b.strides();
   int64_t dims[8] = {as[0], as[1], at_[0], at_[1], bs[0], bs[1], bt[0], bt[1]};
   std::memcpy(s->dims, dims, sizeof dims);
