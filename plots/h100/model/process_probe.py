@@ -2,7 +2,8 @@
 (best of 5 loops of 2000 calls after a sync) at each stage: torch alone, after importing matmul and
 tilus, with a cuBLAS plan kept, after tuning five shapes and after running their chosen kernels;
 with the cost of matmul()'s lookup keys and the process's thread count. Prints one JSON line per
-stage (process_probe.txt).
+stage (process_probe.txt, run at 6d50f9e, when it also timed the Python lookup key ``call_key`` that
+the native entry has since replaced).
 
     source .gpu/env.sh && export MATMUL_CACHE_DIR=/tmp/mc && python plots/h100/model/process_probe.py
 """
@@ -63,10 +64,9 @@ def main():
     api._plans.keep(launch.VendorPlan(x2, w2.T, None), x2, w2.T)
     extra = {
         "matmul() cuBLAS 128x4096x4096": lambda: host_us(lambda: matmul.matmul(x2, w2.T)),
-        "call_key": lambda: host_us(lambda: launch.call_key(x2, w2.T)),
         "signature": lambda: host_us(lambda: launch.signature(x2, w2.T, None)),
     }
-    stage("direct cuBLAS plan kept", small, large, extra)
+    stage("cuBLAS route kept", small, large, extra)
     began = time.time()
     matmul.tune(SHAPES)
     print("tune s", time.time() - began, flush=True)
