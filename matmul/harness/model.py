@@ -366,8 +366,23 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def middle_half(rows: list) -> list[list[float]]:
+    """Whiskers from each row's median ratio to the quartiles of its rounds' ratios (``yerr`` of a
+    bar chart): how far the windows' noise moves a ratio. None of a row's: no whisker."""
+    below, above = [], []
+    for r in rows:
+        ratios = r.get("ratios", []) if r else []
+        if len(ratios) < 2:
+            below.append(0.0), above.append(0.0)
+            continue
+        q1, _, q3 = statistics.quantiles(ratios, n=4)
+        below.append(max(r["ratio"] - q1, 0.0)), above.append(max(q3 - r["ratio"], 0.0))
+    return [below, above]
+
+
 def draw(results: dict, out_dir: Path) -> list[Path]:
-    """The back-to-back ratios per shape and the block's per size, as PNG and SVG."""
+    """The back-to-back ratios per shape and the block's per size, as PNG and SVG; whiskers span
+    the middle half of each comparison's rounds."""
     from matplotlib.figure import Figure
 
     rows = results["back_to_back"]
@@ -379,9 +394,11 @@ def draw(results: dict, out_dir: Path) -> list[Path]:
     width = 0.8 / len(tokens)
     colors = ["tab:blue", "tab:green", "tab:orange", "tab:red", "tab:purple"]
     for i, m in enumerate(tokens):
-        values = [next((r["ratio"] for r in rows if r["m"] == m and r["label"] == label), math.nan) for label in labels]
+        found = [next((r for r in rows if r["m"] == m and r["label"] == label), None) for label in labels]
+        values = [r["ratio"] if r else math.nan for r in found]
         xs = [j + (i - (len(tokens) - 1) / 2) * width for j in range(len(labels))]
         ax.bar(xs, values, width, label=f"M = {m}", color=colors[i % len(colors)])
+        ax.errorbar(xs, values, yerr=middle_half(found), fmt="none", ecolor="0.25", elinewidth=0.8, capsize=1.5)
         one = [
             next((r["one_weight"]["ratio"] for r in rows if r["m"] == m and r["label"] == label), math.nan)
             for label in labels
@@ -404,16 +421,21 @@ def draw(results: dict, out_dir: Path) -> list[Path]:
     ax.set_title(
         f"Back to back, host time included; bars: each call on the next layer's weight (geomean "
         f"{s['geomean']:.3f}x, worst {s['min']:.3f}x); marks: every call on one weight (geomean "
-        f"{one['geomean']:.3f}x, worst {one['min']:.3f}x)",
+        f"{one['geomean']:.3f}x, worst {one['min']:.3f}x); whiskers: the middle half of the rounds",
         fontsize=9,
         wrap=True,
     )
     ax.legend(fontsize=8, ncols=len(tokens) + 1)
+    below, above = middle_half(rows)
     every = [r["ratio"] for r in rows] + [r["one_weight"]["ratio"] for r in rows]
+    every += [r["ratio"] - d for r, d in zip(rows, below)] + [r["ratio"] + d for r, d in zip(rows, above)]
     ax.set_ylim(min(0.9, min(every) - 0.02), max(1.1, max(every) + 0.02))
     ax2 = right.subplots()
     blocks = results["block"]
     ax2.bar(range(len(blocks)), [r["ratio"] for r in blocks], color="tab:red")
+    ax2.errorbar(
+        range(len(blocks)), [r["ratio"] for r in blocks], yerr=middle_half(blocks), fmt="none", ecolor="0.25", capsize=3
+    )
     ax2.axhline(1.0, color="0.3", lw=1)
     ax2.set_xticks(range(len(blocks)), [f"{r['batch']} x {r['seq']}" for r in blocks], fontsize=8)
     ax2.set_title("Transformer block forward", fontsize=10)
