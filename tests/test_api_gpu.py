@@ -312,3 +312,30 @@ def test_operands_on_another_gpu_than_the_current_one():
         out = matmul.matmul(a, w.T)
     assert out.device == a.device and relative_error(out, reference(a, w)) <= TOLERANCE[torch.float16]
     assert any(memo[0] == a.device for memo in api._chooser.entries)  # chosen for that GPU (its name in the key)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_a_seen_call_on_another_gpu_launches_a_version_there():
+    """The native entry's launch route (allocation and program on the operands' GPU, not the current
+    one): V3 fixed as the choice, so that a version runs whatever tuning would pick."""
+    from matmul.call.launch import Plans
+    from matmul.kernels import versions
+
+    class V3Chosen:
+        def get(self, device, dtype, m, n, k):
+            return "sm_90a", {"version": "v3", "config": dict(versions.load("sm_90a", "v3").REPRESENTATIVE)}
+
+    plans = Plans(V3Chosen())
+    previous = api.use_plans(plans)
+    try:
+        a, w = random_operands(1000, 4095, 1024, torch.float16, device="cuda:1")
+        with torch.cuda.device(0):
+            first = matmul.matmul(a, w.T)  # through Python: the plan derived under cuda:1
+            a2, w2 = random_operands(1000, 4095, 1024, torch.float16, device="cuda:1")
+            second = matmul.matmul(a2, w2.T)  # a seen signature: the native entry's launch route
+        if plans.direct is not None:
+            assert plans.direct.kind(a, w.T) == "launch"
+        for out, (x, y) in ((first, (a, w)), (second, (a2, w2))):
+            assert out.device == a.device and relative_error(out, reference(x, y)) <= TOLERANCE[torch.float16]
+    finally:
+        api.use_plans(previous)
