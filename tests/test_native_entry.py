@@ -39,7 +39,7 @@ def routed():
     table, fallback = native.DirectTable(), Recorder("python")
     native.route(table, fallback)
     yield table, fallback
-    native.route(api._plans.direct, api.python_matmul)
+    api.use_plans(api._plans)
 
 
 @built

@@ -100,14 +100,6 @@ def python_matmul(a: torch.Tensor, b: torch.Tensor, *, out: Optional[torch.Tenso
 
 
 _native = native_entry.module()
-if _native is None:
-    matmul = python_matmul
-else:
-    _native.route(_plans.direct, python_matmul)
-    matmul = _native.matmul
-    matmul.__module__ = __name__  # found here, not in the extension (which is not importable by name): it pickles
-    # torch.compile cannot look into a builtin: it traces the Python function in its place
-    torch.compiler.substitute_in_graph(matmul)(python_matmul)
 
 
 def use_plans(plans: Plans) -> Plans:
@@ -118,6 +110,16 @@ def use_plans(plans: Plans) -> Plans:
     if _native is not None:
         _native.route(plans.direct, python_matmul)
     return previous
+
+
+use_plans(_plans)  # the native entry reads the process's plans
+if _native is None:
+    matmul = python_matmul
+else:
+    matmul = _native.matmul
+    matmul.__module__ = __name__  # found here, not in the extension (which is not importable by name): it pickles
+    # torch.compile cannot look into a builtin: it traces the Python function in its place
+    torch.compiler.substitute_in_graph(matmul)(python_matmul)
 
 
 def choice(a: torch.Tensor, b: torch.Tensor) -> Entry:

@@ -150,13 +150,13 @@ class Plans:
     """The process's plans by signature. ``check`` and ``program`` are parameters so that the tests
     can run the path on the CPU with stand-in kernels."""
 
-    def __init__(self, chooser: Chooser, check=contract.check_call, program=None, direct="native"):
+    def __init__(self, chooser: Chooser, check=contract.check_call, program=None):
         self.chooser = chooser
         self.check = check
         self.program = program or tilus_autotune.launch_function
         self.plans: dict[tuple, object] = {}
         # the native entry's table of routes for calls without out (None where it is not built)
-        self.direct = native_entry.new_table() if direct == "native" else direct
+        self.direct = native_entry.new_table()
 
     def keep(self, plan, a, b, out=None) -> None:
         """Keep ``plan`` for calls with the signature of these operands, and for calls without ``out``

@@ -3,14 +3,16 @@
 The public ``matmul`` is a builtin function of this C++ extension when it builds: a call whose
 signature was seen runs its route from a hash table without a Python frame (cuBLAS's ``at::mm``
 as torch.mm runs it, or the chosen version's launch), and every other call goes to the Python
-``matmul`` (``api``), which checks it, derives its plan and adds the route (``launch.Plans.keep``).
+function ``api.python_matmul``, which checks it, derives its plan and adds the route
+(``launch.Plans.keep``).
 
 The extension is built with torch's own builder (``torch.utils.cpp_extension.load``: a C++
 compiler and ninja) into ``<choice cache dir>/entry/<name>``, the name a hash of the source, torch's
 version and Python's, so a new torch builds its own. The first import on a machine builds it (about
 half a minute on two cores; later imports load it). Where it cannot be built (no compiler, no
 ninja) or ``MATMUL_NATIVE_ENTRY=0`` is set, ``load`` returns None and ``matmul`` is the Python
-function: the same results, with about a microsecond more host time per call.
+function: the same results, with a few microseconds more host time per call (2-3 us on the H100
+machine: plots/h100/model/COMMAND.md).
 """
 
 from __future__ import annotations
@@ -59,8 +61,8 @@ def load():
             )
     except Exception as e:  # no compiler, no ninja, a failed build: the Python entry serves
         log.warning(
-            "matmul()'s native entry is not available (%s: %s); matmul() runs its Python entry, about a "
-            "microsecond slower per call. Set %s=0 to skip the attempt.",
+            "matmul()'s native entry is not available (%s: %s); matmul() runs its Python entry, a few "
+            "microseconds slower per call. Set %s=0 to skip the attempt.",
             type(e).__name__,
             str(e).strip().splitlines()[-1] if str(e).strip() else "",
             SWITCH,

@@ -9,7 +9,7 @@
   the same operator, so by the same kernels; ``out=`` has no backward (torch's rule for ``out=``).
 
 Eager calls without gradients do not pass through here: the dispatcher costs microseconds per
-call, which ``matmul()``'s short path does not pay (``api.matmul`` routes only traced calls and
+call, which ``matmul()``'s short path does not pay (``api.python_matmul`` routes only traced calls and
 calls that need a gradient to these operators).
 """
 
