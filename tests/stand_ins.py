@@ -27,7 +27,7 @@ class StandInKernel:
         self.version, self.config, self.wrong, self.dtype = version, config, wrong, dtype
         self.launches = 0
 
-    def __call__(self, m, n, k, a_ptr, b_ptr, c_ptr, lda, ldb, ldc):
+    def __call__(self, m, n, k, a_ptr, b_ptr, c_ptr, lda, ldb, ldc, bias_ptr=0):
         self.launches += 1
         c = _tensor_at(c_ptr, m, n, ldc, self.dtype)
         a, b = _tensor_at(a_ptr, m, k, lda, c.dtype), _tensor_at(b_ptr, n, k, ldb, c.dtype)
@@ -38,7 +38,7 @@ def install(monkeypatch, wrong=("v0",), arch="sm_90a", available=("v0", "v1")) -
     """Versions ``available`` of ``arch`` as stand-ins; returns the list of (version, config) built."""
     built = []
 
-    def kernel(module, dtype, config=None):
+    def kernel(module, dtype, config=None, variant=None):
         version = module.__name__.rsplit(".", 1)[1]
         built.append((version, config))
         return StandInKernel(version, config, wrong=version in wrong, dtype=dtype)

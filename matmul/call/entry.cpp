@@ -73,8 +73,8 @@ bool signature_of(const at::Tensor& a, const at::Tensor& b, Signature* s) {
 // without out= and with b = w.T, without its Python (torch.empty's argument parsing alone costs
 // several microseconds on a slow host).
 struct Launch {
-  py::object program;  // the launch function: (m, n, k, a_ptr, b_ptr, c, lda, ldb, ldc)
-  py::object m, n, k, lda, ldb, ldc;  // made once: Python ints
+  py::object program;  // the launch function: (m, n, k, a_ptr, b_ptr, c, lda, ldb, ldc, bias_ptr)
+  py::object m, n, k, lda, ldb, ldc, no_bias;  // made once: Python ints (no_bias: 0, the plain epilogue)
   int64_t rows, columns, row_length;  // the result is [rows, columns] in rows of row_length (16-byte padded)
   int64_t align;                      // the bytes TMA needs the data pointers aligned to
 };
@@ -100,7 +100,7 @@ class DirectTable {
   void put_launch(const at::Tensor& a, const at::Tensor& b, py::object function, py::object program, int64_t m,
                   int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t row_length, int64_t align) {
     Launch launch{std::move(program), py::int_(m), py::int_(n), py::int_(k), py::int_(lda), py::int_(ldb),
-                  py::int_(ldc), m, n, row_length, align};
+                  py::int_(ldc), py::int_(0), m, n, row_length, align};
     insert(a, b, Route{Kind::launch, std::move(function), std::move(launch)});
   }
 
@@ -170,9 +170,9 @@ PyObject* run_launch(const Launch& route, const at::Tensor& a, const at::Tensor&
   PyObject* b_ptr = PyLong_FromVoidPtr(b.data_ptr());  // b = w.T: w's rows, read in place
   PyObject* result = nullptr;
   if (a_ptr != nullptr && b_ptr != nullptr) {
-    PyObject* argv[9] = {launch.m.ptr(), launch.n.ptr(), launch.k.ptr(), a_ptr, b_ptr, out,
-                         launch.lda.ptr(), launch.ldb.ptr(), launch.ldc.ptr()};
-    result = PyObject_Vectorcall(launch.program.ptr(), argv, 9, nullptr);
+    PyObject* argv[10] = {launch.m.ptr(), launch.n.ptr(),   launch.k.ptr(),   a_ptr,           b_ptr,
+                          out,            launch.lda.ptr(), launch.ldb.ptr(), launch.ldc.ptr(), launch.no_bias.ptr()};
+    result = PyObject_Vectorcall(launch.program.ptr(), argv, 10, nullptr);
   }
   Py_XDECREF(a_ptr);
   Py_XDECREF(b_ptr);

@@ -134,10 +134,12 @@ class SeriesPlan:
             check_no_overlap(out.data_ptr(), self.layouts[2], "a", a.data_ptr(), self.layouts[0])
             check_no_overlap(out.data_ptr(), self.layouts[2], "b", b.data_ptr(), self.layouts[1])
         if self.device_index is None or self.device_index == _current_device():
-            self.launch(self.m, self.n, self.k, a.data_ptr(), bt.data_ptr(), buffer, self.lda, self.ldb, self.ldc)
+            self.launch(self.m, self.n, self.k, a.data_ptr(), bt.data_ptr(), buffer, self.lda, self.ldb, self.ldc, 0)
         else:
             with torch.cuda.device(self.device_index):
-                self.launch(self.m, self.n, self.k, a.data_ptr(), bt.data_ptr(), buffer, self.lda, self.ldb, self.ldc)
+                self.launch(
+                    self.m, self.n, self.k, a.data_ptr(), bt.data_ptr(), buffer, self.lda, self.ldb, self.ldc, 0
+                )
         return out
 
 

@@ -1,8 +1,11 @@
 """The launch every version of the series shares.
 
 ``MatmulKernel.__call__`` is the kernel's entry point for every version: it receives the sizes,
-the three pointers and the row strides, wraps the pointers into global tensor views, and hands
-them to the version's own ``matmul`` method, which is where the versions differ. ``load_k_block``
+the three pointers, the row strides and a bias pointer, wraps the pointers into global tensor
+views, and hands them to the version's own ``matmul`` method, which is where the versions differ.
+The variant (``matmul.kernels.variant``: B's layout, bias, activation) is fixed when the kernel is
+built; the bias pointer is an argument of every kernel (0 where the variant has none) so that all
+variants of a version launch alike. ``load_k_block``
 and ``store_tile`` are the TMA load of one K block and the TMA-store epilogue that V1 introduces
 and every later version calls on itself. The operands were validated on the host first
 (``matmul.contract``): row-major, row strides multiples of 16 bytes.
@@ -13,9 +16,12 @@ from tilus import GlobalTensor, RegisterTensor, SharedTensor, int32, void_p
 
 
 class MatmulKernel(tilus.Script):
-    def __init__(self, dtype):
+    def __init__(self, dtype, b_layout: str = "nk", bias: bool = False, activation: str = ""):
         super().__init__()
         self.dtype = dtype
+        self.b_layout = b_layout  # "nk": B [N, K] row-major; "kn": b [K, N] row-major (variant.Variant)
+        self.bias = bias
+        self.activation = activation
 
     def __call__(
         self,
@@ -28,6 +34,7 @@ class MatmulKernel(tilus.Script):
         lda: int32,
         ldb: int32,
         ldc: int32,
+        bias_ptr: void_p,
     ):
         # C = A @ B^T: A [M, K] and B [N, K] are both read along K, C [M, N] is written row by row
         g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size], strides=[lda, 1])

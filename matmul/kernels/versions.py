@@ -29,6 +29,7 @@ import tilus
 import torch
 
 from ..contract import check_operands, row_stride
+from .variant import PLAIN, Variant
 
 ARCHS = {"sm_100a": "blackwell", "sm_90a": "hopper"}
 ARCH_NAMES = {"sm_100a": "Blackwell", "sm_90a": "Hopper"}
@@ -111,10 +112,13 @@ def _fixed_kernel_class(kernel_cls: type, config_items: tuple) -> type:
     )
 
 
-def kernel(module: ModuleType, dtype: torch.dtype, config: Optional[dict[str, Any]] = None):
-    """The launchable tilus script of a version for ``dtype``: autotuned, or fixed to ``config``."""
+def kernel(module: ModuleType, dtype: torch.dtype, config: Optional[dict[str, Any]] = None, variant: Variant = PLAIN):
+    """The launchable tilus script of a version for ``dtype``: autotuned, or fixed to ``config``; for
+    ``variant`` (B's layout, the epilogue), which the version must support (``variant.supported``)."""
     cls = module.Kernel if config is None else _fixed_kernel_class(module.Kernel, tuple(sorted(config.items())))
-    return cls(dtype=TILUS_DTYPES[dtype])
+    if variant == PLAIN:
+        return cls(dtype=TILUS_DTYPES[dtype])
+    return cls(dtype=TILUS_DTYPES[dtype], **variant.kernel_options())
 
 
 def run(
@@ -142,7 +146,11 @@ def full_rows(t: torch.Tensor) -> torch.Tensor:
     return t.as_strided((t.shape[0], ld), (ld, 1))
 
 
-def launch_args(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> tuple:
-    """The arguments of a version's ``Kernel.__call__`` for C = A @ B^T."""
-    (m, k), n = a.shape, b.shape[0]
-    return (m, n, k, full_rows(a), full_rows(b), full_rows(out), row_stride(a), row_stride(b), row_stride(out))
+def launch_args(
+    a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, bias: Optional[torch.Tensor] = None, b_layout: str = "nk"
+) -> tuple:
+    """The arguments of a version's ``Kernel.__call__`` for C = A @ B^T: B [N, K] (``b_layout``
+    "nk") or b [K, N] ("kn"); N is B's, which for swiglu is twice C's width."""
+    (m, k), n = a.shape, b.shape[0] if b_layout == "nk" else b.shape[1]
+    strides = (row_stride(a), row_stride(b), row_stride(out))
+    return (m, n, k, full_rows(a), full_rows(b), full_rows(out), *strides, 0 if bias is None else bias)
