@@ -8,8 +8,8 @@ the rows themselves may be of any length (a [M, 17] view of a [M, 24] buffer is 
 Two entry points, one path:
 
 * ``check_operands(a, b, out)``: the kernels' own form, B [N, K] (``versions.run``, the harness).
-* ``check_call(a, b, out)``: torch's form ``a @ b`` with b [K, N] (``matmul.matmul``): b is
-  brought to the kernels' form by ``kernel_b`` (in place for ``w.T``, a copy for row-major b),
+* ``check_call(a, b, out)``: torch's form ``a @ b`` with b [K, N] (``matmul.matmul``): ``kernel_b``
+  says how the kernels read b in place (as w [N, K] for ``b = w.T``, as b [K, N] for a row-major b),
   then the same checks run.
 
 Every rule is one function here, and each raises ``MatmulInputError`` naming the problem and
@@ -165,55 +165,58 @@ def row_stride(t: torch.Tensor) -> int:
     return aligned_row_length(t.shape[1], t.dtype)  # only row 0 is read: any aligned stride will do
 
 
-def b_is_transposed_view(b: torch.Tensor) -> bool:
-    """Whether torch's b [K, N] is read in place as the kernels' B [N, K] (b = w.T of a row-major w)."""
-    bt = b.T
-    if not (bt.stride(1) == 1 or bt.shape[1] == 1):
-        return False
-    try:
-        _check_row_major("b.T", bt)
-    except MatmulInputError:
-        return False
-    return True
-
-
-def kernel_b(b: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """B [N, K] row-major as the kernels read it, from torch's b [K, N]; and whether it was copied."""
+def kernel_b(b: torch.Tensor) -> tuple[torch.Tensor, str]:
+    """B as the kernels read it, from torch's b [K, N], and its layout (``variant.Variant.b_layout``),
+    never a copy: "nk", the row-major w [N, K] behind b = w.T; "kn", a row-major b itself."""
     bt = b.T
     row_major = b.stride(1) == 1 or b.shape[1] == 1
     if bt.stride(1) == 1 or bt.shape[1] == 1:  # b = w.T of a row-major w [N, K]: read w in place
         try:
             _check_row_major("b.T", bt)  # its rows must suit TMA; the message says how to pad them
-            return bt, False
+            return bt, "nk"
         except MatmulInputError:
-            if not row_major:  # (with K = 1, b [1, N] is both: then copy it)
+            if not row_major:  # (with K = 1, b [1, N] is both: then read it as [K, N])
                 raise
-    if row_major:  # row-major [K, N]: one transposed copy, rows padded to 16 bytes
-        n, k = bt.shape
-        copy = empty_padded(n, k, b.dtype, b.device)
-        copy.copy_(bt)
-        return copy, True
+    if row_major:
+        return b, "kn"
     raise MatmulInputError(
         f"b [K, N] = {list(b.shape)} has strides {tuple(b.stride())}: neither row-major [K, N] nor the "
         "transposed view w.T of a row-major [N, K] matrix; pass b.contiguous()"
     )
 
 
+def tma_readable(t: torch.Tensor) -> bool:
+    """Whether TMA can read the row-major matrix ``t`` in place: rows and base 16-byte aligned."""
+    try:
+        _check_row_major("b", t)
+    except MatmulInputError:
+        return False
+    return True
+
+
 # --- the two entry points ------------------------------------------------------------------------
 
 
 def check_operands(
-    a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *, require_cuda: bool = True
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    require_cuda: bool = True,
+    b_layout: str = "nk",
+    columns: int | None = None,
 ) -> torch.Tensor:
-    """Validate A [M, K], B [N, K] (and C [M, N] if given); return C, allocated if not given.
+    """Validate A [M, K] and B [N, K] (``b_layout`` "nk") or b [K, N] ("kn"), and C [M, ``columns``]
+    if given (default N: swiglu's C is half as wide as B); return C, allocated if not given.
     ``require_cuda=False`` only for CPU stand-ins of the kernels (tests)."""
     _check_tensors(a, b)
-    _check_inner(a, b, "[N, K]")
+    _check_inner(a, b, "[N, K]" if b_layout == "nk" else "[K, N]")
     _check_row_major("a", a)
     _check_row_major("b", b)
     if require_cuda:
         _check_device(a, b)
-    (m, _), n = a.shape, b.shape[0]
+    m = a.shape[0]
+    n = columns if columns is not None else b.shape[0] if b_layout == "nk" else b.shape[1]
     if out is None:
         return empty_padded(m, n, a.dtype, a.device)  # a view of exactly [M, N]; TMA may store its rows
     return _check_out(out, a, m, n, (("a", a), ("b", b)))
@@ -225,14 +228,20 @@ def check_shapes(a, b) -> None:
     _check_inner(a, b, "[K, N]")
 
 
-def check_call(a, b, out=None, *, require_cuda: bool = True) -> tuple[torch.Tensor, bool, torch.Tensor]:
-    """Validate torch's ``a @ b`` (a [M, K], b [K, N], out [M, N]) for the kernels: B [N, K] as they
-    read it (a transposed copy of a row-major b), whether it was copied, and C (allocated if not given)."""
+def check_call(
+    a, b, out=None, *, require_cuda: bool = True, columns: int | None = None
+) -> tuple[torch.Tensor, str, torch.Tensor]:
+    """Validate torch's ``a @ b`` (a [M, K], b [K, N], out [M, N]) for the kernels: B as they read it
+    (``kernel_b``: w [N, K] of b = w.T, or b itself), its layout, and C (allocated if not given). A
+    row-major b [K, N] whose rows TMA cannot read (``tma_readable``) passes: cuBLAS takes it as it is."""
     check_shapes(a, b)
     if require_cuda:
-        _check_device(a, b)  # before b may be copied
+        _check_device(a, b)
     _check_row_major("a", a)
-    if out is not None:  # against the caller's b, not the kernels' copy of it
-        _check_out(out, a, a.shape[0], b.shape[1], (("a", a), ("b", b)))
-    bt, copied = kernel_b(b)
-    return bt, copied, check_operands(a, bt, out, require_cuda=require_cuda)
+    n = columns if columns is not None else b.shape[1]
+    if out is not None:
+        _check_out(out, a, a.shape[0], n, (("a", a), ("b", b)))
+    operand, b_layout = kernel_b(b)
+    if b_layout == "kn" and not tma_readable(b):
+        return operand, b_layout, out if out is not None else empty_padded(a.shape[0], n, a.dtype, a.device)
+    return operand, b_layout, check_operands(a, operand, out, require_cuda=require_cuda, b_layout=b_layout, columns=n)

@@ -7,6 +7,7 @@ import torch
 
 from matmul.call import tilus_autotune
 from matmul.kernels import versions
+from matmul.kernels.variant import PLAIN, torch_epilogue
 
 
 def _tensor_at(pointer, rows, cols, ld, dtype):
@@ -20,18 +21,29 @@ def _tensor_at(pointer, rows, cols, ld, dtype):
 
 class StandInKernel:
     """A version's tilus script (or its launch function) on the CPU, honouring the kernel contract:
-    pointers (tensors, or addresses as the launch path passes them) and row strides. ``wrong`` ones
-    write zeros. ``launches`` counts the calls."""
+    pointers (tensors, or addresses as the launch path passes them), row strides, B's layout and the
+    epilogue of its variant (bias pointer, activation). ``wrong`` ones write zeros. ``launches``
+    counts the calls."""
 
-    def __init__(self, version, config, wrong, dtype=torch.float16):
+    def __init__(self, version, config, wrong, dtype=torch.float16, variant=None):
         self.version, self.config, self.wrong, self.dtype = version, config, wrong, dtype
+        self.variant = variant or PLAIN
         self.launches = 0
 
     def __call__(self, m, n, k, a_ptr, b_ptr, c_ptr, lda, ldb, ldc, bias_ptr=0):
         self.launches += 1
-        c = _tensor_at(c_ptr, m, n, ldc, self.dtype)
-        a, b = _tensor_at(a_ptr, m, k, lda, c.dtype), _tensor_at(b_ptr, n, k, ldb, c.dtype)
-        c.copy_(torch.zeros(m, n) if self.wrong else a.float() @ b.float().T)
+        self.pointers = (a_ptr, b_ptr, c_ptr, bias_ptr)
+        columns = self.variant.out_columns(n)
+        c = _tensor_at(c_ptr, m, columns, ldc, self.dtype)
+        a = _tensor_at(a_ptr, m, k, lda, c.dtype)
+        if self.variant.b_layout == "nk":
+            b = _tensor_at(b_ptr, n, k, ldb, c.dtype).float().T
+        else:
+            b = _tensor_at(b_ptr, k, n, ldb, c.dtype).float()
+        bias = None
+        if self.variant.bias:
+            bias = _tensor_at(bias_ptr, 1, n, n, c.dtype).float()[0]
+        c.copy_(torch.zeros(m, columns) if self.wrong else torch_epilogue(a.float() @ b, bias, self.variant.activation))
 
 
 def install(monkeypatch, wrong=("v0",), arch="sm_90a", available=("v0", "v1")) -> list:
@@ -41,7 +53,7 @@ def install(monkeypatch, wrong=("v0",), arch="sm_90a", available=("v0", "v1")) -
     def kernel(module, dtype, config=None, variant=None):
         version = module.__name__.rsplit(".", 1)[1]
         built.append((version, config))
-        return StandInKernel(version, config, wrong=version in wrong, dtype=dtype)
+        return StandInKernel(version, config, wrong=version in wrong, dtype=dtype, variant=variant)
 
     monkeypatch.setattr(versions, "available", lambda arch: list(available))
     monkeypatch.setattr(versions, "kernel", kernel)

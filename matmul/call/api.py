@@ -44,13 +44,15 @@ import torch
 
 from ..contract import MatmulInputError, check_call
 from ..kernels import versions
-from . import native_entry, torch_op
+from ..kernels.variant import PLAIN, SWIGLU_GROUP, Variant
+from . import native_entry, shapes, torch_op
 from .choice_cache import Entry
 from .launch import Plans
 from .tuner import VENDOR, Chooser, NotTunedError
 
 __all__ = [
     "matmul",
+    "linear",
     "python_matmul",
     "choice",
     "tune",
@@ -88,6 +90,11 @@ _is_compiling = torch.compiler.is_compiling  # looked up once: every call pays f
 
 def python_matmul(a: torch.Tensor, b: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``a @ b`` (a [M, K], b [K, N]) into ``out`` [M, N] if given; see the module's docstring."""
+    try:
+        if a.dim() != 2 or b.dim() != 2:  # torch.matmul's rules for other shapes, on the 2-D call
+            return shapes.general(matmul, a, b, out)
+    except AttributeError:  # not tensors: the checks of the launch path name the problem
+        pass
     if _is_compiling():  # traced: the custom operator, which the compiler sees through
         return torch_op.traced(a, b, out)
     try:
@@ -120,6 +127,71 @@ else:
     matmul.__module__ = __name__  # found here, not in the extension (which is not importable by name): it pickles
     # torch.compile cannot look into a builtin: it traces the Python function in its place
     torch.compiler.substitute_in_graph(matmul)(python_matmul)
+
+
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, activation: Optional[str] = None
+) -> torch.Tensor:
+    """``activation(x @ weight.T + bias)``: ``torch.nn.functional.linear`` followed by the activation,
+    computed in one kernel whose epilogue adds the bias and applies the activation to the float32
+    tile before it is written (``matmul.kernels.variant``).
+
+    ``x`` [..., K], ``weight`` [N, K], ``bias`` [N] or None, all float16 or all bfloat16 on one GPU;
+    ``activation``: None, "relu", "gelu_tanh", "gelu_erf" ("gelu" is the exact, erf form, as in
+    torch), "silu", or "swiglu": then ``weight`` is ``matmul.gate_up(gate, up)``'s fused weight
+    [2 I', K] and the result is ``silu(x @ gate.T) * (x @ up.T)`` [..., I'], written once. The
+    kernel for each (shape bucket, bias, activation) is chosen and cached as ``matmul()``'s is;
+    cuBLAS followed by torch's activation is always a candidate. With gradients recorded, the
+    product and bias run through ``torch.ops.tilus_matmul.linear`` (backward through the same
+    kernels) and the activation in torch, which keeps what its derivative needs."""
+    if activation == "gelu":
+        activation = "gelu_erf"
+    try:
+        variant = Variant("nk", bias is not None, activation or None)
+    except ValueError as e:
+        raise MatmulInputError(str(e)) from None
+    _check_linear(x, weight, bias, variant)
+    x2 = shapes.flatten_rows(x)
+    if bias is not None and bias.stride(0) != 1:
+        bias = bias.contiguous()
+    recorded = torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    )
+    if recorded:
+        y = torch_op.linear_with_grad(x2, weight, bias, variant.activation)
+    elif _is_compiling():
+        y = torch.ops.tilus_matmul.linear(x2, weight, bias, variant.activation or "")
+    elif variant == PLAIN:
+        y = matmul(x2, weight.T)
+    else:
+        y = _plans.launch_fused(x2, weight.T, bias, variant)
+    return y.view(*x.shape[:-1], y.shape[-1])
+
+
+def _check_linear(x, weight, bias, variant: Variant) -> None:
+    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise MatmulInputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if x.dim() < 1 or weight.dim() != 2:
+        raise MatmulInputError(
+            f"linear takes x [..., K] and weight [N, K], got shapes {tuple(x.shape)} and {tuple(weight.shape)}"
+        )
+    if x.shape[-1] != weight.shape[1]:
+        raise MatmulInputError(
+            f"x's last dimension ({x.shape[-1]}) must equal weight's second ({weight.shape[1]}): "
+            f"weight is [N, K] = {list(weight.shape)}, as nn.Linear stores it"
+        )
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0]):
+        raise MatmulInputError(f"bias must be [N] = [{weight.shape[0]}], got {tuple(bias.shape)}")
+    if bias is not None and (bias.dtype != x.dtype or bias.device != x.device):
+        raise MatmulInputError(
+            f"bias must be {x.dtype} on {x.device} like x, got {bias.dtype} on {bias.device}; convert it with .to(x)"
+        )
+    if variant.activation == "swiglu" and weight.shape[0] % (2 * SWIGLU_GROUP):
+        raise MatmulInputError(
+            f"swiglu takes the fused gate-up weight of matmul.gate_up(gate, up), whose rows are a multiple "
+            f"of {2 * SWIGLU_GROUP}; got weight {list(weight.shape)}"
+        )
 
 
 def choice(a: torch.Tensor, b: torch.Tensor) -> Entry:

@@ -28,13 +28,23 @@ the pointers), unless b is copied per call, where the plan itself runs.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Callable, Optional
 
 import torch
 
 from .. import contract
-from ..contract import TMA_ALIGN_BYTES, aligned_row_length, check_aligned, check_no_overlap, layout, row_stride
+from ..contract import (
+    TMA_ALIGN_BYTES,
+    aligned_row_length,
+    check_aligned,
+    check_no_overlap,
+    layout,
+    row_stride,
+    tma_readable,
+)
 from ..kernels import versions
+from ..kernels.variant import PLAIN, Variant, activate
 from . import native_entry, tilus_autotune
 from .tuner import VENDOR, Chooser, fits, space_config
 
@@ -59,87 +69,93 @@ def signature(a, b, out) -> tuple:
     )
 
 
-class VendorPlan:
-    """cuBLAS chose for this bucket: ``torch.mm`` on the caller's operands (b [K, N] as given)."""
+def fused_signature(a, b, out, bias, variant: Variant) -> tuple:
+    """``signature`` of a call with an epilogue (``linear``): the variant and the bias's layout too."""
+    if bias is None:
+        return (*signature(a, b, out), variant)
+    return (*signature(a, b, out), variant, bias.shape, bias.stride(), bias.dtype, bias.device)
 
-    def __init__(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor]):
+
+class VendorPlan:
+    """cuBLAS chose for this bucket: ``torch.mm`` on the caller's operands (b [K, N] as given), with
+    the epilogue in torch's own kernels after it (``torch.addmm`` takes the bias)."""
+
+    def __init__(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor], variant: Variant = PLAIN):
         self.layouts = (layout(a), layout(b), None if out is None else layout(out))
         self.out_contiguous = out is not None and out.is_contiguous()
+        self.activation = variant.activation
 
     def add_route(self, table, a, b) -> None:
         """Calls without ``out`` of the signature of ``a`` and ``b``: at::mm, from the native entry."""
         table.put_vendor(a, b, self.__call__)
 
-    def __call__(self, a, b, out=None):
+    def product(self, a, b, bias):
+        y = torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
+        return y if self.activation is None else activate(y, self.activation)
+
+    def __call__(self, a, b, out=None, bias=None):
         if out is None:
-            return torch.mm(a, b)
+            return self.product(a, b, bias)
         check_no_overlap(out.data_ptr(), self.layouts[2], "a", a.data_ptr(), self.layouts[0])
         check_no_overlap(out.data_ptr(), self.layouts[2], "b", b.data_ptr(), self.layouts[1])
-        if self.out_contiguous:
+        if self.out_contiguous and bias is None and self.activation is None:
             torch.mm(a, b, out=out)
-        else:  # rows padded to 16 bytes: cuBLAS writes a dense result, copied into the padded rows
-            out.copy_(torch.mm(a, b))
+        else:  # rows padded to 16 bytes, or an epilogue: computed, then copied into out
+            out.copy_(self.product(a, b, bias))
         return out
 
 
 class SeriesPlan:
-    """A version chose for this bucket: its compiled launch function, called with the pointers."""
+    """A version chose for this bucket: its compiled launch function, called with the pointers. The
+    kernel reads b in place as the B operand of ``b_layout`` (w [N, K] of b = w.T, or b [K, N])."""
 
     def __init__(
         self,
         launch: Callable,
         a: torch.Tensor,
         b: torch.Tensor,
-        bt: torch.Tensor,
-        copied: bool,
+        operand: torch.Tensor,
+        b_layout: str,
         c: torch.Tensor,
         out: Optional[torch.Tensor],
+        variant: Variant = PLAIN,
     ):
-        (self.m, self.k), self.n = a.shape, bt.shape[0]
+        (self.m, self.k), self.n = a.shape, operand.shape[0] if b_layout == "nk" else operand.shape[1]
+        self.columns = variant.out_columns(self.n)  # C's width (swiglu: half of B's)
         self.launch = launch
-        self.lda, self.ldb, self.ldc = row_stride(a), row_stride(bt), row_stride(c)
-        self.copy_b = copied  # b row-major [K, N]: transposed into [N, K] rows on every call
+        self.lda, self.ldb, self.ldc = row_stride(a), row_stride(operand), row_stride(c)
         self.dtype, self.device = a.dtype, a.device
         self.device_index = a.device.index if a.device.type == "cuda" else None
-        self.out_row = aligned_row_length(self.n, a.dtype)  # an allocated output's row, padded to 16 bytes
+        self.out_row = aligned_row_length(self.columns, a.dtype)  # an allocated output's row, padded to 16 bytes
         self.layouts = (layout(a), layout(b), None if out is None else layout(out))
 
     def add_route(self, table, a, b) -> None:
         """Calls without ``out`` of the signature of ``a`` and ``b``: the native entry allocates the
-        output and calls the program itself, unless b is copied per call (then this plan runs)."""
-        if self.copy_b:
-            table.put(a, b, self.__call__)
-        else:
-            n, row = self.n, self.out_row
-            args = (self.launch, self.m, n, self.k, self.lda, self.ldb, self.ldc, row, TMA_ALIGN_BYTES)
-            table.put_launch(a, b, self.__call__, *args)
+        output and calls the program itself."""
+        args = (self.launch, self.m, self.n, self.k, self.lda, self.ldb, self.ldc, self.out_row, TMA_ALIGN_BYTES)
+        table.put_launch(a, b, self.__call__, *args)
 
-    def __call__(self, a, b, out=None):
+    def __call__(self, a, b, out=None, bias=None):
         # on the path of every call: each step here is paid per launch, so it is kept short
         if a.data_ptr() % TMA_ALIGN_BYTES:
             check_aligned("a", a.data_ptr())
-        if self.copy_b:
-            bt = torch.empty((self.n, self.ldb), dtype=self.dtype, device=self.device)
-            bt[:, : self.k].copy_(b.T)
-        else:  # b = w.T: the kernel reads w's rows in place
-            bt = b
-            if b.data_ptr() % TMA_ALIGN_BYTES:
-                check_aligned("b.T", b.data_ptr())
+        if b.data_ptr() % TMA_ALIGN_BYTES:  # the kernel reads b's elements in place, in either layout
+            check_aligned("b", b.data_ptr())
         if out is None:
             buffer = torch.empty((self.m, self.out_row), dtype=self.dtype, device=self.device)
-            out = buffer if self.out_row == self.n else buffer[:, : self.n]
+            out = buffer if self.out_row == self.columns else buffer[:, : self.columns]
         else:
             buffer = out
             check_aligned("out", out.data_ptr())
             check_no_overlap(out.data_ptr(), self.layouts[2], "a", a.data_ptr(), self.layouts[0])
             check_no_overlap(out.data_ptr(), self.layouts[2], "b", b.data_ptr(), self.layouts[1])
+        bias_ptr = 0 if bias is None else bias.data_ptr()
+        args = (self.m, self.n, self.k, a.data_ptr(), b.data_ptr(), buffer, self.lda, self.ldb, self.ldc, bias_ptr)
         if self.device_index is None or self.device_index == _current_device():
-            self.launch(self.m, self.n, self.k, a.data_ptr(), bt.data_ptr(), buffer, self.lda, self.ldb, self.ldc, 0)
+            self.launch(*args)
         else:
             with torch.cuda.device(self.device_index):
-                self.launch(
-                    self.m, self.n, self.k, a.data_ptr(), bt.data_ptr(), buffer, self.lda, self.ldb, self.ldc, 0
-                )
+                self.launch(*args)
         return out
 
 
@@ -178,21 +194,35 @@ class Plans:
             plan = self.derive(a, b, out, key)
         return plan(a, b, out)
 
-    def derive(self, a, b, out, key):
-        """The full checks, the bucket's choice, and the plan for this signature (kept under ``key``)."""
-        bt, copied, c = self.check(a, b, out)
-        (m, k), n = a.shape, bt.shape[0]
-        arch, entry = self.chooser.get(a.device, a.dtype, m, n, k)
-        plan = None
-        if entry["version"] != VENDOR:
-            module = versions.load(arch, entry["version"])
-            # the bucket's choice was tuned on a neighbouring shape: a version with limits may not take this one
-            if fits(module, m, n, k, row_stride(a), row_stride(bt), row_stride(c)):
-                script = versions.kernel(module, a.dtype, space_config(module, entry["config"]))
-                with torch.cuda.device(a.device) if a.device.type == "cuda" else contextlib.nullcontext():
-                    plan = SeriesPlan(self.program(script), a, b, bt, copied, c, out)
+    def launch_fused(self, a, b, bias, variant: Variant, out=None):
+        """``variant``'s epilogue of ``a @ b + bias`` into ``out`` (allocated if None): ``linear``'s path.
+        Its plans are kept apart from plain calls' (no native route: the extension takes two operands)."""
+        key = fused_signature(a, b, out, bias, variant)
+        plan = self.plans.get(key)
         if plan is None:
-            plan = VendorPlan(a, b, out)
+            plan = self.derive(a, b, out, None, variant)
+            self.plans[key] = plan
+        return plan(a, b, out, bias)
+
+    def derive(self, a, b, out, key, variant: Variant = PLAIN):
+        """The full checks, the bucket's choice, and the plan for this signature (kept under ``key``)."""
+        columns = None if variant.activation != "swiglu" else variant.out_columns(b.shape[1])
+        operand, b_layout, c = self.check(a, b, out, columns=columns)
+        variant = dataclasses.replace(variant, b_layout=b_layout)
+        m, k = a.shape
+        n = operand.shape[0] if b_layout == "nk" else operand.shape[1]
+        plan = None
+        if b_layout == "nk" or tma_readable(operand):  # else b's rows are not TMA-aligned: only cuBLAS reads it
+            arch, entry = self.chooser.get(a.device, a.dtype, m, n, k, variant=variant)
+            if entry["version"] != VENDOR:
+                module = versions.load(arch, entry["version"])
+                # the bucket's choice was tuned on a neighbouring shape: a version with limits may not take this one
+                if fits(module, m, n, k, row_stride(a), row_stride(operand), row_stride(c)):
+                    script = versions.kernel(module, a.dtype, space_config(module, entry["config"]), variant)
+                    with torch.cuda.device(a.device) if a.device.type == "cuda" else contextlib.nullcontext():
+                        plan = SeriesPlan(self.program(script), a, b, operand, b_layout, c, out, variant)
+        if plan is None:
+            plan = VendorPlan(a, b, out, variant)
         if key is not None:
             self.keep(plan, a, b, out)
         return plan

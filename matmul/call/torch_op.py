@@ -5,8 +5,13 @@
   implementations give the result's shape and strides (rows padded to 16 bytes, as the kernels
   allocate them), so ``torch.compile(fullgraph=True)`` traces a function that calls ``matmul()``
   with no graph break.
-* autograd through ``mm``: with C = A B (torch's form), dA = dC B^T and dB = A^T dC, computed by
-  the same operator, so by the same kernels; ``out=`` has no backward (torch's rule for ``out=``).
+* ``torch.ops.tilus_matmul.linear(x, weight, bias, activation)``: ``act(x @ weight.T + bias)`` with
+  the epilogue fused (``matmul.kernels.variant``), for ``matmul.linear``.
+* autograd: with C = A B (torch's form), dA = dC B^T through the same operator (B^T is the weight
+  itself, read in place as a [K, N] operand), and dB = A^T dC through cuBLAS: A^T is column-major,
+  and no version reads a transposed A. ``linear``'s backward likewise: dX = dY W by the operator,
+  dW = dY^T X by cuBLAS, the bias's gradient a sum. Activations are differentiated by torch
+  (``linear_with_grad``). ``out=`` has no backward (torch's rule for ``out=``).
 
 Eager calls without gradients do not pass through here: the dispatcher costs microseconds per
 call, which ``matmul()``'s short path does not pay (``api.python_matmul`` routes only traced calls and
@@ -20,6 +25,7 @@ from typing import Optional
 import torch
 
 from ..contract import TMA_ALIGN_BYTES, MatmulInputError, check_shapes, empty_padded
+from ..kernels.variant import Variant, activate
 
 
 def _plans():
@@ -67,14 +73,64 @@ def _backward(ctx, grad):
     a, b = ctx.saved_tensors
     grad = _operand(grad)
     grad_a = grad_b = None
-    if ctx.needs_input_grad[0]:  # dA [M, K] = dC [M, N] @ B^T, B^T a view [N, K]
+    if ctx.needs_input_grad[0]:  # dA [M, K] = dC [M, N] @ b^T: for b = w.T, b^T is w, read in place ([K, N] form)
         grad_a = torch.ops.tilus_matmul.mm(grad, b.T)
-    if ctx.needs_input_grad[1]:  # dB [K, N] = (dC^T [N, M] @ A [M, K])^T
-        grad_b = torch.ops.tilus_matmul.mm(_operand(grad.T), a).T
+    if ctx.needs_input_grad[1]:  # dB [K, N] = A^T @ dC: A^T is column-major, which no version reads: cuBLAS
+        grad_b = torch.mm(a.T, grad)
     return grad_a, grad_b
 
 
 mm.register_autograd(_backward, setup_context=_setup)
+
+
+# --- linear: the product with its epilogue -------------------------------------------------------
+
+
+@torch.library.custom_op("tilus_matmul::linear", mutates_args=())
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], activation: str) -> torch.Tensor:
+    """act(x @ weight.T + bias) for x [M, K], weight [N, K]: the variant's kernel (``launch.Plans.launch_fused``)."""
+    variant = Variant("nk", bias is not None, activation or None)
+    out = empty_padded(x.shape[0], variant.out_columns(weight.shape[0]), x.dtype, x.device)
+    return _plans().launch_fused(x, weight.T, bias, variant, out)
+
+
+@linear.register_fake
+def _(x, weight, bias, activation):
+    check_shapes(x, weight.T)
+    columns = Variant("nk", bias is not None, activation or None).out_columns(weight.shape[0])
+    return empty_padded(x.shape[0], columns, x.dtype, x.device)
+
+
+def _setup_linear(ctx, inputs, output):
+    x, weight, bias, activation = inputs
+    if activation:  # the pre-activation is not kept: linear_with_grad applies activations outside
+        raise RuntimeError("tilus_matmul::linear is differentiated only without an activation")
+    ctx.save_for_backward(x, weight)
+    ctx.has_bias = bias is not None
+
+
+def _backward_linear(ctx, grad):
+    x, weight = ctx.saved_tensors
+    grad = _operand(grad)
+    grad_x = grad_w = grad_b = None
+    if ctx.needs_input_grad[0]:  # dX [M, K] = dY [M, N] @ W [N, K]: W read in place as b [K, N]
+        grad_x = torch.ops.tilus_matmul.mm(grad, weight)
+    if ctx.needs_input_grad[1]:  # dW [N, K] = dY^T @ X: dY^T is column-major, which no version reads: cuBLAS
+        grad_w = torch.mm(grad.T, x)
+    if ctx.has_bias and ctx.needs_input_grad[2]:
+        grad_b = grad.sum(0)
+    return grad_x, grad_w, grad_b, None
+
+
+linear.register_autograd(_backward_linear, setup_context=_setup_linear)
+
+
+def linear_with_grad(x, weight, bias, activation: Optional[str]):
+    """``linear`` when autograd must record it: the product and bias through the operator (its
+    backward runs the series' kernels where they win), the activation in torch after it, so that
+    autograd keeps the pre-activation its derivative needs."""
+    y = torch.ops.tilus_matmul.linear(x, weight, bias, "")
+    return activate(y, activation)
 
 
 def traced(a, b, out: Optional[torch.Tensor]):

@@ -136,8 +136,10 @@ def gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     rows, k = gate.shape
     padded = math.ceil(rows / SWIGLU_GROUP) * SWIGLU_GROUP
     fused = gate.new_zeros((padded // SWIGLU_GROUP, 2, SWIGLU_GROUP, k))
-    fused[:, 0].view(padded, k)[:rows] = gate
-    fused[:, 1].view(padded, k)[:rows] = up
+    for half, rows_of in ((0, gate), (1, up)):
+        padded_rows = rows_of.new_zeros((padded, k))
+        padded_rows[:rows] = rows_of
+        fused[:, half] = padded_rows.view(-1, SWIGLU_GROUP, k)
     return fused.view(2 * padded, k)
 
 

@@ -1,0 +1,65 @@
+"""torch.matmul's shape rules on top of the 2-D call: what ``matmul(a, b)`` does with operands that
+are not two matrices, and how ``linear`` flattens its input.
+
+* ``a`` of any number of leading dimensions against a 2-D ``b`` ([..., K] @ [K, N] -> [..., N]): the
+  leading dimensions are flattened into M, a view wherever a's strides allow (every contiguous
+  tensor, and any whose leading dimensions nest); otherwise ``reshape`` copies it once, as
+  torch.matmul does. The result is a view of the 2-D result.
+* a 1-D ``a`` ([K] -> [1, K]) or ``b`` ([K] -> [K, 1]): the dimension is added, then removed from
+  the result, as torch does.
+* a ``b`` of more than two dimensions (a batch of matrices, torch.bmm's case and broadcasting):
+  the series has no batched kernel, so ``torch.matmul`` computes it (cuBLAS's batched GEMM), and
+  ``matmul.choice`` says so. Correct and as fast as torch; not yet the series' own.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from ..contract import MatmulInputError
+
+
+def flatten_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] as [M, K], a view where the strides allow (else one copy)."""
+    if x.dim() == 2:
+        return x
+    if x.dim() == 1:
+        return x.unsqueeze(0)
+    return x.reshape(-1, x.shape[-1])
+
+
+def general(two_d: Callable, a, b, out: Optional[torch.Tensor]):
+    """``a @ b`` for operands that are not both matrices, through ``two_d(a2, b2, out=...)`` for the
+    2-D product (see the module's docstring)."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return two_d(a, b, out=out)  # the 2-D checks name the problem
+    if a.dim() == 0 or b.dim() == 0:
+        raise MatmulInputError(
+            f"both operands must have at least one dimension, got shapes {tuple(a.shape)} and {tuple(b.shape)}"
+        )
+    if b.dim() > 2:
+        if out is not None:
+            return torch.matmul(a, b, out=out)
+        return torch.matmul(a, b)
+    shape = (*a.shape[:-1], *b.shape[1:])  # torch's result shape: a's leading dimensions, then b's columns
+    a2 = flatten_rows(a)
+    b2 = b if b.dim() == 2 else b.unsqueeze(1)
+    if a2.shape[1] != b2.shape[0]:
+        raise MatmulInputError(
+            f"inner dimensions differ: a is {list(a.shape)} and b is {list(b.shape)} "
+            f"(a's last dimension must equal b's first)"
+        )
+    out2 = None
+    if out is not None:
+        if tuple(out.shape) != shape:
+            raise MatmulInputError(f"out must have shape {list(shape)}, got {list(out.shape)}")
+        try:
+            out2 = out.view(a2.shape[0], b2.shape[1])
+        except RuntimeError:
+            raise MatmulInputError(
+                "out's strides do not let it be seen as one [M, N] matrix; pass a contiguous out"
+            ) from None
+    result = two_d(a2, b2, out=out2)
+    return out if out is not None else result.view(shape)  # splits M, or drops a unit dimension: a view

@@ -1,0 +1,162 @@
+"""``torch.nn`` on the project's kernels: a drop-in ``Linear`` and a one-call switch of a whole model.
+
+::
+
+    import matmul
+    switch = matmul.nn.convert(model)        # every nn.Linear now runs matmul.linear
+    switch = matmul.nn.convert(model, fuse_gate_up=True)  # and each gated MLP one swiglu kernel
+    switch.undo()                            # the model as it was
+
+``Linear`` is a ``torch.nn.Linear`` (same parameters, same state dict, ``isinstance`` still true)
+whose forward is ``matmul.linear(x, weight, bias, activation)``. ``convert`` swaps each eligible
+``nn.Linear`` of a model for one that shares its parameters (no copy: an optimizer built before
+keeps working), and leaves the others as they are, saying why in ``Conversion.skipped``: the
+kernels take float16/bfloat16 weights on a Hopper or Blackwell GPU, and a layer whose weight is
+float32 or on the CPU keeps torch's own forward.
+
+``fuse_gate_up=True`` also finds gated MLPs, modules with ``gate_proj``, ``up_proj`` and
+``down_proj`` linear layers and a SiLU ``act_fn`` (Llama, Mistral, Qwen), and runs ``down_proj(
+silu(gate_proj(x)) * up_proj(x))`` as ``down_proj(linear(x, gate_up, activation="swiglu"))``: one
+kernel writes the intermediate once, at half the width of the two projections. The fused weight is
+made once (``matmul.gate_up``); the two projections' weights are released meanwhile and rebuilt
+from it by ``undo``, so the model holds one copy of them, and its state dict has the fused weight
+(``gate_up_weight``) in their place until then. Only where the user asks: fusing changes the
+state dict and trains one parameter where there were two.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import Optional
+
+import torch
+
+from .call.api import linear
+from .contract import DTYPES
+from .kernels.variant import gate_up, split_gate_up
+
+__all__ = ["Linear", "GatedMLPForward", "convert", "Conversion"]
+
+
+class Linear(torch.nn.Linear):
+    """``torch.nn.Linear`` whose forward runs ``matmul.linear`` (with an optional fused ``activation``)."""
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, activation=None
+    ):
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.activation = activation
+
+    @classmethod
+    def sharing(cls, layer: torch.nn.Linear, activation: Optional[str] = None) -> "Linear":
+        """A ``Linear`` over ``layer``'s own parameters (the same tensors, not copies)."""
+        new = cls.__new__(cls)
+        torch.nn.Module.__init__(new)
+        new.in_features, new.out_features = layer.in_features, layer.out_features
+        new.weight = layer.weight
+        new.bias = layer.bias
+        new.activation = activation
+        new.train(layer.training)
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias, self.activation)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (f", activation={self.activation}" if self.activation else "")
+
+
+def eligible(layer: torch.nn.Linear) -> Optional[str]:
+    """None if the kernels can run ``layer``; else why not."""
+    weight = layer.weight
+    if weight.dtype not in DTYPES:
+        return f"weight is {weight.dtype}; the kernels take float16 or bfloat16"
+    if weight.device.type != "cuda":
+        return f"weight is on {weight.device}; the kernels run on a CUDA GPU"
+    if torch.cuda.get_device_capability(weight.device) not in ((9, 0), (10, 0)):
+        return f"{torch.cuda.get_device_name(weight.device)} is neither Hopper nor Blackwell"
+    return None
+
+
+class GatedMLPForward:
+    """The forward of a gated MLP with its gate and up projections fused (see the module's docstring)."""
+
+    def __init__(self, mlp: torch.nn.Module):
+        gate, up = mlp.gate_proj.weight, mlp.up_proj.weight
+        self.rows = gate.shape[0]
+        with torch.no_grad():
+            mlp.gate_up_weight = torch.nn.Parameter(gate_up(gate, up), requires_grad=gate.requires_grad)
+        self.kept = (gate, up)
+        for weight in self.kept:  # released: the fused weight holds them (rebuilt by restore)
+            weight.data = weight.data.new_empty(0)
+
+    def __call__(self, mlp, x):
+        return mlp.down_proj(linear(x, mlp.gate_up_weight, None, "swiglu")[..., : self.rows])
+
+    def restore(self, mlp: torch.nn.Module) -> None:
+        gate, up = split_gate_up(mlp.gate_up_weight.data, self.rows)
+        self.kept[0].data, self.kept[1].data = gate.contiguous(), up.contiguous()
+        del mlp.gate_up_weight
+
+
+@dataclasses.dataclass
+class Conversion:
+    """What ``convert`` changed, and how to change it back (``undo``)."""
+
+    model: torch.nn.Module
+    swapped: list = dataclasses.field(default_factory=list)  # (parent, name, original layer)
+    fused: list = dataclasses.field(default_factory=list)  # (mlp, GatedMLPForward)
+    skipped: dict = dataclasses.field(default_factory=dict)  # qualified name -> why
+
+    def undo(self) -> torch.nn.Module:
+        """Put every original layer and forward back; the model, as it was before ``convert``."""
+        for mlp, forward in reversed(self.fused):
+            forward.restore(mlp)
+            del mlp.forward  # the class's own forward again
+        for parent, name, layer in reversed(self.swapped):
+            setattr(parent, name, layer)
+        self.swapped.clear()
+        self.fused.clear()
+        return self.model
+
+
+def _is_gated_mlp(module: torch.nn.Module) -> bool:
+    layers = [getattr(module, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
+    if not all(isinstance(layer, torch.nn.Linear) for layer in layers):
+        return False
+    gate, up, _ = layers
+    return (
+        isinstance(getattr(module, "act_fn", None), torch.nn.SiLU)
+        and gate.bias is None
+        and up.bias is None
+        and gate.weight.shape == up.weight.shape
+        and eligible(gate) is None
+    )
+
+
+def convert(model: torch.nn.Module, *, fuse_gate_up: bool = False) -> Conversion:
+    """Run every eligible ``nn.Linear`` of ``model`` through the project's kernels (in place); with
+    ``fuse_gate_up``, each gated MLP's gate and up projections as one swiglu kernel. Returns the
+    ``Conversion``, whose ``undo()`` restores the model."""
+    conversion = Conversion(model)
+    if fuse_gate_up:
+        for mlp in model.modules():
+            if _is_gated_mlp(mlp) and "forward" not in vars(mlp):
+                forward = GatedMLPForward(mlp)
+                mlp.forward = types.MethodType(forward.__call__, mlp)
+                conversion.fused.append((mlp, forward))
+    for parent_name, parent in list(model.named_modules()):
+        for name, layer in list(parent.named_children()):
+            if type(layer) is not torch.nn.Linear:
+                continue
+            qualified = f"{parent_name}.{name}" if parent_name else name
+            if any(layer in (mlp.gate_proj, mlp.up_proj) for mlp, _ in conversion.fused):
+                continue  # run by the fused forward
+            why = eligible(layer)
+            if why is not None:
+                conversion.skipped[qualified] = why
+                continue
+            setattr(parent, name, Linear.sharing(layer))
+            conversion.swapped.append((parent, name, layer))
+    return conversion

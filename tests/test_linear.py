@@ -1,0 +1,306 @@
+"""CPU tests of what a model meets outside ``matmul(x, w.T)``: torch.matmul's shape rules, b [K, N]
+read in place, ``linear`` with its fused epilogue, ``matmul.nn`` and the backward, all through the
+launch path with stand-in kernels (tests/stand_ins.py) in place of the GPU."""
+
+import functools
+
+import pytest
+import torch
+
+import matmul
+from matmul.call import api, shapes, torch_op
+from matmul.call.launch import Plans, SeriesPlan, VendorPlan
+from matmul.contract import check_call, kernel_b
+from matmul.kernels import variant as variants
+from matmul.kernels import versions
+from matmul.kernels.variant import PLAIN, Variant
+from tests import stand_ins
+
+ARCH = "sm_90a"
+
+
+class FixedChooser:
+    """Every bucket and variant chosen alike: ``version`` (a stand-in kernel) or cuBLAS. Records the
+    variants asked for."""
+
+    def __init__(self, version):
+        self.version = version
+        self.asked = []
+
+    def get(self, device, dtype, m, n, k, variant=PLAIN):
+        self.asked.append((m, n, k, variant))
+        if self.version == versions.CUBLAS:
+            return ARCH, {"version": versions.CUBLAS, "config": {}}
+        return ARCH, {"version": self.version, "config": dict(versions.load(ARCH, self.version).REPRESENTATIVE)}
+
+
+@pytest.fixture(params=["v3", versions.CUBLAS])
+def path(request, monkeypatch):
+    """matmul()'s plans over a stand-in v3 (or cuBLAS, i.e. torch on the CPU), installed as the process's."""
+    stand_ins.install(monkeypatch, wrong=(), arch=ARCH, available=("v3",))
+    plans = Plans(FixedChooser(request.param), check=functools.partial(check_call, require_cuda=False))
+    previous = api.use_plans(plans)
+    monkeypatch.setattr(api, "matmul", api.python_matmul)  # the native entry would route by its own table
+    yield plans
+    api.use_plans(previous)
+
+
+def close(result, expected, dtype=torch.float16):
+    assert result.shape == expected.shape
+    error = (result.float() - expected.float()).norm() / expected.float().norm()
+    assert error <= (2e-3 if dtype == torch.float16 else 1.6e-2), f"relative error {error:.3g}"
+
+
+# --- shapes --------------------------------------------------------------------------------------
+
+
+def test_leading_dimensions_are_flattened_into_m_as_a_view():
+    x = torch.randn(2, 3, 5, 16)
+    flat = shapes.flatten_rows(x)
+    assert flat.shape == (30, 16) and flat.data_ptr() == x.data_ptr() and flat._base is x
+    sliced = x[:, :, :, :8]  # rows still nest: a view
+    assert shapes.flatten_rows(sliced).data_ptr() == x.data_ptr()
+    assert shapes.flatten_rows(torch.randn(16)).shape == (1, 16)
+
+
+@pytest.mark.parametrize(
+    "a_shape, b_shape",
+    [((2, 7, 24), (24, 40)), ((3, 2, 5, 24), (24, 16)), ((24,), (24, 40)), ((9, 24), (24,)), ((2, 9, 24), (24,))],
+)
+def test_matmul_follows_torchs_shape_rules(path, a_shape, b_shape):
+    a, b = torch.randn(a_shape).half(), torch.randn(b_shape).half()
+    close(matmul.matmul(a, b), torch.matmul(a.float(), b.float()))
+
+
+def test_a_batch_of_matrices_is_computed_by_torch_and_correct(path):
+    a, b = torch.randn(3, 8, 24).half(), torch.randn(3, 24, 16).half()
+    close(matmul.matmul(a, b), torch.matmul(a.float(), b.float()))
+    assert path.chooser.asked == []  # no kernel of the series was asked: torch.matmul's batched GEMM ran
+
+
+@pytest.mark.parametrize(
+    "a, b, message",
+    [
+        (torch.randn(2, 7, 24).half(), torch.randn(25, 8).half(), "inner dimensions differ"),
+        (torch.tensor(1.0).half(), torch.randn(4, 4).half(), "at least one dimension"),
+    ],
+)
+def test_shapes_that_do_not_match_are_refused_with_the_fix(path, a, b, message):
+    with pytest.raises(matmul.MatmulInputError, match=message):
+        matmul.matmul(a, b)
+
+
+def test_out_of_leading_dimensions(path):
+    a, b = torch.randn(2, 7, 24).half(), torch.randn(24, 40).half()
+    out = torch.full((2, 7, 40), float("nan")).half()
+    assert matmul.matmul(a, b, out=out) is out
+    close(out, torch.matmul(a.float(), b.float()))
+    with pytest.raises(matmul.MatmulInputError, match=r"out must have shape \[2, 7, 40\]"):
+        matmul.matmul(a, b, out=torch.empty(14, 40).half())
+
+
+# --- b [K, N] in place ---------------------------------------------------------------------------
+
+
+def test_both_layouts_of_b_are_read_in_place():
+    w = torch.randn(32, 48).half()  # [N, K]
+    operand, layout = kernel_b(w.T)
+    assert layout == "nk" and operand.data_ptr() == w.data_ptr()
+    b = torch.randn(48, 32).half()  # torch's [K, N]
+    operand, layout = kernel_b(b)
+    assert layout == "kn" and operand is b  # no copy: the kernels read it as it is
+
+
+def test_a_row_major_b_takes_the_kn_variant_and_no_copy(path):
+    a, b = torch.randn(100, 48).half(), torch.randn(48, 40).half()
+    close(path.launch(a, b), a.float() @ b.float())
+    m, n, k, variant = path.chooser.asked[-1]
+    assert (m, n, k) == (100, 40, 48) and variant.b_layout == "kn"
+    plan = next(iter(path.plans.values()))
+    if isinstance(plan, SeriesPlan):  # the kernel got b's own pointer: nothing copied it
+        assert plan.launch.pointers[1] == b.data_ptr() and plan.launch.variant.b_layout == "kn"
+
+
+def test_a_kn_b_whose_rows_tma_cannot_read_goes_to_cublas(path):
+    a, b = torch.randn(10, 24).half(), torch.randn(24, 30).half()  # rows of 60 bytes
+    close(path.launch(a, b), a.float() @ b.float())
+    assert path.chooser.asked == [] and isinstance(next(iter(path.plans.values())), VendorPlan)
+
+
+# --- linear --------------------------------------------------------------------------------------
+
+ACTIVATIONS = [None, "relu", "gelu_tanh", "gelu_erf", "silu"]
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_linear_is_f_linear_then_the_activation(path, activation, with_bias):
+    x, w = torch.randn(3, 33, 48).half(), torch.randn(40, 48).half()
+    bias = torch.randn(40).half() if with_bias else None
+    expected = variants.activate(
+        torch.nn.functional.linear(x.float(), w.float(), None if bias is None else bias.float()), activation
+    )
+    close(matmul.linear(x, w, bias, activation), expected)
+    if with_bias or activation:
+        assert path.chooser.asked[-1][3] == Variant("nk", with_bias, activation)
+
+
+def test_gelu_means_the_exact_gelu_as_in_torch(path):
+    x, w = torch.randn(8, 48).half(), torch.randn(40, 48).half()
+    close(matmul.linear(x, w, None, "gelu"), torch.nn.functional.gelu(x.float() @ w.float().T))
+
+
+def test_swiglu_of_a_fused_gate_up_weight(path):
+    gate, up = torch.randn(40, 48).half(), torch.randn(40, 48).half()
+    x = torch.randn(2, 9, 48).half()
+    fused = matmul.gate_up(gate, up)
+    assert fused.shape == (80, 48)
+    y = matmul.linear(x, fused, activation="swiglu")
+    expected = torch.nn.functional.silu(x.float() @ gate.float().T) * (x.float() @ up.float().T)
+    close(y, expected)
+
+
+def test_gate_up_round_trip_and_padding():
+    gate, up = torch.randn(20, 16), torch.randn(20, 16)  # 20 rows: padded to 24
+    fused = variants.gate_up(gate, up)
+    assert fused.shape == (48, 16) and torch.equal(fused[8:16], up[:8]) and torch.equal(fused[:8], gate[:8])
+    back_gate, back_up = variants.split_gate_up(fused, 20)
+    assert torch.equal(back_gate, gate) and torch.equal(back_up, up)
+    y = torch.arange(48.0).expand(2, 48)
+    g, u = variants.split_gate_up_columns(y)
+    assert g[0, 8].item() == 16 and u[0, 0].item() == 8
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda x, w: matmul.linear(x, w, activation="tanh"), "activation must be None or one of"),
+        (lambda x, w: matmul.linear(x, w, torch.randn(7).half()), r"bias must be \[N\] = \[40\]"),
+        (lambda x, w: matmul.linear(x, w, torch.randn(40)), "bias must be torch.float16"),
+        (lambda x, w: matmul.linear(x, w.T), "x's last dimension"),
+        (lambda x, w: matmul.linear(x, w[:36], activation="swiglu"), "matmul.gate_up"),
+        (lambda x, w: matmul.linear(x, w.float()), "float16"),
+    ],
+)
+def test_bad_linear_calls_name_the_problem_and_the_fix(path, call, message):
+    with pytest.raises(matmul.MatmulInputError, match=message):
+        call(torch.randn(5, 48).half(), torch.randn(40, 48).half())
+
+
+def test_linear_plans_are_kept_per_variant(path):
+    x, w, bias = torch.randn(8, 48).half(), torch.randn(40, 48).half(), torch.randn(40).half()
+    matmul.linear(x, w, bias, "relu")
+    matmul.linear(x, w, bias, "relu")
+    matmul.linear(x, w, bias, "silu")
+    assert [v for *_, v in path.chooser.asked] == [Variant("nk", True, "relu"), Variant("nk", True, "silu")]
+
+
+# --- autograd ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("activation", [None, "gelu_tanh", "silu"])
+def test_linear_gradients_match_torch(path, activation):
+    x = torch.randn(2, 7, 48).half().requires_grad_()
+    w = torch.randn(40, 48).half().requires_grad_()
+    bias = torch.randn(40).half().requires_grad_()
+    y = matmul.linear(x, w, bias, activation)
+    grad = torch.randn_like(y)
+    y.backward(grad)
+    xr, wr, br = (t.detach().float().requires_grad_() for t in (x, w, bias))
+    variants.activate(torch.nn.functional.linear(xr, wr, br), activation).backward(grad.float())
+    for ours, theirs in ((x.grad, xr.grad), (w.grad, wr.grad), (bias.grad, br.grad)):
+        close(ours, theirs)
+
+
+def test_matmul_gradients_read_the_weight_in_place(path):
+    x = torch.randn(9, 48).half().requires_grad_()
+    w = torch.randn(40, 48).half().requires_grad_()
+    (matmul.matmul(x, w.T) * 1.0).sum().backward()
+    xr, wr = x.detach().float().requires_grad_(), w.detach().float().requires_grad_()
+    (xr @ wr.T).sum().backward()
+    close(x.grad, xr.grad)
+    close(w.grad, wr.grad)
+    # dA = dC @ w: w [N, K] read as b [K, N] in place
+    assert any(variant.b_layout == "kn" for *_, variant in path.chooser.asked)
+
+
+def test_the_fake_linear_operator_gives_the_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x, w = torch.empty(10, 48, dtype=torch.float16), torch.empty(80, 48, dtype=torch.float16)
+        assert torch.ops.tilus_matmul.linear(x, w, None, "swiglu").shape == (10, 40)
+        assert torch.ops.tilus_matmul.linear(x, w, None, "").shape == (10, 80)
+    assert torch_op.linear is not None
+
+
+# --- matmul.nn -----------------------------------------------------------------------------------
+
+
+class GatedMLP(torch.nn.Module):
+    def __init__(self, hidden, inner):
+        super().__init__()
+        self.gate_proj = torch.nn.Linear(hidden, inner, bias=False)
+        self.up_proj = torch.nn.Linear(hidden, inner, bias=False)
+        self.down_proj = torch.nn.Linear(inner, hidden, bias=False)
+        self.act_fn = torch.nn.SiLU()
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(48, 48)
+        self.mlp = GatedMLP(48, 40)
+        self.head = torch.nn.Linear(48, 16).float()  # float32: stays torch's
+
+    def forward(self, x):
+        return self.mlp(self.proj(x))
+
+
+@pytest.fixture
+def model(monkeypatch):
+    import matmul.nn as mnn
+
+    block = Block().half()
+    block.head.float()
+    monkeypatch.setattr(
+        mnn, "eligible", lambda layer: None if layer.weight.dtype in (torch.float16, torch.bfloat16) else "float32"
+    )
+    return block
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_convert_and_undo_round_trip(path, model, fuse):
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    layers = dict(model.named_modules())
+    x = torch.randn(2, 5, 48).half()
+    expected = model(x).float()
+    conversion = matmul.nn.convert(model, fuse_gate_up=fuse)
+    assert isinstance(model.proj, matmul.nn.Linear) and isinstance(model.proj, torch.nn.Linear)
+    assert model.proj.weight is layers["proj"].weight  # shared, not copied
+    assert conversion.skipped == {"head": "float32"}
+    close(model(x), expected)  # parameters that require grad: the product through the operator
+    with torch.no_grad():  # inference: the fused epilogue
+        close(model(x), expected)
+    if fuse:
+        assert hasattr(model.mlp, "gate_up_weight") and model.mlp.gate_proj.weight.numel() == 0
+        assert path.chooser.asked and any(v.activation == "swiglu" for *_, v in path.chooser.asked)
+    else:
+        assert model.state_dict().keys() == before.keys()
+    conversion.undo()
+    assert dict(model.named_modules()).keys() == layers.keys()
+    assert all(model.get_submodule(name) is layer for name, layer in layers.items() if name)
+    after = model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    close(model(x), expected)
+
+
+def test_a_linear_loads_a_torch_state_dict(path):
+    layer = torch.nn.Linear(48, 40).half()
+    ours = matmul.nn.Linear(48, 40, dtype=torch.float16)
+    ours.load_state_dict(layer.state_dict())
+    x = torch.randn(3, 48).half()
+    close(ours(x), layer(x).float())
