@@ -48,6 +48,7 @@ def test_fixes_are_applied_for_tilus_0_2_0():
         "serial_transpile",
         "fence_tall_accumulators",
         "workspace_in_shared_memory",
+        "mn_major_operands",
     }
     assert all(fix.applied for fix in tilus_fixes.FIXES.values())
 
@@ -149,3 +150,35 @@ def test_one_row_accumulators_are_left_as_they_were(fresh_cache):
     results = build_with_and_without("fence_tall_accumulators", module, module.REPRESENTATIVE, fresh_cache)
     cuda_source = [(result.program_dir / "module" / "source.cu").read_text() for result in results]
     assert cuda_source[0] == cuda_source[1] and "wgmma_fence_operand" not in cuda_source[0]
+
+
+def build_kn_with_and_without(arch: str, cache):
+    """V3's "kn" variant (B's tiles MN-major) built with the fix and without it, each into its own cache."""
+    from test_b_layout import build_kn
+
+    use_cache(cache / "with")
+    fixed = build_kn(arch, "v3")
+    with tilus_fixes.disabled("mn_major_operands"):
+        use_cache(cache / "without")
+        unfixed = build_kn(arch, "v3")
+    return fixed, unfixed
+
+
+def test_wgmma_reads_an_mn_major_b_only_with_the_fix(fresh_cache):
+    from test_b_layout import DESCRIPTOR, check_reads_weight_mn_major, wgmma_transpose_flags
+
+    fixed, faulty = build_kn_with_and_without("sm_90a", fresh_cache)
+    check_reads_weight_mn_major(fixed, "sm_90a", "v3")  # trans-b 1, the descriptor strides over 64-column boxes
+    # without it the build succeeds and is wrong: layout inference gives the wgmma's view of the
+    # tiles the wgmma rule's K-major guess (TMA still writes them MN-major), and trans-b is 0
+    assert faulty.ok and wgmma_transpose_flags(faulty.ptx()) == {(0, 0)}
+    source = (faulty.program_dir / "module" / "source.cu").read_text()
+    assert (8192, 1024) not in {(int(lbo) * 16, int(sbo) * 16) for lbo, sbo in DESCRIPTOR.findall(source)}
+
+
+def test_tcgen05_takes_a_k_major_a_beside_an_mn_major_b_only_with_the_fix(fresh_cache):
+    from test_b_layout import check_reads_weight_mn_major
+
+    fixed, faulty = build_kn_with_and_without("sm_100a", fresh_cache)
+    check_reads_weight_mn_major(fixed, "sm_100a", "v3")  # the instruction descriptor's transpose-B bit
+    assert not faulty.ok and "majorness is not supported: K and MN" in faulty.error

@@ -13,7 +13,10 @@ around, is guarded to the tilus release that has it, and can be taken out again
 * ``fence_tall_accumulators``: wgmma accumulators are not fenced, and ptxas serializes the wgmma of
   a warp-specialized 128-row tile;
 * ``workspace_in_shared_memory``: the shared workspace that receives the tensor-memory address is
-  placed 128-byte aligned, but the dynamic shared memory is sized from the unaligned top.
+  placed 128-byte aligned, but the dynamic shared memory is sized from the unaligned top;
+* ``mn_major_operands``: an MMA operand stored MN-major in shared memory (b [K, N] read in place)
+  is read as K-major by wgmma, refused by tcgen05 beside a K-major one, and loses its layout to
+  the MMA's guess in layout inference.
 
 Each module's docstring describes its fault and the work-around in full.
 """
@@ -29,6 +32,7 @@ from . import (
     build_without_gpu,
     fence_tall_accumulators,
     keep_ptx,
+    mn_major_operands,
     serial_transpile,
     tma_sm90,
     workspace_in_shared_memory,
@@ -38,7 +42,15 @@ from .fix import Fix
 from .keep_ptx import disassembler
 
 FAULTY_RELEASES = ("0.2.0",)
-MODULES = (tma_sm90, build_without_gpu, keep_ptx, serial_transpile, fence_tall_accumulators, workspace_in_shared_memory)
+MODULES = (
+    tma_sm90,
+    build_without_gpu,
+    keep_ptx,
+    serial_transpile,
+    fence_tall_accumulators,
+    workspace_in_shared_memory,
+    mn_major_operands,
+)
 
 FIXES: dict[str, Fix] = {}
 

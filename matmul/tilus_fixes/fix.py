@@ -24,7 +24,8 @@ class Fix:
         if self.applied:
             return
         for module, attr, make in self.patches:
-            original = getattr(module, attr)
+            # the attribute as stored (a class's staticmethod stays one when it is put back)
+            original = vars(module)[attr] if attr in vars(module) else getattr(module, attr)
             self.originals.append((module, attr, original))
             setattr(module, attr, make(original))
 

@@ -44,6 +44,7 @@ PTX_MARKERS = (
     "bar.cta.sync 1, 128",
 )
 REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=3)
+B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)
 
 EPILOGUE_COLUMNS = 64  # 128 bytes of a 16-bit dtype: one 128-byte-swizzled staging tile
 
@@ -55,8 +56,18 @@ MMA_WARP = 5
 @tilus.autotune("block_m, block_n, stages", [(128, 128, 4), (128, 128, 6), (128, 256, 3)])
 @tilus.autotune("block_k", [64])
 class Kernel(MatmulKernel):
-    def __init__(self, dtype, block_m: int, block_n: int, block_k: int, stages: int):
-        super().__init__(dtype)
+    def __init__(
+        self,
+        dtype,
+        block_m: int,
+        block_n: int,
+        block_k: int,
+        stages: int,
+        b_layout: str = "nk",
+        bias: bool = False,
+        activation: str = "",
+    ):
+        super().__init__(dtype, b_layout=b_layout, bias=bias, activation=activation)
         self.block_m = block_m
         self.block_n = block_n
         self.block_k = block_k
@@ -74,6 +85,7 @@ class Kernel(MatmulKernel):
 
         s_a = self.shared_tensor(dtype=self.dtype, shape=[stages, self.block_m, self.block_k])
         s_b = self.shared_tensor(dtype=self.dtype, shape=[stages, self.block_n, self.block_k])
+        self.b_tiles_layout(s_b)  # K-major for "nk", MN-major for "kn" (entry.load_b)
         s_c = self.shared_tensor(dtype=self.dtype, shape=[1, self.block_m, EPILOGUE_COLUMNS])
         t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
         with self.single_warp():  # the allocating warp: the CTA will not allocate again

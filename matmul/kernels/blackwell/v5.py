@@ -53,6 +53,7 @@ PTX_MARKERS = (
     "cp.async.bulk.wait_group.read",
 )
 REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, acc_stages=2, e_block_n=32, group=8)
+B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)
 
 TMA_WARP = 4
 MMA_WARP = 5
@@ -68,9 +69,20 @@ CLC_STAGES = 2  # lets the TMA and MMA warps learn their next tile while the epi
 @tilus.autotune("group", [8, 16])
 class Kernel(MatmulKernel):
     def __init__(
-        self, dtype, block_m: int, block_n: int, block_k: int, stages: int, acc_stages: int, e_block_n: int, group: int
+        self,
+        dtype,
+        block_m: int,
+        block_n: int,
+        block_k: int,
+        stages: int,
+        acc_stages: int,
+        e_block_n: int,
+        group: int,
+        b_layout: str = "nk",
+        bias: bool = False,
+        activation: str = "",
     ):
-        super().__init__(dtype)
+        super().__init__(dtype, b_layout=b_layout, bias=bias, activation=activation)
         self.block_m = block_m
         self.block_n = block_n
         self.block_k = block_k
@@ -94,6 +106,7 @@ class Kernel(MatmulKernel):
 
         s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, self.block_k])
         s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
+        self.b_tiles_layout(s_b)  # K-major for "nk", MN-major for "kn" (entry.load_b)
         s_c = self.shared_tensor(dtype=self.dtype, shape=[self.epilogue_buffers, self.block_m, self.e_block_n])
         t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.acc_stages, self.block_m, self.block_n])
         with self.single_warp():  # the allocating warp: the CTA will not allocate again

@@ -80,6 +80,7 @@ PTX_MARKERS = (
 REPRESENTATIVE = dict(
     block_m=256, block_n=256, block_k=64, stages=6, acc_stages=2, e_block_n=32, group=8, cluster_ctas=2
 )
+B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)
 
 TMA_WARP = 4
 MMA_WARP = 5
@@ -115,8 +116,11 @@ class Kernel(MatmulKernel):
         e_block_n: int,
         group: int,
         cluster_ctas: int,
+        b_layout: str = "nk",
+        bias: bool = False,
+        activation: str = "",
     ):
-        super().__init__(dtype)
+        super().__init__(dtype, b_layout=b_layout, bias=bias, activation=activation)
         self.block_m = block_m  # rows of the tile of one CTA pair
         self.block_n = block_n
         self.block_k = block_k
@@ -153,6 +157,7 @@ class Kernel(MatmulKernel):
 
         s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, cta_m, block_k])
         s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, half_n, block_k])
+        self.b_tiles_layout(s_b)  # K-major for "nk", MN-major for "kn" (entry.load_b)
         s_c = self.shared_tensor(dtype=self.dtype, shape=[self.epilogue_buffers, cta_m, e_block_n])
         t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.acc_stages, cta_m, block_n], cta_group=2)
         with self.single_warp():  # the allocating warp: the CTA will not allocate again
@@ -195,21 +200,17 @@ class Kernel(MatmulKernel):
                         cta_group=2,
                     )
                     if ctas == 2:
-                        self.tma.global_to_shared(
-                            src=g_b,
-                            dst=s_b[ring.producer_stage],
-                            offsets=[offset_b, k * block_k],
-                            mbarrier=full,
-                            cta_group=2,
-                        )
+                        self.load_b(g_b, s_b[ring.producer_stage], full, offset_b, k * block_k, cta_group=2)
                     else:
                         if rank < 2:  # pair 0 fetches B once for both pairs: CTA h -> ranks h and h + 2
-                            self.tma.global_to_shared(
-                                src=g_b,
-                                dst=s_b[ring.producer_stage],
-                                offsets=[offset_b, k * block_k],
-                                mbarrier=full,
+                            self.load_b(
+                                g_b,
+                                s_b[ring.producer_stage],
+                                full,
+                                offset_b,
+                                k * block_k,
                                 cta_group=2,
+                                multicast=True,
                                 multicast_mask=0b0101 << half,
                             )
                     ring.producer_advance()

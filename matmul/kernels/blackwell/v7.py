@@ -50,6 +50,7 @@ PTX_MARKERS = (
     "barrier.cluster",
 )
 REPRESENTATIVE = {"block_m": 32, "split": 2, "stages": 8}
+B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)
 
 BLOCK_K = 64  # one 128-byte swizzled row of fp16/bf16 per TMA box
 ROWS = 128  # weight rows of a CTA: the MMA's M, one per TMEM lane
@@ -73,8 +74,17 @@ def shared_bytes(block_m: int, split: int, stages: int) -> int:
 # allocation), 64 and 128 columns.
 @tilus.autotune("block_m, split, stages", [(32, 2, 8), (32, 1, 10), (64, 2, 6), (128, 2, 4), (128, 1, 4)])
 class Kernel(MatmulKernel):
-    def __init__(self, dtype, block_m: int, split: int, stages: int):
-        super().__init__(dtype)
+    def __init__(
+        self,
+        dtype,
+        block_m: int,
+        split: int,
+        stages: int,
+        b_layout: str = "nk",
+        bias: bool = False,
+        activation: str = "",
+    ):
+        super().__init__(dtype, b_layout=b_layout, bias=bias, activation=activation)
         self.block_m = block_m
         self.split = split
         self.stages = stages
@@ -99,6 +109,7 @@ class Kernel(MatmulKernel):
         k_blocks = SplitKRange(cdiv(k_size, BLOCK_K), self.split, rank)  # this CTA's share of K
 
         s_w = self.shared_tensor(dtype=self.dtype, shape=[stages, ROWS, BLOCK_K])
+        self.b_tiles_layout(s_w)  # the weight: B's tiles, K-major for "nk", MN-major for "kn"
         s_x = self.shared_tensor(dtype=self.dtype, shape=[stages, self.block_m, BLOCK_K])
         t_acc = self.tcgen05.alloc(dtype=float32, shape=[ROWS, self.block_m])
         with self.single_warp():  # the allocating warp: the CTA will not allocate again
@@ -113,9 +124,13 @@ class Kernel(MatmulKernel):
             for i in range(k_blocks.count):
                 stage = i % stages
                 self.mbarrier.wait(empty[stage], phase=((i // stages) & 1) ^ 1)
-                self.load_k_block(
-                    g_b, g_a, s_w[stage], s_x[stage], full[stage], offset_n, offset_m, (k_blocks.first + i) * BLOCK_K
-                )
+                offset_k = (k_blocks.first + i) * BLOCK_K
+                with self.single_thread():
+                    self.mbarrier.arrive_and_expect_tx(
+                        full[stage], transaction_bytes=s_w[stage].nbytes + s_x[stage].nbytes
+                    )
+                self.load_b(g_b, s_w[stage], full[stage], offset_n, offset_k)  # the weight: B, in either layout
+                self.tma.global_to_shared(src=g_a, dst=s_x[stage], offsets=[offset_m, offset_k], mbarrier=full[stage])
 
         with self.single_warp(MMA_WARP):  # C^T tile += weight rows @ tokens^T
             for i in range(k_blocks.count):

@@ -58,6 +58,7 @@ PTX_MARKERS = (
     "bar.cta.sync 2, 128",
 )
 REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4)
+B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)
 
 
 # block_m is two warpgroups' rows; each accumulator is one row of m64n256 wgmma. Shared memory:
@@ -66,8 +67,18 @@ REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4)
 # H100 (plots/h100/candidates/ has the timings, here and for V4-V6).
 @tilus.autotune("block_m, block_n, block_k, stages", [(128, 256, 64, 4)])
 class Kernel(MatmulKernel):
-    def __init__(self, dtype, block_m: int, block_n: int, block_k: int, stages: int):
-        super().__init__(dtype)
+    def __init__(
+        self,
+        dtype,
+        block_m: int,
+        block_n: int,
+        block_k: int,
+        stages: int,
+        b_layout: str = "nk",
+        bias: bool = False,
+        activation: str = "",
+    ):
+        super().__init__(dtype, b_layout=b_layout, bias=bias, activation=activation)
         self.block_m = block_m
         self.block_n = block_n
         self.block_k = block_k
@@ -85,6 +96,7 @@ class Kernel(MatmulKernel):
 
         s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, half_m, self.block_k])
         s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
+        self.b_tiles_layout(s_b)  # K-major for "nk", MN-major for "kn" (entry.load_b)
 
         full = self.mbarrier.alloc(counts=[1 for _ in range(self.stages)])
         empty = self.mbarrier.alloc(counts=[2 for _ in range(self.stages)])  # one arrival per consumer

@@ -72,6 +72,7 @@ PTX_MARKERS = (
     "barrier.cluster",
 )
 REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, group=8)
+B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)
 
 
 # per CTA: stages * (block_m + block_n) * block_k * 2 bytes of ring (the whole B tile lands in
@@ -80,8 +81,19 @@ REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, group=8)
 @tilus.autotune("block_m, block_n, block_k, stages", [(128, 256, 64, 4)])
 @tilus.autotune("group", [8, 16])
 class Kernel(MatmulKernel):
-    def __init__(self, dtype, block_m: int, block_n: int, block_k: int, stages: int, group: int):
-        super().__init__(dtype)
+    def __init__(
+        self,
+        dtype,
+        block_m: int,
+        block_n: int,
+        block_k: int,
+        stages: int,
+        group: int,
+        b_layout: str = "nk",
+        bias: bool = False,
+        activation: str = "",
+    ):
+        super().__init__(dtype, b_layout=b_layout, bias=bias, activation=activation)
         self.block_m = block_m
         self.block_n = block_n
         self.block_k = block_k
@@ -106,6 +118,7 @@ class Kernel(MatmulKernel):
 
         s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, half_m, self.block_k])
         s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, half_n, self.block_k])  # [.., half]
+        self.b_tiles_layout(s_b)  # K-major for "nk", MN-major for "kn" (entry.load_b)
         s_c = self.shared_tensor(dtype=self.dtype, shape=[2, 2, half_m, SUB_COLS])  # [warpgroup, buffer]
 
         ring = Pipeline(
@@ -168,12 +181,8 @@ class Kernel(MatmulKernel):
             self.tma.global_to_shared(
                 src=g_a, dst=s_a[slot, 1], offsets=[offset_m + half_m, offset_k], mbarrier=ring.producer_barrier()
             )
-            self.tma.global_to_shared(
-                src=g_b,
-                dst=s_b[slot, rank],
-                offsets=[offset_b, offset_k],
-                mbarrier=ring.producer_barrier(),
-                multicast_mask=0b11,
+            self.load_b(
+                g_b, s_b[slot, rank], ring.producer_barrier(), offset_b, offset_k, multicast=True, multicast_mask=0b11
             )
             ring.producer_advance()
 

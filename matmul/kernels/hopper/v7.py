@@ -63,6 +63,7 @@ PTX_MARKERS = (
     "barrier.cluster",
 )
 REPRESENTATIVE = {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 8}
+B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)
 
 BLOCK_K = 64  # one 128-byte swizzled row of fp16/bf16 per TMA box
 MAX_M = 256  # the widest wgmma (n = 256): beyond it a CTA would need a second accumulator
@@ -106,8 +107,18 @@ def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int) -> int:
     ],
 )
 class Kernel(MatmulKernel):
-    def __init__(self, dtype, block_m: int, warpgroups: int, split: int, stages: int):
-        super().__init__(dtype)
+    def __init__(
+        self,
+        dtype,
+        block_m: int,
+        warpgroups: int,
+        split: int,
+        stages: int,
+        b_layout: str = "nk",
+        bias: bool = False,
+        activation: str = "",
+    ):
+        super().__init__(dtype, b_layout=b_layout, bias=bias, activation=activation)
         self.block_m = block_m
         self.warpgroups = warpgroups
         self.split = split
@@ -136,6 +147,7 @@ class Kernel(MatmulKernel):
         k_blocks = SplitKRange(cdiv(k_size, BLOCK_K), self.split, rank)  # this CTA's share of K
 
         s_w = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.warpgroups, 64, BLOCK_K])
+        self.b_tiles_layout(s_w)  # the weight: B's tiles, K-major for "nk", MN-major for "kn"
         s_x = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, BLOCK_K])
         ring = Pipeline(self.stages, consumer_arrivals=self.warpgroups, elect_release=True)
         reduce = ClusterSplitKReduce(self.split, rows, self.block_m)
@@ -150,13 +162,9 @@ class Kernel(MatmulKernel):
                         ring.producer_barrier(), transaction_bytes=s_w[slot].nbytes + s_x[slot].nbytes
                     )
                 offset_k = (k_blocks.first + i) * BLOCK_K
-                self.tma.global_to_shared(
-                    src=g_b, dst=s_w[slot, 0], offsets=[offset_n, offset_k], mbarrier=ring.producer_barrier()
-                )
+                self.load_b(g_b, s_w[slot, 0], ring.producer_barrier(), offset_n, offset_k)
                 if self.warpgroups == 2:
-                    self.tma.global_to_shared(
-                        src=g_b, dst=s_w[slot, 1], offsets=[offset_n + 64, offset_k], mbarrier=ring.producer_barrier()
-                    )
+                    self.load_b(g_b, s_w[slot, 1], ring.producer_barrier(), offset_n + 64, offset_k)
                 self.tma.global_to_shared(
                     src=g_a, dst=s_x[slot], offsets=[offset_m, offset_k], mbarrier=ring.producer_barrier()
                 )
