@@ -282,6 +282,22 @@ def model_command(args) -> int:
     return model.main(out, dtype={"float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype], rounds=args.rounds)
 
 
+def drop_in_command(args) -> int:
+    import torch
+
+    from .harness import drop_in
+
+    if versions.local_arch() is None:
+        raise ValueError("the drop-in benchmark runs on a Hopper or Blackwell GPU; there is none here")
+    out = Path(args.out) if args.out else choice_cache_dir() / "drop-in"
+    parts = [p for p in args.parts.split(",") if p]
+    unknown = set(parts) - set(drop_in.PARTS)
+    if unknown:
+        raise ValueError(f"unknown parts {sorted(unknown)}; choose from {', '.join(drop_in.PARTS)}")
+    dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype]
+    return drop_in.main(out, parts=parts, dtype=dtype, rounds=args.rounds)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m matmul", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -397,6 +413,16 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
     p.add_argument("--rounds", type=int, default=10, help="alternating rounds per comparison (default 10)")
     p.set_defaults(func=model_command)
+    p = sub.add_parser(
+        "drop-in",
+        help="the call outside x @ w.T: b [K, N], linear with fused epilogues, a transformers Llama switched "
+        "with matmul.nn.convert (needs transformers)",
+    )
+    p.add_argument("--out", help="directory for the results (default: <matmul cache dir>/drop-in)")
+    p.add_argument("--parts", default="kn,linear,llama", help="comma-separated: kn, linear, llama (default: all)")
+    p.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
+    p.add_argument("--rounds", type=int, default=10, help="alternating rounds per comparison (default 10)")
+    p.set_defaults(func=drop_in_command)
     args = parser.parse_args(argv)
     args.argv = argv
     try:

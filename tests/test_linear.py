@@ -27,6 +27,9 @@ class FixedChooser:
         self.version = version
         self.asked = []
 
+    def on_change(self, callback):  # choices never change here
+        pass
+
     def get(self, device, dtype, m, n, k, variant=PLAIN):
         self.asked.append((m, n, k, variant))
         if self.version == versions.CUBLAS:
@@ -304,3 +307,36 @@ def test_a_linear_loads_a_torch_state_dict(path):
     ours.load_state_dict(layer.state_dict())
     x = torch.randn(3, 48).half()
     close(ours(x), layer(x).float())
+
+
+def test_a_transformers_llama_switched_in_one_line_gives_its_logits_and_gradients(path, monkeypatch):
+    """The README's one line on a real (tiny, random) transformers Llama: every projection through
+    the launch path (stand-in kernels), the gated MLPs fused, the logits and gradients as before."""
+    transformers = pytest.importorskip("transformers")
+    import matmul.nn as mnn
+
+    monkeypatch.setattr(mnn, "eligible", lambda layer: None)  # the CPU stands in for the GPU here
+    config = transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=128, attn_implementation="eager",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).half()
+    ids = torch.randint(0, 128, (2, 9))
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits.float()
+    conversion = matmul.nn.convert(model, fuse_gate_up=True)
+    assert len(conversion.fused) == 2 and conversion.skipped == {}
+    assert isinstance(model.lm_head, matmul.nn.Linear)
+    with torch.no_grad():
+        close(model(input_ids=ids).logits, expected)
+    assert any(v.activation == "swiglu" for *_, v in path.chooser.asked)
+    model(input_ids=ids, labels=ids).loss.backward()  # through the operators' backward
+    fused_grad = model.model.layers[0].mlp.gate_up_weight.grad
+    assert fused_grad is not None and fused_grad.abs().sum() > 0
+    asked = len(path.chooser.asked)
+    conversion.undo()
+    model.zero_grad()
+    with torch.no_grad():
+        close(model(input_ids=ids).logits, expected)
+    assert len(path.chooser.asked) == asked  # undone: torch's own forward again

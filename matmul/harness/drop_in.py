@@ -1,0 +1,301 @@
+"""The call as a model meets it outside ``matmul(x, w.T)``: ``python -m matmul drop-in``.
+
+Three parts, each timed as a model issues its work (back to back on one stream, host time included,
+``model.compare``: windows of calls in alternating order, the ratio torch's time over ours, above 1
+when the project is faster):
+
+* ``kn``: ``matmul(x, W)`` with ``W`` a contiguous [K, N] matrix (torch's own layout for a plain
+  ``a @ b``) against ``torch.matmul(x, W)`` on the same operands, over the extended LLM preset
+  (``model.PROJECTIONS`` at ``model.TOKENS`` tokens).
+* ``linear``: ``matmul.linear(x, w, bias, "gelu_tanh")`` against ``F.linear`` followed by
+  ``F.gelu``, and ``matmul.linear(x, gate_up, activation="swiglu")`` against ``F.linear`` on the
+  concatenated gate and up weights followed by the split and ``silu(gate) * up``, on the preset's
+  MLP shapes at ``LINEAR_TOKENS`` tokens.
+* ``llama``: a ``transformers`` Llama (random weights, fp16, Llama-3-8B's widths, ``LAYERS``
+  layers) switched the way the README tells users, ``matmul.nn.convert(model, fuse_gate_up=True)``,
+  against a copy of the same model unswitched: prefill, a decode step (eager, and replayed from a
+  CUDA graph over a static KV cache), and a training step (forward, backward, SGD); the switched
+  model's first call timed on its own; its logits and gradients compared with the unswitched's.
+
+Every kernel choice is made before timing (by the first calls), unless ``MATMUL_TUNE`` says
+otherwise; what each call ran is in ``matmul.choice``.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import statistics
+import time
+import traceback
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from . import model as model_bench
+
+LINEAR_TOKENS = (16, 128, 1024, 8192)
+LINEAR_SHAPES = {"up": (14336, 4096), "down": (4096, 14336)}  # bias + gelu
+SWIGLU_SHAPE = (14336, 4096)  # gate and up, each [I, K]
+LAYERS = 2
+PREFILL = ((1, 128), (1, 2048), (4, 2048))  # batch x tokens
+DECODE_BATCHES = (1, 8, 32)
+DECODE_CONTEXT = 1024  # tokens in the KV cache before the timed step
+TRAIN = (2, 512)
+FORMAT = "tilus-matmul-drop-in/1"
+
+
+def _relative(x: torch.Tensor, y: torch.Tensor) -> float:
+    x, y = x.float(), y.float()
+    return float((x - y).norm() / y.norm().clamp_min(1e-30))
+
+
+def kn_layout(dtype, rounds: int) -> list[dict]:
+    import matmul
+
+    rows = []
+    for (name, (n, k)), m in [(item, m) for item in model_bench.PROJECTIONS.items() for m in model_bench.TOKENS]:
+        x = torch.randn(m, k, device="cuda", dtype=dtype)
+        w = torch.randn(k, n, device="cuda", dtype=dtype) / k**0.5
+        error = _relative(matmul.matmul(x, w), x.float() @ w.float())
+        result = model_bench.compare(
+            functools.partial(matmul.matmul, x, w), functools.partial(torch.matmul, x, w), rounds
+        )
+        entry = matmul.choice(x, w)
+        rows.append(dict(name=name, m=m, n=n, k=k, error=error, version=entry.get("version"), **result))
+        print(f"kn {name} {m}x{n}x{k}: {result['ratio']:.3f}x ({entry.get('version')})", flush=True)
+    return rows
+
+
+def linear_epilogues(dtype, rounds: int) -> list[dict]:
+    import matmul
+
+    rows = []
+    for m in LINEAR_TOKENS:
+        for name, (n, k) in LINEAR_SHAPES.items():
+            x = torch.randn(m, k, device="cuda", dtype=dtype)
+            w = torch.randn(n, k, device="cuda", dtype=dtype) / k**0.5
+            bias = torch.randn(n, device="cuda", dtype=dtype)
+            ours = functools.partial(matmul.linear, x, w, bias, "gelu_tanh")
+            theirs = functools.partial(_linear_then_gelu, x, w, bias)
+            expected = F.gelu(F.linear(x.float(), w.float(), bias.float()), approximate="tanh")
+            rows.append(_linear_row(f"{name}+bias+gelu_tanh", m, n, k, ours, theirs, expected, rounds))
+        i, k = SWIGLU_SHAPE
+        x = torch.randn(m, k, device="cuda", dtype=dtype)
+        gate, up = (torch.randn(i, k, device="cuda", dtype=dtype) / k**0.5 for _ in range(2))
+        fused, concatenated = matmul.gate_up(gate, up), torch.cat([gate, up])
+
+        def theirs(x=x, concatenated=concatenated):
+            g, u = F.linear(x, concatenated).chunk(2, dim=-1)
+            return F.silu(g) * u
+
+        def ours(x=x, fused=fused):
+            return matmul.linear(x, fused, None, "swiglu")
+
+        expected = F.silu(x.float() @ gate.float().T) * (x.float() @ up.float().T)
+        rows.append(_linear_row("gate_up+swiglu", m, 2 * i, k, ours, theirs, expected, rounds))
+    return rows
+
+
+def _linear_then_gelu(x, w, bias):
+    return F.gelu(F.linear(x, w, bias), approximate="tanh")
+
+
+def _linear_row(name, m, n, k, ours, theirs, expected, rounds) -> dict:
+    error = _relative(ours(), expected)
+    result = model_bench.compare(ours, theirs, rounds)
+    print(f"linear {name} {m}x{n}x{k}: {result['ratio']:.3f}x (error {error:.2e})", flush=True)
+    return dict(name=name, m=m, n=n, k=k, error=error, **result)
+
+
+# --- a transformers Llama ------------------------------------------------------------------------
+
+
+def llama_config(layers: int = LAYERS):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=layers,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        max_position_embeddings=8192,
+        attn_implementation="sdpa",
+    )
+
+
+def llama_pair(dtype, layers: int = LAYERS):
+    """A random Llama and a copy of it switched to the project's kernels (README's one line)."""
+    from transformers import LlamaForCausalLM
+
+    import matmul
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        reference = LlamaForCausalLM(llama_config(layers)).to(dtype)
+    switched = copy.deepcopy(reference)
+    conversion = matmul.nn.convert(switched, fuse_gate_up=True)
+    return reference, switched, conversion
+
+
+def _first_ms(fn: Callable[[], object]) -> float:
+    torch.cuda.synchronize()
+    begin = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - begin) * 1e3
+
+
+def _decode_step(model, batch: int, dtype):
+    """A function running one decode step of ``batch`` sequences after ``DECODE_CONTEXT`` cached tokens."""
+    from transformers import StaticCache
+
+    cache = StaticCache(model.config, batch_size=batch, max_cache_len=DECODE_CONTEXT + 8, device="cuda", dtype=dtype)
+    prompt = torch.randint(0, model.config.vocab_size, (batch, DECODE_CONTEXT), device="cuda")
+    model(input_ids=prompt, past_key_values=cache, cache_position=torch.arange(DECODE_CONTEXT, device="cuda"))
+    token = torch.randint(0, model.config.vocab_size, (batch, 1), device="cuda")
+    position = torch.full((1,), DECODE_CONTEXT, device="cuda")
+
+    def step():  # writes the same cache slot every time: a steady-state step
+        return model(input_ids=token, past_key_values=cache, cache_position=position).logits
+
+    return step
+
+
+def _graphed(step: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+
+    def replay():
+        graph.replay()
+        return out
+
+    return replay
+
+
+def llama(dtype, rounds: int) -> dict:
+    reference, switched, conversion = llama_pair(dtype)
+    results: dict = {"skipped_layers": conversion.skipped, "fused_mlps": len(conversion.fused), "rows": []}
+    vocab = reference.config.vocab_size
+
+    def row(kind, shape, ours, theirs, first=None):
+        entry = {"kind": kind, "shape": shape}
+        try:
+            if first is not None:
+                entry["first_call_ms"] = first
+            entry["logits_error"] = _relative(ours(), theirs())
+            entry.update(model_bench.compare(ours, theirs, rounds))
+            print(f"llama {kind} {shape}: {entry['ratio']:.3f}x", flush=True)
+        except Exception as e:  # one part's failure is reported, the others still run
+            entry["error"] = f"{type(e).__name__}: {e}"
+            traceback.print_exc()
+        results["rows"].append(entry)
+
+    with torch.inference_mode():
+        for batch, tokens in PREFILL:
+            ids = torch.randint(0, vocab, (batch, tokens), device="cuda")
+            ours = lambda ids=ids: switched(input_ids=ids, use_cache=False).logits  # noqa: E731
+            theirs = lambda ids=ids: reference(input_ids=ids, use_cache=False).logits  # noqa: E731
+            first = _first_ms(ours)
+            row("prefill", [batch, tokens], ours, theirs, first)
+        for batch in DECODE_BATCHES:
+            ours, theirs = _decode_step(switched, batch, dtype), _decode_step(reference, batch, dtype)
+            row("decode eager", [batch, 1], ours, theirs)
+            try:
+                graphed_ours, graphed_theirs = _graphed(ours), _graphed(theirs)
+            except Exception as e:
+                results["rows"].append(
+                    {"kind": "decode graph", "shape": [batch, 1], "error": f"{type(e).__name__}: {e}"}
+                )
+                traceback.print_exc()
+                continue
+            row("decode graph", [batch, 1], graphed_ours, graphed_theirs)
+
+    results["rows"].append(training(reference, switched, conversion, rounds))
+    return results
+
+
+def training(reference, switched, conversion, rounds: int) -> dict:
+    """A training step on both models; the switched model's gradients against the reference's."""
+    entry: dict = {"kind": "train", "shape": list(TRAIN)}
+    try:
+        ids = torch.randint(0, reference.config.vocab_size, TRAIN, device="cuda")
+        steps = {}
+        for name, model in (("ours", switched), ("theirs", reference)):
+            model.train()
+            optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
+
+            def step(model=model, optimizer=optimizer):
+                optimizer.zero_grad(set_to_none=False)
+                loss = model(input_ids=ids, labels=ids).loss
+                loss.backward()
+                optimizer.step()
+                return loss
+
+            steps[name] = step
+        # gradients of one step from identical weights (before any optimizer step)
+        for model in (switched, reference):
+            model.zero_grad(set_to_none=True)
+            model(input_ids=ids, labels=ids).loss.backward()
+        entry["gradient_errors"] = gradient_errors(reference, switched, conversion)
+        entry.update(model_bench.compare(steps["ours"], steps["theirs"], max(3, rounds // 2)))
+        print(f"llama train {TRAIN}: {entry['ratio']:.3f}x", flush=True)
+    except Exception as e:
+        entry["error"] = f"{type(e).__name__}: {e}"
+        traceback.print_exc()
+    return entry
+
+
+def gradient_errors(reference, switched, conversion) -> dict:
+    """Relative error of each switched parameter's gradient against the reference's (the fused
+    gate-up weight's split back into gate and up)."""
+    from ..kernels.variant import split_gate_up
+
+    errors = {}
+    theirs = dict(reference.named_parameters())
+    for name, parameter in switched.named_parameters():
+        if parameter.grad is None or name not in theirs or theirs[name].grad is None:
+            continue
+        if parameter.numel() == 0:
+            continue
+        errors[name] = _relative(parameter.grad, theirs[name].grad)
+    for mlp, forward in conversion.fused:
+        prefix = next(n for n, m in switched.named_modules() if m is mlp)
+        gate, up = split_gate_up(mlp.gate_up_weight.grad, forward.rows)
+        errors[f"{prefix}.gate_proj.weight"] = _relative(gate, theirs[f"{prefix}.gate_proj.weight"].grad)
+        errors[f"{prefix}.up_proj.weight"] = _relative(up, theirs[f"{prefix}.up_proj.weight"].grad)
+    return {"max": max(errors.values()), "median": statistics.median(errors.values()), "by_parameter": errors}
+
+
+PARTS = {"kn": kn_layout, "linear": linear_epilogues, "llama": llama}
+
+
+def main(out_dir: Path, parts=tuple(PARTS), dtype=torch.float16, rounds: int = 10) -> int:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for part in parts:
+        results = {
+            "format": FORMAT,
+            "part": part,
+            "gpu": torch.cuda.get_device_name(),
+            "dtype": str(dtype).removeprefix("torch."),
+            "torch": torch.__version__,
+            "rounds": rounds,
+            "results": PARTS[part](dtype, rounds),
+        }
+        path = out_dir / f"drop-in-{part}-{results['dtype']}.json"
+        path.write_text(json.dumps(results, indent=1, default=str))
+        print(f"wrote {path}", flush=True)
+    return 0

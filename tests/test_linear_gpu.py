@@ -1,0 +1,154 @@
+"""The call outside ``x @ w.T`` on the GPU: torch.matmul's shapes, b [K, N] read in place, ``linear``
+with every epilogue, and its backward, through the launch path with each version fixed as the choice
+(no tuning: the kernels themselves are what is checked), against float32 references on NaN-poisoned
+outputs where the call takes ``out``, ragged shapes. Skipped without a Hopper or Blackwell GPU.
+"""
+
+import pytest
+import torch
+from conftest import gpu_arch, require_gpu
+
+import matmul
+from matmul.call import api
+from matmul.call.launch import Plans, SeriesPlan
+from matmul.contract import check_call
+from matmul.kernels import variant as variants
+from matmul.kernels import versions
+from matmul.kernels.variant import PLAIN, Variant
+from matmul.measure.correctness import TOLERANCE, poisoned_output, relative_error
+
+ARCH = gpu_arch()
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.timeout(1800),
+    pytest.mark.skipif(ARCH is None, reason="needs a Hopper or Blackwell GPU"),
+]
+DTYPES = (torch.float16, torch.bfloat16)
+
+
+class FixedChooser:
+    """Every bucket runs ``version`` (its representative configuration) where it supports the variant
+    and the shape, else cuBLAS; records what ran."""
+
+    def __init__(self, version):
+        self.version = version
+        self.asked = []
+
+    def on_change(self, callback):  # choices never change here
+        pass
+
+    def get(self, device, dtype, m, n, k, variant=PLAIN):
+        module = versions.load(ARCH, self.version)
+        runs = variants.supported(module, variant) and versions_fits(module, m, n, k)
+        self.asked.append((m, n, k, variant, runs))
+        if not runs:
+            return ARCH, {"version": versions.CUBLAS, "config": {}}
+        return ARCH, {"version": self.version, "config": dict(module.REPRESENTATIVE)}
+
+
+def versions_fits(module, m, n, k) -> bool:
+    supports = getattr(module, "supports", None)
+    return supports is None or supports(m, n, k)
+
+
+@pytest.fixture(params=["v3", "v4", "v5", "v6", "v7"])
+def fixed(request):
+    require_gpu(ARCH)
+    plans = Plans(FixedChooser(request.param), check=check_call)
+    previous = api.use_plans(plans)
+    yield plans
+    api.use_plans(previous)
+
+
+def ran_a_version(plans) -> bool:
+    return any(isinstance(plan, SeriesPlan) for plan in plans.plans.values())
+
+
+def randn(*shape, dtype):
+    return torch.randn(*shape, device="cuda", dtype=dtype)
+
+
+# tokens x hidden: ragged everywhere; few enough tokens that V7 takes them too
+SHAPES = [(3, 37, 1000), (2, 50, 1000)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("batch, seq, k", SHAPES)
+def test_leading_dimensions_and_both_layouts_of_b(fixed, batch, seq, k, dtype):
+    n = 1000
+    x = randn(batch, seq, k, dtype=dtype)
+    w = randn(n, k, dtype=dtype) / k**0.5
+    expected = x.float() @ w.float().T
+    for b in (w.T, w.T.contiguous()):  # b = w.T read as w; b [K, N] row-major read as it is
+        out = poisoned_output(batch * seq, n, dtype).view(batch, seq, n)
+        assert matmul.matmul(x, b, out=out) is out
+        assert relative_error(out, expected) <= TOLERANCE[dtype]
+        assert relative_error(matmul.matmul(x, b), expected) <= TOLERANCE[dtype]
+    kn = [runs for *_, variant, runs in fixed.chooser.asked if variant.b_layout == "kn"]
+    assert kn  # the [K, N] layout was asked for as its own variant
+
+
+ACTIVATIONS = [None, "relu", "gelu_tanh", "gelu_erf", "silu"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_linear_epilogues(fixed, activation, with_bias, dtype):
+    m, n, k = 100, 1000, 1000
+    x, w = randn(m, k, dtype=dtype), randn(n, k, dtype=dtype) / k**0.5
+    bias = randn(n, dtype=dtype) if with_bias else None
+    expected = variants.torch_epilogue(x.float() @ w.float().T, None if bias is None else bias.float(), activation)
+    y = matmul.linear(x, w, bias, activation)
+    assert y.shape == (m, n) and torch.isfinite(y).all()
+    assert relative_error(y, expected) <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_swiglu(fixed, with_bias, dtype):
+    m, i, k = 100, 1000, 1000
+    x = randn(m, k, dtype=dtype)
+    gate, up = randn(i, k, dtype=dtype) / k**0.5, randn(i, k, dtype=dtype) / k**0.5
+    fused = matmul.gate_up(gate, up)
+    bias = randn(fused.shape[0], dtype=dtype) if with_bias else None
+    z = x.float() @ fused.float().T + (0 if bias is None else bias.float())
+    g, u = variants.split_gate_up_columns(z)
+    expected = torch.nn.functional.silu(g) * u
+    y = matmul.linear(x, fused, bias, "swiglu")
+    assert y.shape == (m, i) and relative_error(y, expected) <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("activation", [None, "silu"])
+def test_linear_backward_against_torch(fixed, activation):
+    dtype = torch.float16
+    x = randn(2, 50, 1000, dtype=dtype).requires_grad_()
+    w = (randn(1000, 1000, dtype=dtype) / 1000**0.5).requires_grad_()
+    bias = randn(1000, dtype=dtype).requires_grad_()
+    y = matmul.linear(x, w, bias, activation)
+    grad = randn(*y.shape, dtype=dtype)
+    y.backward(grad)
+    xr, wr, br = (t.detach().float().requires_grad_() for t in (x, w, bias))
+    variants.activate(torch.nn.functional.linear(xr, wr, br), activation).backward(grad.float())
+    for ours, theirs in ((x.grad, xr.grad), (w.grad, wr.grad), (bias.grad, br.grad)):
+        assert relative_error(ours, theirs) <= 2 * TOLERANCE[dtype]
+
+
+def test_a_linear_model_converted_and_undone(fixed):
+    model = torch.nn.Sequential(torch.nn.Linear(1000, 1000), torch.nn.GELU(), torch.nn.Linear(1000, 333)).cuda().half()
+    x = randn(4, 25, 1000, dtype=torch.float16)
+    with torch.no_grad():
+        expected = model(x).float()
+        conversion = matmul.nn.convert(model)
+        assert len(conversion.swapped) == 2
+        assert relative_error(model(x), expected) <= TOLERANCE[torch.float16]
+        conversion.undo()
+        assert type(model[0]) is torch.nn.Linear
+
+
+def test_every_fixed_version_ran_somewhere(fixed):
+    x, w = randn(64, 512, dtype=torch.float16), randn(512, 512, dtype=torch.float16)
+    matmul.linear(x, w, None, "relu")
+    module = versions.load(ARCH, fixed.chooser.version)
+    if variants.supported(module, Variant("nk", False, "relu")):
+        assert ran_a_version(fixed)
