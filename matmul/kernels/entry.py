@@ -24,8 +24,6 @@ from tilus.ir.layout import SharedLayout
 from tilus.ir.layout.cuda.tcgen05.smem import Tcgen05SwizzleMode, generate_canonical_layout
 from tilus.ir.layout.ops import shared_compose, shared_row_major
 
-from pipeline.fused_epilogue import FusedEpilogue, output_columns
-
 SWIZZLE_BYTES = 128  # the widest swizzled TMA box, and the swizzle the MMA reads: one box is 128 bytes wide
 
 
@@ -69,11 +67,7 @@ class MatmulKernel(tilus.Script):
             g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[k_size, n_size], strides=[ldb, 1])
         else:
             g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size], strides=[ldb, 1])
-        c_columns = output_columns(n_size, self.activation)  # swiglu: one column of C per gate-up pair
-        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, c_columns], strides=[ldc, 1])
-        # the variant's bias and activation, applied by each version's epilogue (self.epilogue.apply)
-        g_bias = self.global_view(bias_ptr, dtype=self.dtype, shape=[1, n_size])
-        self.epilogue = FusedEpilogue(g_bias, self.bias, self.activation)
+        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size], strides=[ldc, 1])
         self.matmul(g_a, g_b, g_c, m_size, n_size, k_size)
 
     def load_k_block(
