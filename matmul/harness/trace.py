@@ -1,0 +1,163 @@
+"""First calls as a new machine meets them: ``python -m matmul trace``.
+
+A seeded trace of calls with random token counts M in [1, ``MAX_M``] over the extended LLM preset's
+projections (``model.PROJECTIONS``), both dtypes, each call ``matmul(x, w.T)`` on fresh activations,
+run in a process whose cache directory starts empty (no stored choice, no built kernel). Every call
+is timed as the caller waits for it, from the call to its result on the GPU (host time, the choice,
+any wait, the kernel), and ``torch.matmul`` on the same operands right after (or before: the order
+alternates), so each call has its own ratio. The trace is then run again once the background
+tuning it started has finished. Also the first forward pass of ``model.Block`` through
+``matmul()`` against the same block through ``torch.matmul``.
+
+Run it as ``python -m matmul trace --out DIR`` (it starts its own child with an empty
+``MATMUL_CACHE_DIR``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from . import model as model_bench
+
+CALLS = 300
+MAX_M = 8192
+SEED = 0
+FORMAT = "tilus-matmul-trace/1"
+
+
+def the_trace(calls: int = CALLS, seed: int = SEED) -> list[tuple[str, str, int, int, int]]:
+    """(dtype, projection, M, N, K) of each call: seeded, both dtypes."""
+    rng = random.Random(seed)
+    names = list(model_bench.PROJECTIONS)
+    out = []
+    for i in range(calls):
+        name = rng.choice(names)
+        n, k = model_bench.PROJECTIONS[name]
+        out.append(("float16" if i % 2 == 0 else "bfloat16", name, rng.randint(1, MAX_M), n, k))
+    return out
+
+
+def _waited_ms(fn) -> float:
+    torch.cuda.synchronize()
+    begin = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - begin) * 1e3
+
+
+def run_trace(trace, weights) -> list[dict]:
+    import matmul
+
+    rows = []
+    for i, (dtype, name, m, n, k) in enumerate(trace):
+        w = weights[(dtype, name)]
+        x = torch.randn(m, k, device="cuda", dtype=w.dtype)
+        ours = functools.partial(matmul.matmul, x, w.T)
+        theirs = functools.partial(torch.matmul, x, w.T)
+        if i % 2 == 0:
+            ours_ms, theirs_ms = _waited_ms(ours), _waited_ms(theirs)
+        else:
+            theirs_ms, ours_ms = _waited_ms(theirs), _waited_ms(ours)
+        entry = matmul.choice(x, w.T)
+        rows.append(
+            dict(
+                dtype=dtype,
+                name=name,
+                m=m,
+                n=n,
+                k=k,
+                matmul_ms=ours_ms,
+                torch_ms=theirs_ms,
+                ratio=ours_ms / theirs_ms,
+                version=entry.get("version"),
+                source=entry.get("source"),
+            )
+        )
+    return rows
+
+
+def summary(rows: list[dict]) -> dict:
+    ratios = [r["ratio"] for r in rows]
+    total_ours, total_theirs = sum(r["matmul_ms"] for r in rows), sum(r["torch_ms"] for r in rows)
+    return {
+        "calls": len(rows),
+        "worst_ratio": max(ratios),
+        "median_ratio": statistics.median(ratios),
+        "over_1.5x": sum(r > 1.5 for r in ratios),
+        "total_matmul_ms": total_ours,
+        "total_torch_ms": total_theirs,
+        "total_ratio": total_ours / total_theirs,  # below 1: matmul() faster
+        "sources": {s: sum(r["source"] == s for r in rows) for s in {r["source"] for r in rows}},
+    }
+
+
+def first_block(dtype) -> dict:
+    """The first forward pass of ``model.Block`` at 1 x 128 tokens through matmul() and through
+    torch.matmul (each on its own first call), then a steady one of each."""
+    import matmul
+
+    theirs_block = model_bench.Block(lambda x, w: torch.matmul(x, w.T), dtype=dtype)
+    ours_block = model_bench.Block(lambda x, w: matmul.matmul(x, w.T), dtype=dtype, weights=theirs_block.weights)
+    x = torch.randn(1, 128, 4096, device="cuda", dtype=dtype)
+    theirs_first = _waited_ms(lambda: theirs_block(x))
+    ours_first = _waited_ms(lambda: ours_block(x))
+    return {
+        "matmul_first_ms": ours_first,
+        "torch_first_ms": theirs_first,
+        "ratio": ours_first / theirs_first,
+        "matmul_steady_ms": _waited_ms(lambda: ours_block(x)),
+        "torch_steady_ms": _waited_ms(lambda: theirs_block(x)),
+    }
+
+
+def child(out: Path, calls: int) -> int:
+    """The measurement itself, in a process whose cache directory started empty."""
+    import matmul
+    from matmul.call import api
+
+    trace = the_trace(calls)
+    torch.manual_seed(SEED)
+    weights = {
+        (dtype, name): torch.randn(n, k, device="cuda", dtype=getattr(torch, dtype)) / k**0.5
+        for dtype in ("float16", "bfloat16")
+        for name, (n, k) in model_bench.PROJECTIONS.items()
+    }
+    torch.matmul(torch.randn(8, 8, device="cuda"), torch.randn(8, 8, device="cuda"))  # CUDA and cuBLAS up
+    results: dict = {"format": FORMAT, "gpu": torch.cuda.get_device_name(), "mode": api._chooser.mode}
+    results["block_first"] = first_block(torch.float16)
+    begin = time.perf_counter()
+    results["first"] = run_trace(trace, weights)
+    results["first_summary"] = summary(results["first"])
+    finished = api._chooser.wait(timeout=1800)
+    results["background_s"] = time.perf_counter() - begin
+    results["background_finished"] = finished
+    results["again"] = run_trace(trace, weights)
+    results["again_summary"] = summary(results["again"])
+    results["matmul_version"] = getattr(matmul, "__version__", None)
+    out.write_text(json.dumps(results, indent=1))
+    for part in ("first_summary", "again_summary", "block_first"):
+        print(part, json.dumps(results[part]), flush=True)
+    return 0
+
+
+def main(out_dir: Path, calls: int = CALLS) -> int:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="matmul-trace-") as cache:
+        env = dict(os.environ, MATMUL_CACHE_DIR=cache)
+        env.pop("TILUS_CACHE_DIR", None)
+        target = str(out_dir / "trace.json")
+        code = "import pathlib, sys; from matmul.harness import trace; "
+        code += "raise SystemExit(trace.child(pathlib.Path(sys.argv[1]), int(sys.argv[2])))"
+        return subprocess.call([sys.executable, "-c", code, target, str(calls)], env=env)
