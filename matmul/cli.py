@@ -5,6 +5,8 @@ python -m matmul bench [--arch ...] [--versions ...] [--shapes series,ksweep,llm
 python -m matmul plot RESULTS.json [...] [--out DIR]
 python -m matmul model [--out DIR] [--dtype float16|bfloat16] [--rounds N]
 python -m matmul candidates VERSION[:knob=int,...] ... [--sizes 4096,8192x14336x4096] [--sustained S | --profile N]
+python -m matmul drop-in [--parts kn,linear,llama] [--out DIR] [--dtype float16|bfloat16] [--rounds N]
+python -m matmul trace [--out DIR] [--calls N]
 """
 
 from __future__ import annotations
@@ -282,6 +284,14 @@ def model_command(args) -> int:
     return model.main(out, dtype={"float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype], rounds=args.rounds)
 
 
+def trace_command(args) -> int:
+    from .harness import trace
+
+    if versions.local_arch() is None:
+        raise ValueError("the trace runs matmul() on a Hopper or Blackwell GPU; there is none here")
+    return trace.main(Path(args.out) if args.out else choice_cache_dir() / "trace", calls=args.calls)
+
+
 def drop_in_command(args) -> int:
     import torch
 
@@ -423,6 +433,14 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
     p.add_argument("--rounds", type=int, default=10, help="alternating rounds per comparison (default 10)")
     p.set_defaults(func=drop_in_command)
+    p = sub.add_parser(
+        "trace",
+        help="first calls from an empty cache: a seeded trace of random token counts over the LLM preset, "
+        "each call timed against torch.matmul, again once the background tuning has finished",
+    )
+    p.add_argument("--out", help="directory for trace.json (default: <matmul cache dir>/trace)")
+    p.add_argument("--calls", type=int, default=300, help="calls in the trace (default 300)")
+    p.set_defaults(func=trace_command)
     args = parser.parse_args(argv)
     args.argv = argv
     try:
