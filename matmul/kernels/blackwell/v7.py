@@ -124,13 +124,27 @@ class Kernel(MatmulKernel):
             for i in range(k_blocks.count):
                 stage = i % stages
                 self.mbarrier.wait(empty[stage], phase=((i // stages) & 1) ^ 1)
-                offset_k = (k_blocks.first + i) * BLOCK_K
-                with self.single_thread():
-                    self.mbarrier.arrive_and_expect_tx(
-                        full[stage], transaction_bytes=s_w[stage].nbytes + s_x[stage].nbytes
+                if self.b_layout == "kn":  # the weight (B, the MMA's A side) from b [K, N]: entry.load_b's boxes
+                    offset_k = (k_blocks.first + i) * BLOCK_K
+                    with self.single_thread():
+                        self.mbarrier.arrive_and_expect_tx(
+                            full[stage], transaction_bytes=s_w[stage].nbytes + s_x[stage].nbytes
+                        )
+                    self.load_b(g_b, s_w[stage], full[stage], offset_n, offset_k)
+                    self.tma.global_to_shared(
+                        src=g_a, dst=s_x[stage], offsets=[offset_m, offset_k], mbarrier=full[stage]
                     )
-                self.load_b(g_b, s_w[stage], full[stage], offset_n, offset_k)  # the weight: B, in either layout
-                self.tma.global_to_shared(src=g_a, dst=s_x[stage], offsets=[offset_m, offset_k], mbarrier=full[stage])
+                else:  # B [N, K]: the weight's tile is one TMA box, loaded as V1's A tile
+                    self.load_k_block(
+                        g_b,
+                        g_a,
+                        s_w[stage],
+                        s_x[stage],
+                        full[stage],
+                        offset_n,
+                        offset_m,
+                        (k_blocks.first + i) * BLOCK_K,
+                    )
 
         with self.single_warp(MMA_WARP):  # C^T tile += weight rows @ tokens^T
             for i in range(k_blocks.count):
