@@ -7,6 +7,7 @@ python -m matmul model [--out DIR] [--dtype float16|bfloat16] [--rounds N]
 python -m matmul candidates VERSION[:knob=int,...] ... [--sizes 4096,8192x14336x4096] [--sustained S | --profile N]
 python -m matmul drop-in [--parts kn,linear,llama] [--out DIR] [--dtype float16|bfloat16] [--rounds N]
 python -m matmul trace [--out DIR] [--calls N]
+python -m matmul tune [--model llama-3-8b] [--m 1-8192] [--shapes MxNxK,...] [--dtype float16,bfloat16] [--out FILE]
 """
 
 from __future__ import annotations
@@ -308,6 +309,116 @@ def drop_in_command(args) -> int:
     return drop_in.main(out, parts=parts, dtype=dtype, rounds=args.rounds)
 
 
+MODELS = ("llama-3-8b",)
+
+
+def model_weights(name: str) -> list[tuple[int, int]]:
+    """The (N, K) of a model's projection weights, as the harness's presets name them."""
+    from .harness import presets
+
+    if name != "llama-3-8b":
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+    weights = [*presets.LLAMA3_8B_PROJECTIONS.values(), *presets.DECODE_PROJECTIONS.values()]
+    return list(dict.fromkeys(weights))
+
+
+def bucket_representatives(spec: str) -> list[int]:
+    """``"1-8192"`` -> one M per shape bucket in the range (the bucket's largest M, as tilus buckets
+    its tuning); ``"16,128,1024"`` -> those."""
+    from .call.tuner import bucket
+
+    ms = []
+    for part in spec.split(","):
+        low, _, high = part.strip().partition("-")
+        if not high:
+            ms.append(int(low))
+            continue
+        low, high = int(low), int(high)
+        if not 1 <= low <= high:
+            raise ValueError(f"--m {part!r}: a range LOW-HIGH with 1 <= LOW <= HIGH")
+        ms.extend(sorted({min(bucket(m), high) for m in range(low, high + 1)}))
+    return list(dict.fromkeys(ms))
+
+
+def tune_shapes(args) -> list[tuple[int, int, int]]:
+    from .harness import presets
+
+    shapes = []
+    if args.model:
+        ms = bucket_representatives(args.m or "1-8192")
+        shapes += [(m, n, k) for n, k in model_weights(args.model) for m in ms]
+    elif args.m:
+        raise ValueError("--m expands a model's weights (--model); give other shapes as --shapes MxNxK")
+    if args.shapes:
+        shapes += [s.mnk for s in presets.unique(presets.parse(args.shapes))]
+    if not shapes:
+        raise ValueError("nothing to tune: give --model NAME and/or --shapes MxNxK,...")
+    return list(dict.fromkeys(shapes))
+
+
+def tune_command(args) -> int:
+    import torch
+
+    from .call import api, choice_cache
+    from .call.chooser import PROVENANCE
+    from .call.tuner import entry_is_valid
+    from .kernels.variant import PLAIN, Variant
+
+    shapes = tune_shapes(args)
+    dtypes = [{"float16": torch.float16, "bfloat16": torch.bfloat16}[d.strip()] for d in args.dtype.split(",")]
+    variant = Variant.parse(args.variant) if args.variant else PLAIN
+    if versions.local_arch() is None:
+        raise ValueError("tuning measures kernels on a Hopper or Blackwell GPU; there is none here")
+    device = torch.device("cuda", torch.cuda.current_device())
+    arch = api.device_arch(device)
+    command = "python -m matmul " + " ".join(sys.argv[1:] if args.argv is None else args.argv)
+    machine = {
+        "gpu": torch.cuda.get_device_name(device),
+        "arch": arch,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "driver": _driver_version(),
+    }
+    kept = {}
+    if args.out:  # resumable: what an earlier run measured with these sources is kept, not measured again
+        kept = {k: e for k, e in choice_cache.read_shipped(Path(args.out)).items() if entry_is_valid(arch, e)}
+
+    def stored(entry):
+        return {k: v for k, v in entry.items() if k not in (*PROVENANCE, "chosen", "building", "build_failed")}
+
+    def arrived(key, entry):
+        if args.out:
+            kept[key] = stored(entry)
+            choice_cache.write_shipped(Path(args.out), kept, command, machine)
+
+    rows = []
+    for dtype in dtypes:
+        found = api.tune(shapes, dtype, device, variant=variant, use_shipped=not args.out, on_entry=arrived)
+        for (m, n, k), entry in found.items():
+            rows.append([str(dtype).removeprefix("torch."), f"{m}x{n}x{k}", entry["version"], entry["source"]])
+            if args.out and entry["source"] == "measured":
+                kept[entry["key"]] = stored(entry.get("chosen", entry))
+    if args.out:
+        choice_cache.write_shipped(Path(args.out), kept, command, machine)
+    print(tabulate(rows, headers=["dtype", "shape", "kernel", "source"]))
+    if args.out:
+        print(f"\n{len(kept)} entries in {args.out}")
+    return 0
+
+
+def _driver_version():
+    import subprocess
+
+    try:
+        found = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
+        )
+    except OSError:
+        return None
+    lines = found.stdout.strip().splitlines()
+    return lines[0] if found.returncode == 0 and lines else None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m matmul", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -441,6 +552,25 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="directory for trace.json (default: <matmul cache dir>/trace)")
     p.add_argument("--calls", type=int, default=300, help="calls in the trace (default 300)")
     p.set_defaults(func=trace_command)
+    p = sub.add_parser(
+        "tune",
+        help="tune shape buckets now (a model's, or given shapes), so that no call waits or runs an instant choice",
+        description="Blocking, in a child process as matmul() tunes; what is measured is stored in choices.json "
+        "(and, with --out, written as a shipped table). With --out, entries already in FILE that match the "
+        "kernel sources are kept and not measured again: a run cut short can be resumed.",
+    )
+    p.add_argument("--model", choices=MODELS, help="the projection weights (N x K) of this model")
+    p.add_argument("--m", help="with --model: M as LOW-HIGH (one M per shape bucket) or a list (default 1-8192)")
+    p.add_argument("--shapes", help="presets (llm, decode, ...) and MxNxK shapes, comma-separated")
+    p.add_argument("--dtype", default="float16", help="float16, bfloat16 or both, comma-separated (default float16)")
+    p.add_argument("--variant", help="a variant key (matmul.kernels.variant), e.g. kn, bias+gelu_tanh; default: plain")
+    p.add_argument(
+        "--out",
+        metavar="FILE",
+        help="write the measured entries as a shipped table (matmul/call/shipped/h100.json's format); "
+        "shipped entries are not taken as measured then",
+    )
+    p.set_defaults(func=tune_command)
     args = parser.parse_args(argv)
     args.argv = argv
     try:

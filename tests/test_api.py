@@ -14,10 +14,12 @@ import torch
 
 import matmul
 from matmul.call import api, tilus_autotune, torch_op, tuner
-from matmul.call.choice_cache import ChoiceCache, default_dir
+from matmul.call.choice_cache import ChoiceCache, ShippedTable, default_dir
+from matmul.call.chooser import Chooser
 from matmul.call.launch import Plans, SeriesPlan, VendorPlan, signature
 from matmul.contract import check_call, kernel_b
 from matmul.kernels import versions
+from matmul.kernels.variant import Variant
 from matmul.measure.correctness import TOLERANCE, poisoned_output, random_operands, reference, relative_error
 
 # --- errors before anything runs -----------------------------------------------------------------
@@ -357,8 +359,8 @@ def test_launch_arguments_hand_tilus_whole_padded_rows():
 
     a, b = random_operands(5, 3, 17, torch.float16, device="cpu")
     out = poisoned_output(5, 3, torch.float16, device="cpu")
-    m, n, k, fa, fb, fc, lda, ldb, ldc = versions.launch_args(a, b, out)
-    assert (m, n, k, lda, ldb, ldc) == (5, 3, 17, 24, 24, 8)
+    m, n, k, fa, fb, fc, lda, ldb, ldc, bias = versions.launch_args(a, b, out)
+    assert (m, n, k, lda, ldb, ldc, bias) == (5, 3, 17, 24, 24, 8, 0)
     assert fa.shape == (5, 24) and fa.is_contiguous() and fa.data_ptr() == a.data_ptr()
     assert fa.clone().stride() == (24, 1)  # what tilus tunes on keeps the padded layout
 
@@ -380,7 +382,8 @@ def in_process(timer, tuned=None):
         for job in jobs:
             if tuned is not None:
                 tuned.append(job["key"])
-            prepare, _ = tuner.gpu_worker(arch, dtype, job["m"], job["n"], job["k"], device)
+            variant = Variant.parse(job.get("variant", ""))
+            prepare, _ = tuner.gpu_worker(arch, dtype, job["m"], job["n"], job["k"], device, variant)
             on_entry(job["key"], tuner.tune(arch, dtype, prepare, timer, names=job["names"], label=job["key"]))
 
     return tune_jobs
@@ -394,12 +397,14 @@ def cublas_wins(c):
     return 0.5 if c.version == tuner.VENDOR else 1.0
 
 
-def plans(root, timer=versions_win, tuned=None, gpu="stand-in GPU"):
-    chooser = tuner.Chooser(
+def plans(root, timer=versions_win, tuned=None, gpu="stand-in GPU", mode="blocking"):
+    chooser = Chooser(  # blocking: the first call of a bucket waits for its tuning (chooser.py: the other modes)
         ChoiceCache(root),
         tune_jobs=in_process(timer, tuned),
         arch_of=lambda device: "sm_90a",
         gpu_name=lambda device: gpu,
+        shipped=ShippedTable([]),
+        mode=mode,
     )
     return Plans(chooser, check=functools.partial(check_call, require_cuda=False))
 
@@ -712,8 +717,11 @@ def test_gradients_flow_through_the_same_kernels(stand_in_api):
     ((xf @ wf.T) * torch.linspace(-1, 1, 32)).sum().backward()
     assert relative_error(x.grad, xf.grad) <= TOLERANCE[torch.float16]
     assert relative_error(w.grad, wf.grad) <= TOLERANCE[torch.float16]
-    launches = sum(p.launch.launches for p in stand_in_api.plans.values() if isinstance(p, SeriesPlan))
-    assert launches == 3  # forward, dA, dB: all through the series' (stand-in) kernels
+    series = [p for p in stand_in_api.plans.values() if isinstance(p, SeriesPlan)]
+    # forward and dA (= dC @ w, w read in place as b [K, N]) through the series' (stand-in) kernels;
+    # dB = x^T @ dC by cuBLAS: x^T is column-major, and no version reads a transposed A
+    assert sum(p.launch.launches for p in series) == 2
+    assert {p.launch.variant.b_layout for p in series} == {"nk", "kn"}
     with pytest.raises(matmul.MatmulInputError, match="does not support automatic differentiation"):
         matmul.matmul(x, w.T, out=torch.empty(24, 32).half())
     with torch.no_grad():

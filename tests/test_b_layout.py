@@ -24,8 +24,9 @@ WEIGHT_SIDE = {"v7": "a"}
 
 # the wgmma operands: desc-a, desc-b, scale-d, imm-scale-a, imm-scale-b, imm-trans-a, imm-trans-b
 WGMMA = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.(?:f16|bf16)\.(?:f16|bf16) \{[^}]*\}, (.*);")
-# tcgen05 instruction descriptor (kind::f16): bit 15 transposes A (MN-major), bit 16 transposes B
-TCGEN05_IDESC = re.compile(r"i_desc = (\d+)u?;")
+# tcgen05 instruction descriptor (kind::f16), a literal after the two shared matrix descriptors of
+# each tcgen05.mma call in source.cu: bit 15 transposes A (MN-major), bit 16 transposes B
+TCGEN05_IDESC = re.compile(r"a_desc\w*, b_desc\w*, (\d+)u?,")
 TRANSPOSE_A, TRANSPOSE_B = 1 << 15, 1 << 16
 # a shared matrix descriptor as source.cu encodes it: address, then LBO and SBO in 16-byte units
 DESCRIPTOR = re.compile(

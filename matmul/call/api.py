@@ -42,13 +42,14 @@ from typing import Iterable, Optional
 
 import torch
 
-from ..contract import MatmulInputError, check_call
+from ..contract import MatmulInputError, check_call, tma_readable
 from ..kernels import versions
 from ..kernels.variant import PLAIN, SWIGLU_GROUP, Variant
 from . import native_entry, shapes, torch_op
 from .choice_cache import Entry
+from .chooser import Chooser, NotTunedError
 from .launch import Plans
-from .tuner import VENDOR, Chooser, NotTunedError
+from .tuner import VENDOR
 
 __all__ = [
     "matmul",
@@ -85,6 +86,7 @@ def device_arch(device: torch.device) -> str:
 
 _chooser = Chooser(arch_of=device_arch)
 _plans = Plans(_chooser)
+torch_op.plans_of = lambda: _plans  # the operators run the plans ``use_plans`` last set
 _is_compiling = torch.compiler.is_compiling  # looked up once: every call pays for every lookup
 
 
@@ -195,17 +197,39 @@ def _check_linear(x, weight, bias, variant: Variant) -> None:
 
 
 def choice(a: torch.Tensor, b: torch.Tensor) -> Entry:
-    """The stored choice (version, configuration, timings) ``matmul(a, b)`` uses; tunes if needed."""
-    bt, _, _ = check_call(a, b)
-    return _chooser.get(a.device, a.dtype, a.shape[0], bt.shape[0], a.shape[1])[1]
+    """The choice ``matmul(a, b)`` runs now, and where it came from; never waits for tuning.
+
+    The entry (``version``, ``config``; for a measured one its timings, ``candidates`` and
+    ``rejected``) with ``source``: "measured" (tuned on this machine, in ``choices.json``),
+    "shipped" (the package's table, measured on the project's GPU), "nearest" (the nearest measured
+    bucket of the same N x K, named by ``nearest``) or "fallback" (cuBLAS: nothing measured); ``key``
+    (the bucket's); ``stale`` (made with other kernel sources: measured again); ``pending`` (a
+    background tuning of the bucket is queued or under way); ``building`` (the version whose
+    kernel is being built while cuBLAS runs; ``chosen`` is its entry). See ``chooser``."""
+    operand, b_layout, _ = check_call(a, b)
+    m, k = a.shape
+    n = operand.shape[0] if b_layout == "nk" else operand.shape[1]
+    if b_layout == "kn" and not tma_readable(operand):  # as launch.Plans.derive: only cuBLAS reads it
+        return {"version": VENDOR, "config": {}, "source": "fallback", "reason": "b's rows are not 16-byte aligned"}
+    return _chooser.get(a.device, a.dtype, m, n, k, variant=Variant(b_layout))[1]
 
 
 def tune(
-    shapes: Iterable[tuple[int, int, int]], dtype: torch.dtype = torch.float16, device: Optional[torch.device] = None
+    shapes: Iterable[tuple[int, int, int]],
+    dtype: torch.dtype = torch.float16,
+    device: Optional[torch.device] = None,
+    *,
+    variant: Variant = PLAIN,
+    use_shipped: bool = True,
+    progress: Optional[bool] = None,
+    on_entry=None,
 ) -> dict[tuple[int, int, int], Entry]:
-    """Make sure each (M, N, K) of ``shapes`` has a choice on ``device`` (default: the current GPU),
-    tuning all that lack one in one child process; the entries by shape. Call it before capturing a
-    CUDA graph, or to pay for the tuning of a model's shapes up front."""
+    """Tune now, in a child process, every (M, N, K) of ``shapes`` whose bucket has no fresh choice
+    on ``device`` (default: the current GPU) (measured here, or shipped where ``use_shipped``),
+    and build the chosen kernels: afterwards no call of these shapes waits or runs an instant
+    choice. The entries by shape (``choice``'s form). Before capturing a CUDA graph, or to pay
+    for a model's tuning up front (``python -m matmul tune``). ``progress``: a tqdm bar over the
+    buckets tuned (None: where stderr is a terminal); ``on_entry(key, entry)`` as each arrives."""
     device = torch.device(device if device is not None else f"cuda:{torch.cuda.current_device()}")
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -213,5 +237,4 @@ def tune(
     for m, n, k in shapes:
         if min(m, n, k) < 1:
             raise MatmulInputError(f"every dimension must be at least 1, got M={m}, N={n}, K={k}")
-    _chooser.ensure(device, dtype, shapes)
-    return {s: _chooser.get(device, dtype, *s)[1] for s in shapes}
+    return _chooser.tune(device, dtype, shapes, variant, use_shipped=use_shipped, progress=progress, on_entry=on_entry)

@@ -16,6 +16,13 @@ tilus's own cache (``tilus.option.cache_dir``)
          "entries": {"sm_90a/NVIDIA H100 80GB HBM3/float16/4096x4096x4096":
                      {"version": "v5", "config": {...}, "ms": 0.21, "fingerprint": "...", ...}}}
 
+The shipped table (``ShippedTable``, ``shipped/*.json`` in this package)
+    Choices measured on the project's own GPUs and shipped with it as package data, read before any
+    tuning: the same entries as ``choices.json``, with the command that made them, its date and the
+    machine (``write_shipped``; ``python -m matmul tune --out``). A file that does not parse is
+    ignored with a warning. Whether an entry may run here is the chooser's question
+    (``chooser.Chooser``): shipped entries are instant choices, and what is measured here overrides them.
+
 Safety: readers never lock (the file is replaced atomically, so they see the old or the new
 file, never half of one); writers read-modify-replace under ``choices.json.lock``; tuning a key
 holds a per-key lock (``locks/``), so a second process waiting for the same shape reads the first
@@ -28,13 +35,14 @@ again.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import json
 import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import filelock
 import tilus
@@ -151,6 +159,63 @@ class ChoiceCache:
                 entry = tune()
                 self.store(key, entry)
         return entry
+
+
+# --- the shipped table ---------------------------------------------------------------------------
+
+SHIPPED_DIR = Path(__file__).with_name("shipped")
+
+
+class ShippedTable:
+    """The choices shipped with the package (every ``*.json`` of ``SHIPPED_DIR``, or ``paths``),
+    read once, when first asked. Entries are keyed as in ``choices.json`` (the GPU's name is part
+    of the key, so one table per GPU can lie side by side); a file that does not parse or is not a
+    choice table is ignored with a warning, never an error."""
+
+    def __init__(self, paths: Optional[Iterable[Path]] = None):
+        self.paths = None if paths is None else [Path(p) for p in paths]
+        self._entries: Optional[dict[str, Entry]] = None
+
+    def entries(self) -> dict[str, Entry]:
+        if self._entries is None:
+            paths = sorted(SHIPPED_DIR.glob("*.json")) if self.paths is None else self.paths
+            found: dict[str, Entry] = {}
+            for path in paths:
+                found.update(read_shipped(path))
+            self._entries = found
+        return self._entries
+
+
+def read_shipped(path: Path) -> dict[str, Entry]:
+    """The entries of one shipped table; {} (with a warning) for one that is missing or corrupt."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        log.warning("ignoring the shipped choice table %s: it does not parse (%s)", path, e)
+        return {}
+    entries = data.get("entries") if isinstance(data, dict) else None
+    if not isinstance(entries, dict) or data.get("format") != FORMAT:
+        log.warning("ignoring the shipped choice table %s: not a choice table of format %s", path, FORMAT)
+        return {}
+    return {key: entry for key, entry in entries.items() if isinstance(entry, dict)}
+
+
+def write_shipped(path: Path, entries: dict[str, Entry], command: str, machine: dict[str, Any]) -> None:
+    """Write a shipped table: ``entries`` (as ``choices.json`` holds them) with the ``command`` that
+    measured them, today's date and the ``machine`` (GPU, driver, torch, CUDA)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {
+        "format": FORMAT,
+        "tilus": tilus.__version__,
+        "command": command,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine,
+        "entries": dict(sorted(entries.items())),
+    }
+    path.write_text(json.dumps(data, indent=1) + "\n")
 
 
 tilus_cache_from_env()

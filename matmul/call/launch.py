@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from typing import Callable, Optional
 
 import torch
@@ -46,7 +47,8 @@ from ..contract import (
 from ..kernels import versions
 from ..kernels.variant import PLAIN, Variant, activate
 from . import native_entry, tilus_autotune
-from .tuner import VENDOR, Chooser, fits, space_config
+from .chooser import Chooser
+from .tuner import VENDOR, space_config
 
 
 def signature(a, b, out) -> tuple:
@@ -166,7 +168,13 @@ def _current_device() -> int:
 
 class Plans:
     """The process's plans by signature. ``check`` and ``program`` are parameters so that the tests
-    can run the path on the CPU with stand-in kernels."""
+    can run the path on the CPU with stand-in kernels.
+
+    A bucket's choice can change after its plans were derived (a background tuning finished, the
+    chosen kernel got built: ``chooser``): the chooser then calls ``forget``, which drops every
+    plan and route, and the next call of each signature derives its plan again from the new
+    choice. A plan derived from a choice that changed while it was derived, or chosen inside a
+    CUDA graph capture (``transient``), runs its call but is not kept."""
 
     def __init__(self, chooser: Chooser, check=contract.check_call, program=None):
         self.chooser = chooser
@@ -175,13 +183,35 @@ class Plans:
         self.plans: dict[tuple, object] = {}
         # the native entry's table of routes for calls without out (None where it is not built)
         self.direct = native_entry.new_table()
+        self.lock = threading.Lock()
+        self.generation = 0  # counts ``forget``: a plan derived in an earlier generation is not kept
+        if chooser is not None:
+            chooser.on_change(self.forget)
+
+    def forget(self) -> None:
+        """Drop every plan and every route of the native entry (from any thread: the entry reads
+        its table under the GIL, and a route it runs holds its own references)."""
+        with self.lock:
+            self.generation += 1
+            self.plans = {}
+            if self.direct is not None:
+                self.direct.clear()
 
     def keep(self, plan, a, b, out=None) -> None:
         """Keep ``plan`` for calls with the signature of these operands, and for calls without ``out``
         its route in the native entry's table."""
-        self.plans[signature(a, b, out)] = plan
-        if out is None and self.direct is not None:
-            plan.add_route(self.direct, a, b)
+        with self.lock:
+            if getattr(plan, "generation", self.generation) != self.generation:
+                return
+            self.plans[signature(a, b, out)] = plan
+            if out is None and self.direct is not None:
+                plan.add_route(self.direct, a, b)
+
+    def remember(self, key, plan) -> None:
+        """Keep ``plan`` under ``key`` without a route (as ``keep`` decides whether)."""
+        with self.lock:
+            if getattr(plan, "generation", self.generation) == self.generation:
+                self.plans[key] = plan
 
     def launch(self, a, b, out=None):
         """``a @ b`` into ``out`` (allocated if None); the result."""
@@ -201,11 +231,12 @@ class Plans:
         plan = self.plans.get(key)
         if plan is None:
             plan = self.derive(a, b, out, None, variant)
-            self.plans[key] = plan
+            self.remember(key, plan)
         return plan(a, b, out, bias)
 
     def derive(self, a, b, out, key, variant: Variant = PLAIN):
         """The full checks, the bucket's choice, and the plan for this signature (kept under ``key``)."""
+        generation, transient = self.generation, False
         columns = None if variant.activation != "swiglu" else variant.out_columns(b.shape[1])
         operand, b_layout, c = self.check(a, b, out, columns=columns)
         variant = dataclasses.replace(variant, b_layout=b_layout)
@@ -213,16 +244,22 @@ class Plans:
         n = operand.shape[0] if b_layout == "nk" else operand.shape[1]
         plan = None
         if b_layout == "nk" or tma_readable(operand):  # else b's rows are not TMA-aligned: only cuBLAS reads it
-            arch, entry = self.chooser.get(a.device, a.dtype, m, n, k, variant=variant)
+            while True:  # the choice and the generation it belongs to, read together
+                generation = self.generation
+                arch, entry = self.chooser.get(a.device, a.dtype, m, n, k, variant=variant)
+                if generation == self.generation:
+                    break
+            transient = entry.get("transient", False)
             if entry["version"] != VENDOR:
                 module = versions.load(arch, entry["version"])
                 # the bucket's choice was tuned on a neighbouring shape: a version with limits may not take this one
-                if fits(module, m, n, k, row_stride(a), row_stride(operand), row_stride(c)):
+                if versions.fits(module, m, n, k, row_stride(a), row_stride(operand), row_stride(c), variant):
                     script = versions.kernel(module, a.dtype, space_config(module, entry["config"]), variant)
                     with torch.cuda.device(a.device) if a.device.type == "cuda" else contextlib.nullcontext():
                         plan = SeriesPlan(self.program(script), a, b, operand, b_layout, c, out, variant)
         if plan is None:
             plan = VendorPlan(a, b, out, variant)
+        plan.generation = None if transient else generation
         if key is not None:
             self.keep(plan, a, b, out)
         return plan

@@ -27,11 +27,13 @@ import torch
 from ..contract import TMA_ALIGN_BYTES, MatmulInputError, check_shapes, empty_padded
 from ..kernels.variant import Variant, activate
 
+# the process's plans (``launch.Plans``), as ``api.use_plans`` last set them: handed in by ``api``,
+# which imports this module (so this one does not import it back)
+plans_of = None
+
 
 def _plans():
-    from . import api
-
-    return api._plans
+    return plans_of()
 
 
 @torch.library.custom_op("tilus_matmul::mm", mutates_args=())

@@ -23,14 +23,21 @@ cuBLAS only when faster by more than ``VENDOR_MARGIN``: within the run-to-run no
 power-limited GPU the vendor library is the safer choice.
 
 Isolation (``tune_in_child``): all of that runs in a child process (``python -m
-matmul.call.tuner``) on the same GPU. A kernel that faults (an illegal address leaves a CUDA
+matmul.call.child``) on the same GPU. A kernel that faults (an illegal address leaves a CUDA
 context unusable for good) takes down only the child; the parent names that candidate as
 rejected and starts a new child for the candidates left. The parent never launches a candidate
 before it has been checked. The child reports each step on its stdout as one JSON line
 prefixed by ``PROTOCOL``.
 
-``Chooser`` is the process's memory of choices, in front of ``choice_cache`` (the file shared
-between processes).
+A choice is per (architecture, GPU, dtype, shape bucket, variant): a ``Variant``
+(``matmul.kernels.variant``: B's layout, bias, activation) other than the plain one is tuned on
+its own operands, among the versions that declare it and cuBLAS followed by torch's epilogue.
+
+This module measures; it does not decide when to: ``chooser.Chooser`` (the process's memory of
+choices, the shipped table, the instant rule, background tuning) calls ``tune_in_child``. What the
+measurement needs of the public call (a candidate's host time through ``matmul()`` itself) is
+handed in by the child's entry (``child.host_probe``), so this module imports neither ``api`` nor
+``launch``.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import datetime
 import functools
 import hashlib
 import importlib
+import inspect
 import json
 import os
 import statistics
@@ -53,11 +61,14 @@ from typing import Any, Callable, Optional
 import tilus
 import torch
 
+from ..kernels import variant as variants
 from ..kernels import versions
+from ..kernels.variant import PLAIN, Variant
+from ..kernels.versions import fits
 from ..measure.correctness import TOLERANCE, poisoned_output, random_operands, reference, relative_error
 from ..measure.timing import alternating_rounds, interleaved_ms, median_ms
 from . import tilus_autotune
-from .choice_cache import ChoiceCache, Entry
+from .choice_cache import Entry
 
 VENDOR = versions.CUBLAS  # the candidate that is not a version of the series: torch.matmul
 VENDOR_MARGIN = 0.01  # a version must beat cuBLAS by more than this share of its time to be chosen
@@ -79,29 +90,23 @@ def bucket(x: int) -> int:
     return (x + block - 1) // block * block
 
 
-def choice_key(arch: str, gpu: str, dtype: torch.dtype, m: int, n: int, k: int) -> str:
-    return f"{arch}/{gpu}/{str(dtype).removeprefix('torch.')}/{bucket(m)}x{bucket(n)}x{bucket(k)}"
+def choice_key(arch: str, gpu: str, dtype: torch.dtype, m: int, n: int, k: int, variant: Variant = PLAIN) -> str:
+    """The key of a choice: 'sm_90a/NVIDIA H100 80GB HBM3/float16/4096x4096x4096', and '/' + the
+    variant's key for a variant other than the plain one ('.../4096x4096x4096/bias+gelu_tanh')."""
+    key = f"{arch}/{gpu}/{str(dtype).removeprefix('torch.')}/{bucket(m)}x{bucket(n)}x{bucket(k)}"
+    return key if variant == PLAIN else f"{key}/{variant.key()}"
 
 
-def fits(
-    module, m: int, n: int, k: int, lda: Optional[int] = None, ldb: Optional[int] = None, ldc: Optional[int] = None
-) -> bool:
-    """Whether a version may run C [M, N] = A [M, K] @ B [N, K]^T with these row strides (default:
-    rows padded to 16 bytes, as the tuner's operands are): its ``supports(m, n, k)`` if it declares
-    one, and its ``MAX_ELEMENTS`` if it declares one (the largest element offset it can compute)."""
-    supports = getattr(module, "supports", None)
-    if supports is not None and not supports(m, n, k):
-        return False
-    limit = getattr(module, "MAX_ELEMENTS", None)
-    if limit is None:
-        return True
-    lda, ldb, ldc = lda or k + (-k) % 8, ldb or k + (-k) % 8, ldc or n + (-n) % 8
-    return max((m - 1) * lda + k, (n - 1) * ldb + k, (m - 1) * ldc + n) <= limit
-
-
-def candidates(arch: str, m: int, n: int, k: int) -> list[str]:
-    """The versions ``matmul()`` tunes for this shape (see the module's docstring), then cuBLAS."""
-    found = [v for v in versions.available(arch) if v not in TEACHING and fits(versions.load(arch, v), m, n, k)]
+def candidates(arch: str, m: int, n: int, k: int, variant: Variant = PLAIN) -> list[str]:
+    """The versions ``matmul()`` tunes for this shape and variant (see the module's docstring), then
+    cuBLAS: V0-V2 never, and a version only where it ``fits`` the shape and supports the variant."""
+    found = []
+    for version in versions.available(arch):
+        if version in TEACHING:
+            continue
+        module = versions.load(arch, version)
+        if variants.supported(module, variant) and fits(module, m, n, k, variant=variant):
+            found.append(version)
     return [*found, VENDOR]
 
 
@@ -154,6 +159,22 @@ def entry_is_valid(arch: str, entry: Entry) -> bool:
     if space_config(module, entry.get("config")) is None:
         return False
     return entry.get("fingerprint") == fingerprint(arch, version) and isinstance(ms, (int, float)) and ms > 0
+
+
+def entry_is_usable(arch: str, entry: Entry, variant: Variant = PLAIN) -> bool:
+    """A choice that may run here, though perhaps timed with other kernel sources (a stale
+    fingerprint): cuBLAS, or a version that exists, supports ``variant`` and has the configuration
+    in its space. What an instant choice needs (``chooser``); ``entry_is_valid`` is what a final one needs."""
+    version = entry.get("version")
+    if version == VENDOR:
+        return True
+    if version not in versions.VERSIONS:
+        return False
+    try:
+        module = versions.load(arch, version)
+    except ModuleNotFoundError:
+        return False
+    return variants.supported(module, variant) and space_config(module, entry.get("config")) is not None
 
 
 # --- tuning one bucket ---------------------------------------------------------------------------
@@ -247,8 +268,9 @@ def host_times(found: list[Candidate], rounds: int = HOST_ROUNDS) -> dict[str, f
     return {version: min(times) for version, times in samples.items()}
 
 
-def vendor_launch(m, n, k, a, bt, out, lda, ldb, ldc) -> None:
-    """cuBLAS behind the kernels' launch signature (the operands as the tuner hands them over)."""
+def vendor_launch(m, n, k, a, bt, out, lda, ldb, ldc, bias=0) -> None:
+    """cuBLAS behind the kernels' launch signature (the operands as the tuner hands them over; the
+    plain variant: no bias)."""
     a, bt = a.as_strided((m, k), (lda, 1)), bt.as_strided((n, k), (ldb, 1))
     c = out.as_strided((m, n), (ldc, 1))
     if c.is_contiguous():
@@ -257,35 +279,71 @@ def vendor_launch(m, n, k, a, bt, out, lda, ldb, ldc) -> None:
         c.copy_(torch.matmul(a, bt.T))
 
 
-def gpu_worker(arch: str, dtype: torch.dtype, m: int, n: int, k: int, device: torch.device):
-    """The candidates' preparation and timer on the GPU, on fresh random operands of the shape."""
-    a, b = random_operands(m, n, k, dtype, device=device)
-    ref = reference(a, b)
-    out = poisoned_output(m, n, dtype, device=device)
-    args = versions.launch_args(a, b, out)
-    vendor = functools.partial(vendor_launch, *args)
-    vendor_ms = functools.cache(lambda: median_ms(vendor, warmup_ms=20.0, repeat_ms=100.0))
+# probe(program, a, b, c): a function that measures the host's time in ms per call of
+# ``matmul(a, b.T)`` where it launches ``program`` (the compiled launch function of a version,
+# writing c; None: cuBLAS). Made by ``child.host_probe``, which knows the public call.
+HostProbe = Callable[[Optional[Callable], torch.Tensor, torch.Tensor, torch.Tensor], Callable[[], float]]
 
-    from .launch import SeriesPlan, VendorPlan
+
+def variant_operands(m: int, n: int, k: int, dtype: torch.dtype, device, variant: Variant):
+    """Fresh random operands of ``variant`` (rows padded to 16 bytes): A [M, K]; B as the kernel
+    reads it ([N, K], or [K, N] row-major for "kn"); a bias of N values in ``dtype`` or None; and
+    the float32 reference of the variant's result, ``out_columns(N)`` columns wide."""
+    a, b = random_operands(m, n, k, dtype, device=device)  # b [N, K]
+    operand = b
+    if variant.b_layout == "kn":
+        operand = torch.empty((k, n + (-n) % 8), dtype=dtype, device=device)[:, :n]
+        operand.copy_(b.T)
+    bias = torch.empty(n, dtype=dtype, device=device).uniform_(-1, 1) if variant.bias else None
+    ref = variants.torch_epilogue(reference(a, b), None if bias is None else bias.float(), variant.activation)
+    return a, b, operand, bias, ref
+
+
+def gpu_worker(
+    arch: str,
+    dtype: torch.dtype,
+    m: int,
+    n: int,
+    k: int,
+    device: torch.device,
+    variant: Variant = PLAIN,
+    probe: Optional[HostProbe] = None,
+):
+    """The candidates' preparation and timer on the GPU, on fresh random operands of the shape and
+    ``variant``. cuBLAS's candidate is torch.matmul followed by the variant's epilogue in torch (what
+    a model runs today); a version's is its kernel built for the variant. Host times (``probe``)
+    only for the plain variant, through ``matmul()``."""
+    a, b, operand, bias, ref = variant_operands(m, n, k, dtype, device, variant)
+    out = poisoned_output(m, variant.out_columns(n), dtype, device=device)
+    args = versions.launch_args(a, operand, out, bias, variant.b_layout)
+    if variant == PLAIN:
+        vendor = functools.partial(vendor_launch, *args)
+    else:
+
+        def vendor():
+            y = torch.matmul(a, b.T if variant.b_layout == "nk" else operand)
+            out.copy_(variants.torch_epilogue(y, bias, variant.activation))
+
+    vendor_ms = functools.cache(lambda: median_ms(vendor, warmup_ms=20.0, repeat_ms=100.0))
+    probe = probe if variant == PLAIN else None
 
     def prepare(version: str) -> Candidate:
         if version == VENDOR:
             out.fill_(float("nan"))
             vendor()
-            host = host_timer(VendorPlan(a, b.T, None), a, b.T, vendor_ms)
+            host = host_timer(probe, None, a, b, out, vendor_ms)
             return Candidate(version, {}, relative_error(out, ref), vendor, vendor, vendor_ms, host)
         module = versions.load(arch, version)
-        tuned = versions.kernel(module, dtype)
+        tuned = versions.kernel(module, dtype, None, variant)
         tilus_autotune.prepare(tuned, args)
         tuned(*args)  # tilus tunes its space for this shape bucket, or reads its stored choice
         config = tilus_autotune.tuned_config(tuned, args)
-        fixed = versions.kernel(module, dtype, config)
+        fixed = versions.kernel(module, dtype, config, variant)
         tilus_autotune.prepare(fixed, args)
         out.fill_(float("nan"))
         fixed(*args)
         error = relative_error(out, ref)
-        plan = SeriesPlan(tilus_autotune.launch_function(fixed), a, b.T, b, False, out, None)
-        host = host_timer(plan, a, b.T, vendor_ms)
+        host = host_timer(probe, lambda: tilus_autotune.launch_function(fixed), a, b, out, vendor_ms)
         return Candidate(version, config, error, functools.partial(fixed, *args), vendor, vendor_ms, host)
 
     return prepare, _gpu_timer
@@ -294,38 +352,15 @@ def gpu_worker(arch: str, dtype: torch.dtype, m: int, n: int, k: int, device: to
 HOST_BOUND_MS = 0.1  # kernels longer than cuBLAS's this: the host's time to issue a call cannot matter
 
 
-def host_timer(plan, a, b, vendor_ms: Callable[[], float], calls: int = 200) -> Optional[Callable[[], float]]:
-    """A function that measures the host's time per call of ``matmul(a, b)`` when it launches
-    ``plan``, ``calls`` calls issued back to back (the GPU drained first, too few calls to fill the
-    launch queue); None for shapes where it cannot compare with the kernels' time. The calls go
-    through ``api.matmul`` itself, with a plan table that holds only ``plan``, so that everything a
-    caller pays is counted."""
-    if a.device.type != "cuda" or vendor_ms() > HOST_BOUND_MS:
+def host_timer(
+    probe: Optional[HostProbe], program: Optional[Callable], a, b, c, vendor_ms: Callable[[], float]
+) -> Optional[Callable[[], float]]:
+    """A function that measures the host's time per call of ``matmul(a, b.T)`` launching ``program()``
+    (None: cuBLAS) with the public call's own path (``probe``); None where there is no probe or
+    the shape's kernels are too long for the host's time to matter."""
+    if probe is None or a.device.type != "cuda" or vendor_ms() > HOST_BOUND_MS:
         return None
-    import time
-
-    from . import api
-    from .launch import Plans
-
-    table = Plans(chooser=None)
-    table.keep(plan, a, b)
-
-    def measure() -> float:
-        saved = api.use_plans(table)
-        try:
-            for _ in range(10):
-                api.matmul(a, b)
-            torch.cuda.synchronize()
-            begin = time.perf_counter()
-            for _ in range(calls):
-                api.matmul(a, b)
-            elapsed = time.perf_counter() - begin
-            torch.cuda.synchronize()
-        finally:
-            api.use_plans(saved)
-        return elapsed / calls * 1e3
-
-    return measure
+    return probe(None if program is None else program(), a, b, c)
 
 
 def _gpu_timer(candidate: Candidate) -> float:
@@ -358,9 +393,10 @@ def _context_is_usable(device: torch.device) -> bool:
         return False
 
 
-def child_main(request: dict) -> None:
+def child_main(request: dict, probe: Optional[HostProbe] = None) -> None:
     """Tune each job of ``request`` and report its entry; on a fault that leaves the CUDA context
-    unusable, report the candidate and exit (the parent starts a new child without it)."""
+    unusable, report the candidate and exit (the parent starts a new child without it). ``probe``:
+    what measures a candidate's host time through the public call (``child.host_probe``)."""
     module_name, _, function = request.get("worker", "matmul.call.tuner:gpu_worker").partition(":")
     worker = getattr(importlib.import_module(module_name), function)
     device = torch.device(request["device"])
@@ -369,7 +405,11 @@ def child_main(request: dict) -> None:
     dtype = DTYPE_NAMES[request["dtype"]]
     for job in request["jobs"]:
         m, n, k = job["m"], job["n"], job["k"]
-        prepare_here, timer = worker(request["arch"], dtype, m, n, k, device)
+        variant = Variant.parse(job.get("variant", ""))
+        extra = {} if variant == PLAIN else {"variant": variant}  # a worker may know only the plain call
+        if probe is not None and "probe" in inspect.signature(worker).parameters:
+            extra["probe"] = probe
+        prepare_here, timer = worker(request["arch"], dtype, m, n, k, device, **extra)
 
         def prepare(version, prepare_here=prepare_here, key=job["key"]):
             _report(key=key, preparing=version)
@@ -400,7 +440,8 @@ def tune_in_child(
     on_entry: Callable[[str, Entry], None] = None,
     timeout_s: float = CHILD_TIMEOUT_S,
 ) -> dict[str, Entry]:
-    """Tune ``jobs`` (dicts of key, m, n, k and the candidate ``names``) in child processes; the
+    """Tune ``jobs`` (dicts of key, m, n, k, the candidate ``names`` and optionally the
+    ``variant``'s key) in child processes; the
     entries by key, each handed to ``on_entry`` as it arrives. A candidate that kills its child (or
     leaves its CUDA context unusable) is rejected for that job, and a new child tunes the rest."""
     pending = [dict(job, rejected=dict(job.get("rejected", {}))) for job in jobs]
@@ -415,7 +456,7 @@ def tune_in_child(
         }
         with tempfile.TemporaryFile("w+") as stderr:
             process = subprocess.Popen(
-                [sys.executable, "-m", "matmul.call.tuner"],
+                [sys.executable, "-m", "matmul.call.child"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
@@ -462,96 +503,3 @@ def tune_in_child(
                 )
                 job["names"] = [v for v in job["names"] if v != culprit]
     return entries
-
-
-# --- the process's memory of choices --------------------------------------------------------------
-
-
-class Chooser:
-    """The choice entry of each (device, dtype, shape bucket) this process has used, in front of
-    the choice file; a bucket that neither knows is tuned in a child process. The GPU-facing parts
-    are parameters so that the tests run the whole choice with CPU stand-ins."""
-
-    def __init__(self, cache: Optional[ChoiceCache] = None, tune_jobs=None, arch_of=None, gpu_name=None):
-        self.lock = threading.Lock()
-        self.entries: dict[tuple, tuple[str, Entry]] = {}
-        self.cache = cache
-        self.tune_jobs = tune_jobs or tune_in_child
-        self.arch_of = arch_of
-        self.gpu_name = gpu_name or (lambda device: _gpu_name(device.index))
-
-    def _arch(self, device: torch.device) -> str:
-        if self.arch_of is not None:
-            return self.arch_of(device)
-        from .api import device_arch
-
-        return device_arch(device)
-
-    def get(self, device: torch.device, dtype: torch.dtype, m: int, n: int, k: int) -> tuple[str, Entry]:
-        """The architecture and the choice entry for this shape's bucket (tuned if neither this
-        process nor the choice file has it)."""
-        memo = (device, dtype, bucket(m), bucket(n), bucket(k))
-        found = self.entries.get(memo)
-        if found is None:
-            self.ensure(device, dtype, [(m, n, k)])
-            found = self.entries[memo]
-        return found
-
-    def ensure(self, device: torch.device, dtype: torch.dtype, shapes) -> None:
-        """Make sure every shape's bucket has a choice: the stored ones are read, the others tuned,
-        all in one child process."""
-        if self.cache is None:
-            self.cache = ChoiceCache()  # located when first needed: MATMUL_CACHE_DIR may be set late
-        arch = self._arch(device)
-        is_valid = functools.partial(entry_is_valid, arch)
-        with self.lock:
-            jobs, memos = {}, {}
-            for m, n, k in shapes:
-                memo = (device, dtype, bucket(m), bucket(n), bucket(k))
-                if memo in self.entries:
-                    continue
-                key = choice_key(arch, self.gpu_name(device), dtype, m, n, k)
-                entry = self.cache.lookup(key, is_valid)
-                if entry is not None:
-                    self.entries[memo] = (arch, entry)
-                elif key not in jobs:
-                    jobs[key] = {"key": key, "m": m, "n": n, "k": k, "names": candidates(arch, m, n, k)}
-                    memos[key] = memo
-            if not jobs:
-                return
-            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-                raise NotTunedError(
-                    f"matmul() has no choice for {', '.join(jobs)} and cannot tune while a CUDA graph is being "
-                    "captured; call matmul() on these shapes once before capturing (or matmul.tune(...))"
-                )
-
-            def store(key, entry):
-                self.cache.store(key, entry)
-                self.entries[memos[key]] = (arch, entry)
-
-            with self.cache.tuning(list(jobs)):
-                # another process may have tuned some keys while this one waited for their locks
-                for key in list(jobs):
-                    entry = self.cache.lookup(key, is_valid)
-                    if entry is not None:
-                        self.entries[memos[key]] = (arch, entry)
-                        jobs.pop(key)
-                if jobs:
-                    self.tune_jobs(arch, dtype, device, list(jobs.values()), on_entry=store)
-
-
-class NotTunedError(RuntimeError):
-    """A shape with no stored choice was called where tuning is impossible (CUDA graph capture)."""
-
-
-@functools.cache
-def _gpu_name(index: int) -> str:
-    return torch.cuda.get_device_name(index)
-
-
-if __name__ == "__main__":
-    # the child (``tune_in_child``): importing the package applies the tilus fixes; this module runs
-    # as __main__, so the package's own copy of it does the work
-    from matmul.call import tuner
-
-    tuner.child_main(json.loads(sys.stdin.read()))

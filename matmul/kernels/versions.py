@@ -11,6 +11,9 @@ A version module (``matmul/kernels/<family>/v<N>.py``) defines:
 * ``PTX_MARKERS`` -- the PTX instructions that show its step (checked by the tests).
 * ``supports(m, n, k)`` (optional) -- whether the version is made for that shape; absent means every
   shape. The tuner, the bench and the GPU tests skip a version on shapes it does not support.
+* ``MAX_ELEMENTS`` (optional) -- the largest element offset the version can compute, where it
+  indexes an operand in 32 bits (``load_global``/``store_global``; TMA takes 64-bit coordinates).
+  ``fits`` checks both; ``run`` refuses what does not fit, and the tuner never tries it.
 * ``EXTRA_CONFIGS`` (optional) -- configurations outside the autotune space that are built and
   checked (``build_configs``) but never tuned, so ``matmul()`` cannot pick them; one is run only
   when asked for by name (``kernel(module, dtype, config)``). Blackwell V6's 4-CTA cluster waits
@@ -28,7 +31,7 @@ from typing import Any, Optional
 import tilus
 import torch
 
-from ..contract import check_operands, row_stride
+from ..contract import MatmulInputError, check_operands, row_stride
 from .variant import PLAIN, Variant
 
 ARCHS = {"sm_100a": "blackwell", "sm_90a": "hopper"}
@@ -128,11 +131,75 @@ def run(
     out: Optional[torch.Tensor] = None,
     config: Optional[dict[str, Any]] = None,
 ) -> torch.Tensor:
-    """C = A @ B^T with one version of the series (A [M, K], B [N, K], row-major)."""
+    """C = A @ B^T with one version of the series (A [M, K], B [N, K], row-major). A shape the
+    version cannot take (``fits``) is refused with ``MatmulInputError`` before anything runs."""
     out = check_operands(a, b, out)
+    check_fits(module, a.shape[0], b.shape[0], a.shape[1], row_stride(a), row_stride(b), row_stride(out))
     with torch.cuda.device(a.device):
         kernel(module, a.dtype, config)(*launch_args(a, b, out))
     return out
+
+
+def _reach(m, n, k, lda, ldb, ldc, variant: Variant) -> dict[str, int]:
+    """The element count each operand's last element lies at (its largest offset + 1)."""
+    b_rows, b_cols = (n, k) if variant.b_layout == "nk" else (k, n)
+    columns = variant.out_columns(n)
+    lda, ldb, ldc = lda or k + (-k) % 8, ldb or b_cols + (-b_cols) % 8, ldc or columns + (-columns) % 8
+    return {"A": (m - 1) * lda + k, "B": (b_rows - 1) * ldb + b_cols, "C": (m - 1) * ldc + columns}
+
+
+def fits(
+    module: ModuleType,
+    m: int,
+    n: int,
+    k: int,
+    lda: Optional[int] = None,
+    ldb: Optional[int] = None,
+    ldc: Optional[int] = None,
+    variant: Variant = PLAIN,
+) -> bool:
+    """Whether a version may run C [M, N] = A [M, K] @ B^T (B [N, K], or [K, N] for ``variant``'s
+    "kn") with these row strides (default: rows padded to 16 bytes, as the tuner's operands are):
+    its ``supports(m, n, k)`` if it declares one, and its ``MAX_ELEMENTS`` if it declares one (the
+    largest element offset it can compute: 32-bit offsets)."""
+    return _limit(module, m, n, k, lda, ldb, ldc, variant) is None
+
+
+def _limit(module, m, n, k, lda, ldb, ldc, variant) -> Optional[str]:
+    """What keeps the version from this call, in words, or None."""
+    supports = getattr(module, "supports", None)
+    if supports is not None and not supports(m, n, k):
+        doc = (supports.__doc__ or "").strip().splitlines()
+        return f"it supports only some shapes ({doc[0] if doc else 'supports(m, n, k) is False'})"
+    limit = getattr(module, "MAX_ELEMENTS", None)
+    if limit is None:
+        return None
+    over = {name: reach for name, reach in _reach(m, n, k, lda, ldb, ldc, variant).items() if reach > limit}
+    if not over:
+        return None
+    named = ", ".join(f"{name} reaches element {reach:,}" for name, reach in over.items())
+    return f"it computes element offsets in 32 bits (MAX_ELEMENTS = {limit:,}) and {named}"
+
+
+def check_fits(
+    module: ModuleType,
+    m: int,
+    n: int,
+    k: int,
+    lda: Optional[int] = None,
+    ldb: Optional[int] = None,
+    ldc: Optional[int] = None,
+    variant: Variant = PLAIN,
+) -> None:
+    """``MatmulInputError`` naming the limit and the fix where the version cannot take the call (``fits``):
+    launched anyway, it would read or write past what it can index (an illegal address)."""
+    problem = _limit(module, m, n, k, lda, ldb, ldc, variant)
+    if problem is not None:
+        name = module.__name__.rsplit(".", 2)
+        raise MatmulInputError(
+            f"{'/'.join(name[-2:])} cannot run M={m}, N={n}, K={k}: {problem}. Use matmul.matmul(a, b), which "
+            "picks a kernel that takes the shape, or split the call into parts within the limit"
+        )
 
 
 def full_rows(t: torch.Tensor) -> torch.Tensor:

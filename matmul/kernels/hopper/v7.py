@@ -64,6 +64,9 @@ PTX_MARKERS = (
 )
 REPRESENTATIVE = {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 8}
 B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)
+# C is written by store_global (ClusterSplitKReduce.write) at int32 element offsets: no operand may
+# reach past 2^31 - 1 elements (A and B, read by TMA, could; the limit keeps to one rule per version)
+MAX_ELEMENTS = 2**31 - 1
 
 BLOCK_K = 64  # one 128-byte swizzled row of fp16/bf16 per TMA box
 MAX_M = 256  # the widest wgmma (n = 256): beyond it a CTA would need a second accumulator

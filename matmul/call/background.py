@@ -1,0 +1,78 @@
+"""Work that ``matmul()`` hands to a thread of its own, so that no call waits on it: tuning a shape
+bucket (in a child process, which the thread waits for) and building a chosen kernel (host work:
+tilus transpiles, nvcc compiles).
+
+``Worker`` runs one job at a time on one daemon thread, started when first needed. A job is
+submitted under a key; a key already queued or running is not queued again, so a bucket is tuned
+once however many calls ask. Jobs of one ``group`` that are queued together are handed over
+together (``run(group, payloads)``), so that one child process tunes every bucket waiting for it.
+A job that raises is logged; the thread goes on with the next.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from typing import Any, Callable, Hashable, Optional
+
+log = logging.getLogger(__name__)
+
+
+class Worker:
+    def __init__(self, name: str, run: Callable[[Hashable, list[Any]], None]):
+        self.name = name
+        self.run = run
+        self.condition = threading.Condition()
+        self.queue: collections.OrderedDict[Hashable, tuple[Hashable, Any]] = collections.OrderedDict()
+        self.running: set[Hashable] = set()
+        self.thread: Optional[threading.Thread] = None
+
+    def submit(self, key: Hashable, payload: Any, group: Hashable = None) -> bool:
+        """Queue ``payload`` under ``key`` (jobs of one ``group`` may run together); False if that key
+        is queued or running already."""
+        with self.condition:
+            if key in self.queue or key in self.running:
+                return False
+            self.queue[key] = (group, payload)
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+                self.thread.start()
+            self.condition.notify_all()
+            return True
+
+    def pending(self, key: Hashable) -> bool:
+        """Whether the job of ``key`` is queued or running."""
+        with self.condition:
+            return key in self.queue or key in self.running
+
+    def busy(self) -> bool:
+        """Whether any job is queued or running."""
+        with self.condition:
+            return bool(self.queue or self.running)
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Wait until nothing is queued or running; False if ``timeout`` (seconds) passed first."""
+        with self.condition:
+            return self.condition.wait_for(lambda: not self.queue and not self.running, timeout)
+
+    def _loop(self) -> None:
+        while True:
+            with self.condition:
+                if not self.queue:
+                    self.thread = None
+                    return
+                key, (group, payload) = self.queue.popitem(last=False)
+                batch = {key: payload}
+                if group is not None:
+                    for other in [k for k, (g, _) in self.queue.items() if g == group]:
+                        batch[other] = self.queue.pop(other)[1]
+                self.running.update(batch)
+            try:
+                self.run(group, list(batch.values()))
+            except Exception:  # the caller's calls go on with what they had; the next job runs
+                log.exception("matmul(): background job %s of %s failed", list(batch), self.name)
+            finally:
+                with self.condition:
+                    self.running.difference_update(batch)
+                    self.condition.notify_all()

@@ -1,0 +1,468 @@
+"""Which kernel runs a shape bucket now: the process's memory of choices, in front of the choice
+file (``choice_cache``), the shipped table and the tuner, such that no call waits on tuning.
+
+A choice is per (architecture, GPU, dtype, shape bucket, variant). ``Chooser.get`` answers at once,
+from the first of:
+
+1. what this process already holds for the bucket;
+2. a choice measured here (``choices.json``) or shipped with the package (``shipped/*.json``)
+   whose fingerprint matches the kernel sources here: final, nothing more to do;
+3. the same, made with other kernel sources (stale: a kernel was edited since): used at once, and
+   the bucket is measured again in the background;
+4. the nearest measured bucket of the same N x K (same architecture, GPU, dtype and variant),
+   nearest in log(M) (on a tie the larger M), whose kernel takes this shape: a version that
+   wins at M = 1024 very likely wins or comes close at M = 1500, while the N x K of another
+   projection says nothing; the bucket is tuned in the background;
+5. cuBLAS ("fallback"), as torch.matmul runs it; the bucket is tuned in the background.
+
+A measured choice always overrides the shipped one (the shipped table is only ever an instant
+choice where it went stale), and a background tuning's result overrides every instant choice: an
+instant choice is never slower than cuBLAS by more than the noise for longer than the bucket takes
+to tune. A chosen version whose kernel is not built in this process yet is not run either: the
+call runs cuBLAS while a background thread builds it (tilus transpiles, nvcc compiles: host
+work), then the version takes over. Each change of a bucket's choice or of a kernel's readiness is
+announced to the listeners (``on_change``: ``launch.Plans.forget``, which drops the plans and the
+native entry's routes so that the next call derives them again).
+
+Why a shipped entry is checked by its version and configuration rather than by its fingerprint
+alone: the fingerprint changes with every edit of any kernel source, the pipeline or tilus's
+fixes, so a table checked by fingerprint would be worthless on every developer's tree and after
+every kernel change until someone re-measured it on the GPU. Checked by existence (the version,
+its configuration in the space, the variant supported, the shape within its limits), a stale
+entry is still a correct kernel and most likely still a fast one; and because it is only an
+instant choice, measured again at once in the background, it cannot stay slower than cuBLAS.
+
+Modes (``MATMUL_TUNE``, or ``Chooser.mode``): ``background`` (default) as above; ``off``: the
+instant choice is final, nothing is tuned (kernels are still built in the background);
+``blocking``: the caller waits for the tuning of a bucket that has no fresh choice, and for the
+build of its kernel (the behaviour before background tuning: benchmarks, tests).
+
+CUDA graph capture: nothing is started from inside a capture (a child process, a build): the
+instant choice is used if it is cuBLAS or a kernel already built here, else cuBLAS, and it is
+marked ``transient`` (not kept by the plans), so that the first call after the capture starts the
+tuning. ``blocking`` raises ``NotTunedError`` there, as before.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import os
+import re
+import threading
+from typing import Callable, Optional
+
+import torch
+
+from ..kernels import versions
+from ..kernels.variant import PLAIN, Variant
+from . import tilus_autotune
+from .background import Worker
+from .choice_cache import ChoiceCache, Entry, ShippedTable
+from .tuner import VENDOR, bucket, candidates, choice_key, entry_is_usable, entry_is_valid, space_config, tune_in_child
+
+log = logging.getLogger(__name__)
+
+SWITCH = "MATMUL_TUNE"
+MODES = ("background", "blocking", "off")
+SOURCES = ("measured", "shipped", "nearest", "fallback")
+# the fields that say where a choice came from and what becomes of it (``Chooser.get``)
+PROVENANCE = ("source", "key", "nearest", "stale", "pending", "transient", "tuning_failed")
+
+
+class NotTunedError(RuntimeError):
+    """A shape with no stored choice was called where tuning is impossible (CUDA graph capture, in
+    ``MATMUL_TUNE=blocking``)."""
+
+
+def mode_from_env() -> str:
+    value = os.environ.get(SWITCH, "").strip().lower() or "background"
+    if value not in MODES:
+        log.warning("%s=%s is not one of %s; tuning in the background", SWITCH, value, ", ".join(MODES))
+        return "background"
+    return value
+
+
+def build_program(arch: str, dtype: torch.dtype, entry: Entry, variant: Variant) -> Callable:
+    """The compiled launch function of a choice's version and configuration (built, or loaded from
+    tilus's cache): what ``launch.Plans`` will ask for, so that it finds it ready."""
+    module = versions.load(arch, entry["version"])
+    script = versions.kernel(module, dtype, space_config(module, entry["config"]), variant)
+    return tilus_autotune.launch_function(script)
+
+
+def _checked(check, *args) -> bool:
+    try:
+        return bool(check(*args))
+    except Exception:  # a malformed entry must not take the call down
+        return False
+
+
+@functools.cache
+def _gpu_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def _arch_by_capability(device: torch.device) -> str:
+    return versions.ARCH_BY_CAPABILITY[torch.cuda.get_device_capability(device)]
+
+
+class Chooser:
+    """The choice of each (device, dtype, shape bucket, variant) this process has used. The
+    GPU-facing parts are parameters, so that the tests run the whole choice with CPU stand-ins:
+    ``arch_of(device)`` (the public call's ``device_arch``, with its errors), ``gpu_name(device)``,
+    ``tune_jobs`` (``tuner.tune_in_child``), ``build`` (``build_program``), ``shipped``
+    (a ``ShippedTable``), ``mode`` (default: ``MATMUL_TUNE`` at each use)."""
+
+    def __init__(
+        self,
+        cache: Optional[ChoiceCache] = None,
+        tune_jobs=None,
+        arch_of=None,
+        gpu_name=None,
+        shipped: Optional[ShippedTable] = None,
+        mode: Optional[str] = None,
+        build=None,
+    ):
+        self.lock = threading.RLock()
+        self.entries: dict[tuple, tuple[str, Entry]] = {}
+        self.cache = cache
+        self.shipped = shipped if shipped is not None else ShippedTable()
+        self.tune_jobs = tune_jobs or tune_in_child
+        self.arch_of = arch_of or _arch_by_capability
+        self.gpu_name = gpu_name or (lambda device: _gpu_name(device.index))
+        self._mode = mode
+        self.build = build or build_program
+        self.ready: set[tuple] = set()  # kernels built in this process (``program_key``)
+        self.failed: dict[tuple, str] = {}  # kernels whose build failed here: cuBLAS runs instead
+        self.listeners: list[Callable[[], None]] = []
+        self.tuner = Worker("matmul-tuner", self._tune_batch)
+        self.builder = Worker("matmul-builder", self._build_one)
+
+    # --- the mode and the listeners ---------------------------------------------------------------
+
+    @property
+    def mode(self) -> str:
+        return self._mode or mode_from_env()
+
+    @mode.setter
+    def mode(self, value: Optional[str]) -> None:
+        if value is not None and value not in MODES:
+            raise ValueError(f"the tuning mode must be one of {', '.join(MODES)}, got {value!r}")
+        self._mode = value
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` whenever a bucket's choice or a kernel's readiness changes."""
+        self.listeners.append(listener)
+
+    def _changed(self) -> None:
+        for listener in list(self.listeners):
+            try:
+                listener()
+            except Exception:
+                log.exception("matmul(): a listener of the choices failed")
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Wait until no tuning and no build is queued or under way (tests, benchmarks); False on timeout."""
+        while True:
+            if not (self.tuner.wait(timeout) and self.builder.wait(timeout)):
+                return False
+            if not (self.tuner.busy() or self.builder.busy()):
+                return True
+
+    # --- the choice ------------------------------------------------------------------------------
+
+    def get(
+        self, device: torch.device, dtype: torch.dtype, m: int, n: int, k: int, variant: Variant = PLAIN
+    ) -> tuple[str, Entry]:
+        """The architecture and the choice entry a call of this shape runs now (see the module's
+        docstring), with where it came from: ``source`` (one of ``SOURCES``), ``key`` (the bucket's),
+        ``nearest`` (the bucket it was taken from), ``stale``, ``pending`` (a background tuning of
+        the bucket is queued or under way), ``building`` (the version whose kernel is being built
+        while cuBLAS runs), ``transient`` (chosen inside a CUDA graph capture: not to be kept)."""
+        memo = _memo(device, dtype, (m, n, k), variant)
+        found = self.entries.get(memo)
+        if found is None:
+            found = self._choose(device, dtype, m, n, k, variant, memo)
+        arch, entry = found
+        return arch, self._now(arch, dtype, variant, device, entry)
+
+    def _choose(self, device, dtype, m, n, k, variant, memo) -> tuple[str, Entry]:
+        if self.cache is None:
+            self.cache = ChoiceCache()  # located when first needed: MATMUL_CACHE_DIR may be set late
+        arch = self.arch_of(device)
+        key = choice_key(arch, self.gpu_name(device), dtype, m, n, k, variant)
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        mode = self.mode
+        with self.lock:
+            if memo in self.entries:
+                return self.entries[memo]
+            known = self.known(arch, key, variant)
+            if known is not None and not known.get("stale"):
+                self.entries[memo] = (arch, {**known, "key": key})
+                return self.entries[memo]
+            if mode != "blocking":
+                instant = known or self.nearest(arch, key, m, n, k, variant) or {"version": VENDOR, "config": {}}
+                instant = {**instant, "source": instant.get("source", "fallback"), "key": key}
+                if capturing:  # nothing may start: this call's choice only
+                    return arch, {**instant, "transient": True}
+                self.entries[memo] = (arch, instant)
+                if mode == "background":
+                    job = {"key": key, "m": m, "n": n, "k": k, "names": candidates(arch, m, n, k, variant)}
+                    if variant != PLAIN:
+                        job["variant"] = variant.key()
+                    self.tuner.submit(key, (memo, job), group=(arch, device, dtype))
+                return self.entries[memo]
+        if capturing:
+            raise NotTunedError(
+                f"matmul() has no choice for {key} and cannot tune while a CUDA graph is being captured "
+                f"({SWITCH}=blocking); call matmul() on these shapes once before capturing (or matmul.tune(...))"
+            )
+        self.ensure(device, dtype, [(m, n, k)], variant)  # blocking: outside the lock, as a background tuning stores
+        return self.entries[memo]
+
+    def _now(self, arch: str, dtype, variant: Variant, device, entry: Entry) -> Entry:
+        """``entry`` as it runs now: cuBLAS while its version's kernel is being built."""
+        now = {**entry, "pending": self.tuner.pending(entry.get("key"))}
+        if entry["version"] == VENDOR or self.mode == "blocking":
+            return now
+        program = program_key(arch, dtype, entry, variant)
+        if program in self.ready:
+            return now
+        if program not in self.failed and not now.get("transient"):
+            if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+                self.builder.submit(program, (arch, dtype, entry, variant))
+        waiting = {"version": VENDOR, "config": {}, **{k: now[k] for k in PROVENANCE if k in now}}
+        if program in self.failed:
+            return {**waiting, "build_failed": self.failed[program], "chosen": entry}
+        return {**waiting, "building": entry["version"], "chosen": entry}
+
+    # --- what is known: measured, shipped, nearest ---------------------------------------------------
+
+    def known(self, arch: str, key: str, variant: Variant = PLAIN) -> Optional[Entry]:
+        """The bucket's own choice: ``fresh`` if there is one, else a usable one made with other
+        kernel sources (``stale``: an instant choice only), measured here before shipped; or None."""
+        fresh = self.fresh(arch, key)
+        if fresh is not None:
+            return fresh
+        stored = (("measured", self.cache.entries().get(key)), ("shipped", self.shipped.entries().get(key)))
+        for source, entry in stored:
+            if isinstance(entry, dict) and _checked(entry_is_usable, arch, entry, variant):
+                return {**entry, "source": source, "key": key, "stale": True}
+        return None
+
+    def tune(
+        self,
+        device: torch.device,
+        dtype: torch.dtype,
+        shapes,
+        variant: Variant = PLAIN,
+        use_shipped: bool = True,
+        progress: Optional[bool] = None,
+        on_entry: Optional[Callable[[str, Entry], None]] = None,
+    ) -> dict[tuple, Entry]:
+        """``ensure`` with a progress bar over the buckets to tune, then the chosen kernels built in
+        this thread: afterwards the shapes run their final choice at once. The entries by shape."""
+        from tqdm import tqdm
+
+        arch, gpu = self.arch_of(device), self.gpu_name(device)
+        if self.cache is None:
+            self.cache = ChoiceCache()
+        keys = {choice_key(arch, gpu, dtype, *shape, variant) for shape in shapes}
+        todo = [key for key in keys if self.fresh(arch, key, use_shipped) is None]
+        bar = tqdm(total=len(todo), desc="[tune]", unit="bucket", disable=None if progress is None else not progress)
+
+        def arrived(key, entry):
+            bar.set_postfix_str(f"{key}: {entry['version']}")
+            bar.update(1)
+            if on_entry is not None:
+                on_entry(key, entry)
+
+        try:
+            self.ensure(device, dtype, shapes, variant, use_shipped=use_shipped, on_entry=arrived)
+        finally:
+            bar.close()
+        for shape in shapes:
+            arch, entry = self.entries[_memo(device, dtype, shape, variant)]
+            program = program_key(arch, dtype, entry, variant)
+            if entry["version"] != VENDOR and program not in self.ready and program not in self.failed:
+                self._build_one(None, [(arch, dtype, entry, variant)])
+        return {tuple(shape): self.get(device, dtype, *shape, variant=variant)[1] for shape in shapes}
+
+    def fresh(self, arch: str, key: str, use_shipped: bool = True) -> Optional[Entry]:
+        """The bucket's choice measured here, else shipped (if ``use_shipped``), whose fingerprint
+        matches the kernel sources here (``tuner.entry_is_valid``); None if neither."""
+        sources = [("measured", self.cache.entries().get(key))]
+        if use_shipped:
+            sources.append(("shipped", self.shipped.entries().get(key)))
+        for source, entry in sources:
+            if isinstance(entry, dict) and _checked(entry_is_valid, arch, entry):
+                return {**entry, "source": source, "key": key}
+        return None
+
+    def nearest(self, arch: str, key: str, m: int, n: int, k: int, variant: Variant = PLAIN) -> Optional[Entry]:
+        """The choice of the nearest bucket in log(M) with this key's architecture, GPU, dtype, N x K
+        bucket and variant (measured here over shipped for one key), whose kernel takes this shape;
+        on a tie the larger M. None if there is none."""
+        prefix, shape, suffix = _split_key(key)
+        _, bn, bk = shape.split("x")
+        pattern = re.compile(rf"{re.escape(prefix)}(\d+)x{bn}x{bk}{re.escape(suffix)}")
+        pool = {**self.shipped.entries(), **self.cache.entries()}  # measured here wins for one key
+        best, best_rank = None, None
+        for other, entry in pool.items():
+            match = pattern.fullmatch(other)
+            if match is None or other == key or not isinstance(entry, dict):
+                continue
+            usable = _checked(entry_is_usable, arch, entry, variant)
+            if not (usable and _checked(_takes, arch, entry, m, n, k, variant)):
+                continue
+            other_m = int(match.group(1))
+            rank = (abs(math.log(other_m) - math.log(bucket(m))), -other_m)
+            if best_rank is None or rank < best_rank:
+                best, best_rank = {**entry, "source": "nearest", "nearest": other}, rank
+        return best
+
+    # --- tuning ----------------------------------------------------------------------------------
+
+    def ensure(
+        self,
+        device: torch.device,
+        dtype: torch.dtype,
+        shapes,
+        variant: Variant = PLAIN,
+        use_shipped: bool = True,
+        on_entry: Optional[Callable[[str, Entry], None]] = None,
+    ) -> list[str]:
+        """Make sure every shape's bucket has a fresh choice (measured here, or shipped where
+        ``use_shipped``), tuning the others now, all in one child process; the keys tuned.
+        ``on_entry(key, entry)`` as each arrives (a progress bar)."""
+        if self.cache is None:
+            self.cache = ChoiceCache()
+        arch = self.arch_of(device)
+        gpu = self.gpu_name(device)
+        changed = False
+        with self.lock:
+            jobs, memos = {}, {}
+            for m, n, k in shapes:
+                memo = _memo(device, dtype, (m, n, k), variant)
+                key = choice_key(arch, gpu, dtype, m, n, k, variant)
+                entry = self.fresh(arch, key, use_shipped)
+                if entry is not None:
+                    changed |= self.entries.get(memo) != (arch, entry)  # an instant choice gives way
+                    self.entries[memo] = (arch, entry)
+                elif key not in jobs:
+                    jobs[key] = {"key": key, "m": m, "n": n, "k": k, "names": candidates(arch, m, n, k, variant)}
+                    if variant != PLAIN:
+                        jobs[key]["variant"] = variant.key()
+                    memos[key] = memo
+            if jobs and device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise NotTunedError(
+                    f"matmul() has no choice for {', '.join(jobs)} and cannot tune while a CUDA graph is being "
+                    "captured; call matmul() on these shapes once before capturing (or matmul.tune(...))"
+                )
+        if changed:
+            self._changed()
+        if jobs:
+            self._tune(arch, dtype, device, jobs, memos, use_shipped, on_entry)
+        return list(jobs)
+
+    def _tune(self, arch, dtype, device, jobs: dict, memos: dict, use_shipped=True, on_entry=None) -> None:
+        """Tune ``jobs`` in a child process (one per process and key at a time: the file locks),
+        storing each entry as it arrives and announcing the change."""
+
+        def store(key, entry):
+            self.cache.store(key, entry)
+            with self.lock:
+                replaced = self.entries.get(memos[key])  # an instant choice that plans may run
+                self.entries[memos[key]] = (arch, {**entry, "source": "measured", "key": key})
+            if entry["version"] != VENDOR and self.mode != "blocking":  # build it now: it takes over when ready
+                variant = memos[key][5]
+                self.builder.submit(program_key(arch, dtype, entry, variant), (arch, dtype, entry, variant))
+            if replaced is not None:
+                self._changed()
+            if on_entry is not None:
+                on_entry(key, entry)
+
+        with self.cache.tuning(list(jobs)):
+            for key in list(jobs):  # another process may have tuned some keys while this one waited
+                entry = self.fresh(arch, key, use_shipped)
+                if entry is not None:
+                    with self.lock:
+                        replaced = self.entries.get(memos[key])
+                        self.entries[memos[key]] = (arch, entry)
+                    jobs.pop(key)
+                    if replaced is not None:
+                        self._changed()
+                    if on_entry is not None:
+                        on_entry(key, entry)
+            if jobs:
+                self.tune_jobs(arch, dtype, device, list(jobs.values()), on_entry=store)
+
+    def _tune_batch(self, group, payloads: list) -> None:
+        """The background tuner's job: the buckets of one (arch, device, dtype) queued together."""
+        arch, device, dtype = group
+        memos = {job["key"]: memo for memo, job in payloads}
+        jobs = {job["key"]: job for _, job in payloads}
+        try:
+            self._tune(arch, dtype, device, dict(jobs), memos)
+        except Exception as e:
+            for memo in memos.values():
+                with self.lock:
+                    found = self.entries.get(memo)
+                    if found is not None and found[1].get("source") != "measured":
+                        self.entries[memo] = (arch, {**found[1], "tuning_failed": f"{type(e).__name__}: {e}"[:400]})
+            log.warning(
+                "matmul(): tuning %s in the background failed (%s: %s); the instant choice stays",
+                ", ".join(memos),
+                type(e).__name__,
+                str(e)[-400:],
+            )
+            self._changed()
+
+    # --- building ----------------------------------------------------------------------------------
+
+    def _build_one(self, group, payloads: list) -> None:
+        ((arch, dtype, entry, variant),) = payloads
+        program = program_key(arch, dtype, entry, variant)
+        try:
+            self.build(arch, dtype, entry, variant)
+        except Exception as e:
+            self.failed[program] = f"{type(e).__name__}: {e}"[:400]
+            log.warning(
+                "matmul(): building %s %s for %s failed (%s); cuBLAS runs instead",
+                entry["version"],
+                entry.get("config"),
+                entry.get("key"),
+                self.failed[program],
+            )
+        else:
+            self.ready.add(program)
+        self._changed()
+
+
+def _memo(device, dtype, shape, variant: Variant) -> tuple:
+    m, n, k = shape
+    return device, dtype, bucket(m), bucket(n), bucket(k), variant
+
+
+def program_key(arch: str, dtype, entry: Entry, variant: Variant) -> tuple:
+    """What names a built kernel: the version, its configuration, the dtype and the variant."""
+    return arch, entry["version"], json.dumps(entry.get("config"), sort_keys=True), dtype, variant
+
+
+def _split_key(key: str) -> tuple[str, str, str]:
+    """'arch/gpu/dtype/MxNxK[/variant]' -> ('arch/gpu/dtype/', 'MxNxK', '' or '/variant')."""
+    head, _, tail = key.rpartition("/")
+    if re.fullmatch(r"\d+x\d+x\d+", tail):
+        return head + "/", tail, ""
+    head2, _, shape = head.rpartition("/")
+    return head2 + "/", shape, "/" + tail
+
+
+def _takes(arch: str, entry: Entry, m: int, n: int, k: int, variant: Variant) -> bool:
+    """Whether the entry's kernel takes this shape (its ``supports`` and limits)."""
+    if entry["version"] == VENDOR:
+        return True
+    return versions.fits(versions.load(arch, entry["version"]), m, n, k, variant=variant)

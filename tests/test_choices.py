@@ -1,0 +1,409 @@
+"""Where a choice comes from without waiting (matmul/call/chooser.py): the shipped table, the instant
+rule, background tuning and the hand-over to its result, variants, and the limits of a version
+called on its own. CPU stand-ins for the kernels and for the tuner."""
+
+import ast
+import functools
+import json
+import logging
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+import matmul
+from matmul.call import api, chooser, tuner
+from matmul.call.choice_cache import ChoiceCache, ShippedTable, write_shipped
+from matmul.call.chooser import Chooser
+from matmul.call.launch import Plans, SeriesPlan, VendorPlan, signature
+from matmul.contract import check_call
+from matmul.kernels import versions
+from matmul.kernels.variant import PLAIN, Variant
+from matmul.measure.correctness import TOLERANCE, random_operands, reference, relative_error
+
+ARCH, GPU = "sm_90a", "stand-in GPU"
+CPU = torch.device("cpu")
+
+
+def entry(version, m=None, fresh=True):
+    """A stored choice of ``version`` (its representative configuration), fresh or made with other sources."""
+    config = {} if version == tuner.VENDOR else dict(versions.load(ARCH, version).REPRESENTATIVE)
+    fingerprint = tuner.fingerprint(ARCH, version) if fresh else "0" * 16
+    return {"version": version, "config": config, "ms": 1.0, "fingerprint": fingerprint}
+
+
+def key(m, n, k, dtype=torch.float16, variant=PLAIN):
+    return tuner.choice_key(ARCH, GPU, dtype, m, n, k, variant)
+
+
+UNTIMELY = []  # tunings that were not due (recorded: a failure raised in the tuner's thread would go unseen)
+
+
+def never(arch, dtype, device, jobs, on_entry):
+    UNTIMELY.extend(job["key"] for job in jobs)
+
+
+@pytest.fixture(autouse=True)
+def no_untimely_tuning():
+    UNTIMELY.clear()
+    yield
+    assert UNTIMELY == [], "tuned although no tuning was due"
+
+
+def make_chooser(tmp_path, measured=None, shipped=None, tune_jobs=never, mode="background", build=None):
+    cache = ChoiceCache(tmp_path / "cache")
+    for k, e in (measured or {}).items():
+        cache.store(k, e)
+    path = tmp_path / "shipped.json"
+    if shipped is not None:
+        write_shipped(path, shipped, command="test", machine={"gpu": GPU})
+    return Chooser(
+        cache,
+        tune_jobs=tune_jobs,
+        arch_of=lambda device: ARCH,
+        gpu_name=lambda device: GPU,
+        shipped=ShippedTable([path]),
+        mode=mode,
+        build=build or (lambda arch, dtype, e, variant: None),
+    )
+
+
+def settled(choose, *shape, variant=PLAIN):
+    """The choice of ``shape`` once its kernel is built (a stand-in build, at once)."""
+    choose.get(CPU, torch.float16, *shape, variant)
+    assert choose.wait(10)
+    return choose.get(CPU, torch.float16, *shape, variant)[1]
+
+
+# --- the instant rule ----------------------------------------------------------------------------
+
+
+def test_an_unseen_bucket_takes_the_nearest_measured_m_of_the_same_n_and_k_else_cublas(tmp_path):
+    measured = {
+        key(64, 4096, 4096): entry("v4"),
+        key(4096, 4096, 4096): entry("v3"),
+        key(1024, 14336, 4096): entry("v5"),  # another N: says nothing about 4096 x 4096
+        key(1024, 4096, 4096, torch.bfloat16): entry("v5"),  # another dtype
+        tuner.choice_key(ARCH, "another GPU", torch.float16, 1024, 4096, 4096): entry("v5"),
+    }
+    choose = make_chooser(tmp_path, measured, mode="off")
+
+    def instant(m, n=4096, k=4096, variant=PLAIN):
+        return settled(choose, m, n, k, variant=variant)
+
+    near = instant(300)  # log(300 / 64) = 1.5 < log(4096 / 320) = 2.6
+    assert (near["version"], near["source"], near["nearest"]) == ("v4", "nearest", key(64, 4096, 4096))
+    assert instant(1000)["nearest"] == key(4096, 4096, 4096)  # 1024: 4x from 4096, 16x from 64
+    assert instant(512)["nearest"] == key(4096, 4096, 4096)  # 8x from either: the larger M
+    assert instant(2000, n=4095)["nearest"] == key(4096, 4096, 4096)  # N = 4095 is in 4096's bucket
+    fallback = instant(1024, n=8192)
+    assert (fallback["version"], fallback["source"]) == (tuner.VENDOR, "fallback") and "nearest" not in fallback
+    assert instant(1024, variant=Variant("nk", bias=True))["source"] == "fallback"  # another variant
+    assert choose.get(CPU, torch.float16, 4096, 4096, 4096)[1]["source"] == "measured"
+
+
+def test_the_nearest_bucket_is_skipped_where_its_kernel_cannot_take_the_shape(tmp_path, monkeypatch):
+    v4 = versions.load(ARCH, "v4")
+    monkeypatch.setattr(v4, "supports", lambda m, n, k: m <= 256, raising=False)
+    measured = {key(128, 4096, 4096): entry("v4"), key(16384, 4096, 4096): entry("v3")}
+    choose = make_chooser(tmp_path, measured, mode="off")
+    assert choose.get(CPU, torch.float16, 1024, 4096, 4096)[1]["nearest"] == key(16384, 4096, 4096)
+
+
+# --- the shipped table ---------------------------------------------------------------------------
+
+
+def test_the_shipped_table_is_read_before_any_tuning(tmp_path):
+    choose = make_chooser(tmp_path, shipped={key(1024, 4096, 4096): entry("v4")})
+    found = settled(choose, 1000, 4096, 4096)
+    assert (found["version"], found["source"], found["pending"]) == ("v4", "shipped", False)
+    assert "stale" not in found  # fresh: final, nothing queued (no_untimely_tuning)
+
+
+def test_a_measured_choice_overrides_the_shipped_one(tmp_path):
+    k = key(1024, 4096, 4096)
+    choose = make_chooser(tmp_path, measured={k: entry("v3")}, shipped={k: entry("v4")})
+    found = settled(choose, 1000, 4096, 4096)
+    assert (found["version"], found["source"]) == ("v3", "measured")
+
+
+def test_a_stale_shipped_entry_is_an_instant_choice_measured_again(tmp_path):
+    k = key(1024, 4096, 4096)
+    measured = threading.Event()
+
+    def tune_jobs(arch, dtype, device, jobs, on_entry):
+        measured.wait(10)
+        on_entry(jobs[0]["key"], entry(tuner.VENDOR))
+
+    choose = make_chooser(tmp_path, shipped={k: entry("v4", fresh=False)}, tune_jobs=tune_jobs)
+    found = choose.get(CPU, torch.float16, 1000, 4096, 4096)[1]
+    assert (found["source"], found["stale"], found["pending"]) == ("shipped", True, True)
+    measured.set()
+    assert choose.wait(10)
+    found = choose.get(CPU, torch.float16, 1000, 4096, 4096)[1]
+    assert (found["version"], found["source"], found["pending"]) == (tuner.VENDOR, "measured", False)
+
+
+@pytest.mark.parametrize("content", ["", "{", "[1, 2]", json.dumps({"format": 99, "entries": {}}), "\x00\xff"])
+def test_a_corrupt_shipped_table_is_ignored_with_a_warning(tmp_path, caplog, content):
+    path = tmp_path / "h100.json"
+    path.write_text(content, errors="surrogateescape")
+    choose = make_chooser(tmp_path, mode="off")
+    choose.shipped = ShippedTable([path])
+    with caplog.at_level(logging.WARNING):
+        found = choose.get(CPU, torch.float16, 1000, 4096, 4096)[1]
+    assert found["source"] == "fallback" and "shipped choice table" in caplog.text
+
+
+def test_the_package_ships_a_table_that_names_its_command_date_and_machine():
+    shipped = Path(chooser.__file__).with_name("shipped")
+    table = json.loads((shipped / "h100.json").read_text())
+    assert {"format", "command", "date", "machine", "entries"} <= set(table)
+    assert "python -m matmul tune" in table["command"] and (shipped / "README.md").is_file()
+
+
+# --- background tuning and the hand-over ---------------------------------------------------------
+
+
+@pytest.fixture
+def stand_ins(monkeypatch):
+    from stand_ins import install
+
+    return install(monkeypatch, wrong=("v3",), available=("v2", "v3", "v4"))
+
+
+@pytest.fixture
+def route():
+    previous = api._plans
+    yield lambda plans: api.use_plans(plans) and plans
+    api.use_plans(previous)
+
+
+class LateTuner:
+    """A background tuner that measures v4 as the winner once ``finish`` is set (or fails)."""
+
+    def __init__(self, fails=False):
+        self.finish, self.jobs, self.fails = threading.Event(), [], fails
+
+    def __call__(self, arch, dtype, device, jobs, on_entry):
+        self.jobs.extend(jobs)
+        assert self.finish.wait(10)
+        if self.fails:
+            raise tuner.TuningError("the child process died")
+        for job in jobs:
+            on_entry(job["key"], {**entry("v4"), "candidates": {}, "rejected": {}})
+
+
+def stand_in_plans(choose):
+    return Plans(choose, check=functools.partial(check_call, require_cuda=False))
+
+
+def test_a_background_tuning_takes_over_from_the_instant_choice(tmp_path, stand_ins, route):
+    late = LateTuner()
+    choose = make_chooser(tmp_path, tune_jobs=late, build=chooser.build_program)
+    path = stand_in_plans(choose)
+    route(path)
+    a, w = random_operands(128, 64, 32, torch.float16, device="cpu")
+    for _ in range(2):  # before the tuning ends: cuBLAS, at once, and the bucket queued once
+        assert relative_error(matmul.matmul(a, w.T), reference(a, w)) <= TOLERANCE[torch.float16]
+    assert isinstance(path.plans[signature(a, w.T, None)], VendorPlan)
+    if path.direct is not None:
+        assert path.direct.kind(a, w.T) == "vendor"
+    before = choose.get(CPU, torch.float16, 128, 64, 32)[1]
+    assert (before["version"], before["source"], before["pending"]) == (tuner.VENDOR, "fallback", True)
+
+    late.finish.set()
+    assert choose.wait(10)
+    assert [job["key"] for job in late.jobs] == [key(128, 64, 32)]
+    after = choose.get(CPU, torch.float16, 128, 64, 32)[1]
+    assert (after["version"], after["source"], after["pending"]) == ("v4", "measured", False)
+    a2, w2 = random_operands(128, 64, 32, torch.float16, device="cpu")
+    assert relative_error(matmul.matmul(a2, w2.T), reference(a2, w2)) <= TOLERANCE[torch.float16]
+    plan = path.plans[signature(a, w.T, None)]
+    assert isinstance(plan, SeriesPlan) and plan.launch.version == "v4"
+    if path.direct is not None:  # the native entry's route replaced, not left on cuBLAS
+        assert path.direct.kind(a, w.T) == "launch"
+        matmul.matmul(a2, w2.T)
+        assert plan.launch.launches == 2
+
+
+def test_a_chosen_kernel_runs_only_once_built(tmp_path, stand_ins):
+    built, release = [], threading.Event()
+
+    def build(arch, dtype, e, variant):
+        assert release.wait(10)
+        built.append(e["version"])
+
+    choose = make_chooser(tmp_path, shipped={key(128, 64, 32): entry("v4")}, build=build)
+    path = stand_in_plans(choose)
+    a, w = random_operands(128, 64, 32, torch.float16, device="cpu")
+    path.launch(a, w.T)
+    assert isinstance(path.plans[signature(a, w.T, None)], VendorPlan)  # nvcc is not waited for
+    waiting = choose.get(CPU, torch.float16, 128, 64, 32)[1]
+    assert (waiting["version"], waiting["building"], waiting["source"]) == (tuner.VENDOR, "v4", "shipped")
+    release.set()
+    assert choose.wait(10) and built == ["v4"]
+    path.launch(a, w.T)
+    assert isinstance(path.plans[signature(a, w.T, None)], SeriesPlan)
+
+
+def test_a_failing_background_tuning_leaves_the_instant_choice(tmp_path, stand_ins, caplog):
+    late = LateTuner(fails=True)
+    measured = {key(256, 64, 32): entry(tuner.VENDOR)}
+    choose = make_chooser(tmp_path, measured, tune_jobs=late)
+    path = stand_in_plans(choose)
+    a, w = random_operands(100, 64, 32, torch.float16, device="cpu")
+    with caplog.at_level(logging.WARNING):
+        path.launch(a, w.T)
+        late.finish.set()
+        assert choose.wait(10)
+        for m in (100, 99, 97):  # the same bucket again: not queued again, no second warning
+            assert relative_error(path.launch(a[:m], w.T), reference(a[:m], w)) <= TOLERANCE[torch.float16]
+    assert choose.wait(10) and len(late.jobs) == 1
+    found = choose.get(CPU, torch.float16, 100, 64, 32)[1]
+    assert (found["source"], found["nearest"], found["pending"]) == ("nearest", key(256, 64, 32), False)
+    assert "TuningError" in found["tuning_failed"]
+    warnings = [r for r in caplog.records if "in the background failed" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+
+
+def test_nothing_starts_inside_a_cuda_graph_capture(tmp_path, monkeypatch):
+    choose = make_chooser(tmp_path, shipped={key(1024, 4096, 4096): entry("v4", fresh=False)})
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    found = choose.get(gpu, torch.float16, 1000, 4096, 4096)[1]
+    # the stale shipped v4 is not built yet: cuBLAS, and neither a tuning nor a build started
+    assert (found["version"], found["transient"]) == (tuner.VENDOR, True)
+    assert not choose.tuner.busy() and not choose.builder.busy() and choose.entries == {}
+    choose.mode = "blocking"
+    with pytest.raises(chooser.NotTunedError, match="before capturing"):
+        choose.get(gpu, torch.float16, 1000, 4096, 4096)
+    choose.mode = "off"  # after the capture: kept, and the kernel built
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert "transient" not in choose.get(gpu, torch.float16, 1000, 4096, 4096)[1]
+    assert choose.wait(10) and choose.get(gpu, torch.float16, 1000, 4096, 4096)[1]["version"] == "v4"
+
+
+def test_blocking_mode_waits_for_the_tuning(tmp_path, monkeypatch):
+    tuned = []
+
+    def tune_jobs(arch, dtype, device, jobs, on_entry):
+        tuned.extend(job["key"] for job in jobs)
+        on_entry(jobs[0]["key"], entry("v4"))
+
+    monkeypatch.setenv(chooser.SWITCH, "blocking")
+    choose = make_chooser(tmp_path, tune_jobs=tune_jobs, mode=None)
+    found = choose.get(CPU, torch.float16, 1000, 4096, 4096)[1]
+    assert tuned == [key(1000, 4096, 4096)] and (found["version"], found["source"]) == ("v4", "measured")
+    monkeypatch.setenv(chooser.SWITCH, "off")
+    assert choose.get(CPU, torch.float16, 5000, 4096, 4096)[1]["pending"] is False and choose.mode == "off"
+
+
+# --- provenance through the public call ----------------------------------------------------------
+
+
+def test_choice_says_where_the_choice_came_from(tmp_path, stand_ins, monkeypatch):
+    measured = {key(1024, 64, 32): {**entry(tuner.VENDOR), "candidates": {}, "rejected": {}}}
+    choose = make_chooser(tmp_path, measured, mode="off")
+    monkeypatch.setattr(api, "_chooser", choose)
+    monkeypatch.setattr(api, "check_call", functools.partial(check_call, require_cuda=False))
+    a, w = random_operands(1000, 64, 32, torch.float16, device="cpu")
+    found = matmul.choice(a, w.T)
+    assert found["source"] == "measured" and {"version", "config", "candidates", "rejected"} <= set(found)
+    found = matmul.choice(a[:10], w.T)
+    assert (found["source"], found["nearest"], found["version"]) == ("nearest", key(1024, 64, 32), tuner.VENDOR)
+    a2, w2 = random_operands(1000, 48, 32, torch.float16, device="cpu")
+    assert matmul.choice(a2, w2.T)["source"] == "fallback"
+
+
+# --- variants ------------------------------------------------------------------------------------
+
+
+def test_a_variant_has_a_key_and_candidates_of_its_own(monkeypatch, tmp_path):
+    plain = tuner.choice_key(ARCH, GPU, torch.float16, 1000, 4096, 4096)
+    assert plain == "sm_90a/stand-in GPU/float16/1024x4096x4096"  # the plain variant's keys stay as they were
+    fused = tuner.choice_key(ARCH, GPU, torch.float16, 1000, 4096, 4096, Variant("nk", True, "gelu_tanh"))
+    assert fused == plain + "/bias+gelu_tanh"
+    assert tuner.choice_key(ARCH, GPU, torch.float16, 1000, 4096, 4096, Variant("kn")) == plain + "/kn"
+
+    monkeypatch.setattr(versions, "available", lambda arch: ["v0", "v1", "v2", "v3", "v4"])
+    for version in ("v0", "v3", "v4"):  # v0 declares everything: a teaching step is never a candidate
+        monkeypatch.setattr(versions.load(ARCH, version), "B_LAYOUTS", ("nk", "kn"), raising=False)
+    monkeypatch.setattr(versions.load(ARCH, "v3"), "FUSED_EPILOGUE", False, raising=False)
+    monkeypatch.setattr(versions.load(ARCH, "v4"), "FUSED_EPILOGUE", True, raising=False)
+    bias = Variant("nk", True, None)
+    assert tuner.candidates(ARCH, 128, 4096, 4096, Variant("kn")) == ["v3", "v4", tuner.VENDOR]
+    assert tuner.candidates(ARCH, 128, 4096, 4096, bias) == ["v4", tuner.VENDOR]
+    monkeypatch.setattr(versions.load(ARCH, "v4"), "B_LAYOUTS", ("nk",))
+    assert tuner.candidates(ARCH, 128, 4096, 4096, Variant("kn", True, "relu")) == [tuner.VENDOR]
+
+    jobs = []
+
+    def tune_jobs(arch, dtype, device, sent, on_entry):
+        jobs.extend(sent)
+
+    choose = make_chooser(tmp_path, measured={plain: entry("v4")}, tune_jobs=tune_jobs)
+    assert choose.get(CPU, torch.float16, 1000, 4096, 4096, bias)[1]["source"] == "fallback"  # not the plain one
+    assert choose.wait(10) and jobs[0]["key"] == plain + "/bias" and jobs[0]["variant"] == "bias"
+    assert jobs[0]["names"] == ["v4", tuner.VENDOR]
+
+
+def test_the_tuner_times_a_variant_on_its_own_operands(stand_ins):
+    """gpu_worker on the CPU: B read as [K, N] for kn, a bias of N values, the vendor candidate
+    torch.matmul then torch's epilogue, the stand-in kernels built for the variant."""
+    variant = Variant("kn", True, "silu")
+    prepare, _ = tuner.gpu_worker(ARCH, torch.float16, 40, 24, 32, CPU, variant)
+    vendor, version = prepare(tuner.VENDOR), prepare("v4")
+    assert vendor.error <= TOLERANCE[torch.float16] and version.error <= TOLERANCE[torch.float16]
+    assert stand_ins[-1] == ("v4", dict(versions.load(ARCH, "v4").REPRESENTATIVE))
+    swiglu = Variant("nk", False, "swiglu")
+    prepare, _ = tuner.gpu_worker(ARCH, torch.float16, 40, 32, 32, CPU, swiglu)
+    assert prepare(tuner.VENDOR).error <= TOLERANCE[torch.float16] and prepare("v4").error <= TOLERANCE[torch.float16]
+
+
+# --- a version called on its own -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "version, m, n, k, limit",
+    [
+        ("v7", 70000, 32768, 64, "supports only some shapes"),  # V7 is for M <= 256
+        ("v0", 70000, 32768, 64, r"32 bits .* C reaches element 2,293,760,000"),
+        ("v7", 256, 2**23 + 8, 64, r"32 bits .* C reaches"),  # C written by store_global
+    ],
+)
+def test_running_a_version_past_what_it_can_index_is_refused(monkeypatch, version, m, n, k, limit):
+    module = versions.load(ARCH, version)
+    monkeypatch.setattr(versions, "kernel", lambda *args, **kwargs: pytest.fail("launched past its limits"))
+    monkeypatch.setattr(versions, "check_operands", lambda a, b, out: torch.empty(m, n, device="meta").half())
+    a, b = torch.empty(m, k, device="meta").half(), torch.empty(n, k, device="meta").half()
+    with pytest.raises(matmul.MatmulInputError, match=limit) as refused:
+        versions.run(module, a, b)
+    assert f"hopper/{version}" in str(refused.value) and "matmul.matmul(a, b)" in str(refused.value)
+    assert not versions.fits(module, m, n, k) and tuner.fits is versions.fits
+
+
+# --- the structure -------------------------------------------------------------------------------
+
+
+def test_the_tuner_imports_neither_the_public_call_nor_the_launch_path():
+    for module in (tuner, chooser):
+        tree = ast.parse(Path(module.__file__).read_text())
+        imported = {
+            alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names
+        } | {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert not imported & {"api", "launch", "child"}, module.__name__
+
+
+def test_the_tune_command_expands_a_model_to_one_m_per_bucket():
+    import argparse
+
+    from matmul import cli
+
+    ms = cli.bucket_representatives("1-8192")
+    assert {tuner.bucket(m) for m in range(1, 8193)} == {tuner.bucket(m) for m in ms} and len(ms) == len(set(ms))
+    assert cli.bucket_representatives("1-100") == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 100]
+    shapes = cli.tune_shapes(argparse.Namespace(model="llama-3-8b", m="16,128", shapes="1x2x3"))
+    assert (16, 128256, 4096) in shapes and (128, 1024, 4096) in shapes and shapes[-1] == (1, 2, 3)
+    assert len(shapes) == 2 * 7 + 1
