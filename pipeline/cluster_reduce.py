@@ -40,6 +40,8 @@ from tilus.hidet.lang import attrs, script
 from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.lang.instructions import base
 
+from .fused_epilogue import FusedEpilogue, split_k_layout
+
 _COPY = "bulk_copy_to_rank"
 
 
@@ -137,15 +139,24 @@ class ClusterSplitKReduce(tilus.Class):
                     # the peer keeps what it receives from this CTA in slot (rank - peer - 1) mod parts
                     bulk_copy_to_rank(self.received[self.parts - 1 - step], self.partial[peer], self.arrived[0], peer)
 
-    def write(self, rank: int32, g_c: GlobalTensor, offset_m: int32, offset_n: int32):
+    def write(self, rank: int32, g_c: GlobalTensor, offset_m: int32, offset_n: int32, epilogue: FusedEpilogue):
         """This CTA's slice (``rows / parts`` rows of C^T from row ``rank * rows / parts``) summed
-        over the cluster, converted to C's dtype and stored into C at (offset_m, offset_n + the
-        slice's first row); ``store_global`` clips what lies past C's edges. Called by the thread
-        group that writes it out, after ``exchange``."""
+        over the cluster, through ``epilogue`` (the variant's bias and activation: C^T's rows are
+        C's columns, so the slice is transposed first; swiglu pairs its rows r and r + 8),
+        converted to C's dtype and stored into C at (offset_m, offset_n + the slice's first row);
+        ``store_global`` clips what lies past C's edges. Called by the thread group that writes it
+        out, after ``exchange``."""
+        slice_rows = self.rows // self.parts
         acc = self.load_shared(self.partial[rank])
+        if epilogue.fused:  # a layout whose transpose is column groups (pipeline.fused_epilogue)
+            self.annotate_layout(acc, split_k_layout(slice_rows, self.cols))
         if self.parts > 1:
             self.mbarrier.wait(self.arrived[0], phase=0)
             for slot in self.range(0, self.parts - 1, 1, unroll="all"):
                 self.add(acc, self.load_shared(self.received[slot]), out=acc)
-        out = self.transpose(acc.to(g_c.dtype))
-        self.store_global(g_c, out, offsets=[offset_m, offset_n + rank * (self.rows // self.parts)])
+        if epilogue.fused:
+            tile, column = epilogue.apply(self.transpose(acc), offset_n + rank * slice_rows, "split_k")
+            self.store_global(g_c, tile.to(g_c.dtype), offsets=[offset_m, column])
+        else:
+            out = self.transpose(acc.to(g_c.dtype))
+            self.store_global(g_c, out, offsets=[offset_m, offset_n + rank * (self.rows // self.parts)])

@@ -13,6 +13,10 @@ the fragment of a ``64 x cols`` tile is, register for register, the fragment of 
 tile repeated ``cols / 64`` times over a leading dimension that lives in registers only:
 ``wgmma_fragment_blocks`` is that view, ``[cols / 64, 64, 64]``, and block ``j`` is a slice of
 it. The loop over blocks is unrolled, so every register index is a constant.
+
+Both stores pass each block through the variant's ``pipeline.fused_epilogue.FusedEpilogue`` (bias,
+activation; for swiglu a block of C comes from twice as many accumulator columns) before converting
+it: block by block, so that one block's bias and temporaries are live at a time, not the tile's.
 """
 
 import tilus
@@ -20,6 +24,7 @@ from tilus import GlobalTensor, RegisterTensor, SharedTensor, int32
 from tilus.ir.layout.inference.inference_rules.wgmma import generate_wgmma_register_layout
 from tilus.ir.layout.ops.register_ops import compose, local, unsqueeze
 
+from .fused_epilogue import FusedEpilogue, output_columns, product_columns
 from .tma_store import StagedTmaStore
 
 SUB_COLS = 64
@@ -31,16 +36,16 @@ def wgmma_fragment(rows: int, cols: int):
     return generate_wgmma_register_layout(rows, cols, 64, cols, 16)
 
 
-def wgmma_fragment_blocks(rows: int, cols: int):
-    """``wgmma_fragment(rows, cols)``'s registers seen as ``[cols / SUB_COLS, rows, SUB_COLS]``.
+def wgmma_fragment_blocks(rows: int, cols: int, sub_cols: int = SUB_COLS):
+    """``wgmma_fragment(rows, cols)``'s registers seen as ``[cols / sub_cols, rows, sub_cols]``.
     Holds for one row of wgmma instructions (``rows == 64``); taller tiles interleave the rows'
     registers differently (``wgmma_fragment_grid``)."""
-    if rows != 64 or cols % SUB_COLS:
+    if rows != 64 or cols % sub_cols:
         raise ValueError(
-            f"column blocks of a {rows} x {cols} fragment: need 64 rows and a multiple of {SUB_COLS} columns"
+            f"column blocks of a {rows} x {cols} fragment: need 64 rows and a multiple of {sub_cols} columns"
         )
-    block = unsqueeze(generate_wgmma_register_layout(rows, SUB_COLS, 64, SUB_COLS, 16), [0])
-    return compose(local(cols // SUB_COLS, 1, 1), block)
+    block = unsqueeze(generate_wgmma_register_layout(rows, sub_cols, 64, sub_cols, 16), [0])
+    return compose(local(cols // sub_cols, 1, 1), block)
 
 
 def wgmma_fragment_grid(rows: int, cols: int, sub_cols: int):
@@ -67,10 +72,14 @@ class WgmmaTileStore(tilus.Class):
         self.rows: int = rows
         self.cols: int = cols
 
-    def store(self, acc: RegisterTensor, g_c: GlobalTensor, offset_m: int32, offset_n: int32):
-        blocks = self.view(acc, layout=wgmma_fragment_blocks(self.rows, self.cols))
-        for j in self.range(self.cols // SUB_COLS, unroll="all"):
-            self.out.put(blocks[j], g_c, offset_m, offset_n + j * SUB_COLS)
+    def store(self, acc: RegisterTensor, g_c: GlobalTensor, offset_m: int32, offset_n: int32, epilogue: FusedEpilogue):
+        """The accumulator whose first column is the product's ``offset_n``, through ``epilogue`` (the
+        variant's bias and activation, block by block) into C."""
+        sub_cols = product_columns(SUB_COLS, epilogue.activation)  # makes SUB_COLS columns of C
+        blocks = self.view(acc, layout=wgmma_fragment_blocks(self.rows, self.cols, sub_cols))
+        for j in self.range(self.cols // sub_cols, unroll="all"):
+            block, column = epilogue.apply(blocks[j], offset_n + j * sub_cols, "wgmma")
+            self.out.put(block, g_c, offset_m, column)
 
     def finish(self):
         self.out.finish()
@@ -90,25 +99,36 @@ class SlotTileStore(tilus.Class):
     def __init__(self, slots: SharedTensor):
         self.slots: SharedTensor = slots
 
-    def store(self, acc: RegisterTensor, g_c: GlobalTensor, offset_m: int32, offset_n: int32, slab: int):
+    def store(
+        self,
+        acc: RegisterTensor,
+        g_c: GlobalTensor,
+        offset_m: int32,
+        offset_n: int32,
+        slab: int,
+        epilogue: FusedEpilogue,
+    ):
         rows, cols = acc.shape
-        sub_cols = self.slots.shape[-1]
+        sub_cols = self.slots.shape[-1]  # columns of C a slot holds
+        acc_cols = product_columns(sub_cols, epilogue.activation)  # the accumulator's columns that make them
         if self.slots.shape[0] * sub_cols < cols:
             raise ValueError(
                 f"a {rows} x {cols} tile does not fit in {self.slots.shape[0]} slots of {sub_cols} "
                 f"columns: use stages * block_k >= block_n"
             )
-        grid = self.view(acc, layout=wgmma_fragment_grid(rows, cols, sub_cols))  # no copy
+        grid = self.view(acc, layout=wgmma_fragment_grid(rows, cols, acc_cols))  # no copy
         self.sync()  # every warp of the group is past its wgmma wait: no wgmma reads the slots now
         for i in self.range(rows // 64, unroll="all"):
-            for j in self.range(cols // sub_cols, unroll="all"):
+            for j in self.range(cols // acc_cols, unroll="all"):
                 slot = self.slots[j, slab] if len(self.slots.shape) == 4 else self.slots[j]
-                self.store_shared(slot, grid[i, j].to(self.slots.dtype), offsets=[i * 64, 0])
+                block, _ = epilogue.apply(grid[i, j], offset_n + j * acc_cols, "wgmma")  # bias, activation
+                self.store_shared(slot, block.to(self.slots.dtype), offsets=[i * 64, 0])
         self.fence.proxy_async(space="shared")  # generic-proxy stores -> the TMA unit's (async-proxy) reads
         self.sync()
         with self.single_warp():
-            for j in self.range(cols // sub_cols, unroll="all"):
+            for j in self.range(cols // acc_cols, unroll="all"):
                 slot = self.slots[j, slab] if len(self.slots.shape) == 4 else self.slots[j]
-                self.tma.shared_to_global(slot, g_c, offsets=[offset_m, offset_n + j * sub_cols])
+                column = output_columns(offset_n, epilogue.activation)  # swiglu: half the product's
+                self.tma.shared_to_global(slot, g_c, offsets=[offset_m, column + j * sub_cols])
             self.tma.commit_group()
             self.tma.wait_group(0)

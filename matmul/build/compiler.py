@@ -21,6 +21,7 @@ from tilus.drivers import BuildOptions, build_program, get_cache_dir
 from tilus.lang.instantiated_script import CallParameters, JitInstance
 
 from ..kernels import versions
+from ..kernels.variant import PLAIN, Variant
 
 TARGETS = {"sm_100a": tilus.target.nvgpu_sm100a, "sm_90a": tilus.target.nvgpu_sm90a}
 SHARED_MEMORY_LIMIT = {"sm_100a": 227 * 1024, "sm_90a": 227 * 1024}  # per block, opt-in maximum
@@ -117,9 +118,13 @@ def build_script(kernel_cls: type, arch: str, schedule: dict[str, Any], version:
     return result
 
 
-def build_config(module: ModuleType, arch: str, config: dict[str, Any], dtype=tilus.float16) -> BuildResult:
-    """Build one configuration of a version's autotune space."""
-    result = build_script(module.Kernel, arch, {"dtype": dtype, **config}, version=module.__name__.rsplit(".", 1)[-1])
+def build_config(
+    module: ModuleType, arch: str, config: dict[str, Any], dtype=tilus.float16, variant: Variant = PLAIN
+) -> BuildResult:
+    """Build one configuration of a version's autotune space, for ``variant`` (B's layout, the epilogue)."""
+    options = {} if variant == PLAIN else variant.kernel_options()
+    schedule = {"dtype": dtype, **config, **options}
+    result = build_script(module.Kernel, arch, schedule, version=module.__name__.rsplit(".", 1)[-1])
     result.config = dict(config)
     return result
 

@@ -5,7 +5,10 @@ the three pointers, the row strides and a bias pointer, wraps the pointers into 
 views, and hands them to the version's own ``matmul`` method, which is where the versions differ.
 The variant (``matmul.kernels.variant``: B's layout, bias, activation) is fixed when the kernel is
 built; the bias pointer is an argument of every kernel (0 where the variant has none) so that all
-variants of a version launch alike. ``load_k_block``
+variants of a version launch alike. ``self.epilogue`` (``pipeline.fused_epilogue.FusedEpilogue``)
+is the variant's bias and activation, which each version's epilogue applies to the float32 tile
+before converting it (it emits nothing for a plain variant); for swiglu C's view is half as wide as
+B has rows. ``load_k_block``
 and ``store_tile`` are the TMA load of one K block and the TMA-store epilogue that V1 introduces
 and every later version calls on itself. The operands were validated on the host first
 (``matmul.contract``): row-major, row strides multiples of 16 bytes.
@@ -23,6 +26,8 @@ from tilus import GlobalTensor, RegisterTensor, SharedTensor, int32, void_p
 from tilus.ir.layout import SharedLayout
 from tilus.ir.layout.cuda.tcgen05.smem import Tcgen05SwizzleMode, generate_canonical_layout
 from tilus.ir.layout.ops import shared_compose, shared_row_major
+
+from pipeline.fused_epilogue import FusedEpilogue, output_columns
 
 SWIZZLE_BYTES = 128  # the widest swizzled TMA box, and the swizzle the MMA reads: one box is 128 bytes wide
 
@@ -67,7 +72,11 @@ class MatmulKernel(tilus.Script):
             g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[k_size, n_size], strides=[ldb, 1])
         else:
             g_b = self.global_view(b_ptr, dtype=self.dtype, shape=[n_size, k_size], strides=[ldb, 1])
-        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size], strides=[ldc, 1])
+        c_columns = output_columns(n_size, self.activation)  # swiglu: one column of C per gate-up pair
+        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, c_columns], strides=[ldc, 1])
+        # the variant's bias and activation, applied by each version's epilogue (self.epilogue.apply)
+        g_bias = self.global_view(bias_ptr, dtype=self.dtype, shape=[1, n_size])
+        self.epilogue = FusedEpilogue(g_bias, self.bias, self.activation)
         self.matmul(g_a, g_b, g_c, m_size, n_size, k_size)
 
     def load_k_block(

@@ -35,6 +35,7 @@ from tilus import GlobalTensor, float32, int32
 from tilus.utils import cdiv
 
 from pipeline import Pipeline, TileRasterizer
+from pipeline.fused_epilogue import output_columns
 from pipeline.tcgen05_fence import fence_after_thread_sync, fence_before_thread_sync
 from pipeline.tma_store import StagedTmaStore
 
@@ -49,6 +50,7 @@ PTX_MARKERS = (
 )
 REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=3, group=8)
 B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)
+FUSED_EPILOGUE = True  # bias and every activation, in the epilogue (pipeline.fused_epilogue)
 
 EPILOGUE_COLUMNS = 64  # 128 bytes of a 16-bit dtype: one 128-byte-swizzled staging tile
 
@@ -95,7 +97,8 @@ class Kernel(MatmulKernel):
         s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, self.block_k])
         s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
         self.b_tiles_layout(s_b)  # K-major for "nk", MN-major for "kn" (entry.load_b)
-        s_c = self.shared_tensor(dtype=self.dtype, shape=[1, self.block_m, EPILOGUE_COLUMNS])
+        c_cols = output_columns(EPILOGUE_COLUMNS, self.activation)  # swiglu: half as many columns of C
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[1, self.block_m, c_cols])
         t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.block_m, self.block_n])
         with self.single_warp():  # the allocating warp: the CTA will not allocate again
             self.tcgen05.relinquish_alloc_permit(cta_group=1)
@@ -141,7 +144,8 @@ class Kernel(MatmulKernel):
                 r_sub = self.tcgen05.load(t_sub)
                 self.tcgen05.wait_load()
                 # converted first: half as many registers stay live while put() waits for the staging tile
-                out.put(r_sub.to(self.dtype), g_c, offset_m, offset_n + e * EPILOGUE_COLUMNS)
+                block, column = self.epilogue.apply(r_sub, offset_n + e * EPILOGUE_COLUMNS, "tcgen05")  # bias, act.
+                out.put(block.to(self.dtype), g_c, offset_m, column)
             out.finish()
 
         fence_before_thread_sync()  # every tcgen05.ld, before the barrier after which TMEM is freed

@@ -40,6 +40,7 @@ from tilus.utils import cdiv
 
 from pipeline import Pipeline, TileRasterizer
 from pipeline.clc import ClcScheduler
+from pipeline.fused_epilogue import output_columns
 from pipeline.tcgen05_fence import fence_after_thread_sync, fence_before_thread_sync
 from pipeline.tma_store import StagedTmaStore, staging_buffers
 
@@ -54,6 +55,7 @@ PTX_MARKERS = (
 )
 REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, acc_stages=2, e_block_n=32, group=8)
 B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)
+FUSED_EPILOGUE = True  # bias and every activation, in the epilogue (pipeline.fused_epilogue)
 
 TMA_WARP = 4
 MMA_WARP = 5
@@ -107,7 +109,8 @@ class Kernel(MatmulKernel):
         s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, self.block_k])
         s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
         self.b_tiles_layout(s_b)  # K-major for "nk", MN-major for "kn" (entry.load_b)
-        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.epilogue_buffers, self.block_m, self.e_block_n])
+        c_cols = output_columns(self.e_block_n, self.activation)  # swiglu: half as many columns of C
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.epilogue_buffers, self.block_m, c_cols])
         t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.acc_stages, self.block_m, self.block_n])
         with self.single_warp():  # the allocating warp: the CTA will not allocate again
             self.tcgen05.relinquish_alloc_permit(cta_group=1)
@@ -182,7 +185,8 @@ class Kernel(MatmulKernel):
                     if e == self.block_n // self.e_block_n - 1:  # the buffer's last tcgen05.ld has completed:
                         acc_ring.consumer_release()  # the MMA warp may refill it while this sub-tile is stored
                         acc_ring.consumer_advance()
-                    out.put(r_sub, g_c, m_tile * self.block_m, n_tile * self.block_n + e * self.e_block_n)
+                    block, column = self.epilogue.apply(r_sub, n_tile * self.block_n + e * self.e_block_n, "tcgen05")
+                    out.put(block, g_c, m_tile * self.block_m, column)  # with the variant's bias and activation
                 is_valid, tile = clc.next_tile()
                 if not is_valid:
                     break

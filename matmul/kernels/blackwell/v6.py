@@ -59,6 +59,7 @@ from tilus.utils import cdiv
 
 from pipeline import Pipeline, TileRasterizer
 from pipeline.clc import ClcScheduler
+from pipeline.fused_epilogue import output_columns
 from pipeline.tcgen05_fence import fence_after_thread_sync, fence_before_thread_sync
 from pipeline.tma_store import StagedTmaStore, staging_buffers
 
@@ -81,6 +82,7 @@ REPRESENTATIVE = dict(
     block_m=256, block_n=256, block_k=64, stages=6, acc_stages=2, e_block_n=32, group=8, cluster_ctas=2
 )
 B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)
+FUSED_EPILOGUE = True  # bias and every activation, in the epilogue (pipeline.fused_epilogue)
 
 TMA_WARP = 4
 MMA_WARP = 5
@@ -158,7 +160,8 @@ class Kernel(MatmulKernel):
         s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, cta_m, block_k])
         s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, half_n, block_k])
         self.b_tiles_layout(s_b)  # K-major for "nk", MN-major for "kn" (entry.load_b)
-        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.epilogue_buffers, cta_m, e_block_n])
+        c_cols = output_columns(e_block_n, self.activation)  # swiglu: half as many columns of C
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[self.epilogue_buffers, cta_m, c_cols])
         t_acc = self.tcgen05.alloc(dtype=float32, shape=[self.acc_stages, cta_m, block_n], cta_group=2)
         with self.single_warp():  # the allocating warp: the CTA will not allocate again
             self.tcgen05.relinquish_alloc_permit(cta_group=2)
@@ -266,7 +269,8 @@ class Kernel(MatmulKernel):
                     if e == block_n // e_block_n - 1:  # the buffer's last tcgen05.ld has completed:
                         acc_ring.consumer_release()  # on every leader's empty[a]
                         acc_ring.consumer_advance()
-                    out.put(r_sub, g_c, m_tile * cluster_m + rank * cta_m, n_tile * block_n + e * e_block_n)
+                    block, column = self.epilogue.apply(r_sub, n_tile * block_n + e * e_block_n, "tcgen05")
+                    out.put(block, g_c, m_tile * cluster_m + rank * cta_m, column)  # with bias and activation
                 is_valid, tile = clc.next_tile()
                 if not is_valid:
                     break

@@ -100,7 +100,7 @@ class Kernel(MatmulKernel):
 
         # epilogue: V1's, staged in the ring's A slots (idle now: every load has landed, every
         # wgmma is complete), block_k columns per slot
-        SlotTileStore(s_a).store(acc, g_c, offset_m, offset_n, slab=0)
+        SlotTileStore(s_a).store(acc, g_c, offset_m, offset_n, slab=0, epilogue=self.epilogue)
 
     def wait_and_multiply(
         self, full: RegisterTensor, s_a: SharedTensor, s_b: SharedTensor, acc: RegisterTensor, kb: int32

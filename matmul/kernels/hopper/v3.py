@@ -59,6 +59,7 @@ PTX_MARKERS = (
 )
 REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4)
 B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)
+FUSED_EPILOGUE = True  # bias and every activation, in the epilogue (pipeline.fused_epilogue)
 
 
 # block_m is two warpgroups' rows; each accumulator is one row of m64n256 wgmma. Shared memory:
@@ -139,7 +140,7 @@ class Kernel(MatmulKernel):
 
             # epilogue (V2's, per warpgroup): this half of the tile, staged in its own slab of the
             # ring's A slots (the other warpgroup may still be reading its slab and B)
-            SlotTileStore(s_a).store(acc, g_c, offset_m + wg * half_m, offset_n, slab=wg)
+            SlotTileStore(s_a).store(acc, g_c, offset_m + wg * half_m, offset_n, slab=wg, epilogue=self.epilogue)
 
     def wait_and_multiply(
         self, full: RegisterTensor, s_a: SharedTensor, s_b: SharedTensor, wg: int, acc: RegisterTensor, kb: int32

@@ -40,6 +40,7 @@ PTX_MARKERS = (
 )
 REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, group=16)
 B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)
+FUSED_EPILOGUE = True  # bias and every activation, in the epilogue (pipeline.fused_epilogue)
 
 
 # V3's tile and ring: 4 stages of 64 K columns, the output staged in the ring. The group (tile
@@ -120,4 +121,4 @@ class Kernel(MatmulKernel):
 
             # epilogue: this warpgroup's half of the tile, staged in its own slab of the ring's A
             # slots (the other warpgroup may still be reading its slab and B)
-            SlotTileStore(s_a).store(acc, g_c, offset_m + wg * half_m, offset_n, slab=wg)
+            SlotTileStore(s_a).store(acc, g_c, offset_m + wg * half_m, offset_n, slab=wg, epilogue=self.epilogue)

@@ -48,6 +48,7 @@ PTX_MARKERS = (
 )
 REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, group=16)
 B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)
+FUSED_EPILOGUE = True  # bias and every activation, in the epilogue (pipeline.fused_epilogue)
 
 
 # shared memory: stages * (block_m + block_n) * block_k * 2 bytes + 2 warpgroups * 2 staging
@@ -132,5 +133,5 @@ class Kernel(MatmulKernel):
                 acc = self.register_tensor(dtype=float32, shape=[half_m, self.block_n], init=0.0)
                 self.annotate_layout(acc, wgmma_fragment(half_m, self.block_n))
                 mainloop.run(s_a, s_b, wg, acc, num_k_blocks)
-                out.store(acc, g_c, m_tile * self.block_m + wg * half_m, n_tile * self.block_n)
+                out.store(acc, g_c, m_tile * self.block_m + wg * half_m, n_tile * self.block_n, self.epilogue)
             out.finish()

@@ -73,6 +73,7 @@ PTX_MARKERS = (
 )
 REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, group=8)
 B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)
+FUSED_EPILOGUE = True  # bias and every activation, in the epilogue (pipeline.fused_epilogue)
 
 
 # per CTA: stages * (block_m + block_n) * block_k * 2 bytes of ring (the whole B tile lands in
@@ -214,6 +215,8 @@ class Kernel(MatmulKernel):
                 mainloop.start(s_a, s_b, wg, acc)
                 following: int32 = tiles.receive()  # while K block 0 is on the tensor core
                 mainloop.finish(s_a, s_b, wg, acc, num_k_blocks)
-                out.store(acc, g_c, (2 * pair_m + rank) * self.block_m + wg * half_m, n_tile * self.block_n)
+                out.store(
+                    acc, g_c, (2 * pair_m + rank) * self.block_m + wg * half_m, n_tile * self.block_n, self.epilogue
+                )
                 linear = following
             out.finish()

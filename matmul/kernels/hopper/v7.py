@@ -64,6 +64,7 @@ PTX_MARKERS = (
 )
 REPRESENTATIVE = {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 8}
 B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)
+FUSED_EPILOGUE = True  # bias and every activation, in the epilogue (pipeline.fused_epilogue)
 # C is written by store_global (ClusterSplitKReduce.write) at int32 element offsets: no operand may
 # reach past 2^31 - 1 elements (A and B, read by TMA, could; the limit keeps to one rule per version)
 MAX_ELEMENTS = 2**31 - 1
@@ -179,7 +180,7 @@ class Kernel(MatmulKernel):
 
         reduce.exchange(rank)
         with self.warp_group(warp_begin=0, num_warps=4):
-            reduce.write(rank, g_c, offset_m, offset_n)
+            reduce.write(rank, g_c, offset_m, offset_n, self.epilogue)  # with the variant's bias, activation
         self.cluster.sync()  # no CTA leaves while a peer's copy may still read its partial tile
 
     def consumer(

@@ -1,0 +1,81 @@
+"""The fused epilogue (``pipeline.fused_epilogue``) without a GPU: the register layouts its swiglu
+views rest on, which versions declare it, and that each V3-V7 of both families builds with it and
+shows its math in the PTX. On the H100 the Hopper versions are run by
+tests/test_fused_epilogue_gpu.py; the Blackwell ones are compiled and inspected only.
+
+By default each version is built with one fused variant per family (bias + gelu_tanh in one, swiglu
+in the other, alternating, so that every version meets both); ``-m full_space`` builds every
+version of both families with every activation."""
+
+import itertools
+import re
+
+import pytest
+
+from matmul.build import compiler
+from matmul.kernels import variant as variants
+from matmul.kernels import versions
+from pipeline.fused_epilogue import in_column_groups
+
+ARCHS = ("sm_90a", "sm_100a")
+FUSED = ("v3", "v4", "v5", "v6", "v7")
+KEYS = ("bias+gelu_tanh", "swiglu")
+DEFAULT = [(arch, version, KEYS[(i + j) % 2]) for i, arch in enumerate(ARCHS) for j, version in enumerate(FUSED)] + [
+    ("sm_90a", "v7", "bias+swiglu"),
+    ("sm_100a", "v7", "bias+swiglu"),
+]
+FULL = [
+    (arch, version, key)
+    for arch, version in itertools.product(ARCHS, FUSED)
+    for key in ("bias", "relu", "gelu_tanh", "gelu_erf", "silu", "bias+silu", "swiglu", "bias+swiglu")
+]
+
+
+def test_every_tile_the_versions_fuse_is_its_column_groups_one_after_the_other():
+    # Hopper: a warpgroup's 64-row wgmma accumulator, in 64-column blocks (128 for swiglu)
+    assert all(in_column_groups("wgmma", 64, cols) for cols in (64, 128, 256))
+    # Blackwell: a tcgen05.load of 128 lanes, e_block_n or 64 columns
+    assert all(in_column_groups("tcgen05", 128, cols) for cols in (16, 32, 64, 128))
+    # V7: the transposed split-K slice, tokens x (weight rows / split)
+    assert all(in_column_groups("split_k", tokens, rows) for tokens in (16, 32, 64, 128, 256) for rows in (16, 32, 64))
+
+
+def test_v3_to_v7_declare_the_fused_epilogue_and_earlier_versions_do_not():
+    fused = variants.Variant(bias=True, activation="swiglu")
+    for arch in ARCHS:
+        for version in versions.available(arch):
+            module = versions.load(arch, version)
+            assert variants.supported(module, fused) == (version in FUSED), (arch, version)
+            assert variants.supported(module, variants.PLAIN)
+
+
+def check_build(arch: str, version: str, key: str):
+    module = versions.load(arch, version)
+    var = variants.Variant.parse(key)
+    result = compiler.build_config(module, arch, module.REPRESENTATIVE, variant=var)
+    assert result.ok, result.error[-3000:]
+    ptx = result.ptx()
+    assert ".f64" not in ptx  # the epilogue's constants are float32, not double
+    if var.activation not in (None, "relu"):
+        assert "ex2.approx" in ptx  # exp of silu, gelu's tanh form or erfc
+    if var.activation == "relu":
+        assert "max.f32" in ptx or "selp.f32" in ptx
+    if var.bias:
+        assert "ld.global" in ptx  # the bias slice (the operands come by TMA)
+    if arch == "sm_90a":
+        assert result.spill_bytes == 0 and result.stack_bytes == 0
+        report = (result.program_dir / "module" / "nvcc_output.txt").read_text()
+        assert not re.search(r"C7515|C7520|serialized", report), report  # the main loop's wgmma are untouched
+    for marker in module.PTX_MARKERS:
+        assert marker in ptx, marker  # the version's own step is still there
+
+
+@pytest.mark.parametrize("arch, version, key", DEFAULT)
+def test_builds_with_a_fused_epilogue(arch, version, key):
+    check_build(arch, version, key)
+
+
+@pytest.mark.full_space
+@pytest.mark.parametrize("arch, version, key", FULL)
+def test_every_activation_builds(arch, version, key):
+    check_build(arch, version, key)
