@@ -85,12 +85,14 @@ def run_case(case):
 
 
 @pytest.fixture(scope="module")
-def outputs():
-    all_cases = list(cases())
-    workers = min(len(all_cases), os.cpu_count() or 1)
+def outputs(request):
+    """The outputs of the cases this session runs (``-k`` may select a few)."""
+    params = [getattr(item, "callspec", None) for item in request.session.items]
+    selected = [p.params["case"] for p in params if p is not None and "case" in p.params]
+    workers = max(1, min(len(selected), os.cpu_count() or 1))
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-        return dict(zip(all_cases, pool.map(run_case, all_cases)))
+        return dict(zip(selected, pool.map(run_case, selected)))
 
 
 @pytest.mark.parametrize(
