@@ -286,11 +286,17 @@ def test_cuda_graph_replay_matches_torch():
         assert torch.equal(y, torch.matmul(x, w.T)) or api.choice(x, w.T)["version"] != tuner.VENDOR
 
 
-def test_an_untuned_shape_inside_a_capture_is_a_clear_error():
+def test_an_untuned_shape_inside_a_capture_runs_cublas_or_is_a_clear_error(monkeypatch):
     x, w = random_operands(3001, 5001, 777, torch.float16)  # a bucket no other test tunes
     graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # by default nothing is tuned or built in a capture: the instant choice runs
+        y = matmul.matmul(x, w.T)
+    graph.replay()
+    assert relative_error(y, reference(x, w)) <= TOLERANCE[torch.float16]
+    monkeypatch.setattr(api._chooser, "mode", "blocking")  # tuning in the caller cannot happen in a capture
+    x, w = random_operands(5000, 3001, 1500, torch.float16)  # another bucket
     with pytest.raises(matmul.NotTunedError, match="before capturing"):
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
             matmul.matmul(x, w.T)
 
 

@@ -37,7 +37,7 @@ class Recorder:
 def routed():
     """The process's entry routed to a fresh table and a recording fallback; restored afterwards."""
     table, fallback = native.DirectTable(), Recorder("python")
-    native.route(table, fallback)
+    native.route(table, fallback, fallback)
     yield table, fallback
     api.use_plans(api._plans)
 
@@ -157,7 +157,7 @@ def test_a_route_may_change_the_routing_while_it_runs(routed):
     a, b = operands()
 
     def reroute(x, y):  # drops the table that holds this very function, then calls through the entry
-        native.route(None, fallback)
+        native.route(None, fallback, fallback)
         table.clear()
         return matmul.matmul(x, y)
 
@@ -210,3 +210,22 @@ def test_a_failed_build_leaves_the_python_entry_with_a_warning(monkeypatch, capl
     with caplog.at_level(logging.WARNING):
         assert native_entry.load() is None
     assert "native entry is not available" in caplog.text and "Ninja is required" in caplog.text
+
+
+@built
+def test_linear_without_bias_or_activation_runs_the_route_of_its_flattened_input(routed):
+    table, fallback = routed
+    x, w = torch.randn(2, 3, 40).half(), torch.randn(16, 40).half()
+    table.put_vendor(x.view(6, 40), w.T, Recorder("vendor plan"))
+    y = matmul.linear(x, w)  # the vendor route: at::mm on x [6, 40] @ w.T, seen as [2, 3, 16]
+    assert y.shape == (2, 3, 16) and torch.allclose(y.float(), x.float() @ w.float().T, atol=1e-2)
+    assert matmul.linear(x, w, None, None).shape == (2, 3, 16) and fallback.calls == []
+    for call in (
+        lambda: matmul.linear(x, w, torch.zeros(16).half()),  # a bias
+        lambda: matmul.linear(x, w, None, "relu"),  # an activation
+        lambda: matmul.linear(x.transpose(0, 1), w),  # not contiguous: Python's reshape copies it
+        lambda: matmul.linear(x[0], w),  # another signature
+        lambda: matmul.linear(x, w.clone().requires_grad_()),  # a gradient to record
+    ):
+        before = len(fallback.calls)
+        assert call() == "python" and len(fallback.calls) == before + 1

@@ -117,21 +117,11 @@ def use_plans(plans: Plans) -> Plans:
     global _plans
     previous, _plans = _plans, plans
     if _native is not None:
-        _native.route(plans.direct, python_matmul)
+        _native.route(plans.direct, python_matmul, python_linear)
     return previous
 
 
-use_plans(_plans)  # the native entry reads the process's plans
-if _native is None:
-    matmul = python_matmul
-else:
-    matmul = _native.matmul
-    matmul.__module__ = __name__  # found here, not in the extension (which is not importable by name): it pickles
-    # torch.compile cannot look into a builtin: it traces the Python function in its place
-    torch.compiler.substitute_in_graph(matmul)(python_matmul)
-
-
-def linear(
+def python_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, activation: Optional[str] = None
 ) -> torch.Tensor:
     """``activation(x @ weight.T + bias)``: ``torch.nn.functional.linear`` followed by the activation,
@@ -168,6 +158,19 @@ def linear(
     else:
         y = _plans.launch_fused(x2, weight.T, bias, variant)
     return y.view(*x.shape[:-1], y.shape[-1])
+
+
+use_plans(_plans)  # the native entry reads the process's plans
+if _native is None:
+    matmul, linear = python_matmul, python_linear
+else:
+    # seen calls run from the native entry's table; found here, not in the extension (which is not
+    # importable by name): they pickle. torch.compile cannot look into a builtin: it traces the
+    # Python function in its place.
+    matmul, linear = _native.matmul, _native.linear
+    for _builtin, _function in ((matmul, python_matmul), (linear, python_linear)):
+        _builtin.__module__ = __name__
+        torch.compiler.substitute_in_graph(_builtin)(_function)
 
 
 def _check_linear(x, weight, bias, variant: Variant) -> None:

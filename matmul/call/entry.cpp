@@ -16,7 +16,8 @@
 //
 // Every other call (not two tensors, out=, keywords, a gradient to record, a tensor subclass or a
 // mode that overrides torch functions, a signature not seen) goes to the Python ``matmul`` it was
-// routed with, which runs the full checks and derives the plan.
+// routed with, which runs the full checks and derives the plan. ``linear`` (no bias, no activation,
+// a contiguous x of any leading dimensions) reads the same table for x [M, K] @ weight.T.
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
@@ -29,6 +30,7 @@
 
 #include <cstring>
 #include <unordered_map>
+#include <vector>
 
 namespace py = pybind11;
 
@@ -142,6 +144,7 @@ class DirectTable {
 PyObject* routed_table = nullptr;  // keeps ``table`` alive while it is read
 const DirectTable* table = nullptr;
 PyObject* fallback = nullptr;
+PyObject* linear_fallback = nullptr;  // linear()'s Python function
 
 // a torch.Tensor or nn.Parameter, not a subclass: a subclass may override what torch functions do
 bool plain_tensor(PyObject* obj) { return THPVariable_CheckExact(obj); }
@@ -216,16 +219,68 @@ PyObject* matmul_entry(PyObject* /*module*/, PyObject* const* args, Py_ssize_t n
   END_HANDLE_TH_ERRORS
 }
 
-void route(py::object new_table, py::object new_fallback) {
+// linear(x, weight, bias=None, activation=None) of a seen signature with neither bias nor activation
+// (most of a model's projections): x [..., K] seen as [M, K] (contiguous x only: a view), the route of
+// x2 @ weight.T, its result seen as [..., N]. Every other call goes to linear's Python function.
+PyObject* linear_entry(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargsf, PyObject* kwnames) {
+  HANDLE_TH_ERRORS
+  if (linear_fallback == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "linear's native entry was never routed (call route(...))");
+    return nullptr;
+  }
+  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  if (table != nullptr && kwnames == nullptr && nargs >= 2 && nargs <= 4 && plain_tensor(args[0]) &&
+      plain_tensor(args[1]) && (nargs < 3 || args[2] == Py_None) && (nargs < 4 || args[3] == Py_None) &&
+      !at::impl::torch_function_mode_enabled()) {
+    const at::Tensor& x = THPVariable_Unpack(args[0]);
+    const at::Tensor& weight = THPVariable_Unpack(args[1]);
+    bool recorded = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
+    if (!recorded && x.layout() == at::kStrided && !x.is_nested() && x.dim() >= 2 && x.is_contiguous() &&
+        weight.layout() == at::kStrided && weight.dim() == 2) {
+      at::Tensor x2 = x.dim() == 2 ? x : x.view({-1, x.size(-1)});
+      at::Tensor w_t = weight.t();
+      const Route* route = table->find(x2, w_t);
+      PyObject* result = nullptr;
+      if (route != nullptr && route->kind == Kind::vendor) {
+        at::Tensor c;
+        {
+          py::gil_scoped_release no_gil;
+          c = at::mm(x2, w_t);
+        }
+        result = THPVariable_Wrap(std::move(c));
+      } else if (route != nullptr && route->kind == Kind::launch && aligned(x2, route->launch.align) &&
+                 aligned(w_t, route->launch.align)) {
+        result = run_launch(route->launch, x2, w_t);
+      } else {
+        return call_held(linear_fallback, args, nargsf, kwnames);
+      }
+      if (result == nullptr || x.dim() == 2) return result;
+      std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+      at::Tensor c = THPVariable_Unpack(result);
+      shape.back() = c.size(1);
+      at::Tensor shaped = c.view(shape);  // splits M: c's rows keep their stride
+      Py_DECREF(result);
+      return THPVariable_Wrap(std::move(shaped));
+    }
+  }
+  return call_held(linear_fallback, args, nargsf, kwnames);
+  END_HANDLE_TH_ERRORS
+}
+
+void route(py::object new_table, py::object new_fallback, py::object new_linear_fallback) {
   const DirectTable* t = new_table.is_none() ? nullptr : new_table.cast<const DirectTable*>();
-  if (!PyCallable_Check(new_fallback.ptr())) throw py::type_error("the fallback must be callable");
+  if (!PyCallable_Check(new_fallback.ptr()) || !PyCallable_Check(new_linear_fallback.ptr()))
+    throw py::type_error("the fallbacks must be callable");
   PyObject* old_table = routed_table;
   PyObject* old_fallback = fallback;
+  PyObject* old_linear_fallback = linear_fallback;
   routed_table = new_table.inc_ref().ptr();
   fallback = new_fallback.inc_ref().ptr();
+  linear_fallback = new_linear_fallback.inc_ref().ptr();
   table = t;
   Py_XDECREF(old_table);  // last: releasing them may run Python code, which may call matmul()
   Py_XDECREF(old_fallback);
+  Py_XDECREF(old_linear_fallback);
 }
 
 PyMethodDef entry_methods[] = {
@@ -233,6 +288,10 @@ PyMethodDef entry_methods[] = {
      METH_FASTCALL | METH_KEYWORDS,
      "matmul(a, b, *, out=None)\n--\n\n``a @ b``: see ``matmul.call.api``. Seen calls run from the routed "
      "table; every other call goes to the Python function it was routed with."},
+    {"linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(linear_entry)),
+     METH_FASTCALL | METH_KEYWORDS,
+     "linear(x, weight, bias=None, activation=None)\n--\n\n``activation(x @ weight.T + bias)``: see "
+     "``matmul.call.api.linear``. Seen calls without bias or activation run from the routed table."},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace
@@ -254,7 +313,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("kind", &DirectTable::kind, py::arg("a"), py::arg("b"))
       .def("clear", &DirectTable::clear)
       .def("__len__", &DirectTable::size);
-  m.def("route", &route, py::arg("table"), py::arg("fallback"),
-        "Make matmul() read ``table`` (a DirectTable, or None for none) and hand every other call to ``fallback``");
+  m.def("route", &route, py::arg("table"), py::arg("fallback"), py::arg("linear_fallback"),
+        "Make matmul() and linear() read ``table`` (a DirectTable, or None for none) and hand every other call "
+        "to ``fallback`` (matmul's) or ``linear_fallback``");
   if (PyModule_AddFunctions(m.ptr(), entry_methods) != 0) throw py::error_already_set();
 }
