@@ -103,7 +103,9 @@ def test_a_mutant_that_no_longer_matches_fails_loudly():
 
 def test_a_barrier_left_partly_arrived_is_reported():
     """The model itself: a phase that receives fewer arrivals than its count before the CTA exits."""
-    from matmul.protocol.machine import Barrier, BarrierAddr, Cta, Finding, Machine
+    from matmul.protocol.findings import Finding
+    from matmul.protocol.machine import Machine
+    from matmul.protocol.state import Barrier, BarrierAddr, Cta
 
     machine = Machine.__new__(Machine)
     machine.trace, machine.events, machine.async_ops = [], 0, []
@@ -122,7 +124,8 @@ def test_a_role_that_loops_without_synchronizing_is_reported_not_hung():
     from tilus import int32
     from tilus.lang.instantiated_script import CallParameters, JitInstance
 
-    from matmul.protocol.machine import Finding, Machine, Problem
+    from matmul.protocol.findings import Finding
+    from matmul.protocol.machine import Machine, Problem
 
     class Spin(tilus.Script):
         def __call__(self, n: int32):

@@ -2,10 +2,10 @@
 
 ``check(arch, version)`` transpiles a version and applies tilus's own passes (the program tilus's
 code generator turns into CUDA C; no nvcc, no GPU), then runs that program on a model of the
-machine (``matmul.protocol.machine``) for a small problem: ragged last tiles and a ragged last K
-block, several tiles per CTA where the kernel is persistent (the GPU is taken to have ``SMS``
-SMs), clusters as the kernel declares them, and for CLC kernels a launch that keeps one to
-``RESIDENT_CLUSTERS`` clusters on the GPU, so that ``try_cancel`` steals the rest and finally
+machine (``machine.Machine``) for a small problem: ragged last tiles and a ragged last K block,
+several tiles per CTA where the kernel is persistent (the GPU is taken to have ``SMS`` SMs),
+clusters as the kernel declares them, and for CLC kernels a launch that keeps one to
+``explore.RESIDENT_CLUSTERS`` clusters on the GPU, so that ``try_cancel`` steals the rest and finally
 answers "no work left". Every role (the warps, warpgroups or single warps that a
 ``thread_group`` sets apart) of every CTA is a thread of execution; the TMA unit, the tensor
 core's commits, CLC responses, ``st.async`` and DSMEM bulk copies are asynchronous agents whose
@@ -13,6 +13,12 @@ effects land whenever the schedule says. Each seed is one interleaving: seeded r
 and strategies that starve the asynchronous agents (they fire only when no role can move), flood
 them, run one role as far as it can before another moves, or hold back one kind of role (every
 CTA's epilogue, say) until nothing else can move.
+
+The modules: this one chooses what to check (configurations, problems) and transpiles it;
+``explore`` runs the interleavings; ``machine`` is one run (the grid, the scheduler, the checks on
+exit), composed of ``interpreter`` (a role over the IR), ``data_instructions`` and
+``sync_instructions`` (what each instruction does), ``events`` (the barrier rules) and ``coverage``
+(C stored exactly once); ``state`` holds the records they share and ``findings`` the faults.
 
 What a pass proves, for the problem sizes and interleavings it ran: the *counting* protocol
 holds. Every mbarrier phase completes with exactly its arrival count and exactly the bytes
@@ -42,8 +48,6 @@ before it exits, as Blackwell V6's producer tail does).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import random
 import time
 from types import ModuleType
 from typing import Any, Iterator, Optional
@@ -52,11 +56,11 @@ import tilus
 from tilus.lang.instantiated_script import CallParameters, JitInstance
 
 from ..kernels import versions
-from .machine import KINDS, AsyncOp, Finding, Machine, Problem, Role
+from .explore import Report, check_function
+from .findings import KINDS, Finding
+from .machine import Problem
 
 SMS = 4  # the GPU a persistent kernel is built for here: a few SMs, so CTAs get several tiles each
-RESIDENT_CLUSTERS = 3  # at most this many clusters on the GPU at once for CLC kernels (the rest are stolen)
-STRATEGIES = ("starve-async", "flood-async", "run-ahead", "lag-one-role", "random")
 
 __all__ = ["KINDS", "Finding", "Report", "check", "check_function", "configs_to_check", "problems_for", "transpile"]
 
@@ -140,109 +144,6 @@ def configs_to_check(module: ModuleType, arch: Optional[str] = None, all_configs
             shapes.add(shape)
             configs.append(config)
     return configs
-
-
-def _chooser(strategy: str, rng: random.Random, turn: int = 0):
-    """The scheduling decisions of one interleaving. ``turn`` picks, for "lag-one-role", which kind
-    of role (thread range) is held back: every kind in turn over the seeds."""
-    last: list[Optional[Role]] = [None]
-    lagging: list[Optional[tuple]] = [None]  # the thread range whose roles move only when nothing else can
-
-    def choose(ready: list[Role], ops: list[AsyncOp]):
-        if strategy == "lag-one-role":
-            if lagging[0] is None:
-                ranges = sorted({(r.lo, r.hi) for r in ready})
-                lagging[0] = ranges[turn % len(ranges)]
-            others = [r for r in ready if (r.lo, r.hi) != lagging[0]] + ops
-            return rng.choice(others or ready)
-        if strategy == "flood-async" and ops:
-            return rng.choice(ops)
-        if strategy in ("starve-async", "run-ahead") and ready:
-            if strategy == "run-ahead" and last[0] in ready:
-                return last[0]
-            last[0] = rng.choice(ready)
-            return last[0]
-        pool = ready + ops
-        return rng.choice(pool)
-
-    return choose
-
-
-@dataclasses.dataclass
-class Report:
-    label: str
-    cluster: int = 1  # CTAs per cluster
-    roles: int = 0
-    events: int = 0
-    interleavings: int = 0
-    seconds: float = 0.0
-    finding: Optional[Finding] = None
-    seed: Optional[int] = None
-    strategy: str = ""
-    problem: Optional[Problem] = None
-
-    @property
-    def ok(self) -> bool:
-        return self.finding is None
-
-    @property
-    def verdict(self) -> str:
-        if self.ok:
-            return "pass"
-        p = self.problem
-        return (
-            f"{self.finding.kind} (seed {self.seed}, {self.strategy}, M={p.m} N={p.n} K={p.k}): {self.finding.message}"
-        )
-
-    def trace(self, lines: int = 40) -> str:
-        """The last events before the finding, those of the CTAs it names first (if it names any)."""
-        if not self.finding:
-            return ""
-        import re
-
-        named = set(re.findall(r"cta\d+", self.finding.message))
-        events = [e for e in self.finding.trace if not named or named & set(re.findall(r"cta\d+", e))]
-        return "\n".join(events[-lines:])
-
-
-def check_function(
-    function,
-    problems: list[Problem],
-    seeds: int = 24,
-    label: str = "",
-    resident_clusters: int = RESIDENT_CLUSTERS,
-    clc: Optional[bool] = None,
-    ordered_commits: bool = True,
-) -> Report:
-    """Run ``seeds`` interleavings of one transpiled kernel; stop at the first finding. Seed ``s``
-    uses strategy ``STRATEGIES[s % 5]``; each run of five seeds takes one problem, the first
-    (largest) every other run, so that every problem meets every strategy; a CLC kernel keeps
-    ``1 + s % resident_clusters`` clusters resident (the rest are stolen by ``try_cancel`` or
-    launched as others exit)."""
-    report = Report(label)
-    start = time.time()
-    if clc is None:
-        clc = "ClusterLaunchControlTryCancel" in str(function)
-    for seed in range(seeds):
-        strategy = STRATEGIES[seed % len(STRATEGIES)]
-        turn = seed // len(STRATEGIES)
-        problem = problems[0] if turn % 2 == 0 else problems[1 + turn // 2 % (len(problems) - 1)]
-        machine = None
-        try:
-            resident = 1 + seed % resident_clusters if clc else None
-            machine = Machine(function, problem, resident_clusters=resident, ordered_commits=ordered_commits)
-            report.roles = max(report.roles, len(machine.ranges) * len(machine.ctas))  # largest problem
-            report.cluster = machine.cluster_size
-            machine.run(_chooser(strategy, random.Random(seed), turn // 2))
-        except Finding as finding:
-            report.finding, report.seed, report.strategy, report.problem = finding, seed, strategy, problem
-            report.events += machine.events if machine is not None else 0
-            report.interleavings += 1
-            break
-        report.events += machine.events
-        report.interleavings += 1
-    report.seconds = time.time() - start
-    return report
 
 
 def check(

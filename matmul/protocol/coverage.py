@@ -1,0 +1,92 @@
+"""The check of the result's coverage: every element of C stored exactly once, from an accumulator
+that took every K block of its rows and columns exactly once, as the provenance tags that followed
+the data say (``state.LoadTag``: which tile of A or B a load brought in; ``state.AccTag``: which
+loads each MMA added into an accumulator).
+
+``CoverageChecks`` is a mixin of ``machine.Machine`` (it uses ``problem``, ``stored``, ``k_block``,
+``log`` and ``fail``): the one check about what the kernel computes rather than how it
+synchronizes; the instructions feed it at each store into C and the machine closes it at the end of
+a run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .state import AccTag, Role
+
+
+class CoverageChecks:
+    """The coverage of C, checked store by store and at the end of a run."""
+
+    def record_store(self, role: Role, tags: list, offsets: list, shape: tuple, why: str) -> None:
+        p = self.problem
+        r0, c0 = offsets
+        r1, c1 = min(r0 + shape[0], p.m), min(c0 + shape[1], p.n)
+        r0, c0 = max(r0, 0), max(c0, 0)
+        self.log(f"{role.name}: {why} C[{r0}:{r1}, {c0}:{c1}]")
+        if r1 <= r0 or c1 <= c0:
+            return
+        accs = [t for t in tags if isinstance(t, AccTag)]
+        if not accs:
+            self.fail("coverage", f"{role.name} stores C[{r0}:{r1}, {c0}:{c1}] from data no MMA computed")
+        for acc in accs:
+            self.check_acc(role, acc, r0, r1, c0, c1)
+        self.stored[r0:r1, c0:c1] += 1
+
+    def check_acc(self, role, acc: AccTag, r0, r1, c0, c1) -> None:
+        where = f"{role.name} stores C[{r0}:{r1}, {c0}:{c1}]"
+        ks = []
+        for first, second in acc.terms:
+            if all(t.k0 >= self.problem.k for t in first | second):
+                continue  # a K block wholly past K (a split that got none): TMA fills it with zeros
+            # which operand holds A's rows is the MMA's business (swap-AB kernels compute C^T)
+            loads = first | second
+            a_loads = frozenset(t for t in loads if t.matrix == "A")
+            b_loads = frozenset(t for t in loads if t.matrix == "B")
+            k_offsets = {t.k0 for t in loads}
+            if len(k_offsets) != 1 or not a_loads or not b_loads:
+                self.fail(
+                    "coverage",
+                    f"{where}: one MMA read A and B of different K blocks, or not both ({sorted(k_offsets)})",
+                )
+            if ({t.matrix for t in first} == {t.matrix for t in second}) or len(a_loads | b_loads) != len(loads):
+                self.fail("coverage", f"{where}: an MMA read the wrong operand")
+            if not _covers(a_loads, r0, r1) or not _covers(b_loads, c0, c1):
+                self.fail(
+                    "coverage",
+                    f"{where}: an MMA at K offset {k_offsets.pop()} read A or B tiles that do "
+                    f"not hold these rows/columns",
+                )
+            ks.append(next(iter(k_offsets)))
+        block = self.k_block
+        want = list(range(0, self.problem.k, block)) if block else []
+        if sorted(ks) != want:
+            missing = sorted(set(want) - set(ks))
+            extra = sorted(k for k in set(ks) if ks.count(k) > 1 or k not in want)
+            self.fail(
+                "coverage",
+                f"{where}: accumulated K offsets {sorted(ks)}; missing {missing}, repeated or foreign {extra}",
+            )
+
+    def check_coverage(self) -> None:
+        bad = np.argwhere(self.stored != 1)
+        if len(bad):
+            r, c = bad[0]
+            count = self.stored[r, c]
+            never = int((self.stored == 0).sum())
+            twice = int((self.stored > 1).sum())
+            self.fail(
+                "coverage",
+                f"C[{r}, {c}] stored {count} times ({never} elements never stored, {twice} stored more than once)",
+            )
+
+
+def _covers(loads, lo: int, hi: int) -> bool:
+    spans = sorted((t.row0, t.row0 + t.rows) for t in loads)
+    at = lo
+    for s, e in spans:
+        if s > at:
+            break
+        at = max(at, e)
+    return at >= hi

@@ -1,0 +1,174 @@
+"""The instructions that only place, view or move data: allocations of shared, tensor and register
+memory, views and slices of them, register arithmetic, and loads and stores between global memory,
+shared memory and registers. None of them blocks or completes a barrier, and nothing is computed: a
+view is an address range (``state.MemRef``), and a value carries only what feeds control flow
+(barrier addresses) and its provenance tag (which A and B tiles, which accumulator), so that a
+store into C can be checked (``coverage``) and a write into shared memory that an asynchronous
+read may still be using is a race (``events.SyncEvents.check_write``).
+
+``DataInstructions`` is a mixin of ``machine.Machine``: its ``i_<Instruction>`` methods are handlers
+that the interpreter dispatches to.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from .state import ROW_STRIDE, AccTag, GlobalRef, LoadTag, MemRef, RegVal, row_major
+
+
+class DataInstructions:
+    """Handlers of the data instructions (allocations, views, loads and stores)."""
+
+    def _alloc(self, inst, role, make):
+        cta = role.cta
+        key = id(inst)
+        if key not in cta.allocs:
+            cta.allocs[key] = make()
+        return cta.allocs[key]
+
+    def i_GlobalViewInst(self, inst, env, role, group, active):
+        out = inst.global_output
+        if out not in self.global_names:
+            names = "ABC"
+            if len(self.global_names) >= 3:
+                self.fail("unsupported", "more than three global views")
+            self.global_names[out] = GlobalRef(names[len(self.global_names)])
+        env[out] = self.global_names[out]
+
+    def _mem(self, inst, role, tensor):
+        shape = tuple(int(s) for s in tensor.shape)
+        return MemRef(role.cta.index, id(inst), 0, shape, row_major(shape), tensor.dtype.nbits / 8)
+
+    def i_AllocateSharedInst(self, inst, env, role, group, active):
+        env[inst.shared_output] = self._alloc(inst, role, lambda: self._mem(inst, role, inst.shared_output))
+
+    def i_Tcgen05AllocInst(self, inst, env, role, group, active):
+        env[inst.output] = self._alloc(inst, role, lambda: self._mem(inst, role, inst.output))
+
+    def i_AllocateRegisterInst(self, inst, env, role, group, active):
+        env[inst.register_output] = RegVal(None, tuple(inst.register_output.shape), AccTag())
+
+    def _slice(self, ref: MemRef, offsets, dims, out_shape) -> MemRef:
+        start = ref.start + sum(o * st for o, st in zip(offsets, ref.strides))
+        keep = range(len(ref.shape)) if dims is None else dims
+        strides = tuple(ref.strides[d] for d in keep)
+        shape = tuple(int(s) for s in out_shape)
+        if len(strides) != len(shape):
+            strides = row_major(shape)
+        return dataclasses.replace(ref, start=start, shape=shape, strides=strides)
+
+    def i_SliceSharedInst(self, inst, env, role, group, active):
+        offsets = [self.eval(o, env, role) for o in inst.offsets]
+        env[inst.shared_output] = self._slice(env[inst.inputs[0]], offsets, inst.dims, inst.shared_output.shape)
+
+    def i_Tcgen05SliceInst(self, inst, env, role, group, active):
+        offsets = [self.eval(o, env, role) for o in inst.offsets]
+        env[inst.output] = self._slice(env[inst.inputs[0]], offsets, inst.slice_dims, inst.output.shape)
+
+    def i_PermuteSharedInst(self, inst, env, role, group, active):
+        ref = env[inst.inputs[0]]
+        dims = inst.dims
+        env[inst.shared_output] = dataclasses.replace(
+            ref, shape=tuple(ref.shape[d] for d in dims), strides=tuple(ref.strides[d] for d in dims)
+        )
+
+    def i_ReshapeSharedInst(self, inst, env, role, group, active):
+        ref = env[inst.inputs[0]]
+        shape = tuple(int(s) for s in inst.shared_output.shape)
+        env[inst.shared_output] = dataclasses.replace(ref, shape=shape, strides=row_major(shape))
+
+    def i_SliceRegisterInst(self, inst, env, role, group, active):
+        value = env[inst.inputs[0]]
+        out = inst.register_output
+        if value.data is not None:
+            offsets = [self.eval(o, env, role) for o in inst.offsets]
+            strides = row_major(value.shape)
+            start = sum(o * s for o, s in zip(offsets, strides))
+            size = math.prod(int(s) for s in out.shape)
+            if size != 1:
+                self.fail("unsupported", "a slice of more than one element of a tensor of addresses")
+            env[out] = RegVal([value.data[start]], (), None)
+        else:
+            env[out] = RegVal(None, tuple(out.shape), value.tag)
+
+    def _same_tag(self, inst, env, role, group, active):
+        value = env[inst.inputs[0]]
+        env[inst.register_output] = RegVal(value.data, tuple(inst.register_output.shape), value.tag)
+
+    i_CastInst = _same_tag
+    i_ViewInst = _same_tag
+    i_TransposeInst = _same_tag
+
+    def i_AddInst(self, inst, env, role, group, active):
+        tags = [env[x].tag for x in inst.inputs if isinstance(env[x].tag, AccTag)]
+        if len(tags) > 1:
+            merged = AccTag()
+            for t in tags:
+                merged.terms.extend(t.terms)
+            tags = [merged]
+        env[inst.register_output] = RegVal(None, tuple(inst.register_output.shape), tags[0] if tags else None)
+
+    def i_LoadSharedInst(self, inst, env, role, group, active):
+        tags = role.cta.read_tags(env[inst.inputs[0]])
+        accs = [t for t in tags if isinstance(t, AccTag)]
+        env[inst.register_output] = RegVal(
+            None, tuple(inst.register_output.shape), accs[0] if accs else (tags[0] if tags else None)
+        )
+
+    def i_MapSharedAddrInst(self, inst, env, role, group, active):
+        value = env[inst.inputs[0]]
+        rank = self.eval(inst.target_rank, env, role)
+        target = self.cta_of(role.cta, rank).index
+        data = [dataclasses.replace(a, cta=target) for a in value.data]
+        env[inst.register_output] = RegVal(data, value.shape, None)
+
+    def i_LoadGlobalInst(self, inst, env, role, group, active):
+        src: GlobalRef = env[inst.inputs[0]]
+        offsets = [self.eval(o, env, role) for o in inst.offsets]
+        shape = tuple(int(s) for s in inst.register_output.shape)
+        if src.matrix == "A" and self.k_block is None:
+            self.k_block = shape[-1]
+        env[inst.register_output] = RegVal(None, shape, LoadTag(src.matrix, offsets[0], shape[0], offsets[1], shape[1]))
+
+    def i_SliceGlobalInst(self, inst, env, role, group, active):
+        ref: GlobalRef = env[inst.inputs[0]]
+        offsets = [self.eval(o, env, role) for o in inst.offsets]
+        row, col = offsets[-2:] if len(offsets) >= 2 else (0, offsets[0] if offsets else 0)
+        env[inst.global_output] = dataclasses.replace(ref, base=ref.base + row * ROW_STRIDE + col)
+
+    def _generic_origin(self, inst, env, role) -> tuple[GlobalRef, int, int]:
+        """The matrix and (row, column) a lowered load/store starts at: its offset at axes 0."""
+        ref: GlobalRef = env[inst.ptr]
+        local = dict(env)
+        for axis in inst.axes:
+            local[axis] = 0
+        offset = ref.base + self.eval(inst.offset, local, role)
+        return ref, offset // ROW_STRIDE, offset % ROW_STRIDE
+
+    def i_LoadGlobalGenericInst(self, inst, env, role, group, active):
+        ref, row, col = self._generic_origin(inst, env, role)
+        shape = tuple(int(s) for s in inst.register_output.shape)
+        if ref.matrix == "A" and self.k_block is None:
+            self.k_block = shape[-1]
+        env[inst.register_output] = RegVal(None, shape, LoadTag(ref.matrix, row, shape[0], col, shape[1]))
+
+    def i_StoreGlobalGenericInst(self, inst, env, role, group, active):
+        ref, row, col = self._generic_origin(inst, env, role)
+        if ref.matrix != "C":
+            self.fail("unsupported", f"a store into {ref.matrix}")
+        value: RegVal = env[inst.inputs[0]]
+        self.record_store(role, [value.tag], [row, col], value.shape[-2:], "store")
+
+    def i_StoreGlobalInst(self, inst, env, role, group, active):
+        # the destination is C (the only global view stored to)
+        value: RegVal = env[inst.inputs[1]]
+        offsets = [self.eval(o, env, role) for o in inst.offsets]
+        self.record_store(role, [value.tag], offsets, value.shape[-2:], "store")
+
+    def i_StoreSharedInst(self, inst, env, role, group, active):
+        dst: MemRef = env[inst.inputs[0]]
+        value: RegVal = env[inst.inputs[1]]
+        self.check_write(role.cta, dst.alloc, dst.start, dst.end, f"{role.name}'s store")
+        role.cta.write_tag(dst, value.tag)
