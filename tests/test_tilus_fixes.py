@@ -49,6 +49,7 @@ def test_fixes_are_applied_for_tilus_0_2_0():
         "fence_tall_accumulators",
         "workspace_in_shared_memory",
         "mn_major_operands",
+        "wgmma_register_a",
     }
     assert all(fix.applied for fix in tilus_fixes.FIXES.values())
 
@@ -182,3 +183,14 @@ def test_tcgen05_takes_a_k_major_a_beside_an_mn_major_b_only_with_the_fix(fresh_
     fixed, faulty = build_kn_with_and_without("sm_100a", fresh_cache)
     check_reads_weight_mn_major(fixed, "sm_100a", "v3")  # the instruction descriptor's transpose-B bit
     assert not faulty.ok and "majorness is not supported: K and MN" in faulty.error
+
+
+def test_wgmma_with_a_in_registers_builds_only_with_the_fix(fresh_cache):
+    from conftest import representative_build
+
+    assert representative_build("sm_90a", "v8").ok  # Hopper V8: its int4 weight widened into A's registers
+    module = versions.load("sm_90a", "v8")
+    with tilus_fixes.disabled("wgmma_register_a"):
+        use_cache(fresh_cache / "without")
+        faulty = build.build_config(module, "sm_90a", module.REPRESENTATIVE)
+    assert not faulty.ok and "WgmmaMmaRS" in faulty.error

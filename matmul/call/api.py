@@ -45,6 +45,7 @@ import torch
 from ..contract import MatmulInputError, check_call, tma_readable
 from ..kernels import versions
 from ..kernels.variant import PLAIN, SWIGLU_GROUP, Variant
+from ..quant import QuantizedWeight, TransposedWeight
 from . import native_entry, shapes, torch_op
 from .choice_cache import Entry
 from .chooser import Chooser, NotTunedError
@@ -92,6 +93,10 @@ _is_compiling = torch.compiler.is_compiling  # looked up once: every call pays f
 
 def python_matmul(a: torch.Tensor, b: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``a @ b`` (a [M, K], b [K, N]) into ``out`` [M, N] if given; see the module's docstring."""
+    if isinstance(b, TransposedWeight):  # qw.T of a quantized weight: its own path (matmul.quant)
+        from ..quant import linear as quant_linear
+
+        return quant_linear.matmul(a, b, out=out)
     try:
         if a.dim() != 2 or b.dim() != 2:  # torch.matmul's rules for other shapes, on the 2-D call
             return shapes.general(matmul, a, b, out)
@@ -138,6 +143,10 @@ def python_linear(
     kernels) and the activation in torch, which keeps what its derivative needs."""
     if activation == "gelu":
         activation = "gelu_erf"
+    if isinstance(weight, QuantizedWeight):  # a quantized weight: its own path (matmul.quant)
+        from ..quant import linear as quant_linear
+
+        return quant_linear.linear(x, weight, bias, activation)
     try:
         variant = Variant("nk", bias is not None, activation or None)
     except ValueError as e:

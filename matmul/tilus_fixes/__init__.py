@@ -16,7 +16,9 @@ around, is guarded to the tilus release that has it, and can be taken out again
   placed 128-byte aligned, but the dynamic shared memory is sized from the unaligned top;
 * ``mn_major_operands``: an MMA operand stored MN-major in shared memory (b [K, N] read in place)
   is read as K-major by wgmma, refused by tcgen05 beside a K-major one, and loses its layout to
-  the MMA's guess in layout inference.
+  the MMA's guess in layout inference;
+* ``wgmma_register_a``: ``wgmma.mma`` with its A operand in registers has no emitter and no layout
+  inference rule (V8 widens its int4 weight into that operand).
 
 Each module's docstring describes its fault and the work-around in full.
 """
@@ -35,6 +37,7 @@ from . import (
     mn_major_operands,
     serial_transpile,
     tma_sm90,
+    wgmma_register_a,
     workspace_in_shared_memory,
 )
 from .build_without_gpu import stand_in_libcuda_dir
@@ -50,6 +53,7 @@ MODULES = (
     fence_tall_accumulators,
     workspace_in_shared_memory,
     mn_major_operands,
+    wgmma_register_a,
 )
 
 FIXES: dict[str, Fix] = {}

@@ -1,0 +1,281 @@
+"""Hopper V8: V7 with int4 weights: the weight is stored in 4 bits with one scale per group of 128
+along K and widened to 16 bits on chip, so the skinny GEMM streams a quarter of the bytes.
+
+Idea: at small M a projection is bound by reading its weight once (V7 runs at 84-103% of that
+fp16 floor), so only fewer bytes go faster. V8 is V7 (swap-AB, split-K over a cluster reduced
+through DSMEM, a deep TMA ring fed by a producer warp) whose ring carries, per K block of 128
+columns (one scale group), a packed int4 tile of 64 weight rows per warpgroup (4 KiB instead of
+V7's 16 KiB for the same columns), those rows' 64 scales (128 bytes) and the token tile. Each
+consumer warpgroup widens its tile in registers and issues the wgmma with A in registers: the
+weight rows are still the MMA's M side, the tokens its N side.
+
+Weights: signed int4 (two's complement, -8..7), symmetric, ``w ~ q * scale[row, k // 128]``,
+scale = absmax / 7 of the group (``matmul.quant``). Signed, no zero point: LLM weight groups are
+nearly centred on 0, a zero point would add a tensor to stream and a subtraction per value, and
+the magic-number conversion absorbs the sign for free (the xor of ``0x88888888``).
+
+Packed layout (``matmul.quant.int4``, made once when the weight is quantized): the weight [N, K]
+is cut into tiles of 64 rows x 128 columns (N padded to 64 with zero rows). A tile is 4 KiB:
+``[half h < 2][thread t < 128][word j < 4]`` int32, word ``j`` of thread ``t`` of half ``h`` being
+the 8 values thread ``t`` holds in the wgmma A fragment of K step ``4 h + j`` (rows ``16 w + g``,
+``16 w + g + 8`` and columns ``2c, 2c + 1, 2c + 8, 2c + 9`` of the step, ``t = 32 w + 4 g + c``),
+low nibble first. In memory the packed weight is an int32 matrix ``[N_pad / 4, K / 2]`` (the size
+of an int4 [N_pad, K]): rows ``16 i .. 16 i + 15`` hold the tiles of row tile ``i``, the tile of
+K block ``b`` in columns ``64 b .. 64 b + 63``, so one TMA box [16, 64] (no swizzle) lands a tile in
+shared memory in that order, and each thread reads its 16 bytes of a half with one ``ld.shared.v4``
+(consecutive threads, consecutive 16 bytes: no bank conflict). A K block past K is zero-filled by
+TMA, as V7's are. The scales are a [K / 128, N_pad] matrix of the activations' dtype, so the 64
+scales of a tile are one TMA box [1, 64]. ``pipeline.widen.Int4Widen`` views a thread's words as
+an int4 register tensor in the fragment layout, casts it with tilus's int4 -> float16 conversion
+(``lop3`` with the 0x6400 magic number, ``sub``/``fma``, ``prmt``: 8 values from one word), and
+multiplies by the row's scale: the widened value is the one ``QuantizedWeight.dequantize()``
+gives, exactly (one rounding of ``q * scale`` in the 16-bit dtype).
+
+Why A in registers and not a widened tile in shared memory: the widened tile is used by exactly
+one wgmma, in exactly the fragment the thread that widened it holds; writing it to shared memory
+would add 16 KiB of stores and a warpgroup barrier per K block, where the register path adds
+nothing (the tokens, B, still come from shared memory, as in V7). The price: A's registers must
+not be rewritten while the wgmma reads them, so each K block's wgmma group is waited for before
+the next block is widened (``wgmma.wait_group 0``); the tensor core's latency is hidden by the
+other warpgroups and CTAs of the SM, not within one.
+
+Synchronization (this CTA's K block ``i`` uses stage ``s = i % stages``, parity ``p = (i // stages) & 1``):
+
+| barrier | count | who arrives | who waits | scope |
+| --- | --- | --- | --- | --- |
+| ``full[s]`` | 1 + bytes | producer's ``expect_tx`` (weight, scales, tokens); its TMA loads | consumers, ``p`` | CTA |
+| ``empty[s]`` | warpgroups | one thread of each consumer warpgroup, after its wgmma wait | producer, ``p ^ 1`` | CTA |
+| ``__syncthreads`` | all threads | every warp, once the partials are stored (in ``exchange``) | all | CTA |
+| ``arrived`` | 1 + bytes | this CTA's ``expect_tx`` (split - 1 slices); peers' bulk copies | warps 0-3, 0 | CTA |
+| ``barrier.cluster`` | the cluster | all: after the mbarriers exist; before exit | all | cluster |
+
+A stage is released only after the wgmma that read its token tile completed and its packed words
+and scales were loaded into registers (``wait_group 0`` precedes the release). The rest is V7's:
+every mbarrier is initialized before the first cluster barrier, no CTA exits before the last one,
+``arrived`` is used once, a fresh ``empty[s]`` read with parity ``p ^ 1`` counts as complete.
+"""
+
+import tilus
+from tilus import GlobalTensor, SharedTensor, float32, int32, void_p
+from tilus.ir.layout.ops import shared_row_major
+from tilus.utils import cdiv
+
+from pipeline import Pipeline
+from pipeline.cluster_reduce import ClusterSplitKReduce, SplitKRange
+from pipeline.epilogue import wgmma_fragment
+from pipeline.fused_epilogue import FusedEpilogue
+from pipeline.widen import WORDS, Int4Widen
+
+from ..entry import MatmulKernel
+
+IDEA = "int4 weights (a scale per 128 along K) widened in registers into the wgmma's A operand: a quarter of V7's bytes"
+PTX_MARKERS = (
+    "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {",  # A from registers: a register list, not a descriptor
+    "lop3.b32",  # the magic-number int4 -> float16 conversion
+    "ld.shared.v4",  # a thread's 16 packed bytes of a half tile at once
+    "cp.async.bulk.tensor.2d.shared::cta.global",
+    "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes",
+    "barrier.cluster",
+)
+REPRESENTATIVE = {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 8}
+B_LAYOUTS = ("nk",)  # the packed weight has one layout (matmul.quant)
+FUSED_EPILOGUE = False
+MAX_ELEMENTS = 2**31 - 1
+
+BLOCK_K = 128  # one scale group: a 4 KiB packed tile of 64 rows per warpgroup and K block
+GROUP = 128  # K columns that share a scale (matmul.quant's only group size for this kernel)
+TILE_ROWS = 64  # weight rows of a packed tile (one warpgroup's wgmma M)
+PACKED_TILE_WORDS = TILE_ROWS * BLOCK_K // 8  # int32 words of a packed tile: 1024
+X_BOX = 64  # token columns of one 128-byte swizzled TMA box: a K block's tokens are two boxes
+MAX_M = 256  # the widest wgmma (n = 256): beyond it a CTA would need a second accumulator
+
+
+def supports(m: int, n: int, k: int) -> bool:
+    """The shapes V8 is designed for: at most 256 tokens, K a multiple of the group (128)."""
+    return 1 <= m <= MAX_M and n >= 1 and k >= 1 and k % GROUP == 0
+
+
+def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int) -> int:
+    """Shared memory of a configuration: the ring plus the split-K exchange tiles."""
+    ring = stages * (warpgroups * (PACKED_TILE_WORDS * 4 + TILE_ROWS * 2) + block_m * BLOCK_K * 2)
+    exchange = (2 * split - 1) * (64 * warpgroups // split) * block_m * 4  # partial + received
+    return ring + exchange
+
+
+# V7's configurations, the ring deepened where the packed tiles leave room for it (a stage of V8
+# holds 128 K columns of weight in 4 KiB, V7's 64 in 8 KiB): bytes in flight per SM are what
+# hide HBM's latency. More CTAs per weight tile (split 4) give more warpgroups to widen with.
+@tilus.autotune(
+    "block_m, warpgroups, split, stages",
+    [
+        (16, 1, 2, 8),
+        (16, 1, 2, 16),
+        (16, 1, 4, 8),
+        (16, 1, 1, 16),
+        (16, 2, 2, 8),
+        (16, 2, 4, 6),
+        (64, 1, 2, 8),
+        (64, 2, 2, 4),
+        (128, 1, 2, 4),
+        (128, 1, 1, 4),
+        (256, 1, 1, 2),
+    ],
+)
+class Kernel(MatmulKernel):
+    def __init__(
+        self,
+        dtype,
+        block_m: int,
+        warpgroups: int,
+        split: int,
+        stages: int,
+        b_layout: str = "nk",
+        bias: bool = False,
+        activation: str = "",
+    ):
+        super().__init__(dtype, b_layout=b_layout, bias=bias, activation=activation)
+        self.block_m = block_m
+        self.warpgroups = warpgroups
+        self.split = split
+        self.stages = stages
+        if warpgroups not in (1, 2):
+            raise ValueError(f"one or two consumer warpgroups, not {warpgroups}")
+        if (64 * warpgroups) % split or (64 * warpgroups // split) % 8:
+            raise ValueError(f"{64 * warpgroups} weight rows do not cut into {split} slices of a multiple of 8")
+        if b_layout != "nk" or bias or activation:
+            raise ValueError("V8 reads its packed weight in one layout, with a plain epilogue")
+
+    def __call__(
+        self,
+        m_size: int32,
+        n_size: int32,
+        k_size: int32,
+        a_ptr: void_p,
+        b_ptr: void_p,
+        c_ptr: void_p,
+        lda: int32,
+        ldb: int32,
+        ldc: int32,
+        bias_ptr: void_p,
+        scales_ptr: void_p,
+    ):
+        # A [M, K] and C [M, N] as in every version; B is the packed weight (int32 [N_pad / 4, K / 2],
+        # ldb its row stride in words) and its scales [K / 128, N_pad] (module doc)
+        n_pad = cdiv(n_size, TILE_ROWS) * TILE_ROWS
+        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size], strides=[lda, 1])
+        g_w = self.global_view(b_ptr, dtype=int32, shape=[n_pad // 4, k_size // 2], strides=[ldb, 1])
+        g_s = self.global_view(scales_ptr, dtype=self.dtype, shape=[k_size // GROUP, n_pad], strides=[n_pad, 1])
+        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size], strides=[ldc, 1])
+        g_bias = self.global_view(bias_ptr, dtype=self.dtype, shape=[1, n_size])
+        self.epilogue = FusedEpilogue(g_bias, False, "")
+        self.matmul(g_a, g_w, g_s, g_c, m_size, n_size, k_size)
+
+    def matmul(
+        self,
+        g_a: GlobalTensor,
+        g_w: GlobalTensor,
+        g_s: GlobalTensor,
+        g_c: GlobalTensor,
+        m_size: int32,
+        n_size: int32,
+        k_size: int32,
+    ):
+        rows = 64 * self.warpgroups  # weight rows of a CTA (the output tile's N side)
+        num_n_tiles = cdiv(n_size, rows)
+        num_m_tiles = cdiv(m_size, self.block_m)
+        self.attrs.blocks = self.split * num_n_tiles * num_m_tiles
+        self.attrs.cluster_blocks = self.split
+        self.attrs.warps = 4 * self.warpgroups + 1  # consumer warpgroups, then the producer warp
+        rank: int32 = self.cluster.blockRank  # which K range of the tile this CTA sums
+        tile: int32 = self.blockIdx.x // self.split
+        # the token tiles of one weight tile are neighbours in launch order: they run at the same
+        # time, so the weight comes from HBM once and from L2 for the others, in every wave
+        offset_m: int32 = (tile % num_m_tiles) * self.block_m
+        offset_n: int32 = (tile // num_m_tiles) * rows
+
+        k_blocks = SplitKRange(cdiv(k_size, BLOCK_K), self.split, rank)  # this CTA's share of K
+
+        # a packed tile [16, 64] int32 = [half][thread][word] (module doc), and its 64 scales
+        s_w = self.shared_tensor(dtype=int32, shape=[self.stages, self.warpgroups, 16, 64])
+        self.annotate_layout(s_w, shared_row_major(self.stages, self.warpgroups, 16, 64))
+        s_s = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.warpgroups, 1, TILE_ROWS])
+        self.annotate_layout(s_s, shared_row_major(self.stages, self.warpgroups, 1, TILE_ROWS))
+        s_x = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, self.block_m, X_BOX])
+        ring = Pipeline(self.stages, consumer_arrivals=self.warpgroups, elect_release=True)
+        reduce = ClusterSplitKReduce(self.split, rows, self.block_m)
+        self.cluster.sync()  # every barrier of the cluster exists before a peer's copy lands on it
+
+        with self.single_warp(4 * self.warpgroups):  # producer
+            for i in range(k_blocks.count):
+                ring.producer_acquire()
+                slot = ring.producer_stage
+                with self.single_thread():
+                    self.mbarrier.arrive_and_expect_tx(
+                        ring.producer_barrier(),
+                        transaction_bytes=s_w[slot].nbytes + s_s[slot].nbytes + s_x[slot].nbytes,
+                    )
+                block = k_blocks.first + i
+                for wg in range(self.warpgroups):
+                    self.tma.global_to_shared(
+                        src=g_w,
+                        dst=s_w[slot, wg],
+                        offsets=[(offset_n + 64 * wg) // 4, block * 64],
+                        mbarrier=ring.producer_barrier(),
+                    )
+                    self.tma.global_to_shared(
+                        src=g_s,
+                        dst=s_s[slot, wg],
+                        offsets=[block, offset_n + 64 * wg],
+                        mbarrier=ring.producer_barrier(),
+                    )
+                for h in range(2):
+                    self.tma.global_to_shared(
+                        src=g_a,
+                        dst=s_x[slot, h],
+                        offsets=[offset_m, block * BLOCK_K + h * X_BOX],
+                        mbarrier=ring.producer_barrier(),
+                    )
+                ring.producer_advance()
+
+        self.consumer(0, ring, s_w, s_s, s_x, reduce, k_blocks.count)
+        if self.warpgroups == 2:
+            self.consumer(1, ring, s_w, s_s, s_x, reduce, k_blocks.count)
+
+        reduce.exchange(rank)
+        with self.warp_group(warp_begin=0, num_warps=4):
+            reduce.write(rank, g_c, offset_m, offset_n, self.epilogue)
+        self.cluster.sync()  # no CTA leaves while a peer's copy may still read its partial tile
+
+    def consumer(
+        self,
+        wg: int,
+        ring: Pipeline,
+        s_w: SharedTensor,
+        s_s: SharedTensor,
+        s_x: SharedTensor,
+        reduce: ClusterSplitKReduce,
+        count: int32,
+    ):
+        """Consumer warpgroup ``wg``: weight rows ``64 * wg ...`` of the tile times every token, over
+        this CTA's K blocks, into the partial tile: per K block, both halves of its packed tile
+        widened into A operands, two wgmma calls of 4 K steps, waited for before the next block."""
+        with self.warp_group(warp_begin=4 * wg, num_warps=4):
+            acc = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
+            self.annotate_layout(acc, wgmma_fragment(64, self.block_m))
+            widen = Int4Widen()
+            s_words = self.reshape_shared(s_w, [self.stages, self.warpgroups, 2, 128, WORDS])
+            s_scale = self.reshape_shared(s_s, [self.stages, self.warpgroups, TILE_ROWS, 1])
+            for kb in self.range(count, unroll=1):  # noqa: B007
+                ring.consumer_acquire()
+                slot = ring.consumer_stage
+                scale = widen.scales(s_scale[slot, wg])
+                low = widen.half(s_words[slot, wg, 0], scale)
+                high = widen.half(s_words[slot, wg, 1], scale)
+                self.wgmma.fence()
+                self.wgmma.mma(low, s_x[slot, 0].transpose(), acc)
+                self.wgmma.mma(high, s_x[slot, 1].transpose(), acc)
+                self.wgmma.commit_group()
+                self.wgmma.wait_group(0)  # A's registers are rewritten by the next block
+                ring.consumer_release()
+                ring.consumer_advance()
+            reduce.store(acc, wg)

@@ -1,0 +1,121 @@
+"""Low-precision weights: ``quantize(w)`` packs a linear layer's weight once, and ``matmul.matmul(x,
+qw.T)`` / ``matmul.linear(x, qw)`` run the product with it.
+
+``quantize(w, format="int4", group=128)`` returns a ``QuantizedWeight``: the format, its bits and
+group, the scales, the original shape and dtype, the packed words in the layout Hopper V8 reads
+(``matmul.quant.int4``), and ``dequantize()``, the float16/bfloat16 weight it stands for.
+
+The call (``matmul.quant.linear``): up to ``V8_MAX_M`` tokens on a Hopper GPU, V8 (the int4 skinny
+GEMM, ``matmul/kernels/hopper/v8.py``); above that, or elsewhere, the weight is widened to its
+16-bit dtype once per call (``dequantize``) and multiplied by cuBLAS (``torch.matmul``): at that
+size the product is compute-bound and the widening is a small part of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..contract import MatmulInputError
+from . import int4
+
+FORMATS = {"int4": (4, int4.GROUP)}  # format -> (bits, the group the kernel reads)
+DTYPES = (torch.float16, torch.bfloat16)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class QuantizedWeight:
+    """A weight [N, K] stored in ``bits`` bits (module doc). ``packed``: int32 [N_pad / 4, K / 2];
+    ``scales``: [K / group, N_pad] in ``dtype``; ``shape``: (N, K)."""
+
+    format: str
+    bits: int
+    group: int
+    shape: tuple[int, int]
+    dtype: torch.dtype
+    packed: torch.Tensor
+    scales: torch.Tensor
+
+    @property
+    def device(self) -> torch.device:
+        return self.packed.device
+
+    @property
+    def T(self) -> "TransposedWeight":  # noqa: N802 (torch's name)
+        """``qw.T``: the [K, N] operand of ``matmul.matmul(x, qw.T)``, as ``w.T`` is for a 16-bit weight."""
+        return TransposedWeight(self)
+
+    def q(self) -> torch.Tensor:
+        """The int4 values, int8 [N, K]."""
+        return int4.unpack(self.packed, self.shape[0])
+
+    def group_scales(self) -> torch.Tensor:
+        """The scales as [N, K / group]."""
+        return self.scales[:, : self.shape[0]].T
+
+    def dequantize(self) -> torch.Tensor:
+        """The float16/bfloat16 weight [N, K] this stands for (``q * scale``, rounded once)."""
+        return int4.dequantize(self.q(), self.group_scales(), self.dtype, self.group)
+
+    def check_for(self, x: torch.Tensor) -> None:
+        """MatmulInputError unless ``x`` [..., K] may be multiplied by this weight."""
+        if not isinstance(x, torch.Tensor):
+            raise MatmulInputError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        if x.dtype != self.dtype:
+            raise MatmulInputError(
+                f"x is {x.dtype} but the weight was quantized for {self.dtype} activations; "
+                f"quantize the {x.dtype} weight, or convert x"
+            )
+        if x.dim() < 1 or x.shape[-1] != self.shape[1]:
+            raise MatmulInputError(
+                f"x [..., K] = {list(x.shape)} does not fit a weight quantized for shape [N, K] = "
+                f"{list(self.shape)}: K differs"
+            )
+        if x.device != self.device:
+            raise MatmulInputError(f"x is on {x.device}, the quantized weight on {self.device}")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TransposedWeight:
+    """``qw.T``: the [K, N] right operand of ``x @ qw.T``."""
+
+    weight: QuantizedWeight
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.weight.shape[1], self.weight.shape[0])
+
+    @property
+    def T(self) -> QuantizedWeight:  # noqa: N802
+        return self.weight
+
+
+def quantize(w: torch.Tensor, format: str = "int4", group: int = 128) -> QuantizedWeight:
+    """Pack a weight w [N, K] (float16 or bfloat16, as ``nn.Linear`` stores it) in ``format``, one
+    scale per ``group`` columns of a row (module doc). Once, when a model is converted."""
+    if format not in FORMATS:
+        raise MatmulInputError(f"format {format!r} is not supported; choose one of {', '.join(FORMATS)}")
+    bits, kernel_group = FORMATS[format]
+    if not isinstance(w, torch.Tensor) or w.dim() != 2:
+        raise MatmulInputError(f"w must be a 2-D tensor [N, K], got {getattr(w, 'shape', type(w).__name__)}")
+    if w.dtype not in DTYPES:
+        raise MatmulInputError(f"w must be float16 or bfloat16 (the activations' dtype), got {w.dtype}")
+    if group != kernel_group:
+        raise MatmulInputError(f"{format} takes a group of {kernel_group} columns (V8's K block), not {group}")
+    n, k = w.shape
+    if k % group or n < 1:
+        raise MatmulInputError(f"K = {k} must be a positive multiple of the group ({group}); pad the weight's columns")
+    q, scale = int4.reference(w, group)
+    return QuantizedWeight(
+        format=format,
+        bits=bits,
+        group=group,
+        shape=(n, k),
+        dtype=w.dtype,
+        packed=int4.pack(q),
+        scales=int4.pack_scales(scale),
+    )
+
+
+__all__ = ["QuantizedWeight", "TransposedWeight", "quantize", "FORMATS"]

@@ -1,0 +1,85 @@
+"""The int4 format: signed int4 weights with one scale per group of 128 along K, and the packed
+layout Hopper V8 reads (``matmul/kernels/hopper/v8.py`` explains it with the kernel).
+
+Quantization (symmetric, no zero point): per row and group of ``GROUP`` columns, ``scale =
+absmax / 7`` rounded to the weight's dtype (1 for an all-zero group) and ``q = round(w / scale)``
+clamped to -8..7. The weight it stands for is ``q * scale`` rounded once to that dtype, which is
+what the kernel's widening computes, value for value.
+
+Packed layout: tiles of 64 rows x 128 columns (rows padded to 64 with zeros), each 1024 int32
+words ``[half h][thread t][word j]``; word j of thread t of half h is the 8 values thread t holds
+in the wgmma A fragment of K step 4 h + j: with ``t = 32 w + 4 g + c``, nibble ``e`` (low first)
+is row ``16 w + g + 8 ((e // 2) % 2)``, column ``16 (4 h + j) + 2 c + e % 2 + 8 (e // 4)`` of the
+tile. The words form an int32 matrix [N_pad / 4, K / 2]: tile (i, b) (row tile i, K block b) is
+rows 16 i ... 16 i + 15, columns 64 b ... 64 b + 63, its word index ``64 r + column``. Scales:
+[K / 128, N_pad], the activations' dtype (zero for padding rows).
+"""
+
+from __future__ import annotations
+
+import torch
+
+GROUP = 128
+TILE_ROWS = 64
+QMIN, QMAX = -8, 7
+
+# q [N_pad, K] seen as (i, w, rowhalf, g, b, h, j, colhalf, c, pair), in packed order: i, b, then
+# the tile's words [h][t = (w, g, c)][j], then a word's nibbles e = (colhalf, rowhalf, pair)
+_ORDER = (0, 4, 5, 1, 3, 8, 6, 7, 2, 9)
+
+
+def reference(w: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """The format in plain torch: q int8 [N, K] (-8..7) and scales [N, K / group] in w's dtype."""
+    n, k = w.shape
+    groups = w.float().reshape(n, k // group, group)
+    scale = (groups.abs().amax(dim=-1) / QMAX).to(w.dtype)
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    q = torch.round(groups / scale.float().unsqueeze(-1)).clamp(QMIN, QMAX).to(torch.int8)
+    return q.reshape(n, k), scale
+
+
+def padded_rows(n: int) -> int:
+    return -(-n // TILE_ROWS) * TILE_ROWS
+
+
+def pack(q: torch.Tensor) -> torch.Tensor:
+    """q int8 [N, K] (K a multiple of 128) -> the packed int32 words [N_pad / 4, K / 2]."""
+    n, k = q.shape
+    n_pad = padded_rows(n)
+    full = q.new_zeros((n_pad, k))
+    full[:n] = q
+    tiles = full.view(n_pad // 64, 4, 2, 8, k // GROUP, 2, 4, 2, 4, 2).permute(*_ORDER)
+    nibbles = (tiles.reshape(n_pad // 64, k // GROUP, 1024, 8).to(torch.int64)) & 0xF
+    shifts = torch.arange(0, 32, 4, device=q.device, dtype=torch.int64)
+    words = (nibbles << shifts).sum(dim=-1)
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    return words.view(n_pad // 64, k // GROUP, 16, 64).permute(0, 2, 1, 3).reshape(n_pad // 4, k // 2).contiguous()
+
+
+def unpack(words: torch.Tensor, n: int) -> torch.Tensor:
+    """The inverse of ``pack``: q int8 [N, K]."""
+    rows, k8 = words.shape
+    n_pad, k = rows * 4, k8 * 2
+    tiles = words.view(n_pad // 64, 16, k // GROUP, 64).permute(0, 2, 1, 3).reshape(n_pad // 64, k // GROUP, 1024, 1)
+    shifts = torch.arange(0, 32, 4, device=words.device, dtype=torch.int32)
+    nibbles = (tiles >> shifts) & 0xF
+    signed = torch.where(nibbles >= 8, nibbles - 16, nibbles).to(torch.int8)
+    shape = [n_pad // 64, k // GROUP, 2, 4, 8, 4, 4, 2, 2, 2]  # (i, b, h, w, g, c, j, colhalf, rowhalf, pair)
+    inverse = [0] * len(_ORDER)
+    for position, dim in enumerate(_ORDER):
+        inverse[dim] = position
+    q = signed.view(shape).permute(*inverse).reshape(n_pad, k)
+    return q[:n]
+
+
+def pack_scales(scale: torch.Tensor) -> torch.Tensor:
+    """scales [N, K / 128] -> [K / 128, N_pad] (padding rows zero)."""
+    n, groups = scale.shape
+    out = scale.new_zeros((groups, padded_rows(n)))
+    out[:, :n] = scale.T
+    return out
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, group: int = GROUP) -> torch.Tensor:
+    """``q * scale`` rounded once to ``dtype``: [N, K]."""
+    return q.to(dtype) * scale.to(dtype).repeat_interleave(group, dim=1)

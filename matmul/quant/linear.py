@@ -1,0 +1,107 @@
+"""``x @ qw.T`` for a ``QuantizedWeight``: Hopper V8 up to ``V8_MAX_M`` tokens, else the weight
+widened once per call and cuBLAS (``matmul.quant``'s module doc).
+
+V8's configuration is picked by token count from what was fastest on the H100
+(``plots/h100/v8/``), not tuned per call: the tuner and its cache belong to ``matmul.call``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..contract import MatmulInputError
+from ..kernels import versions
+from ..kernels.variant import torch_epilogue
+from . import QuantizedWeight, TransposedWeight
+
+V8_MAX_M = 256
+ARCH = "sm_90a"
+
+# (largest M, configuration block_m/warpgroups/split/stages), first match wins
+CONFIGS = (
+    (16, {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 8}),
+    (64, {"block_m": 64, "warpgroups": 1, "split": 2, "stages": 8}),
+    (128, {"block_m": 128, "warpgroups": 1, "split": 2, "stages": 4}),
+    (256, {"block_m": 128, "warpgroups": 1, "split": 1, "stages": 4}),
+)
+
+
+def v8_module():
+    return versions.load(ARCH, "v8")
+
+
+def config_for(m: int) -> dict:
+    return next(dict(config) for limit, config in CONFIGS if m <= limit)
+
+
+def uses_v8(m: int, weight: QuantizedWeight) -> bool:
+    """Whether ``x @ qw.T`` with M tokens runs V8 here (else: widened once, then cuBLAS)."""
+    return (
+        weight.format == "int4"
+        and m <= V8_MAX_M
+        and weight.device.type == "cuda"
+        and versions.local_arch() == ARCH
+        and v8_module().supports(m, weight.shape[0], weight.shape[1])
+    )
+
+
+def v8(x: torch.Tensor, weight: QuantizedWeight, out: torch.Tensor, config: Optional[dict] = None) -> torch.Tensor:
+    """V8 on x [M, K] (row-major, 16-byte aligned rows) into out [M, N] (unit column stride)."""
+    m, k = x.shape
+    n = weight.shape[0]
+    module = v8_module()
+    script = versions.kernel(module, x.dtype, config or config_for(m))
+    with torch.cuda.device(x.device):
+        script(m, n, k, x, weight.packed, out, x.stride(0), weight.packed.stride(0), out.stride(0), 0, weight.scales)
+    return out
+
+
+def widened(x: torch.Tensor, weight: QuantizedWeight, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The weight widened to 16 bits once, then cuBLAS: x [M, K] @ w.T."""
+    return torch.matmul(x, weight.dequantize().T, out=out)
+
+
+def linear(
+    x: torch.Tensor,
+    weight: QuantizedWeight,
+    bias: Optional[torch.Tensor] = None,
+    activation: Optional[str] = None,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """``activation(x @ weight.T + bias)`` for x [..., K]; bias and activation are torch's (V8's
+    epilogue is plain)."""
+    if not isinstance(weight, QuantizedWeight):
+        raise MatmulInputError(f"weight must be a matmul.quant.QuantizedWeight, got {type(weight).__name__}")
+    weight.check_for(x)
+    lead, k = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, k)
+    if not x2.is_contiguous() or x2.data_ptr() % 16:  # TMA reads x: dense rows, 16-byte aligned
+        x2 = x2.contiguous() if x2.data_ptr() % 16 == 0 else x2.clone()
+    m, n = x2.shape[0], weight.shape[0]
+    fused = bias is not None or activation is not None
+    target = None if fused else out
+    if target is not None and (tuple(target.shape) != (*lead, n) or target.dtype != x.dtype):
+        raise MatmulInputError(f"out must be {x.dtype} of shape {[*lead, n]}, got {target.dtype} {list(target.shape)}")
+    if m == 0:
+        y = x2.new_empty((0, n))
+    elif uses_v8(m, weight):
+        y2 = target.view(m, n) if target is not None and target.is_contiguous() else None
+        y = v8(x2, weight, y2 if y2 is not None else x2.new_empty((m, n)))
+    else:
+        y = widened(x2, weight)
+    y = y.view(*lead, n)
+    if fused:
+        y = torch_epilogue(y, bias, activation)
+    if out is not None and y.data_ptr() != out.data_ptr():
+        out.copy_(y)
+        return out
+    return y
+
+
+def matmul(a: torch.Tensor, b: TransposedWeight, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``a @ qw.T`` (``matmul.matmul``'s form)."""
+    if not isinstance(b, TransposedWeight):
+        raise MatmulInputError(f"b must be qw.T for a QuantizedWeight qw, got {type(b).__name__}")
+    return linear(a, b.weight, out=out)

@@ -1,0 +1,140 @@
+"""Hopper V8 (int4 weights) without a GPU: the quantizer against plain torch, the packed layout
+against the kernel's reading of it (thread, word, nibble -> row, column), the errors, and the
+representative build with its PTX markers."""
+
+import re
+
+import pytest
+import torch
+from conftest import representative_build
+
+import matmul
+from matmul import MatmulInputError, build
+from matmul.kernels import versions
+from matmul.quant import int4
+from matmul.quant.linear import CONFIGS
+from matmul.tilus_fixes.wgmma_register_a import a_fragment
+
+V8 = versions.load("sm_90a", "v8")
+
+
+def weight(n, k, dtype=torch.float16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, k, generator=g) * 0.05).to(dtype)
+
+
+def plain_int4(w, group=128):
+    """The format in the plainest torch: per row and group, scale = absmax / 7 (rounded to w's
+    dtype, 1 where the group is zero), q = round(w / scale) in -8..7."""
+    n, k = w.shape
+    q = torch.empty(n, k, dtype=torch.int8)
+    s = torch.empty(n, k // group, dtype=w.dtype)
+    for r in range(n):
+        for g in range(k // group):
+            block = w[r, g * group : (g + 1) * group].float()
+            scale = (block.abs().max() / 7).to(w.dtype)
+            scale = torch.ones((), dtype=w.dtype) if scale == 0 else scale
+            s[r, g] = scale
+            q[r, g * group : (g + 1) * group] = torch.round(block / scale.float()).clamp(-8, 7).to(torch.int8)
+    return q, s
+
+
+def kernel_reads(words, n_pad, k):
+    """q [N_pad, K] as V8's threads read the packed words (v8.py's docstring), one value at a time."""
+    q = torch.empty(n_pad, k, dtype=torch.int8)
+    w = words.view(torch.int32)
+    for i in range(n_pad // 64):
+        for b in range(k // 128):
+            tile = w[16 * i : 16 * i + 16, 64 * b : 64 * b + 64].reshape(-1)  # word 64 r + column
+            for h in range(2):
+                for t in range(128):
+                    warp, g, c = t // 32, (t % 32) // 4, t % 4
+                    for j in range(4):
+                        word = int(tile[(h * 128 + t) * 4 + j]) & 0xFFFFFFFF
+                        for e in range(8):
+                            nibble = (word >> (4 * e)) & 0xF
+                            row = 64 * i + 16 * warp + g + 8 * ((e // 2) % 2)
+                            col = 128 * b + 16 * (4 * h + j) + 2 * c + e % 2 + 8 * (e // 4)
+                            q[row, col] = nibble - 16 if nibble >= 8 else nibble
+    return q
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_quantize_matches_plain_torch(dtype):
+    w = weight(70, 256, dtype)
+    w[3, :128] = 0  # an all-zero group: scale 1, q 0
+    qw = matmul.quantize(w)
+    q, s = plain_int4(w)
+    assert (qw.format, qw.bits, qw.group, qw.shape, qw.dtype) == ("int4", 4, 128, (70, 256), dtype)
+    assert torch.equal(qw.q(), q)
+    assert torch.equal(qw.group_scales(), s)
+    assert torch.equal(qw.dequantize(), q.to(dtype) * s.repeat_interleave(128, dim=1))
+    assert qw.dequantize().dtype == dtype
+    # the quantization error is that of 4 bits: at most half a step per value
+    step = s.float().repeat_interleave(128, dim=1)
+    assert ((qw.dequantize().float() - w.float()).abs() <= step * 0.5 + 1e-3).all()
+
+
+def test_pack_unpack_round_trip():
+    g = torch.Generator().manual_seed(1)
+    q = torch.randint(-8, 8, (200, 384), generator=g, dtype=torch.int8)
+    words = int4.pack(q)
+    assert words.shape == (256 // 4, 384 // 2) and words.dtype == torch.int32
+    assert torch.equal(int4.unpack(words, 200), q)
+
+
+def test_packed_layout_is_what_the_kernel_reads():
+    g = torch.Generator().manual_seed(2)
+    q = torch.randint(-8, 8, (100, 256), generator=g, dtype=torch.int8)
+    read = kernel_reads(int4.pack(q), 128, 256)
+    assert torch.equal(read[:100], q)
+    assert (read[100:] == 0).all()  # padding rows
+
+
+def test_fragment_is_the_ptx_a_layout():
+    layout = a_fragment(64, 64)
+    for t in range(128):
+        warp, g, c = t // 32, (t % 32) // 4, t % 4
+        for i in range(32):
+            step, e = i // 8, i % 8
+            row, col = (int(x) for x in layout.get_global(spatial_index=t, local_index=i))
+            assert row == 16 * warp + g + 8 * ((e // 2) % 2)
+            assert col == 16 * step + 2 * c + e % 2 + 8 * (e // 4)
+
+
+def test_errors():
+    with pytest.raises(MatmulInputError, match="multiple of the group"):
+        matmul.quantize(weight(64, 200))
+    with pytest.raises(MatmulInputError, match="float16 or bfloat16"):
+        matmul.quantize(weight(64, 256).float())
+    with pytest.raises(MatmulInputError, match="format"):
+        matmul.quantize(weight(64, 256), format="int3")
+    with pytest.raises(MatmulInputError, match="group"):
+        matmul.quantize(weight(64, 256), group=64)
+    qw = matmul.quantize(weight(64, 256))
+    with pytest.raises(MatmulInputError, match="K differs"):
+        matmul.linear(torch.zeros(2, 128, dtype=torch.float16), qw)
+    with pytest.raises(MatmulInputError, match="quantized for"):
+        matmul.matmul(torch.zeros(2, 256, dtype=torch.bfloat16), qw.T)
+
+
+def test_supports_and_configs():
+    assert V8.supports(1, 4096, 4096) and V8.supports(256, 100, 128)
+    assert not V8.supports(257, 4096, 4096) and not V8.supports(16, 4096, 4000)
+    for _, config in CONFIGS:
+        assert config in versions.space(V8)
+    for config in versions.space(V8):
+        assert V8.shared_bytes(**config) <= build.SHARED_MEMORY_LIMIT["sm_90a"] - 1024, config
+
+
+def test_representative_build_and_markers():
+    result = representative_build("sm_90a", "v8")
+    assert result.ok, result.error[-3000:]
+    assert result.spill_bytes == 0
+    assert 0 <= result.shared_bytes - V8.shared_bytes(**V8.REPRESENTATIVE) < 1024
+    found = build.markers_found(result, V8.PTX_MARKERS)
+    assert all(found.values()), found
+    # A from registers: four 32-bit registers where V7 has a shared-memory descriptor
+    ptx = result.ptx()
+    assert re.search(r"m64n16k16\.f32\.f16\.f16 \{[^}]*\}, \{%r\d+, %r\d+, %r\d+, %r\d+\}, %rd\d+", ptx)
+    assert ptx.count("wgmma.mma_async") == 8  # 8 K steps of 16: one 128-column group a K block
