@@ -18,7 +18,9 @@ descriptor for that majorness), but three steps lose an MN-major operand:
   to its views (``s[slot]``, ``.transpose()``, ``reshape_shared``), so the MMA rule gives the view
   it reads its own K-major guess even when the tensor the view is cut from has an MN-major layout
   (annotated), and nothing checks that the two agree: the MMA reads a layout that the TMA loads
-  never wrote. Here the view rules run first: a view whose source's layout is known takes it.
+  never wrote. Here a view whose source's layout is known takes it before any other rule runs
+  (the views' rules themselves keep their place: run first, their other direction, from a view
+  to its source, fails on layouts that other rules would have given the source first).
 """
 
 from __future__ import annotations
@@ -76,18 +78,53 @@ def _mixed_majorness_for_narrow_types(original: staticmethod):
     return staticmethod(check_majorness)
 
 
-def _views_first(original: dict) -> dict:
+def _view_rules():
+    from tilus.ir.instructions import PermuteSharedInst, ReshapeSharedInst, SliceSharedInst
     from tilus.ir.layout.inference.inference_rules.reshape_shared import ReshapeSharedRule
     from tilus.ir.layout.inference.inference_rules.transform_shared import PermuteSharedRule, SharedSliceRule
 
-    first = min(original.values()) - 1
-    return {**original, SharedSliceRule: first, PermuteSharedRule: first, ReshapeSharedRule: first}
+    return {
+        SliceSharedInst: SharedSliceRule,
+        PermuteSharedInst: PermuteSharedRule,
+        ReshapeSharedInst: ReshapeSharedRule,
+    }
+
+
+@functools.cache
+def _view_of_a_known_layout():
+    """A rule for the shared views (slice, permute, reshape) that only carries a known layout from the
+    source to the view, as the view's own rule does; it runs before every other rule."""
+    from tilus.ir.layout.inference.rule import LayoutInferenceRule
+
+    rules = _view_rules()
+
+    class ViewOfAKnownLayout(LayoutInferenceRule):
+        @staticmethod
+        def inference(ctx, inst):
+            if inst.shared_input.optional_layout is None or inst.shared_output.optional_layout is not None:
+                return {}
+            return rules[type(inst)].inference(ctx, inst)
+
+    return ViewOfAKnownLayout
+
+
+def _with_view_rule(original):
+    """The rule registry (instruction -> rules) with ``ViewOfAKnownLayout`` added for the views."""
+    rules = type(original)(list, {inst: list(found) for inst, found in original.items()})
+    for inst in _view_rules():
+        rules[inst] = [_view_of_a_known_layout(), *rules[inst]]
+    return rules
+
+
+def _view_rule_first(original: dict) -> dict:
+    """The rules' order with ``ViewOfAKnownLayout`` before every other rule."""
+    return {**original, _view_of_a_known_layout(): min(original.values()) - 1}
 
 
 def make() -> Fix:
     from tilus.backends.emitters.cuda.tcgen05.mma import TMemoryMmaSSEmitter
     from tilus.backends.emitters.cuda.wgmma import WgmmaMmaSSEmitter
-    from tilus.ir.layout.inference import inference
+    from tilus.ir.layout.inference import inference, rule
 
     return Fix(
         name="mn_major_operands",
@@ -96,6 +133,7 @@ def make() -> Fix:
         patches=[
             (WgmmaMmaSSEmitter, "emit_wgmma", _wgmma_transpose_flags),
             (TMemoryMmaSSEmitter, "check_majorness", _mixed_majorness_for_narrow_types),
-            (inference, "rule2order", _views_first),
+            (rule, "_inference_rules", _with_view_rule),
+            (inference, "rule2order", _view_rule_first),
         ],
     )
