@@ -51,11 +51,17 @@ def versions_fits(module, m, n, k) -> bool:
     return supports is None or supports(m, n, k)
 
 
-@pytest.fixture(params=["v3", "v4", "v5", "v6", "v7"])
-def fixed(request):
-    require_gpu(ARCH)
-    plans = Plans(FixedChooser(request.param), check=check_call)
+def install(version):
+    plans = Plans(FixedChooser(version), check=check_call)
     previous = api.use_plans(plans)
+    return plans, previous
+
+
+@pytest.fixture
+def fixed(request):
+    """The process's plans with ``request.param`` fixed as every bucket's choice (indirect)."""
+    require_gpu(ARCH)
+    plans, previous = install(request.param)
     yield plans
     api.use_plans(previous)
 
@@ -74,6 +80,7 @@ SHAPES = [(3, 37, 1000), (2, 50, 1000)]
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("batch, seq, k", SHAPES)
+@pytest.mark.parametrize("fixed", ["v5", "v7"], indirect=True)
 def test_leading_dimensions_and_both_layouts_of_b(fixed, batch, seq, k, dtype):
     n = 1000
     x = randn(batch, seq, k, dtype=dtype)
@@ -88,12 +95,19 @@ def test_leading_dimensions_and_both_layouts_of_b(fixed, batch, seq, k, dtype):
     assert kn  # the [K, N] layout was asked for as its own variant
 
 
-ACTIVATIONS = [None, "relu", "gelu_tanh", "gelu_erf", "silu"]
+# each epilogue once through the call on a version that runs it (every version and activation is
+# checked kernel by kernel in tests/test_fused_epilogue_gpu.py); both dtypes, both kinds of kernel
+EPILOGUES = [
+    ("v3", True, None, torch.float16),
+    ("v4", False, "relu", torch.bfloat16),
+    ("v5", True, "gelu_tanh", torch.float16),
+    ("v6", False, "gelu_erf", torch.bfloat16),
+    ("v7", True, "silu", torch.float16),
+    ("v7", True, "gelu_tanh", torch.bfloat16),
+]
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("activation", ACTIVATIONS)
-@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("fixed, with_bias, activation, dtype", EPILOGUES, indirect=["fixed"])
 def test_linear_epilogues(fixed, activation, with_bias, dtype):
     m, n, k = 100, 1000, 1000
     x, w = randn(m, k, dtype=dtype), randn(n, k, dtype=dtype) / k**0.5
@@ -104,8 +118,9 @@ def test_linear_epilogues(fixed, activation, with_bias, dtype):
     assert relative_error(y, expected) <= TOLERANCE[dtype]
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize(
+    "fixed, with_bias, dtype", [("v5", False, torch.float16), ("v7", True, torch.bfloat16)], indirect=["fixed"]
+)
 def test_swiglu(fixed, with_bias, dtype):
     m, i, k = 100, 1000, 1000
     x = randn(m, k, dtype=dtype)
@@ -119,7 +134,7 @@ def test_swiglu(fixed, with_bias, dtype):
     assert y.shape == (m, i) and relative_error(y, expected) <= TOLERANCE[dtype]
 
 
-@pytest.mark.parametrize("activation", [None, "silu"])
+@pytest.mark.parametrize("fixed, activation", [("v5", None), ("v7", "silu")], indirect=["fixed"])
 def test_linear_backward_against_torch(fixed, activation):
     dtype = torch.float16
     x = randn(2, 50, 1000, dtype=dtype).requires_grad_()
@@ -134,6 +149,7 @@ def test_linear_backward_against_torch(fixed, activation):
         assert relative_error(ours, theirs) <= 2 * TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("fixed", ["v5"], indirect=True)
 def test_a_linear_model_converted_and_undone(fixed):
     model = torch.nn.Sequential(torch.nn.Linear(1000, 1000), torch.nn.GELU(), torch.nn.Linear(1000, 333)).cuda().half()
     x = randn(4, 25, 1000, dtype=torch.float16)
@@ -146,9 +162,9 @@ def test_a_linear_model_converted_and_undone(fixed):
         assert type(model[0]) is torch.nn.Linear
 
 
-def test_every_fixed_version_ran_somewhere(fixed):
+@pytest.mark.parametrize("fixed", ["v3", "v7"], indirect=True)
+def test_the_fixed_version_is_what_ran(fixed):
     x, w = randn(64, 512, dtype=torch.float16), randn(512, 512, dtype=torch.float16)
     matmul.linear(x, w, None, "relu")
     module = versions.load(ARCH, fixed.chooser.version)
-    if variants.supported(module, Variant("nk", False, "relu")):
-        assert ran_a_version(fixed)
+    assert variants.supported(module, Variant("nk", False, "relu")) and ran_a_version(fixed)

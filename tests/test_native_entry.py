@@ -13,6 +13,7 @@ import torch
 
 import matmul
 from matmul.call import api, native_entry
+from matmul.kernels import variant as variants
 
 native = api._native
 built = pytest.mark.skipif(native is None, reason="matmul()'s native entry is not built here")
@@ -226,6 +227,26 @@ def test_linear_without_bias_or_activation_runs_the_route_of_its_flattened_input
         lambda: matmul.linear(x.transpose(0, 1), w),  # not contiguous: Python's reshape copies it
         lambda: matmul.linear(x[0], w),  # another signature
         lambda: matmul.linear(x, w.clone().requires_grad_()),  # a gradient to record
+    ):
+        before = len(fallback.calls)
+        assert call() == "python" and len(fallback.calls) == before + 1
+
+
+@built
+@pytest.mark.parametrize("activation", [None, "relu", "gelu_tanh", "gelu_erf", "silu", "swiglu"])
+def test_linear_with_an_epilogue_runs_the_route_of_its_variant(routed, activation):
+    table, fallback = routed
+    x, w, bias = torch.randn(2, 3, 48), torch.randn(32, 48), torch.randn(32)  # float32: the CPU's at::addmm
+    x2 = x.view(6, 48)
+    table.variant(True, activation or "").put_vendor(x2, w.T, Recorder("vendor plan"))
+    expected = variants.torch_epilogue(x2 @ w.T, bias, activation).view(2, 3, -1)
+    y = matmul.linear(x, w, bias, activation)  # the variant's vendor route: at::addmm, then torch's activation
+    assert fallback.calls == [] and torch.allclose(y, expected, atol=1e-5)
+    for call in (
+        lambda: matmul.linear(x, w, None, activation),  # no bias: another variant, not routed
+        lambda: matmul.linear(x, w, bias[:16].clone(), activation),  # a bias of the wrong size: Python names it
+        lambda: matmul.linear(x, w, torch.randn(64)[::2], activation),  # a strided bias
+        lambda: matmul.linear(x, w, bias, activation=activation),  # keywords
     ):
         before = len(fallback.calls)
         assert call() == "python" and len(fallback.calls) == before + 1

@@ -16,20 +16,31 @@
 //
 // Every other call (not two tensors, out=, keywords, a gradient to record, a tensor subclass or a
 // mode that overrides torch functions, a signature not seen) goes to the Python ``matmul`` it was
-// routed with, which runs the full checks and derives the plan. ``linear`` (no bias, no activation,
-// a contiguous x of any leading dimensions) reads the same table for x [M, K] @ weight.T.
+// routed with, which runs the full checks and derives the plan. ``linear`` (a contiguous x of any
+// leading dimensions) reads the same table for x [M, K] @ weight.T, and for a bias or an activation
+// the table of that variant (``DirectTable.variant``), whose routes pass the bias pointer to the
+// kernel or run at::addmm and torch's activation after cuBLAS.
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/gelu.h>
 #include <ATen/ops/mm.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/relu.h>
+#include <ATen/ops/silu.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <cstring>
+#include <map>
+#include <memory>
+#include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace py = pybind11;
@@ -91,6 +102,26 @@ struct Route {
 
 class DirectTable {
  public:
+  explicit DirectTable(std::string activation = "") : activation_(std::move(activation)) {}
+  DirectTable(const DirectTable&) = delete;  // it owns its variants' tables
+  DirectTable& operator=(const DirectTable&) = delete;
+
+  // the table of linear()'s calls with a bias (or not) and this activation: its vendor routes apply
+  // them after at::addmm / at::mm; created on first use, kept for the table's life
+  DirectTable& variant(bool bias, const std::string& activation) {
+    auto key = std::make_pair(bias, activation);
+    auto it = variants_.find(key);
+    if (it == variants_.end()) it = variants_.emplace(key, std::make_unique<DirectTable>(activation)).first;
+    return *it->second;
+  }
+
+  const DirectTable* find_variant(bool bias, const std::string& activation) const {
+    auto it = variants_.find(std::make_pair(bias, activation));
+    return it == variants_.end() ? nullptr : it->second.get();
+  }
+
+  const std::string& activation() const { return activation_; }
+
   void put(const at::Tensor& a, const at::Tensor& b, py::object function) {
     insert(a, b, Route{Kind::python, std::move(function), {}});
   }
@@ -100,9 +131,10 @@ class DirectTable {
   }
 
   void put_launch(const at::Tensor& a, const at::Tensor& b, py::object function, py::object program, int64_t m,
-                  int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t row_length, int64_t align) {
+                  int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t row_length, int64_t align,
+                  int64_t columns) {
     Launch launch{std::move(program), py::int_(m), py::int_(n), py::int_(k), py::int_(lda), py::int_(ldb),
-                  py::int_(ldc), py::int_(0), m, n, row_length, align};
+                  py::int_(ldc), py::int_(0), m, columns < 0 ? n : columns, row_length, align};
     insert(a, b, Route{Kind::launch, std::move(function), std::move(launch)});
   }
 
@@ -127,7 +159,10 @@ class DirectTable {
   }
 
   size_t size() const { return routes_.size(); }
-  void clear() { routes_.clear(); }
+  void clear() {  // the variants' tables are emptied, not dropped: Python may hold them
+    routes_.clear();
+    for (auto& entry : variants_) entry.second->clear();
+  }
 
  private:
   void insert(const at::Tensor& a, const at::Tensor& b, Route route) {
@@ -137,6 +172,8 @@ class DirectTable {
   }
 
   std::unordered_map<Signature, Route, SignatureHash> routes_;
+  std::string activation_;
+  std::map<std::pair<bool, std::string>, std::unique_ptr<DirectTable>> variants_;
 };
 
 // The table matmul() reads and the Python function it hands every other call to (``route``). Plain
@@ -162,7 +199,7 @@ bool aligned(const at::Tensor& t, int64_t align) {
 }
 
 // a @ b through a version's program: the output allocated, the program called with the pointers
-PyObject* run_launch(const Launch& route, const at::Tensor& a, const at::Tensor& b) {
+PyObject* run_launch(const Launch& route, const at::Tensor& a, const at::Tensor& b, PyObject* bias_ptr = nullptr) {
   Launch launch = route;  // its own references: the program may re-route or clear the table
   c10::OptionalDeviceGuard device_guard;
   if (a.is_cuda()) device_guard.reset_device(a.device());  // the program launches on the current device
@@ -174,7 +211,7 @@ PyObject* run_launch(const Launch& route, const at::Tensor& a, const at::Tensor&
   PyObject* result = nullptr;
   if (a_ptr != nullptr && b_ptr != nullptr) {
     PyObject* argv[10] = {launch.m.ptr(), launch.n.ptr(),   launch.k.ptr(),   a_ptr,           b_ptr,
-                          out,            launch.lda.ptr(), launch.ldb.ptr(), launch.ldc.ptr(), launch.no_bias.ptr()};
+                          out,            launch.lda.ptr(), launch.ldb.ptr(), launch.ldc.ptr(), bias_ptr ? bias_ptr : launch.no_bias.ptr()};
     result = PyObject_Vectorcall(launch.program.ptr(), argv, 10, nullptr);
   }
   Py_XDECREF(a_ptr);
@@ -219,9 +256,23 @@ PyObject* matmul_entry(PyObject* /*module*/, PyObject* const* args, Py_ssize_t n
   END_HANDLE_TH_ERRORS
 }
 
-// linear(x, weight, bias=None, activation=None) of a seen signature with neither bias nor activation
-// (most of a model's projections): x [..., K] seen as [M, K] (contiguous x only: a view), the route of
-// x2 @ weight.T, its result seen as [..., N]. Every other call goes to linear's Python function.
+// torch's kernels for an epilogue after cuBLAS (linear()'s vendor routes), as launch.VendorPlan runs them
+at::Tensor activate(const at::Tensor& y, const std::string& activation) {
+  if (activation.empty()) return y;
+  if (activation == "relu") return at::relu(y);
+  if (activation == "gelu_tanh") return at::gelu(y, "tanh");
+  if (activation == "gelu_erf") return at::gelu(y);
+  if (activation == "silu") return at::silu(y);
+  if (activation == "swiglu") {  // gate and up interleaved in groups of 8 columns (variant.gate_up)
+    at::Tensor groups = y.view({y.size(0), -1, 2, 8});
+    return at::mul(at::silu(groups.select(2, 0)), groups.select(2, 1)).reshape({y.size(0), -1});
+  }
+  throw std::invalid_argument("unknown activation " + activation);
+}
+
+// linear(x, weight, bias=None, activation=None) of a seen signature: x [..., K] seen as [M, K]
+// (contiguous x only: a view), the route of x2 @ weight.T in the table of its (bias, activation)
+// variant, its result seen as [..., N]. Every other call goes to linear's Python function.
 PyObject* linear_entry(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargsf, PyObject* kwnames) {
   HANDLE_TH_ERRORS
   if (linear_fallback == nullptr) {
@@ -229,41 +280,62 @@ PyObject* linear_entry(PyObject* /*module*/, PyObject* const* args, Py_ssize_t n
     return nullptr;
   }
   Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-  if (table != nullptr && kwnames == nullptr && nargs >= 2 && nargs <= 4 && plain_tensor(args[0]) &&
-      plain_tensor(args[1]) && (nargs < 3 || args[2] == Py_None) && (nargs < 4 || args[3] == Py_None) &&
-      !at::impl::torch_function_mode_enabled()) {
-    const at::Tensor& x = THPVariable_Unpack(args[0]);
-    const at::Tensor& weight = THPVariable_Unpack(args[1]);
-    bool recorded = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
-    if (!recorded && x.layout() == at::kStrided && !x.is_nested() && x.dim() >= 2 && x.is_contiguous() &&
-        weight.layout() == at::kStrided && weight.dim() == 2) {
-      at::Tensor x2 = x.dim() == 2 ? x : x.view({-1, x.size(-1)});
-      at::Tensor w_t = weight.t();
-      const Route* route = table->find(x2, w_t);
-      PyObject* result = nullptr;
-      if (route != nullptr && route->kind == Kind::vendor) {
-        at::Tensor c;
-        {
-          py::gil_scoped_release no_gil;
-          c = at::mm(x2, w_t);
-        }
-        result = THPVariable_Wrap(std::move(c));
-      } else if (route != nullptr && route->kind == Kind::launch && aligned(x2, route->launch.align) &&
-                 aligned(w_t, route->launch.align)) {
-        result = run_launch(route->launch, x2, w_t);
-      } else {
-        return call_held(linear_fallback, args, nargsf, kwnames);
-      }
-      if (result == nullptr || x.dim() == 2) return result;
-      std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-      at::Tensor c = THPVariable_Unpack(result);
-      shape.back() = c.size(1);
-      at::Tensor shaped = c.view(shape);  // splits M: c's rows keep their stride
-      Py_DECREF(result);
-      return THPVariable_Wrap(std::move(shaped));
-    }
+  PyObject* bias_obj = nargs >= 3 ? args[2] : Py_None;
+  PyObject* activation_obj = nargs >= 4 ? args[3] : Py_None;
+  if (table == nullptr || kwnames != nullptr || nargs < 2 || nargs > 4 || !plain_tensor(args[0]) ||
+      !plain_tensor(args[1]) || (bias_obj != Py_None && !plain_tensor(bias_obj)) ||
+      (activation_obj != Py_None && !PyUnicode_CheckExact(activation_obj)) || at::impl::torch_function_mode_enabled())
+    return call_held(linear_fallback, args, nargsf, kwnames);
+  std::string activation;
+  if (activation_obj != Py_None) {
+    Py_ssize_t size = 0;
+    const char* text = PyUnicode_AsUTF8AndSize(activation_obj, &size);
+    if (text == nullptr) return nullptr;
+    activation.assign(text, static_cast<size_t>(size));
   }
-  return call_held(linear_fallback, args, nargsf, kwnames);
+  const DirectTable* routes = bias_obj == Py_None && activation.empty()
+                                  ? table
+                                  : table->find_variant(bias_obj != Py_None, activation);
+  const at::Tensor& x = THPVariable_Unpack(args[0]);
+  const at::Tensor& weight = THPVariable_Unpack(args[1]);
+  at::Tensor bias;
+  if (bias_obj != Py_None) bias = THPVariable_Unpack(bias_obj);
+  bool recorded = at::GradMode::is_enabled() &&
+                  (x.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()));
+  bool plain_operands = x.layout() == at::kStrided && !x.is_nested() && x.dim() >= 2 && x.is_contiguous() &&
+                        weight.layout() == at::kStrided && weight.dim() == 2;
+  bool bias_fits = !bias.defined() || (bias.layout() == at::kStrided && bias.dim() == 1 &&
+                                       bias.size(0) == weight.size(0) && bias.stride(0) == 1 &&
+                                       bias.scalar_type() == x.scalar_type() && bias.device() == x.device());
+  if (routes == nullptr || recorded || !plain_operands || !bias_fits)
+    return call_held(linear_fallback, args, nargsf, kwnames);
+  at::Tensor x2 = x.dim() == 2 ? x : x.view({-1, x.size(-1)});
+  at::Tensor w_t = weight.t();
+  const Route* route = routes->find(x2, w_t);
+  PyObject* result = nullptr;
+  if (route != nullptr && route->kind == Kind::vendor) {
+    at::Tensor c;
+    {
+      py::gil_scoped_release no_gil;
+      c = activate(bias.defined() ? at::addmm(bias, x2, w_t) : at::mm(x2, w_t), routes->activation());
+    }
+    result = THPVariable_Wrap(std::move(c));
+  } else if (route != nullptr && route->kind == Kind::launch && aligned(x2, route->launch.align) &&
+             aligned(w_t, route->launch.align)) {
+    PyObject* bias_ptr = bias.defined() ? PyLong_FromVoidPtr(bias.data_ptr()) : nullptr;
+    if (bias.defined() && bias_ptr == nullptr) return nullptr;
+    result = run_launch(route->launch, x2, w_t, bias_ptr);
+    Py_XDECREF(bias_ptr);
+  } else {
+    return call_held(linear_fallback, args, nargsf, kwnames);
+  }
+  if (result == nullptr || x.dim() == 2) return result;
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  at::Tensor c = THPVariable_Unpack(result);
+  shape.back() = c.size(1);
+  at::Tensor shaped = c.view(shape);  // splits M: c's rows keep their stride
+  Py_DECREF(result);
+  return THPVariable_Wrap(std::move(shaped));
   END_HANDLE_TH_ERRORS
 }
 
@@ -299,16 +371,20 @@ PyMethodDef entry_methods[] = {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<DirectTable>(m, "DirectTable",
                           "Routes of seen calls without out=, by signature (shapes, strides, dtypes, devices)")
-      .def(py::init<>())
+      .def(py::init<std::string>(), py::arg("activation") = "")
+      .def("variant", &DirectTable::variant, py::arg("bias"), py::arg("activation"),
+           py::return_value_policy::reference_internal,
+           "The table of linear()'s calls with (or without) a bias and this activation ('' for none)")
       .def("put", &DirectTable::put, py::arg("a"), py::arg("b"), py::arg("function"),
            "Route calls of this signature to ``function(a, b)``")
       .def("put_vendor", &DirectTable::put_vendor, py::arg("a"), py::arg("b"), py::arg("function"),
            "Route calls of this signature to at::mm (``function`` is what ``get`` returns)")
       .def("put_launch", &DirectTable::put_launch, py::arg("a"), py::arg("b"), py::arg("function"),
            py::arg("program"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("lda"), py::arg("ldb"),
-           py::arg("ldc"), py::arg("row_length"), py::arg("align"),
-           "Route calls of this signature to ``program(m, n, k, a_ptr, b_ptr, c, lda, ldb, ldc)`` on a new "
-           "[m, row_length] c; calls whose pointers are not ``align``-byte aligned to ``function(a, b)``")
+           py::arg("ldc"), py::arg("row_length"), py::arg("align"), py::arg("columns") = -1,
+           "Route calls of this signature to ``program(m, n, k, a_ptr, b_ptr, c, lda, ldb, ldc, bias_ptr)`` on a "
+           "new [m, row_length] c of ``columns`` (default n) columns; calls whose pointers are not "
+           "``align``-byte aligned to ``function(a, b)``")
       .def("get", &DirectTable::get, py::arg("a"), py::arg("b"))
       .def("kind", &DirectTable::kind, py::arg("a"), py::arg("b"))
       .def("clear", &DirectTable::clear)

@@ -135,7 +135,7 @@ class SeriesPlan:
         """Calls without ``out`` of the signature of ``a`` and ``b``: the native entry allocates the
         output and calls the program itself."""
         args = (self.launch, self.m, self.n, self.k, self.lda, self.ldb, self.ldc, self.out_row, TMA_ALIGN_BYTES)
-        table.put_launch(a, b, self.__call__, *args)
+        table.put_launch(a, b, self.__call__, *args, columns=self.columns)
 
     def __call__(self, a, b, out=None, bias=None):
         # on the path of every call: each step here is paid per launch, so it is kept short
@@ -207,11 +207,14 @@ class Plans:
             if out is None and self.direct is not None:
                 plan.add_route(self.direct, a, b)
 
-    def remember(self, key, plan) -> None:
-        """Keep ``plan`` under ``key`` without a route (as ``keep`` decides whether)."""
+    def remember(self, key, plan, a=None, b=None, bias=None, variant: Variant = PLAIN) -> None:
+        """Keep ``plan`` under ``key`` (as ``keep`` decides whether), and given the operands of a call
+        without ``out``, its route in the native entry's table of ``linear``'s variant."""
         with self.lock:
             if getattr(plan, "generation", self.generation) == self.generation:
                 self.plans[key] = plan
+                if a is not None and self.direct is not None:
+                    plan.add_route(self.direct.variant(bias is not None, variant.activation or ""), a, b)
 
     def launch(self, a, b, out=None):
         """``a @ b`` into ``out`` (allocated if None); the result."""
@@ -226,12 +229,16 @@ class Plans:
 
     def launch_fused(self, a, b, bias, variant: Variant, out=None):
         """``variant``'s epilogue of ``a @ b + bias`` into ``out`` (allocated if None): ``linear``'s path.
-        Its plans are kept apart from plain calls' (no native route: the extension takes two operands)."""
+        Its plans are kept apart from plain calls', and their routes in the native entry's table of
+        the variant (``DirectTable.variant``), which its ``linear`` reads."""
         key = fused_signature(a, b, out, bias, variant)
         plan = self.plans.get(key)
         if plan is None:
             plan = self.derive(a, b, out, None, variant)
-            self.remember(key, plan)
+            if out is None:  # the native entry's linear() runs later calls of this signature
+                self.remember(key, plan, a, b, bias, variant)
+            else:
+                self.remember(key, plan)
         return plan(a, b, out, bias)
 
     def derive(self, a, b, out, key, variant: Variant = PLAIN):
