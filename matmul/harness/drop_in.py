@@ -35,6 +35,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ..kernels.variant import Variant
 from . import model as model_bench
 
 LINEAR_TOKENS = (16, 128, 1024, 8192)
@@ -82,7 +83,8 @@ def linear_epilogues(dtype, rounds: int) -> list[dict]:
             ours = functools.partial(matmul.linear, x, w, bias, "gelu_tanh")
             theirs = functools.partial(_linear_then_gelu, x, w, bias)
             expected = F.gelu(F.linear(x.float(), w.float(), bias.float()), approximate="tanh")
-            rows.append(_linear_row(f"{name}+bias+gelu_tanh", m, n, k, ours, theirs, expected, rounds))
+            variant = Variant("nk", True, "gelu_tanh")
+            rows.append(_linear_row(f"{name}+bias+gelu_tanh", m, n, k, ours, theirs, expected, rounds, variant))
         i, k = SWIGLU_SHAPE
         x = torch.randn(m, k, device="cuda", dtype=dtype)
         gate, up = (torch.randn(i, k, device="cuda", dtype=dtype) / k**0.5 for _ in range(2))
@@ -96,7 +98,8 @@ def linear_epilogues(dtype, rounds: int) -> list[dict]:
             return matmul.linear(x, fused, None, "swiglu")
 
         expected = F.silu(x.float() @ gate.float().T) * (x.float() @ up.float().T)
-        rows.append(_linear_row("gate_up+swiglu", m, 2 * i, k, ours, theirs, expected, rounds))
+        variant = Variant("nk", False, "swiglu")
+        rows.append(_linear_row("gate_up+swiglu", m, 2 * i, k, ours, theirs, expected, rounds, variant))
     return rows
 
 
@@ -104,11 +107,15 @@ def _linear_then_gelu(x, w, bias):
     return F.gelu(F.linear(x, w, bias), approximate="tanh")
 
 
-def _linear_row(name, m, n, k, ours, theirs, expected, rounds) -> dict:
+def _linear_row(name, m, n, k, ours, theirs, expected, rounds, variant) -> dict:
+    from ..call import api
+
     error = _relative(ours(), expected)
     result = model_bench.compare(ours, theirs, rounds)
-    print(f"linear {name} {m}x{n}x{k}: {result['ratio']:.3f}x (error {error:.2e})", flush=True)
-    return dict(name=name, m=m, n=n, k=k, error=error, **result)
+    dtype = ours().dtype
+    _, entry = api._chooser.get(torch.device("cuda", torch.cuda.current_device()), dtype, m, n, k, variant)
+    print(f"linear {name} {m}x{n}x{k}: {result['ratio']:.3f}x (error {error:.2e}, {entry['version']})", flush=True)
+    return dict(name=name, m=m, n=n, k=k, error=error, version=entry["version"], **result)
 
 
 # --- a transformers Llama ------------------------------------------------------------------------
