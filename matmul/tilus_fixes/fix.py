@@ -14,7 +14,8 @@ class Fix:
     fault: str
     # (module, attribute name, replacement factory taking the original)
     patches: list[tuple[object, str, Callable]] = field(default_factory=list)
-    originals: list[tuple[object, str, object]] = field(default_factory=list)
+    # (module, attribute name, the original, whether the module held it itself rather than inheriting it)
+    originals: list[tuple[object, str, object, bool]] = field(default_factory=list)
 
     @property
     def applied(self) -> bool:
@@ -25,13 +26,17 @@ class Fix:
             return
         for module, attr, make in self.patches:
             # the attribute as stored (a class's staticmethod stays one when it is put back)
-            original = vars(module)[attr] if attr in vars(module) else getattr(module, attr)
-            self.originals.append((module, attr, original))
+            own = attr in vars(module)
+            original = vars(module)[attr] if own else getattr(module, attr)
+            self.originals.append((module, attr, original, own))
             setattr(module, attr, make(original))
 
     def revert(self) -> None:
-        for module, attr, original in reversed(self.originals):
-            setattr(module, attr, original)
+        for module, attr, original, own in reversed(self.originals):
+            if own:
+                setattr(module, attr, original)
+            else:  # an inherited method: the class inherits it again
+                delattr(module, attr)
         self.originals.clear()
 
 

@@ -41,8 +41,10 @@ def _major(tensor, transposed: bool) -> str:
 
 
 def _wgmma_transpose_flags(original):
+    # wraps ``emit`` (inherited from WgmmaBaseEmitter), not ``emit_wgmma``: fence_tall_accumulators
+    # wraps that one, and taking one fix out must not take the other's wrapper with it
     @functools.wraps(original)
-    def emit_wgmma(self, inst):
+    def emit(self, inst):
         from tilus.backends.emitters.cuda import wgmma as emitter
 
         a, b = inst.inputs[0].as_shared_tensor(), inst.inputs[1].as_shared_tensor()
@@ -52,18 +54,18 @@ def _wgmma_transpose_flags(original):
             return original(self, inst)
         if a.dtype.nbits != 16:
             raise ValueError(f"wgmma reads an MN-major operand only for 16-bit types, not {a.dtype.name}")
-        emit = emitter.wgmma_async
+        emit_async = emitter.wgmma_async
 
         def wgmma_async(*args, **kwargs):
-            return emit(*args, **{**kwargs, "trans_a": trans_a, "trans_b": trans_b})
+            return emit_async(*args, **{**kwargs, "trans_a": trans_a, "trans_b": trans_b})
 
-        emitter.wgmma_async = wgmma_async  # what the original emit_wgmma calls, for this instruction only
+        emitter.wgmma_async = wgmma_async  # what emit_wgmma calls, for this instruction only
         try:
             return original(self, inst)
         finally:
-            emitter.wgmma_async = emit
+            emitter.wgmma_async = emit_async
 
-    return emit_wgmma
+    return emit
 
 
 def _mixed_majorness_for_narrow_types(original: staticmethod):
@@ -131,7 +133,7 @@ def make() -> Fix:
         fault="an MN-major shared operand gets wgmma's trans flags 0, tcgen05 refuses it beside a K-major one, "
         "and layout inference lets the MMA's K-major guess override the layout of the tensor it is a view of",
         patches=[
-            (WgmmaMmaSSEmitter, "emit_wgmma", _wgmma_transpose_flags),
+            (WgmmaMmaSSEmitter, "emit", _wgmma_transpose_flags),
             (TMemoryMmaSSEmitter, "check_majorness", _mixed_majorness_for_narrow_types),
             (rule, "_inference_rules", _with_view_rule),
             (inference, "rule2order", _view_rule_first),
