@@ -260,8 +260,11 @@ class Plans:
             if entry["version"] != VENDOR:
                 module = versions.load(arch, entry["version"])
                 # the bucket's choice was tuned on a neighbouring shape: a version with limits may not take this one
-                if versions.fits(module, m, n, k, row_stride(a), row_stride(operand), row_stride(c), variant):
-                    script = versions.kernel(module, a.dtype, space_config(module, entry["config"]), variant)
+                config = space_config(module, entry["config"])  # None: not a point of the space (any more)
+                if config is not None and versions.fits(
+                    module, m, n, k, row_stride(a), row_stride(operand), row_stride(c), variant
+                ):
+                    script = versions.kernel(module, a.dtype, config, variant)
                     with torch.cuda.device(a.device) if a.device.type == "cuda" else contextlib.nullcontext():
                         plan = SeriesPlan(self.program(script), a, b, operand, b_layout, c, out, variant)
         if plan is None:

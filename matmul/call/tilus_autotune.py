@@ -38,7 +38,8 @@ def tuned_config(script, args) -> dict[str, Any]:
     jit_key, tuning_key = extract_keys(args, script.const_params, script.tuning_params)
     instance = script.jit_instances[jit_key]
     schedule = dict(instance.schedules[instance.valid_schedules[instance.dispatch_table[tuning_key]]])
-    schedule.pop("dtype", None)
+    for fixed in ("dtype", "b_layout", "bias", "activation"):  # the kernel's variant, not its configuration
+        schedule.pop(fixed, None)
     return schedule
 
 

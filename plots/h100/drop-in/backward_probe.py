@@ -33,13 +33,23 @@ elif step == "kn":
 elif step == "op":
     y = torch.ops.tilus_matmul.linear(x, w, bias, "")
     ref = x.float() @ w.float().T + bias.float()
+elif step in ("backward", "backward_here"):  # dX = dY @ W through the operator, by autograd's thread or this one
+    w.requires_grad_()
+    grad = torch.randn(m, 1000, device="cuda", dtype=torch.float16)
+    if step == "backward":
+        y = torch.ops.tilus_matmul.linear(x, w, bias, "")
+        y.backward(grad)
+        y = w.grad
+    else:
+        y = torch.ops.tilus_matmul.mm(grad, w.detach())
+    ref = grad.float().T @ x.float() if step == "backward" else grad.float() @ w.detach().float()
 torch.cuda.synchronize()
 print(f"{version} {step} M={m}: relative error {float((y.float() - ref).norm() / ref.norm()):.2e}")
 """
 
-for version in ("v5", "v3"):
-    for step in ("bias", "op", "kn"):
-        for m in (100, 1000):
+for version in sys.argv[1:] or ("v5", "v3"):
+    for step in ("bias", "op", "kn", "backward_here", "backward"):
+        for m in (100,):
             done = subprocess.run([sys.executable, "-c", STEP, version, step, str(m)], capture_output=True, text=True)
             last = (done.stdout.strip().splitlines() or [""])[-1]
             error = [line for line in done.stderr.splitlines() if "Error" in line][-1:] if done.returncode else []
