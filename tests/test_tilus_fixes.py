@@ -50,6 +50,7 @@ def test_fixes_are_applied_for_tilus_0_2_0():
         "workspace_in_shared_memory",
         "mn_major_operands",
         "wgmma_register_a",
+        "int4_bf16_cast",
     }
     assert all(fix.applied for fix in tilus_fixes.FIXES.values())
 
@@ -98,7 +99,7 @@ def build_through_tilus_autotuning(version: str):
     """Transpile a version's whole space the way tilus does before it autotunes, then build the first
     configuration; the error, or None."""
     module = versions.load("sm_90a", version)
-    args = (4096, 4096, 4096, None, None, None, 4096, 4096, 4096)  # pointers play no part in transpiling
+    args = (4096, 4096, 4096, None, None, None, 4096, 4096, 4096, None)  # pointers play no part in transpiling
     with build.target("sm_90a"):
         instance = versions.kernel(module, torch.float16)._jit_instance_for(*args)
         versions.kernel(module, torch.float16).jit_instances.clear()  # the next call transpiles anew
@@ -194,3 +195,16 @@ def test_wgmma_with_a_in_registers_builds_only_with_the_fix(fresh_cache):
         use_cache(fresh_cache / "without")
         faulty = build.build_config(module, "sm_90a", module.REPRESENTATIVE)
     assert not faulty.ok and "WgmmaMmaRS" in faulty.error
+
+
+def test_int4_widens_to_bfloat16_eight_values_at_a_time_only_with_the_fix(fresh_cache):
+    module = versions.load("sm_90a", "v8")
+    use_cache(fresh_cache / "with")
+    fixed = build.build_config(module, "sm_90a", module.REPRESENTATIVE, tilus.bfloat16)
+    with tilus_fixes.disabled("int4_bf16_cast"):
+        use_cache(fresh_cache / "without")
+        slow = build.build_config(module, "sm_90a", module.REPRESENTATIVE, tilus.bfloat16)
+    assert fixed.ok and slow.ok
+    magic = "1124090624"  # 0x43004300: 128.0 in both halves, the bfloat16 magic number
+    assert magic in (fixed.program_dir / "module" / "source.cu").read_text()
+    assert magic not in (slow.program_dir / "module" / "source.cu").read_text()
