@@ -8,14 +8,16 @@ threads read 2 KiB one after another: no bank conflict). Word ``j`` holds the 8 
 ``4 h + j`` that thread ``t`` holds in the wgmma A fragment (``tilus_fixes.wgmma_register_a.a_fragment``),
 in register order, low nibble first. Viewed as an int4 register tensor in that fragment layout, the
 words are widened by tilus's own cast (``int4b -> float16``: lop3 with the 0x6400 magic number,
-one subtraction or fma, prmt to restore the order: 8 values from one word), then multiplied by the
+one subtraction or fma, prmt to restore the order: 8 values from one word; ``bfloat16``: the same
+with 0x4300, ``matmul.tilus_fixes.int4_bf16_cast``), then multiplied by the
 row's scale, loaded once per tile in the layout of one column of the fragment (each thread the two
 rows it holds).
 """
 
 import tilus
-from tilus import RegisterTensor, SharedTensor, float16, int4b, int32
+from tilus import RegisterTensor, SharedTensor, int4b, int32
 from tilus.ir.layout.ops.register_ops import local, reduce, spatial
+from tilus.lang.instructions import base
 
 from matmul.tilus_fixes.wgmma_register_a import a_fragment
 
@@ -24,22 +26,28 @@ HALF_K = 64  # K columns widened at once (one wgmma call, 4 K steps)
 WORDS = HALF_K * ROWS * 4 // 32 // 128  # int32 words a thread reads per half: 4 (16 bytes)
 
 
-def is_float16(dtype) -> bool:
-    """(a plain function: kernel code would turn the comparison into a device expression)"""
-    return dtype.name == "float16"
+def packed_words(words: int = WORDS):
+    """The layout of packed words as a [128, words] int32 register tensor: thread t holds row t."""
+    return spatial(128, 1) * local(1, words)
 
 
-def packed_words():
-    """The layout of a half tile's packed words as a [128, WORDS] int32 register tensor: thread t holds row t."""
-    return spatial(128, 1) * local(1, WORDS)
+def word_columns(words: RegisterTensor, first: int, count: int) -> RegisterTensor:
+    """In kernel code: columns ``first ... first + count - 1`` of a [128, n] words tensor (the
+    language slices registers only by whole dimensions)."""
+    builder = base._current_builder
+    if builder is None:
+        raise RuntimeError("word_columns is called from kernel code only")
+    return builder.slice_register(words, offsets=[0, first], slice_dims=[0, 1], slice_shape=[128, count])
 
 
 class Int4Widen(tilus.Class):
-    """Widen halves of packed int4 group tiles of a warpgroup (module doc) into A operands of the
-    scales' dtype (float16 or bfloat16)."""
+    """Widen packed int4 group tiles of a warpgroup (module doc) into A operands of ``cols`` K
+    columns (64: a half tile, one word per K step of 16; 32: a quarter), in the scales' dtype
+    (float16 or bfloat16)."""
 
-    def __init__(self):
-        self.fragment = a_fragment(ROWS, HALF_K)
+    def __init__(self, cols: int):
+        self.cols: int = cols
+        self.fragment = a_fragment(ROWS, cols)
 
     def scales(self, s_scale: SharedTensor) -> RegisterTensor:
         """The tile's 64 scales ([64, 1] in shared memory) in the layout of one column of the A fragment."""
@@ -47,15 +55,22 @@ class Int4Widen(tilus.Class):
         self.annotate_layout(scale, reduce(self.fragment, dims=[1], keepdims=True))
         return scale
 
-    def half(self, s_packed: SharedTensor, scale: RegisterTensor) -> RegisterTensor:
-        """Half ``h`` of a tile (``s_packed``: its [128, WORDS] int32 words) as the 64 x 64 A operand, scaled."""
+    def words(self, s_packed: SharedTensor) -> RegisterTensor:
+        """A half tile's packed words ([128, WORDS] int32 in shared memory): 16 bytes a thread."""
         words = self.load_shared(s_packed)
         self.annotate_layout(words, packed_words())
-        values = self.view(words, layout=self.fragment, dtype=int4b)
-        if is_float16(scale.dtype):
-            wide = values.to(float16)
-        else:  # no fast int4 -> bfloat16 cast in tilus 0.2.0: through float16, exact for |q| <= 8
-            wide = values.to(float16).to(scale.dtype)
+        return words
+
+    def operand(self, words: RegisterTensor, scale: RegisterTensor, part: int) -> RegisterTensor:
+        """Part ``part`` (``cols`` K columns) of a half tile's ``words`` as the 64 x ``cols`` A operand, scaled."""
+        per_part = self.cols // 16  # words: one a K step of 16 columns
+        if per_part == WORDS:
+            mine = words
+        else:  # the part's words, as a tensor of their own: a view keeps every bit of its source
+            mine = word_columns(words, part * per_part, per_part)
+            self.annotate_layout(mine, packed_words(per_part))
+        values = self.view(mine, layout=self.fragment, dtype=int4b)
+        wide = values.to(scale.dtype)  # 8 values a word (bfloat16: matmul.tilus_fixes.int4_bf16_cast)
         self.annotate_layout(wide, self.fragment)
         out = wide * scale
         self.annotate_layout(out, self.fragment)

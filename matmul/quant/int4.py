@@ -57,13 +57,14 @@ def pack(q: torch.Tensor) -> torch.Tensor:
 
 
 def unpack(words: torch.Tensor, n: int) -> torch.Tensor:
-    """The inverse of ``pack``: q int8 [N, K]."""
-    rows, k8 = words.shape
-    n_pad, k = rows * 4, k8 * 2
-    tiles = words.view(n_pad // 64, 16, k // GROUP, 64).permute(0, 2, 1, 3).reshape(n_pad // 64, k // GROUP, 1024, 1)
-    shifts = torch.arange(0, 32, 4, device=words.device, dtype=torch.int32)
-    nibbles = (tiles >> shifts) & 0xF
-    signed = torch.where(nibbles >= 8, nibbles - 16, nibbles).to(torch.int8)
+    """The inverse of ``pack``: q int8 [N, K] (a few byte-wide passes over the weight)."""
+    rows, k2 = words.shape
+    n_pad, k = rows * 4, k2 * 2
+    # the tiles' bytes in order: [i, b, 4096 bytes], byte 4 w + m of a word holds nibbles 8 w + 2 m, + 1
+    tiles = words.view(torch.uint8).view(n_pad // 64, 16, k // GROUP, 256).permute(0, 2, 1, 3)
+    tiles = tiles.reshape(n_pad // 64, k // GROUP, 4096)
+    nibbles = torch.stack([tiles & 0xF, tiles >> 4], dim=-1).view(torch.int8)
+    signed = (nibbles ^ 8) - 8  # 0..15 two's complement nibbles -> -8..7
     shape = [n_pad // 64, k // GROUP, 2, 4, 8, 4, 4, 2, 2, 2]  # (i, b, h, w, g, c, j, colhalf, rowhalf, pair)
     inverse = [0] * len(_ORDER)
     for position, dim in enumerate(_ORDER):
@@ -82,4 +83,5 @@ def pack_scales(scale: torch.Tensor) -> torch.Tensor:
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, group: int = GROUP) -> torch.Tensor:
     """``q * scale`` rounded once to ``dtype``: [N, K]."""
-    return q.to(dtype) * scale.to(dtype).repeat_interleave(group, dim=1)
+    n, k = q.shape
+    return (q.to(dtype).view(n, k // group, group) * scale.to(dtype).unsqueeze(-1)).view(n, k)

@@ -18,7 +18,9 @@ around, is guarded to the tilus release that has it, and can be taken out again
   is read as K-major by wgmma, refused by tcgen05 beside a K-major one, and loses its layout to
   the MMA's guess in layout inference;
 * ``wgmma_register_a``: ``wgmma.mma`` with its A operand in registers has no emitter and no layout
-  inference rule (V8 widens its int4 weight into that operand).
+  inference rule (V8 widens its int4 weight into that operand);
+* ``int4_bf16_cast``: a register cast from int4 to bfloat16 converts one value at a time (the
+  float16 cast converts eight at once).
 
 Each module's docstring describes its fault and the work-around in full.
 """
@@ -33,6 +35,7 @@ import tilus
 from . import (
     build_without_gpu,
     fence_tall_accumulators,
+    int4_bf16_cast,
     keep_ptx,
     mn_major_operands,
     serial_transpile,
@@ -54,6 +57,7 @@ MODULES = (
     workspace_in_shared_memory,
     mn_major_operands,
     wgmma_register_a,
+    int4_bf16_cast,
 )
 
 FIXES: dict[str, Fix] = {}

@@ -35,9 +35,11 @@ Why A in registers and not a widened tile in shared memory: the widened tile is 
 one wgmma, in exactly the fragment the thread that widened it holds; writing it to shared memory
 would add 16 KiB of stores and a warpgroup barrier per K block, where the register path adds
 nothing (the tokens, B, still come from shared memory, as in V7). The price: A's registers must
-not be rewritten while the wgmma reads them, so each K block's wgmma group is waited for before
-the next block is widened (``wgmma.wait_group 0``); the tensor core's latency is hidden by the
-other warpgroups and CTAs of the SM, not within one.
+not be rewritten while the wgmma reads them, so each K block's wgmma groups are waited for before
+the next block is widened (``wgmma.wait_group 0``). Within a block, the second half (K columns
+64-127) is widened while the first half's wgmma runs (two committed groups; ptxas interleaves the
+conversion with the wgmma, and serializes nothing: the halves are different registers); across
+blocks the tensor core's latency is hidden by the other warpgroups and CTAs of the SM.
 
 Synchronization (this CTA's K block ``i`` uses stage ``s = i % stages``, parity ``p = (i // stages) & 1``):
 
@@ -56,7 +58,7 @@ every mbarrier is initialized before the first cluster barrier, no CTA exits bef
 """
 
 import tilus
-from tilus import GlobalTensor, SharedTensor, float32, int32, void_p
+from tilus import GlobalTensor, RegisterTensor, SharedTensor, float32, int32, void_p
 from tilus.ir.layout.ops import shared_row_major
 from tilus.utils import cdiv
 
@@ -64,7 +66,7 @@ from pipeline import Pipeline
 from pipeline.cluster_reduce import ClusterSplitKReduce, SplitKRange
 from pipeline.epilogue import wgmma_fragment
 from pipeline.fused_epilogue import FusedEpilogue
-from pipeline.widen import WORDS, Int4Widen
+from pipeline.widen import HALF_K, WORDS, Int4Widen
 
 from ..entry import MatmulKernel
 
@@ -77,7 +79,7 @@ PTX_MARKERS = (
     "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes",
     "barrier.cluster",
 )
-REPRESENTATIVE = {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 8}
+REPRESENTATIVE = {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 32}
 B_LAYOUTS = ("nk",)  # the packed weight has one layout (matmul.quant)
 FUSED_EPILOGUE = False
 MAX_ELEMENTS = 2**31 - 1
@@ -86,7 +88,6 @@ BLOCK_K = 128  # one scale group: a 4 KiB packed tile of 64 rows per warpgroup a
 GROUP = 128  # K columns that share a scale (matmul.quant's only group size for this kernel)
 TILE_ROWS = 64  # weight rows of a packed tile (one warpgroup's wgmma M)
 PACKED_TILE_WORDS = TILE_ROWS * BLOCK_K // 8  # int32 words of a packed tile: 1024
-X_BOX = 64  # token columns of one 128-byte swizzled TMA box: a K block's tokens are two boxes
 MAX_M = 256  # the widest wgmma (n = 256): beyond it a CTA would need a second accumulator
 
 
@@ -95,27 +96,35 @@ def supports(m: int, n: int, k: int) -> bool:
     return 1 <= m <= MAX_M and n >= 1 and k >= 1 and k % GROUP == 0
 
 
-def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int) -> int:
+def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, chunk: int = 64) -> int:
     """Shared memory of a configuration: the ring plus the split-K exchange tiles."""
     ring = stages * (warpgroups * (PACKED_TILE_WORDS * 4 + TILE_ROWS * 2) + block_m * BLOCK_K * 2)
     exchange = (2 * split - 1) * (64 * warpgroups // split) * block_m * 4  # partial + received
     return ring + exchange
 
 
-# V7's configurations, the ring deepened where the packed tiles leave room for it (a stage of V8
-# holds 128 K columns of weight in 4 KiB, V7's 64 in 8 KiB): bytes in flight per SM are what
-# hide HBM's latency. More CTAs per weight tile (split 4) give more warpgroups to widen with.
+# Token tiles of 16, 64, 128 and 256 columns. A stage of V8 holds 128 K columns of weight in 4 KiB
+# (V7: 64 in 8 KiB) and its consumers, not HBM, set the pace: each K block is widened by one
+# warpgroup, and a warpgroup waits for its wgmma before it widens the next one. So what counts is
+# warpgroups per SM: shallow rings (4-6 stages: more CTAs fit in an SM) and larger splits (more
+# CTAs per weight tile) were faster on the H100 than V7's deep rings (plots/h100/v8/).
+@tilus.autotune("chunk", [64, 32])
 @tilus.autotune(
     "block_m, warpgroups, split, stages",
     [
+        (16, 1, 2, 4),
+        (16, 1, 2, 6),
         (16, 1, 2, 8),
-        (16, 1, 2, 16),
-        (16, 1, 4, 8),
-        (16, 1, 1, 16),
-        (16, 2, 2, 8),
-        (16, 2, 4, 6),
+        (16, 1, 4, 4),
+        (16, 1, 4, 6),
+        (16, 1, 8, 4),
+        (16, 2, 2, 4),
+        (16, 2, 4, 4),
+        (64, 1, 2, 4),
         (64, 1, 2, 8),
+        (64, 1, 4, 4),
         (64, 2, 2, 4),
+        (128, 1, 2, 2),
         (128, 1, 2, 4),
         (128, 1, 1, 4),
         (256, 1, 1, 2),
@@ -129,6 +138,7 @@ class Kernel(MatmulKernel):
         warpgroups: int,
         split: int,
         stages: int,
+        chunk: int = 64,
         b_layout: str = "nk",
         bias: bool = False,
         activation: str = "",
@@ -138,6 +148,9 @@ class Kernel(MatmulKernel):
         self.warpgroups = warpgroups
         self.split = split
         self.stages = stages
+        self.chunk = chunk  # K columns widened and issued as one wgmma group: 64 or 32
+        if chunk not in (32, 64):
+            raise ValueError(f"a wgmma group takes 64 or 32 K columns, not {chunk}")
         if warpgroups not in (1, 2):
             raise ValueError(f"one or two consumer warpgroups, not {warpgroups}")
         if (64 * warpgroups) % split or (64 * warpgroups // split) % 8:
@@ -200,7 +213,8 @@ class Kernel(MatmulKernel):
         self.annotate_layout(s_w, shared_row_major(self.stages, self.warpgroups, 16, 64))
         s_s = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.warpgroups, 1, TILE_ROWS])
         self.annotate_layout(s_s, shared_row_major(self.stages, self.warpgroups, 1, TILE_ROWS))
-        s_x = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, self.block_m, X_BOX])
+        # the K block's tokens: one TMA box per part of ``chunk`` columns (128 or 64 bytes wide)
+        s_x = self.shared_tensor(dtype=self.dtype, shape=[self.stages, BLOCK_K // self.chunk, self.block_m, self.chunk])
         ring = Pipeline(self.stages, consumer_arrivals=self.warpgroups, elect_release=True)
         reduce = ClusterSplitKReduce(self.split, rows, self.block_m)
         self.cluster.sync()  # every barrier of the cluster exists before a peer's copy lands on it
@@ -228,11 +242,11 @@ class Kernel(MatmulKernel):
                         offsets=[block, offset_n + 64 * wg],
                         mbarrier=ring.producer_barrier(),
                     )
-                for h in range(2):
+                for part in range(BLOCK_K // self.chunk):
                     self.tma.global_to_shared(
                         src=g_a,
-                        dst=s_x[slot, h],
-                        offsets=[offset_m, block * BLOCK_K + h * X_BOX],
+                        dst=s_x[slot, part],
+                        offsets=[offset_m, block * BLOCK_K + part * self.chunk],
                         mbarrier=ring.producer_barrier(),
                     )
                 ring.producer_advance()
@@ -257,25 +271,55 @@ class Kernel(MatmulKernel):
         count: int32,
     ):
         """Consumer warpgroup ``wg``: weight rows ``64 * wg ...`` of the tile times every token, over
-        this CTA's K blocks, into the partial tile: per K block, both halves of its packed tile
-        widened into A operands, two wgmma calls of 4 K steps, waited for before the next block."""
+        this CTA's K blocks, into the partial tile: per K block, each ``chunk`` columns of its packed
+        tile widened into an A operand and multiplied by the tokens (a committed wgmma group each,
+        the next part widened while it runs), all waited for before the next block."""
         with self.warp_group(warp_begin=4 * wg, num_warps=4):
             acc = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
             self.annotate_layout(acc, wgmma_fragment(64, self.block_m))
-            widen = Int4Widen()
+            widen = Int4Widen(self.chunk)
             s_words = self.reshape_shared(s_w, [self.stages, self.warpgroups, 2, 128, WORDS])
             s_scale = self.reshape_shared(s_s, [self.stages, self.warpgroups, TILE_ROWS, 1])
             for kb in self.range(count, unroll=1):  # noqa: B007
                 ring.consumer_acquire()
                 slot = ring.consumer_stage
                 scale = widen.scales(s_scale[slot, wg])
-                low = widen.half(s_words[slot, wg, 0], scale)
-                high = widen.half(s_words[slot, wg, 1], scale)
-                self.wgmma.fence()
-                self.wgmma.mma(low, s_x[slot, 0].transpose(), acc)
-                self.wgmma.mma(high, s_x[slot, 1].transpose(), acc)
-                self.wgmma.commit_group()
+                self.half(widen, s_words[slot, wg, 0], scale, s_x, slot, 0, acc)
+                self.half(widen, s_words[slot, wg, 1], scale, s_x, slot, 1, acc)
                 self.wgmma.wait_group(0)  # A's registers are rewritten by the next block
                 ring.consumer_release()
                 ring.consumer_advance()
             reduce.store(acc, wg)
+
+    def half(
+        self,
+        widen: Int4Widen,
+        s_words: SharedTensor,
+        scale: RegisterTensor,
+        s_x: SharedTensor,
+        slot: int32,
+        h: int,
+        acc: RegisterTensor,
+    ):
+        """Half ``h`` of a K block (64 columns): its packed words loaded once, each part of ``chunk``
+        columns widened and issued (straight-line code: each part has registers of its own)."""
+        words = widen.words(s_words)
+        parts = HALF_K // self.chunk
+        self.part(widen, words, scale, 0, s_x[slot, h * parts], acc)
+        if parts == 2:
+            self.part(widen, words, scale, 1, s_x[slot, h * parts + 1], acc)
+
+    def part(
+        self,
+        widen: Int4Widen,
+        words: RegisterTensor,
+        scale: RegisterTensor,
+        index: int,
+        s_tokens: SharedTensor,
+        acc: RegisterTensor,
+    ):
+        """One wgmma group: part ``index`` of a half's words widened, times its token columns."""
+        operand = widen.operand(words, scale, index)
+        self.wgmma.fence()
+        self.wgmma.mma(operand, s_tokens.transpose(), acc)
+        self.wgmma.commit_group()
