@@ -15,7 +15,7 @@ rows it holds).
 """
 
 import tilus
-from tilus import RegisterTensor, SharedTensor, int4b, int32
+from tilus import RegisterTensor, SharedTensor, float8_e4m3, int4b, int32
 from tilus.ir.layout.ops.register_ops import local, reduce, spatial
 from tilus.lang.instructions import base
 
@@ -77,4 +77,27 @@ class Int4Widen(tilus.Class):
         return out
 
 
-__all__ = ["Int4Widen", "packed_words", "ROWS", "HALF_K", "WORDS", "int32"]
+def reduce_layout(fragment):
+    """One column of a register ``fragment`` (each thread its rows' entries): a per-row operand."""
+    return reduce(fragment, dims=[1], keepdims=True)
+
+
+class Fp8Widen(tilus.Class):
+    """Widen packed fp8 e4m3 tiles (``matmul.quant.fp8``): a thread's 16 bytes of a part are the 16
+    values it holds in the A fragment of 32 K columns (two K steps), in register order."""
+
+    def __init__(self):
+        self.fragment = a_fragment(ROWS, 32)
+
+    def words(self, s_packed: SharedTensor) -> RegisterTensor:
+        words = self.load_shared(s_packed)
+        self.annotate_layout(words, packed_words())
+        return words
+
+    def values(self, words: RegisterTensor) -> RegisterTensor:
+        """The words as the 64 x 32 fp8 A operand, to be cast to the activations' dtype (tilus's fp8
+        -> float16/bfloat16 casts take 4 values a word)."""
+        return self.view(words, layout=self.fragment, dtype=float8_e4m3)
+
+
+__all__ = ["Fp8Widen", "Int4Widen", "reduce_layout", "packed_words", "ROWS", "HALF_K", "WORDS", "int32"]

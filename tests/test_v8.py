@@ -1,17 +1,19 @@
 """Hopper V8 (int4 weights) without a GPU: the quantizer against plain torch, the packed layout
 against the kernel's reading of it (thread, word, nibble -> row, column), the errors, and the
-representative build with its PTX markers."""
+representative build with its PTX markers; the same for the fp8 e4m3 format, whose kernel path is
+only built."""
 
 import re
 
 import pytest
+import tilus
 import torch
 from conftest import representative_build
 
 import matmul
 from matmul import MatmulInputError, build
 from matmul.kernels import versions
-from matmul.quant import int4
+from matmul.quant import fp8, int4
 from matmul.quant.linear import CONFIGS
 from matmul.tilus_fixes.wgmma_register_a import a_fragment
 
@@ -138,3 +140,71 @@ def test_representative_build_and_markers():
     ptx = result.ptx()
     assert re.search(r"m64n16k16\.f32\.f16\.f16 \{[^}]*\}, \{%r\d+, %r\d+, %r\d+, %r\d+\}, %rd\d+", ptx)
     assert ptx.count("wgmma.mma_async") == 8  # 8 K steps of 16: one 128-column group a K block
+
+
+# --- fp8 e4m3 with per-row scales: quantizer, layout and build (the kernel path never ran on a GPU) ---
+
+
+def plain_fp8(w):
+    scale = w.float().abs().amax(dim=1) / 448
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    return (w.float() / scale[:, None]).to(torch.float8_e4m3fn), scale
+
+
+def kernel_reads_fp8(words, n_pad, k):
+    """q [N_pad, K] bytes as V8's fp8 path reads the packed words (matmul.quant.fp8's docstring)."""
+    q = torch.empty(n_pad, k, dtype=torch.uint8)
+    data = words.contiguous().view(torch.uint8).view(n_pad // 2, k * 2)  # 4 bytes a word, little-endian
+    for i in range(n_pad // 64):
+        for b in range(k // 128):
+            tile = data[32 * i : 32 * i + 32, 256 * b : 256 * b + 256].reshape(-1)  # byte 256 r + column
+            for p in range(4):
+                for t in range(128):
+                    warp, g, c = t // 32, (t % 32) // 4, t % 4
+                    for value in range(16):
+                        step, e = value // 8, value % 8
+                        row = 64 * i + 16 * warp + g + 8 * ((e // 2) % 2)
+                        col = 128 * b + 32 * p + 16 * step + 2 * c + e % 2 + 8 * (e // 4)
+                        q[row, col] = tile[(p * 128 + t) * 16 + value]
+    return q
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_fp8_quantize_matches_plain_torch(dtype):
+    w = weight(70, 256, dtype)
+    w[5] = 0
+    qw = matmul.quantize(w, format="fp8_e4m3")
+    q, s = plain_fp8(w)
+    assert (qw.format, qw.bits, qw.group, qw.shape, qw.dtype) == ("fp8_e4m3", 8, 256, (70, 256), dtype)
+    assert torch.equal(qw.q().view(torch.uint8), q.view(torch.uint8))
+    assert torch.equal(qw.group_scales()[:, 0], s)
+    assert torch.equal(qw.dequantize(), (q.float() * s[:, None]).to(dtype))
+
+
+def test_fp8_packed_layout_is_what_the_kernel_reads():
+    g = torch.Generator().manual_seed(3)
+    q = (torch.randn(100, 256, generator=g) * 50).to(torch.float8_e4m3fn)
+    words = fp8.pack(q)
+    assert words.shape == (128 // 2, 256 // 2) and words.dtype == torch.int32
+    assert torch.equal(fp8.unpack(words, 100).view(torch.uint8), q.view(torch.uint8))
+    read = kernel_reads_fp8(words, 128, 256)
+    assert torch.equal(read[:100], q.view(torch.uint8)) and (read[100:] == 0).all()
+
+
+def test_fp8_errors():
+    with pytest.raises(MatmulInputError, match="one scale per row"):
+        matmul.quantize(weight(64, 256), format="fp8_e4m3", group=64)
+    with pytest.raises(MatmulInputError, match="multiple of 128"):
+        matmul.quantize(weight(64, 200), format="fp8_e4m3")
+
+
+@pytest.mark.parametrize("dtype", [tilus.float16, tilus.bfloat16], ids=str)
+def test_fp8_path_builds(dtype):
+    schedule = {"dtype": dtype, **V8.REPRESENTATIVE, "weight": "fp8_e4m3"}
+    result = build.build_script(V8.Kernel, "sm_90a", schedule, version="v8")
+    assert result.ok, result.error[-3000:]
+    assert result.spill_bytes == 0
+    ptx = result.ptx()
+    assert ptx.count("wgmma.mma_async") == 8 and ptx.count("ld.shared.v4") >= 4  # 4 parts of 16 bytes
+    # the weight tile is one TMA box of 8 KiB; no group scales come through the ring
+    assert re.search(r"m64n16k16\.f32\.\w+\.\w+ \{[^}]*\}, \{%r\d+, %r\d+, %r\d+, %r\d+\}, %rd\d+", ptx)

@@ -4,6 +4,9 @@ qw.T)`` / ``matmul.linear(x, qw)`` run the product with it.
 ``quantize(w, format="int4", group=128)`` returns a ``QuantizedWeight``: the format, its bits and
 group, the scales, the original shape and dtype, the packed words in the layout Hopper V8 reads
 (``matmul.quant.int4``), and ``dequantize()``, the float16/bfloat16 weight it stands for.
+``format="fp8_e4m3"`` (``matmul.quant.fp8``): float8 e4m3 values with one float32 scale per row
+(the group is the whole row); V8 has a path for it that is compiled but was never run on a GPU, so
+the call widens an fp8 weight for cuBLAS at every M.
 
 The call (``matmul.quant.linear``): up to ``V8_MAX_M`` tokens on a Hopper GPU, V8 (the int4 skinny
 GEMM, ``matmul/kernels/hopper/v8.py``); above that, or elsewhere, the weight is widened to its
@@ -14,20 +17,22 @@ size the product is compute-bound and the widening is a small part of it.
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import torch
 
 from ..contract import MatmulInputError
-from . import int4
+from . import fp8, int4
 
-FORMATS = {"int4": (4, int4.GROUP)}  # format -> (bits, the group the kernel reads)
+FORMATS = {"int4": (4, int4.GROUP), "fp8_e4m3": (8, None)}  # format -> (bits, its group; None: a row)
 DTYPES = (torch.float16, torch.bfloat16)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class QuantizedWeight:
-    """A weight [N, K] stored in ``bits`` bits (module doc). ``packed``: int32 [N_pad / 4, K / 2];
-    ``scales``: [K / group, N_pad] in ``dtype``; ``shape``: (N, K)."""
+    """A weight [N, K] stored in ``bits`` bits (module doc). int4: ``packed`` int32 [N_pad / 4, K / 2],
+    ``scales`` [K / group, N_pad] in ``dtype``; fp8_e4m3: ``packed`` int32 [N_pad / 2, K / 2], ``scales``
+    float32 [N_pad], ``group`` K. ``shape``: (N, K)."""
 
     format: str
     bits: int
@@ -47,15 +52,21 @@ class QuantizedWeight:
         return TransposedWeight(self)
 
     def q(self) -> torch.Tensor:
-        """The int4 values, int8 [N, K]."""
+        """The quantized values [N, K]: int8 (int4's -8..7), or float8_e4m3fn."""
+        if self.format == "fp8_e4m3":
+            return fp8.unpack(self.packed, self.shape[0])
         return int4.unpack(self.packed, self.shape[0])
 
     def group_scales(self) -> torch.Tensor:
         """The scales as [N, K / group]."""
+        if self.format == "fp8_e4m3":
+            return self.scales[: self.shape[0]].unsqueeze(1)
         return self.scales[:, : self.shape[0]].T
 
     def dequantize(self) -> torch.Tensor:
         """The float16/bfloat16 weight [N, K] this stands for (``q * scale``, rounded once)."""
+        if self.format == "fp8_e4m3":
+            return fp8.dequantize(self.q(), self.group_scales()[:, 0], self.dtype)
         return int4.dequantize(self.q(), self.group_scales(), self.dtype, self.group)
 
     def check_for(self, x: torch.Tensor) -> None:
@@ -91,9 +102,10 @@ class TransposedWeight:
         return self.weight
 
 
-def quantize(w: torch.Tensor, format: str = "int4", group: int = 128) -> QuantizedWeight:
+def quantize(w: torch.Tensor, format: str = "int4", group: Optional[int] = 128) -> QuantizedWeight:
     """Pack a weight w [N, K] (float16 or bfloat16, as ``nn.Linear`` stores it) in ``format``, one
-    scale per ``group`` columns of a row (module doc). Once, when a model is converted."""
+    scale per ``group`` columns of a row (module doc; fp8_e4m3: one a row, ``group`` None or K).
+    Once, when a model is converted."""
     if format not in FORMATS:
         raise MatmulInputError(f"format {format!r} is not supported; choose one of {', '.join(FORMATS)}")
     bits, kernel_group = FORMATS[format]
@@ -101,9 +113,24 @@ def quantize(w: torch.Tensor, format: str = "int4", group: int = 128) -> Quantiz
         raise MatmulInputError(f"w must be a 2-D tensor [N, K], got {getattr(w, 'shape', type(w).__name__)}")
     if w.dtype not in DTYPES:
         raise MatmulInputError(f"w must be float16 or bfloat16 (the activations' dtype), got {w.dtype}")
+    n, k = w.shape
+    if format == "fp8_e4m3":
+        if group not in (None, 128, k):  # 128: quantize()'s default, which names int4's group
+            raise MatmulInputError(f"fp8_e4m3 has one scale per row: group None or K = {k}, not {group}")
+        if k % int4.GROUP or n < 1:
+            raise MatmulInputError(f"K = {k} must be a positive multiple of 128 (V8's K block); pad the columns")
+        q8, row_scale = fp8.reference(w)
+        return QuantizedWeight(
+            format=format,
+            bits=bits,
+            group=k,
+            shape=(n, k),
+            dtype=w.dtype,
+            packed=fp8.pack(q8),
+            scales=fp8.pack_scales(row_scale),
+        )
     if group != kernel_group:
         raise MatmulInputError(f"{format} takes a group of {kernel_group} columns (V8's K block), not {group}")
-    n, k = w.shape
     if k % group or n < 1:
         raise MatmulInputError(f"K = {k} must be a positive multiple of the group ({group}); pad the weight's columns")
     q, scale = int4.reference(w, group)

@@ -54,7 +54,12 @@ def v8(x: torch.Tensor, weight: QuantizedWeight, out: torch.Tensor, config: Opti
     m, k = x.shape
     n = weight.shape[0]
     module = v8_module()
-    script = versions.kernel(module, x.dtype, config or config_for(m))
+    config = config or config_for(m)
+    if weight.format == "int4":
+        script = versions.kernel(module, x.dtype, config)
+    else:  # fp8_e4m3: V8's compiled-only path, launched only when asked for (uses_v8 is False)
+        cls = versions._fixed_kernel_class(module.Kernel, tuple(sorted(config.items())))
+        script = cls(dtype=versions.TILUS_DTYPES[x.dtype], weight=weight.format)
     with torch.cuda.device(x.device):
         script(m, n, k, x, weight.packed, out, x.stride(0), weight.packed.stride(0), out.stride(0), 0, weight.scales)
     return out

@@ -1,9 +1,9 @@
 """Hopper V8: V7 with int4 weights: the weight is stored in 4 bits with one scale per group of 128
 along K and widened to 16 bits on chip, so the skinny GEMM streams a quarter of the bytes.
 
-Idea: at small M a projection is bound by reading its weight once (V7 runs at 84-103% of that
-fp16 floor), so only fewer bytes go faster. V8 is V7 (swap-AB, split-K over a cluster reduced
-through DSMEM, a deep TMA ring fed by a producer warp) whose ring carries, per K block of 128
+Idea: at small M a projection is bound by reading its weight once (V7 runs close to that fp16
+floor: plots/h100/skinny/), so only fewer bytes go faster. V8 is V7 (swap-AB, split-K over a
+cluster reduced through DSMEM, a TMA ring fed by a producer warp) whose ring carries, per K block of 128
 columns (one scale group), a packed int4 tile of 64 weight rows per warpgroup (4 KiB instead of
 V7's 16 KiB for the same columns), those rows' 64 scales (128 bytes) and the token tile. Each
 consumer warpgroup widens its tile in registers and issues the wgmma with A in registers: the
@@ -27,19 +27,28 @@ shared memory in that order, and each thread reads its 16 bytes of a half with o
 TMA, as V7's are. The scales are a [K / 128, N_pad] matrix of the activations' dtype, so the 64
 scales of a tile are one TMA box [1, 64]. ``pipeline.widen.Int4Widen`` views a thread's words as
 an int4 register tensor in the fragment layout, casts it with tilus's int4 -> float16 conversion
-(``lop3`` with the 0x6400 magic number, ``sub``/``fma``, ``prmt``: 8 values from one word), and
+(``lop3`` with the 0x6400 magic number, ``sub``/``fma``, ``prmt``: 8 values from one word; to
+bfloat16 the same with 0x4300, ``matmul.tilus_fixes.int4_bf16_cast``), and
 multiplies by the row's scale: the widened value is the one ``QuantizedWeight.dequantize()``
 gives, exactly (one rounding of ``q * scale`` in the 16-bit dtype).
+
+fp8 e4m3 weights (``Kernel(weight="fp8_e4m3")``, ``matmul.quant.fp8``; built, never run on a
+GPU): the same kernel with a tile of 8 KiB (``[part p < 4][thread t][word j < 4]``, one byte a
+value, in the fragment order), widened by tilus's fp8 casts in parts of 32 K columns, and one
+float32 scale per row applied to the float32 partial tile after the last K block instead of a
+group scale per value (no scales come through the ring).
 
 Why A in registers and not a widened tile in shared memory: the widened tile is used by exactly
 one wgmma, in exactly the fragment the thread that widened it holds; writing it to shared memory
 would add 16 KiB of stores and a warpgroup barrier per K block, where the register path adds
 nothing (the tokens, B, still come from shared memory, as in V7). The price: A's registers must
 not be rewritten while the wgmma reads them, so each K block's wgmma groups are waited for before
-the next block is widened (``wgmma.wait_group 0``). Within a block, the second half (K columns
-64-127) is widened while the first half's wgmma runs (two committed groups; ptxas interleaves the
-conversion with the wgmma, and serializes nothing: the halves are different registers); across
-blocks the tensor core's latency is hidden by the other warpgroups and CTAs of the SM.
+the next block is widened (``wgmma.wait_group 0``). Within a block, the tile is widened in parts
+of ``chunk`` K columns (64 or 32, a knob), each part issued as its own committed wgmma group
+before the next part is widened, so ptxas interleaves that conversion with the part's wgmma and
+serializes nothing (each part has registers of its own; the token tile comes in TMA boxes of
+``chunk`` columns); across blocks the tensor core's latency is hidden by the other warpgroups and
+CTAs of the SM, which is why V8's rings are shallow (more CTAs fit in an SM) and its splits large.
 
 Synchronization (this CTA's K block ``i`` uses stage ``s = i % stages``, parity ``p = (i // stages) & 1``):
 
@@ -66,7 +75,7 @@ from pipeline import Pipeline
 from pipeline.cluster_reduce import ClusterSplitKReduce, SplitKRange
 from pipeline.epilogue import wgmma_fragment
 from pipeline.fused_epilogue import FusedEpilogue
-from pipeline.widen import HALF_K, WORDS, Int4Widen
+from pipeline.widen import HALF_K, WORDS, Fp8Widen, Int4Widen, reduce_layout
 
 from ..entry import MatmulKernel
 
@@ -88,12 +97,19 @@ BLOCK_K = 128  # one scale group: a 4 KiB packed tile of 64 rows per warpgroup a
 GROUP = 128  # K columns that share a scale (matmul.quant's only group size for this kernel)
 TILE_ROWS = 64  # weight rows of a packed tile (one warpgroup's wgmma M)
 PACKED_TILE_WORDS = TILE_ROWS * BLOCK_K // 8  # int32 words of a packed tile: 1024
+# int32 rows of a packed 64 x 128 tile (64 words a row) per weight format (matmul.quant)
+WEIGHT_ROWS = {"int4": 16, "fp8_e4m3": 32}
 MAX_M = 256  # the widest wgmma (n = 256): beyond it a CTA would need a second accumulator
 
 
 def supports(m: int, n: int, k: int) -> bool:
     """The shapes V8 is designed for: at most 256 tokens, K a multiple of the group (128)."""
     return 1 <= m <= MAX_M and n >= 1 and k >= 1 and k % GROUP == 0
+
+
+def stage_scale_bytes(weight: str, s_s) -> int:
+    """Bytes of scales a stage brings: a tile's 64 group scales (int4); none for fp8's per-row scales."""
+    return s_s.nbytes // s_s.shape[0] if weight == "int4" else 0
 
 
 def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, chunk: int = 64) -> int:
@@ -139,6 +155,7 @@ class Kernel(MatmulKernel):
         split: int,
         stages: int,
         chunk: int = 64,
+        weight: str = "int4",
         b_layout: str = "nk",
         bias: bool = False,
         activation: str = "",
@@ -157,6 +174,12 @@ class Kernel(MatmulKernel):
             raise ValueError(f"{64 * warpgroups} weight rows do not cut into {split} slices of a multiple of 8")
         if b_layout != "nk" or bias or activation:
             raise ValueError("V8 reads its packed weight in one layout, with a plain epilogue")
+        self.weight = weight  # the format: "int4" (group scales), "fp8_e4m3" (per-row scales; compiled only)
+        if weight not in WEIGHT_ROWS:
+            raise ValueError(f"weight format {weight!r}: one of {', '.join(WEIGHT_ROWS)}")
+        self.word_rows = WEIGHT_ROWS[weight]  # int32 rows of a packed 64 x 128 tile (64 words a row)
+        if weight == "fp8_e4m3":
+            self.chunk = 32  # a thread's 16 bytes of fp8 are 32 K columns of the fragment
 
     def __call__(
         self,
@@ -173,11 +196,17 @@ class Kernel(MatmulKernel):
         scales_ptr: void_p,
     ):
         # A [M, K] and C [M, N] as in every version; B is the packed weight (int32 [N_pad / 4, K / 2],
-        # ldb its row stride in words) and its scales [K / 128, N_pad] (module doc)
+        # ldb its row stride in words) and its scales [K / 128, N_pad] (module doc); fp8: int32
+        # [N_pad / 2, K / 2] and float32 scales [N_pad], one a row
         n_pad = cdiv(n_size, TILE_ROWS) * TILE_ROWS
         g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size], strides=[lda, 1])
-        g_w = self.global_view(b_ptr, dtype=int32, shape=[n_pad // 4, k_size // 2], strides=[ldb, 1])
-        g_s = self.global_view(scales_ptr, dtype=self.dtype, shape=[k_size // GROUP, n_pad], strides=[n_pad, 1])
+        g_w = self.global_view(
+            b_ptr, dtype=int32, shape=[n_pad // TILE_ROWS * self.word_rows, k_size // 2], strides=[ldb, 1]
+        )
+        if self.weight == "int4":
+            g_s = self.global_view(scales_ptr, dtype=self.dtype, shape=[k_size // GROUP, n_pad], strides=[n_pad, 1])
+        else:
+            g_s = self.global_view(scales_ptr, dtype=float32, shape=[n_pad, 1], strides=[1, 1])
         g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size], strides=[ldc, 1])
         g_bias = self.global_view(bias_ptr, dtype=self.dtype, shape=[1, n_size])
         self.epilogue = FusedEpilogue(g_bias, False, "")
@@ -209,8 +238,8 @@ class Kernel(MatmulKernel):
         k_blocks = SplitKRange(cdiv(k_size, BLOCK_K), self.split, rank)  # this CTA's share of K
 
         # a packed tile [16, 64] int32 = [half][thread][word] (module doc), and its 64 scales
-        s_w = self.shared_tensor(dtype=int32, shape=[self.stages, self.warpgroups, 16, 64])
-        self.annotate_layout(s_w, shared_row_major(self.stages, self.warpgroups, 16, 64))
+        s_w = self.shared_tensor(dtype=int32, shape=[self.stages, self.warpgroups, self.word_rows, 64])
+        self.annotate_layout(s_w, shared_row_major(self.stages, self.warpgroups, self.word_rows, 64))
         s_s = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.warpgroups, 1, TILE_ROWS])
         self.annotate_layout(s_s, shared_row_major(self.stages, self.warpgroups, 1, TILE_ROWS))
         # the K block's tokens: one TMA box per part of ``chunk`` columns (128 or 64 bytes wide)
@@ -226,22 +255,23 @@ class Kernel(MatmulKernel):
                 with self.single_thread():
                     self.mbarrier.arrive_and_expect_tx(
                         ring.producer_barrier(),
-                        transaction_bytes=s_w[slot].nbytes + s_s[slot].nbytes + s_x[slot].nbytes,
+                        transaction_bytes=s_w[slot].nbytes + stage_scale_bytes(self.weight, s_s) + s_x[slot].nbytes,
                     )
                 block = k_blocks.first + i
                 for wg in range(self.warpgroups):
                     self.tma.global_to_shared(
                         src=g_w,
                         dst=s_w[slot, wg],
-                        offsets=[(offset_n + 64 * wg) // 4, block * 64],
+                        offsets=[(offset_n + 64 * wg) // TILE_ROWS * self.word_rows, block * 64],
                         mbarrier=ring.producer_barrier(),
                     )
-                    self.tma.global_to_shared(
-                        src=g_s,
-                        dst=s_s[slot, wg],
-                        offsets=[block, offset_n + 64 * wg],
-                        mbarrier=ring.producer_barrier(),
-                    )
+                    if self.weight == "int4":
+                        self.tma.global_to_shared(
+                            src=g_s,
+                            dst=s_s[slot, wg],
+                            offsets=[block, offset_n + 64 * wg],
+                            mbarrier=ring.producer_barrier(),
+                        )
                 for part in range(BLOCK_K // self.chunk):
                     self.tma.global_to_shared(
                         src=g_a,
@@ -251,9 +281,14 @@ class Kernel(MatmulKernel):
                     )
                 ring.producer_advance()
 
-        self.consumer(0, ring, s_w, s_s, s_x, reduce, k_blocks.count)
-        if self.warpgroups == 2:
-            self.consumer(1, ring, s_w, s_s, s_x, reduce, k_blocks.count)
+        if self.weight == "int4":
+            self.consumer(0, ring, s_w, s_s, s_x, reduce, k_blocks.count)
+            if self.warpgroups == 2:
+                self.consumer(1, ring, s_w, s_s, s_x, reduce, k_blocks.count)
+        else:
+            self.fp8_consumer(0, ring, s_w, g_s, offset_n, s_x, reduce, k_blocks.count)
+            if self.warpgroups == 2:
+                self.fp8_consumer(1, ring, s_w, g_s, offset_n, s_x, reduce, k_blocks.count)
 
         reduce.exchange(rank)
         with self.warp_group(warp_begin=0, num_warps=4):
@@ -320,6 +355,49 @@ class Kernel(MatmulKernel):
     ):
         """One wgmma group: part ``index`` of a half's words widened, times its token columns."""
         operand = widen.operand(words, scale, index)
+        self.wgmma.fence()
+        self.wgmma.mma(operand, s_tokens.transpose(), acc)
+        self.wgmma.commit_group()
+
+    def fp8_consumer(
+        self,
+        wg: int,
+        ring: Pipeline,
+        s_w: SharedTensor,
+        g_s: GlobalTensor,
+        offset_n: int32,
+        s_x: SharedTensor,
+        reduce: ClusterSplitKReduce,
+        count: int32,
+    ):
+        """``consumer`` for fp8 e4m3 weights (compiled, never run on a GPU): a packed tile is
+        ``[part p < 4][thread t][word j < 4]`` (the fragment values of K steps 2 p, 2 p + 1, one byte
+        each), each part widened by tilus's fp8 cast and issued as a wgmma group; the per-row scale
+        multiplies the float32 partial tile once, after the last K block."""
+        with self.warp_group(warp_begin=4 * wg, num_warps=4):
+            acc = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
+            self.annotate_layout(acc, wgmma_fragment(64, self.block_m))
+            widen = Fp8Widen()
+            s_words = self.reshape_shared(s_w, [self.stages, self.warpgroups, 4, 128, WORDS])
+            for kb in self.range(count, unroll=1):  # noqa: B007
+                ring.consumer_acquire()
+                slot = ring.consumer_stage
+                self.fp8_part(widen, s_words[slot, wg, 0], s_x[slot, 0], acc)
+                self.fp8_part(widen, s_words[slot, wg, 1], s_x[slot, 1], acc)
+                self.fp8_part(widen, s_words[slot, wg, 2], s_x[slot, 2], acc)
+                self.fp8_part(widen, s_words[slot, wg, 3], s_x[slot, 3], acc)
+                self.wgmma.wait_group(0)
+                ring.consumer_release()
+                ring.consumer_advance()
+            scale = self.load_global(g_s, offsets=[offset_n + 64 * wg, 0], shape=[64, 1])
+            self.annotate_layout(scale, reduce_layout(wgmma_fragment(64, self.block_m)))
+            scaled = acc * scale
+            self.annotate_layout(scaled, wgmma_fragment(64, self.block_m))
+            reduce.store(scaled, wg)
+
+    def fp8_part(self, widen: Fp8Widen, s_words: SharedTensor, s_tokens: SharedTensor, acc: RegisterTensor):
+        operand = widen.values(widen.words(s_words)).to(self.dtype)
+        self.annotate_layout(operand, widen.fragment)
         self.wgmma.fence()
         self.wgmma.mma(operand, s_tokens.transpose(), acc)
         self.wgmma.commit_group()
