@@ -54,10 +54,9 @@ def _relative(x: torch.Tensor, y: torch.Tensor) -> float:
     return float((x - y).norm() / y.norm().clamp_min(1e-30))
 
 
-def kn_layout(dtype, rounds: int) -> list[dict]:
+def kn_layout(dtype, rounds: int, record: Callable[[dict], None]) -> None:
     import matmul
 
-    rows = []
     for (name, (n, k)), m in [(item, m) for item in model_bench.PROJECTIONS.items() for m in model_bench.TOKENS]:
         x = torch.randn(m, k, device="cuda", dtype=dtype)
         w = torch.randn(k, n, device="cuda", dtype=dtype) / k**0.5
@@ -66,15 +65,13 @@ def kn_layout(dtype, rounds: int) -> list[dict]:
             functools.partial(matmul.matmul, x, w), functools.partial(torch.matmul, x, w), rounds
         )
         entry = matmul.choice(x, w)
-        rows.append(dict(name=name, m=m, n=n, k=k, error=error, version=entry.get("version"), **result))
         print(f"kn {name} {m}x{n}x{k}: {result['ratio']:.3f}x ({entry.get('version')})", flush=True)
-    return rows
+        record(dict(name=name, m=m, n=n, k=k, error=error, version=entry.get("version"), **result))
 
 
-def linear_epilogues(dtype, rounds: int) -> list[dict]:
+def linear_epilogues(dtype, rounds: int, record: Callable[[dict], None]) -> None:
     import matmul
 
-    rows = []
     for m in LINEAR_TOKENS:
         for name, (n, k) in LINEAR_SHAPES.items():
             x = torch.randn(m, k, device="cuda", dtype=dtype)
@@ -84,7 +81,7 @@ def linear_epilogues(dtype, rounds: int) -> list[dict]:
             theirs = functools.partial(_linear_then_gelu, x, w, bias)
             expected = F.gelu(F.linear(x.float(), w.float(), bias.float()), approximate="tanh")
             variant = Variant("nk", True, "gelu_tanh")
-            rows.append(_linear_row(f"{name}+bias+gelu_tanh", m, n, k, ours, theirs, expected, rounds, variant))
+            record(_linear_row(f"{name}+bias+gelu_tanh", m, n, k, ours, theirs, expected, rounds, variant))
         i, k = SWIGLU_SHAPE
         x = torch.randn(m, k, device="cuda", dtype=dtype)
         gate, up = (torch.randn(i, k, device="cuda", dtype=dtype) / k**0.5 for _ in range(2))
@@ -99,8 +96,7 @@ def linear_epilogues(dtype, rounds: int) -> list[dict]:
 
         expected = F.silu(x.float() @ gate.float().T) * (x.float() @ up.float().T)
         variant = Variant("nk", False, "swiglu")
-        rows.append(_linear_row("gate_up+swiglu", m, 2 * i, k, ours, theirs, expected, rounds, variant))
-    return rows
+        record(_linear_row("gate_up+swiglu", m, 2 * i, k, ours, theirs, expected, rounds, variant))
 
 
 def _linear_then_gelu(x, w, bias):
@@ -192,9 +188,9 @@ def _graphed(step: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
     return replay
 
 
-def llama(dtype, rounds: int) -> dict:
+def llama(dtype, rounds: int, record: Callable[[dict], None]) -> None:
     reference, switched, conversion = llama_pair(dtype)
-    results: dict = {"skipped_layers": conversion.skipped, "fused_mlps": len(conversion.fused), "rows": []}
+    record({"kind": "conversion", "skipped_layers": conversion.skipped, "fused_mlps": len(conversion.fused)})
     vocab = reference.config.vocab_size
 
     def row(kind, shape, ours, theirs, first=None):
@@ -204,11 +200,15 @@ def llama(dtype, rounds: int) -> dict:
                 entry["first_call_ms"] = first
             entry["logits_error"] = _relative(ours(), theirs())
             entry.update(model_bench.compare(ours, theirs, rounds))
-            print(f"llama {kind} {shape}: {entry['ratio']:.3f}x", flush=True)
+            print(
+                f"llama {kind} {shape}: {entry['ratio']:.3f}x (logits error {entry['logits_error']:.2e}"
+                + (f", first call {first:.0f} ms)" if first is not None else ")"),
+                flush=True,
+            )
         except Exception as e:  # one part's failure is reported, the others still run
             entry["error"] = f"{type(e).__name__}: {e}"
             traceback.print_exc()
-        results["rows"].append(entry)
+        record(entry)
 
     with torch.inference_mode():
         for batch, tokens in PREFILL:
@@ -223,15 +223,12 @@ def llama(dtype, rounds: int) -> dict:
             try:
                 graphed_ours, graphed_theirs = _graphed(ours), _graphed(theirs)
             except Exception as e:
-                results["rows"].append(
-                    {"kind": "decode graph", "shape": [batch, 1], "error": f"{type(e).__name__}: {e}"}
-                )
+                record({"kind": "decode graph", "shape": [batch, 1], "error": f"{type(e).__name__}: {e}"})
                 traceback.print_exc()
                 continue
             row("decode graph", [batch, 1], graphed_ours, graphed_theirs)
 
-    results["rows"].append(training(reference, switched, conversion, rounds))
-    return results
+    record(training(reference, switched, conversion, rounds))
 
 
 def training(reference, switched, conversion, rounds: int) -> dict:
@@ -300,9 +297,14 @@ def main(out_dir: Path, parts=tuple(PARTS), dtype=torch.float16, rounds: int = 1
             "dtype": str(dtype).removeprefix("torch."),
             "torch": torch.__version__,
             "rounds": rounds,
-            "results": PARTS[part](dtype, rounds),
+            "results": [],
         }
         path = out_dir / f"drop-in-{part}-{results['dtype']}.json"
-        path.write_text(json.dumps(results, indent=1, default=str))
+
+        def record(row, results=results, path=path):  # written after every row: a cut run keeps what it measured
+            results["results"].append(row)
+            path.write_text(json.dumps(results, indent=1, default=str))
+
+        PARTS[part](dtype, rounds, record)
         print(f"wrote {path}", flush=True)
     return 0
