@@ -198,7 +198,7 @@ def test_fp8_errors():
         matmul.quantize(weight(64, 200), format="fp8_e4m3")
 
 
-@pytest.mark.parametrize("dtype", [tilus.float16, tilus.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [tilus.float16, pytest.param(tilus.bfloat16, marks=pytest.mark.full_space)], ids=str)
 def test_fp8_path_builds(dtype):
     schedule = {"dtype": dtype, **V8.REPRESENTATIVE, "weight": "fp8_e4m3"}
     result = build.build_script(V8.Kernel, "sm_90a", schedule, version="v8")

@@ -86,11 +86,14 @@ PTX_MARKERS = (
     "ld.shared.v4",  # a thread's 16 packed bytes of a half tile at once
     "cp.async.bulk.tensor.2d.shared::cta.global",
     "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes",
+    "mapa.shared::cluster",
     "barrier.cluster",
 )
 REPRESENTATIVE = {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 32}
 B_LAYOUTS = ("nk",)  # the packed weight has one layout (matmul.quant)
 FUSED_EPILOGUE = False
+# C is written by store_global (ClusterSplitKReduce.write) at int32 element offsets: no operand may
+# reach past 2^31 - 1 elements (A and B, read by TMA, could; the limit keeps to one rule per version)
 MAX_ELEMENTS = 2**31 - 1
 
 BLOCK_K = 128  # one scale group: a 4 KiB packed tile of 64 rows per warpgroup and K block
