@@ -14,7 +14,7 @@ CHILD = textwrap.dedent("""
     from matmul.call import tilus_autotune
     from matmul.kernels import versions
     module = versions.load("sm_90a", "v1")
-    args = (1000, 4095, 17, None, None, None, 24, 24, 4096)  # sizes and strides; no pointer is read
+    args = (1000, 4095, 17, None, None, None, 24, 24, 4096, None)  # sizes and strides; no pointer is read
     with build.target("sm_90a"):
         script = versions.kernel(module, torch.float16, dict(module.REPRESENTATIVE))
         if sys.argv[1] == "check":
