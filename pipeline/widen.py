@@ -15,7 +15,7 @@ rows it holds).
 """
 
 import tilus
-from tilus import RegisterTensor, SharedTensor, float8_e4m3, int4b, int32
+from tilus import RegisterTensor, SharedTensor, float8_e4m3, float16, int4b, int32, uint6b
 from tilus.ir.layout.ops.register_ops import local, reduce, spatial
 from tilus.lang.instructions import base
 
@@ -77,6 +77,42 @@ class Int4Widen(tilus.Class):
         return out
 
 
+def is_float16(dtype) -> bool:
+    """(a plain function: kernel code would turn the comparison into a device expression)"""
+    return dtype.name == "float16"
+
+
+class Int6Widen(tilus.Class):
+    """Widen packed 6-bit tiles (``matmul.quant.int6``; compiled, never run on a GPU): a half tile's
+    32 values of a thread are 6 words (value l at bits 6 l ... 6 l + 5 of the 192), unsigned with the
+    zero point 32, in the fragment order; tilus's uint6 -> float16 cast takes them two at a time."""
+
+    def __init__(self):
+        self.fragment = a_fragment(ROWS, HALF_K)
+
+    def scales(self, s_scale: SharedTensor) -> RegisterTensor:
+        scale = self.load_shared(s_scale)
+        self.annotate_layout(scale, reduce(self.fragment, dims=[1], keepdims=True))
+        return scale
+
+    def words(self, s_packed: SharedTensor) -> RegisterTensor:
+        words = self.load_shared(s_packed)
+        self.annotate_layout(words, packed_words(6))
+        return words
+
+    def operand(self, words: RegisterTensor, scale: RegisterTensor) -> RegisterTensor:
+        """A half tile's ``words`` as the 64 x 64 A operand: (u - 32) * scale."""
+        values = self.view(words, layout=self.fragment, dtype=uint6b)
+        if is_float16(scale.dtype):
+            wide = values.to(float16)
+        else:  # no uint6 -> bfloat16 cast in tilus: through float16 (exact: integers of 0..63)
+            wide = values.to(float16).to(scale.dtype)
+        self.annotate_layout(wide, self.fragment)
+        out = (wide - 32.0) * scale
+        self.annotate_layout(out, self.fragment)
+        return out
+
+
 def reduce_layout(fragment):
     """One column of a register ``fragment`` (each thread its rows' entries): a per-row operand."""
     return reduce(fragment, dims=[1], keepdims=True)
@@ -100,4 +136,4 @@ class Fp8Widen(tilus.Class):
         return self.view(words, layout=self.fragment, dtype=float8_e4m3)
 
 
-__all__ = ["Fp8Widen", "Int4Widen", "reduce_layout", "packed_words", "ROWS", "HALF_K", "WORDS", "int32"]
+__all__ = ["Fp8Widen", "Int4Widen", "Int6Widen", "reduce_layout", "packed_words", "ROWS", "HALF_K", "WORDS", "int32"]

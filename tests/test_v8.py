@@ -13,7 +13,7 @@ from conftest import representative_build
 import matmul
 from matmul import MatmulInputError, build
 from matmul.kernels import versions
-from matmul.quant import fp8, int4
+from matmul.quant import fp8, int4, int6
 from matmul.quant.linear import CONFIGS
 from matmul.tilus_fixes.wgmma_register_a import a_fragment
 
@@ -208,3 +208,47 @@ def test_fp8_path_builds(dtype):
     assert ptx.count("wgmma.mma_async") == 8 and ptx.count("ld.shared.v4") >= 4  # 4 parts of 16 bytes
     # the weight tile is one TMA box of 8 KiB; no group scales come through the ring
     assert re.search(r"m64n16k16\.f32\.\w+\.\w+ \{[^}]*\}, \{%r\d+, %r\d+, %r\d+, %r\d+\}, %rd\d+", ptx)
+
+
+# --- int6 (an odd width), group scales as int4's: quantizer, layout and build (never ran on a GPU) ---
+
+
+def kernel_reads_int6(words, n_pad, k):
+    """u [N_pad, K] (q + 32) as V8's int6 path reads the packed words (matmul.quant.int6's docstring)."""
+    u = torch.empty(n_pad, k, dtype=torch.int64)
+    for i in range(n_pad // 64):
+        for b in range(k // 128):
+            tile = words[32 * i : 32 * i + 32, 48 * b : 48 * b + 48].reshape(-1)  # word 48 r + column
+            for h in range(2):
+                for t in range(128):
+                    warp, g, c = t // 32, (t % 32) // 4, t % 4
+                    bits = 0
+                    for j in range(6):
+                        bits |= (int(tile[(h * 128 + t) * 6 + j]) & 0xFFFFFFFF) << (32 * j)
+                    for value in range(32):
+                        step, e = value // 8, value % 8
+                        row = 64 * i + 16 * warp + g + 8 * ((e // 2) % 2)
+                        col = 128 * b + 16 * (4 * h + step) + 2 * c + e % 2 + 8 * (e // 4)
+                        u[row, col] = (bits >> (6 * value)) & 0x3F
+    return u
+
+
+def test_int6_quantize_and_layout():
+    w = weight(100, 256, torch.bfloat16)
+    qw = matmul.quantize(w, format="int6")
+    assert (qw.format, qw.bits, qw.group) == ("int6", 6, 128) and qw.packed.shape == (64, 96)
+    q, s = int6.reference(w)
+    assert q.min() >= -32 and q.max() <= 31 and torch.equal(qw.q(), q)
+    assert torch.equal(qw.dequantize(), q.to(torch.bfloat16) * s.repeat_interleave(128, dim=1))
+    read = kernel_reads_int6(qw.packed, 128, 256)
+    assert torch.equal(read[:100] - 32, q.to(torch.int64)) and (read[100:] == 32).all()  # padding: q = 0
+
+
+@pytest.mark.full_space
+@pytest.mark.parametrize("dtype", [tilus.float16, tilus.bfloat16], ids=str)
+def test_int6_path_builds(dtype):
+    schedule = {"dtype": dtype, **V8.REPRESENTATIVE, "weight": "int6"}
+    result = build.build_script(V8.Kernel, "sm_90a", schedule, version="v8")
+    assert result.ok, result.error[-3000:]
+    assert result.spill_bytes == 0
+    assert result.ptx().count("wgmma.mma_async") == 8

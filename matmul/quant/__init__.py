@@ -4,9 +4,10 @@ qw.T)`` / ``matmul.linear(x, qw)`` run the product with it.
 ``quantize(w, format="int4", group=128)`` returns a ``QuantizedWeight``: the format, its bits and
 group, the scales, the original shape and dtype, the packed words in the layout Hopper V8 reads
 (``matmul.quant.int4``), and ``dequantize()``, the float16/bfloat16 weight it stands for.
+``format="int6"`` (``matmul.quant.int6``): 6-bit values, one scale per 128 columns, as int4's;
 ``format="fp8_e4m3"`` (``matmul.quant.fp8``): float8 e4m3 values with one float32 scale per row
-(the group is the whole row); V8 has a path for it that is compiled but was never run on a GPU, so
-the call widens an fp8 weight for cuBLAS at every M.
+(the group is the whole row). V8 has paths for both that are compiled but were never run on a GPU,
+so the call widens those weights for cuBLAS at every M.
 
 The call (``matmul.quant.linear``): up to ``V8_MAX_M`` tokens on a Hopper GPU, V8 (the int4 skinny
 GEMM, ``matmul/kernels/hopper/v8.py``); above that, or elsewhere, the weight is widened to its
@@ -22,17 +23,19 @@ from typing import Optional
 import torch
 
 from ..contract import MatmulInputError
-from . import fp8, int4
+from . import fp8, int4, int6
 
-FORMATS = {"int4": (4, int4.GROUP), "fp8_e4m3": (8, None)}  # format -> (bits, its group; None: a row)
+# format -> (bits, its group; None: a row)
+FORMATS = {"int4": (4, int4.GROUP), "int6": (6, int4.GROUP), "fp8_e4m3": (8, None)}
 DTYPES = (torch.float16, torch.bfloat16)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class QuantizedWeight:
     """A weight [N, K] stored in ``bits`` bits (module doc). int4: ``packed`` int32 [N_pad / 4, K / 2],
-    ``scales`` [K / group, N_pad] in ``dtype``; fp8_e4m3: ``packed`` int32 [N_pad / 2, K / 2], ``scales``
-    float32 [N_pad], ``group`` K. ``shape``: (N, K)."""
+    ``scales`` [K / group, N_pad] in ``dtype``; int6: ``packed`` [N_pad / 2, 3 K / 8], scales as
+    int4's; fp8_e4m3: ``packed`` int32 [N_pad / 2, K / 2], ``scales`` float32 [N_pad], ``group`` K.
+    ``shape``: (N, K)."""
 
     format: str
     bits: int
@@ -55,6 +58,8 @@ class QuantizedWeight:
         """The quantized values [N, K]: int8 (int4's -8..7), or float8_e4m3fn."""
         if self.format == "fp8_e4m3":
             return fp8.unpack(self.packed, self.shape[0])
+        if self.format == "int6":
+            return int6.unpack(self.packed, self.shape[0])
         return int4.unpack(self.packed, self.shape[0])
 
     def group_scales(self) -> torch.Tensor:
@@ -133,14 +138,15 @@ def quantize(w: torch.Tensor, format: str = "int4", group: Optional[int] = 128) 
         raise MatmulInputError(f"{format} takes a group of {kernel_group} columns (V8's K block), not {group}")
     if k % group or n < 1:
         raise MatmulInputError(f"K = {k} must be a positive multiple of the group ({group}); pad the weight's columns")
-    q, scale = int4.reference(w, group)
+    width = int6 if format == "int6" else int4
+    q, scale = width.reference(w, group)
     return QuantizedWeight(
         format=format,
         bits=bits,
         group=group,
         shape=(n, k),
         dtype=w.dtype,
-        packed=int4.pack(q),
+        packed=width.pack(q),
         scales=int4.pack_scales(scale),
     )
 

@@ -32,11 +32,14 @@ bfloat16 the same with 0x4300, ``matmul.tilus_fixes.int4_bf16_cast``), and
 multiplies by the row's scale: the widened value is the one ``QuantizedWeight.dequantize()``
 gives, exactly (one rounding of ``q * scale`` in the 16-bit dtype).
 
-fp8 e4m3 weights (``Kernel(weight="fp8_e4m3")``, ``matmul.quant.fp8``; built, never run on a
-GPU): the same kernel with a tile of 8 KiB (``[part p < 4][thread t][word j < 4]``, one byte a
-value, in the fragment order), widened by tilus's fp8 casts in parts of 32 K columns, and one
-float32 scale per row applied to the float32 partial tile after the last K block instead of a
-group scale per value (no scales come through the ring).
+Other widths, built but never run on a GPU: int6 (``Kernel(weight="int6")``,
+``matmul.quant.int6``), int4's group scales with 6-bit values, a 6 KiB tile
+``[half][thread][word j < 6]`` (one TMA box [32, 48]) widened by tilus's unsigned 6-bit cast,
+minus the zero point 32; and fp8 e4m3 (``Kernel(weight="fp8_e4m3")``, ``matmul.quant.fp8``): an
+8 KiB tile (``[part p < 4][thread t][word j < 4]``, one byte a value, in the fragment order)
+widened by tilus's fp8 casts in parts of 32 K columns, and one float32 scale per row applied to
+the float32 partial tile after the last K block instead of a group scale per value (no scales
+come through the ring).
 
 Why A in registers and not a widened tile in shared memory: the widened tile is used by exactly
 one wgmma, in exactly the fragment the thread that widened it holds; writing it to shared memory
@@ -75,7 +78,7 @@ from pipeline import Pipeline
 from pipeline.cluster_reduce import ClusterSplitKReduce, SplitKRange
 from pipeline.epilogue import wgmma_fragment
 from pipeline.fused_epilogue import FusedEpilogue
-from pipeline.widen import HALF_K, WORDS, Fp8Widen, Int4Widen, reduce_layout
+from pipeline.widen import HALF_K, WORDS, Fp8Widen, Int4Widen, Int6Widen, reduce_layout
 
 from ..entry import MatmulKernel
 
@@ -100,8 +103,8 @@ BLOCK_K = 128  # one scale group: a 4 KiB packed tile of 64 rows per warpgroup a
 GROUP = 128  # K columns that share a scale (matmul.quant's only group size for this kernel)
 TILE_ROWS = 64  # weight rows of a packed tile (one warpgroup's wgmma M)
 PACKED_TILE_WORDS = TILE_ROWS * BLOCK_K // 8  # int32 words of a packed tile: 1024
-# int32 rows of a packed 64 x 128 tile (64 words a row) per weight format (matmul.quant)
-WEIGHT_ROWS = {"int4": 16, "fp8_e4m3": 32}
+# a packed 64 x 128 tile as a box of int32 [rows, columns], per weight format (matmul.quant)
+WEIGHT_ROWS = {"int4": (16, 64), "int6": (32, 48), "fp8_e4m3": (32, 64)}
 MAX_M = 256  # the widest wgmma (n = 256): beyond it a CTA would need a second accumulator
 
 
@@ -112,7 +115,7 @@ def supports(m: int, n: int, k: int) -> bool:
 
 def stage_scale_bytes(weight: str, s_s) -> int:
     """Bytes of scales a stage brings: a tile's 64 group scales (int4); none for fp8's per-row scales."""
-    return s_s.nbytes // s_s.shape[0] if weight == "int4" else 0
+    return s_s.nbytes // s_s.shape[0] if weight != "fp8_e4m3" else 0
 
 
 def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, chunk: int = 64) -> int:
@@ -177,12 +180,15 @@ class Kernel(MatmulKernel):
             raise ValueError(f"{64 * warpgroups} weight rows do not cut into {split} slices of a multiple of 8")
         if b_layout != "nk" or bias or activation:
             raise ValueError("V8 reads its packed weight in one layout, with a plain epilogue")
-        self.weight = weight  # the format: "int4" (group scales), "fp8_e4m3" (per-row scales; compiled only)
+        # the format: "int4" (group scales); compiled only: "int6" (group scales), "fp8_e4m3" (row scales)
+        self.weight = weight
         if weight not in WEIGHT_ROWS:
             raise ValueError(f"weight format {weight!r}: one of {', '.join(WEIGHT_ROWS)}")
-        self.word_rows = WEIGHT_ROWS[weight]  # int32 rows of a packed 64 x 128 tile (64 words a row)
+        self.word_rows, self.word_cols = WEIGHT_ROWS[weight]  # a packed 64 x 128 tile: one TMA box
         if weight == "fp8_e4m3":
             self.chunk = 32  # a thread's 16 bytes of fp8 are 32 K columns of the fragment
+        if weight == "int6":
+            self.chunk = 64  # a half tile's 24 bytes of a thread, widened at once
 
     def __call__(
         self,
@@ -204,9 +210,12 @@ class Kernel(MatmulKernel):
         n_pad = cdiv(n_size, TILE_ROWS) * TILE_ROWS
         g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size], strides=[lda, 1])
         g_w = self.global_view(
-            b_ptr, dtype=int32, shape=[n_pad // TILE_ROWS * self.word_rows, k_size // 2], strides=[ldb, 1]
+            b_ptr,
+            dtype=int32,
+            shape=[n_pad // TILE_ROWS * self.word_rows, k_size // BLOCK_K * self.word_cols],
+            strides=[ldb, 1],
         )
-        if self.weight == "int4":
+        if self.weight != "fp8_e4m3":
             g_s = self.global_view(scales_ptr, dtype=self.dtype, shape=[k_size // GROUP, n_pad], strides=[n_pad, 1])
         else:
             g_s = self.global_view(scales_ptr, dtype=float32, shape=[n_pad, 1], strides=[1, 1])
@@ -241,8 +250,8 @@ class Kernel(MatmulKernel):
         k_blocks = SplitKRange(cdiv(k_size, BLOCK_K), self.split, rank)  # this CTA's share of K
 
         # a packed tile [16, 64] int32 = [half][thread][word] (module doc), and its 64 scales
-        s_w = self.shared_tensor(dtype=int32, shape=[self.stages, self.warpgroups, self.word_rows, 64])
-        self.annotate_layout(s_w, shared_row_major(self.stages, self.warpgroups, self.word_rows, 64))
+        s_w = self.shared_tensor(dtype=int32, shape=[self.stages, self.warpgroups, self.word_rows, self.word_cols])
+        self.annotate_layout(s_w, shared_row_major(self.stages, self.warpgroups, self.word_rows, self.word_cols))
         s_s = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.warpgroups, 1, TILE_ROWS])
         self.annotate_layout(s_s, shared_row_major(self.stages, self.warpgroups, 1, TILE_ROWS))
         # the K block's tokens: one TMA box per part of ``chunk`` columns (128 or 64 bytes wide)
@@ -265,10 +274,10 @@ class Kernel(MatmulKernel):
                     self.tma.global_to_shared(
                         src=g_w,
                         dst=s_w[slot, wg],
-                        offsets=[(offset_n + 64 * wg) // TILE_ROWS * self.word_rows, block * 64],
+                        offsets=[(offset_n + 64 * wg) // TILE_ROWS * self.word_rows, block * self.word_cols],
                         mbarrier=ring.producer_barrier(),
                     )
-                    if self.weight == "int4":
+                    if self.weight != "fp8_e4m3":
                         self.tma.global_to_shared(
                             src=g_s,
                             dst=s_s[slot, wg],
@@ -288,6 +297,10 @@ class Kernel(MatmulKernel):
             self.consumer(0, ring, s_w, s_s, s_x, reduce, k_blocks.count)
             if self.warpgroups == 2:
                 self.consumer(1, ring, s_w, s_s, s_x, reduce, k_blocks.count)
+        elif self.weight == "int6":
+            self.int6_consumer(0, ring, s_w, s_s, s_x, reduce, k_blocks.count)
+            if self.warpgroups == 2:
+                self.int6_consumer(1, ring, s_w, s_s, s_x, reduce, k_blocks.count)
         else:
             self.fp8_consumer(0, ring, s_w, g_s, offset_n, s_x, reduce, k_blocks.count)
             if self.warpgroups == 2:
@@ -403,4 +416,42 @@ class Kernel(MatmulKernel):
         self.annotate_layout(operand, widen.fragment)
         self.wgmma.fence()
         self.wgmma.mma(operand, s_tokens.transpose(), acc)
+        self.wgmma.commit_group()
+
+    def int6_consumer(
+        self,
+        wg: int,
+        ring: Pipeline,
+        s_w: SharedTensor,
+        s_s: SharedTensor,
+        s_x: SharedTensor,
+        reduce: ClusterSplitKReduce,
+        count: int32,
+    ):
+        """``consumer`` for 6-bit weights (compiled, never run on a GPU): a packed tile is
+        ``[half h][thread t][word j < 6]`` (``matmul.quant.int6``), each half widened and issued as a
+        wgmma group, the group scales as int4's."""
+        with self.warp_group(warp_begin=4 * wg, num_warps=4):
+            acc = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
+            self.annotate_layout(acc, wgmma_fragment(64, self.block_m))
+            widen = Int6Widen()
+            s_words = self.reshape_shared(s_w, [self.stages, self.warpgroups, 2, 128, 6])
+            s_scale = self.reshape_shared(s_s, [self.stages, self.warpgroups, TILE_ROWS, 1])
+            for kb in self.range(count, unroll=1):  # noqa: B007
+                ring.consumer_acquire()
+                slot = ring.consumer_stage
+                scale = widen.scales(s_scale[slot, wg])
+                self.int6_half(widen, s_words[slot, wg, 0], scale, s_x[slot, 0], acc)
+                self.int6_half(widen, s_words[slot, wg, 1], scale, s_x[slot, 1], acc)
+                self.wgmma.wait_group(0)
+                ring.consumer_release()
+                ring.consumer_advance()
+            reduce.store(acc, wg)
+
+    def int6_half(
+        self, widen: Int6Widen, s_words: SharedTensor, scale: RegisterTensor, s_x: SharedTensor, acc: RegisterTensor
+    ):
+        operand = widen.operand(widen.words(s_words), scale)
+        self.wgmma.fence()
+        self.wgmma.mma(operand, s_x.transpose(), acc)
         self.wgmma.commit_group()
