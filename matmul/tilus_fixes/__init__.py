@@ -75,13 +75,25 @@ def apply_all() -> dict[str, Fix]:
 
 @contextlib.contextmanager
 def disabled(name: str) -> Iterator[None]:
-    """Take one fix out for the duration of the block (for tests that show the fault)."""
+    """Take one fix out for the duration of the block (for tests that show the fault). A fix stores
+    what it replaced when it was applied, which may hold the patches of the fixes applied before it;
+    so the fixes applied after this one are taken out first and applied again on top, both ways."""
+    names = list(FIXES)
+    later = [FIXES[other] for other in names[names.index(name) + 1 :]]
+
+    def restack(middle) -> None:
+        for other in reversed(later):
+            other.revert()
+        middle()
+        for other in later:
+            other.apply()
+
     fix = FIXES[name]
-    fix.revert()
+    restack(fix.revert)
     try:
         yield
     finally:
-        fix.apply()
+        restack(fix.apply)
 
 
 __all__ = ["FIXES", "Fix", "apply_all", "disabled", "disassembler", "stand_in_libcuda_dir"]
