@@ -39,16 +39,11 @@ class FixedChooser:
 
     def get(self, device, dtype, m, n, k, variant=PLAIN):
         module = versions.load(ARCH, self.version)
-        runs = variants.supported(module, variant) and versions_fits(module, m, n, k)
+        runs = variants.supported(module, variant) and versions.fits(module, m, n, k, variant=variant)
         self.asked.append((m, n, k, variant, runs))
         if not runs:
             return ARCH, {"version": versions.CUBLAS, "config": {}}
         return ARCH, {"version": self.version, "config": dict(module.REPRESENTATIVE)}
-
-
-def versions_fits(module, m, n, k) -> bool:
-    supports = getattr(module, "supports", None)
-    return supports is None or supports(m, n, k)
 
 
 def install(version):

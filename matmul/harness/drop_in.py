@@ -106,9 +106,10 @@ def _linear_then_gelu(x, w, bias):
 def _linear_row(name, m, n, k, ours, theirs, expected, rounds, variant) -> dict:
     from ..call import api
 
-    error = _relative(ours(), expected)
+    first = ours()
+    error = _relative(first, expected)
     result = model_bench.compare(ours, theirs, rounds)
-    dtype = ours().dtype
+    dtype = first.dtype
     _, entry = api._chooser.get(torch.device("cuda", torch.cuda.current_device()), dtype, m, n, k, variant)
     print(f"linear {name} {m}x{n}x{k}: {result['ratio']:.3f}x (error {error:.2e}, {entry['version']})", flush=True)
     return dict(name=name, m=m, n=n, k=k, error=error, version=entry["version"], **result)
