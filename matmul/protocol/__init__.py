@@ -128,18 +128,32 @@ def problems_for(config: dict[str, Any]) -> list[Problem]:
     ]
 
 
+def cluster_shape(function) -> tuple:
+    """What a configuration's cluster is, for choosing configurations to check: its CTAs, and
+    whether its TMA loads multicast (a cluster of 2 that splits K and one that shares B by multicast
+    keep different protocols)."""
+    from tilus.ir.tools.instruction_collector import collect_instructions
+
+    multicasts = any(
+        type(inst).__name__ == "CopyAsyncTensorGlobalToSharedInst" and inst.multicast_mask is not None
+        for inst in collect_instructions(function)
+    )
+    return tuple(function.metadata.cluster_blocks), multicasts
+
+
 def configs_to_check(module: ModuleType, arch: Optional[str] = None, all_configs: bool = False) -> list[dict[str, Any]]:
     """The representative configuration, plus the first configuration of every other cluster shape
-    (in the autotune space, or in the version's ``EXTRA_CONFIGS``: built and checked, not tuned),
-    read from what each configuration transpiles to; or (``all_configs``) every configuration."""
+    (``cluster_shape``: its CTAs, and whether it multicasts; in the autotune space, or in the
+    version's ``EXTRA_CONFIGS``: built and checked, not tuned), read from what each configuration
+    transpiles to; or (``all_configs``) every configuration."""
     candidates = versions.build_configs(module)
     if all_configs:
         return candidates
     arch = arch or next(a for a, family in versions.ARCHS.items() if f".{family}." in module.__name__ + ".")
     configs = [dict(module.REPRESENTATIVE)]
-    shapes = {transpile(module, arch, module.REPRESENTATIVE, lowered=False).metadata.cluster_blocks}
+    shapes = {cluster_shape(transpile(module, arch, module.REPRESENTATIVE, lowered=False))}
     for config in candidates:
-        shape = transpile(module, arch, config, lowered=False).metadata.cluster_blocks
+        shape = cluster_shape(transpile(module, arch, config, lowered=False))
         if shape not in shapes:
             shapes.add(shape)
             configs.append(config)

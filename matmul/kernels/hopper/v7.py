@@ -23,15 +23,30 @@ memory, adds them and writes them. One launch, no global round trip, no atomics.
 range is empty (K shorter than ``split`` blocks) loads one block wholly past K, which TMA fills
 with zeros: every rank runs the same code.
 
-Tokens beyond ``block_m`` take further clusters (the grid is clusters x N tiles x M tiles), each
-re-reading its share of the weight; the configurations are meant for M <= 256 (``supports``).
+From 64 tokens on, one weight tile is needed by several token tiles. Without more, each token
+tile takes its own cluster and re-reads its share of the weight from HBM or L2 (the grid is
+clusters x N tiles x M tiles, neighbours in launch order). With ``multicast`` > 1 (instead of a
+split: the two are not combined) the ``multicast`` CTAs of a cluster compute the same weight tile
+for consecutive token tiles over all of K, and receive the weight tile by TMA *multicast*: the
+CTAs take turns, K block ``i``'s weight tile is loaded by CTA ``i % multicast`` and written by
+the TMA unit into the same stage of every CTA of the cluster, its bytes counted on each CTA's
+``full[s]``; each CTA loads its own token tile. Each weight byte then leaves HBM once per
+cluster, and a cluster of 2 with 64 x 64 tiles and no split is the shape cuBLAS's skinny Hopper
+kernel takes at 128 tokens. The price is V6's coupling: a stage is refilled only when the
+consumers of every CTA of the cluster have released it, since the next weight tile lands in all
+of them. A token tile wholly past M (M not a multiple of the cluster's tokens) is loaded as TMA's
+zeros and stored nowhere: its CTA still takes its turns at the weight. The configurations are
+meant for M <= 256 (``supports``).
 
-Synchronization (this CTA's K block ``i`` uses stage ``s = i % stages``, parity ``p = (i // stages) & 1``):
+Synchronization (this CTA's K block ``i`` uses stage ``s = i % stages``, parity ``p = (i // stages) & 1``;
+the rows marked mc replace the two above them when ``mc = multicast`` > 1, ``wgs = warpgroups``):
 
 | barrier | count | who arrives | who waits | scope |
 | --- | --- | --- | --- | --- |
 | ``full[s]`` | 1 + bytes | the producer's ``expect_tx`` (weight, tokens); its TMA loads | consumers, ``p`` | CTA |
 | ``empty[s]`` | warpgroups | one thread of each consumer warpgroup, after its wgmma wait | producer, ``p ^ 1`` | CTA |
+| mc ``full[s]`` | 1 + bytes | ``expect_tx`` (weight, tokens); tokens; CTA ``i % mc``'s multicast | consumers | CTA |
+| mc ``empty[s]`` | wgs x mc | a thread of each consumer warpgroup of every CTA | producer | CTA, remote |
 | ``__syncthreads`` | all threads | every warp, once the partials are stored (in ``exchange``) | all | CTA |
 | ``arrived`` | 1 + bytes | this CTA's ``expect_tx`` (split - 1 slices); peers' bulk copies | warps 0-3, 0 | CTA |
 | ``barrier.cluster`` | the cluster | all: after the mbarriers exist; before exit | all | cluster |
@@ -41,6 +56,15 @@ mbarrier is initialized before it. A sender's shared memory is read by its bulk 
 receiver's ``arrived`` completes, so no CTA exits before the last cluster barrier. ``arrived`` is
 used once (``ClusterSplitKReduce``); a fresh ``empty[s]`` read with parity ``p ^ 1`` counts as
 complete, so the ring starts out free (V3).
+
+With multicast the ring is V6's (``release_to`` every CTA, ``elect_release``: thread ``r`` of a
+consumer warpgroup arrives on rank ``r``'s ``empty[s]``; ``cluster_fences=False``, as a stage
+carries only TMA bytes and wgmma reads complete before the release): a producer's wait on its own
+``empty[s]`` sees every CTA's consumers done with the stage, so its multicast overwrites no stage
+that any CTA still reads. A peer's weight bytes may land on ``full[s]`` before this CTA's own
+``expect_tx``: the phase cannot complete without that arrival. A multicast into a peer completes
+before the peer's consumers pass ``full[s]``, and so before the peer reaches the last cluster
+barrier: no CTA exits with a load or a release still on its way into it.
 """
 
 import tilus
@@ -62,7 +86,9 @@ PTX_MARKERS = (
     "mapa.shared::cluster",
     "barrier.cluster",
 )
-REPRESENTATIVE = {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 8}
+REPRESENTATIVE = {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 8, "multicast": 1}
+# the weight multicast to two 64-token tiles (the configuration CI builds for that option)
+MULTICAST_REPRESENTATIVE = {"block_m": 64, "warpgroups": 1, "split": 1, "stages": 13, "multicast": 2}
 B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)
 FUSED_EPILOGUE = True  # bias and every activation, in the epilogue (pipeline.fused_epilogue)
 # C is written by store_global (ClusterSplitKReduce.write) at int32 element offsets: no operand may
@@ -78,8 +104,9 @@ def supports(m: int, n: int, k: int) -> bool:
     return 1 <= m <= MAX_M and n >= 1 and k >= 1
 
 
-def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int) -> int:
-    """Shared memory of a configuration: the ring plus the split-K exchange tiles."""
+def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, multicast: int = 1) -> int:
+    """Shared memory of a configuration: the ring plus the split-K exchange tiles (a multicast
+    weight tile lands in the same ring stage in every CTA: the ring is the same size)."""
     ring = stages * (warpgroups * 64 + block_m) * BLOCK_K * 2
     exchange = (2 * split - 1) * (64 * warpgroups // split) * block_m * 4  # partial + received
     return ring + exchange
@@ -90,24 +117,31 @@ def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int) -> int:
 # was best at M <= 64 on most weights: 4 or 8 CTAs a cluster were slower (more CTAs reading the
 # same rows at once, a larger exchange), and the ring's depth beyond 8 stages made little
 # difference. From M = 128 on, two 128-token tiles without a split (8 stages: the ring can take the
-# room the exchange leaves) often beat one wider tile.
+# room the exchange leaves) often beat one wider tile. The multicast points (last) follow cuBLAS's
+# skinny kernel at 128 tokens (64 x 64 tiles, no split, 2-CTA clusters sharing the weight tile, 13
+# stages): two 32-token tiles for 64 tokens, two or four 64-token tiles, two 128-token tiles for
+# 256; each ring as deep as shared memory allows.
 @tilus.autotune(
-    "block_m, warpgroups, split, stages",
+    "block_m, warpgroups, split, stages, multicast",
     [
-        (16, 1, 2, 8),
-        (16, 1, 2, 20),
-        (16, 1, 1, 16),
-        (16, 2, 2, 8),
-        (16, 2, 4, 5),
-        (64, 1, 2, 10),
-        (64, 1, 2, 12),
-        (64, 1, 2, 5),
-        (64, 2, 2, 6),
-        (128, 1, 2, 6),
-        (128, 2, 2, 3),
-        (128, 1, 1, 8),
-        (256, 1, 1, 3),
-        (256, 1, 2, 3),
+        (16, 1, 2, 8, 1),
+        (16, 1, 2, 20, 1),
+        (16, 1, 1, 16, 1),
+        (16, 2, 2, 8, 1),
+        (16, 2, 4, 5, 1),
+        (64, 1, 2, 10, 1),
+        (64, 1, 2, 12, 1),
+        (64, 1, 2, 5, 1),
+        (64, 2, 2, 6, 1),
+        (128, 1, 2, 6, 1),
+        (128, 2, 2, 3, 1),
+        (128, 1, 1, 8, 1),
+        (256, 1, 1, 3, 1),
+        (256, 1, 2, 3, 1),
+        (32, 1, 1, 16, 2),
+        (64, 1, 1, 13, 2),
+        (64, 1, 1, 13, 4),
+        (128, 1, 1, 8, 2),
     ],
 )
 class Kernel(MatmulKernel):
@@ -118,6 +152,7 @@ class Kernel(MatmulKernel):
         warpgroups: int,
         split: int,
         stages: int,
+        multicast: int = 1,
         b_layout: str = "nk",
         bias: bool = False,
         activation: str = "",
@@ -127,6 +162,13 @@ class Kernel(MatmulKernel):
         self.warpgroups = warpgroups
         self.split = split
         self.stages = stages
+        self.multicast = multicast  # token tiles of a cluster that share each weight tile
+        if multicast not in (1, 2, 4):
+            raise ValueError(f"the weight tile is multicast to 1, 2 or 4 CTAs, not {multicast}")
+        if multicast > 1 and split > 1:
+            # a cluster would be split x multicast CTAs and the exchange would address its peers by
+            # rank within their token tile: not built; a multicast cluster sums all of K itself
+            raise ValueError("multicast and split-K are not combined: take split=1 with multicast")
         if warpgroups not in (1, 2):
             raise ValueError(f"one or two consumer warpgroups, not {warpgroups}")
         if (64 * warpgroups) % split or (64 * warpgroups // split) % 8:
@@ -136,39 +178,76 @@ class Kernel(MatmulKernel):
         self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32, k_size: int32
     ):
         rows = 64 * self.warpgroups  # weight rows of a CTA (the output tile's N side)
+        ctas = self.split * self.multicast  # one of the two is 1
         num_n_tiles = cdiv(n_size, rows)
-        num_m_tiles = cdiv(m_size, self.block_m)
-        self.attrs.blocks = self.split * num_n_tiles * num_m_tiles
-        self.attrs.cluster_blocks = self.split
+        num_m_groups = cdiv(cdiv(m_size, self.block_m), self.multicast)  # the token tiles of a cluster
+        self.attrs.blocks = ctas * num_n_tiles * num_m_groups
+        self.attrs.cluster_blocks = ctas
         self.attrs.warps = 4 * self.warpgroups + 1  # consumer warpgroups, then the producer warp
-        rank: int32 = self.cluster.blockRank  # which K range of the tile this CTA sums
-        tile: int32 = self.blockIdx.x // self.split
+        rank: int32 = self.cluster.blockRank
+        k_rank: int32 = rank % self.split  # which K range of the tile this CTA sums
+        m_rank: int32 = rank // self.split  # which of the cluster's token tiles it computes
+        tile: int32 = self.blockIdx.x // ctas
         # the token tiles of one weight tile are neighbours in launch order: they run at the same
         # time, so the weight comes from HBM once and from L2 for the others, in every wave
-        offset_m: int32 = (tile % num_m_tiles) * self.block_m
-        offset_n: int32 = (tile // num_m_tiles) * rows
+        offset_m: int32 = ((tile % num_m_groups) * self.multicast + m_rank) * self.block_m
+        offset_n: int32 = (tile // num_m_groups) * rows
 
-        k_blocks = SplitKRange(cdiv(k_size, BLOCK_K), self.split, rank)  # this CTA's share of K
+        k_blocks = SplitKRange(cdiv(k_size, BLOCK_K), self.split, k_rank)  # this CTA's share of K
 
         s_w = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.warpgroups, 64, BLOCK_K])
         self.b_tiles_layout(s_w)  # the weight: B's tiles, K-major for "nk", MN-major for "kn"
         s_x = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, BLOCK_K])
-        ring = Pipeline(self.stages, consumer_arrivals=self.warpgroups, elect_release=True)
+        if self.multicast > 1:
+            # any CTA of the cluster may multicast the next weight tile into a stage, so every
+            # consumer warpgroup releases each stage in every CTA (V6's ring)
+            ring = Pipeline(
+                self.stages,
+                consumer_arrivals=self.warpgroups * self.multicast,
+                scope="cluster",
+                release_to=(1 << self.multicast) - 1,
+                elect_release=True,
+                cluster_fences=False,
+            )
+        else:
+            ring = Pipeline(self.stages, consumer_arrivals=self.warpgroups, elect_release=True)
         reduce = ClusterSplitKReduce(self.split, rows, self.block_m)
-        self.cluster.sync()  # every barrier of the cluster exists before a peer's copy lands on it
+        self.cluster.sync()  # every barrier of the cluster exists before a peer's copy or load lands on it
 
         with self.single_warp(4 * self.warpgroups):  # producer
             for i in range(k_blocks.count):
-                ring.producer_acquire()
+                ring.producer_acquire()  # with multicast: free in every CTA of the cluster
                 slot = ring.producer_stage
-                with self.single_thread():
+                with self.single_thread():  # the whole weight tile lands here, multicast or not
                     self.mbarrier.arrive_and_expect_tx(
                         ring.producer_barrier(), transaction_bytes=s_w[slot].nbytes + s_x[slot].nbytes
                     )
                 offset_k = (k_blocks.first + i) * BLOCK_K
-                self.load_b(g_b, s_w[slot, 0], ring.producer_barrier(), offset_n, offset_k)
-                if self.warpgroups == 2:
-                    self.load_b(g_b, s_w[slot, 1], ring.producer_barrier(), offset_n + 64, offset_k)
+                if self.multicast == 1:
+                    self.load_b(g_b, s_w[slot, 0], ring.producer_barrier(), offset_n, offset_k)
+                    if self.warpgroups == 2:
+                        self.load_b(g_b, s_w[slot, 1], ring.producer_barrier(), offset_n + 64, offset_k)
+                elif i % self.multicast == m_rank:  # the CTAs take turns at the weight tile
+                    every_cta = (1 << self.multicast) - 1
+                    self.load_b(
+                        g_b,
+                        s_w[slot, 0],
+                        ring.producer_barrier(),
+                        offset_n,
+                        offset_k,
+                        multicast=True,
+                        multicast_mask=every_cta,
+                    )
+                    if self.warpgroups == 2:
+                        self.load_b(
+                            g_b,
+                            s_w[slot, 1],
+                            ring.producer_barrier(),
+                            offset_n + 64,
+                            offset_k,
+                            multicast=True,
+                            multicast_mask=every_cta,
+                        )
                 self.tma.global_to_shared(
                     src=g_a, dst=s_x[slot], offsets=[offset_m, offset_k], mbarrier=ring.producer_barrier()
                 )
@@ -178,10 +257,10 @@ class Kernel(MatmulKernel):
         if self.warpgroups == 2:
             self.consumer(1, ring, s_w, s_x, reduce, k_blocks.count)
 
-        reduce.exchange(rank)
+        reduce.exchange(k_rank)
         with self.warp_group(warp_begin=0, num_warps=4):
-            reduce.write(rank, g_c, offset_m, offset_n, self.epilogue)  # with the variant's bias, activation
-        self.cluster.sync()  # no CTA leaves while a peer's copy may still read its partial tile
+            reduce.write(k_rank, g_c, offset_m, offset_n, self.epilogue)  # with the variant's bias, activation
+        self.cluster.sync()  # no CTA leaves while a peer's copy may still read its partial tile, or arrive on its ring
 
     def consumer(
         self, wg: int, ring: Pipeline, s_w: SharedTensor, s_x: SharedTensor, reduce: ClusterSplitKReduce, count: int32
