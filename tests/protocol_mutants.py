@@ -38,6 +38,9 @@ class Mutant:
         return dict(self.config)
 
 
+# Hopper V7 with the weight tile multicast to two 64-token tiles (its MULTICAST_REPRESENTATIVE)
+V7_MULTICAST = (("block_m", 64), ("warpgroups", 1), ("split", 1), ("stages", 13), ("multicast", 2))
+
 MUTANTS = (
     Mutant(
         "parity flipped: Blackwell V3's producer waits for the wrong phase of 'empty'",
@@ -250,6 +253,26 @@ MUTANTS = (
         "multicast_mask=0b0001 << half)",
         ("deadlock", "bytes", "coverage"),
         config=(("cluster_ctas", 4),),
+    ),
+    Mutant(
+        "cluster: Hopper V7's multicast ring releases each stage in the consumer's own CTA only",
+        "sm_90a",
+        "v7",
+        "matmul.kernels.hopper.v7",
+        "release_to=(1 << self.multicast) - 1,",
+        "release_to=0,",
+        ("deadlock", "arrivals"),
+        config=V7_MULTICAST,
+    ),
+    Mutant(
+        "wrong byte count: Hopper V7's multicast CTA announces only its share of the weight tile",
+        "sm_90a",
+        "v7",
+        "matmul.kernels.hopper.v7",
+        "transaction_bytes=s_w[slot].nbytes + s_x[slot].nbytes",
+        "transaction_bytes=s_w[slot].nbytes // self.multicast + s_x[slot].nbytes",
+        ("bytes",),
+        config=V7_MULTICAST,
     ),
 )
 

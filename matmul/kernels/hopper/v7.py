@@ -119,8 +119,9 @@ def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, multica
 # difference. From M = 128 on, two 128-token tiles without a split (8 stages: the ring can take the
 # room the exchange leaves) often beat one wider tile. The multicast points (last) follow cuBLAS's
 # skinny kernel at 128 tokens (64 x 64 tiles, no split, 2-CTA clusters sharing the weight tile, 13
-# stages): two 32-token tiles for 64 tokens, two or four 64-token tiles, two 128-token tiles for
-# 256; each ring as deep as shared memory allows.
+# stages; first, so the protocol checker takes it for 2-CTA multicast), two 32-token tiles for 64
+# tokens, four 64-token tiles or two 128-token tiles for 256; each ring as deep as shared memory
+# allows.
 @tilus.autotune(
     "block_m, warpgroups, split, stages, multicast",
     [
@@ -138,8 +139,8 @@ def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, multica
         (128, 1, 1, 8, 1),
         (256, 1, 1, 3, 1),
         (256, 1, 2, 3, 1),
-        (32, 1, 1, 16, 2),
         (64, 1, 1, 13, 2),
+        (32, 1, 1, 16, 2),
         (64, 1, 1, 13, 4),
         (128, 1, 1, 8, 2),
     ],
