@@ -72,14 +72,23 @@ class WgmmaTileStore(tilus.Class):
         self.rows: int = rows
         self.cols: int = cols
 
-    def store(self, acc: RegisterTensor, g_c: GlobalTensor, offset_m: int32, offset_n: int32, epilogue: FusedEpilogue):
+    def store(
+        self,
+        acc: RegisterTensor,
+        g_c: GlobalTensor,
+        offset_m: int32,
+        offset_n: int32,
+        epilogue: FusedEpilogue,
+        batch: int32 = 0,
+    ):
         """The accumulator whose first column is the product's ``offset_n``, through ``epilogue`` (the
-        variant's bias and activation, block by block) into C."""
+        variant's bias and activation, block by block) into C (into its matrix ``batch`` where C is
+        a batched kernel's [batches, M, N])."""
         sub_cols = product_columns(SUB_COLS, epilogue.activation)  # makes SUB_COLS columns of C
         blocks = self.view(acc, layout=wgmma_fragment_blocks(self.rows, self.cols, sub_cols))
         for j in self.range(self.cols // sub_cols, unroll="all"):
             block, column = epilogue.apply(blocks[j], offset_n + j * sub_cols, "wgmma")
-            self.out.put(block, g_c, offset_m, column)
+            self.out.put(block, g_c, offset_m, column, batch)
 
     def finish(self):
         self.out.finish()

@@ -8,6 +8,14 @@ CTAs in flight share a few A tiles and a few B tiles, which stay in L2.
 ``grouped_tile`` is the rule in plain Python (the reference the tests and notebooks use);
 ``TileRasterizer`` is the same rule inside a kernel. Both accept any grid: the last group may have
 fewer than ``group`` tile rows.
+
+A batched kernel (torch.bmm's case: ``batches`` products of one shape) numbers the tiles of every
+product in one linear sequence, product after product: linear tile ``t`` is tile ``t % tiles`` (in
+grouped order) of product ``t // tiles``, where ``tiles`` is one product's tile count.
+``batched_tile`` is that rule in plain Python, ``TileRasterizer.batch_tile`` in a kernel; a
+persistent schedule (``StaticTileScheduler``) or cluster launch control then hands out the linear
+indices of all products alike. Grouping stays within a product: its tiles share operands, tiles of
+two products share none.
 """
 
 import tilus
@@ -21,6 +29,12 @@ def grouped_tile(linear: int, num_m_tiles: int, num_n_tiles: int, group: int) ->
     rows_in_group = min(num_m_tiles - first_m, group)
     in_group = linear % tiles_per_group
     return first_m + in_group % rows_in_group, in_group // rows_in_group
+
+
+def batched_tile(linear: int, num_m_tiles: int, num_n_tiles: int, group: int) -> tuple[int, int, int]:
+    """(batch, m_tile, n_tile) visited at position ``linear`` of a batched kernel's order (module doc)."""
+    tiles = num_m_tiles * num_n_tiles
+    return (linear // tiles, *grouped_tile(linear % tiles, num_m_tiles, num_n_tiles, group))
 
 
 def grouped_tile_order(num_m_tiles: int, num_n_tiles: int, group: int) -> list[tuple[int, int]]:
@@ -46,6 +60,12 @@ class TileRasterizer(tilus.Class):
         m_tile: int32 = first_m + in_group % rows_in_group
         n_tile: int32 = in_group // rows_in_group
         return m_tile, n_tile
+
+    def batch_tile(self, linear: int32):
+        """(batch, m_tile, n_tile) of linear tile ``linear`` of a batched kernel (module doc)."""
+        batch: int32 = linear // self.num_tiles
+        m_tile, n_tile = self.tile(linear - batch * self.num_tiles)
+        return batch, m_tile, n_tile
 
 
 # --- persistent kernels -----------------------------------------------------------------------
@@ -80,11 +100,21 @@ class StaticTileScheduler(tilus.Class):
     the kernel starts, which needs no atomics; it balances well when the tiles take equal time
     and the grid is no larger than the number of workers that fit on the GPU at once."""
 
-    def __init__(self, num_m_tiles: int32, num_n_tiles: int32, group: int, worker: int32, num_workers: int32):
+    def __init__(
+        self,
+        num_m_tiles: int32,
+        num_n_tiles: int32,
+        group: int,
+        worker: int32,
+        num_workers: int32,
+        batches: int32 = 1,
+    ):
+        """``batches``: products of a batched kernel, whose tiles are numbered product after product
+        (module doc); ``tile`` is then ``batch_tile``'s (m_tile, n_tile) without the batch."""
         self.raster = TileRasterizer(num_m_tiles, num_n_tiles, group)
         self.worker: int32 = worker
         self.num_workers: int32 = num_workers
-        self.num_tiles: int32 = num_m_tiles * num_n_tiles
+        self.num_tiles: int32 = num_m_tiles * num_n_tiles * batches
 
     def count(self) -> int32:
         """How many tiles this worker computes."""
@@ -100,3 +130,7 @@ class StaticTileScheduler(tilus.Class):
     def tile(self, i: int32):
         """(m_tile, n_tile) of this worker's ``i``-th tile."""
         return self.raster.tile(self.worker + i * self.num_workers)
+
+    def batch_tile(self, i: int32):
+        """(batch, m_tile, n_tile) of this worker's ``i``-th tile (a batched kernel)."""
+        return self.raster.batch_tile(self.worker + i * self.num_workers)

@@ -56,9 +56,11 @@ class StagedTmaStore(tilus.Class):
         self.buffers: int = staging.shape[0]
         self.blocks_stored: int32 = 0  # picks the staging buffer; runs on across tiles
 
-    def put(self, block: RegisterTensor, g_out: GlobalTensor, offset_m: int32, offset_n: int32):
-        """Store ``block`` (``rows x cols``, any float dtype) at (offset_m, offset_n) of ``g_out``.
-        Called by the whole warpgroup."""
+    def put(self, block: RegisterTensor, g_out: GlobalTensor, offset_m: int32, offset_n: int32, batch: int32 = 0):
+        """Store ``block`` (``rows x cols``, any float dtype) at (offset_m, offset_n) of ``g_out``
+        (of its matrix ``batch`` where ``g_out`` is a batched kernel's [batches, M, N]: a box
+        [1, rows, cols] of the 3-D tensor map, clipped at that matrix's edge). Called by the whole
+        warpgroup."""
         buf = self.staging[self.blocks_stored % self.buffers]
         with self.single_warp():
             self.tma.wait_group(self.buffers - 1, read=True)  # the store that last read `buf` is done with it
@@ -67,7 +69,11 @@ class StagedTmaStore(tilus.Class):
         self.fence.proxy_async(space="shared")
         self.sync()
         with self.single_warp():
-            self.tma.shared_to_global(buf, g_out, offsets=[offset_m, offset_n])
+            if len(g_out.shape) == 3:  # decided when the kernel is built
+                box = self.reshape_shared(buf, [1, buf.shape[0], buf.shape[1]])
+                self.tma.shared_to_global(box, g_out, offsets=[batch, offset_m, offset_n])
+            else:
+                self.tma.shared_to_global(buf, g_out, offsets=[offset_m, offset_n])
             self.tma.commit_group()
         self.blocks_stored = self.blocks_stored + 1
 

@@ -21,6 +21,7 @@ from tilus.drivers import BuildOptions, build_program, get_cache_dir
 from tilus.lang.instantiated_script import CallParameters, JitInstance
 
 from ..kernels import versions
+from ..kernels.entry import batched_class
 from ..kernels.variant import PLAIN, Variant
 
 TARGETS = {"sm_100a": tilus.target.nvgpu_sm100a, "sm_90a": tilus.target.nvgpu_sm90a}
@@ -121,10 +122,12 @@ def build_script(kernel_cls: type, arch: str, schedule: dict[str, Any], version:
 def build_config(
     module: ModuleType, arch: str, config: dict[str, Any], dtype=tilus.float16, variant: Variant = PLAIN
 ) -> BuildResult:
-    """Build one configuration of a version's autotune space, for ``variant`` (B's layout, the epilogue)."""
+    """Build one configuration of a version's autotune space, for ``variant`` (B's layout, the epilogue,
+    a batch of products: then behind the batched entry point, ``entry.batched_class``)."""
     options = {} if variant == PLAIN else variant.kernel_options()
     schedule = {"dtype": dtype, **config, **options}
-    result = build_script(module.Kernel, arch, schedule, version=module.__name__.rsplit(".", 1)[-1])
+    kernel_cls = batched_class(module.Kernel) if variant.batched else module.Kernel
+    result = build_script(kernel_cls, arch, schedule, version=module.__name__.rsplit(".", 1)[-1])
     result.config = dict(config)
     return result
 

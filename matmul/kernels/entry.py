@@ -21,8 +21,10 @@ the tiles are stored MN-major (N contiguous, as TMA writes boxes of b's rows), t
 tensor cores read with their transpose flag (``matmul.tilus_fixes.mn_major_operands``).
 """
 
+import functools
+
 import tilus
-from tilus import GlobalTensor, RegisterTensor, SharedTensor, int32, void_p
+from tilus import GlobalTensor, RegisterTensor, SharedTensor, int32, int64, void_p
 from tilus.ir.layout import SharedLayout
 from tilus.ir.layout.cuda.tcgen05.smem import Tcgen05SwizzleMode, generate_canonical_layout
 from tilus.ir.layout.ops import shared_compose, shared_row_major
@@ -46,6 +48,8 @@ def mn_major_tiles(shape, dtype) -> SharedLayout:
 
 
 class MatmulKernel(tilus.Script):
+    batched = False  # the entry of a batch of products (batched_class); a build-time fact
+
     def __init__(self, dtype, b_layout: str = "nk", bias: bool = False, activation: str = ""):
         super().__init__()
         self.dtype = dtype
@@ -66,6 +70,7 @@ class MatmulKernel(tilus.Script):
         ldc: int32,
         bias_ptr: void_p,
     ):
+        self.batches = 1  # one product: the batch branches below fold away when the kernel is built
         # C = A @ B^T: A [M, K] and B [N, K] are both read along K, C [M, N] is written row by row
         g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size], strides=[lda, 1])
         if self.b_layout == "kn":  # torch's b [K, N], read in place (the MMA reads its tiles MN-major)
@@ -89,22 +94,43 @@ class MatmulKernel(tilus.Script):
         offset_m: int32,
         offset_n: int32,
         offset_k: int32,
+        batch: int32 = 0,
     ):
         """TMA-load the A tile at (offset_m, offset_k) into ``s_a`` and the B tile at (offset_n,
         offset_k) into ``s_b``, both completing on ``barrier``: one elected thread arrives on it,
         announcing both tiles' bytes. Called by one whole warp (a TMA copy is a warp instruction
         that elects a lane). ``s_a`` is ``[rows, block_k]``, or ``[2, rows / 2, block_k]`` for a CTA
-        whose two consumer warpgroups each read their own slab of A's rows (one TMA copy a slab)."""
+        whose two consumer warpgroups each read their own slab of A's rows (one TMA copy a slab).
+        ``batch``: the product of a batched kernel the tiles belong to (ignored by a plain one)."""
         with self.single_thread():
             self.mbarrier.arrive_and_expect_tx(barrier, transaction_bytes=s_a.nbytes + s_b.nbytes)
         if len(s_a.shape) == 3:  # decided when the kernel is built
-            self.tma.global_to_shared(src=g_a, dst=s_a[0], offsets=[offset_m, offset_k], mbarrier=barrier)
+            self.load_a(g_a, s_a[0], barrier, offset_m, offset_k, batch)
+            self.load_a(g_a, s_a[1], barrier, offset_m + s_a.shape[1], offset_k, batch)
+        else:
+            self.load_a(g_a, s_a, barrier, offset_m, offset_k, batch)
+        self.load_b(g_b, s_b, barrier, offset_n, offset_k, batch=batch)
+
+    def load_a(
+        self,
+        g_a: GlobalTensor,
+        s_a: SharedTensor,
+        barrier: RegisterTensor,
+        offset_m: int32,
+        offset_k: int32,
+        batch: int32 = 0,
+    ):
+        """TMA-load the A tile ``s_a`` [rows, block_k] at (offset_m, offset_k), of matrix ``batch``
+        in a batched kernel (module doc), completing on ``barrier``. Called by one whole warp."""
+        if len(g_a.shape) == 3:  # batched: a box [1, rows, block_k] of the 3-D tensor map
             self.tma.global_to_shared(
-                src=g_a, dst=s_a[1], offsets=[offset_m + s_a.shape[1], offset_k], mbarrier=barrier
+                src=g_a,
+                dst=unit_batch(self, s_a),
+                offsets=[batch % g_a.shape[0], offset_m, offset_k],
+                mbarrier=barrier,
             )
         else:
             self.tma.global_to_shared(src=g_a, dst=s_a, offsets=[offset_m, offset_k], mbarrier=barrier)
-        self.load_b(g_b, s_b, barrier, offset_n, offset_k)
 
     def b_tiles_layout(self, s_b: SharedTensor):
         """Give the B tiles ``s_b`` [..., rows, block_k] the layout this variant's loads write: for "kn"
@@ -122,12 +148,27 @@ class MatmulKernel(tilus.Script):
         cta_group: int = 1,
         multicast: bool = False,
         multicast_mask: int32 = 0,
+        batch: int32 = 0,
     ):
         """TMA-load the B tile [rows, block_k] at (offset_n, offset_k) of B into ``s_b``, completing
         on ``barrier`` (``cta_group``, ``multicast_mask`` as ``tma.global_to_shared`` takes them). From
         b [K, N] ("kn") the tile is ``rows / 64`` (16-bit) boxes of b, [block_k, 64] each: a swizzled
-        box is at most 128 bytes wide. Called by one whole warp."""
-        if self.b_layout == "kn":
+        box is at most 128 bytes wide. Called by one whole warp. In a batched kernel (module doc)
+        the boxes are [1, ...] boxes of matrix ``batch`` of the 3-D tensor map."""
+        batched = len(g_b.shape) == 3  # decided when the kernel is built
+        if self.b_layout == "kn" and batched:  # each box [1, block_k, 64]: a unit batch dimension in front
+            box = SWIZZLE_BYTES // self.dtype.nbytes
+            unit_boxes = self.reshape_shared(s_b, [s_b.shape[0] // box, 1, box, s_b.shape[1]])
+            for j in range(s_b.shape[0] // box):
+                self.tma.global_to_shared(
+                    src=g_b,
+                    dst=unit_boxes[j].permute([0, 2, 1]),
+                    offsets=[batch % g_b.shape[0], offset_k, offset_n + j * box],
+                    mbarrier=barrier,
+                    cta_group=cta_group,
+                    multicast_mask=multicast_mask if multicast else None,
+                )
+        elif self.b_layout == "kn":
             box = SWIZZLE_BYTES // self.dtype.nbytes
             boxes = self.reshape_shared(s_b, [s_b.shape[0] // box, box, s_b.shape[1]])
             for j in range(s_b.shape[0] // box):
@@ -139,6 +180,15 @@ class MatmulKernel(tilus.Script):
                     cta_group=cta_group,
                     multicast_mask=multicast_mask if multicast else None,
                 )
+        elif batched:
+            self.tma.global_to_shared(
+                src=g_b,
+                dst=unit_batch(self, s_b),
+                offsets=[batch % g_b.shape[0], offset_n, offset_k],
+                mbarrier=barrier,
+                cta_group=cta_group,
+                multicast_mask=multicast_mask if multicast else None,
+            )
         else:
             self.tma.global_to_shared(
                 src=g_b,
@@ -161,3 +211,66 @@ class MatmulKernel(tilus.Script):
             self.tma.shared_to_global(s_c, g_c, offsets=[offset_m, offset_n])
             self.tma.commit_group()
             self.tma.wait_group(0)
+
+
+def unit_batch(script, tile: SharedTensor) -> SharedTensor:
+    """``tile`` [rows, cols] seen as [1, rows, cols]: the box of a batched kernel's 3-D tensor map
+    (same shared memory, same swizzle). Called at transpile time from kernel code."""
+    return script.reshape_shared(tile, [1, *tile.shape])
+
+
+class _BatchedEntry(MatmulKernel):
+    """``batched_class``'s entry point: ``__call__`` of a batch of products (module doc)."""
+
+    def __call__(
+        self,
+        batches: int32,
+        m_size: int32,
+        n_size: int32,
+        k_size: int32,
+        a_ptr: void_p,
+        b_ptr: void_p,
+        c_ptr: void_p,
+        lda: int32,
+        ldb: int32,
+        ldc: int32,
+        bias_ptr: void_p,
+        a_batches: int32,
+        b_batches: int32,
+        a_batch_stride: int64,
+        b_batch_stride: int64,
+        c_batch_stride: int64,
+    ):
+        # C[i] = A[i % a_batches] @ B[i % b_batches]^T for i < batches: a_batches and b_batches are
+        # ``batches``, or 1 for an operand shared by every product; strides in elements, 64-bit
+        # (a batch of matrices easily spans more than 2^31 elements)
+        self.batches = batches
+        g_a = self.global_view(
+            a_ptr, dtype=self.dtype, shape=[a_batches, m_size, k_size], strides=[a_batch_stride, lda, 1]
+        )
+        if self.b_layout == "kn":
+            g_b = self.global_view(
+                b_ptr, dtype=self.dtype, shape=[b_batches, k_size, n_size], strides=[b_batch_stride, ldb, 1]
+            )
+        else:
+            g_b = self.global_view(
+                b_ptr, dtype=self.dtype, shape=[b_batches, n_size, k_size], strides=[b_batch_stride, ldb, 1]
+            )
+        c_columns = output_columns(n_size, self.activation)
+        g_c = self.global_view(
+            c_ptr, dtype=self.dtype, shape=[batches, m_size, c_columns], strides=[c_batch_stride, ldc, 1]
+        )
+        g_bias = self.global_view(bias_ptr, dtype=self.dtype, shape=[1, n_size])
+        self.epilogue = FusedEpilogue(g_bias, self.bias, self.activation)
+        self.matmul(g_a, g_b, g_c, m_size, n_size, k_size)
+
+
+@functools.cache
+def batched_class(kernel_cls: type) -> type:
+    """``kernel_cls`` (a version's ``Kernel``, possibly fixed to one configuration) behind the batched
+    entry point: the same ``matmul``, launched with ``batched_launch_args``."""
+    return type(
+        kernel_cls.__name__,
+        (kernel_cls,),
+        {"__call__": _BatchedEntry.__call__, "batched": True, "__module__": kernel_cls.__module__},
+    )

@@ -12,6 +12,10 @@ the kernel is built (each variant is its own compiled program, tuned and cached 
   ``relu``, ``gelu_tanh`` (GELU, tanh approximation), ``gelu_erf`` (exact GELU), ``silu``, and
   ``swiglu``: ``silu(gate) * up`` of a fused gate-up weight, the output half as wide as the weight
   (``gate_up`` below says how the two are interleaved).
+* ``batches``: 0 for one product; else a batch of products of one shape (torch.bmm's case), run by
+  one launch whose tile schedule enumerates (batch, m-tile, n-tile) (``entry.batched_class``). The
+  value is the batch count's bucket (``batch_bucket``): a choice is tuned per bucket, and every
+  count of it launches the same kernel with its own count.
 
 Kernels receive a bias pointer always (the last launch argument, 0 without a bias) so that every
 variant of a version shares one launch signature.
@@ -35,28 +39,42 @@ ACTIVATIONS = ("relu", "gelu_tanh", "gelu_erf", "silu", "swiglu")
 SWIGLU_GROUP = 8
 
 
+def batch_bucket(batches: int) -> int:
+    """The batch count a choice is made for: ``batches`` rounded up to a power of two (1, 2, 4, 8...)."""
+    return 1 << max(batches - 1, 0).bit_length()
+
+
 @dataclasses.dataclass(frozen=True)
 class Variant:
     b_layout: str = "nk"
     bias: bool = False
     activation: Optional[str] = None
+    batches: int = 0
 
     def __post_init__(self):
         if self.b_layout not in B_LAYOUTS:
             raise ValueError(f"b_layout must be one of {B_LAYOUTS}, got {self.b_layout!r}")
         if self.activation is not None and self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be None or one of {ACTIVATIONS}, got {self.activation!r}")
+        if self.batches < 0 or (self.batches and batch_bucket(self.batches) != self.batches):
+            raise ValueError(f"batches must be 0 (one product) or a power of two, got {self.batches!r}")
 
     @property
     def fused(self) -> bool:
         """Whether the epilogue does more than convert the accumulator to the output dtype."""
         return self.bias or self.activation is not None
 
+    @property
+    def batched(self) -> bool:
+        """Whether the kernel computes a batch of products (``batches``)."""
+        return self.batches > 0
+
     def key(self) -> str:
-        """A short name: '' for the plain kernel; else e.g. 'kn', 'bias+gelu_tanh', 'swiglu'."""
+        """A short name: '' for the plain kernel; else e.g. 'kn', 'bias+gelu_tanh', 'swiglu', 'kn+batch8'."""
         parts = [] if self.b_layout == "nk" else [self.b_layout]
         parts += ["bias"] if self.bias else []
         parts += [self.activation] if self.activation else []
+        parts += [f"batch{self.batches}"] if self.batches else []
         return "+".join(parts)
 
     @classmethod
@@ -65,10 +83,11 @@ class Variant:
         parts = [p for p in key.split("+") if p]
         b_layout = "kn" if "kn" in parts else "nk"
         activation = next((p for p in parts if p in ACTIVATIONS), None)
-        known = {"kn", "bias", *ACTIVATIONS}
-        if any(p not in known for p in parts):
+        batch_parts = [p for p in parts if p.startswith("batch") and p[5:].isdigit()]
+        known = {"kn", "bias", *ACTIVATIONS, *batch_parts}
+        if any(p not in known for p in parts) or len(batch_parts) > 1:
             raise ValueError(f"not a variant key: {key!r}")
-        return cls(b_layout, "bias" in parts, activation)
+        return cls(b_layout, "bias" in parts, activation, int(batch_parts[0][5:]) if batch_parts else 0)
 
     def kernel_options(self) -> dict:
         """The keyword arguments a version's ``Kernel`` takes for this variant (beside its configuration)."""
@@ -86,8 +105,11 @@ PLAIN = Variant()
 
 def supported(module, variant: Variant) -> bool:
     """Whether a version module builds ``variant``: it lists the B layouts it reads (``B_LAYOUTS``,
-    default ``("nk",)``) and whether its epilogue fuses bias and activations (``FUSED_EPILOGUE``)."""
+    default ``("nk",)``), whether its epilogue fuses bias and activations (``FUSED_EPILOGUE``) and
+    whether its tile schedule has a batch index (``BATCHED``, default False)."""
     if variant.b_layout not in getattr(module, "B_LAYOUTS", ("nk",)):
+        return False
+    if variant.batched and not getattr(module, "BATCHED", False):
         return False
     return not variant.fused or bool(getattr(module, "FUSED_EPILOGUE", False))
 

@@ -32,6 +32,7 @@ import tilus
 import torch
 
 from ..contract import MatmulInputError, check_operands, row_stride
+from .entry import batched_class
 from .variant import PLAIN, Variant
 
 ARCHS = {"sm_100a": "blackwell", "sm_90a": "hopper"}
@@ -119,6 +120,8 @@ def kernel(module: ModuleType, dtype: torch.dtype, config: Optional[dict[str, An
     """The launchable tilus script of a version for ``dtype``: autotuned, or fixed to ``config``; for
     ``variant`` (B's layout, the epilogue), which the version must support (``variant.supported``)."""
     cls = module.Kernel if config is None else _fixed_kernel_class(module.Kernel, tuple(sorted(config.items())))
+    if variant.batched:  # the same kernel behind the batched entry point (launched with batched_launch_args)
+        cls = batched_class(cls)
     if variant == PLAIN:
         return cls(dtype=TILUS_DTYPES[dtype])
     return cls(dtype=TILUS_DTYPES[dtype], **variant.kernel_options())
@@ -221,3 +224,45 @@ def launch_args(
     (m, k), n = a.shape, b.shape[0] if b_layout == "nk" else b.shape[1]
     strides = (row_stride(a), row_stride(b), row_stride(out))
     return (m, n, k, full_rows(a), full_rows(b), full_rows(out), *strides, 0 if bias is None else bias)
+
+
+def full_batch_rows(t: torch.Tensor) -> torch.Tensor:
+    """``full_rows`` of a batch of matrices [batches, rows, cols] (same pointer): whole padded rows,
+    so that tilus's autotuner clones the layout the kernel is told of. Only for batches allocated
+    with their rows padded (``measure.correctness.random_batched_operands``) or unpadded."""
+    ld = t.stride(1)
+    return t.as_strided((t.shape[0], t.shape[1], ld), (t.stride(0), ld, 1))
+
+
+def batched_launch_args(
+    a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, b_layout: str = "nk", bias: Optional[torch.Tensor] = None
+) -> tuple:
+    """The arguments of a batched kernel (``entry.batched_class``) for C[i] = A[i] @ B[i]^T: a
+    [batches or 1, M, K], b [batches or 1, N, K] ("nk") or [batches or 1, K, N] ("kn"), out
+    [batches, M, N], each matrix row-major (an operand of batch extent 1 is shared by every
+    product). Checked by the caller (``contract.check_batched``)."""
+    batches, m, _ = out.shape
+    k = a.shape[2]
+    n = b.shape[1] if b_layout == "nk" else b.shape[2]
+
+    def batch_stride(t):  # any valid stride for a shared operand: its matrix is the only one
+        return t.stride(0) if t.shape[0] > 1 else t.shape[1] * t.stride(1)
+
+    return (
+        batches,
+        m,
+        n,
+        k,
+        full_batch_rows(a),
+        full_batch_rows(b),
+        full_batch_rows(out),
+        a.stride(1),
+        b.stride(1),
+        out.stride(1),
+        0 if bias is None else bias,
+        a.shape[0],
+        b.shape[0],
+        batch_stride(a),
+        batch_stride(b),
+        batch_stride(out),
+    )

@@ -12,6 +12,11 @@ staging buffers (as many as fit beside the ring) -> TMA store, so stores stay in
 next sub-tiles are read, and it hands a buffer back to the MMA warp as soon as its last sub-tile
 is in registers, before that sub-tile is staged and stored.
 
+Batched (``Variant.batches``, the entry of ``entry.batched_class``): the grid has one CTA per tile
+of every product, numbered product after product, so a CLC response names a tile of any product
+(``TileRasterizer.batch_tile``), and each load and store addresses its product's matrix. A plain
+build has no batch arithmetic.
+
 Warps: 0-3 epilogue (the 128 TMEM lanes), 4 TMA, 5 MMA, 6 scheduler (224 threads).
 
 Synchronization (phase rules: ``pipeline/pipeline.py``):
@@ -56,6 +61,7 @@ PTX_MARKERS = (
 REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, acc_stages=2, e_block_n=32, group=8)
 B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)
 FUSED_EPILOGUE = True  # bias and every activation, in the epilogue (pipeline.fused_epilogue)
+BATCHED = True  # a batch index in the tile numbering (entry.batched_class)
 
 TMA_WARP = 4
 MMA_WARP = 5
@@ -101,7 +107,7 @@ class Kernel(MatmulKernel):
     ):
         num_m_tiles = cdiv(m_size, self.block_m)
         num_n_tiles = cdiv(n_size, self.block_n)
-        self.attrs.blocks = num_m_tiles * num_n_tiles
+        self.attrs.blocks = num_m_tiles * num_n_tiles * self.batches  # batches: 1 in a plain build
         self.attrs.warps = 7
         raster = TileRasterizer(num_m_tiles, num_n_tiles, self.group)
         num_k_blocks: int32 = cdiv(k_size, self.block_k)
@@ -123,7 +129,11 @@ class Kernel(MatmulKernel):
         with self.single_warp(TMA_WARP):  # producer of ring
             tile: int32 = clc.first_tile()
             while True:
-                m_tile, n_tile = raster.tile(tile)
+                if self.batched:  # decided when the kernel is built
+                    batch, m_tile, n_tile = raster.batch_tile(tile)
+                else:
+                    m_tile, n_tile = raster.tile(tile)
+                    batch = 0
                 for k in range(num_k_blocks):
                     ring.producer_acquire()
                     self.load_k_block(
@@ -135,6 +145,7 @@ class Kernel(MatmulKernel):
                         m_tile * self.block_m,
                         n_tile * self.block_n,
                         k * self.block_k,
+                        batch,
                     )
                     ring.producer_advance()
                 is_valid, tile = clc.next_tile()
@@ -171,7 +182,11 @@ class Kernel(MatmulKernel):
             out = StagedTmaStore(s_c)
             tile: int32 = clc.first_tile()
             while True:
-                m_tile, n_tile = raster.tile(tile)
+                if self.batched:
+                    batch, m_tile, n_tile = raster.batch_tile(tile)
+                else:
+                    m_tile, n_tile = raster.tile(tile)
+                    batch = 0
                 acc_ring.consumer_acquire()
                 for e in range(self.block_n // self.e_block_n):
                     t_sub = self.tcgen05.slice(
@@ -186,7 +201,7 @@ class Kernel(MatmulKernel):
                         acc_ring.consumer_release()  # the MMA warp may refill it while this sub-tile is stored
                         acc_ring.consumer_advance()
                     block, column = self.epilogue.apply(r_sub, n_tile * self.block_n + e * self.e_block_n, "tcgen05")
-                    out.put(block, g_c, m_tile * self.block_m, column)  # with the variant's bias and activation
+                    out.put(block, g_c, m_tile * self.block_m, column, batch)  # with the variant's bias and activation
                 is_valid, tile = clc.next_tile()
                 if not is_valid:
                     break

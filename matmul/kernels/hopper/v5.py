@@ -12,6 +12,10 @@ into one of two swizzled staging buffers and hands each block to a TMA store it 
 for, so the stores drain while the next tile's wgmma run. The accumulator is zeroed at the start
 of each tile.
 
+Batched (``Variant.batches``, the entry of ``entry.batched_class``): the static schedule runs over
+the tiles of every product, numbered product after product (``StaticTileScheduler.batch_tile``),
+and each load and store addresses its product's matrix. A plain build has no batch arithmetic.
+
 Synchronization (V4's ring, now continuous across tiles: the stage and phase carry over from one
 tile to the next on both sides; at the end of each tile the last slot is released after
 ``wgmma.wait_group 0``):
@@ -49,6 +53,7 @@ PTX_MARKERS = (
 REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, group=16)
 B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)
 FUSED_EPILOGUE = True  # bias and every activation, in the epilogue (pipeline.fused_epilogue)
+BATCHED = True  # a batch index in the tile schedule (entry.batched_class)
 
 
 # shared memory: stages * (block_m + block_n) * block_k * 2 bytes + 2 warpgroups * 2 staging
@@ -82,7 +87,7 @@ class Kernel(MatmulKernel):
         half_m = self.block_m // 2
         num_m_tiles = cdiv(m_size, self.block_m)
         num_n_tiles = cdiv(n_size, self.block_n)
-        num_tiles = num_m_tiles * num_n_tiles
+        num_tiles = num_m_tiles * num_n_tiles * self.batches  # batches: 1 in a plain build
         self.attrs.blocks = num_tiles if num_tiles < self.num_sms else self.num_sms
         self.attrs.warps = 9  # warps 0-3 and 4-7: consumer warpgroups; warp 8: producer
         num_k_blocks: int32 = cdiv(k_size, self.block_k)
@@ -93,19 +98,31 @@ class Kernel(MatmulKernel):
         s_c = self.shared_tensor(dtype=self.dtype, shape=[2, 2, half_m, SUB_COLS])  # [warpgroup, buffer]
 
         ring = Pipeline(self.stages, consumer_arrivals=2, elect_release=True)
-        tiles = StaticTileScheduler(num_m_tiles, num_n_tiles, self.group, self.blockIdx.x, self.gridDim.x)
+        tiles = StaticTileScheduler(num_m_tiles, num_n_tiles, self.group, self.blockIdx.x, self.gridDim.x, self.batches)
         self.sync()  # the barriers are initialized before anyone uses them
 
         with self.single_warp(8):  # producer: the same tiles as the consumers, running ahead
             for i in range(tiles.count()):
-                m_tile, n_tile = tiles.tile(i)
+                if self.batched:  # decided when the kernel is built
+                    batch, m_tile, n_tile = tiles.batch_tile(i)
+                else:
+                    m_tile, n_tile = tiles.tile(i)
+                    batch = 0
                 offset_m = m_tile * self.block_m
                 offset_n = n_tile * self.block_n
                 for kb in range(num_k_blocks):
                     ring.producer_acquire()
                     slot = ring.producer_stage
                     self.load_k_block(
-                        g_a, g_b, s_a[slot], s_b[slot], ring.producer_barrier(), offset_m, offset_n, kb * self.block_k
+                        g_a,
+                        g_b,
+                        s_a[slot],
+                        s_b[slot],
+                        ring.producer_barrier(),
+                        offset_m,
+                        offset_n,
+                        kb * self.block_k,
+                        batch,
                     )
                     ring.producer_advance()
 
@@ -129,9 +146,14 @@ class Kernel(MatmulKernel):
             mainloop = WgmmaMainloop(ring)
             out = WgmmaTileStore(s_c[wg], half_m, self.block_n)
             for i in range(tiles.count()):
-                m_tile, n_tile = tiles.tile(i)
+                if self.batched:
+                    batch, m_tile, n_tile = tiles.batch_tile(i)
+                else:
+                    m_tile, n_tile = tiles.tile(i)
+                    batch = 0
                 acc = self.register_tensor(dtype=float32, shape=[half_m, self.block_n], init=0.0)
                 self.annotate_layout(acc, wgmma_fragment(half_m, self.block_n))
                 mainloop.run(s_a, s_b, wg, acc, num_k_blocks)
-                out.store(acc, g_c, m_tile * self.block_m + wg * half_m, n_tile * self.block_n, self.epilogue)
+                offset_m = m_tile * self.block_m + wg * half_m
+                out.store(acc, g_c, offset_m, n_tile * self.block_n, self.epilogue, batch)
             out.finish()
