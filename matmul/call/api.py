@@ -46,7 +46,7 @@ from ..contract import MatmulInputError, check_call, tma_readable
 from ..kernels import versions
 from ..kernels.variant import PLAIN, SWIGLU_GROUP, Variant
 from ..quant import QuantizedWeight, TransposedWeight
-from . import native_entry, shapes, torch_op
+from . import batched, native_entry, shapes, torch_op
 from .choice_cache import Entry
 from .chooser import Chooser, NotTunedError
 from .launch import Plans
@@ -98,6 +98,8 @@ def python_matmul(a: torch.Tensor, b: torch.Tensor, *, out: Optional[torch.Tenso
 
         return quant_linear.matmul(a, b, out=out)
     try:
+        if b.dim() > 2 and isinstance(a, torch.Tensor):  # a batch of products: one batched launch
+            return batched.matmul(_chooser, a, b, out)
         if a.dim() != 2 or b.dim() != 2:  # torch.matmul's rules for other shapes, on the 2-D call
             return shapes.general(matmul, a, b, out)
     except AttributeError:  # not tensors: the checks of the launch path name the problem
@@ -217,7 +219,10 @@ def choice(a: torch.Tensor, b: torch.Tensor) -> Entry:
     bucket of the same N x K, named by ``nearest``) or "fallback" (cuBLAS: nothing measured); ``key``
     (the bucket's); ``stale`` (made with other kernel sources: measured again); ``pending`` (a
     background tuning of the bucket is queued or under way); ``building`` (the version whose
-    kernel is being built while cuBLAS runs; ``chosen`` is its entry). See ``chooser``."""
+    kernel is being built while cuBLAS runs; ``chosen`` is its entry). See ``chooser``. For a batched
+    b (more than two dimensions) the batched kernels' choice, or cuBLAS with the ``reason`` (``batched``)."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and b.dim() > 2:
+        return batched.choice(_chooser, a, b)
     operand, b_layout, _ = check_call(a, b)
     m, k = a.shape
     n = operand.shape[0] if b_layout == "nk" else operand.shape[1]

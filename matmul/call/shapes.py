@@ -8,8 +8,9 @@ are not two matrices, and how ``linear`` flattens its input.
 * a 1-D ``a`` ([K] -> [1, K]) or ``b`` ([K] -> [K, 1]): the dimension is added, then removed from
   the result, as torch does.
 * a ``b`` of more than two dimensions (a batch of matrices, torch.bmm's case and broadcasting):
-  the series has no batched kernel, so ``torch.matmul`` computes it (cuBLAS's batched GEMM), and
-  ``matmul.choice`` says so. Correct and as fast as torch; not yet the series' own.
+  ``matmul()`` hands it to ``batched`` (one launch of a batched kernel, or torch.matmul where the
+  kernels cannot take it, ``matmul.choice`` saying why) before it comes here; ``general`` itself
+  computes it with ``torch.matmul``.
 """
 
 from __future__ import annotations

@@ -313,6 +313,10 @@ def gpu_worker(
     ``variant``. cuBLAS's candidate is torch.matmul followed by the variant's epilogue in torch (what
     a model runs today); a version's is its kernel built for the variant. Host times (``probe``)
     only for the plain variant, through ``matmul()``."""
+    if variant.batched:  # a batch of products: its own operands and launch
+        from .batched import gpu_worker as batched_worker
+
+        return batched_worker(arch, dtype, m, n, k, device, variant)
     a, b, operand, bias, ref = variant_operands(m, n, k, dtype, device, variant)
     out = poisoned_output(m, variant.out_columns(n), dtype, device=device)
     args = versions.launch_args(a, operand, out, bias, variant.b_layout)
