@@ -82,10 +82,10 @@ def _matrix_rule(name: str, t: torch.Tensor) -> Optional[str]:
     return None
 
 
-def form(a, b, out=None) -> Union[Form, str]:
+def form(a, b, out=None, *, require_cuda: bool = True) -> Union[Form, str]:
     """How the batched kernels take ``a @ b`` (b of three or more dimensions), or the reason torch.matmul
     runs it instead (module doc). Raises ``MatmulInputError`` for what torch.matmul would reject too,
-    or what the series never takes (dtypes)."""
+    or what the series never takes (dtypes). ``require_cuda=False``: the rules on CPU tensors (tests)."""
     if a.dim() == 0:
         raise MatmulInputError(f"both operands must have at least one dimension, got shapes {tuple(a.shape)}")
     if a.dtype not in DTYPES or b.dtype != a.dtype:
@@ -116,7 +116,7 @@ def form(a, b, out=None) -> Union[Form, str]:
         return "gradients are recorded (torch.matmul's batched product has the backward)"
     if torch.compiler.is_compiling():
         return "traced by torch.compile"
-    if not (a.is_cuda and b.is_cuda) or a.device != b.device:
+    if require_cuda and (not (a.is_cuda and b.is_cuda) or a.device != b.device):
         return "the operands are not on one CUDA device"
     a3, b3 = _flat(a, batch_shape), _flat(b, batch_shape)
     for t in (a3, b3):
