@@ -39,6 +39,7 @@ def test_every_configuration_fits_in_shared_memory(module):
         ("sm_90a", HOPPER.REPRESENTATIVE),
         ("sm_90a", {"block_m": 64, "warpgroups": 2, "split": 2, "stages": 6}),  # two consumer warpgroups
         ("sm_90a", {"block_m": 16, "warpgroups": 1, "split": 1, "stages": 16}),  # no cluster exchange
+        ("sm_90a", HOPPER.MULTICAST_REPRESENTATIVE),  # the weight multicast to two token tiles: 224 KiB
         ("sm_100a", BLACKWELL.REPRESENTATIVE),
         ("sm_100a", {"block_m": 128, "split": 2, "stages": 4}),  # the fullest: 226 KiB
     ],
@@ -50,12 +51,67 @@ def test_builds_with_the_shared_memory_it_was_sized_for(arch, config):
     assert result.spill_bytes == 0
     # the ring and the exchange are all the shared memory V7 takes (plus its mbarriers)
     assert 0 <= result.shared_bytes - module.shared_bytes(**config) < 1024
-    assert result.cluster == (config["split"], 1, 1)
+    assert result.cluster == (config["split"] * config.get("multicast", 1), 1, 1)
     ptx = result.ptx()
     if config["split"] > 1:
         assert ptx.count("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes") >= 1
     else:
         assert "cp.async.bulk.shared::cluster" not in ptx
+
+
+MULTICAST_LOAD = "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+
+
+def check_multicast_ptx(ptx: str, config: dict):
+    """The weight tile is TMA-multicast (and the token tile loaded plainly), every stage is released
+    in every CTA of the cluster by one arrival per CTA, and nothing is exchanged (no split)."""
+    assert MULTICAST_LOAD in ptx
+    assert "cp.async.bulk.tensor.2d.shared::cta.global" in ptx  # the CTA's own token tile
+    assert "mbarrier.arrive.expect_tx.release.cta.shared::cluster.b64" in ptx  # a release into a peer
+    assert "mapa.shared::cluster" in ptx
+    assert "cp.async.bulk.shared::cluster.shared::cta" not in ptx  # no split-K exchange
+    shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))
+    assert shapes == {f"m64n{config['block_m']}k16"}
+
+
+def test_hopper_multicasts_the_weight_tile():
+    config = HOPPER.MULTICAST_REPRESENTATIVE
+    result = build.build_config(HOPPER, "sm_90a", config)
+    assert result.ok, result.error[-3000:]
+    check_multicast_ptx(result.ptx(), config)
+    assert config in versions.space(HOPPER) and config["split"] == 1 and config["multicast"] == 2
+    report = (result.program_dir / "module" / "nvcc_output.txt").read_text()
+    assert not re.search(r"C7515|C7520|serialized", report), report
+    # no multicast without it: the representative (split-K) loads every tile into its own CTA only
+    assert MULTICAST_LOAD not in representative_build("sm_90a", "v7").ptx()
+
+
+def test_hopper_multicast_is_not_combined_with_split_k():
+    result = build.build_config(HOPPER, "sm_90a", {**HOPPER.MULTICAST_REPRESENTATIVE, "split": 2, "stages": 8})
+    assert not result.ok and "not combined" in result.error
+
+
+def test_hopper_space_covers_64_to_256_tokens_with_multicast():
+    # at every M from 64 to 256 some multicast configuration's cluster covers all tokens at once
+    multicast = [c for c in versions.space(HOPPER) if c["multicast"] > 1]
+    assert all(c["split"] == 1 for c in multicast)
+    for m in range(64, 257):
+        assert any(c["block_m"] * c["multicast"] >= m for c in multicast), m
+    assert {c["multicast"] for c in multicast} == {2, 4}
+
+
+@pytest.mark.full_space
+@pytest.mark.parametrize("b_layout", ["nk", "kn"])
+def test_hopper_every_multicast_configuration_builds(b_layout):
+    from matmul.kernels.variant import Variant
+
+    variant = Variant(b_layout=b_layout)
+    for config in versions.space(HOPPER):
+        if config["multicast"] > 1:
+            result = build.build_config(HOPPER, "sm_90a", config, variant=variant)
+            assert result.ok, (config, result.error[-3000:])
+            assert result.spill_bytes == 0 and result.cluster == (config["multicast"], 1, 1)
+            check_multicast_ptx(result.ptx(), config)
 
 
 def test_hopper_swaps_a_and_b():
