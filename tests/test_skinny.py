@@ -150,7 +150,8 @@ def test_roofline_arithmetic():
         {"block_m": 64, "warpgroups": 2, "split": 2, "stages": 6},
     ]
     # token tiles no wider than the narrowest that holds M, and at most two of them
-    for m, widths in ((1, {16}), (16, {16}), (17, {16, 64}), (64, {64}), (100, {64, 128}), (256, {128, 256})):
+    # (the 32-token tiles are multicast ones: two of them cover 64 tokens)
+    for m, widths in ((1, {16}), (16, {16}), (17, {16, 32}), (64, {32, 64}), (100, {64, 128}), (256, {128, 256})):
         found = roofline.candidates(HOPPER, m)
         assert {c["block_m"] for c in found} == widths and found[0]["block_m"] == max(widths)
 
@@ -201,8 +202,8 @@ def test_roofline_checks_each_configuration_then_times_the_best(monkeypatch):
             launched.append(self.config)
             super().__call__(*args)
 
-    wrong = {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 8}
-    fast = {"block_m": 16, "warpgroups": 2, "split": 2, "stages": 8}
+    wrong = {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 8, "multicast": 1}
+    fast = {"block_m": 16, "warpgroups": 2, "split": 2, "stages": 8, "multicast": 1}
     monkeypatch.setattr(
         versions,
         "kernel",
