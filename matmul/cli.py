@@ -6,7 +6,7 @@ python -m matmul plot RESULTS.json [...] [--out DIR]
 python -m matmul model [--out DIR] [--dtype float16|bfloat16] [--rounds N]
 python -m matmul candidates VERSION[:knob=int,...] ... [--sizes 4096,8192x14336x4096] [--sustained S | --profile N]
 python -m matmul drop-in [--parts kn,linear,llama] [--out DIR] [--dtype float16|bfloat16] [--rounds N]
-python -m matmul trace [--out DIR] [--calls N]
+python -m matmul trace [--out DIR] [--calls N] [--wait-s S]
 python -m matmul tune [--model llama-3-8b] [--m 1-8192] [--shapes MxNxK,...] [--dtype float16,bfloat16] [--out FILE]
 """
 
@@ -290,7 +290,7 @@ def trace_command(args) -> int:
 
     if versions.local_arch() is None:
         raise ValueError("the trace runs matmul() on a Hopper or Blackwell GPU; there is none here")
-    return trace.main(Path(args.out) if args.out else choice_cache_dir() / "trace", calls=args.calls)
+    return trace.main(Path(args.out) if args.out else choice_cache_dir() / "trace", calls=args.calls, wait_s=args.wait_s)
 
 
 def drop_in_command(args) -> int:
@@ -551,6 +551,13 @@ def main(argv=None) -> int:
     )
     p.add_argument("--out", help="directory for trace.json (default: <matmul cache dir>/trace)")
     p.add_argument("--calls", type=int, default=300, help="calls in the trace (default 300)")
+    p.add_argument(
+        "--wait-s",
+        type=float,
+        default=1800.0,
+        help="longest wait for the background tuning before the second pass (default 1800); the "
+        "results say whether it finished",
+    )
     p.set_defaults(func=trace_command)
     p = sub.add_parser(
         "tune",

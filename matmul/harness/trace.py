@@ -121,7 +121,7 @@ def first_block(dtype) -> dict:
     }
 
 
-def child(out: Path, calls: int) -> int:
+def child(out: Path, calls: int, wait_s: float = 1800.0) -> int:
     """The measurement itself, in a process whose cache directory started empty."""
     import matmul
     from matmul.call import api
@@ -139,7 +139,7 @@ def child(out: Path, calls: int) -> int:
     begin = time.perf_counter()
     results["first"] = run_trace(trace, weights)
     results["first_summary"] = summary(results["first"])
-    finished = api._chooser.wait(timeout=1800)
+    finished = api._chooser.wait(timeout=wait_s)
     results["background_s"] = time.perf_counter() - begin
     results["background_finished"] = finished
     results["again"] = run_trace(trace, weights)
@@ -151,7 +151,7 @@ def child(out: Path, calls: int) -> int:
     return 0
 
 
-def main(out_dir: Path, calls: int = CALLS) -> int:
+def main(out_dir: Path, calls: int = CALLS, wait_s: float = 1800.0) -> int:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="matmul-trace-") as cache:
@@ -159,5 +159,5 @@ def main(out_dir: Path, calls: int = CALLS) -> int:
         env.pop("TILUS_CACHE_DIR", None)
         target = str(out_dir / "trace.json")
         code = "import pathlib, sys; from matmul.harness import trace; "
-        code += "raise SystemExit(trace.child(pathlib.Path(sys.argv[1]), int(sys.argv[2])))"
-        return subprocess.call([sys.executable, "-c", code, target, str(calls)], env=env)
+        code += "raise SystemExit(trace.child(pathlib.Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])))"
+        return subprocess.call([sys.executable, "-c", code, target, str(calls), str(wait_s)], env=env)
