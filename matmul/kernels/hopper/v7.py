@@ -30,13 +30,13 @@ split: the two are not combined) the ``multicast`` CTAs of a cluster compute the
 for consecutive token tiles over all of K, and receive the weight tile by TMA *multicast*: the
 CTAs take turns, K block ``i``'s weight tile is loaded by CTA ``i % multicast`` and written by
 the TMA unit into the same stage of every CTA of the cluster, its bytes counted on each CTA's
-``full[s]``; each CTA loads its own token tile. Each weight byte then leaves HBM once per
-cluster, and a cluster of 2 with 64 x 64 tiles and no split is the shape cuBLAS's skinny Hopper
-kernel takes at 128 tokens. The price is V6's coupling: a stage is refilled only when the
-consumers of every CTA of the cluster have released it, since the next weight tile lands in all
-of them. A token tile wholly past M (M not a multiple of the cluster's tokens) is loaded as TMA's
-zeros and stored nowhere: its CTA still takes its turns at the weight. The configurations are
-meant for M <= 256 (``supports``).
+``full[s]``; each CTA loads its own token tile. Each weight byte is then read (from HBM, or from
+L2 by a neighbouring cluster) once per cluster instead of once per token tile, and a cluster of 2
+with 64 x 64 tiles and no split is the shape cuBLAS's skinny Hopper kernel takes at 128 tokens.
+The price is V6's coupling: a stage is refilled only when the consumers of every CTA of the
+cluster have released it, since the next weight tile lands in all of them. A token tile wholly
+past M (M not a multiple of the cluster's tokens) is loaded as TMA's zeros and stored nowhere: its
+CTA still takes its turns at the weight. The configurations are meant for M <= 256 (``supports``).
 
 Synchronization (this CTA's K block ``i`` uses stage ``s = i % stages``, parity ``p = (i // stages) & 1``;
 the rows marked mc replace the two above them when ``mc = multicast`` > 1, ``wgs = warpgroups``):
