@@ -112,6 +112,8 @@ def test_hopper_every_multicast_configuration_builds(b_layout):
             assert result.ok, (config, result.error[-3000:])
             assert result.spill_bytes == 0 and result.cluster == (config["multicast"], 1, 1)
             check_multicast_ptx(result.ptx(), config)
+            report = (result.program_dir / "module" / "nvcc_output.txt").read_text()
+            assert not re.search(r"C7515|C7520|serialized", report), (config, report)
 
 
 def test_hopper_swaps_a_and_b():
