@@ -6,6 +6,7 @@ import ast
 import functools
 import json
 import logging
+import sys
 import threading
 from pathlib import Path
 
@@ -407,3 +408,62 @@ def test_the_tune_command_expands_a_model_to_one_m_per_bucket():
     shapes = cli.tune_shapes(argparse.Namespace(model="llama-3-8b", m="16,128", shapes="1x2x3"))
     assert (16, 128256, 4096) in shapes and (128, 1024, 4096) in shapes and shapes[-1] == (1, 2, 3)
     assert len(shapes) == 2 * 7 + 1
+
+
+# --- off the caller's path: narrowed tunings, deferred plans, the GIL --------------------------------
+
+
+def test_a_bucket_near_a_measured_one_is_tuned_among_the_candidates_that_came_close_there(tmp_path):
+    late = LateTuner()
+    neighbour = {
+        **entry("v4"),
+        "candidates": {
+            "v4": {"config": entry("v4")["config"], "call_ms": 1.0},
+            "v5": {"config": entry("v5")["config"], "call_ms": 1.2},  # within tuner.PRUNE: timed again
+            "v3": {"config": entry("v3")["config"], "call_ms": 2.0},  # lost by more: not timed
+            tuner.VENDOR: {"config": {}, "call_ms": 1.1},
+        },
+    }
+    choose = make_chooser(tmp_path, {key(1024, 4096, 4096): neighbour}, tune_jobs=late)
+    choose.get(CPU, torch.float16, 1500, 4096, 4096)
+    choose.get(CPU, torch.float16, 1500, 8192, 4096)  # no neighbour of this N x K: a full tuning
+    late.finish.set()
+    assert choose.wait(10)
+    near, alone = sorted(late.jobs, key=lambda job: job["n"])
+    assert near["names"] == ["v4", "v5", tuner.VENDOR] and near["narrowed_from"] == key(1024, 4096, 4096)
+    assert near["configs"] == {"v4": entry("v4")["config"], "v5": entry("v5")["config"]}
+    assert "configs" not in alone and alone["names"] == tuner.candidates(ARCH, 1500, 8192, 4096)
+
+
+def test_an_unseen_call_deferred_by_the_native_entry_gets_its_plan_on_the_planners_thread(tmp_path, stand_ins):
+    choose = make_chooser(tmp_path, shipped={key(128, 64, 32): entry(tuner.VENDOR)})
+    path = stand_in_plans(choose)
+    a, w = random_operands(128, 64, 32, torch.float16, device="cpu")
+    assert path.defer(a, w.T) is True  # the entry runs cuBLAS now
+    assert path.planner.wait(10)
+    assert isinstance(path.plans[signature(a, w.T, None)], VendorPlan)
+    assert path.defer(a, w.T) is False  # derived: the Python path has its plan
+    bad = a.T.contiguous().T  # column-major a: the checks refuse it, so its later calls take the Python path
+    assert path.defer(bad, w.T) is True and path.planner.wait(10)
+    assert signature(bad, w.T, None) in path.refused and path.defer(bad, w.T) is False
+    choose.mode = "blocking"  # the caller asked to wait for the choice: nothing is deferred
+    b, v = random_operands(64, 64, 32, torch.float16, device="cpu")
+    assert path.defer(b, v.T) is False
+    assert stand_in_plans(None).defer(a, w.T) is False  # no chooser (the tuner's host probe)
+
+
+def test_background_work_shortens_the_gils_switch_interval_while_it_runs():
+    from matmul.call.background import SWITCH_INTERVAL_S, Worker
+
+    before, seen, release = sys.getswitchinterval(), [], threading.Event()
+
+    def job(group, payloads):
+        seen.append(sys.getswitchinterval())
+        assert release.wait(10)
+
+    worker = Worker("test", job, linger_s=0.5)
+    worker.submit("a", None)
+    release.set()
+    assert worker.wait(10)
+    assert seen == [pytest.approx(min(before, SWITCH_INTERVAL_S))] and sys.getswitchinterval() == before
+    assert worker.thread is not None  # lingers for the next job instead of ending at once

@@ -137,7 +137,7 @@ def test_a_launch_route_allocates_the_output_and_calls_the_program(routed, n):
     a, b = operands(n=n)
     row = -(-n // 8) * 8
     program, plan = StandInKernel("v4", {}, wrong=False), Recorder("plan")
-    table.put_launch(a, b, plan, program, 24, n, 40, 40, 40, row, row, 16)
+    table.put_launch(a, b, plan, program, n, 40, 40, 40, row, row, 16)
     assert table.kind(a, b) == "launch"
     a2, b2 = operands(n=n)
     c = matmul.matmul(a2, b2)
@@ -250,3 +250,35 @@ def test_linear_with_an_epilogue_runs_the_route_of_its_variant(routed, activatio
     ):
         before = len(fallback.calls)
         assert call() == "python" and len(fallback.calls) == before + 1
+
+
+@built
+def test_a_vendor_or_launch_route_serves_every_m_of_its_bucket_a_python_route_only_its_own(routed):
+    from stand_ins import StandInKernel
+
+    table, fallback = routed
+    a, b = operands(m=24)  # the bucket of M = 24 (tuner.bucket) is 17..24
+    table.put_vendor(a, b, Recorder("vendor"))
+    assert [table.kind(operands(m=m)[0], b) for m in (17, 20, 24, 25, 16)] == ["vendor"] * 3 + [None, None]
+    # a launch route takes M from the call: the program is launched with it, the output [M, N]
+    program = StandInKernel("v4", {}, wrong=False)
+    table.put_launch(a, b, Recorder("plan"), program, 16, 40, 40, 40, 16, 16, 16)
+    a20, b20 = operands(m=20)
+    c = matmul.matmul(a20, b20)
+    assert c.shape == (20, 16) and torch.allclose(c.float(), a20.float() @ b20.float(), atol=1e-2, rtol=1e-2)
+    assert program.launches == 1 and fallback.calls == []
+    # a Python route may have fixed M in its plan: only its own M
+    table.put(a, b, Recorder("series"))
+    assert table.kind(a, b) == "python" and table.kind(a20, b) is None
+    assert matmul.matmul(a20, b20) == "python"
+
+
+@built
+def test_an_unseen_call_goes_to_python_unless_the_miss_hook_takes_it(routed):
+    table, fallback = routed
+    hook = Recorder(True)
+    native.route(table, fallback, fallback, hook)
+    a, b = operands()
+    assert matmul.matmul(a, b) == "python" and hook.calls == []  # CPU tensors: not a call cuBLAS may run now
+    with pytest.raises(TypeError, match="callable"):
+        native.route(table, fallback, fallback, 3)

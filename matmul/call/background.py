@@ -2,27 +2,64 @@
 bucket (in a child process, which the thread waits for) and building a chosen kernel (host work:
 tilus transpiles, nvcc compiles).
 
-``Worker`` runs one job at a time on one daemon thread, started when first needed. A job is
-submitted under a key; a key already queued or running is not queued again, so a bucket is tuned
-once however many calls ask. Jobs of one ``group`` that are queued together are handed over
-together (``run(group, payloads)``), so that one child process tunes every bucket waiting for it.
-A job that raises is logged; the thread goes on with the next.
+``Worker`` runs one job at a time on one daemon thread, started when first needed, which waits
+``linger_s`` for more work before it ends (starting a thread costs the submitting caller tens of
+microseconds: a worker fed by calls keeps its thread). A job is submitted under a key; a key
+already queued or running is not queued again, so a bucket is tuned once however many calls ask.
+Jobs of one ``group`` that are queued together are handed over together (``run(group,
+payloads)``), so that one child process tunes every bucket waiting for it. A job that raises is
+logged; the thread goes on with the next.
+
+The caller's thread and a worker's share the GIL. By default a thread that wants it waits up to
+the interpreter's switch interval (5 ms) while another runs Python code: a build (tilus
+transpiles in Python) would then add milliseconds to calls that take microseconds. While any
+job runs, ``quick_switching`` lowers the interval to ``SWITCH_INTERVAL_S``, so that the caller
+gets the GIL back within a fraction of a short call, and puts the previous interval back when the
+last job ends.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
+import sys
 import threading
 from typing import Any, Callable, Hashable, Optional
 
 log = logging.getLogger(__name__)
 
+SWITCH_INTERVAL_S = 5e-5  # the GIL's switch interval while background work runs (Python's default: 5 ms)
+
+_switching = threading.Lock()
+_jobs_running = 0
+_saved_interval: Optional[float] = None
+
+
+@contextlib.contextmanager
+def quick_switching():
+    """The GIL's switch interval at ``SWITCH_INTERVAL_S`` (or the caller's, if lower) while the block runs."""
+    global _jobs_running, _saved_interval
+    with _switching:
+        if _jobs_running == 0:
+            _saved_interval = sys.getswitchinterval()
+            sys.setswitchinterval(min(_saved_interval, SWITCH_INTERVAL_S))
+        _jobs_running += 1
+    try:
+        yield
+    finally:
+        with _switching:
+            _jobs_running -= 1
+            if _jobs_running == 0 and _saved_interval is not None:
+                sys.setswitchinterval(_saved_interval)
+                _saved_interval = None
+
 
 class Worker:
-    def __init__(self, name: str, run: Callable[[Hashable, list[Any]], None]):
+    def __init__(self, name: str, run: Callable[[Hashable, list[Any]], None], linger_s: float = 0.0):
         self.name = name
         self.run = run
+        self.linger_s = linger_s
         self.condition = threading.Condition()
         self.queue: collections.OrderedDict[Hashable, tuple[Hashable, Any]] = collections.OrderedDict()
         self.running: set[Hashable] = set()
@@ -59,6 +96,8 @@ class Worker:
     def _loop(self) -> None:
         while True:
             with self.condition:
+                if not self.queue and self.linger_s > 0:
+                    self.condition.wait_for(lambda: bool(self.queue), self.linger_s)
                 if not self.queue:
                     self.thread = None
                     return
@@ -69,7 +108,8 @@ class Worker:
                         batch[other] = self.queue.pop(other)[1]
                 self.running.update(batch)
             try:
-                self.run(group, list(batch.values()))
+                with quick_switching():
+                    self.run(group, list(batch.values()))
             except Exception:  # the caller's calls go on with what they had; the next job runs
                 log.exception("matmul(): background job %s of %s failed", list(batch), self.name)
             finally:

@@ -61,7 +61,17 @@ from ..kernels.variant import PLAIN, Variant
 from . import tilus_autotune
 from .background import Worker
 from .choice_cache import ChoiceCache, Entry, ShippedTable
-from .tuner import VENDOR, bucket, candidates, choice_key, entry_is_usable, entry_is_valid, space_config, tune_in_child
+from .tuner import (
+    PRUNE,
+    VENDOR,
+    bucket,
+    candidates,
+    choice_key,
+    entry_is_usable,
+    entry_is_valid,
+    space_config,
+    tune_in_child,
+)
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +221,8 @@ class Chooser:
                 self.entries[memo] = (arch, instant)
                 if mode == "background":
                     job = {"key": key, "m": m, "n": n, "k": k, "names": candidates(arch, m, n, k, variant)}
+                    if instant.get("source") == "nearest":
+                        job.update(narrowed(job["names"], instant))
                     if variant != PLAIN:
                         job["variant"] = variant.key()
                     self.tuner.submit(key, (memo, job), group=(arch, device, dtype))
@@ -440,6 +452,29 @@ class Chooser:
         else:
             self.ready.add(program)
         self._changed()
+
+
+def narrowed(names: list[str], neighbour: Entry) -> dict:
+    """The candidates worth timing on a bucket whose neighbour of the same N x K was measured: those
+    of ``names`` that ran within ``tuner.PRUNE`` of the fastest there, each with the configuration
+    it had there (tilus's search over its space is skipped), and cuBLAS always. A version that
+    lost by more at M = 1024 is not expected to win at M = 1500; timing the few that came close
+    takes a second where searching every space takes several. Nothing to narrow (the neighbour
+    names no candidates): ``{}``, a full tuning."""
+    timed = neighbour.get("candidates")
+    if not isinstance(timed, dict) or not timed:
+        return {}
+    costs = {v: c.get("call_ms") or c.get("ms") for v, c in timed.items() if isinstance(c, dict)}
+    costs = {v: ms for v, ms in costs.items() if isinstance(ms, (int, float)) and ms > 0}
+    if not costs:
+        return {}
+    best = min(costs.values())
+    close = [v for v in names if v != VENDOR and v in costs and costs[v] <= best * PRUNE]
+    return {
+        "names": [*close, VENDOR],
+        "configs": {v: timed[v].get("config") for v in close},
+        "narrowed_from": neighbour.get("nearest"),
+    }
 
 
 def _memo(device, dtype, shape, variant: Variant) -> tuple:

@@ -14,9 +14,15 @@
 //   the compiled program's launch function called with the pointers, as SeriesPlan.__call__ would;
 // * a Python route (a version won, b row-major [K, N], copied per call): the plan itself.
 //
+// A route serves every M of its bucket (the signature holds M rounded up as the choices bucket it):
+// a model called at varying token counts reaches its kernel without Python from the second call of
+// a bucket on. An unseen call that the checks would pass is handed to the miss hook, which queues
+// its plan to be derived on a thread of its own, and runs cuBLAS (at::mm) at once, as torch.matmul
+// would: the caller never waits on a derivation, a choice, a tuning or a build.
+//
 // Every other call (not two tensors, out=, keywords, a gradient to record, a tensor subclass or a
-// mode that overrides torch functions, a signature not seen) goes to the Python ``matmul`` it was
-// routed with, which runs the full checks and derives the plan. ``linear`` (a contiguous x of any
+// mode that overrides torch functions, a signature not seen and not deferred) goes to the Python
+// ``matmul`` it was routed with, which runs the full checks and derives the plan. ``linear`` (a contiguous x of any
 // leading dimensions) reads the same table for x [M, K] @ weight.T, and for a bias or an activation
 // the table of that variant (``DirectTable.variant``), whose routes pass the bias pointer to the
 // kernel or run at::addmm and torch's activation after cuBLAS.
@@ -68,13 +74,25 @@ uint64_t device_bits(const at::Device& device) {
   return (static_cast<uint64_t>(static_cast<uint8_t>(device.type())) << 8) | static_cast<uint8_t>(device.index());
 }
 
+// M rounded up as the choices bucket it (tuner.bucket): to a multiple of 2^(bit_length - 2). Every M of
+// a bucket has the bucket's choice, and a vendor or launch route takes M from the call, so one
+// route serves the bucket: a model called at varying token counts meets the native path, not a
+// Python derivation, from the second call of a bucket on.
+int64_t bucket_of(int64_t m) {
+  if (m <= 0) return m;
+  int bits = 64 - __builtin_clzll(static_cast<unsigned long long>(m));
+  int64_t block = int64_t{1} << (bits > 2 ? bits - 2 : 0);
+  return (m + block - 1) / block * block;
+}
+
 // false for what no route can take: not two strided matrices
 bool signature_of(const at::Tensor& a, const at::Tensor& b, Signature* s) {
   if (a.layout() != at::kStrided || b.layout() != at::kStrided || a.is_nested() || b.is_nested() || a.dim() != 2 ||
       b.dim() != 2)
     return false;
+  if (s == nullptr) return true;
   auto as = a.sizes(), at_ = a.strides(), bs = b.sizes(), bt = b.strides();
-  int64_t dims[8] = {as[0], as[1], at_[0], at_[1], bs[0], bs[1], bt[0], bt[1]};
+  int64_t dims[8] = {bucket_of(as[0]), as[1], at_[0], at_[1], bs[0], bs[1], bt[0], bt[1]};
   std::memcpy(s->dims, dims, sizeof dims);
   s->kinds = static_cast<int64_t>(static_cast<uint64_t>(static_cast<uint8_t>(a.scalar_type())) |
                                   static_cast<uint64_t>(static_cast<uint8_t>(b.scalar_type())) << 8 |
@@ -87,9 +105,9 @@ bool signature_of(const at::Tensor& a, const at::Tensor& b, Signature* s) {
 // several microseconds on a slow host).
 struct Launch {
   py::object program;  // the launch function: (m, n, k, a_ptr, b_ptr, c, lda, ldb, ldc, bias_ptr)
-  py::object m, n, k, lda, ldb, ldc, no_bias;  // made once: Python ints (no_bias: 0, the plain epilogue)
-  int64_t rows, columns, row_length;  // the result is [rows, columns] in rows of row_length (16-byte padded)
-  int64_t align;                      // the bytes TMA needs the data pointers aligned to
+  py::object n, k, lda, ldb, ldc, no_bias;  // made once: Python ints (no_bias: 0, the plain epilogue)
+  int64_t columns, row_length;  // the result is [M, columns] in rows of row_length (16-byte padded)
+  int64_t align;                // the bytes TMA needs the data pointers aligned to
 };
 
 enum class Kind { python, vendor, launch };
@@ -98,6 +116,7 @@ struct Route {
   Kind kind;
   py::object function;  // the Python function of (a, b) that computes the call (the plan)
   Launch launch;        // Kind::launch only
+  int64_t rows;         // Kind::python only: the one M it was derived for (a plan of Python may fix M)
 };
 
 class DirectTable {
@@ -123,19 +142,19 @@ class DirectTable {
   const std::string& activation() const { return activation_; }
 
   void put(const at::Tensor& a, const at::Tensor& b, py::object function) {
-    insert(a, b, Route{Kind::python, std::move(function), {}});
+    insert(a, b, Route{Kind::python, std::move(function), {}, a.dim() == 2 ? a.size(0) : -1});
   }
 
   void put_vendor(const at::Tensor& a, const at::Tensor& b, py::object function) {
-    insert(a, b, Route{Kind::vendor, std::move(function), {}});
+    insert(a, b, Route{Kind::vendor, std::move(function), {}, -1});
   }
 
-  void put_launch(const at::Tensor& a, const at::Tensor& b, py::object function, py::object program, int64_t m,
-                  int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t row_length, int64_t align,
+  void put_launch(const at::Tensor& a, const at::Tensor& b, py::object function, py::object program, int64_t n,
+                  int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t row_length, int64_t align,
                   int64_t columns) {
-    Launch launch{std::move(program), py::int_(m), py::int_(n), py::int_(k), py::int_(lda), py::int_(ldb),
-                  py::int_(ldc), py::int_(0), m, columns < 0 ? n : columns, row_length, align};
-    insert(a, b, Route{Kind::launch, std::move(function), std::move(launch)});
+    Launch launch{std::move(program), py::int_(n), py::int_(k),   py::int_(lda),          py::int_(ldb),
+                  py::int_(ldc),      py::int_(0), columns < 0 ? n : columns, row_length, align};
+    insert(a, b, Route{Kind::launch, std::move(function), std::move(launch), -1});
   }
 
   // the route's function, or None
@@ -155,7 +174,9 @@ class DirectTable {
     Signature s;
     if (!signature_of(a, b, &s)) return nullptr;
     auto it = routes_.find(s);
-    return it == routes_.end() ? nullptr : &it->second;
+    if (it == routes_.end()) return nullptr;
+    const Route& route = it->second;
+    return route.kind == Kind::python && route.rows != a.size(0) ? nullptr : &route;
   }
 
   size_t size() const { return routes_.size(); }
@@ -182,6 +203,7 @@ PyObject* routed_table = nullptr;  // keeps ``table`` alive while it is read
 const DirectTable* table = nullptr;
 PyObject* fallback = nullptr;
 PyObject* linear_fallback = nullptr;  // linear()'s Python function
+PyObject* miss_hook = nullptr;        // takes an unseen call's (a, b) for later, or None (see ``deferrable``)
 
 // a torch.Tensor or nn.Parameter, not a subclass: a subclass may override what torch functions do
 bool plain_tensor(PyObject* obj) { return THPVariable_CheckExact(obj); }
@@ -203,17 +225,20 @@ PyObject* run_launch(const Launch& route, const at::Tensor& a, const at::Tensor&
   Launch launch = route;  // its own references: the program may re-route or clear the table
   c10::OptionalDeviceGuard device_guard;
   if (a.is_cuda()) device_guard.reset_device(a.device());  // the program launches on the current device
-  at::Tensor buffer = at::empty({launch.rows, launch.row_length}, a.options());
+  int64_t rows = a.size(0);  // the call's M: the route serves its whole bucket
+  at::Tensor buffer = at::empty({rows, launch.row_length}, a.options());
   PyObject* out = THPVariable_Wrap(buffer);
   if (out == nullptr) return nullptr;
+  PyObject* m = PyLong_FromLongLong(rows);
   PyObject* a_ptr = PyLong_FromVoidPtr(a.data_ptr());
   PyObject* b_ptr = PyLong_FromVoidPtr(b.data_ptr());  // b = w.T: w's rows, read in place
   PyObject* result = nullptr;
-  if (a_ptr != nullptr && b_ptr != nullptr) {
-    PyObject* argv[10] = {launch.m.ptr(), launch.n.ptr(),   launch.k.ptr(),   a_ptr,           b_ptr,
-                          out,            launch.lda.ptr(), launch.ldb.ptr(), launch.ldc.ptr(), bias_ptr ? bias_ptr : launch.no_bias.ptr()};
+  if (m != nullptr && a_ptr != nullptr && b_ptr != nullptr) {
+    PyObject* argv[10] = {m,   launch.n.ptr(),   launch.k.ptr(),   a_ptr,           b_ptr,
+                          out, launch.lda.ptr(), launch.ldb.ptr(), launch.ldc.ptr(), bias_ptr ? bias_ptr : launch.no_bias.ptr()};
     result = PyObject_Vectorcall(launch.program.ptr(), argv, 10, nullptr);
   }
+  Py_XDECREF(m);
   Py_XDECREF(a_ptr);
   Py_XDECREF(b_ptr);
   if (result == nullptr) {
@@ -224,6 +249,29 @@ PyObject* run_launch(const Launch& route, const at::Tensor& a, const at::Tensor&
   if (launch.row_length == launch.columns) return out;
   Py_DECREF(out);  // rows padded to 16 bytes: the [rows, columns] view of them
   return THPVariable_Wrap(buffer.narrow(1, 0, launch.columns));
+}
+
+bool row_major_for_tma(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride, int64_t item,
+                       const void* data) {
+  return (col_stride == 1 || cols == 1) && ((row_stride * item) % 16 == 0 || rows == 1) &&
+         reinterpret_cast<uintptr_t>(data) % 16 == 0;
+}
+
+// An unseen call that the Python checks (contract.check_call) would pass as it is: two matrices of
+// one 16-bit dtype on one GPU, a [M, K] @ b [K, N], a row-major with rows TMA can read, b either the
+// view w.T of such a w [N, K] or row-major itself. Such a call may run cuBLAS now and leave its
+// plan to be derived off the caller's path (``miss_hook``); any other goes to the Python function,
+// which names what is wrong.
+bool deferrable(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.is_cuda() || a.device() != b.device() || a.scalar_type() != b.scalar_type() ||
+      (a.scalar_type() != at::kHalf && a.scalar_type() != at::kBFloat16) || a.size(1) != b.size(0) ||
+      a.size(0) < 1 || a.size(1) < 1 || b.size(1) < 1)
+    return false;
+  int64_t item = a.element_size();
+  if (!row_major_for_tma(a.size(0), a.size(1), a.stride(0), a.stride(1), item, a.data_ptr())) return false;
+  bool nk = row_major_for_tma(b.size(1), b.size(0), b.stride(1), b.stride(0), item, b.data_ptr());
+  bool kn = b.stride(1) == 1 || b.size(1) == 1;
+  return nk || kn;
 }
 
 PyObject* matmul_entry(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargsf, PyObject* kwnames) {
@@ -251,6 +299,21 @@ PyObject* matmul_entry(PyObject* /*module*/, PyObject* const* args, Py_ssize_t n
       return run_launch(route->launch, a, b);
     // a Python route, or misaligned pointers: the plan checks them and names the problem
     if (route != nullptr) return call_held(route->function.ptr(), args, 2, nullptr);
+    // unseen: cuBLAS runs this call, as torch.matmul would, if the hook takes the call's plan for later
+    if (!recorded && miss_hook != nullptr && signature_of(a, b, nullptr) && deferrable(a, b)) {
+      PyObject* taken = call_held(miss_hook, args, 2, nullptr);
+      if (taken == nullptr) return nullptr;
+      bool deferred = taken == Py_True;
+      Py_DECREF(taken);
+      if (deferred) {
+        at::Tensor c;
+        {
+          py::gil_scoped_release no_gil;
+          c = at::mm(a, b);
+        }
+        return THPVariable_Wrap(std::move(c));
+      }
+    }
   }
   return call_held(fallback, args, nargsf, kwnames);
   END_HANDLE_TH_ERRORS
@@ -339,20 +402,24 @@ PyObject* linear_entry(PyObject* /*module*/, PyObject* const* args, Py_ssize_t n
   END_HANDLE_TH_ERRORS
 }
 
-void route(py::object new_table, py::object new_fallback, py::object new_linear_fallback) {
+void route(py::object new_table, py::object new_fallback, py::object new_linear_fallback, py::object new_miss) {
   const DirectTable* t = new_table.is_none() ? nullptr : new_table.cast<const DirectTable*>();
-  if (!PyCallable_Check(new_fallback.ptr()) || !PyCallable_Check(new_linear_fallback.ptr()))
-    throw py::type_error("the fallbacks must be callable");
+  if (!PyCallable_Check(new_fallback.ptr()) || !PyCallable_Check(new_linear_fallback.ptr()) ||
+      (!new_miss.is_none() && !PyCallable_Check(new_miss.ptr())))
+    throw py::type_error("the fallbacks and the miss hook must be callable");
   PyObject* old_table = routed_table;
   PyObject* old_fallback = fallback;
   PyObject* old_linear_fallback = linear_fallback;
+  PyObject* old_miss = miss_hook;
   routed_table = new_table.inc_ref().ptr();
   fallback = new_fallback.inc_ref().ptr();
   linear_fallback = new_linear_fallback.inc_ref().ptr();
+  miss_hook = new_miss.is_none() ? nullptr : new_miss.inc_ref().ptr();
   table = t;
   Py_XDECREF(old_table);  // last: releasing them may run Python code, which may call matmul()
   Py_XDECREF(old_fallback);
   Py_XDECREF(old_linear_fallback);
+  Py_XDECREF(old_miss);
 }
 
 PyMethodDef entry_methods[] = {
@@ -380,17 +447,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("put_vendor", &DirectTable::put_vendor, py::arg("a"), py::arg("b"), py::arg("function"),
            "Route calls of this signature to at::mm (``function`` is what ``get`` returns)")
       .def("put_launch", &DirectTable::put_launch, py::arg("a"), py::arg("b"), py::arg("function"),
-           py::arg("program"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("lda"), py::arg("ldb"),
+           py::arg("program"), py::arg("n"), py::arg("k"), py::arg("lda"), py::arg("ldb"),
            py::arg("ldc"), py::arg("row_length"), py::arg("align"), py::arg("columns") = -1,
-           "Route calls of this signature to ``program(m, n, k, a_ptr, b_ptr, c, lda, ldb, ldc, bias_ptr)`` on a "
-           "new [m, row_length] c of ``columns`` (default n) columns; calls whose pointers are not "
+           "Route calls of this signature (any M of its bucket) to ``program(m, n, k, a_ptr, b_ptr, c, lda, ldb, "
+           "ldc, bias_ptr)`` on a new [m, row_length] c of ``columns`` (default n) columns; calls whose pointers are not "
            "``align``-byte aligned to ``function(a, b)``")
       .def("get", &DirectTable::get, py::arg("a"), py::arg("b"))
       .def("kind", &DirectTable::kind, py::arg("a"), py::arg("b"))
       .def("clear", &DirectTable::clear)
       .def("__len__", &DirectTable::size);
   m.def("route", &route, py::arg("table"), py::arg("fallback"), py::arg("linear_fallback"),
+        py::arg("miss") = py::none(),
         "Make matmul() and linear() read ``table`` (a DirectTable, or None for none) and hand every other call "
-        "to ``fallback`` (matmul's) or ``linear_fallback``");
+        "to ``fallback`` (matmul's) or ``linear_fallback``; an unseen matmul() call that the checks would pass "
+        "first to ``miss(a, b)``, and where that returns True, to at::mm (cuBLAS) at once");
   if (PyModule_AddFunctions(m.ptr(), entry_methods) != 0) throw py::error_already_set();
 }

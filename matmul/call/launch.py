@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import threading
 from typing import Callable, Optional
 
@@ -47,8 +48,13 @@ from ..contract import (
 from ..kernels import versions
 from ..kernels.variant import PLAIN, Variant, activate
 from . import native_entry, tilus_autotune
+from .background import Worker
 from .chooser import Chooser
 from .tuner import VENDOR, space_config
+
+log = logging.getLogger(__name__)
+
+PLANNER_LINGER_S = 5.0  # the planner's thread waits this long for the next unseen call before it ends
 
 
 def signature(a, b, out) -> tuple:
@@ -134,7 +140,7 @@ class SeriesPlan:
     def add_route(self, table, a, b) -> None:
         """Calls without ``out`` of the signature of ``a`` and ``b``: the native entry allocates the
         output and calls the program itself."""
-        args = (self.launch, self.m, self.n, self.k, self.lda, self.ldb, self.ldc, self.out_row, TMA_ALIGN_BYTES)
+        args = (self.launch, self.n, self.k, self.lda, self.ldb, self.ldc, self.out_row, TMA_ALIGN_BYTES)
         table.put_launch(a, b, self.__call__, *args, columns=self.columns)
 
     def __call__(self, a, b, out=None, bias=None):
@@ -185,8 +191,37 @@ class Plans:
         self.direct = native_entry.new_table()
         self.lock = threading.Lock()
         self.generation = 0  # counts ``forget``: a plan derived in an earlier generation is not kept
+        # unseen calls that the native entry ran with cuBLAS, their plans derived on this thread
+        self.planner = Worker("matmul-planner", self._derive_deferred, linger_s=PLANNER_LINGER_S)
+        self.refused: set[tuple] = set()  # signatures whose deferred derivation failed: the Python path names why
         if chooser is not None:
             chooser.on_change(self.forget)
+
+    def defer(self, a, b) -> bool:
+        """The native entry's miss hook (``entry.cpp``): take the plan of an unseen call ``a @ b``
+        (one the checks pass as it is) for the planner's thread, and return True, so that this call
+        runs cuBLAS at once; or False, so that it takes the Python path now: with no chooser, in
+        ``MATMUL_TUNE=blocking`` (the caller asked to wait for the choice), inside a CUDA graph
+        capture (nothing may start there), or where a plan or a failed derivation exists already."""
+        if self.chooser is None or self.chooser.mode == "blocking":
+            return False
+        if a.is_cuda and torch.cuda.is_current_stream_capturing():
+            return False
+        key = signature(a, b, None)
+        if key in self.plans or key in self.refused:
+            return False
+        self.planner.submit(key, (a, b))
+        return True
+
+    def _derive_deferred(self, group, payloads) -> None:
+        for a, b in payloads:
+            key = signature(a, b, None)
+            try:
+                if key not in self.plans:
+                    self.derive(a, b, None, key)
+            except Exception as e:  # later calls of the signature take the Python path, which says what failed
+                self.refused.add(key)
+                log.warning("matmul(): no plan for %s @ %s (%s: %s)", list(a.shape), list(b.shape), type(e).__name__, e)
 
     def forget(self) -> None:
         """Drop every plan and every route of the native entry (from any thread: the entry reads

@@ -308,11 +308,13 @@ def gpu_worker(
     device: torch.device,
     variant: Variant = PLAIN,
     probe: Optional[HostProbe] = None,
+    configs: Optional[dict] = None,
 ):
     """The candidates' preparation and timer on the GPU, on fresh random operands of the shape and
     ``variant``. cuBLAS's candidate is torch.matmul followed by the variant's epilogue in torch (what
-    a model runs today); a version's is its kernel built for the variant. Host times (``probe``)
-    only for the plain variant, through ``matmul()``."""
+    a model runs today); a version's is its kernel built for the variant, autotuned by tilus over
+    its space, or with the configuration ``configs`` names for it (a narrowed tuning: the chooser's
+    ``narrowed``). Host times (``probe``) only for the plain variant, through ``matmul()``."""
     if variant.batched:  # a batch of products: its own operands and launch
         from .batched import gpu_worker as batched_worker
 
@@ -338,10 +340,12 @@ def gpu_worker(
             host = host_timer(probe, None, a, b, out, vendor_ms)
             return Candidate(version, {}, relative_error(out, ref), vendor, vendor, vendor_ms, host)
         module = versions.load(arch, version)
-        tuned = versions.kernel(module, dtype, None, variant)
-        tilus_autotune.prepare(tuned, args)
-        tuned(*args)  # tilus tunes its space for this shape bucket, or reads its stored choice
-        config = tilus_autotune.tuned_config(tuned, args)
+        config = space_config(module, (configs or {}).get(version))
+        if config is None:
+            tuned = versions.kernel(module, dtype, None, variant)
+            tilus_autotune.prepare(tuned, args)
+            tuned(*args)  # tilus tunes its space for this shape bucket, or reads its stored choice
+            config = tilus_autotune.tuned_config(tuned, args)
         fixed = versions.kernel(module, dtype, config, variant)
         tilus_autotune.prepare(fixed, args)
         out.fill_(float("nan"))
@@ -413,6 +417,8 @@ def child_main(request: dict, probe: Optional[HostProbe] = None) -> None:
         extra = {} if variant == PLAIN else {"variant": variant}  # a worker may know only the plain call
         if probe is not None and "probe" in inspect.signature(worker).parameters:
             extra["probe"] = probe
+        if job.get("configs") and "configs" in inspect.signature(worker).parameters:
+            extra["configs"] = job["configs"]
         prepare_here, timer = worker(request["arch"], dtype, m, n, k, device, **extra)
 
         def prepare(version, prepare_here=prepare_here, key=job["key"]):
@@ -428,6 +434,8 @@ def child_main(request: dict, probe: Optional[HostProbe] = None) -> None:
         entry = tune(
             request["arch"], dtype, prepare, timer, names=job["names"], label=job["key"], rejected=job.get("rejected")
         )
+        if job.get("narrowed_from"):
+            entry["narrowed_from"] = job["narrowed_from"]  # timed among the neighbour's close candidates only
         _report(key=job["key"], entry=entry)
 
 
