@@ -253,6 +253,30 @@ def test_matmul_past_2_to_the_31_elements(which):
     assert "v0" not in api.choice(a, b.T).get("candidates", {})
 
 
+DEFERRED_CHILD = """
+import torch
+import matmul
+from matmul.call import api
+from matmul.measure.correctness import TOLERANCE, random_operands, reference, relative_error
+a, w = random_operands(100, 384, 512, torch.float16)
+assert api._plans.direct.kind(a, w.T) is None
+c = matmul.matmul(a, w.T)  # unseen: cuBLAS at once, its plan left to the planner's thread
+assert relative_error(c, reference(a, w)) <= TOLERANCE[torch.float16]
+assert api._plans.planner.wait(60)
+kind = api._plans.direct.kind(a, w.T)
+a2 = random_operands(97, 384, 512, torch.float16)[0]  # M = 97 and 100 share the bucket of 128
+assert kind is not None and api._plans.direct.kind(a2, w.T) == kind, kind
+assert relative_error(matmul.matmul(a2, w.T), reference(a2, w)) <= TOLERANCE[torch.float16]
+print("route", kind)
+"""
+
+
+def test_an_unseen_call_runs_cublas_at_once_and_its_bucket_gets_a_native_route(tmp_path):
+    env = dict(os.environ, MATMUL_CACHE_DIR=str(tmp_path), MATMUL_TUNE="off")
+    done = subprocess.run([sys.executable, "-c", DEFERRED_CHILD], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "route" in done.stdout, done.stderr[-3000:]
+
+
 def test_a_candidate_that_faults_while_tuning_leaves_this_process_usable():
     m, n, k = LARGE["A"]  # V0 addresses A with int32 offsets: past 2^31 elements it faults
     job = {"key": f"{ARCH}/fault test/float16/{m}x{n}x{k}", "m": m, "n": n, "k": k, "names": ["v0", tuner.VENDOR]}
