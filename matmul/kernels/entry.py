@@ -155,8 +155,9 @@ class MatmulKernel(tilus.Script):
         b [K, N] ("kn") the tile is ``rows / 64`` (16-bit) boxes of b, [block_k, 64] each: a swizzled
         box is at most 128 bytes wide. Called by one whole warp. In a batched kernel (module doc)
         the boxes are [1, ...] boxes of matrix ``batch`` of the 3-D tensor map."""
-        batched = len(g_b.shape) == 3  # decided when the kernel is built
-        if self.b_layout == "kn" and batched:  # each box [1, block_k, 64]: a unit batch dimension in front
+        # batched or not is decided when the kernel is built: each condition below tests the shape
+        # itself (a local bool would become a device variable, and its branches would be built too)
+        if self.b_layout == "kn" and len(g_b.shape) == 3:  # each box [1, block_k, 64]: a unit batch dimension in front
             box = SWIZZLE_BYTES // self.dtype.nbytes
             unit_boxes = self.reshape_shared(s_b, [s_b.shape[0] // box, 1, box, s_b.shape[1]])
             for j in range(s_b.shape[0] // box):
@@ -180,7 +181,7 @@ class MatmulKernel(tilus.Script):
                     cta_group=cta_group,
                     multicast_mask=multicast_mask if multicast else None,
                 )
-        elif batched:
+        elif len(g_b.shape) == 3:
             self.tma.global_to_shared(
                 src=g_b,
                 dst=unit_batch(self, s_b),
