@@ -7,7 +7,7 @@ is timed as the caller waits for it, from the call to its result on the GPU (hos
 any wait, the kernel), and ``torch.matmul`` on the same operands right after (or before: the order
 alternates), so each call has its own ratio. The trace is then run again once the background
 tuning it started has finished. Also the first forward pass of ``model.Block`` through
-``matmul()`` against the same block through ``torch.matmul``.
+``matmul()`` against the same block through ``torch.matmul``, each in a new process.
 
 Run it as ``python -m matmul trace --out DIR`` (it starts its own child with an empty
 ``MATMUL_CACHE_DIR``).
@@ -65,6 +65,10 @@ def run_trace(trace, weights) -> list[dict]:
         x = torch.randn(m, k, device="cuda", dtype=w.dtype)
         ours = functools.partial(matmul.matmul, x, w.T)
         theirs = functools.partial(torch.matmul, x, w.T)
+        # the result's size is new to torch's caching allocator: the first of the two calls would
+        # pay its cudaMalloc (milliseconds at these sizes) and the second reuse the freed block
+        _ = torch.empty((m, n), device="cuda", dtype=w.dtype)
+        del _
         if i % 2 == 0:
             ours_ms, theirs_ms = _waited_ms(ours), _waited_ms(theirs)
         else:
@@ -102,22 +106,45 @@ def summary(rows: list[dict]) -> dict:
     }
 
 
-def first_block(dtype) -> dict:
-    """The first forward pass of ``model.Block`` at 1 x 128 tokens through matmul() and through
-    torch.matmul (each on its own first call), then a steady one of each."""
-    import matmul
+def first_block(dtype, through: str) -> dict:
+    """The first forward pass of ``model.Block`` at 1 x 128 tokens ``through`` "matmul" or "torch",
+    then a second one: each in a process of its own (``block_child``), since whichever ran first
+    in one process would load the kernels (cuBLAS's, attention's) that the other then finds."""
+    torch.manual_seed(SEED)
+    if through == "matmul":
+        import matmul
 
-    theirs_block = model_bench.Block(lambda x, w: torch.matmul(x, w.T), dtype=dtype)
-    ours_block = model_bench.Block(lambda x, w: matmul.matmul(x, w.T), dtype=dtype, weights=theirs_block.weights)
+        product = lambda x, w: matmul.matmul(x, w.T)  # noqa: E731
+    else:
+        product = lambda x, w: torch.matmul(x, w.T)  # noqa: E731
+    block = model_bench.Block(product, dtype=dtype)
     x = torch.randn(1, 128, 4096, device="cuda", dtype=dtype)
-    theirs_first = _waited_ms(lambda: theirs_block(x))
-    ours_first = _waited_ms(lambda: ours_block(x))
+    first = _waited_ms(lambda: block(x))
+    return {"first_ms": first, "second_ms": _waited_ms(lambda: block(x))}
+
+
+def block_child(through: str) -> int:
+    torch.matmul(torch.randn(8, 8, device="cuda"), torch.randn(8, 8, device="cuda"))  # CUDA and cuBLAS up
+    print(json.dumps(first_block(torch.float16, through)), flush=True)
+    return 0
+
+
+def blocks_first(env: dict) -> dict:
+    """``first_block`` through matmul() and through torch.matmul, each in a new process (``env``: an
+    empty cache directory), and their ratio."""
+    found = {}
+    for through in ("torch", "matmul"):
+        code = f"from matmul.harness import trace; raise SystemExit(trace.block_child({through!r}))"
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            return {"error": f"{through}: {done.stderr[-2000:]}"}
+        found[through] = json.loads(done.stdout.strip().splitlines()[-1])
     return {
-        "matmul_first_ms": ours_first,
-        "torch_first_ms": theirs_first,
-        "ratio": ours_first / theirs_first,
-        "matmul_steady_ms": _waited_ms(lambda: ours_block(x)),
-        "torch_steady_ms": _waited_ms(lambda: theirs_block(x)),
+        "matmul_first_ms": found["matmul"]["first_ms"],
+        "torch_first_ms": found["torch"]["first_ms"],
+        "ratio": found["matmul"]["first_ms"] / found["torch"]["first_ms"],
+        "matmul_second_ms": found["matmul"]["second_ms"],
+        "torch_second_ms": found["torch"]["second_ms"],
     }
 
 
@@ -135,7 +162,6 @@ def child(out: Path, calls: int, wait_s: float = 1800.0) -> int:
     }
     torch.matmul(torch.randn(8, 8, device="cuda"), torch.randn(8, 8, device="cuda"))  # CUDA and cuBLAS up
     results: dict = {"format": FORMAT, "gpu": torch.cuda.get_device_name(), "mode": api._chooser.mode}
-    results["block_first"] = first_block(torch.float16)
     begin = time.perf_counter()
     results["first"] = run_trace(trace, weights)
     results["first_summary"] = summary(results["first"])
@@ -146,7 +172,7 @@ def child(out: Path, calls: int, wait_s: float = 1800.0) -> int:
     results["again_summary"] = summary(results["again"])
     results["matmul_version"] = getattr(matmul, "__version__", None)
     out.write_text(json.dumps(results, indent=1))
-    for part in ("first_summary", "again_summary", "block_first"):
+    for part in ("first_summary", "again_summary"):
         print(part, json.dumps(results[part]), flush=True)
     return 0
 
@@ -154,6 +180,12 @@ def child(out: Path, calls: int, wait_s: float = 1800.0) -> int:
 def main(out_dir: Path, calls: int = CALLS, wait_s: float = 1800.0) -> int:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="matmul-block-") as cache:
+        env = dict(os.environ, MATMUL_CACHE_DIR=cache)
+        env.pop("TILUS_CACHE_DIR", None)
+        block = blocks_first(env)
+    (out_dir / "block_first.json").write_text(json.dumps(block, indent=1))
+    print("block_first", json.dumps(block), flush=True)
     with tempfile.TemporaryDirectory(prefix="matmul-trace-") as cache:
         env = dict(os.environ, MATMUL_CACHE_DIR=cache)
         env.pop("TILUS_CACHE_DIR", None)
