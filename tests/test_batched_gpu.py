@@ -33,7 +33,7 @@ def reference(a3, operand, b_layout):
 def check(out, ref):
     assert torch.isfinite(out).all(), "an element was never written (NaN poison) or overflowed"
     error = ((out.float() - ref).norm() / ref.norm()).item()
-    assert error < TOLERANCE, error
+    assert error <= TOLERANCE[out.dtype], error
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -90,7 +90,9 @@ def test_matmul_call_batched(dtype, layout, batches, monkeypatch):
     require_gpu(ARCH)
     chooser = FixedChooser()
     monkeypatch.setattr(api, "_chooser", chooser)
-    m, n, k = 150, 260, 200
+    # kn: b's rows must suit TMA (16 bytes: N a multiple of 8) for the kernel to read b in place; a
+    # ragged N there runs torch.matmul (below: the fallback). The direct tests above cover ragged N.
+    m, n, k = 150, 264 if layout == "kn" else 260, 200
     a = torch.randn(batches, m, k, device="cuda").to(dtype)
     if layout == "kn":
         b = torch.randn(batches, k, n, device="cuda").to(dtype)
