@@ -186,8 +186,9 @@ class Kernel(MatmulKernel):
         self.attrs.cluster_blocks = ctas
         self.attrs.warps = 4 * self.warpgroups + 1  # consumer warpgroups, then the producer warp
         rank: int32 = self.cluster.blockRank
-        k_rank: int32 = rank % self.split  # which K range of the tile this CTA sums
-        m_rank: int32 = rank // self.split  # which of the cluster's token tiles it computes
+        # one of split and multicast is 1 (the cluster is the other's CTAs): the rank is wholly one of the two
+        k_rank: int32 = rank if self.multicast == 1 else 0  # which K range of the tile this CTA sums
+        m_rank: int32 = rank if self.multicast > 1 else 0  # which of the cluster's token tiles it computes
         tile: int32 = self.blockIdx.x // ctas
         # the token tiles of one weight tile are neighbours in launch order: they run at the same
         # time, so the weight comes from HBM once and from L2 for the others, in every wave
