@@ -290,7 +290,9 @@ def trace_command(args) -> int:
 
     if versions.local_arch() is None:
         raise ValueError("the trace runs matmul() on a Hopper or Blackwell GPU; there is none here")
-    return trace.main(Path(args.out) if args.out else choice_cache_dir() / "trace", calls=args.calls, wait_s=args.wait_s)
+    return trace.main(
+        Path(args.out) if args.out else choice_cache_dir() / "trace", calls=args.calls, wait_s=args.wait_s
+    )
 
 
 def drop_in_command(args) -> int:
