@@ -220,11 +220,9 @@ class Chooser:
                     return arch, {**instant, "transient": True}
                 self.entries[memo] = (arch, instant)
                 if mode == "background":
-                    job = {"key": key, "m": m, "n": n, "k": k, "names": candidates(arch, m, n, k, variant)}
+                    job = tuning_job(key, arch, m, n, k, variant)
                     if instant.get("source") == "nearest":
                         job.update(narrowed(job["names"], instant))
-                    if variant != PLAIN:
-                        job["variant"] = variant.key()
                     self.tuner.submit(key, (memo, job), group=(arch, device, dtype))
                 return self.entries[memo]
         if capturing:
@@ -365,9 +363,7 @@ class Chooser:
                     changed |= self.entries.get(memo) != (arch, entry)  # an instant choice gives way
                     self.entries[memo] = (arch, entry)
                 elif key not in jobs:
-                    jobs[key] = {"key": key, "m": m, "n": n, "k": k, "names": candidates(arch, m, n, k, variant)}
-                    if variant != PLAIN:
-                        jobs[key]["variant"] = variant.key()
+                    jobs[key] = tuning_job(key, arch, m, n, k, variant)
                     memos[key] = memo
             if jobs and device.type == "cuda" and torch.cuda.is_current_stream_capturing():
                 raise NotTunedError(
@@ -452,6 +448,20 @@ class Chooser:
         else:
             self.ready.add(program)
         self._changed()
+
+
+BATCHED_WORKER = "matmul.call.batched:gpu_worker"  # measures a batch of products (the tuning child imports it)
+
+
+def tuning_job(key: str, arch: str, m: int, n: int, k: int, variant: Variant) -> dict:
+    """What the tuning child is asked for one bucket: the shape, the candidates, the variant's key
+    (other than the plain one), and for a batch of products the worker that measures one."""
+    job = {"key": key, "m": m, "n": n, "k": k, "names": candidates(arch, m, n, k, variant)}
+    if variant != PLAIN:
+        job["variant"] = variant.key()
+    if variant.batched:
+        job["worker"] = BATCHED_WORKER
+    return job
 
 
 def narrowed(names: list[str], neighbour: Entry) -> dict:

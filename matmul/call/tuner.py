@@ -315,10 +315,6 @@ def gpu_worker(
     a model runs today); a version's is its kernel built for the variant, autotuned by tilus over
     its space, or with the configuration ``configs`` names for it (a narrowed tuning: the chooser's
     ``narrowed``). Host times (``probe``) only for the plain variant, through ``matmul()``."""
-    if variant.batched:  # a batch of products: its own operands and launch
-        from .batched import gpu_worker as batched_worker
-
-        return batched_worker(arch, dtype, m, n, k, device, variant)
     a, b, operand, bias, ref = variant_operands(m, n, k, dtype, device, variant)
     out = poisoned_output(m, variant.out_columns(n), dtype, device=device)
     args = versions.launch_args(a, operand, out, bias, variant.b_layout)
@@ -405,13 +401,16 @@ def child_main(request: dict, probe: Optional[HostProbe] = None) -> None:
     """Tune each job of ``request`` and report its entry; on a fault that leaves the CUDA context
     unusable, report the candidate and exit (the parent starts a new child without it). ``probe``:
     what measures a candidate's host time through the public call (``child.host_probe``)."""
-    module_name, _, function = request.get("worker", "matmul.call.tuner:gpu_worker").partition(":")
-    worker = getattr(importlib.import_module(module_name), function)
+    default_worker = request.get("worker", "matmul.call.tuner:gpu_worker")
     device = torch.device(request["device"])
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dtype = DTYPE_NAMES[request["dtype"]]
     for job in request["jobs"]:
+        # a job may name its own worker: a batch of products is measured by the batched call's
+        # (``batched.gpu_worker``), named by the chooser, so that this module need not import it
+        module_name, _, function = job.get("worker", default_worker).partition(":")
+        worker = getattr(importlib.import_module(module_name), function)
         m, n, k = job["m"], job["n"], job["k"]
         variant = Variant.parse(job.get("variant", ""))
         extra = {} if variant == PLAIN else {"variant": variant}  # a worker may know only the plain call
