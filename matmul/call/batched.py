@@ -251,8 +251,7 @@ def gpu_worker(arch: str, dtype, m: int, n: int, k: int, device, variant: Varian
     import functools
 
     from ..measure.timing import median_ms
-    from . import tilus_autotune
-    from .tuner import VENDOR, Candidate, _gpu_timer
+    from .tuner import VENDOR, Candidate, _gpu_timer, tuned_kernel
 
     a, operand, ref = random_operands(variant.batches, m, n, k, dtype, device, variant.b_layout)
     torch_b = operand.transpose(1, 2) if variant.b_layout == "nk" else operand  # torch's b [B, K, N]
@@ -269,13 +268,7 @@ def gpu_worker(arch: str, dtype, m: int, n: int, k: int, device, variant: Varian
         if version == VENDOR:
             vendor()
             return Candidate(version, {}, batched_error(out, ref), vendor, vendor, vendor_ms, None)
-        module = versions.load(arch, version)
-        tuned = versions.kernel(module, dtype, None, variant)
-        tilus_autotune.prepare(tuned, args)
-        tuned(*args)  # tilus tunes its space for this shape bucket, or reads its stored choice
-        config = tilus_autotune.tuned_config(tuned, args)
-        fixed = versions.kernel(module, dtype, config, variant)
-        tilus_autotune.prepare(fixed, args)
+        config, fixed = tuned_kernel(versions.load(arch, version), dtype, variant, args)
         out.fill_(float("nan"))
         fixed(*args)
         error = batched_error(out, ref)

@@ -336,14 +336,7 @@ def gpu_worker(
             host = host_timer(probe, None, a, b, out, vendor_ms)
             return Candidate(version, {}, relative_error(out, ref), vendor, vendor, vendor_ms, host)
         module = versions.load(arch, version)
-        config = space_config(module, (configs or {}).get(version))
-        if config is None:
-            tuned = versions.kernel(module, dtype, None, variant)
-            tilus_autotune.prepare(tuned, args)
-            tuned(*args)  # tilus tunes its space for this shape bucket, or reads its stored choice
-            config = tilus_autotune.tuned_config(tuned, args)
-        fixed = versions.kernel(module, dtype, config, variant)
-        tilus_autotune.prepare(fixed, args)
+        config, fixed = tuned_kernel(module, dtype, variant, args, space_config(module, (configs or {}).get(version)))
         out.fill_(float("nan"))
         fixed(*args)
         error = relative_error(out, ref)
@@ -351,6 +344,20 @@ def gpu_worker(
         return Candidate(version, config, error, functools.partial(fixed, *args), vendor, vendor_ms, host)
 
     return prepare, _gpu_timer
+
+
+def tuned_kernel(module, dtype: torch.dtype, variant: Variant, args: tuple, config: Optional[dict] = None):
+    """The configuration and the kernel of a version for ``variant`` as a tuning candidate: with
+    ``config``, or else the point of its space that tilus's autotuner picks for the bucket of
+    ``args`` (or has stored for it); the kernel ready for its first call with ``args``."""
+    if config is None:
+        tuned = versions.kernel(module, dtype, None, variant)
+        tilus_autotune.prepare(tuned, args)
+        tuned(*args)  # tilus tunes its space for this shape bucket, or reads its stored choice
+        config = tilus_autotune.tuned_config(tuned, args)
+    fixed = versions.kernel(module, dtype, config, variant)
+    tilus_autotune.prepare(fixed, args)
+    return config, fixed
 
 
 HOST_BOUND_MS = 0.1  # kernels longer than cuBLAS's this: the host's time to issue a call cannot matter

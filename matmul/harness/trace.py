@@ -65,8 +65,8 @@ def run_trace(trace, weights) -> list[dict]:
         x = torch.randn(m, k, device="cuda", dtype=w.dtype)
         ours = functools.partial(matmul.matmul, x, w.T)
         theirs = functools.partial(torch.matmul, x, w.T)
-        # the result's size is new to torch's caching allocator: the first of the two calls would
-        # pay its cudaMalloc (milliseconds at these sizes) and the second reuse the freed block
+        # the result's size may be new to torch's caching allocator: the first of the two calls
+        # would pay its cudaMalloc and the second reuse the freed block
         _ = torch.empty((m, n), device="cuda", dtype=w.dtype)
         del _
         if i % 2 == 0:
