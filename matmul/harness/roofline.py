@@ -25,8 +25,16 @@ kernel's time, both measured the same way in the same run:
   pair of events, no flush, host time included (the tilus launch as it is: one Python call of the
   compiled script per matmul).
 
+Hopper V8 (int4 weights, ``plots/h100/v8/``) gets rows of its own beside V7's: its time and
+cuBLAS's on the unquantized weight, from the results ``plots/h100/v8/bench_v8.py`` wrote (both
+timed in one window, L2 flushed by reading), against two floors at that run's copy bandwidth and
+empty kernel: its own (``quantized_bytes_floor``: the packed weight, its scales, the activations
+and the output) and the 16-bit one (``bytes_floor``), which no kernel reading a 16-bit weight can
+pass.
+
     python -m matmul.harness.roofline --out DIR [--dtypes float16,bfloat16] [--shapes decode]
     python -m matmul.harness.roofline --plot DIR/roofline.json   # table + figure (no GPU needed)
+    python -m matmul.harness.roofline --plot DIR/roofline.json --v8 V8DIR/bench.json   # and V8's rows
 """
 
 from __future__ import annotations
@@ -49,6 +57,8 @@ from ..measure.correctness import (
     relative_error,
 )
 from ..measure.timing import interleaved_ms
+from ..quant import FORMATS
+from ..quant.int4 import padded_rows
 from . import presets
 
 ARCH = "sm_90a"
@@ -61,6 +71,17 @@ BAR_TOKENS = (1, 16, 64, 128)
 def bytes_floor(m: int, n: int, k: int, itemsize: int) -> int:
     """The bytes a C = A @ B^T must move at least: read A and B once, write C once."""
     return (m * k + n * k + m * n) * itemsize
+
+
+def quantized_bytes_floor(m: int, n: int, k: int, itemsize: int, format: str = "int4") -> int:
+    """The bytes a C = A @ W^T with W in a ``matmul.quant`` format must move at least: the packed
+    weight as ``matmul.quantize`` stores it (rows padded to 64, ``bits`` a value), its scales (one
+    per row and group of K columns in the activations' dtype; fp8_e4m3: one float32 a row), A read
+    and C written in the activations' dtype (``itemsize`` bytes)."""
+    bits, group = FORMATS[format]
+    n_pad = padded_rows(n)
+    scales = n_pad * 4 if group is None else (k // group) * n_pad * itemsize
+    return n_pad * k * bits // 8 + scales + (m * k + m * n) * itemsize
 
 
 def copy_tb_per_s(nbytes: int, warmup_ms: float, repeat_ms: float, flush: str = "read") -> float:
@@ -353,6 +374,140 @@ def plot(results: dict, out_dir: Path) -> list[Path]:
     return paths
 
 
+# -- Hopper V8: int4 weights against their own floor and the 16-bit one ----------------------------
+
+V8_CONFIG_KEYS = ("block_m", "warpgroups", "split", "stages", "chunk")
+
+
+def quantized_rows(v8: dict, v7: dict | None = None, format: str = "int4") -> list[dict]:
+    """V8's rows from a results file of ``plots/h100/v8/bench_v8.py`` (``v8``): its time and
+    cuBLAS's on the unquantized weight (one window), with the two attainable floors at that run's
+    copy bandwidth and empty kernel: its own (``quantized_bytes_floor``) and the 16-bit one
+    (``bytes_floor``). ``v7``: a results file of this harness; where it has the same shape and
+    dtype, V7's time and share of its floor (measured in its own run) come along."""
+    floor = v8["floor"]
+
+    def attainable_us(nbytes: int) -> float:
+        return (nbytes / (floor["copy_tb_per_s"] * 1e12) + floor["empty_ms"] * 1e-3) * 1e6
+
+    v7_rows = {(r["dtype"], r["m"], r["n"], r["k"]): r for r in (v7 or {}).get("rows", []) if "v7_us" in r}
+    rows = []
+    for r in v8["rows"]:
+        key = (r["dtype"], r["m"], r["n"], r["k"])
+        same = v7_rows.get(key, {})
+        row = {"dtype": r["dtype"], "m": r["m"], "n": r["n"], "k": r["k"], "label": same.get("label", "")}
+        rows.append(row)
+        if r.get("failed") or "v8_us" not in r:
+            row["failed"] = True
+            continue
+        itemsize = DTYPES[r["dtype"]].itemsize
+        row["bytes"] = quantized_bytes_floor(r["m"], r["n"], r["k"], itemsize, format)
+        row["dense_bytes"] = bytes_floor(r["m"], r["n"], r["k"], itemsize)
+        row["attainable_us"] = attainable_us(row["bytes"])
+        row["dense_attainable_us"] = attainable_us(row["dense_bytes"])
+        row.update(v8_us=r["v8_us"], cublas_us=r["cublas_us"], config=r["config"])
+        row["v8_share"] = row["attainable_us"] / r["v8_us"]  # of its own floor
+        row["v8_over_dense_floor"] = row["dense_attainable_us"] / r["v8_us"]  # > 1: faster than 16 bits allow
+        row["cublas_share"] = row["dense_attainable_us"] / r["cublas_us"]
+        row["ratio"] = r["cublas_us"] / r["v8_us"]
+        if "v7_us" in same:
+            row.update(v7_us=same["v7_us"], v7_share=same["v7_share"], v8_over_v7=same["v7_us"] / r["v8_us"])
+    return rows
+
+
+def quantized_table(rows: list[dict], v8: dict, command: str = "") -> str:
+    """The Markdown section of V8's rows (``quantized_rows``), with the run's floor and a summary."""
+    floor = v8["floor"]
+    lines = [
+        "## Hopper V8: int4 weights (one scale per 128 along K)",
+        "",
+        f"{v8.get('device', 'GPU')}; V8's own run: copy bandwidth {floor['copy_tb_per_s']:.2f} TB/s (512 MiB, "
+        f"L2 flushed by reading), empty kernel {floor['empty_ms'] * 1e3:.1f} us; the floors below use them. "
+        "V8 and cuBLAS (on the unquantized 16-bit weight) timed in one window; V7 from the table above "
+        "(its own run).",
+        "",
+        "| dtype | M | N x K | V8 us | cuBLAS us | V8 floor us | 16-bit floor us | V8 % of its floor "
+        "| 16-bit floor / V8 | cuBLAS % 16-bit floor | V8 / cuBLAS | V7 us | V8 / V7 | V8 config |",
+        "|" + " --- |" * 14,
+    ]
+    for r in rows:
+        shape = f"{r['n']} x {r['k']}" + (f" ({r['label']})" if r["label"] and "x" not in r["label"] else "")
+        if r.get("failed"):
+            lines.append(f"| {r['dtype']} | {r['m']} | {shape} | FAILED |" + " |" * 10)
+            continue
+        v7 = f"{r['v7_us']:.1f} | {r['v8_over_v7']:.2f}" if "v7_us" in r else "- | -"
+        config = "/".join(str(r["config"][key]) for key in V8_CONFIG_KEYS if key in r["config"])
+        lines.append(
+            f"| {r['dtype']} | {r['m']} | {shape} | {r['v8_us']:.1f} | {r['cublas_us']:.1f} "
+            f"| {r['attainable_us']:.1f} | {r['dense_attainable_us']:.1f} | {100 * r['v8_share']:.0f}% "
+            f"| {r['v8_over_dense_floor']:.2f} | {100 * r['cublas_share']:.0f}% | {r['ratio']:.2f} | {v7} | {config} |"
+        )
+    lines += [
+        "",
+        "V8 floor: (packed int4 weight + scales + activations + output) bytes at the copy bandwidth, plus the "
+        "empty kernel; 16-bit floor: the same with the 16-bit weight (what bounds cuBLAS and V7). "
+        "16-bit floor / V8 above 1: V8 is faster than any kernel that reads the 16-bit weight could be. "
+        "V8 config: tokens per tile / warpgroups / split (CTAs of a cluster) / stages / K columns a wgmma group.",
+    ]
+    for dtype in sorted({r["dtype"] for r in rows}):
+        done = [r for r in rows if r["dtype"] == dtype and not r.get("failed")]
+        if not done:
+            continue
+        lines.append(
+            f"{dtype}: geomean V8 / cuBLAS {geomean(r['ratio'] for r in done):.2f}x over {len(done)} shapes; "
+            f"V8 at {100 * min(r['v8_share'] for r in done):.0f}-{100 * max(r['v8_share'] for r in done):.0f}% "
+            f"of its floor and {min(r['v8_over_dense_floor'] for r in done):.2f}-"
+            f"{max(r['v8_over_dense_floor'] for r in done):.2f}x the 16-bit floor's speed"
+        )
+    if command:
+        lines += ["", f"Made by `{command}` (V8's run: `plots/h100/v8/COMMAND.md`)."]
+    return "\n".join(lines)
+
+
+def plot_quantized(rows: list[dict], device: str, out_dir: Path) -> list[Path]:
+    """Speed against the 16-bit attainable floor (floor / time) of cuBLAS, V7 and V8 per shape,
+    with V8's own floor marked: one panel per dtype. Above 100%, a kernel beats every kernel that
+    reads the 16-bit weight."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dtypes = sorted({r["dtype"] for r in rows if not r.get("failed")})
+    fig, axes = plt.subplots(len(dtypes), 1, figsize=(11, 4.2 * len(dtypes)), squeeze=False)
+    for ax, dtype in zip(axes[:, 0], dtypes):
+        done = [r for r in rows if r["dtype"] == dtype and not r.get("failed")]
+        x = list(range(len(done)))
+        ax.bar([i - 0.27 for i in x], [100 * r["cublas_share"] for r in done], 0.27, label="cuBLAS (16-bit weight)",
+               color="#999999")  # fmt: skip
+        ax.bar([i for i in x], [100 * r.get("v7_share", float("nan")) for r in done], 0.27,
+               label="V7 (16-bit weight, its own run)", color="#1f77b4")  # fmt: skip
+        ax.bar([i + 0.27 for i in x], [100 * r["v8_over_dense_floor"] for r in done], 0.27, label="V8 (int4 weight)",
+               color="#d62728")  # fmt: skip
+        ceiling = [100 * r["dense_attainable_us"] / r["attainable_us"] for r in done]
+        ax.scatter([i + 0.27 for i in x], ceiling, marker="_", s=300, color="black", label="V8's own floor")
+        for i, r in zip(x, done):
+            ax.text(i + 0.27, 100 * r["v8_over_dense_floor"] + 4, f"{r['ratio']:.2f}x", ha="center", fontsize=7)
+        ax.axhline(100, color="black", lw=0.8, ls="--", label="16-bit floor: no 16-bit kernel above it")
+        ax.set_xticks(x)
+        ax.set_xticklabels([f"{r['m']} x {r['n']}\nx {r['k']}" for r in done], fontsize=7)
+        ax.set_xlabel("M x N x K (M tokens, weight N x K)", fontsize=8)
+        ax.set_ylabel("16-bit attainable floor / time (%)")
+        ax.set_ylim(0, max(ceiling) * 1.12)
+        ax.set_title(
+            f"{device}, {dtype}: speed against the 16-bit floor (bytes / copy bandwidth + empty kernel), "
+            "L2 flushed by reading; labels: V8 / cuBLAS",
+            fontsize=9,
+        )
+        ax.legend(fontsize=7, loc="upper left", ncol=2)
+    fig.tight_layout()
+    paths = [out_dir / "roofline-v8-sm_90a.png", out_dir / "roofline-v8-sm_90a.svg"]
+    for path in paths:
+        fig.savefig(path, dpi=150)
+    plt.close(fig)
+    return paths
+
+
 def run(args) -> dict:
     if versions.local_arch() != ARCH:
         raise SystemExit(
@@ -401,6 +556,12 @@ def main(argv=None) -> None:
         help="V7 configurations to choose from instead of its space: block_m/warpgroups/split/stages,...",
     )
     parser.add_argument("--calls", type=int, default=200, help="launches between the back-to-back events")
+    parser.add_argument(
+        "--v8",
+        type=Path,
+        metavar="JSON",
+        help="add Hopper V8's rows from this results file of plots/h100/v8/bench_v8.py (its bench.json)",
+    )
     args = parser.parse_args(argv)
     if args.plot:
         results = json.loads(args.plot.read_text())
@@ -414,6 +575,13 @@ def main(argv=None) -> None:
         out_dir = args.out
         (out_dir / "roofline.json").write_text(json.dumps(results, indent=1))
     text = table(results)
+    if args.v8:
+        v8 = json.loads(args.v8.read_text())
+        rows = quantized_rows(v8, results)
+        source = args.plot or out_dir / "roofline.json"
+        command = f"python -m matmul.harness.roofline --plot {source} --v8 {args.v8}"
+        text += "\n\n" + quantized_table(rows, v8, command)
+        plot_quantized(rows, v8.get("device", "GPU"), out_dir)
     (out_dir / "roofline.md").write_text(text + "\n")
     print(text)
     plot(results, out_dir)
