@@ -83,7 +83,7 @@ def is_float16(dtype) -> bool:
 
 
 class Int6Widen(tilus.Class):
-    """Widen packed 6-bit tiles (``matmul.quant.int6``; compiled, never run on a GPU): a half tile's
+    """Widen packed 6-bit tiles (``matmul.quant.int6``): a half tile's
     32 values of a thread are 6 words (value l at bits 6 l ... 6 l + 5 of the 192), unsigned with the
     zero point 32, in the fragment order; tilus's uint6 -> float16 cast takes them two at a time."""
 

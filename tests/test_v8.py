@@ -1,7 +1,7 @@
 """Hopper V8 (int4 weights) without a GPU: the quantizer against plain torch, the packed layout
 against the kernel's reading of it (thread, word, nibble -> row, column), the errors, and the
-representative build with its PTX markers; the same for the fp8 e4m3 format, whose kernel path is
-only built."""
+representative build with its PTX markers; the same for the fp8 e4m3 and int6 formats; the widening
+kernel (``matmul.quant.widen``) built for sm_90a (tests/test_v8_gpu.py runs all of them)."""
 
 import re
 
@@ -13,7 +13,8 @@ from conftest import representative_build
 import matmul
 from matmul import MatmulInputError, build
 from matmul.kernels import versions
-from matmul.quant import fp8, int4, int6
+from matmul.quant import fp8, int4, int6, widen
+from matmul.quant import linear as quant_linear
 from matmul.quant.linear import CONFIGS
 from matmul.tilus_fixes.wgmma_register_a import a_fragment
 
@@ -142,7 +143,7 @@ def test_representative_build_and_markers():
     assert ptx.count("wgmma.mma_async") == 8  # 8 K steps of 16: one 128-column group a K block
 
 
-# --- fp8 e4m3 with per-row scales: quantizer, layout and build (the kernel path never ran on a GPU) ---
+# --- fp8 e4m3 with per-row scales: quantizer, layout and build (run: tests/test_v8_gpu.py) ---
 
 
 def plain_fp8(w):
@@ -210,7 +211,7 @@ def test_fp8_path_builds(dtype):
     assert re.search(r"m64n16k16\.f32\.\w+\.\w+ \{[^}]*\}, \{%r\d+, %r\d+, %r\d+, %r\d+\}, %rd\d+", ptx)
 
 
-# --- int6 (an odd width), group scales as int4's: quantizer, layout and build (never ran on a GPU) ---
+# --- int6 (an odd width), group scales as int4's: quantizer, layout and build (run: tests/test_v8_gpu.py) ---
 
 
 def kernel_reads_int6(words, n_pad, k):
@@ -252,3 +253,40 @@ def test_int6_path_builds(dtype):
     assert result.ok, result.error[-3000:]
     assert result.spill_bytes == 0
     assert result.ptx().count("wgmma.mma_async") == 8
+
+
+# --- the widening kernel (matmul.quant.widen): built for sm_90a here, checked bit for bit on the GPU ---
+
+
+@pytest.mark.parametrize(
+    "weight, dtype",
+    [
+        ("int4", tilus.float16),
+        pytest.param("int4", tilus.bfloat16, marks=pytest.mark.full_space),
+        pytest.param("int6", tilus.float16, marks=pytest.mark.full_space),
+        pytest.param("int6", tilus.bfloat16, marks=pytest.mark.full_space),
+        pytest.param("fp8_e4m3", tilus.float16, marks=pytest.mark.full_space),
+        pytest.param("fp8_e4m3", tilus.bfloat16, marks=pytest.mark.full_space),
+    ],
+    ids=str,
+)
+def test_widening_kernel_builds(weight, dtype):
+    result = build.build_script(widen.WidenKernel, "sm_90a", {"dtype": dtype, "weight": weight}, version="widen")
+    assert result.ok, result.error[-3000:]
+    assert result.spill_bytes == 0 and result.threads == 128
+    assert result.shared_bytes == 64 * 128 * 2  # a staging buffer per part: the tile's 16 KiB
+    ptx = result.ptx()
+    # a thread's words of a part come in vector loads (16 bytes; int6's 24 in 8-byte pieces), never
+    # word by word; the tile is written by TMA stores of the staged parts, never by st.global
+    assert re.search(r"ld\.global\.nc\.v[24]\.u32", ptx) and not re.search(r"ld\.global\.nc\.[us]32", ptx)
+    assert "cp.async.bulk.tensor.2d.global.shared::cta" in ptx and "stmatrix" in ptx
+    assert "st.global" not in ptx
+
+
+def test_widening_falls_back_to_torch_without_a_gpu():
+    qw = matmul.quantize(weight(100, 256))
+    assert not quant_linear.widens_on_device(qw)
+    assert torch.equal(quant_linear.widen(qw), qw.dequantize())
+    assert quant_linear.kernel_config("fp8_e4m3", {"chunk": 64})["chunk"] == 32
+    assert quant_linear.kernel_config("int6", {"chunk": 32})["chunk"] == 64
+    assert quant_linear.kernel_config("int4", {"chunk": 32})["chunk"] == 32

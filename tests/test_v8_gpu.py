@@ -1,11 +1,14 @@
-"""Hopper V8 (int4 weights) computes C = A @ dequantize(W)^T right on ragged shapes, in every
-configuration, and the call ``matmul.matmul(x, qw.T)`` takes it (or widens the weight for cuBLAS).
+"""Hopper V8 computes C = A @ dequantize(W)^T right on ragged shapes (int4: in every configuration;
+fp8_e4m3 and int6: in two, which the call's configurations share), the call ``matmul.matmul(x,
+qw.T)`` takes it (or widens the weight for cuBLAS), and the widening kernel (``matmul.quant.widen``)
+gives ``qw.dequantize()`` bit for bit.
 
 Fresh random operands for each call, the output poisoned with NaN before the call, M in {1, 3, 17,
 100, 255}, N a multiple of no tile, K a multiple of the group (128) but of no split (K = 128 is a
 single K block: the other CTA of a cluster reads only zeros past K), both dtypes, compared with a
 float32 reference computed from ``qw.dequantize()``. Planted bugs (the nibbles of the wrong rows,
-the scales of the wrong group) are shown caught by the same check.
+the scales of the wrong group; fp8: each row's scale taken from the next row; int6: the bits of each
+6-bit value in the wrong order) are shown caught by the same check.
 """
 
 import dataclasses
@@ -17,8 +20,9 @@ from conftest import gpu_arch
 import matmul
 from matmul.kernels import versions
 from matmul.measure.correctness import TOLERANCE, poisoned_output, relative_error
-from matmul.quant import int4
+from matmul.quant import int4, int6
 from matmul.quant import linear as quant_linear
+from matmul.quant import widen as device_widen
 
 ARCH = "sm_90a"
 TOKENS = (1, 3, 17, 100, 255)
@@ -32,10 +36,17 @@ pytestmark = [
 ]
 
 
-def operands(m, n, k, dtype):
+# fp8_e4m3 and int6: two V8 configurations, one of them the call's up to 16 tokens (each costs a build
+# per dtype): 16 tokens a tile with one warpgroup, and 64 a tile with two (M = 100 and 255 span several)
+OTHER_FORMATS = ("fp8_e4m3", "int6")
+SMALL = quant_linear.config_for(1)
+WIDE = {"block_m": 64, "warpgroups": 2, "split": 2, "stages": 4, "chunk": 64}
+
+
+def operands(m, n, k, dtype, format="int4"):
     x = torch.empty(m, k, dtype=dtype, device="cuda").uniform_(-1, 1)
     w = torch.empty(n, k, dtype=dtype, device="cuda").normal_(0, 0.05)
-    return x, matmul.quantize(w)
+    return x, matmul.quantize(w, format=format)
 
 
 def reference(x, qw):
@@ -70,15 +81,28 @@ def test_every_configuration(config, dtype):
             assert error <= TOLERANCE[dtype], f"V8 {config} {m}x{n}x{k} {dtype}: relative error {error:.3g}"
 
 
+@pytest.mark.parametrize("format", OTHER_FORMATS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_the_call(dtype):
-    for m in (1, 16, 300):  # V8 up to 256 tokens, the widened weight and cuBLAS above
-        x, qw = operands(m, 1000, 1024, dtype)
+def test_other_formats_ragged_shapes(format, dtype):
+    for m in TOKENS:
+        config = SMALL if m <= 16 else WIDE
+        for n, k in WEIGHTS:
+            x, qw = operands(m, n, k, dtype, format)
+            error = v8_error(x, qw, config)
+            assert error <= TOLERANCE[dtype], f"V8 {format} {config} {m}x{n}x{k} {dtype}: relative error {error:.3g}"
+
+
+@pytest.mark.parametrize("format", ["int4", *OTHER_FORMATS])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_call(format, dtype):
+    for m in (1, 16, 300):  # V8 up to 256 tokens, the weight widened on the GPU and cuBLAS above
+        x, qw = operands(m, 1000, 1024, dtype, format)
+        assert quant_linear.uses_v8(m, qw) == (m <= quant_linear.V8_MAX_M)
         ref = reference(x, qw)
         for y in (matmul.matmul(x, qw.T), matmul.linear(x, qw)):
             assert y.shape == (m, 1000) and y.dtype == dtype
             assert relative_error(y, ref) <= TOLERANCE[dtype]
-    x, qw = operands(16, 1000, 1024, dtype)
+    x, qw = operands(16, 1000, 1024, dtype, format)
     x3 = x.view(2, 8, 1024)
     bias = torch.randn(1000, dtype=dtype, device="cuda")
     y = matmul.linear(x3, qw, bias, "silu")
@@ -97,14 +121,48 @@ def planted(qw, bug):
         return dataclasses.replace(qw, packed=int4.pack(swapped)[: qw.packed.shape[0]])
     if bug == "scale group":  # each group's scales taken from the next group
         return dataclasses.replace(qw, scales=qw.scales.roll(1, dims=0).contiguous())
+    if bug == "row scale":  # fp8: each row's scale taken from the next row
+        return dataclasses.replace(qw, scales=qw.scales.roll(-1, dims=0).contiguous())
+    if bug == "bit order":  # int6: each value's 6 bits read from the other end
+        u = (qw.q().to(torch.int64) - int6.QMIN).cpu()
+        reversed_bits = sum(((u >> b) & 1) << (int6.BITS - 1 - b) for b in range(int6.BITS))
+        q = (reversed_bits + int6.QMIN).to(torch.int8).to(qw.device)
+        return dataclasses.replace(qw, packed=int6.pack(q))
     raise ValueError(bug)
 
 
-@pytest.mark.parametrize("bug", ["nibble order", "scale group"])
+BUGS = {"nibble order": "int4", "scale group": "int4", "row scale": "fp8_e4m3", "bit order": "int6"}
+
+
+@pytest.mark.parametrize("bug", list(BUGS))
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_planted_bugs_are_caught(bug, dtype):
-    x, qw = operands(16, 1000, 1024, dtype)
+    x, qw = operands(16, 1000, 1024, dtype, BUGS[bug])
     ref = reference(x, qw)
     assert v8_error(x, qw, ref=ref) <= TOLERANCE[dtype]
     error = v8_error(x, planted(qw, bug), ref=ref)
     assert error > TOLERANCE[dtype], f"planted {bug}: relative error {error:.3g} passes"
+
+
+# --- the widening kernel: dequantize() bit for bit, nothing written past N ---
+
+
+@pytest.mark.parametrize("format", ["int4", *OTHER_FORMATS])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_widening_is_dequantize(format, dtype):
+    for n, k in WEIGHTS:
+        _, qw = operands(1, n, k, dtype, format)
+        # rows past N of the buffer stay NaN: the kernel writes [N, K] and no padding row
+        buffer = torch.full((n + 64, k), float("nan"), dtype=dtype, device="cuda")
+        widened = device_widen.widen(qw, out=buffer[:n])
+        expected = qw.dequantize()
+        assert torch.equal(widened.view(torch.int16), expected.view(torch.int16)), f"{format} {n}x{k} {dtype}"
+        assert buffer[n:].isnan().all()
+        assert quant_linear.widens_on_device(qw)  # the call's path above 256 tokens is this kernel
+
+
+@pytest.mark.parametrize("bug", ["scale group", "row scale", "bit order"])
+def test_widening_planted_bugs_are_caught(bug):
+    _, qw = operands(1, 1000, 1024, torch.float16, BUGS[bug])
+    assert torch.equal(device_widen.widen(qw), qw.dequantize())
+    assert not torch.equal(device_widen.widen(planted(qw, bug)), qw.dequantize()), f"planted {bug} passes"

@@ -6,13 +6,15 @@ group, the scales, the original shape and dtype, the packed words in the layout 
 (``matmul.quant.int4``), and ``dequantize()``, the float16/bfloat16 weight it stands for.
 ``format="int6"`` (``matmul.quant.int6``): 6-bit values, one scale per 128 columns, as int4's;
 ``format="fp8_e4m3"`` (``matmul.quant.fp8``): float8 e4m3 values with one float32 scale per row
-(the group is the whole row). V8 has paths for both that are compiled but were never run on a GPU,
-so the call widens those weights for cuBLAS at every M.
+(the group is the whole row). V8 reads all three formats (``tests/test_v8_gpu.py`` checks each on
+the H100).
 
-The call (``matmul.quant.linear``): up to ``V8_MAX_M`` tokens on a Hopper GPU, V8 (the int4 skinny
-GEMM, ``matmul/kernels/hopper/v8.py``); above that, or elsewhere, the weight is widened to its
-16-bit dtype once per call (``dequantize``) and multiplied by cuBLAS (``torch.matmul``): at that
-size the product is compute-bound and the widening is a small part of it.
+The call (``matmul.quant.linear``): up to ``V8_MAX_M`` tokens on a Hopper GPU, V8 (the skinny GEMM
+that widens the weight on chip, ``matmul/kernels/hopper/v8.py``); above that the weight is widened
+to its 16-bit dtype once per call (on a Hopper GPU by one bandwidth-bound kernel,
+``matmul.quant.widen``, elsewhere by ``dequantize``) and multiplied by cuBLAS (``torch.matmul``):
+``matmul.quant.widen`` says from how many tokens that comes within 0.9x of cuBLAS on the
+unquantized weight.
 """
 
 from __future__ import annotations

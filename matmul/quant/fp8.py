@@ -1,6 +1,6 @@
 """The fp8 e4m3 format: weights in float8 e4m3 with one float32 scale per row (per output channel),
-and the packed layout Hopper V8's fp8 path reads (``V8 Kernel(weight="fp8_e4m3")``: compiled,
-never run on a GPU).
+and the packed layout Hopper V8's fp8 path reads (``V8 Kernel(weight="fp8_e4m3")``) and the
+widening kernel (``matmul.quant.widen``) reads.
 
 Quantization: per row, ``scale = absmax / 448`` (the largest e4m3 value; 1 for a zero row) and
 ``q = e4m3(w / scale)`` (round to nearest). The weight it stands for is ``q * scale`` rounded to

@@ -1,6 +1,6 @@
 """The int6 format (an odd width): signed 6-bit weights with one scale per group of 128 along K, and
-the packed layout Hopper V8's int6 path reads (``Kernel(weight="int6")``: compiled, never run on a
-GPU).
+the packed layout Hopper V8's int6 path (``Kernel(weight="int6")``) and the widening kernel
+(``matmul.quant.widen``) read.
 
 Quantization as ``int4``'s with 6 bits: ``scale = absmax / 31`` (rounded to the weight's dtype, 1
 for a zero group), ``q = round(w / scale)`` clamped to -32..31, stored as ``u = q + 32`` (0..63),

@@ -1,10 +1,11 @@
 """``x @ qw.T`` for a ``QuantizedWeight``: Hopper V8 up to ``V8_MAX_M`` tokens, else the weight
-widened once per call and cuBLAS (``matmul.quant``'s module doc).
+widened once per call (on a Hopper GPU by ``matmul.quant.widen``'s kernel, elsewhere by torch) and
+cuBLAS (``matmul.quant``'s module doc).
 
 V8's configuration is picked by token count from what was fastest on the H100 over the bench's
 weights (``plots/h100/v8/``), not tuned per call: the tuner and its cache belong to
 ``matmul.call``. Up to 256 tokens V8 was faster than the widened path on every weight measured
-there (the widening, ``QuantizedWeight.dequantize`` in torch, costs more than the product).
+there (the widening costs more than the product: ``matmul.quant.widen`` says when widen-once pays).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from ..contract import MatmulInputError
 from ..kernels import versions
 from ..kernels.variant import torch_epilogue
 from . import QuantizedWeight, TransposedWeight
+from . import widen as device_widen
 
 V8_MAX_M = 256
 ARCH = "sm_90a"
@@ -38,11 +40,17 @@ def config_for(m: int) -> dict:
     return next(dict(config) for limit, config in CONFIGS if m <= limit)
 
 
+def kernel_config(weight_format: str, config: dict) -> dict:
+    """``config`` as the kernel builds it for the format: fp8 widens 32 K columns a wgmma group and
+    int6 64 whatever ``chunk`` says, so one build serves both values."""
+    fixed = {"fp8_e4m3": 32, "int6": 64}.get(weight_format)
+    return config if fixed is None else {**config, "chunk": fixed}
+
+
 def uses_v8(m: int, weight: QuantizedWeight) -> bool:
     """Whether ``x @ qw.T`` with M tokens runs V8 here (else: widened once, then cuBLAS)."""
     return (
-        weight.format == "int4"
-        and m <= V8_MAX_M
+        m <= V8_MAX_M
         and weight.device.type == "cuda"
         and versions.local_arch() == ARCH
         and v8_module().supports(m, weight.shape[0], weight.shape[1])
@@ -54,10 +62,10 @@ def v8(x: torch.Tensor, weight: QuantizedWeight, out: torch.Tensor, config: Opti
     m, k = x.shape
     n = weight.shape[0]
     module = v8_module()
-    config = config or config_for(m)
+    config = kernel_config(weight.format, config or config_for(m))
     if weight.format == "int4":
         script = versions.kernel(module, x.dtype, config)
-    else:  # fp8_e4m3: V8's compiled-only path, launched only when asked for (uses_v8 is False)
+    else:
         cls = versions._fixed_kernel_class(module.Kernel, tuple(sorted(config.items())))
         script = cls(dtype=versions.TILUS_DTYPES[x.dtype], weight=weight.format)
     with torch.cuda.device(x.device):
@@ -65,9 +73,20 @@ def v8(x: torch.Tensor, weight: QuantizedWeight, out: torch.Tensor, config: Opti
     return out
 
 
+def widens_on_device(weight: QuantizedWeight) -> bool:
+    """Whether the widening kernel (``matmul.quant.widen``) widens this weight here, else torch."""
+    n, k = weight.shape
+    return weight.device.type == "cuda" and versions.local_arch() == ARCH and n * k <= device_widen.MAX_ELEMENTS
+
+
+def widen(weight: QuantizedWeight) -> torch.Tensor:
+    """The 16-bit [N, K] weight, ``weight.dequantize()`` bit for bit."""
+    return device_widen.widen(weight) if widens_on_device(weight) else weight.dequantize()
+
+
 def widened(x: torch.Tensor, weight: QuantizedWeight, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The weight widened to 16 bits once, then cuBLAS: x [M, K] @ w.T."""
-    return torch.matmul(x, weight.dequantize().T, out=out)
+    return torch.matmul(x, widen(weight).T, out=out)
 
 
 def linear(

@@ -32,7 +32,7 @@ bfloat16 the same with 0x4300, ``matmul.tilus_fixes.int4_bf16_cast``), and
 multiplies by the row's scale: the widened value is the one ``QuantizedWeight.dequantize()``
 gives, exactly (one rounding of ``q * scale`` in the 16-bit dtype).
 
-Other widths, built but never run on a GPU: int6 (``Kernel(weight="int6")``,
+Other widths (checked on the H100 as int4 is, ``tests/test_v8_gpu.py``): int6 (``Kernel(weight="int6")``,
 ``matmul.quant.int6``), int4's group scales with 6-bit values, a 6 KiB tile
 ``[half][thread][word j < 6]`` (one TMA box [32, 48]) widened by tilus's unsigned 6-bit cast,
 minus the zero point 32; and fp8 e4m3 (``Kernel(weight="fp8_e4m3")``, ``matmul.quant.fp8``): an
@@ -180,7 +180,7 @@ class Kernel(MatmulKernel):
             raise ValueError(f"{64 * warpgroups} weight rows do not cut into {split} slices of a multiple of 8")
         if b_layout != "nk" or bias or activation:
             raise ValueError("V8 reads its packed weight in one layout, with a plain epilogue")
-        # the format: "int4" (group scales); compiled only: "int6" (group scales), "fp8_e4m3" (row scales)
+        # the format: "int4" or "int6" (group scales), "fp8_e4m3" (row scales)
         self.weight = weight
         if weight not in WEIGHT_ROWS:
             raise ValueError(f"weight format {weight!r}: one of {', '.join(WEIGHT_ROWS)}")
@@ -386,7 +386,7 @@ class Kernel(MatmulKernel):
         reduce: ClusterSplitKReduce,
         count: int32,
     ):
-        """``consumer`` for fp8 e4m3 weights (compiled, never run on a GPU): a packed tile is
+        """``consumer`` for fp8 e4m3 weights: a packed tile is
         ``[part p < 4][thread t][word j < 4]`` (the fragment values of K steps 2 p, 2 p + 1, one byte
         each), each part widened by tilus's fp8 cast and issued as a wgmma group; the per-row scale
         multiplies the float32 partial tile once, after the last K block."""
@@ -428,7 +428,7 @@ class Kernel(MatmulKernel):
         reduce: ClusterSplitKReduce,
         count: int32,
     ):
-        """``consumer`` for 6-bit weights (compiled, never run on a GPU): a packed tile is
+        """``consumer`` for 6-bit weights: a packed tile is
         ``[half h][thread t][word j < 6]`` (``matmul.quant.int6``), each half widened and issued as a
         wgmma group, the group scales as int4's."""
         with self.warp_group(warp_begin=4 * wg, num_warps=4):

@@ -1,50 +1,96 @@
-"""Hopper V8 (int4 weights, group 128) on the H100 against cuBLAS fp16/bf16 on the unquantized
-weight, the widened-weight path (dequantize + cuBLAS), torch's own int4 kernel
-(``torch._weight_int4pack_mm``, bf16) and V8's own attainable floor.
+"""Low-precision weights on the H100: the call ``matmul.linear(x, qw)`` for every format (int4 with a
+scale per 128 columns, int6, fp8_e4m3; int4 with one scale per row is not a format of
+``matmul.quant`` and is listed as such), float16 and bfloat16 activations, M in {1, 16, 64, 128,
+256, 1024, 4096} tokens, on the weights 4096 x 4096, 6144 x 4096, 28672 x 4096 and 4096 x 14336.
 
-Floor: (packed weight + scales + activations + output) bytes at the copy bandwidth (512 MiB
-device-to-device copy, L2 flushed by reading) plus an empty kernel's time, as
-``matmul.harness.roofline`` measures both. Every V8 configuration worth timing at M is checked
-against a float32 reference from ``qw.dequantize()`` (output NaN-poisoned), timed in one window
-with cuBLAS (``timing.interleaved_ms``, L2 flushed by reading before each launch); the fastest is
-timed again in a longer window with cuBLAS, the widened path and torch's int4 kernel.
+Each row times the call as it runs (V8 in the call's configuration up to 256 tokens, above that the
+weight widened on the GPU by ``matmul.quant.widen`` then cuBLAS), after checking its output
+(NaN-poisoned) against a float32 reference from ``qw.dequantize()``, against:
 
-    python plots/h100/v8/bench_v8.py OUT_DIR     # bench.json, bench.md
+* cuBLAS fp16/bf16 (``torch.matmul``) on the unquantized weight, the issue's yardstick;
+* torch's int4 kernel (``torch._weight_int4pack_mm``, tinygemm; bfloat16 int4 only), fed the same
+  q and scales packed its way (q + 8 unsigned, zero 0);
+* the call's attainable floor: the larger of the memory floor (the bytes the format's call must
+  move: packed weight, scales, activations and output for V8; the widened weight's write and read
+  on top for widen + cuBLAS) at the copy bandwidth plus an empty kernel, and the compute floor
+  (2 M N K at cuBLAS's fp16 rate on 8192^3, both measured in the same run);
+* the widening kernel alone (rows above 256 tokens).
+
+Two timings of each: L2 flushed by reading before each launch (``timing.interleaved_ms``: a layer
+finds its weight in HBM), and back to back (the same call repeated, no flush: weights up to ~50 MB
+partly stay in L2, as in a micro-benchmark of one layer). Each row is written to ``bench.json`` as
+soon as it is measured, so a run cut short keeps what it measured; ``bench.md`` is the table.
+
+    python plots/h100/v8/bench_v8.py OUT_DIR [--formats int4,fp8_e4m3] [--dtypes bfloat16]
+        [--tokens 1,1024] [--shapes 4096x4096,28672x4096]
+
+All kernels it launches are built first, in parallel processes (``--no-prebuild`` skips that).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
 
 import matmul
-from matmul.harness import roofline
-from matmul.kernels import versions
 from matmul.measure.correctness import TOLERANCE, poisoned_output, relative_error
 from matmul.measure.timing import interleaved_ms
+from matmul.quant import FORMATS
 from matmul.quant import linear as quant_linear
+from matmul.quant import widen as device_widen
 
 WEIGHTS = ((4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336))
-TOKENS = (1, 16)
-FALLBACK_TOKENS = (64, 128, 256)  # V8 against the widened path where the call switches
+TOKENS = (1, 16, 64, 128, 256, 1024, 4096)
+# "int4_channel" (one scale per row) is named so that the table says it is not supported
+BENCH_FORMATS = ("int4", "int4_channel", "fp8_e4m3", "int6")
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+CONFIG_KEYS = ("block_m", "warpgroups", "split", "stages", "chunk")
+WINDOW = (20, 60)  # ms of warm-up and of timed turns a window: many short rows fit in one command
 
 
-def v8_bytes(m, n, k, itemsize=2):
-    n_pad = -(-n // 64) * 64
-    return n_pad * k // 2 + (k // 128) * n_pad * itemsize + m * k * itemsize + m * n * itemsize
+def weight_bytes(qw) -> int:
+    """The packed weight and its scales, as the kernels read them."""
+    return qw.packed.numel() * qw.packed.element_size() + qw.scales.numel() * qw.scales.element_size()
+
+
+def floor_us(m, n, k, qw, itemsize, floor) -> float:
+    """The call's attainable time (module doc): memory floor or compute floor, the larger."""
+    moved = weight_bytes(qw) + m * k * itemsize + m * n * itemsize
+    if not quant_linear.uses_v8(m, qw):
+        moved += 2 * n * k * itemsize  # the widened weight written, then read by cuBLAS
+    memory = moved / (floor["copy_tb_per_s"] * 1e12) * 1e6 + floor["empty_ms"] * 1e3
+    compute = 2 * m * n * k / (floor["cublas_tflops"] * 1e12) * 1e6
+    return max(memory, compute)
+
+
+def back_to_back_ms(fns, repeat: int = 20, rounds: int = 5) -> list[float]:
+    """Median over ``rounds`` of the mean time of ``repeat`` consecutive calls of each fn, no flush."""
+    times = [[] for _ in fns]
+    for fn in fns:
+        fn()
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(repeat):
+                fn()
+            end.record()
+            torch.cuda.synchronize()
+            times[i].append(start.elapsed_time(end) / repeat)
+    return [statistics.median(t) for t in times]
 
 
 def torch_int4(x, qw):
-    """torch's tinygemm int4 kernel with the same q and scales (bf16 only): q + 8 unsigned, zero 0."""
-    if x.dtype != torch.bfloat16 or not hasattr(torch, "_weight_int4pack_mm"):
+    """torch's tinygemm int4 kernel with the same q and scales (bf16, int4 only), or None."""
+    if x.dtype != torch.bfloat16 or qw.format != "int4" or not hasattr(torch, "_weight_int4pack_mm"):
         return None
     q = (qw.q().to(torch.int32) + 8).contiguous()
-    n, k = q.shape
     try:
         as_uint8 = (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8)
         packed = torch._convert_weight_to_int4pack(as_uint8, 8)
@@ -54,150 +100,197 @@ def torch_int4(x, qw):
         def fn():
             return torch._weight_int4pack_mm(x, packed, 128, scales_and_zeros)
 
-        error = relative_error(fn(), x.float() @ qw.dequantize().float().T)
-        return fn, error
+        return fn, relative_error(fn(), x.float() @ qw.dequantize().float().T)
     except Exception as e:  # noqa: BLE001 (reported, the rest still runs)
         print(f"torch int4: {type(e).__name__}: {e}", flush=True)
         return None
 
 
-def measure(m, n, k, dtype, floor, space):
+def measure(fmt, m, w, qw, floor) -> dict:
+    n, k = w.shape
+    dtype = w.dtype
     x = torch.empty(m, k, dtype=dtype, device="cuda").uniform_(-1, 1)
-    w = torch.empty(n, k, dtype=dtype, device="cuda").normal_(0, 0.05)
-    qw = matmul.quantize(w)
     ref = x.float() @ qw.dequantize().float().T
-    c16 = torch.empty(m, n, dtype=dtype, device="cuda")
-
-    def cublas():
-        return torch.matmul(x, w.T, out=c16)
-
-    row = {"m": m, "n": n, "k": k, "dtype": str(dtype).removeprefix("torch."), "configs": []}
-    best = None
-    for config in roofline.candidates(None, m, space):
-        out = poisoned_output(m, n, dtype)
-        entry = {"config": config}
-        row["configs"].append(entry)
-        try:
-            quant_linear.v8(x, qw, out, config)
-        except Exception as e:  # noqa: BLE001
-            entry.update(failed=True, error=f"{type(e).__name__}: {str(e)[-300:]}")
-            continue
-        entry["error"] = relative_error(out, ref)
-        if not entry["error"] <= TOLERANCE[dtype]:
-            entry["failed"] = True
-            continue
-        v8_ms, cublas_ms = interleaved_ms([lambda c=config, o=out: quant_linear.v8(x, qw, o, c), cublas], 10, 40)
-        entry["v8_us"], entry["ratio"] = v8_ms * 1e3, cublas_ms / v8_ms
-        if best is None or entry["ratio"] > best["ratio"]:
-            best = entry
-    if best is None:
+    v8 = quant_linear.uses_v8(m, qw)
+    row = {
+        "format": fmt,
+        "dtype": str(dtype).removeprefix("torch."),
+        "m": m,
+        "n": n,
+        "k": k,
+        "path": "V8" if v8 else "widen + cuBLAS",
+    }
+    if v8:
+        row["config"] = quant_linear.kernel_config(qw.format, quant_linear.config_for(m))
+    out = poisoned_output(m, n, dtype)
+    quant_linear.linear(x, qw, out=out)
+    row["error"] = relative_error(out, ref)
+    del ref
+    if not row["error"] <= TOLERANCE[dtype]:
         row["failed"] = True
         return row
-    out = poisoned_output(m, n, dtype)
-    fns = [
-        lambda: quant_linear.v8(x, qw, out, best["config"]),
-        cublas,
-        lambda: quant_linear.widened(x, qw),
-    ]
+    c16 = torch.empty(m, n, dtype=dtype, device="cuda")
+    fns = {
+        "call": lambda: quant_linear.linear(x, qw, out=out),
+        "cublas": lambda: torch.matmul(x, w.T, out=c16),
+    }
+    if not v8:
+        wide = torch.empty(n, k, dtype=dtype, device="cuda")
+        fns["widen"] = lambda: device_widen.widen(qw, out=wide)
     int4 = torch_int4(x, qw)
     if int4 is not None:
-        fns.append(int4[0])
+        fns["torch_int4"] = int4[0]
         row["torch_int4_error"] = int4[1]
-    times = interleaved_ms(fns, 100, 200)
-    attainable_ms = v8_bytes(m, n, k) / (floor["copy_tb_per_s"] * 1e12) * 1e3 + floor["empty_ms"]
-    row.update(
-        config=best["config"],
-        v8_us=times[0] * 1e3,
-        cublas_us=times[1] * 1e3,
-        widened_us=times[2] * 1e3,
-        attainable_us=attainable_ms * 1e3,
-        share_of_floor=attainable_ms / times[0],
-        ratio=times[1] / times[0],
-        final_error=relative_error(out, ref),
-    )
+    flushed = interleaved_ms(list(fns.values()), *WINDOW)
+    unflushed = back_to_back_ms(list(fns.values()))
+    for name, t, t_b2b in zip(fns, flushed, unflushed):
+        row[f"{name}_us"], row[f"{name}_b2b_us"] = t * 1e3, t_b2b * 1e3
+    row["floor_us"] = floor_us(m, n, k, qw, x.element_size(), floor)
+    row["share_of_floor"] = row["floor_us"] / row["call_us"]
+    row["x_cublas"] = row["cublas_us"] / row["call_us"]
+    row["x_cublas_b2b"] = row["cublas_b2b_us"] / row["call_b2b_us"]
     if int4 is not None:
-        row["torch_int4_us"] = times[3] * 1e3
-    print(json.dumps({k_: v for k_, v in row.items() if k_ != "configs"}), flush=True)
+        row["x_torch_int4"] = row["torch_int4_us"] / row["call_us"]
+    if v8:  # the field matmul.harness.roofline reads V8's time from
+        row["v8_us"] = row["call_us"]
     return row
-
-
-def fallback_rows(space):
-    """V8 (its call's configuration, and the best of the space) against the widened path at the
-    largest token counts V8 takes, where the call decides between them."""
-    rows = []
-    for n, k in ((4096, 4096), (28672, 4096)):
-        for m in FALLBACK_TOKENS:
-            x = torch.empty(m, k, dtype=torch.float16, device="cuda").uniform_(-1, 1)
-            qw = matmul.quantize(torch.empty(n, k, dtype=torch.float16, device="cuda").normal_(0, 0.05))
-            out = torch.empty(m, n, dtype=torch.float16, device="cuda")
-            configs = roofline.candidates(None, m, space)
-            fns = [lambda c=c, x=x, qw=qw, out=out: quant_linear.v8(x, qw, out, c) for c in configs]
-            times = interleaved_ms([*fns, lambda x=x, qw=qw: quant_linear.widened(x, qw)], 20, 60)
-            row = {
-                "m": m,
-                "n": n,
-                "k": k,
-                "call_config": quant_linear.config_for(m),
-                "configs": [{"config": c, "us": t * 1e3} for c, t in zip(configs, times)],
-                "widened_us": times[-1] * 1e3,
-            }
-            print(json.dumps(row), flush=True)
-            rows.append(row)
-    return rows
 
 
 def table(results) -> str:
     f = results["floor"]
     lines = [
         f"{results['device']}; copy bandwidth {f['copy_tb_per_s']:.2f} TB/s (512 MiB, L2 flushed by reading), "
-        f"empty kernel {f['empty_ms'] * 1e3:.1f} us",
+        f"empty kernel {f['empty_ms'] * 1e3:.1f} us, cuBLAS fp16 8192^3 {f['cublas_tflops']:.0f} TFLOP/s",
         "",
-        "| dtype | M | N x K | V8 us | cuBLAS fp16 us | V8 floor us | V8 % floor | V8 / cuBLAS | widened+cuBLAS us "
-        "| torch int4 us | V8 config |",
-        "|" + " --- |" * 11,
+        "| format | dtype | N x K | M | path | call us | floor us | % floor | x cuBLAS | x cuBLAS b2b "
+        "| x torch int4 | widen us |",
+        "|" + " --- |" * 12,
     ]
     for r in results["rows"]:
-        if r.get("failed"):
-            lines.append(f"| {r['dtype']} | {r['m']} | {r['n']} x {r['k']} | FAILED |" + " |" * 7)
+        if r.get("unsupported"):
+            lines.append(f"| {r['format']} | | | | {r['unsupported']} |" + " |" * 7)
             continue
-        cfg = "/".join(str(r["config"][key]) for key in ("block_m", "warpgroups", "split", "stages", "chunk"))
-        t4 = f"{r['torch_int4_us']:.1f}" if "torch_int4_us" in r else "-"
+        head = f"| {r['format']} | {r['dtype']} | {r['n']} x {r['k']} | {r['m']} |"
+        if r.get("failed"):
+            lines.append(f"{head} {r['path']}: FAILED (error {r.get('error', float('nan')):.3g}) |" + " |" * 7)
+            continue
+        t4 = f"{r['x_torch_int4']:.2f}" if "x_torch_int4" in r else "-"
+        path = r["path"]
+        if "config" in r:
+            path += " " + "/".join(str(r["config"][key]) for key in CONFIG_KEYS)
+        widen = f"{r['widen_us']:.1f}" if "widen_us" in r else "-"
         lines.append(
-            f"| {r['dtype']} | {r['m']} | {r['n']} x {r['k']} | {r['v8_us']:.1f} | {r['cublas_us']:.1f} "
-            f"| {r['attainable_us']:.1f} | {100 * r['share_of_floor']:.0f}% | {r['ratio']:.2f} "
-            f"| {r['widened_us']:.1f} | {t4} | {cfg} |"
+            f"{head} {path} | {r['call_us']:.1f} | {r['floor_us']:.1f} | {100 * r['share_of_floor']:.0f}% "
+            f"| {r['x_cublas']:.2f} | {r['x_cublas_b2b']:.2f} | {t4} | {widen} |"
         )
-    lines.append("")
-    lines.append("V8 config: tokens per tile / warpgroups / split (CTAs a cluster) / stages / K columns a wgmma group")
-    for dtype in DTYPES:
-        done = [r for r in results["rows"] if r["dtype"] == dtype and not r.get("failed")]
-        if done:
-            lines.append(
-                f"{dtype}: geomean V8 / cuBLAS {statistics.geometric_mean(r['ratio'] for r in done):.2f}x over "
-                f"{len(done)} shapes; V8 at {100 * min(r['share_of_floor'] for r in done):.0f}-"
-                f"{100 * max(r['share_of_floor'] for r in done):.0f}% of its floor"
-            )
+    lines += [
+        "",
+        "x cuBLAS: cuBLAS fp16/bf16 on the unquantized weight over the call, L2 flushed by reading before "
+        "each launch; b2b: the same, back to back without a flush. x torch int4: tinygemm's time over the "
+        "call's (bf16 int4). widen us: the widening kernel alone (flushed). V8's configuration: tokens a tile / "
+        "warpgroups / split / stages / K columns a wgmma group.",
+    ]
     return "\n".join(lines)
 
 
-def main(out_dir: Path) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    module = versions.load("sm_90a", "v8")
-    space = versions.space(module)
-    roofline.prebuild(module, space, list(DTYPES.values()))
+def prebuild(formats, dtypes) -> None:
+    """Every V8 configuration the call picks and every widening kernel, built in parallel processes
+    before this process touches CUDA (tilus caches each on disk, where the launches find it)."""
+    import concurrent.futures
+    import multiprocessing
+    import os
+
+    jobs = []
+    for fmt in formats:
+        for dtype in dtypes:
+            jobs.append(("widen", fmt, dtype, None))
+            for config in {str(quant_linear.kernel_config(fmt, c)): c for _, c in quant_linear.CONFIGS}.values():
+                jobs.append(("v8", fmt, dtype, quant_linear.kernel_config(fmt, config)))
+    context = multiprocessing.get_context("fork")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count(), mp_context=context) as pool:
+        for job, error in zip(jobs, pool.map(_build, jobs)):
+            if error:
+                print(f"build failed: {job}: {error[-400:]}", flush=True)
+
+
+def _build(job) -> str:
+    import tilus
+
+    from matmul import build
+    from matmul.kernels import versions
+
+    kind, fmt, dtype, config = job
+    tilus_dtype = {"float16": tilus.float16, "bfloat16": tilus.bfloat16}[dtype]
+    if kind == "widen":
+        result = build.build_script(device_widen.WidenKernel, "sm_90a", {"dtype": tilus_dtype, "weight": fmt})
+    else:
+        module = versions.load("sm_90a", "v8")
+        schedule = {"dtype": tilus_dtype, **config}
+        if fmt != "int4":
+            schedule["weight"] = fmt
+        result = build.build_script(module.Kernel, "sm_90a", schedule, version="v8")
+    return "" if result.ok else result.error
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--formats", default=",".join(BENCH_FORMATS))
+    parser.add_argument("--dtypes", default=",".join(DTYPES))
+    parser.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    parser.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in WEIGHTS))
+    parser.add_argument("--no-prebuild", action="store_true")
+    args = parser.parse_args(argv)
+    formats = args.formats.split(",")
+    dtypes = args.dtypes.split(",")
+    tokens = [int(t) for t in args.tokens.split(",")]
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    if not args.no_prebuild:
+        prebuild([f for f in formats if f in FORMATS], dtypes)
+        print(f"built in {time.time() - start:.0f} s", flush=True)
+
+    from matmul.harness import roofline
+
     floor = {
         "copy_tb_per_s": roofline.copy_tb_per_s(512 << 20, 100, 200),
         "empty_ms": roofline.empty_kernel_ms(100, 200),
     }
+    square = torch.randn(8192, 8192, dtype=torch.float16, device="cuda")
+    (ms,) = interleaved_ms([lambda: square @ square.T], 100, 300)
+    floor["cublas_tflops"] = 2 * 8192**3 / (ms * 1e-3) / 1e12
     print(json.dumps(floor), flush=True)
-    rows = [measure(m, n, k, dtype, floor, space) for dtype in DTYPES.values() for n, k in WEIGHTS for m in TOKENS]
-    results = {"device": torch.cuda.get_device_name(), "floor": floor, "rows": rows, "command": " ".join(sys.argv)}
-    (out_dir / "bench.json").write_text(json.dumps(results, indent=1))
-    (out_dir / "bench.md").write_text(table(results) + "\n")
+    results = {"device": torch.cuda.get_device_name(), "floor": floor, "rows": [], "command": " ".join(sys.argv)}
+
+    def save():
+        (args.out_dir / "bench.json").write_text(json.dumps(results, indent=1))
+        (args.out_dir / "bench.md").write_text(table(results) + "\n")
+
+    for fmt in formats:
+        if fmt not in FORMATS:
+            results["rows"].append({"format": fmt, "unsupported": "not a format of matmul.quant: int4 takes group 128"})
+            continue
+        for dtype_name in dtypes:
+            dtype = DTYPES[dtype_name]
+            for n, k in shapes:
+                w = torch.empty(n, k, dtype=dtype, device="cuda").normal_(0, 0.05)
+                qw = matmul.quantize(w, format=fmt)
+                for m in tokens:
+                    try:
+                        row = measure(fmt, m, w, qw, floor)
+                    except Exception as e:  # noqa: BLE001 (the row says so, the rest still runs)
+                        row = {"format": fmt, "dtype": dtype_name, "m": m, "n": n, "k": k, "path": "?"}
+                        row.update(failed=True, exception=f"{type(e).__name__}: {str(e)[-300:]}")
+                    row["elapsed_s"] = time.time() - start
+                    results["rows"].append(row)
+                    print(json.dumps(row), flush=True)
+                    save()
+                del w, qw
+                torch.cuda.empty_cache()
+    save()
     print(table(results), flush=True)
-    results["fallback"] = fallback_rows(space)
-    (out_dir / "bench.json").write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main()

@@ -1,0 +1,173 @@
+"""Widening on the device: a packed weight (int4, int6 or fp8_e4m3, ``matmul.quant``) into its 16-bit
+[N, K] weight in HBM, the value ``QuantizedWeight.dequantize()`` gives, bit for bit. The call runs
+it above ``linear.V8_MAX_M`` tokens, then cuBLAS on the widened weight.
+
+The kernel: one CTA of one warpgroup per packed tile (64 weight rows x 128 columns, one scale
+group). Each thread loads its words of the tile straight from HBM (the packed layouts are made for
+this: a thread's bytes of a part are contiguous, 16 bytes for int4 and fp8, 24 for int6), views
+them in the wgmma A-fragment layout and widens them with V8's own conversion
+(``pipeline.widen``: the same lop3/prmt magic-number casts, the same single rounding of ``q *
+scale`` in the 16-bit dtype; fp8: ``q`` widened exactly, times the float32 row scale, rounded once),
+then stores the fragment to ``out`` (rows past N are masked: the padding rows are never written).
+The packed bytes and scales are read once and the widened weight written once: int4 moves 2.5
+bytes a weight (0.5 + 2), int6 2.75, fp8 3, so the kernel is bound by HBM, ~0.11 ms for int4 at
+28672 x 4096 at 3 TB/s, where torch's unpacking (a 10-dimensional permute) takes 1.8 ms.
+
+Why widen once and call cuBLAS above 256 tokens, and where that falls short of 0.9x cuBLAS on the
+unquantized weight. From ~1024 tokens the product is bound by the tensor core: cuBLAS takes
+``2 M N K / F`` (F ~ 700 TFLOP/s at fp16 on the H100), the same on the widened weight as on the
+original. Widening once adds ``b N K / B`` (b the bytes moved a weight, B ~ 3 TB/s), so the ratio
+to cuBLAS is ``1 / (1 + b F / (2 M B))``, independent of N and K: ``b F / 2B`` is ~290 tokens for
+int4, ~320 for int6 and ~350 for fp8. 0.9x needs ``M >= 9 x`` that: ~2600 tokens (int4), ~2900
+(int6), ~3150 (fp8). So M = 4096 meets it (int4 ~0.93x), M = 1024 does not (int4 ~0.78x at every
+weight shape, 4096 x 4096 included; ~0.75x fp8), and a prefill of a few hundred tokens is well
+below (at 256 tokens V8 itself is the faster path).
+
+What would meet it at M = 1024: widening per tile inside a compute-bound kernel (V5/V6's
+persistent warp-specialized wgmma main loop), the packed tile coming through the TMA ring and a
+widening warpgroup writing the 16-bit tile into shared memory for the MMA warpgroups. Then the
+widened weight never goes to HBM (reads drop from 2 bytes a weight to 0.5) and the cost is SM
+work: each weight tile is widened once per token tile that uses it, ``M / block_m`` times
+(8 times at M = 1024 with 128-token tiles), ~1 conversion instruction a weight per widening. At
+M = 1024 that is ~8 N K / 2 instructions against ``2 M N K / 4096`` MMA issue slots per SM
+quadrant: hidden behind the tensor core if a spare warpgroup does it, and growing with M / tile
+only as the product itself does, where widen-once's share shrinks as 1 / M. That kernel is not
+built here.
+"""
+
+import tilus
+import torch
+from tilus import GlobalTensor, RegisterTensor, float16, float32, int32, void_p
+from tilus.ir.layout.ops.register_ops import local, spatial
+from tilus.utils import cdiv
+
+from pipeline.tma_store import StagedTmaStore
+from pipeline.widen import Fp8Widen, Int4Widen, Int6Widen, reduce_layout
+
+TILE_ROWS = 64  # weight rows of a packed tile: one warpgroup's A fragment
+BLOCK_K = 128  # K columns of a packed tile (one scale group)
+# per format: the int32 words of one part of a tile as a [rows, columns] box of the packed matrix,
+# the threads along a box row (each holding words // threads consecutive words), the parts of a
+# tile (K columns a part: 128 / parts) and the packed matrix's rows a tile spans (matmul.quant)
+PARTS = {
+    "int4": dict(box=(8, 64), per_row=16, parts=2, tile_rows=16, tile_cols=64),
+    "int6": dict(box=(16, 48), per_row=8, parts=2, tile_rows=32, tile_cols=48),
+    "fp8_e4m3": dict(box=(8, 64), per_row=16, parts=4, tile_rows=32, tile_cols=64),
+}
+MAX_ELEMENTS = 2**31 - 1  # the output is addressed with int32 element offsets
+
+
+def thread_words(rows: int, cols: int, per_row: int):
+    """A [rows, cols] box of words as registers: ``per_row`` threads along a row, each holding its
+    ``cols / per_row`` consecutive words (a plain function: kernel code cannot compose layouts)."""
+    return spatial(rows, per_row) * local(1, cols // per_row)
+
+
+class WidenKernel(tilus.Script):
+    """out [N, K] (``dtype``) = the packed ``weight`` format's tiles widened (module doc)."""
+
+    def __init__(self, dtype, weight: str):
+        super().__init__()
+        if weight not in PARTS:
+            raise ValueError(f"weight format {weight!r}: one of {', '.join(PARTS)}")
+        self.dtype = dtype
+        self.weight = weight
+        spec = PARTS[weight]  # (kernel code takes attributes, not dict items)
+        self.box_rows, self.box_cols = spec["box"]
+        self.per_row, self.parts = spec["per_row"], spec["parts"]
+        self.tile_rows, self.tile_cols = spec["tile_rows"], spec["tile_cols"]
+
+    def __call__(self, n_size: int32, k_size: int32, packed_ptr: void_p, scales_ptr: void_p, out_ptr: void_p):
+        n_pad = cdiv(n_size, TILE_ROWS) * TILE_ROWS
+        k_blocks = k_size // BLOCK_K
+        self.attrs.blocks = n_pad // TILE_ROWS * k_blocks
+        self.attrs.warps = 4
+        # neighbouring CTAs widen neighbouring K blocks of the same rows: their stores fill whole rows
+        row_tile: int32 = self.blockIdx.x // k_blocks
+        block: int32 = self.blockIdx.x % k_blocks
+        g_w = self.global_view(
+            packed_ptr,
+            dtype=int32,
+            shape=[n_pad // TILE_ROWS * self.tile_rows, k_blocks * self.tile_cols],
+            strides=[k_blocks * self.tile_cols, 1],
+        )
+        g_out = self.global_view(out_ptr, dtype=self.dtype, shape=[n_size, k_size], strides=[k_size, 1])
+        if self.weight == "fp8_e4m3":
+            g_s = self.global_view(scales_ptr, dtype=float32, shape=[n_pad, 1], strides=[1, 1])
+        else:  # [K / 128, N_pad], read as its transpose: a tile's scales are one column
+            g_s = self.global_view(scales_ptr, dtype=self.dtype, shape=[n_pad, k_blocks], strides=[1, n_pad])
+
+        rows, cols = self.box_rows, self.box_cols
+        k_part = BLOCK_K // self.parts
+        # a staging buffer per part: the parts' TMA stores run while the next part is widened
+        store = StagedTmaStore(self.shared_tensor(dtype=self.dtype, shape=[self.parts, TILE_ROWS, k_part]))
+        for part in range(self.parts):
+            # a part's words, each thread its consecutive ones: the [part][thread][word] order
+            words = self.load_global(
+                g_w,
+                offsets=[row_tile * self.tile_rows + part * rows, block * self.tile_cols],
+                shape=[rows, cols],
+            )
+            self.annotate_layout(words, thread_words(rows, cols, self.per_row))
+            self.widen_part(words, g_s, g_out, store, row_tile, block, block * BLOCK_K + part * k_part)
+        store.finish()
+
+    def widen_part(
+        self,
+        words: RegisterTensor,
+        g_s: GlobalTensor,
+        g_out: GlobalTensor,
+        store: StagedTmaStore,
+        row_tile: int32,
+        block: int32,
+        column: int32,
+    ):
+        """One part of a tile: its words widened into the 16-bit [64, K columns of a part] fragment,
+        stored at ``column`` of the tile's rows."""
+        if self.weight == "int4":
+            conversion = Int4Widen(64)
+            scale = self.load_global(g_s, offsets=[row_tile * TILE_ROWS, block], shape=[TILE_ROWS, 1])
+            self.annotate_layout(scale, reduce_layout(conversion.fragment))
+            store.put(conversion.operand(words, scale, 0), g_out, row_tile * TILE_ROWS, column)
+        elif self.weight == "int6":
+            conversion = Int6Widen()
+            scale = self.load_global(g_s, offsets=[row_tile * TILE_ROWS, block], shape=[TILE_ROWS, 1])
+            self.annotate_layout(scale, reduce_layout(conversion.fragment))
+            store.put(conversion.operand(words, scale), g_out, row_tile * TILE_ROWS, column)
+        else:
+            conversion = Fp8Widen()
+            scale = self.load_global(g_s, offsets=[row_tile * TILE_ROWS, 0], shape=[TILE_ROWS, 1])
+            self.annotate_layout(scale, reduce_layout(conversion.fragment))
+            # q is exact in float16 (and in float32); dequantize() rounds q * scale once, from float32
+            exact = conversion.values(words).to(float16).to(float32)
+            self.annotate_layout(exact, conversion.fragment)
+            product = exact * scale
+            self.annotate_layout(product, conversion.fragment)
+            wide = product.to(self.dtype)
+            self.annotate_layout(wide, conversion.fragment)
+            store.put(wide, g_out, row_tile * TILE_ROWS, column)
+
+
+DTYPES = {torch.float16: tilus.float16, torch.bfloat16: tilus.bfloat16}
+_SCRIPTS: dict = {}
+
+
+def script(dtype: torch.dtype, weight: str) -> WidenKernel:
+    """The launchable kernel for a format and activation dtype (built once, on first use)."""
+    key = (dtype, weight)
+    if key not in _SCRIPTS:
+        _SCRIPTS[key] = WidenKernel(dtype=DTYPES[dtype], weight=weight)
+    return _SCRIPTS[key]
+
+
+def widen(weight, out=None) -> torch.Tensor:
+    """``weight.dequantize()`` computed on the GPU by one launch: the 16-bit [N, K] weight."""
+    n, k = weight.shape
+    if n * k > MAX_ELEMENTS:
+        raise ValueError(f"a weight of {n} x {k} has more than 2^31 - 1 elements: the widening kernel addresses fewer")
+    if out is None:
+        out = torch.empty((n, k), dtype=weight.dtype, device=weight.device)
+    kernel = script(weight.dtype, weight.format)
+    with torch.cuda.device(weight.device):
+        kernel(n, k, weight.packed, weight.scales, out)
+    return out
