@@ -8,6 +8,7 @@ import json
 import logging
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -467,3 +468,147 @@ def test_background_work_shortens_the_gils_switch_interval_while_it_runs():
     assert worker.wait(10)
     assert seen == [pytest.approx(min(before, SWITCH_INTERVAL_S))] and sys.getswitchinterval() == before
     assert worker.thread is not None  # lingers for the next job instead of ending at once
+
+
+# --- tuning that yields the GPU to the caller (matmul/call/yielding.py) ---------------------------
+
+
+class Caller:
+    """A stand-in clock and caller for ``CallerGate``: ``calls`` are the times (ns) at which the caller
+    calls; ``sleep`` advances the clock, and the word holds the last call made by then."""
+
+    def __init__(self, calls):
+        self.now, self.calls, self.slept = 0, sorted(calls), []
+
+    def last_call_ns(self):
+        return max((t for t in self.calls if t <= self.now), default=-(10**12))
+
+    def sleep(self, seconds):
+        assert seconds > 0, "a wait that does not advance would spin"
+        self.slept.append(seconds)
+        self.now += round(seconds * 1e9)
+
+    def gate(self, quiet_s=0.05, max_hold_s=5.0):
+        from matmul.call.yielding import CallerGate
+
+        return CallerGate(self.last_call_ns, quiet_s, max_hold_s, now_ns=lambda: self.now, sleep=self.sleep)
+
+
+MS = 10**6
+
+
+def test_the_tuning_child_waits_while_the_callers_last_call_is_fresh():
+    caller = Caller([0, 30 * MS, 70 * MS])  # calls 30 and 40 ms apart: never 50 ms quiet until 120 ms
+    gate = caller.gate(quiet_s=0.05)
+    assert gate.wait() == pytest.approx(0.12) and caller.now == 120 * MS and gate.cut_short == 0
+    assert caller.slept == pytest.approx([0.05, 0.03, 0.04])  # woken when the gap would end, not polling
+
+
+def test_the_tuning_child_goes_on_at_once_once_the_caller_is_quiet():
+    caller = Caller([0])
+    caller.now = 50 * MS  # the last call 50 ms ago: quiet
+    assert caller.gate(quiet_s=0.05).wait() == 0 and caller.slept == []
+    caller = Caller([])  # no call at all (a fresh word holds its creation, long past)
+    assert caller.gate().wait() == 0 and caller.slept == []
+
+
+def test_the_tuning_child_goes_on_after_the_longest_hold_though_the_caller_never_pauses():
+    caller = Caller(range(0, 10**10, 10 * MS))  # a call every 10 ms for 10 s
+    gate = caller.gate(quiet_s=0.05, max_hold_s=2.0)
+    assert gate.wait() == pytest.approx(2.0) and gate.cut_short == 1
+    assert gate.wait() == pytest.approx(2.0) and gate.held_s == pytest.approx(4.0)  # each step held at most 2 s
+    forever = Caller(range(0, 10**10, 10 * MS))
+    assert forever.gate(quiet_s=0.05, max_hold_s=float("inf")).wait() == pytest.approx(10.04, abs=0.011)
+    for never_hold in (forever.gate(quiet_s=0.0), forever.gate(max_hold_s=0.0)):
+        assert never_hold.wait() == 0
+
+
+def test_a_gated_step_runs_after_the_wait(monkeypatch):
+    caller = Caller([0])
+    gate = caller.gate(quiet_s=0.05)
+    ran_at = []
+    step = gate.before(lambda x, y=0: ran_at.append(caller.now) or x + y)
+    assert step(1, y=2) == 3 and ran_at == [50 * MS]
+
+
+def test_the_gates_settings_come_from_the_environment(monkeypatch, caplog):
+    from matmul.call import yielding
+
+    assert (yielding.quiet_s(), yielding.max_hold_s()) == (0.05, 5.0)
+    monkeypatch.setenv(yielding.QUIET_ENV, "20")
+    monkeypatch.setenv(yielding.MAX_HOLD_ENV, "inf")
+    assert (yielding.quiet_s(), yielding.max_hold_s()) == (0.02, float("inf"))
+    monkeypatch.setenv(yielding.MAX_HOLD_ENV, "soon")
+    with caplog.at_level(logging.WARNING):
+        assert yielding.max_hold_s() == yielding.DEFAULT_MAX_HOLD_S
+    assert "MATMUL_TUNE_MAX_HOLD_S=soon" in caplog.text
+    gate = yielding.CallerGate.for_request({})  # a request that names no word: nothing to wait for
+    assert gate.last_call_ns is None and gate.wait() == 0
+
+
+def test_the_child_reads_the_word_the_caller_stamps():
+    from matmul.call import yielding
+
+    word = yielding.LastCall.create()
+    child = yielding.LastCall.attach(word.fd)  # as the child maps the descriptor it inherited
+    assert child.read_ns() == word.read_ns()
+    before = time.monotonic_ns()
+    word.stamp()
+    assert before <= child.read_ns() <= time.monotonic_ns()
+
+
+def test_the_tuning_child_holds_its_gpu_steps_while_the_caller_calls(monkeypatch):
+    """End to end: the parent hands its word to the child (tuner.tune_in_child); a thread calls
+    through the Python path all along; every step the child gates waits the longest hold."""
+    from matmul.call import yielding
+
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    monkeypatch.setenv(yielding.QUIET_ENV, "1000")
+    monkeypatch.setenv(yielding.MAX_HOLD_ENV, "0.1")
+    stop = threading.Event()
+
+    def caller():
+        while not stop.is_set():
+            yielding.stamp_call()
+            time.sleep(0.005)
+
+    assert yielding.shared_fd() is not None
+    thread = threading.Thread(target=caller)
+    thread.start()
+    try:
+        jobs = [{"key": "k", "m": 32, "n": 32, "k": 32, "names": ["v1", tuner.VENDOR]}]
+        entries = tuner.tune_in_child("sm_90a", torch.float16, CPU, jobs, worker="stand_ins:cpu_worker")
+    finally:
+        stop.set()
+        thread.join()
+    # the worker's operands, two preparations and at least one timing of each candidate: held 0.1 s each
+    assert entries["k"]["version"] == "v1" and entries["k"]["yielded_s"] >= 5 * 0.1 * 0.9
+
+
+def test_an_unseen_linear_call_is_deferred_where_a_matmul_call_would_be(tmp_path, stand_ins):
+    from matmul.call.launch import fused_signature
+
+    relu = Variant("nk", True, "relu")
+    choose = make_chooser(
+        tmp_path, shipped={key(128, 64, 32, variant=relu): entry(tuner.VENDOR), key(128, 64, 32): entry(tuner.VENDOR)}
+    )
+    path = stand_in_plans(choose)
+    a, w = random_operands(128, 64, 32, torch.float16, device="cpu")
+    bias = torch.randn(64).half()
+    assert path.defer_linear(a, w.T, bias, "relu") is True  # the entry runs torch's ops now
+    assert path.planner.wait(10) and choose.wait(10)
+    fused = fused_signature(a, w.T, None, bias, relu)
+    assert fused in path.plans and signature(a, w.T, None) not in path.plans  # the variant's plan, not the plain one
+    if path.direct is not None:
+        assert path.direct.variant(True, "relu").kind(a, w.T) is not None and path.direct.kind(a, w.T) is None
+    assert path.defer_linear(a, w.T, bias, "relu") is False  # derived: the route runs it
+    assert path.defer_linear(a, w.T, None, None) is True  # no epilogue: matmul()'s own deferral
+    assert path.planner.wait(10) and signature(a, w.T, None) in path.plans
+    odd = random_operands(128, 40, 32, torch.float16, device="cpu")[1]  # 40 rows: not gate_up's groups
+    assert path.defer_linear(a, odd.T, None, "swiglu") is False  # the Python path names the problem
+    assert path.defer_linear(a, w.T, None, "gelu") is False  # not a variant's name (Python maps it)
+    bad = a.T.contiguous().T  # column-major x: the checks refuse it, so its later calls take the Python path
+    assert path.defer_linear(bad, w.T, bias, "relu") is True and path.planner.wait(10)
+    assert path.defer_linear(bad, w.T, bias, "relu") is False
+    choose.mode = "blocking"  # the caller asked to wait for the choice: nothing is deferred
+    assert path.defer_linear(a, w.T, bias, "silu") is False

@@ -282,3 +282,145 @@ def test_an_unseen_call_goes_to_python_unless_the_miss_hook_takes_it(routed):
     assert matmul.matmul(a, b) == "python" and hook.calls == []  # CPU tensors: not a call cuBLAS may run now
     with pytest.raises(TypeError, match="callable"):
         native.route(table, fallback, fallback, 3)
+
+
+# --- the caller's last call, for the tuning child (matmul/call/yielding.py) ------------------------
+
+
+@pytest.fixture
+def stamped():
+    """A word the native entry stamps (an int64 of this process), and the Python paths' word; both
+    put back afterwards."""
+    import ctypes
+    import time
+
+    from matmul.call import yielding
+
+    word = ctypes.c_int64(0)
+    native.stamp_calls_into(ctypes.addressof(word))
+    yield word, time.monotonic_ns
+    process_word = yielding._last_call
+    native.stamp_calls_into(0 if process_word is None else process_word.address)
+
+
+@built
+def test_every_call_of_the_native_entry_stamps_the_time_of_its_last_call(routed, stamped):
+    table, fallback = routed
+    word, clock = stamped
+    a, b = operands()
+    table.put_vendor(a, b, Recorder("vendor"))
+    calls = [
+        lambda: matmul.matmul(a, b),  # a vendor route
+        lambda: matmul.matmul(a, b.contiguous()),  # unseen: the Python function
+        lambda: matmul.matmul(a, b, out=None),  # keywords: the Python function
+        lambda: matmul.linear(a, b.T),  # linear's route of the same table
+        lambda: matmul.linear(a, b.T, None, "relu"),  # linear's Python function
+    ]
+    for call in calls:
+        word.value = 0
+        before = clock()
+        call()
+        assert before <= word.value <= clock()  # CLOCK_MONOTONIC, as time.monotonic_ns reads it
+
+
+@built
+def test_once_a_tuning_child_is_started_every_call_stamps_the_shared_word(routed):
+    from matmul.call import yielding
+
+    table, fallback = routed
+    assert yielding.shared_fd() is not None  # what tuner.tune_in_child hands the child
+    word = yielding._last_call
+    a, b = operands()
+    table.put_vendor(a, b, Recorder("vendor"))
+    import time
+
+    for call in (lambda: matmul.matmul(a, b), lambda: api.python_matmul(a, b)):
+        before = time.monotonic_ns()
+        try:
+            call()
+        except matmul.MatmulInputError:  # the Python function's checks: CPU tensors (after the stamp)
+            pass
+        assert before <= word.read_ns() <= time.monotonic_ns()
+
+
+@built
+@pytest.mark.parametrize("activation", [None, "relu", "gelu_tanh", "gelu_erf", "silu", "swiglu"])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_an_unseen_linear_call_the_hook_takes_runs_torchs_ops_at_once(routed, activation, with_bias):
+    table, fallback = routed
+    hook, matmul_hook = Recorder(True), Recorder(True)
+    native.route(table, fallback, fallback, matmul_hook, hook, "cpu")  # CPU calls offered, as CUDA ones are
+    x, w = torch.randn(2, 3, 48).half(), torch.randn(32, 48).half()
+    bias = torch.randn(32).half() if with_bias else None
+    y = matmul.linear(x, w, bias, activation)
+    expected = variants.torch_epilogue(x.view(6, 48).float() @ w.float().T, bias, activation).view(2, 3, -1)
+    assert fallback.calls == [] and torch.allclose(y.float(), expected, atol=2e-2, rtol=1e-2)
+    ((args, kwargs),) = hook.calls  # the plan's operands: x seen as [M, K], weight.T, bias, activation
+    assert args[0].shape == (6, 48) and args[0].data_ptr() == x.data_ptr() and torch.equal(args[1], w.T)
+    assert args[2] is bias and args[3] == activation and matmul_hook.calls == []
+
+
+@built
+def test_an_unseen_linear_call_goes_to_python_where_the_hook_declines_or_is_not_asked(routed):
+    table, fallback = routed
+    declines = Recorder(False)
+    native.route(table, fallback, fallback, None, declines, "cpu")
+    x, w, bias = torch.randn(6, 48).half(), torch.randn(32, 48).half(), torch.randn(32).half()
+    assert matmul.linear(x, w, bias, "relu") == "python" and len(declines.calls) == 1
+    takes = Recorder(True)
+    native.route(table, fallback, fallback, None, takes, "cpu")
+    for call in (
+        lambda: matmul.linear(x, w, bias, "gelu"),  # Python's name: linear's Python function maps it
+        lambda: matmul.linear(x.float(), w.float(), bias.float(), "relu"),  # a dtype no kernel takes
+        lambda: matmul.linear(x, w[:, :40], bias, "relu"),  # K does not match
+        lambda: matmul.linear(x, w.clone().requires_grad_(), bias, "relu"),  # a gradient to record
+        lambda: matmul.linear(x, w, bias[:16].clone(), "relu"),  # a bias of the wrong size
+    ):
+        before = len(fallback.calls)
+        assert call() == "python" and len(fallback.calls) == before + 1
+    assert takes.calls == []
+    native.route(table, fallback, fallback, None, takes)  # CUDA calls only: CPU ones go to Python
+    assert matmul.linear(x, w, bias, "relu") == "python" and takes.calls == []
+
+
+@built
+def test_an_unseen_linear_call_gets_its_plan_on_the_planners_thread_and_a_route(monkeypatch):
+    """Through the process's own paths: the hook is the plans' ``defer_linear``; a stand-in v4 won."""
+    import functools
+
+    from stand_ins import install
+
+    from matmul.call.launch import Plans, fused_signature
+    from matmul.contract import check_call
+    from matmul.kernels import versions
+    from matmul.kernels.variant import Variant
+
+    install(monkeypatch, wrong=(), available=("v4",))
+
+    class Chosen:  # every bucket's choice: a stand-in v4, built
+        mode = "background"
+
+        def on_change(self, listener):
+            pass
+
+        def get(self, device, dtype, m, n, k, variant):
+            return "sm_90a", {"version": "v4", "config": dict(versions.load("sm_90a", "v4").REPRESENTATIVE)}
+
+    chooser = Chosen()
+    plans = Plans(chooser, check=functools.partial(check_call, require_cuda=False))
+    previous = api.use_plans(plans)
+    try:
+        native.route(plans.direct, api.python_matmul, api.python_linear, plans.defer, plans.defer_linear, "cpu")
+        x, w, bias = torch.randn(2, 3, 48).half(), torch.randn(32, 48).half(), torch.randn(32).half()
+        expected = variants.torch_epilogue(x.view(6, 48).float() @ w.float().T, bias, "silu").view(2, 3, -1)
+        y = matmul.linear(x, w, bias, "silu")  # torch's ops now
+        assert torch.allclose(y.float(), expected, atol=2e-2, rtol=1e-2)
+        assert plans.planner.wait(10)
+        key = fused_signature(x.view(6, 48), w.T, None, bias, Variant("nk", True, "silu"))
+        assert key in plans.plans and plans.direct.variant(True, "silu").kind(x.view(6, 48), w.T) == "launch"
+        assert plans.defer_linear(x.view(6, 48), w.T, bias, "silu") is False  # derived: nothing more to defer
+        y = matmul.linear(x, w, bias, "silu")  # the route: the stand-in v4's launch, bias pointer and all
+        assert plans.plans[key].launch.launches == 1
+        assert torch.allclose(y.float(), expected, atol=2e-2, rtol=1e-2) and y.shape == (2, 3, 32)
+    finally:
+        api.use_plans(previous)

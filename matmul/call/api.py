@@ -46,7 +46,7 @@ from ..contract import MatmulInputError, check_call, tma_readable
 from ..kernels import versions
 from ..kernels.variant import PLAIN, SWIGLU_GROUP, Variant
 from ..quant import QuantizedWeight, TransposedWeight
-from . import batched, native_entry, shapes, torch_op
+from . import batched, native_entry, shapes, torch_op, yielding
 from .choice_cache import Entry
 from .chooser import Chooser, NotTunedError
 from .launch import Plans
@@ -93,6 +93,8 @@ _is_compiling = torch.compiler.is_compiling  # looked up once: every call pays f
 
 def python_matmul(a: torch.Tensor, b: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``a @ b`` (a [M, K], b [K, N]) into ``out`` [M, N] if given; see the module's docstring."""
+    if not _is_compiling():  # the tuning child waits for calls to pause; a traced call stamps in the operator
+        yielding.stamp_call()
     if isinstance(b, TransposedWeight):  # qw.T of a quantized weight: its own path (matmul.quant)
         from ..quant import linear as quant_linear
 
@@ -124,7 +126,7 @@ def use_plans(plans: Plans) -> Plans:
     global _plans
     previous, _plans = _plans, plans
     if _native is not None:
-        _native.route(plans.direct, python_matmul, python_linear, plans.defer)
+        _native.route(plans.direct, python_matmul, python_linear, plans.defer, plans.defer_linear)
     return previous
 
 
@@ -143,6 +145,8 @@ def python_linear(
     cuBLAS followed by torch's activation is always a candidate. With gradients recorded, the
     product and bias run through ``torch.ops.tilus_matmul.linear`` (backward through the same
     kernels) and the activation in torch, which keeps what its derivative needs."""
+    if not _is_compiling():  # the tuning child waits for calls to pause; a traced call stamps in the operator
+        yielding.stamp_call()
     if activation == "gelu":
         activation = "gelu_erf"
     if isinstance(weight, QuantizedWeight):  # a quantized weight: its own path (matmul.quant)

@@ -25,7 +25,12 @@
 // ``matmul`` it was routed with, which runs the full checks and derives the plan. ``linear`` (a contiguous x of any
 // leading dimensions) reads the same table for x [M, K] @ weight.T, and for a bias or an activation
 // the table of that variant (``DirectTable.variant``), whose routes pass the bias pointer to the
-// kernel or run at::addmm and torch's activation after cuBLAS.
+// kernel or run at::addmm and torch's activation after cuBLAS. An unseen linear() call goes to its
+// own miss hook likewise, and where that takes it, runs at::addmm (or at::mm) and torch's activation
+// at once.
+//
+// Every call, whatever it runs, first stamps the time in the word shared with the tuning child
+// (``stamp_call``; yielding.py): the child puts the GPU to work only while the calls pause.
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
@@ -42,6 +47,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <cstring>
+#include <ctime>
 #include <map>
 #include <memory>
 #include <string>
@@ -204,6 +210,21 @@ const DirectTable* table = nullptr;
 PyObject* fallback = nullptr;
 PyObject* linear_fallback = nullptr;  // linear()'s Python function
 PyObject* miss_hook = nullptr;        // takes an unseen call's (a, b) for later, or None (see ``deferrable``)
+PyObject* linear_miss_hook = nullptr;  // the same for linear(): (x2, weight.T, bias, activation)
+// the device type whose unseen calls the hooks may take: CUDA (the tests route CPU calls to stand-in plans)
+c10::DeviceType deferred_device = c10::DeviceType::CUDA;
+
+// The caller's last call, in CLOCK_MONOTONIC nanoseconds, in memory shared with the tuning child
+// (yielding.py); null until a tuning child is started. One relaxed store: the child only compares
+// the time with its own clock, nothing is ordered by it.
+int64_t* last_call_ns = nullptr;
+
+inline void stamp_call() {
+  if (last_call_ns == nullptr) return;
+  timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);  // the vDSO's: no system call
+  __atomic_store_n(last_call_ns, static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec, __ATOMIC_RELAXED);
+}
 
 // a torch.Tensor or nn.Parameter, not a subclass: a subclass may override what torch functions do
 bool plain_tensor(PyObject* obj) { return THPVariable_CheckExact(obj); }
@@ -263,7 +284,7 @@ bool row_major_for_tma(int64_t rows, int64_t cols, int64_t row_stride, int64_t c
 // plan to be derived off the caller's path (``miss_hook``); any other goes to the Python function,
 // which names what is wrong.
 bool deferrable(const at::Tensor& a, const at::Tensor& b) {
-  if (!a.is_cuda() || a.device() != b.device() || a.scalar_type() != b.scalar_type() ||
+  if (a.device().type() != deferred_device || a.device() != b.device() || a.scalar_type() != b.scalar_type() ||
       (a.scalar_type() != at::kHalf && a.scalar_type() != at::kBFloat16) || a.size(1) != b.size(0) ||
       a.size(0) < 1 || a.size(1) < 1 || b.size(1) < 1)
     return false;
@@ -276,6 +297,7 @@ bool deferrable(const at::Tensor& a, const at::Tensor& b) {
 
 PyObject* matmul_entry(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargsf, PyObject* kwnames) {
   HANDLE_TH_ERRORS
+  stamp_call();
   if (fallback == nullptr) {
     PyErr_SetString(PyExc_RuntimeError, "matmul's native entry was never routed (call route(table, fallback))");
     return nullptr;
@@ -333,11 +355,35 @@ at::Tensor activate(const at::Tensor& y, const std::string& activation) {
   throw std::invalid_argument("unknown activation " + activation);
 }
 
+// what ``activate`` applies ("" for none): an unseen call with another name (Python's "gelu") goes to Python
+bool known_activation(const std::string& activation) {
+  return activation.empty() || activation == "relu" || activation == "gelu_tanh" || activation == "gelu_erf" ||
+         activation == "silu" || activation == "swiglu";
+}
+
+// an unseen linear() call: true where the miss hook took its plan for later (the caller then runs
+// torch's own ops at once), false where it goes to Python; null on an error the hook raised
+PyObject* offer_linear(const at::Tensor& x2, const at::Tensor& w_t, PyObject* bias_obj, PyObject* activation_obj) {
+  PyObject* x_obj = THPVariable_Wrap(x2);
+  PyObject* w_obj = x_obj == nullptr ? nullptr : THPVariable_Wrap(w_t);
+  PyObject* taken = nullptr;
+  if (w_obj != nullptr) {
+    PyObject* argv[4] = {x_obj, w_obj, bias_obj, activation_obj};
+    taken = call_held(linear_miss_hook, argv, 4, nullptr);
+  }
+  Py_XDECREF(x_obj);
+  Py_XDECREF(w_obj);
+  return taken;
+}
+
 // linear(x, weight, bias=None, activation=None) of a seen signature: x [..., K] seen as [M, K]
 // (contiguous x only: a view), the route of x2 @ weight.T in the table of its (bias, activation)
-// variant, its result seen as [..., N]. Every other call goes to linear's Python function.
+// variant, its result seen as [..., N]. An unseen call that the checks would pass and the miss hook
+// takes runs torch's ops at once (as the variant's vendor route does). Every other call goes to
+// linear's Python function.
 PyObject* linear_entry(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargsf, PyObject* kwnames) {
   HANDLE_TH_ERRORS
+  stamp_call();
   if (linear_fallback == nullptr) {
     PyErr_SetString(PyExc_RuntimeError, "linear's native entry was never routed (call route(...))");
     return nullptr;
@@ -370,17 +416,23 @@ PyObject* linear_entry(PyObject* /*module*/, PyObject* const* args, Py_ssize_t n
   bool bias_fits = !bias.defined() || (bias.layout() == at::kStrided && bias.dim() == 1 &&
                                        bias.size(0) == weight.size(0) && bias.stride(0) == 1 &&
                                        bias.scalar_type() == x.scalar_type() && bias.device() == x.device());
-  if (routes == nullptr || recorded || !plain_operands || !bias_fits)
-    return call_held(linear_fallback, args, nargsf, kwnames);
+  if (recorded || !plain_operands || !bias_fits) return call_held(linear_fallback, args, nargsf, kwnames);
   at::Tensor x2 = x.dim() == 2 ? x : x.view({-1, x.size(-1)});
   at::Tensor w_t = weight.t();
-  const Route* route = routes->find(x2, w_t);
+  const Route* route = routes == nullptr ? nullptr : routes->find(x2, w_t);
+  bool vendor_now = route != nullptr && route->kind == Kind::vendor;
+  if (route == nullptr && linear_miss_hook != nullptr && known_activation(activation) && deferrable(x2, w_t)) {
+    PyObject* taken = offer_linear(x2, w_t, bias_obj, activation_obj);
+    if (taken == nullptr) return nullptr;
+    vendor_now = taken == Py_True;
+    Py_DECREF(taken);
+  }
   PyObject* result = nullptr;
-  if (route != nullptr && route->kind == Kind::vendor) {
+  if (vendor_now) {
     at::Tensor c;
     {
       py::gil_scoped_release no_gil;
-      c = activate(bias.defined() ? at::addmm(bias, x2, w_t) : at::mm(x2, w_t), routes->activation());
+      c = activate(bias.defined() ? at::addmm(bias, x2, w_t) : at::mm(x2, w_t), activation);
     }
     result = THPVariable_Wrap(std::move(c));
   } else if (route != nullptr && route->kind == Kind::launch && aligned(x2, route->launch.align) &&
@@ -402,25 +454,35 @@ PyObject* linear_entry(PyObject* /*module*/, PyObject* const* args, Py_ssize_t n
   END_HANDLE_TH_ERRORS
 }
 
-void route(py::object new_table, py::object new_fallback, py::object new_linear_fallback, py::object new_miss) {
+void route(py::object new_table, py::object new_fallback, py::object new_linear_fallback, py::object new_miss,
+           py::object new_linear_miss, const std::string& device_type) {
   const DirectTable* t = new_table.is_none() ? nullptr : new_table.cast<const DirectTable*>();
   if (!PyCallable_Check(new_fallback.ptr()) || !PyCallable_Check(new_linear_fallback.ptr()) ||
-      (!new_miss.is_none() && !PyCallable_Check(new_miss.ptr())))
-    throw py::type_error("the fallbacks and the miss hook must be callable");
+      (!new_miss.is_none() && !PyCallable_Check(new_miss.ptr())) ||
+      (!new_linear_miss.is_none() && !PyCallable_Check(new_linear_miss.ptr())))
+    throw py::type_error("the fallbacks and the miss hooks must be callable");
+  c10::DeviceType new_device = c10::Device(device_type).type();  // raises on a name torch does not know
   PyObject* old_table = routed_table;
   PyObject* old_fallback = fallback;
   PyObject* old_linear_fallback = linear_fallback;
   PyObject* old_miss = miss_hook;
+  PyObject* old_linear_miss = linear_miss_hook;
   routed_table = new_table.inc_ref().ptr();
   fallback = new_fallback.inc_ref().ptr();
   linear_fallback = new_linear_fallback.inc_ref().ptr();
   miss_hook = new_miss.is_none() ? nullptr : new_miss.inc_ref().ptr();
+  linear_miss_hook = new_linear_miss.is_none() ? nullptr : new_linear_miss.inc_ref().ptr();
+  deferred_device = new_device;
   table = t;
   Py_XDECREF(old_table);  // last: releasing them may run Python code, which may call matmul()
   Py_XDECREF(old_fallback);
   Py_XDECREF(old_linear_fallback);
   Py_XDECREF(old_miss);
+  Py_XDECREF(old_linear_miss);
 }
+
+// from now on every call stores its time at ``address`` (an int64 the tuning child maps too; 0: nowhere)
+void stamp_calls_into(uintptr_t address) { last_call_ns = reinterpret_cast<int64_t*>(address); }
 
 PyMethodDef entry_methods[] = {
     {"matmul", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(matmul_entry)),
@@ -457,9 +519,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("clear", &DirectTable::clear)
       .def("__len__", &DirectTable::size);
   m.def("route", &route, py::arg("table"), py::arg("fallback"), py::arg("linear_fallback"),
-        py::arg("miss") = py::none(),
+        py::arg("miss") = py::none(), py::arg("linear_miss") = py::none(), py::arg("deferred_device") = "cuda",
         "Make matmul() and linear() read ``table`` (a DirectTable, or None for none) and hand every other call "
         "to ``fallback`` (matmul's) or ``linear_fallback``; an unseen matmul() call that the checks would pass "
-        "first to ``miss(a, b)``, and where that returns True, to at::mm (cuBLAS) at once");
+        "first to ``miss(a, b)``, and where that returns True, to at::mm (cuBLAS) at once; an unseen linear() call "
+        "likewise to ``linear_miss(x2, weight.T, bias, activation)``, then at::addmm or at::mm and torch's "
+        "activation. Only calls on ``deferred_device`` (a device type) are offered to the hooks.");
+  m.def("stamp_calls_into", &stamp_calls_into, py::arg("address"),
+        "Every later call stores its CLOCK_MONOTONIC time in nanoseconds in the int64 at ``address`` (0: stop)");
   if (PyModule_AddFunctions(m.ptr(), entry_methods) != 0) throw py::error_already_set();
 }

@@ -46,7 +46,7 @@ from ..contract import (
     tma_readable,
 )
 from ..kernels import versions
-from ..kernels.variant import PLAIN, Variant, activate
+from ..kernels.variant import PLAIN, SWIGLU_GROUP, Variant, activate
 from . import native_entry, tilus_autotune
 from .background import Worker
 from .chooser import Chooser
@@ -191,7 +191,7 @@ class Plans:
         self.direct = native_entry.new_table()
         self.lock = threading.Lock()
         self.generation = 0  # counts ``forget``: a plan derived in an earlier generation is not kept
-        # unseen calls that the native entry ran with cuBLAS, their plans derived on this thread
+        # unseen calls that the native entry ran with torch's ops, their plans derived on this thread
         self.planner = Worker("matmul-planner", self._derive_deferred, linger_s=PLANNER_LINGER_S)
         self.refused: set[tuple] = set()  # signatures whose deferred derivation failed: the Python path names why
         if chooser is not None:
@@ -203,21 +203,54 @@ class Plans:
         runs cuBLAS at once; or False, so that it takes the Python path now: with no chooser, in
         ``MATMUL_TUNE=blocking`` (the caller asked to wait for the choice), inside a CUDA graph
         capture (nothing may start there), or where a plan or a failed derivation exists already."""
-        if self.chooser is None or self.chooser.mode == "blocking":
-            return False
-        if a.is_cuda and torch.cuda.is_current_stream_capturing():
+        if not self._may_defer(a):
             return False
         key = signature(a, b, None)
         if key in self.plans or key in self.refused:
             return False
-        self.planner.submit(key, (a, b))
+        self.planner.submit(key, (a, b, None, PLAIN))
         return True
 
+    def defer_linear(self, a, b, bias, activation: Optional[str]) -> bool:
+        """``linear``'s miss hook (``entry.cpp``): as ``defer``, for an unseen ``linear`` call seen as
+        ``a`` [M, K] @ ``b`` = weight.T with ``bias`` and ``activation``: True, and the call runs
+        ``F.linear`` and torch's activation at once while the planner derives the variant's plan
+        (its route then serves later calls); False, and the Python path runs it (and names what
+        is wrong, where something is: an activation it does not know, a swiglu weight that is not
+        ``gate_up``'s)."""
+        try:
+            variant = Variant("nk", bias is not None, activation or None)
+        except ValueError:
+            return False
+        if variant == PLAIN:
+            return self.defer(a, b)
+        if variant.activation == "swiglu" and b.shape[1] % (2 * SWIGLU_GROUP):
+            return False
+        if not self._may_defer(a):
+            return False
+        key = fused_signature(a, b, None, bias, variant)
+        if key in self.plans or key in self.refused:
+            return False
+        self.planner.submit(key, (a, b, bias, variant))
+        return True
+
+    def _may_defer(self, a) -> bool:
+        """Whether an unseen call may run torch's ops now: there is a chooser, the caller does not
+        wait for choices (``MATMUL_TUNE=blocking``), no CUDA graph is being captured."""
+        if self.chooser is None or self.chooser.mode == "blocking":
+            return False
+        return not (a.is_cuda and torch.cuda.is_current_stream_capturing())
+
     def _derive_deferred(self, group, payloads) -> None:
-        for a, b in payloads:
-            key = signature(a, b, None)
+        for a, b, bias, variant in payloads:
+            fused = variant != PLAIN
+            key = fused_signature(a, b, None, bias, variant) if fused else signature(a, b, None)
             try:
-                if key not in self.plans:
+                if key in self.plans:
+                    continue
+                if fused:  # as ``launch_fused`` keeps it: the route in the variant's table
+                    self.remember(key, self.derive(a, b, None, None, variant), a, b, bias, variant)
+                else:
                     self.derive(a, b, None, key)
             except Exception as e:  # later calls of the signature take the Python path, which says what failed
                 self.refused.add(key)

@@ -26,6 +26,7 @@ import torch
 
 from ..contract import TMA_ALIGN_BYTES, MatmulInputError, check_shapes, empty_padded
 from ..kernels.variant import Variant, activate
+from . import yielding
 
 # the process's plans (``launch.Plans``), as ``api.use_plans`` last set them: handed in by ``api``,
 # which imports this module (so this one does not import it back)
@@ -38,6 +39,7 @@ def _plans():
 
 @torch.library.custom_op("tilus_matmul::mm", mutates_args=())
 def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    yielding.stamp_call()  # a compiled graph or a backward pass calls the operator, not matmul()
     out = empty_padded(a.shape[0], b.shape[1], a.dtype, a.device)  # the strides the fake promises
     return _plans().launch(a, b, out)
 
@@ -50,6 +52,7 @@ def _(a, b):
 
 @torch.library.custom_op("tilus_matmul::mm_out", mutates_args=("out",))
 def mm_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+    yielding.stamp_call()
     _plans().launch(a, b, out)
     return None
 
@@ -91,6 +94,7 @@ mm.register_autograd(_backward, setup_context=_setup)
 @torch.library.custom_op("tilus_matmul::linear", mutates_args=())
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], activation: str) -> torch.Tensor:
     """act(x @ weight.T + bias) for x [M, K], weight [N, K]: the variant's kernel (``launch.Plans.launch_fused``)."""
+    yielding.stamp_call()
     variant = Variant("nk", bias is not None, activation or None)
     out = empty_padded(x.shape[0], variant.out_columns(weight.shape[0]), x.dtype, x.device)
     return _plans().launch_fused(x, weight.T, bias, variant, out)

@@ -67,7 +67,7 @@ from ..kernels.variant import PLAIN, Variant
 from ..kernels.versions import fits
 from ..measure.correctness import TOLERANCE, poisoned_output, random_operands, reference, relative_error
 from ..measure.timing import alternating_rounds, interleaved_ms, median_ms
-from . import tilus_autotune
+from . import tilus_autotune, yielding
 from .choice_cache import Entry
 
 VENDOR = versions.CUBLAS  # the candidate that is not a version of the series: torch.matmul
@@ -407,13 +407,17 @@ def _context_is_usable(device: torch.device) -> bool:
 def child_main(request: dict, probe: Optional[HostProbe] = None) -> None:
     """Tune each job of ``request`` and report its entry; on a fault that leaves the CUDA context
     unusable, report the candidate and exit (the parent starts a new child without it). ``probe``:
-    what measures a candidate's host time through the public call (``child.host_probe``)."""
+    what measures a candidate's host time through the public call (``child.host_probe``). Each step
+    that puts the GPU to work waits for the caller to be quiet first (``yielding``)."""
     default_worker = request.get("worker", "matmul.call.tuner:gpu_worker")
     device = torch.device(request["device"])
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dtype = DTYPE_NAMES[request["dtype"]]
+    gate = yielding.CallerGate.for_request(request)
+    gate.hold_tilus_benchmarks()
     for job in request["jobs"]:
+        held_before = gate.held_s
         # a job may name its own worker: a batch of products is measured by the batched call's
         # (``batched.gpu_worker``), named by the chooser, so that this module need not import it
         module_name, _, function = job.get("worker", default_worker).partition(":")
@@ -425,23 +429,35 @@ def child_main(request: dict, probe: Optional[HostProbe] = None) -> None:
             extra["probe"] = probe
         if job.get("configs") and "configs" in inspect.signature(worker).parameters:
             extra["configs"] = job["configs"]
+        gate.wait()  # the worker's operands and reference are made on the GPU
         prepare_here, timer = worker(request["arch"], dtype, m, n, k, device, **extra)
 
         def prepare(version, prepare_here=prepare_here, key=job["key"]):
             _report(key=key, preparing=version)
+            gate.wait()
             try:
-                return prepare_here(version)
+                candidate = prepare_here(version)
             except Exception:
                 if device.type == "cuda" and not _context_is_usable(device):
                     _report(key=key, fault=version)
                     os._exit(3)
                 raise
+            if candidate.host is not None:
+                candidate.host = gate.before(candidate.host)
+            return candidate
 
         entry = tune(
-            request["arch"], dtype, prepare, timer, names=job["names"], label=job["key"], rejected=job.get("rejected")
+            request["arch"],
+            dtype,
+            prepare,
+            gate.before(timer),
+            names=job["names"],
+            label=job["key"],
+            rejected=job.get("rejected"),
         )
         if job.get("narrowed_from"):
             entry["narrowed_from"] = job["narrowed_from"]  # timed among the neighbour's close candidates only
+        entry["yielded_s"] = round(gate.held_s - held_before, 3)  # waited for the caller to be quiet
         _report(key=job["key"], entry=entry)
 
 
@@ -461,9 +477,12 @@ def tune_in_child(
     """Tune ``jobs`` (dicts of key, m, n, k, the candidate ``names`` and optionally the
     ``variant``'s key) in child processes; the
     entries by key, each handed to ``on_entry`` as it arrives. A candidate that kills its child (or
-    leaves its CUDA context unusable) is rejected for that job, and a new child tunes the rest."""
+    leaves its CUDA context unusable) is rejected for that job, and a new child tunes the rest.
+    The child inherits this process's word of its last call (``yielding``) and puts the GPU to work
+    only while the calls pause."""
     pending = [dict(job, rejected=dict(job.get("rejected", {}))) for job in jobs]
     entries: dict[str, Entry] = {}
+    last_call = yielding.shared_fd()
     while pending:
         request = {
             "arch": arch,
@@ -472,6 +491,8 @@ def tune_in_child(
             "worker": worker,
             "jobs": pending,
         }
+        if last_call is not None:  # the child waits for this process's calls to pause (``yielding``)
+            request[yielding.REQUEST_FIELD] = last_call
         with tempfile.TemporaryFile("w+") as stderr:
             process = subprocess.Popen(
                 [sys.executable, "-m", "matmul.call.child"],
@@ -479,6 +500,7 @@ def tune_in_child(
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 text=True,
+                pass_fds=() if last_call is None else (last_call,),
             )
             timer = threading.Timer(timeout_s, process.kill)
             timer.start()
