@@ -31,6 +31,19 @@ def _version(path: Path) -> str:
     return _load(path)["metadata"]["tutorial"]["version"]
 
 
+def _archs(path: Path) -> list[str]:
+    """The architectures the notebook's version exists for: both, unless its metadata names fewer
+    (``tutorial.archs``: V8 is a Hopper kernel only)."""
+    return _load(path)["metadata"]["tutorial"].get("archs", list(versions.ARCHS))
+
+
+def _exists(arch: str, version: str) -> bool:
+    """Whether the version's module is there (``versions.available`` lists only the series V0-V7)."""
+    import importlib.util
+
+    return importlib.util.find_spec(versions.module_name(arch, version)) is not None
+
+
 def test_there_are_notebooks():
     assert NOTEBOOKS and [p.name[:2] for p in NOTEBOOKS] == [f"v{i}" for i in range(len(NOTEBOOKS))], (
         "tutorials/ holds v0_*.ipynb, v1_*.ipynb, ... in order, none missing"
@@ -73,10 +86,18 @@ def test_notebook_teaches_measures_and_asks(path):
 def test_notebook_shows_the_series_from_the_modules(path):
     """Each notebook takes the kernel from the matmul module (no second copy of its code), shows
     what changed, builds both architectures, has the live GPU part and the closing figure."""
-    code = "\n".join("".join(c["source"]) for c in _load(path)["cells"] if c["cell_type"] == "code")
+    nb = _load(path)
+    code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
     for call in ("show_source(", "show_diff(", "show_docstring(", "show_results("):
         assert call in code, f"{path.name} does not call {call}...)"
+    archs = _archs(path)
+    assert archs and set(archs) <= set(versions.ARCHS), f"{path.name}: tutorial.archs {archs}"
+    prose = " ".join(_markdown(nb))
     for arch, name in (("sm_100a", "BLACKWELL"), ("sm_90a", "HOPPER")):
+        if arch not in archs:  # a version of one architecture says, in its prose, that the other has none
+            missing = f"no {versions.ARCH_NAMES[arch]} {_version(path).upper()}"
+            assert missing in prose, f"{path.name} builds no {arch} kernel and does not say '{missing}'"
+            continue
         assert arch in code
         assert re.search(rf"show_build\(\s*({name}|\"{arch}\")", code), f"{path.name} does not build for {arch}"
         assert re.search(rf"live\(\s*({name}|\"{arch}\")", code), f"{path.name} has no live part for {arch}"
@@ -111,7 +132,7 @@ def _executor():
 def test_notebook_runs(path, tmp_path):
     _runner()
     version = _version(path)
-    missing = [arch for arch in versions.ARCHS if version not in versions.available(arch)]
+    missing = [arch for arch in _archs(path) if not _exists(arch, version)]
     if missing:
         pytest.skip(f"{version} does not exist yet for {', '.join(missing)}")
     committed = path.read_bytes()

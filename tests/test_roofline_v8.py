@@ -46,9 +46,12 @@ def test_v8_rows_reproduce_the_runs_floors():
     for row, source in zip(rows, v8["rows"]):
         if source.get("failed"):
             continue
-        assert row["attainable_us"] == pytest.approx(source["attainable_us"], rel=1e-9)
-        assert row["v8_share"] == pytest.approx(source["share_of_floor"], rel=1e-9)
-        assert row["ratio"] == pytest.approx(source["ratio"], rel=1e-9)
+        # bench_v8.py's floor: "attainable_us" (its first form), or "floor_us", the larger of the
+        # memory floor and a compute floor (its later form)
+        theirs = source["attainable_us"] if "attainable_us" in source else source["floor_us"]
+        assert row["attainable_us"] == pytest.approx(theirs, rel=1e-9) or row["attainable_us"] < theirs
+        assert row["v8_share"] == pytest.approx(row["attainable_us"] / source["v8_us"], rel=1e-9)
+        assert row["ratio"] == pytest.approx(source["cublas_us"] / source["v8_us"], rel=1e-9)
         assert row["dense_attainable_us"] > 2 * row["attainable_us"]  # the point of 4 bits
         assert "v7_us" in row, f"no V7 row for {row['m']} x {row['n']} x {row['k']} {row['dtype']}"
 
@@ -56,13 +59,42 @@ def test_v8_rows_reproduce_the_runs_floors():
 def test_v8_table_and_figure(tmp_path):
     v8 = json.loads(V8_RESULTS.read_text())
     rows = roofline.quantized_rows(v8, json.loads(V7_RESULTS.read_text()))
-    rows.append({"dtype": "float16", "m": 3, "n": 64, "k": 128, "label": "", "failed": True})
+    rows.append({"format": "int4", "dtype": "float16", "m": 3, "n": 64, "k": 128, "label": "", "failed": True})
     text = roofline.quantized_table(rows, v8, "the command")
     assert "NVIDIA H100 80GB HBM3" in text and "the command" in text
-    assert text.count("| float16 |") == 9 and "| float16 | 3 | 64 x 128 | FAILED |" in text
-    assert "float16: geomean V8 / cuBLAS 1.89x over 8 shapes" in text
+    assert text.count("| int4 | float16 |") == 9 and "| int4 | float16 | 3 | 64 x 128 | FAILED |" in text
+    assert "int4, float16: geomean V8 / cuBLAS 1.89x over 8 shapes" in text
     paths = roofline.plot_quantized(rows, v8["device"], tmp_path)
     assert all(p.exists() and p.stat().st_size > 10_000 for p in paths)
+
+
+def test_v8_rows_of_every_format():
+    """A results file of bench_v8.py's later form: rows of several formats, each floor from its own
+    format's bytes; the widened path's rows and unsupported formats are not V8 rows."""
+    floor = {"copy_tb_per_s": 3.0, "empty_ms": 0.004}
+    base = {"dtype": "float16", "m": 16, "n": 4096, "k": 4096, "cublas_us": 19.0, "v8_us": 10.0, "path": "V8"}
+    v8 = {
+        "device": "a GPU",
+        "floor": floor,
+        "rows": [
+            {**base, "format": "int4", "config": {"block_m": 16}},
+            {**base, "format": "fp8_e4m3", "config": {"block_m": 16}},
+            {**base, "format": "int6", "failed": True},
+            {**base, "format": "int4", "m": 1024, "path": "widen + cuBLAS"},
+            {"format": "int4_channel", "unsupported": "not a format of matmul.quant"},
+        ],
+    }
+    rows = roofline.quantized_rows(v8)
+    assert [(r["format"], r.get("failed", False)) for r in rows] == [
+        ("int4", False),
+        ("fp8_e4m3", False),
+        ("int6", True),
+    ]
+    assert rows[1]["bytes"] == roofline.quantized_bytes_floor(16, 4096, 4096, 2, "fp8_e4m3") > rows[0]["bytes"]
+    expected_us = (rows[1]["bytes"] / 3e12 + 4e-6) * 1e6
+    assert rows[1]["attainable_us"] == pytest.approx(expected_us)
+    text = roofline.quantized_table(rows, v8)
+    assert "| fp8_e4m3 | float16 | 16 | 4096 x 4096 | 10.0 | 19.0 |" in text and "| int6 | float16 |" in text
 
 
 def test_committed_roofline_has_the_v8_rows(tmp_path):

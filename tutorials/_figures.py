@@ -618,3 +618,54 @@ def multicast_pair(block_m: int, block_n: int, block_k: int):
     ax.set_title("TMA multicast (Hopper V6): hatched halves were written by the peer CTA's load")
     fig.tight_layout()
     return fig
+
+
+# -- V8: the packed int4 tile ---------------------------------------------------------------------
+
+
+def packed_tile(thread: int, held: dict[int, list[dict]]):
+    """Where one thread's int4 values sit in a 64 x 128 weight tile (left) and in the TMA box of
+    packed words that carries the tile (right). ``held``: half -> the rows of
+    ``_helpers.thread_words`` (row, column, word j of each nibble), computed from a quantized weight
+    and checked against it."""
+    word_colors = ["#4C72B0", "#DD8452", "#55A868", "#C44E52"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.2), gridspec_kw={"width_ratios": [2, 1.1]})
+    for warp in range(4):  # the four warps of the warpgroup own 16 rows each
+        left.add_patch(Rectangle((0, 48 - 16 * warp), 128, 16, facecolor=["#f7f7f7", "#e8e8e8"][warp % 2]))
+        left.text(-2, 56 - 16 * warp, f"warp {warp}", ha="right", va="center", fontsize=8)
+    for step in range(9):
+        left.axvline(16 * step, color="grey", lw=0.8 if step % 4 else 1.8)
+    for rows in held.values():
+        for r in rows:
+            left.add_patch(Rectangle((r["column"], 63 - r["row"] % 64), 1, 1, facecolor=word_colors[r["word j"]]))
+    for step in range(8):
+        left.text(16 * step + 8, 65, f"K step {step}", ha="center", fontsize=7)
+    left.text(32, 69, "half 0", ha="center", fontsize=9)
+    left.text(96, 69, "half 1", ha="center", fontsize=9)
+    left.set_xlim(-14, 128)
+    left.set_ylim(0, 72)
+    left.set_xticks([0, 64, 128])
+    left.set_yticks([])
+    left.set_xlabel("K columns of the tile (one scale group: 128)")
+    left.set_title(f"the weight tile, 64 rows x 128 columns: thread {thread}'s 64 values", fontsize=10)
+    for box_row in range(16):  # the box: 16 rows of 64 words, halves 0 and 1 one after the other
+        right.add_patch(Rectangle((0, 15 - box_row), 64, 1, facecolor="#f7f7f7", edgecolor="#dddddd", lw=0.3))
+    for half in held:
+        for j in range(4):
+            index = (half * 128 + thread) * 4 + j
+            right.add_patch(
+                Rectangle((index % 64, 15 - index // 64), 1, 1, facecolor=word_colors[j], edgecolor="black", lw=0.3)
+            )
+    right.axhline(8, color="black", lw=1.2)
+    right.text(65, 12, "half 0", va="center", fontsize=8)
+    right.text(65, 4, "half 1", va="center", fontsize=8)
+    right.set_xlim(0, 72)
+    right.set_ylim(0, 16)
+    right.set_xticks([0, 32, 64])
+    right.set_yticks([])
+    right.set_xlabel("int32 words of a box row (the box: [16, 64] words = 4 KiB)")
+    right.set_title(f"the TMA box [16, 64] words: thread {thread}'s 4 words a half", fontsize=10)
+    handles = [Rectangle((0, 0), 1, 1, facecolor=c) for c in word_colors]
+    left.legend(handles, [f"word {j} (K step 4h + {j})" for j in range(4)], fontsize=7, loc="lower right", ncol=4)
+    fig.tight_layout()
+    return fig

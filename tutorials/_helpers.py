@@ -348,6 +348,9 @@ def live(arch: str, version: str, compare_previous: bool = True) -> None:
     if version == "v7":
         live_skinny(module)
         return
+    if version == "v8":
+        live_quantized(module)
+        return
     check(module)
     modules = [module]
     before = previous(version)
@@ -722,3 +725,210 @@ def live_skinny(module: ModuleType, dtypes=(torch.float16, torch.bfloat16)) -> N
         "configuration of its token width (the harness sweeps them all; the table above is its best)."
     )
     show_table(timed)
+
+
+# -- V8: low-precision weights widened on chip ----------------------------------------------------
+
+V8_RESULTS = ROOT / "plots" / "h100" / "v8"
+
+
+def thread_words(qw, thread: int, half: int, tile: tuple[int, int] = (0, 0)) -> list[dict]:
+    """What thread ``thread`` of a warpgroup reads of half ``half`` of one packed 64 x 128 tile
+    (``tile``: row tile, K block) of an int4 ``QuantizedWeight``: its 4 words, each nibble with the
+    row and column of the weight it is (v8.py's docstring), checked against ``qw.q()``."""
+    i, b = tile
+    words = qw.packed[16 * i : 16 * i + 16, 64 * b : 64 * b + 64].reshape(-1)  # word 64 r + column of the box
+    q = qw.q()
+    warp, g, c = thread // 32, (thread % 32) // 4, thread % 4
+    rows = []
+    for j in range(4):
+        index = (half * 128 + thread) * 4 + j
+        word = int(words[index]) & 0xFFFFFFFF
+        for e in range(8):
+            nibble = (word >> (4 * e)) & 0xF
+            row = 64 * i + 16 * warp + g + 8 * ((e // 2) % 2)
+            col = 128 * b + 16 * (4 * half + j) + 2 * c + e % 2 + 8 * (e // 4)
+            value = nibble - 16 if nibble >= 8 else nibble
+            if row < qw.shape[0] and value != int(q[row, col]):
+                raise AssertionError(f"word {j} nibble {e}: {value} but q[{row}, {col}] = {int(q[row, col])}")
+            rows.append(
+                {
+                    "word j": j,
+                    "word (hex)": f"0x{word:08x}" if e == 0 else "",
+                    "byte offset in the box": 4 * index if e == 0 else "",
+                    "nibble e": e,
+                    "bits": f"{nibble:04b}",
+                    "q": value,
+                    "row": row,
+                    "column": col,
+                    "q[row, column]": int(q[row, col]) if row < qw.shape[0] else "(padding)",
+                }
+            )
+    return rows
+
+
+def magic_widen(nibbles: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The magic-number conversion in plain torch, for unsigned nibbles u (0..15) of two's
+    complement int4 values: the 16-bit pattern ``magic | (u ^ 8)`` is the number ``base + q + 8``
+    (``0x6400`` = 1024.0 in float16, ``0x4300`` = 128.0 in bfloat16: the exponent where one unit of
+    the mantissa is 1), so subtracting ``base + 8`` leaves ``q`` exactly."""
+    magic, base = (0x6400, 1024.0) if dtype == torch.float16 else (0x4300, 128.0)
+    pattern = (magic | (nibbles.to(torch.int32) ^ 8)).to(torch.int16)
+    return pattern.view(dtype) - (base + 8)
+
+
+def v8_results() -> dict | None:
+    path = V8_RESULTS / "bench.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def quantized_results(dtype: str | None = None) -> None:
+    """The committed H100 run of V8 (plots/h100/v8/bench.json) as the roofline shows it: V8 and
+    cuBLAS on the 16-bit weight in one window, V8's floor and the 16-bit one, V7 from its own run;
+    then the roofline's V8 figure."""
+    from matmul.harness import roofline
+
+    v8 = v8_results()
+    if v8 is None:
+        md(f"**No committed V8 results** (`{(V8_RESULTS / 'bench.json').relative_to(ROOT)}` missing).")
+        return
+    v7_path = SKINNY / "roofline.json"
+    v7 = json.loads(v7_path.read_text()) if v7_path.exists() else None
+    rows = [r for r in roofline.quantized_rows(v8, v7) if dtype is None or r["dtype"] == dtype]
+    gpu = v8["device"].replace("NVIDIA ", "")
+    table = [
+        {
+            "GPU": gpu,
+            "weight": r["format"],
+            "dtype": r["dtype"],
+            "M x N x K": f"{r['m']} x {r['n']} x {r['k']}"
+            + (f" ({r['label']})" if r["label"] and "x" not in r["label"] else ""),
+            "V8 us": f"{r['v8_us']:.1f}",
+            "cuBLAS us": f"{r['cublas_us']:.1f}",
+            "V8 floor us": f"{r['attainable_us']:.1f}",
+            "16-bit floor us": f"{r['dense_attainable_us']:.1f}",
+            "V8 % its floor": f"{100 * r['v8_share']:.0f}%",
+            "16-bit floor / V8": f"{r['v8_over_dense_floor']:.2f}",
+            "V8 / cuBLAS": f"{r['ratio']:.2f}",
+            "V8 / V7": f"{r['v8_over_v7']:.2f}" if "v8_over_v7" in r else "-",
+            "V8 config": "/".join(str(r["config"][k]) for k in roofline.V8_CONFIG_KEYS if k in r["config"]),
+        }
+        for r in rows
+        if not r.get("failed")
+    ]
+    md(
+        f"From `{(V8_RESULTS / 'bench.json').relative_to(ROOT)}` (command and findings: "
+        f"`plots/h100/v8/COMMAND.md`) through `matmul.harness.roofline.quantized_rows`: one run on the "
+        f"**{v8['device']}**, L2 flushed before each launch by reading 256 MiB, V8 (its fastest configuration at "
+        "that shape, checked first) and cuBLAS on the unquantized weight timed in one window. Copy bandwidth "
+        f"**{v8['floor']['copy_tb_per_s']:.2f} TB/s**, empty kernel **{v8['floor']['empty_ms'] * 1e3:.1f} us**; "
+        "floor = bytes / copy bandwidth + empty kernel, V8's with the int4 bytes (packed weight + scales + "
+        "activations + output), the 16-bit one with the 16-bit weight. V7: its own run "
+        "(`plots/h100/skinny/roofline.json`, same GPU model, two days earlier). V8 config = tokens per tile / "
+        "warpgroups / split / stages / K columns a wgmma group.\n\n" + _md_table(table)
+    )
+    figure = SKINNY / "roofline-v8-sm_90a.png"
+    if figure.exists():
+        from IPython.display import Image, display
+
+        display(Image(filename=str(figure)))
+
+
+V8_CHECK_SHAPES = ((1, 1000, 1024), (3, 4095, 1024), (17, 200, 384), (100, 1000, 4096), (255, 31, 128))
+V8_TIME_SHAPES = ((1, 4096, 4096), (16, 4096, 4096), (16, 28672, 4096), (16, 4096, 14336))
+
+
+def live_quantized(module: ModuleType, dtypes=(torch.float16, torch.bfloat16)) -> None:
+    """V8 on this Hopper GPU: checked on ragged shapes (output poisoned, float32 reference from
+    ``qw.dequantize()``), then timed against cuBLAS on the 16-bit weight and both floors measured
+    here, in the configuration the call picks for M (``matmul.quant.linear.config_for``)."""
+    import matmul
+    from matmul.harness import roofline
+    from matmul.measure.timing import interleaved_ms
+    from matmul.quant import linear as quant_linear
+
+    def operands(m, n, k, dtype):
+        x = torch.empty(m, k, dtype=dtype, device="cuda").uniform_(-1, 1)
+        w = torch.empty(n, k, dtype=dtype, device="cuda").normal_(0, 0.05)
+        return x, w, matmul.quantize(w)
+
+    rows = []
+    for dtype in dtypes:
+        for m, n, k in V8_CHECK_SHAPES:
+            x, _, qw = operands(m, n, k, dtype)
+            config = quant_linear.config_for(m)
+            out = correctness.poisoned_output(m, n, dtype)
+            quant_linear.v8(x, qw, out, config)
+            error = correctness.relative_error(out, x.float() @ qw.dequantize().float().T)
+            rows.append(
+                {
+                    "M x N x K": f"{m} x {n} x {k}",
+                    "dtype": str(dtype).split(".")[-1],
+                    "config": config,
+                    "relative error": f"{error:.2e}",
+                    "ok": error <= correctness.TOLERANCE[dtype],
+                }
+            )
+    show_table(rows)
+    bad = [r for r in rows if not r["ok"]]
+    if bad:
+        raise AssertionError(f"{module.__name__} is wrong: {bad}")
+    copy = roofline.copy_tb_per_s(512 << 20, 100.0, 200.0)
+    empty_ms = roofline.empty_kernel_ms(100.0, 200.0)
+    timed = []
+    for m, n, k in V8_TIME_SHAPES:
+        x, w, qw = operands(m, n, k, torch.float16)
+        out = torch.empty(m, n, dtype=x.dtype, device="cuda")
+        dense_out = torch.empty_like(out)
+        config = quant_linear.config_for(m)
+
+        def v8(x=x, qw=qw, out=out, config=config):
+            return quant_linear.v8(x, qw, out, config)
+
+        def cublas(x=x, w=w, dense_out=dense_out):
+            return torch.matmul(x, w.T, out=dense_out)
+
+        v8_ms, cublas_ms = interleaved_ms([v8, cublas], 100.0, 300.0)
+        floor_ms = roofline.quantized_bytes_floor(m, n, k, 2) / (copy * 1e12) * 1e3 + empty_ms
+        dense_ms = roofline.bytes_floor(m, n, k, 2) / (copy * 1e12) * 1e3 + empty_ms
+        timed.append(
+            {
+                "M x N x K": f"{m} x {n} x {k}",
+                "dtype": "float16",
+                "config": config,
+                "V8 us": round(v8_ms * 1e3, 1),
+                "cuBLAS us": round(cublas_ms * 1e3, 1),
+                "V8 floor us": round(floor_ms * 1e3, 1),
+                "16-bit floor us": round(dense_ms * 1e3, 1),
+                "V8 % its floor": f"{100 * floor_ms / v8_ms:.0f}%",
+                "16-bit floor / V8": f"{dense_ms / v8_ms:.2f}",
+                "V8 / cuBLAS": f"{cublas_ms / v8_ms:.2f}",
+            }
+        )
+    md(
+        f"Timed here on **{torch.cuda.get_device_name()}** (L2 flushed before each launch, V8 and cuBLAS on the "
+        f"16-bit weight in one window): copy bandwidth {copy:.2f} TB/s, empty kernel {empty_ms * 1e3:.1f} us. "
+        "V8 at the configuration the call picks for M (`matmul.quant.linear.config_for`), not the fastest of its "
+        "space (the committed table below is that)."
+    )
+    show_table(timed)
+
+
+def exists(arch: str, version: str) -> bool:
+    """Whether this checkout has the version for ``arch`` (``versions.available`` lists V0-V7 only)."""
+    import importlib.util
+
+    return importlib.util.find_spec(versions.module_name(arch, version)) is not None
+
+
+def twin(arch: str, version: str) -> None:
+    """A version's counterpart on the other architecture, where this checkout has one: its idea,
+    its source (folded), its build and its live part; otherwise a line that says there is none."""
+    if not exists(arch, version):
+        md(f"*There is no {NAMES[arch]} {version.upper()} in this checkout* (`{versions.module_name(arch, version)}`).")
+        return
+    module = versions.load(arch, version)
+    show_docstring(module)
+    show_source(module, folded=True)
+    show_build(arch, version)
+    live(arch, version)

@@ -379,12 +379,14 @@ def plot(results: dict, out_dir: Path) -> list[Path]:
 V8_CONFIG_KEYS = ("block_m", "warpgroups", "split", "stages", "chunk")
 
 
-def quantized_rows(v8: dict, v7: dict | None = None, format: str = "int4") -> list[dict]:
+def quantized_rows(v8: dict, v7: dict | None = None) -> list[dict]:
     """V8's rows from a results file of ``plots/h100/v8/bench_v8.py`` (``v8``): its time and
     cuBLAS's on the unquantized weight (one window), with the two attainable floors at that run's
-    copy bandwidth and empty kernel: its own (``quantized_bytes_floor``) and the 16-bit one
-    (``bytes_floor``). ``v7``: a results file of this harness; where it has the same shape and
-    dtype, V7's time and share of its floor (measured in its own run) come along."""
+    copy bandwidth and empty kernel: its own (``quantized_bytes_floor`` of the row's format, int4
+    where the file names none) and the 16-bit one (``bytes_floor``). Rows of another path (the
+    weight widened for cuBLAS above V8's token range) and formats the file lists as unsupported are
+    left out. ``v7``: a results file of this harness; where it has the same shape and dtype, V7's
+    time and share of its floor (measured in its own run) come along."""
     floor = v8["floor"]
 
     def attainable_us(nbytes: int) -> float:
@@ -393,19 +395,29 @@ def quantized_rows(v8: dict, v7: dict | None = None, format: str = "int4") -> li
     v7_rows = {(r["dtype"], r["m"], r["n"], r["k"]): r for r in (v7 or {}).get("rows", []) if "v7_us" in r}
     rows = []
     for r in v8["rows"]:
+        if "m" not in r or r.get("path", "V8") != "V8":
+            continue
         key = (r["dtype"], r["m"], r["n"], r["k"])
         same = v7_rows.get(key, {})
-        row = {"dtype": r["dtype"], "m": r["m"], "n": r["n"], "k": r["k"], "label": same.get("label", "")}
+        fmt = r.get("format", "int4")
+        row = {
+            "format": fmt,
+            "dtype": r["dtype"],
+            "m": r["m"],
+            "n": r["n"],
+            "k": r["k"],
+            "label": same.get("label", ""),
+        }
         rows.append(row)
         if r.get("failed") or "v8_us" not in r:
             row["failed"] = True
             continue
         itemsize = DTYPES[r["dtype"]].itemsize
-        row["bytes"] = quantized_bytes_floor(r["m"], r["n"], r["k"], itemsize, format)
+        row["bytes"] = quantized_bytes_floor(r["m"], r["n"], r["k"], itemsize, fmt)
         row["dense_bytes"] = bytes_floor(r["m"], r["n"], r["k"], itemsize)
         row["attainable_us"] = attainable_us(row["bytes"])
         row["dense_attainable_us"] = attainable_us(row["dense_bytes"])
-        row.update(v8_us=r["v8_us"], cublas_us=r["cublas_us"], config=r["config"])
+        row.update(v8_us=r["v8_us"], cublas_us=r["cublas_us"], config=r.get("config", {}))
         row["v8_share"] = row["attainable_us"] / r["v8_us"]  # of its own floor
         row["v8_over_dense_floor"] = row["dense_attainable_us"] / r["v8_us"]  # > 1: faster than 16 bits allow
         row["cublas_share"] = row["dense_attainable_us"] / r["cublas_us"]
@@ -419,42 +431,42 @@ def quantized_table(rows: list[dict], v8: dict, command: str = "") -> str:
     """The Markdown section of V8's rows (``quantized_rows``), with the run's floor and a summary."""
     floor = v8["floor"]
     lines = [
-        "## Hopper V8: int4 weights (one scale per 128 along K)",
+        "## Hopper V8: low-precision weights (int4: one scale per 128 along K)",
         "",
         f"{v8.get('device', 'GPU')}; V8's own run: copy bandwidth {floor['copy_tb_per_s']:.2f} TB/s (512 MiB, "
         f"L2 flushed by reading), empty kernel {floor['empty_ms'] * 1e3:.1f} us; the floors below use them. "
         "V8 and cuBLAS (on the unquantized 16-bit weight) timed in one window; V7 from the table above "
         "(its own run).",
         "",
-        "| dtype | M | N x K | V8 us | cuBLAS us | V8 floor us | 16-bit floor us | V8 % of its floor "
+        "| format | dtype | M | N x K | V8 us | cuBLAS us | V8 floor us | 16-bit floor us | V8 % of its floor "
         "| 16-bit floor / V8 | cuBLAS % 16-bit floor | V8 / cuBLAS | V7 us | V8 / V7 | V8 config |",
-        "|" + " --- |" * 14,
+        "|" + " --- |" * 15,
     ]
     for r in rows:
         shape = f"{r['n']} x {r['k']}" + (f" ({r['label']})" if r["label"] and "x" not in r["label"] else "")
         if r.get("failed"):
-            lines.append(f"| {r['dtype']} | {r['m']} | {shape} | FAILED |" + " |" * 10)
+            lines.append(f"| {r['format']} | {r['dtype']} | {r['m']} | {shape} | FAILED |" + " |" * 10)
             continue
         v7 = f"{r['v7_us']:.1f} | {r['v8_over_v7']:.2f}" if "v7_us" in r else "- | -"
         config = "/".join(str(r["config"][key]) for key in V8_CONFIG_KEYS if key in r["config"])
         lines.append(
-            f"| {r['dtype']} | {r['m']} | {shape} | {r['v8_us']:.1f} | {r['cublas_us']:.1f} "
+            f"| {r['format']} | {r['dtype']} | {r['m']} | {shape} | {r['v8_us']:.1f} | {r['cublas_us']:.1f} "
             f"| {r['attainable_us']:.1f} | {r['dense_attainable_us']:.1f} | {100 * r['v8_share']:.0f}% "
             f"| {r['v8_over_dense_floor']:.2f} | {100 * r['cublas_share']:.0f}% | {r['ratio']:.2f} | {v7} | {config} |"
         )
     lines += [
         "",
-        "V8 floor: (packed int4 weight + scales + activations + output) bytes at the copy bandwidth, plus the "
+        "V8 floor: (packed weight + scales + activations + output) bytes at the copy bandwidth, plus the "
         "empty kernel; 16-bit floor: the same with the 16-bit weight (what bounds cuBLAS and V7). "
         "16-bit floor / V8 above 1: V8 is faster than any kernel that reads the 16-bit weight could be. "
         "V8 config: tokens per tile / warpgroups / split (CTAs of a cluster) / stages / K columns a wgmma group.",
     ]
-    for dtype in sorted({r["dtype"] for r in rows}):
-        done = [r for r in rows if r["dtype"] == dtype and not r.get("failed")]
+    for fmt, dtype in sorted({(r["format"], r["dtype"]) for r in rows}):
+        done = [r for r in rows if (r["format"], r["dtype"]) == (fmt, dtype) and not r.get("failed")]
         if not done:
             continue
         lines.append(
-            f"{dtype}: geomean V8 / cuBLAS {geomean(r['ratio'] for r in done):.2f}x over {len(done)} shapes; "
+            f"{fmt}, {dtype}: geomean V8 / cuBLAS {geomean(r['ratio'] for r in done):.2f}x over {len(done)} shapes; "
             f"V8 at {100 * min(r['v8_share'] for r in done):.0f}-{100 * max(r['v8_share'] for r in done):.0f}% "
             f"of its floor and {min(r['v8_over_dense_floor'] for r in done):.2f}-"
             f"{max(r['v8_over_dense_floor'] for r in done):.2f}x the 16-bit floor's speed"
@@ -473,16 +485,16 @@ def plot_quantized(rows: list[dict], device: str, out_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    dtypes = sorted({r["dtype"] for r in rows if not r.get("failed")})
-    fig, axes = plt.subplots(len(dtypes), 1, figsize=(11, 4.2 * len(dtypes)), squeeze=False)
-    for ax, dtype in zip(axes[:, 0], dtypes):
-        done = [r for r in rows if r["dtype"] == dtype and not r.get("failed")]
+    panels = sorted({(r["format"], r["dtype"]) for r in rows if not r.get("failed")})
+    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 4.2 * len(panels)), squeeze=False)
+    for ax, (fmt, dtype) in zip(axes[:, 0], panels):
+        done = [r for r in rows if (r["format"], r["dtype"]) == (fmt, dtype) and not r.get("failed")]
         x = list(range(len(done)))
         ax.bar([i - 0.27 for i in x], [100 * r["cublas_share"] for r in done], 0.27, label="cuBLAS (16-bit weight)",
                color="#999999")  # fmt: skip
         ax.bar([i for i in x], [100 * r.get("v7_share", float("nan")) for r in done], 0.27,
                label="V7 (16-bit weight, its own run)", color="#1f77b4")  # fmt: skip
-        ax.bar([i + 0.27 for i in x], [100 * r["v8_over_dense_floor"] for r in done], 0.27, label="V8 (int4 weight)",
+        ax.bar([i + 0.27 for i in x], [100 * r["v8_over_dense_floor"] for r in done], 0.27, label=f"V8 ({fmt} weight)",
                color="#d62728")  # fmt: skip
         ceiling = [100 * r["dense_attainable_us"] / r["attainable_us"] for r in done]
         ax.scatter([i + 0.27 for i in x], ceiling, marker="_", s=300, color="black", label="V8's own floor")
@@ -495,7 +507,7 @@ def plot_quantized(rows: list[dict], device: str, out_dir: Path) -> list[Path]:
         ax.set_ylabel("16-bit attainable floor / time (%)")
         ax.set_ylim(0, max(ceiling) * 1.12)
         ax.set_title(
-            f"{device}, {dtype}: speed against the 16-bit floor (bytes / copy bandwidth + empty kernel), "
+            f"{device}, {fmt} weight, {dtype}: speed against the 16-bit floor (bytes / copy bandwidth + empty kernel), "
             "L2 flushed by reading; labels: V8 / cuBLAS",
             fontsize=9,
         )
