@@ -27,7 +27,8 @@ matmul.call.child``) on the same GPU. A kernel that faults (an illegal address l
 context unusable for good) takes down only the child; the parent names that candidate as
 rejected and starts a new child for the candidates left. The parent never launches a candidate
 before it has been checked. The child reports each step on its stdout as one JSON line
-prefixed by ``PROTOCOL``.
+prefixed by ``PROTOCOL``. It puts the GPU to work only while the caller's calls pause
+(``yielding``): two processes on one GPU are time-sliced, and a call would wait for the child's slice.
 
 A choice is per (architecture, GPU, dtype, shape bucket, variant): a ``Variant``
 (``matmul.kernels.variant``: B's layout, bias, activation) other than the plain one is tuned on
