@@ -424,3 +424,95 @@ def test_an_unseen_linear_call_gets_its_plan_on_the_planners_thread_and_a_route(
         assert torch.allclose(y.float(), expected, atol=2e-2, rtol=1e-2) and y.shape == (2, 3, 32)
     finally:
         api.use_plans(previous)
+
+
+# --- on a GPU: python -m pytest -m gpu tests/test_native_entry.py ----------------------------------
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a Hopper or Blackwell GPU")
+
+DEFERRED_LINEAR_CHILD = """
+import torch
+import matmul
+from matmul.call import api
+from matmul.kernels.variant import torch_epilogue
+from matmul.measure.correctness import TOLERANCE, random_operands, reference, relative_error
+x, w = random_operands(100, 384, 512, torch.float16)
+bias = torch.randn(384, device="cuda", dtype=torch.float16)
+routes = api._plans.direct.variant(True, "gelu_tanh")
+assert routes.kind(x, w.T) is None
+y = matmul.linear(x, w, bias, "gelu_tanh")  # unseen: F.linear and torch's GELU at once, the plan on the planner
+expected = torch_epilogue(reference(x, w), bias.float(), "gelu_tanh")
+assert relative_error(y, expected) <= TOLERANCE[torch.float16]
+assert api._plans.planner.wait(60)
+kind = routes.kind(x, w.T)
+x2 = random_operands(97, 384, 512, torch.float16)[0]  # M = 97 and 100 share the bucket of 128
+assert kind is not None and routes.kind(x2, w.T) == kind, kind
+expected2 = torch_epilogue(reference(x2, w), bias.float(), "gelu_tanh")
+assert relative_error(matmul.linear(x2, w, bias, "gelu_tanh"), expected2) <= TOLERANCE[torch.float16]
+print("route", kind)
+"""
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_on_the_gpu_an_unseen_linear_call_runs_torch_at_once_and_its_bucket_gets_a_route(tmp_path):
+    env = dict(os.environ, MATMUL_CACHE_DIR=str(tmp_path), MATMUL_TUNE="off")
+    done = subprocess.run(
+        [sys.executable, "-c", DEFERRED_LINEAR_CHILD], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0 and "route" in done.stdout, done.stderr[-3000:]
+
+
+# The caller times its calls one by one (synchronized, as the trace does) for CALLING_S while a
+# tuning child measures cuBLAS on another shape (no kernel to build: it reaches the GPU within
+# seconds of its start). It prints the share of calls over 1.5x the median, the seconds the child
+# waited, and whether the child's result came only after the calls stopped.
+YIELDING_CHILD = """
+import json, statistics, threading, time
+import torch
+import matmul
+from matmul.call import tuner
+from matmul.measure.correctness import random_operands
+CALLING_S = 20.0
+x, w = random_operands(8192, 4096, 4096, torch.float16)  # calls of about half a millisecond
+matmul.matmul(x, w.T)
+device = torch.device("cuda", torch.cuda.current_device())
+job = {"key": "yield test", "m": 4096, "n": 4096, "k": 4096, "names": [tuner.VENDOR]}
+found = {}
+def tune():
+    found.update(tuner.tune_in_child(tuner.versions.local_arch(), torch.float16, device, [job]))
+    found["at"] = time.monotonic()
+thread = threading.Thread(target=tune)
+thread.start()
+times, begin = [], time.monotonic()
+while time.monotonic() - begin < CALLING_S:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    matmul.matmul(x, w.T)
+    torch.cuda.synchronize()
+    times.append(time.perf_counter() - start)
+stopped = time.monotonic()
+thread.join(600)
+median = statistics.median(times)
+print(json.dumps({
+    "slow_share": sum(t > 1.5 * median for t in times) / len(times),
+    "yielded_s": found["yield test"]["yielded_s"],
+    "after_the_calls": found["at"] > stopped,
+}))
+"""
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("max_hold_s", ["inf", "0"])  # "0": never held, the control that shows a collision
+def test_on_the_gpu_the_tuning_child_waits_while_the_process_calls(tmp_path, max_hold_s):
+    import json
+
+    env = dict(os.environ, MATMUL_CACHE_DIR=str(tmp_path), MATMUL_TUNE="off", MATMUL_TUNE_MAX_HOLD_S=max_hold_s)
+    done = subprocess.run([sys.executable, "-c", YIELDING_CHILD], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    if max_hold_s == "inf":  # held until the calls stopped, and no call slowed by the child's kernels
+        assert found["after_the_calls"] and found["yielded_s"] > 1.0 and found["slow_share"] <= 0.005, found
+    else:  # measured while the calls ran: some of them waited for the GPU
+        assert not found["after_the_calls"] and found["yielded_s"] == 0 and found["slow_share"] > 0.005, found
