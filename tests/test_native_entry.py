@@ -471,11 +471,14 @@ YIELDING_CHILD = """
 import json, statistics, threading, time
 import torch
 import matmul
-from matmul.call import tuner
+from matmul.call import api, tuner
 from matmul.measure.correctness import random_operands
 CALLING_S = 20.0
 x, w = random_operands(8192, 4096, 4096, torch.float16)  # calls of about half a millisecond
-matmul.matmul(x, w.T)
+matmul.matmul(x, w.T)  # its plan, and the build of the kernel chosen, settled before anything is timed
+assert api._plans.planner.wait(600) and api._chooser.wait(600)
+for _ in range(10):
+    matmul.matmul(x, w.T)
 device = torch.device("cuda", torch.cuda.current_device())
 job = {"key": "yield test", "m": 4096, "n": 4096, "k": 4096, "names": [tuner.VENDOR]}
 found = {}
