@@ -102,6 +102,9 @@ def test_the_call(format, dtype):
         for y in (matmul.matmul(x, qw.T), matmul.linear(x, qw)):
             assert y.shape == (m, 1000) and y.dtype == dtype
             assert relative_error(y, ref) <= TOLERANCE[dtype]
+        out = poisoned_output(m, 1000, dtype)  # the product written into it, on either path
+        quant_linear.linear(x, qw, out=out)
+        assert relative_error(out, ref) <= TOLERANCE[dtype]
     x, qw = operands(16, 1000, 1024, dtype, format)
     x3 = x.view(2, 8, 1024)
     bias = torch.randn(1000, dtype=dtype, device="cuda")

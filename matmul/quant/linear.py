@@ -115,8 +115,9 @@ def linear(
     elif uses_v8(m, weight):
         y2 = target.view(m, n) if target is not None and target.is_contiguous() else None
         y = v8(x2, weight, y2 if y2 is not None else x2.new_empty((m, n)))
-    else:
-        y = widened(x2, weight)
+    else:  # into ``out`` where it is dense: no copy of the product afterwards
+        y2 = target.view(m, n) if target is not None and target.is_contiguous() else None
+        y = widened(x2, weight, out=y2)
     y = y.view(*lead, n)
     if fused:
         y = torch_epilogue(y, bias, activation)

@@ -8,7 +8,10 @@ this: a thread's bytes of a part are contiguous, 16 bytes for int4 and fp8, 24 f
 them in the wgmma A-fragment layout and widens them with V8's own conversion
 (``pipeline.widen``: the same lop3/prmt magic-number casts, the same single rounding of ``q *
 scale`` in the 16-bit dtype; fp8: ``q`` widened exactly, times the float32 row scale, rounded once),
-then stores the fragment to ``out`` (rows past N are masked: the padding rows are never written).
+then writes each part's fragment into a staging tile in shared memory (``stmatrix``) from which one
+TMA store writes it to ``out``: whole 128-byte rows instead of the fragment's 4-byte pieces, and the
+store clips at N, so the padding rows are never written. A staging buffer per part lets the part's
+store run while the next part is widened.
 The packed bytes and scales are read once and the widened weight written once: int4 moves 2.5
 bytes a weight (0.5 + 2), int6 2.75, fp8 3, so the kernel is bound by HBM, ~0.11 ms for int4 at
 28672 x 4096 at 3 TB/s, where torch's unpacking (a 10-dimensional permute) takes 1.8 ms.
@@ -21,7 +24,9 @@ to cuBLAS is ``1 / (1 + b F / (2 M B))``, independent of N and K: ``b F / 2B`` i
 int4, ~320 for int6 and ~350 for fp8. 0.9x needs ``M >= 9 x`` that: ~2600 tokens (int4), ~2900
 (int6), ~3150 (fp8). So M = 4096 meets it (int4 ~0.93x), M = 1024 does not (int4 ~0.78x at every
 weight shape, 4096 x 4096 included; ~0.75x fp8), and a prefill of a few hundred tokens is well
-below (at 256 tokens V8 itself is the faster path).
+below (at 256 tokens V8 itself is the faster path). These are upper bounds: the kernel runs a little
+below the copy bandwidth and adds a launch, and the call writes cuBLAS's product straight into
+``out`` so that no copy of it comes on top (``plots/h100/v8/bench_v8.py`` measures all of it).
 
 What would meet it at M = 1024: widening per tile inside a compute-bound kernel (V5/V6's
 persistent warp-specialized wgmma main loop), the packed tile coming through the TMA ring and a

@@ -13,13 +13,16 @@ weight widened on the GPU by ``matmul.quant.widen`` then cuBLAS), after checking
 * the call's attainable floor: the larger of the memory floor (the bytes the format's call must
   move: packed weight, scales, activations and output for V8; the widened weight's write and read
   on top for widen + cuBLAS) at the copy bandwidth plus an empty kernel, and the compute floor
-  (2 M N K at cuBLAS's fp16 rate on 8192^3, both measured in the same run);
+  (2 M N K at cuBLAS's fp16 rate on 8192^3, or cuBLAS's time on the row's unquantized weight where
+  that is shorter; all measured in the same run);
 * the widening kernel alone (rows above 256 tokens).
 
 Two timings of each: L2 flushed by reading before each launch (``timing.interleaved_ms``: a layer
 finds its weight in HBM), and back to back (the same call repeated, no flush: weights up to ~50 MB
-partly stay in L2, as in a micro-benchmark of one layer). Each row is written to ``bench.json`` as
-soon as it is measured, so a run cut short keeps what it measured; ``bench.md`` is the table.
+partly stay in L2, as in a micro-benchmark of one layer), queued while the GPU sleeps so that the
+host's pace does not count; the host's time to issue one call is recorded beside it (``*_host_us``).
+Each row is written to ``bench.json`` as soon as it is measured, so a run cut short keeps what it
+measured; ``bench.md`` is the table.
 
     python plots/h100/v8/bench_v8.py OUT_DIR [--formats int4,fp8_e4m3] [--dtypes bfloat16]
         [--tokens 1,1024] [--shapes 4096x4096,28672x4096]
@@ -52,6 +55,7 @@ BENCH_FORMATS = ("int4", "int4_channel", "fp8_e4m3", "int6")
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 CONFIG_KEYS = ("block_m", "warpgroups", "split", "stages", "chunk")
 WINDOW = (20, 60)  # ms of warm-up and of timed turns a window: many short rows fit in one command
+SLEEP_CYCLES = 50_000_000  # ~30 ms at the H100's clock: longer than the host takes to issue a batch
 
 
 def weight_bytes(qw) -> int:
@@ -59,31 +63,37 @@ def weight_bytes(qw) -> int:
     return qw.packed.numel() * qw.packed.element_size() + qw.scales.numel() * qw.scales.element_size()
 
 
-def floor_us(m, n, k, qw, itemsize, floor) -> float:
-    """The call's attainable time (module doc): memory floor or compute floor, the larger."""
+def floor_us(m, n, k, qw, itemsize, floor, cublas_us) -> float:
+    """The call's attainable time (module doc): memory floor or compute floor, the larger; cuBLAS's
+    own time on the unquantized weight, where it beats the 8192^3 rate, is attainable too."""
     moved = weight_bytes(qw) + m * k * itemsize + m * n * itemsize
     if not quant_linear.uses_v8(m, qw):
         moved += 2 * n * k * itemsize  # the widened weight written, then read by cuBLAS
     memory = moved / (floor["copy_tb_per_s"] * 1e12) * 1e6 + floor["empty_ms"] * 1e3
-    compute = 2 * m * n * k / (floor["cublas_tflops"] * 1e12) * 1e6
+    compute = min(2 * m * n * k / (floor["cublas_tflops"] * 1e12) * 1e6, cublas_us)
     return max(memory, compute)
 
 
-def back_to_back_ms(fns, repeat: int = 20, rounds: int = 5) -> list[float]:
-    """Median over ``rounds`` of the mean time of ``repeat`` consecutive calls of each fn, no flush."""
-    times = [[] for _ in fns]
+def back_to_back_ms(fns, repeat: int = 20, rounds: int = 5) -> tuple[list[float], list[float]]:
+    """Per fn: the median over ``rounds`` of the mean GPU time of ``repeat`` consecutive calls (no
+    flush), and the host's time to issue one call. The GPU sleeps while the host queues the calls,
+    so the GPU time is the kernels' back to back, not the host's pace."""
+    device, host = [[] for _ in fns], [[] for _ in fns]
     for fn in fns:
         fn()
     for _ in range(rounds):
         for i, fn in enumerate(fns):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(SLEEP_CYCLES)
             start.record()
+            issued = time.perf_counter()
             for _ in range(repeat):
                 fn()
+            host[i].append((time.perf_counter() - issued) / repeat * 1e3)
             end.record()
             torch.cuda.synchronize()
-            times[i].append(start.elapsed_time(end) / repeat)
-    return [statistics.median(t) for t in times]
+            device[i].append(start.elapsed_time(end) / repeat)
+    return [statistics.median(t) for t in device], [statistics.median(t) for t in host]
 
 
 def torch_int4(x, qw):
@@ -142,10 +152,10 @@ def measure(fmt, m, w, qw, floor) -> dict:
         fns["torch_int4"] = int4[0]
         row["torch_int4_error"] = int4[1]
     flushed = interleaved_ms(list(fns.values()), *WINDOW)
-    unflushed = back_to_back_ms(list(fns.values()))
-    for name, t, t_b2b in zip(fns, flushed, unflushed):
-        row[f"{name}_us"], row[f"{name}_b2b_us"] = t * 1e3, t_b2b * 1e3
-    row["floor_us"] = floor_us(m, n, k, qw, x.element_size(), floor)
+    unflushed, host = back_to_back_ms(list(fns.values()))
+    for name, t, t_b2b, t_host in zip(fns, flushed, unflushed, host):
+        row[f"{name}_us"], row[f"{name}_b2b_us"], row[f"{name}_host_us"] = t * 1e3, t_b2b * 1e3, t_host * 1e3
+    row["floor_us"] = floor_us(m, n, k, qw, x.element_size(), floor, row["cublas_us"])
     row["share_of_floor"] = row["floor_us"] / row["call_us"]
     row["x_cublas"] = row["cublas_us"] / row["call_us"]
     row["x_cublas_b2b"] = row["cublas_b2b_us"] / row["call_b2b_us"]
