@@ -274,6 +274,26 @@ MUTANTS = (
         ("bytes",),
         config=V7_MULTICAST,
     ),
+    Mutant(
+        "tcgen05.st not waited: Blackwell V8's widening threads hand a TMEM buffer to the MMA warp before "
+        "their tcgen05.st has landed",
+        "sm_100a",
+        "v8",
+        "matmul.kernels.blackwell.v8",
+        "                self.tcgen05.wait_store()  # the store has landed in TMEM before the MMA warp hears of it\n",
+        "",
+        ("race", "exit"),
+    ),
+    Mutant(
+        "arrival count off by one: Blackwell V8's ring slot is refilled once the widening threads released "
+        "it, not the MMAs that read its tokens",
+        "sm_100a",
+        "v8",
+        "matmul.kernels.blackwell.v8",
+        "ring = Pipeline(stages, consumer_arrivals=1 + 128)",
+        "ring = Pipeline(stages, consumer_arrivals=128)",
+        ("race", "overrun", "arrivals"),
+    ),
 )
 
 

@@ -19,7 +19,7 @@ from matmul import build, protocol, tilus_fixes
 from matmul.kernels import versions
 
 ARCH = "sm_100a"
-BLACKWELL = ("v0", "v1", "v2", "v3", "v4", "v5", "v6")
+BLACKWELL = ("v0", "v1", "v2", "v3", "v4", "v5", "v6", "v8")
 # one barrier instruction of any kind: the points a TMEM hand-off crosses between threads
 BARRIER = re.compile(
     r"mbarrier\.try_wait|bar\.sync|bar\.cta\.sync|barrier\.sync|barrier\.cluster\.wait|"
@@ -131,6 +131,8 @@ def test_tmem_hand_offs_are_fenced(version):
     barrier = [m for m in BARRIER.finditer(ptx, 0, dealloc)][-1]
     if barrier.group() == "barrier.cluster.wait":  # its arrive is the hand-off
         barrier = [m for m in BARRIER.finditer(ptx, 0, barrier.start())][-1]
+    if version == "v8":  # split-K: the exchange's __syncthreads is the hand-off, then its DSMEM arrivals
+        barrier = [m for m in re.compile(r"\bbar(\.cta)?\.sync").finditer(ptx, 0, dealloc)][-1]
     assert fenced(ptx, barrier.start(), BEFORE)
     if version in ("v5", "v6"):
         # a released accumulator buffer: before_thread_sync in front of the release, and the MMA
@@ -264,6 +266,39 @@ def test_the_four_cta_v6_is_selectable_but_not_in_the_autotune_space():
     result = four_cta()
     assert result.cluster == (4, 1, 1) and result.spill_bytes == 0
     assert result.shared_bytes <= build.SHARED_MEMORY_LIMIT[ARCH]
+
+
+# -- V8: the widened weight handed to the MMA through tensor memory --------------------------------
+
+
+def test_v8_hands_each_widened_tile_over_after_its_store_landed_and_fenced():
+    ptx = built("v8").ptx()
+    stores = [m.start() for m in re.finditer(r"tcgen05\.st\.", ptx)]
+    assert stores
+    for at in stores:
+        # the arrival that hands the buffer to the MMA warp comes after tcgen05.wait::st and the
+        # before_thread_sync fence: the MMA must not read A before the store has landed in TMEM
+        arrive = ptx.index("mbarrier.arrive", at)
+        between = ptx[at:arrive]
+        assert "tcgen05.wait::st" in between and BEFORE in between[between.index("tcgen05.wait::st") :]
+    # every MMA, reading A from TMEM, follows after_thread_sync after its thread's last wait
+    mmas = [m.start() for m in re.finditer(r"tcgen05\.mma\.", ptx)]
+    assert mmas and all(fenced(ptx, at, AFTER, anchor=re.compile(r"mbarrier\.try_wait")) for at in mmas)
+
+
+def test_v8_mma_with_a_in_tensor_memory_builds_only_with_the_fix(tmp_path):
+    assert built("v8").ok
+    module = versions.load(ARCH, "v8")
+    previous = tilus.option.get_option("cache_dir")
+    try:
+        tilus.option.cache_dir(str(tmp_path))  # an empty cache: the build above must not hide the fault
+        tilus.drivers.get_cache_dir.cache_clear()
+        with tilus_fixes.disabled("tcgen05_tmem_a"):
+            faulty = build.build_config(module, ARCH, module.REPRESENTATIVE)
+    finally:
+        tilus.option.cache_dir(previous)
+        tilus.drivers.get_cache_dir.cache_clear()
+    assert not faulty.ok and "Tcgen05MmaTSInst" in faulty.error
 
 
 # -- the shared workspace (tcgen05.alloc's address) lies inside the requested shared memory ----------

@@ -1,4 +1,4 @@
-"""The Blackwell series V2-V6: each version's PTX holds what its step is about.
+"""The Blackwell series V2-V6 and V8: each version's PTX holds what its step is about.
 
 The kernels are built for sm_100a and inspected, never run (no Blackwell GPU here). Each test reads
 the representative build (cached once per session by ``conftest.representative_build``); only the
@@ -9,6 +9,7 @@ import functools
 import inspect
 import re
 
+import pytest
 from conftest import representative_build
 
 import pipeline
@@ -162,3 +163,109 @@ def test_sass_of_v2_to_v6_when_a_disassembler_is_installed():
     # the pair's MMA, its multicast commit, its 2-CTA TMA loads and the cluster barrier in machine code
     for op in ("UTCHMMA.2CTA", "UTCBAR.2CTA.MULTICAST", "UTMALDG.2D.2CTA", "UCGABAR_ARV", "UCGABAR_WAIT"):
         assert op in sass, op
+
+
+# -- V8: int4 weights widened by a warpgroup into tensor memory, the MMA's A operand ----------------
+
+
+def v8_reads(words, n_pad: int, k: int):
+    """q [N_pad, K] as Blackwell V8's widening threads read the packed words (v8.py's docstring): each
+    thread's 16 words through the kernel's view of a stage (tilus's own layout operations), each
+    nibble placed by the register layout the widened tile has (``WIDE``), which tcgen05.st writes
+    row by row into the TMEM lanes."""
+    import torch
+    from tilus.ir.layout.ops.shared_ops import shared_permute, shared_reshape, shared_row_major
+
+    v8 = versions.load(ARCH, "v8")
+    view = shared_reshape(shared_permute(shared_row_major(*v8.WORD_SPLIT), v8.WORD_ORDER), [v8.ROWS, 16])
+    offset = [[int(view(t, i).value) for i in range(16)] for t in range(128)]
+    place = [
+        [tuple(int(x) for x in v8.WIDE.get_global(spatial_index=t, local_index=i)) for i in range(128)]
+        for t in range(128)
+    ]
+    q = torch.empty(n_pad, k, dtype=torch.int8)
+    flat = words.view(torch.int32)
+    rows, cols = v8.PACKED_BOX
+    for tile in range(-(-n_pad // 128)):
+        for b in range(k // 128):
+            box = torch.zeros(rows, cols, dtype=torch.int32)  # TMA fills rows past the matrix with zeros
+            part = flat[rows * tile : rows * tile + rows, cols * b : cols * b + cols]
+            box[: part.shape[0]] = part
+            box = box.reshape(-1)
+            for t in range(128):
+                assert t // 32 == place[t][0][0] // 32  # a warp writes only the 32 TMEM lanes it may access
+                for i in range(128):
+                    word = int(box[offset[t][i // 8]]) & 0xFFFFFFFF
+                    nibble = (word >> (4 * (i % 8))) & 0xF
+                    row, col = place[t][i]
+                    if 128 * tile + row < n_pad:
+                        q[128 * tile + row, 128 * b + col] = nibble - 16 if nibble >= 8 else nibble
+    return q
+
+
+def test_v8_reads_hopper_v8_packed_weight():
+    import torch
+
+    from matmul.quant import int4
+
+    g = torch.Generator().manual_seed(3)
+    q = torch.randint(-8, 8, (150, 256), generator=g, dtype=torch.int8)  # N_pad 192: a half-empty last tile
+    read = v8_reads(int4.pack(q), 192, 256)
+    assert torch.equal(read[:150], q)
+    assert (read[150:] == 0).all()
+
+
+def test_v8_widened_tile_is_tcgen05_st_16x128b_registers():
+    """Two 16-bit values a 32-bit register, consecutive K columns of one row: one TMEM column each."""
+    v8 = versions.load(ARCH, "v8")
+    for t in range(128):
+        for i in range(0, 128, 2):
+            (r0, c0), (r1, c1) = (v8.WIDE.get_global(spatial_index=t, local_index=j) for j in (i, i + 1))
+            assert (int(r0), int(c0) + 1) == (int(r1), int(c1)) and int(c0) % 2 == 0
+
+
+def test_v8_widens_int4_into_tensor_memory_for_an_mma_reading_a_there():
+    v8 = versions.load(ARCH, "v8")
+    result = representative_build(ARCH, "v8")
+    assert result.ok, result.error[-3000:]
+    ptx = result.ptx()
+    assert all(build.markers_found(result, v8.PTX_MARKERS).values())
+    assert result.spill_bytes == 0 and 0 <= result.shared_bytes - v8.shared_bytes(**v8.REPRESENTATIVE) < 1024
+    # A from tensor memory: [d], [a], b-descriptor, instruction descriptor; no shared-memory A (V7's)
+    mmas = re.findall(r"tcgen05\.mma\.cta_group::1\.kind::f16 (\[%r\d+\]), (\S+), %rd\d+, %r\d+, p;", ptx)
+    assert mmas and all(a.startswith("[%r") for _, a in mmas), mmas[:2]
+    assert len(mmas) == ptx.count("tcgen05.mma")
+    # the accumulator and the widened tiles: two TMEM allocations, 64 columns a widened 128 x 128 tile
+    config = v8.REPRESENTATIVE
+    assert sorted(tmem_columns_allocated(ptx)) == sorted([config["block_m"], 64 * config["wide_stages"]])
+    # a thread's 64 packed bytes in four 16-byte loads; 128 widened values stored to TMEM by two
+    # 16x128b.x16 stores (the lanes 32 w ... 32 w + 15 and 32 w + 16 ... 32 w + 31 of its warp)
+    assert ptx.count("ld.shared.v4") == 4
+    assert ptx.count("tcgen05.st.sync.aligned.16x128b.x16.b32") == 2
+    # the int4 -> float16 conversion: lop3 with the 0x6400 magic number (1677747200), eight values a word
+    assert "1677747200u" in (result.program_dir / "module" / "source.cu").read_text()
+    # from the packed words to the TMEM stores nothing is written to shared memory
+    widening = ptx[ptx.index("ld.shared.v4") : ptx.rindex("tcgen05.st.")]
+    assert "st.shared" not in widening
+
+
+def test_v8_space_fits_shared_and_tensor_memory():
+    v8 = versions.load(ARCH, "v8")
+    for config in versions.space(v8):
+        assert v8.shared_bytes(**config) <= build.SHARED_MEMORY_LIMIT[ARCH] - 1024, config
+        # TMEM is the SM's (512 columns), shared by the CTAs resident on it: one CTA must fit
+        assert v8.tmem_columns(config["block_m"], config["wide_stages"]) <= 512, config
+    assert v8.REPRESENTATIVE in versions.space(v8)
+
+
+@pytest.mark.full_space
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_v8_every_configuration_builds(dtype):
+    import tilus
+
+    v8 = versions.load(ARCH, "v8")
+    for config in versions.space(v8):
+        result = build.build_config(v8, ARCH, config, getattr(tilus, dtype))
+        assert result.ok, (config, result.error[-3000:])
+        assert result.spill_bytes == 0 and result.within_shared_limit, config
+        assert all(build.markers_found(result, v8.PTX_MARKERS).values()), config

@@ -22,7 +22,7 @@ KNOWN_FINDINGS: dict[tuple[str, str], str] = {}
 
 def _cases():
     for arch in versions.ARCHS:
-        for version in versions.available(arch):
+        for version in protocol.versions_to_check(arch):
             module = versions.load(arch, version)
             for config in protocol.configs_to_check(module, arch):
                 marks = ()

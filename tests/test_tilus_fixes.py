@@ -51,6 +51,7 @@ def test_fixes_are_applied_for_tilus_0_2_0():
         "mn_major_operands",
         "wgmma_register_a",
         "int4_bf16_cast",
+        "tcgen05_tmem_a",
     }
     assert all(fix.applied for fix in tilus_fixes.FIXES.values())
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import itertools
 from types import ModuleType
 from typing import Any, Optional
@@ -40,6 +41,10 @@ ARCH_NAMES = {"sm_100a": "Blackwell", "sm_90a": "Hopper"}
 # sm_90a / sm_100a code runs only on exactly these compute capabilities (not on 10.3, 12.0, ...)
 ARCH_BY_CAPABILITY = {(9, 0): "sm_90a", (10, 0): "sm_100a"}
 VERSIONS = tuple(f"v{i}" for i in range(8))
+# The versions past the series that multiply by a quantized weight (``matmul.quant``: packed words and
+# scales, not a 16-bit B), V8 of each architecture: launched through ``matmul.quant``, never by the
+# tuner, the bench or ``matmul()``, so they are not in VERSIONS.
+QUANTIZED_VERSIONS = ("v8",)
 # The candidate that is not a version of the series: the vendor library, through torch.matmul. The
 # tuner, its stored choices and the harness's results all call it by this one name.
 CUBLAS = "cuBLAS"
@@ -83,6 +88,11 @@ def available(arch: str) -> list[str]:
             continue
         found.append(version)
     return found
+
+
+def quantized(arch: str) -> list[str]:
+    """The quantized-weight versions (``QUANTIZED_VERSIONS``) that exist for ``arch``."""
+    return [v for v in QUANTIZED_VERSIONS if importlib.util.find_spec(module_name(arch, v)) is not None]
 
 
 def load(arch: str, version: str) -> ModuleType:

@@ -61,8 +61,27 @@ from .findings import KINDS, Finding
 from .machine import Problem
 
 SMS = 4  # the GPU a persistent kernel is built for here: a few SMs, so CTAs get several tiles each
+# quantized-weight versions (versions.quantized) the model runs: Hopper V8's wgmma with A in
+# registers is not modelled yet
+QUANTIZED_CHECKED = {"sm_100a": ("v8",)}
 
-__all__ = ["KINDS", "Finding", "Report", "check", "check_function", "configs_to_check", "problems_for", "transpile"]
+__all__ = [
+    "KINDS",
+    "Finding",
+    "Report",
+    "check",
+    "check_function",
+    "configs_to_check",
+    "problems_for",
+    "transpile",
+    "versions_to_check",
+]
+
+
+def versions_to_check(arch: str) -> list[str]:
+    """The versions of ``arch`` the checker runs: the series, then its checked quantized-weight versions."""
+    extra = QUANTIZED_CHECKED.get(versions.normalize_arch(arch), ())
+    return versions.available(arch) + [v for v in versions.quantized(arch) if v in extra]
 
 
 @contextlib.contextmanager
@@ -108,8 +127,10 @@ def transpile(
     return function
 
 
-def problems_for(config: dict[str, Any]) -> list[Problem]:
-    """Small problems for a configuration (``block_m`` rows of a cluster tile, ``block_n`` columns):
+def problems_for(config: dict[str, Any], block_k: int = 64, k_multiple: int = 1) -> list[Problem]:
+    """Small problems for a configuration (``block_m`` rows of a cluster tile, ``block_n`` columns,
+    ``block_k`` K columns a stage unless the configuration says; K rounded up to ``k_multiple``, for a
+    version that takes only such K, as V8 takes whole scale groups):
 
     * four tile rows and three tile columns, the last of each ragged, and a K that wraps the ring
       twice and ends in a ragged block (persistent kernels get several tiles per CTA);
@@ -119,12 +140,16 @@ def problems_for(config: dict[str, Any]) -> list[Problem]:
     """
     bm = config.get("block_m", 128) * max(1, config.get("cluster_ctas", 2) // 2)
     bn = config.get("block_n", 128)
-    bk = config.get("block_k", 64)
+    bk = config.get("block_k", block_k)
     stages = config.get("stages", 1)
+
+    def whole(k: int) -> int:
+        return -(-k // k_multiple) * k_multiple
+
     return [
-        Problem(m=7 * bm // 2 + 8, n=5 * bn // 2 + 8, k=2 * stages * bk + bk // 2 + 8),
-        Problem(m=bm // 2 + 8, n=bn // 2 + 8, k=bk // 2 + 8),
-        Problem(m=2 * bm, n=bn, k=stages * bk),
+        Problem(m=7 * bm // 2 + 8, n=5 * bn // 2 + 8, k=whole(2 * stages * bk + bk // 2 + 8)),
+        Problem(m=bm // 2 + 8, n=bn // 2 + 8, k=whole(bk // 2 + 8)),
+        Problem(m=2 * bm, n=bn, k=whole(stages * bk)),
     ]
 
 
@@ -176,8 +201,15 @@ def check(
     config = dict(module.REPRESENTATIVE if config is None else config)
     start = time.time()
     function = transpile(module, arch, config)
+    # a version with a packed weight (V8) declares its K block, its K granule and B's units
+    problems = problems_for(config, getattr(module, "BLOCK_K", 64), getattr(module, "GROUP", 1))
     report = check_function(
-        function, problems_for(config), seeds, label=f"{arch} {version} {config}", ordered_commits=ordered_commits
+        function,
+        problems,
+        seeds,
+        label=f"{arch} {version} {config}",
+        ordered_commits=ordered_commits,
+        b_units=getattr(module, "B_UNITS", (1, 1)),
     )
     report.seconds = time.time() - start  # transpiling included
     return report

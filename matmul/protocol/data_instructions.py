@@ -17,6 +17,10 @@ import math
 
 from .state import ROW_STRIDE, AccTag, GlobalRef, LoadTag, MemRef, RegVal, row_major
 
+# kernel parameters that point at a side operand of B (its loads are tracked for races, and their
+# tags do not feed an MMA's operands): V8's group scales
+SIDE_OPERANDS = {"scales_ptr": "S"}
+
 
 class DataInstructions:
     """Handlers of the data instructions (allocations, views, loads and stores)."""
@@ -30,6 +34,10 @@ class DataInstructions:
 
     def i_GlobalViewInst(self, inst, env, role, group, active):
         out = inst.global_output
+        side = SIDE_OPERANDS.get(getattr(inst.ptr, "hint", None))
+        if side is not None:  # read beside B (V8's scales), never stored
+            env[out] = GlobalRef(side)
+            return
         if out not in self.global_names:
             names = "ABC"
             if len(self.global_names) >= 3:
@@ -108,6 +116,12 @@ class DataInstructions:
             for t in tags:
                 merged.terms.extend(t.terms)
             tags = [merged]
+        env[inst.register_output] = RegVal(None, tuple(inst.register_output.shape), tags[0] if tags else None)
+
+    def i_MulInst(self, inst, env, role, group, active):
+        # a widened weight times its scales: the product carries the weight's tag, not the scales'
+        tags = [env[x].tag for x in inst.inputs if env[x].tag is not None]
+        tags = [t for t in tags if not (isinstance(t, LoadTag) and t.matrix in SIDE_OPERANDS.values())] or tags
         env[inst.register_output] = RegVal(None, tuple(inst.register_output.shape), tags[0] if tags else None)
 
     def i_LoadSharedInst(self, inst, env, role, group, active):

@@ -95,6 +95,7 @@ def check_function(
     resident_clusters: int = RESIDENT_CLUSTERS,
     clc: Optional[bool] = None,
     ordered_commits: bool = True,
+    b_units: tuple = (1, 1),
 ) -> Report:
     """Run ``seeds`` interleavings of one transpiled kernel; stop at the first finding. Seed ``s``
     uses strategy ``STRATEGIES[s % 5]``; each run of five seeds takes one problem, the first
@@ -112,7 +113,9 @@ def check_function(
         machine = None
         try:
             resident = 1 + seed % resident_clusters if clc else None
-            machine = Machine(function, problem, resident_clusters=resident, ordered_commits=ordered_commits)
+            machine = Machine(
+                function, problem, resident_clusters=resident, ordered_commits=ordered_commits, b_units=b_units
+            )
             report.roles = max(report.roles, len(machine.ranges) * len(machine.ctas))  # largest problem
             report.cluster = machine.cluster_size
             machine.run(_chooser(strategy, random.Random(seed), turn // 2))

@@ -51,9 +51,12 @@ class Machine(Interpreter, SyncInstructions, DataInstructions, CoverageChecks, S
         resident_clusters: Optional[int] = None,
         max_steps: int = 2_000_000,
         ordered_commits: bool = True,
+        b_units: tuple = (1, 1),
     ):
         self.function = function
         self.problem = problem
+        # B's rows and K columns per element of its global view (a packed weight's int32 words)
+        self.b_units = b_units
         # tcgen05.commit arrivals of one thread land in the order the commits were issued (each
         # commit tracks every MMA issued before it); False lets them land in any order
         self.ordered_commits = ordered_commits

@@ -172,6 +172,7 @@ class Role:
         self.wgmma_open: list[Reader] = []
         self.mma_reads: list[Reader] = []  # tcgen05 MMAs issued by this role, until a commit lands
         self.tmem_loads: list[Reader] = []  # tcgen05.ld issued by this role, until tcgen05.wait::ld
+        self.tmem_stores: list[Reader] = []  # tcgen05.st issued by this role, until tcgen05.wait::st
         self.wait_barrier: Optional[Barrier] = None  # the mbarrier it waits on, if any
 
     def ready(self) -> bool:

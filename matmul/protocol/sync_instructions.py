@@ -185,10 +185,14 @@ class SyncInstructions:
         bar: BarrierAddr = self.eval(inst.mbarrier, env, role)
         mask = self.eval(inst.multicast_mask, env, role) if inst.multicast_mask is not None else None
         cta = role.cta
-        if src.matrix not in "AB":
+        if src.matrix not in "ABS":
             self.fail("unsupported", f"a TMA load from {src.matrix}")
         rows, cols = dst.shape[-2], dst.shape[-1]
-        tag = LoadTag(src.matrix, offsets[0], rows, offsets[1], cols)
+        if src.matrix == "B":  # a packed weight's box covers more rows and K columns than its elements
+            units_r, units_k = self.b_units
+            tag = LoadTag("B", offsets[0] * units_r, rows * units_r, offsets[1] * units_k, cols * units_k)
+        else:
+            tag = LoadTag(src.matrix, offsets[0], rows, offsets[1], cols)
         if src.matrix == "A" and self.k_block is None:
             self.k_block = cols
         if mask is None:
@@ -301,6 +305,29 @@ class SyncInstructions:
                 c.write_tag(tmem, acc)
             acc.terms.append((self._reads(c, a), b_reads))
 
+    def i_Tcgen05MmaTSInst(self, inst, env, role, group, active):
+        # A in tensor memory (Blackwell V8's widened weight): written by tcgen05.st, which must have
+        # completed (tcgen05.wait::st) before the hand-off to the MMA's thread
+        if inst.cta_group != 1:
+            self.fail("unsupported", "a cta_group::2 MMA with A in tensor memory")
+        a = env[inst.inputs[0]]
+        storing = role.cta.pending_writer(a)
+        if storing is not None:
+            self.fail("race", f"{role.name}'s MMA reads A in TMEM that {storing.what} may still write")
+        return self.i_Tcgen05MmaSSInst(inst, env, role, group, active)
+
+    def i_Tcgen05StoreInst(self, inst, env, role, group, active):
+        ref: MemRef = env[inst.inputs[0]]
+        value: RegVal = env[inst.inputs[1]]
+        cta = role.cta
+        for reader in (cta.pending_reader(ref.alloc, ref.start, ref.end), cta.pending_writer(ref)):
+            if reader is not None:
+                self.fail("race", f"{role.name}'s tcgen05.st overwrites TMEM that {reader.what} may still access")
+        store = Reader(f"a tcgen05.st of {role.name}")
+        cta.add_tmem_writer(ref, store)
+        role.tmem_stores.append(store)
+        cta.write_tag(ref, value.tag)
+
     def i_Tcgen05CommitInst(self, inst, env, role, group, active):
         bar: BarrierAddr = self.eval(inst.mbarrier, env, role)
         if inst.multicast_mask is not None:
@@ -351,6 +378,10 @@ class SyncInstructions:
             for load in role.tmem_loads:
                 load.done = True
             role.tmem_loads = []
+        if inst.wait_store:
+            for store in role.tmem_stores:
+                store.done = True
+            role.tmem_stores = []
 
     # -- cluster launch control -------------------------------------------------------------------
     def i_ClusterLaunchControlTryCancelInst(self, inst, env, role, group, active):

@@ -20,7 +20,9 @@ around, is guarded to the tilus release that has it, and can be taken out again
 * ``wgmma_register_a``: ``wgmma.mma`` with its A operand in registers has no emitter and no layout
   inference rule (V8 widens its int4 weight into that operand);
 * ``int4_bf16_cast``: a register cast from int4 to bfloat16 converts one value at a time (the
-  float16 cast converts eight at once).
+  float16 cast converts eight at once);
+* ``tcgen05_tmem_a``: ``tcgen05.mma`` with its A operand in tensor memory has no emitter
+  (Blackwell V8 widens its int4 weight into that operand).
 
 Each module's docstring describes its fault and the work-around in full.
 """
@@ -39,6 +41,7 @@ from . import (
     keep_ptx,
     mn_major_operands,
     serial_transpile,
+    tcgen05_tmem_a,
     tma_sm90,
     wgmma_register_a,
     workspace_in_shared_memory,
@@ -58,6 +61,7 @@ MODULES = (
     mn_major_operands,
     wgmma_register_a,
     int4_bf16_cast,
+    tcgen05_tmem_a,
 )
 
 FIXES: dict[str, Fix] = {}
