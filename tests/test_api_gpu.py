@@ -403,3 +403,46 @@ def test_a_seen_call_on_another_gpu_launches_a_version_there():
             assert out.device == a.device and relative_error(out, reference(x, y)) <= TOLERANCE[torch.float16]
     finally:
         api.use_plans(previous)
+
+
+# A version launched from a thread that made no CUDA call of its own, as autograd's backward thread
+# and a server's worker threads are (matmul.kernels.device_context), in a process of its own: without
+# a current context the TMA descriptors are garbage and the fault kills the process's CUDA context.
+# "control" turns the context check off: the launch must then fault, or this test could not tell.
+FRESH_THREAD_CHILD = """
+import sys, threading
+import torch
+import matmul
+from matmul.kernels import device_context
+from matmul.measure.correctness import poisoned_output, random_operands, reference, relative_error
+arch, version, path = sys.argv[1], sys.argv[2], sys.argv[3]
+if path == "control":
+    device_context.make_current = lambda device: None
+a, b = random_operands(300, 500, 1000, torch.float16)
+module = matmul.versions.load(arch, version)
+matmul.versions.kernel(module, torch.float16, module.REPRESENTATIVE)  # built here, launched there
+out = poisoned_output(300, 500, torch.float16)  # here too: any CUDA call on the thread would give it a context
+torch.cuda.synchronize()
+result = {}
+def launch():
+    result["out"] = matmul.versions.run(module, a, b, out, config=module.REPRESENTATIVE)
+    torch.cuda.synchronize()
+thread = threading.Thread(target=launch)
+thread.start(); thread.join()
+print("error", relative_error(result["out"], reference(a, b)))
+"""
+
+
+@pytest.mark.parametrize("path", ["run", "control"])
+@pytest.mark.parametrize("version", ["v3", "v5", "v7"])
+def test_a_version_launched_from_a_fresh_thread_is_correct(version, path):
+    done = subprocess.run(
+        [sys.executable, "-c", FRESH_THREAD_CHILD, ARCH, version, path], capture_output=True, text=True, timeout=600
+    )
+    lines = done.stdout.strip().splitlines()
+    if path == "control":  # without the check the launch faults: the test sees the failure it guards against
+        assert done.returncode != 0 or not lines or not lines[-1].startswith("error 0"), done.stdout[-500:]
+        return
+    assert done.returncode == 0, f"{version} from a fresh thread died: {done.stderr[-2000:]}"
+    verdict, _, detail = lines[-1].partition(" ")
+    assert verdict == "error" and float(detail) <= TOLERANCE[torch.float16], (version, detail)

@@ -28,7 +28,7 @@ from typing import Optional, Union
 import torch
 
 from ..contract import DTYPES, TMA_ALIGN_BYTES, MatmulInputError, aligned_row_length
-from ..kernels import versions
+from ..kernels import device_context, versions
 from ..kernels.variant import Variant, batch_bucket
 
 
@@ -184,7 +184,7 @@ def launch(program, f: Form, c: torch.Tensor) -> None:
     """One launch of a batched program: C[i] = A[i % Ba] @ B[i % Bb]."""
     args = versions.batched_launch_args(f.a, f.operand, c, f.b_layout)
     args = (*args[:4], f.a.data_ptr(), f.operand.data_ptr(), c, *args[7:])
-    with torch.cuda.device(f.a.device):
+    with device_context.on_device(f.a.device):
         program(*args)
 
 

@@ -241,11 +241,28 @@ bool aligned(const at::Tensor& t, int64_t align) {
   return reinterpret_cast<uintptr_t>(t.data_ptr()) % static_cast<uintptr_t>(align) == 0;
 }
 
+// A thread's first launch makes sure a CUDA context is current on it (matmul.kernels.device_context:
+// a tilus program encodes its TMA descriptors with the driver before any runtime call, and a fresh
+// thread, autograd's backward thread among them, has no current context). False with a Python error.
+bool context_current_on_this_thread(const at::Tensor& a) {
+  static thread_local bool checked = false;
+  if (checked || !a.is_cuda()) return true;
+  PyObject* module = PyImport_ImportModule("matmul.kernels.device_context");
+  if (module == nullptr) return false;
+  PyObject* result = PyObject_CallMethod(module, "make_current", "i", static_cast<int>(a.device().index()));
+  Py_DECREF(module);
+  if (result == nullptr) return false;
+  Py_DECREF(result);
+  checked = true;
+  return true;
+}
+
 // a @ b through a version's program: the output allocated, the program called with the pointers
 PyObject* run_launch(const Launch& route, const at::Tensor& a, const at::Tensor& b, PyObject* bias_ptr = nullptr) {
   Launch launch = route;  // its own references: the program may re-route or clear the table
   c10::OptionalDeviceGuard device_guard;
   if (a.is_cuda()) device_guard.reset_device(a.device());  // the program launches on the current device
+  if (!context_current_on_this_thread(a)) return nullptr;
   int64_t rows = a.size(0);  // the call's M: the route serves its whole bucket
   at::Tensor buffer = at::empty({rows, launch.row_length}, a.options());
   PyObject* out = THPVariable_Wrap(buffer);

@@ -45,7 +45,7 @@ from ..contract import (
     row_stride,
     tma_readable,
 )
-from ..kernels import versions
+from ..kernels import device_context, versions
 from ..kernels.variant import PLAIN, SWIGLU_GROUP, Variant, activate
 from . import native_entry, tilus_autotune
 from .background import Worker
@@ -159,6 +159,8 @@ class SeriesPlan:
             check_no_overlap(out.data_ptr(), self.layouts[2], "b", b.data_ptr(), self.layouts[1])
         bias_ptr = 0 if bias is None else bias.data_ptr()
         args = (self.m, self.n, self.k, a.data_ptr(), b.data_ptr(), buffer, self.lda, self.ldb, self.ldc, bias_ptr)
+        if self.device_index is not None:
+            device_context.make_current_once(self.device_index)
         if self.device_index is None or self.device_index == _current_device():
             self.launch(*args)
         else:
@@ -333,7 +335,7 @@ class Plans:
                     module, m, n, k, row_stride(a), row_stride(operand), row_stride(c), variant
                 ):
                     script = versions.kernel(module, a.dtype, config, variant)
-                    with torch.cuda.device(a.device) if a.device.type == "cuda" else contextlib.nullcontext():
+                    with device_context.on_device(a.device) if a.device.type == "cuda" else contextlib.nullcontext():
                         plan = SeriesPlan(self.program(script), a, b, operand, b_layout, c, out, variant)
         if plan is None:
             plan = VendorPlan(a, b, out, variant)

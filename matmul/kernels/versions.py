@@ -33,6 +33,7 @@ import tilus
 import torch
 
 from ..contract import MatmulInputError, check_operands, row_stride
+from . import device_context
 from .entry import batched_class
 from .variant import PLAIN, Variant
 
@@ -148,7 +149,7 @@ def run(
     version cannot take (``fits``) is refused with ``MatmulInputError`` before anything runs."""
     out = check_operands(a, b, out)
     check_fits(module, a.shape[0], b.shape[0], a.shape[1], row_stride(a), row_stride(b), row_stride(out))
-    with torch.cuda.device(a.device):
+    with device_context.on_device(a.device):
         kernel(module, a.dtype, config)(*launch_args(a, b, out))
     return out
 

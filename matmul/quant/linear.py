@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from ..contract import MatmulInputError
-from ..kernels import versions
+from ..kernels import device_context, versions
 from ..kernels.variant import torch_epilogue
 from . import QuantizedWeight, TransposedWeight
 from . import widen as device_widen
@@ -68,7 +68,7 @@ def v8(x: torch.Tensor, weight: QuantizedWeight, out: torch.Tensor, config: Opti
     else:
         cls = versions._fixed_kernel_class(module.Kernel, tuple(sorted(config.items())))
         script = cls(dtype=versions.TILUS_DTYPES[x.dtype], weight=weight.format)
-    with torch.cuda.device(x.device):
+    with device_context.on_device(x.device):
         script(m, n, k, x, weight.packed, out, x.stride(0), weight.packed.stride(0), out.stride(0), 0, weight.scales)
     return out
 

@@ -46,6 +46,7 @@ from tilus import GlobalTensor, RegisterTensor, float16, float32, int32, void_p
 from tilus.ir.layout.ops.register_ops import local, spatial
 from tilus.utils import cdiv
 
+from matmul.kernels import device_context
 from pipeline.tma_store import StagedTmaStore
 from pipeline.widen import Fp8Widen, Int4Widen, Int6Widen, reduce_layout
 
@@ -173,6 +174,6 @@ def widen(weight, out=None) -> torch.Tensor:
     if out is None:
         out = torch.empty((n, k), dtype=weight.dtype, device=weight.device)
     kernel = script(weight.dtype, weight.format)
-    with torch.cuda.device(weight.device):
+    with device_context.on_device(weight.device):
         kernel(n, k, weight.packed, weight.scales, out)
     return out
