@@ -418,10 +418,10 @@ from matmul.measure.correctness import poisoned_output, random_operands, referen
 arch, version, path = sys.argv[1], sys.argv[2], sys.argv[3]
 if path == "control":
     device_context.make_current = lambda device: None
-a, b = random_operands(300, 500, 1000, torch.float16)
+a, b = random_operands(200, 500, 1000, torch.float16)  # V7 takes up to 256 tokens
 module = matmul.versions.load(arch, version)
 matmul.versions.kernel(module, torch.float16, module.REPRESENTATIVE)  # built here, launched there
-out = poisoned_output(300, 500, torch.float16)  # here too: any CUDA call on the thread would give it a context
+out = poisoned_output(200, 500, torch.float16)  # here too: any CUDA call on the thread would give it a context
 torch.cuda.synchronize()
 result = {}
 def launch():
