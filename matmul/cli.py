@@ -27,12 +27,13 @@ def _arches(value: str | None) -> list[str]:
     return [versions.normalize_arch(a) for a in value.split(",")] if value else list(versions.ARCHS)
 
 
-def _versions(value: str | None, arch: str) -> list[str]:
-    have = versions.available(arch)
+def _versions(value: str | None, arch: str, have: list[str] | None = None) -> list[str]:
+    """The versions ``--versions`` names (all of ``have``, default the series of ``arch``, if none)."""
+    have = versions.available(arch) if have is None else have
     if not value:
         return have
     wanted = [v.strip().lower() for v in value.split(",")]
-    unknown = [v for v in wanted if v not in versions.VERSIONS]
+    unknown = [v for v in wanted if v not in versions.VERSIONS and v not in have]
     if unknown:
         raise ValueError(f"unknown version(s) {', '.join(unknown)}; the series is {', '.join(versions.VERSIONS)}")
     return [v for v in wanted if v in have]
@@ -244,7 +245,7 @@ def protocol_command(args) -> int:
 
     rows, failed = [], False
     for arch in _arches(args.arch):
-        for version in _versions(args.versions, arch):
+        for version in _versions(args.versions, arch, protocol.versions_to_check(arch)):
             module = versions.load(arch, version)
             for config in protocol.configs_to_check(module, arch, args.all_configs):
                 r = protocol.check(

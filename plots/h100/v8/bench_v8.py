@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 
 import matmul
+from matmul.harness import roofline
 from matmul.measure.correctness import TOLERANCE, poisoned_output, relative_error
 from matmul.measure.timing import interleaved_ms
 from matmul.quant import FORMATS
@@ -58,15 +59,10 @@ WINDOW = (20, 60)  # ms of warm-up and of timed turns a window: many short rows 
 SLEEP_CYCLES = 50_000_000  # ~30 ms at the H100's clock: longer than the host takes to issue a batch
 
 
-def weight_bytes(qw) -> int:
-    """The packed weight and its scales, as the kernels read them."""
-    return qw.packed.numel() * qw.packed.element_size() + qw.scales.numel() * qw.scales.element_size()
-
-
 def floor_us(m, n, k, qw, itemsize, floor, cublas_us) -> float:
     """The call's attainable time (module doc): memory floor or compute floor, the larger; cuBLAS's
     own time on the unquantized weight, where it beats the 8192^3 rate, is attainable too."""
-    moved = weight_bytes(qw) + m * k * itemsize + m * n * itemsize
+    moved = roofline.quantized_bytes_floor(m, n, k, itemsize, qw.format)  # packed weight, scales, A, C
     if not quant_linear.uses_v8(m, qw):
         moved += 2 * n * k * itemsize  # the widened weight written, then read by cuBLAS
     memory = moved / (floor["copy_tb_per_s"] * 1e12) * 1e6 + floor["empty_ms"] * 1e3
@@ -260,8 +256,6 @@ def main(argv=None) -> None:
     if not args.no_prebuild:
         prebuild([f for f in formats if f in FORMATS], dtypes)
         print(f"built in {time.time() - start:.0f} s", flush=True)
-
-    from matmul.harness import roofline
 
     floor = {
         "copy_tb_per_s": roofline.copy_tb_per_s(512 << 20, 100, 200),
