@@ -279,11 +279,27 @@ def check(module: ModuleType, shapes=CHECK_SHAPES, dtypes=(torch.float16, torch.
         }
         for m, n, k, dtype, error in correctness.check_cases(module, shapes, dtypes, module.REPRESENTATIVE)
     ]
+    _show_checked(module, rows)
+    return rows
+
+
+def _configured_row(m: int, n: int, k: int, dtype, config: dict, error: float) -> dict:
+    """A row of a check table for a configuration of the caller's choosing."""
+    return {
+        "M x N x K": f"{m} x {n} x {k}",
+        "dtype": str(dtype).split(".")[-1],
+        "config": config,
+        "relative error": f"{error:.2e}",
+        "ok": error <= correctness.TOLERANCE[dtype],
+    }
+
+
+def _show_checked(module: ModuleType, rows: list[dict]) -> None:
+    """The check table, shown; raises if any row is off by more than its dtype's tolerance."""
     show_table(rows)
     bad = [r for r in rows if not r["ok"]]
     if bad:
         raise AssertionError(f"{module.__name__} is wrong: {bad}")
-    return rows
 
 
 def time_against_cublas(modules: list[ModuleType], shape=TIME_SHAPE, dtype=torch.float16) -> list[dict]:
@@ -678,19 +694,8 @@ def live_skinny(module: ModuleType, dtypes=(torch.float16, torch.bfloat16)) -> N
         for m, n, k in SKINNY_CHECK_SHAPES:
             config = roofline.candidates(module, m)[0]
             ((*_, error),) = correctness.check_cases(module, [(m, n, k)], [dtype], config)
-            rows.append(
-                {
-                    "M x N x K": f"{m} x {n} x {k}",
-                    "dtype": str(dtype).split(".")[-1],
-                    "config": config,
-                    "relative error": f"{error:.2e}",
-                    "ok": error <= correctness.TOLERANCE[dtype],
-                }
-            )
-    show_table(rows)
-    bad = [r for r in rows if not r["ok"]]
-    if bad:
-        raise AssertionError(f"{module.__name__} is wrong: {bad}")
+            rows.append(_configured_row(m, n, k, dtype, config, error))
+    _show_checked(module, rows)
     copy = roofline.copy_tb_per_s(512 << 20, 100.0, 200.0)
     empty_ms = roofline.empty_kernel_ms(100.0, 200.0)
     timed = []
@@ -860,19 +865,8 @@ def live_quantized(module: ModuleType, dtypes=(torch.float16, torch.bfloat16)) -
             out = correctness.poisoned_output(m, n, dtype)
             quant_linear.v8(x, qw, out, config)
             error = correctness.relative_error(out, x.float() @ qw.dequantize().float().T)
-            rows.append(
-                {
-                    "M x N x K": f"{m} x {n} x {k}",
-                    "dtype": str(dtype).split(".")[-1],
-                    "config": config,
-                    "relative error": f"{error:.2e}",
-                    "ok": error <= correctness.TOLERANCE[dtype],
-                }
-            )
-    show_table(rows)
-    bad = [r for r in rows if not r["ok"]]
-    if bad:
-        raise AssertionError(f"{module.__name__} is wrong: {bad}")
+            rows.append(_configured_row(m, n, k, dtype, config, error))
+    _show_checked(module, rows)
     copy = roofline.copy_tb_per_s(512 << 20, 100.0, 200.0)
     empty_ms = roofline.empty_kernel_ms(100.0, 200.0)
     timed = []
