@@ -242,20 +242,30 @@ def candidates_command(args) -> int:
 
 def protocol_command(args) -> int:
     from . import protocol
+    from .kernels.variant import Variant, supported
 
+    variant = Variant.parse(args.variant or "")
     rows, failed = [], False
     for arch in _arches(args.arch):
         for version in _versions(args.versions, arch, protocol.versions_to_check(arch)):
             module = versions.load(arch, version)
+            if not supported(module, variant):
+                continue
             for config in protocol.configs_to_check(module, arch, args.all_configs):
                 r = protocol.check(
-                    arch, version, config, seeds=args.seeds, module=module, ordered_commits=not args.unordered_commits
+                    arch,
+                    version,
+                    config,
+                    seeds=args.seeds,
+                    module=module,
+                    ordered_commits=not args.unordered_commits,
+                    variant=variant,
                 )
                 failed |= not r.ok
                 rows.append(
                     [
                         versions.ARCH_NAMES[arch],
-                        version,
+                        f"{version} {variant.key()}" if variant.key() else version,
                         r.cluster,
                         r.roles,
                         r.events,
@@ -522,6 +532,11 @@ def main(argv=None) -> int:
         "--unordered-commits",
         action="store_true",
         help="let one thread's tcgen05.commit arrivals land in any order (default: in issue order)",
+    )
+    p.add_argument(
+        "--variant",
+        help="check this variant's builds, e.g. bias+gelu_tanh, swiglu or batch4 (a Variant key), of the versions "
+        "that build it (default: the plain build)",
     )
     p.set_defaults(func=protocol_command)
     p = sub.add_parser("plot", help="draw the figures of bench results files (PNG and SVG)")

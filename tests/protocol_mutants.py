@@ -406,3 +406,77 @@ if __name__ == "__main__":
     import json
 
     print(json.dumps(run(int(sys.argv[1]), int(sys.argv[2]))))
+
+
+# --- mutants of a variant's build (``matmul.kernels.variant``): bugs on a code path that only a fused
+# epilogue or a batched build takes, checked on that variant's build (``tests/test_protocol_variants.py``)
+
+
+@dataclasses.dataclass(frozen=True)
+class VariantMutant(Mutant):
+    variant: str = ""  # the variant's key (``Variant.key``), e.g. "swiglu" or "batch2"
+
+
+VARIANT_MUTANTS = (
+    VariantMutant(
+        "batched tile count: Hopper V5's static scheduler counts one product's tiles, not the batch's",
+        "sm_90a",
+        "v5",
+        "matmul.kernels.hopper.v5",
+        "self.blockIdx.x, self.gridDim.x, self.batches)",
+        "self.blockIdx.x, self.gridDim.x)",
+        ("coverage",),
+        variant="batch2",
+    ),
+    VariantMutant(
+        "batched store: Blackwell V5's epilogue stores every product's tile into product 0",
+        "sm_100a",
+        "v5",
+        "matmul.kernels.blackwell.v5",
+        "out.put(block, g_c, m_tile * self.block_m, column, batch)",
+        "out.put(block, g_c, m_tile * self.block_m, column)",
+        ("coverage",),
+        variant="bias+relu+batch2",
+    ),
+    VariantMutant(
+        "batched load: Hopper V5's producer loads product 0's A and B tiles for every product",
+        "sm_90a",
+        "v5",
+        "matmul.kernels.hopper.v5",
+        "                        kb * self.block_k,\n                        batch,\n",
+        "                        kb * self.block_k,\n                        0,\n",
+        ("coverage",),
+        variant="batch2",
+    ),
+    VariantMutant(
+        "swiglu staging: Blackwell V5 stages swiglu's half-width sub-tiles in full-width buffers",
+        "sm_100a",
+        "v5",
+        "matmul.kernels.blackwell.v5",
+        "c_cols = output_columns(self.e_block_n, self.activation)",
+        "c_cols = self.e_block_n",
+        ("coverage", "race"),
+        variant="swiglu",
+    ),
+)
+
+
+def run_variant(index: int, seeds: int) -> dict:
+    """Check variant mutant ``index`` on its variant's build (in this process: each changes only its
+    version module)."""
+    from matmul import protocol
+    from matmul.kernels.variant import Variant
+
+    mutant = VARIANT_MUTANTS[index]
+    assert mutant.module == versions.module_name(mutant.arch, mutant.version), "a version module's mutant"
+    with mutated(mutant) as module:
+        config = {**module.REPRESENTATIVE, **mutant.config_dict}
+        report = protocol.check(
+            mutant.arch, mutant.version, config, seeds=seeds, module=module, variant=Variant.parse(mutant.variant)
+        )
+    finding = report.finding
+    return {
+        "kind": finding.kind if finding else None,
+        "message": finding.message if finding else "",
+        "seed": report.seed,
+    }

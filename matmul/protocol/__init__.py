@@ -14,6 +14,12 @@ and strategies that starve the asynchronous agents (they fire only when no role 
 them, run one role as far as it can before another moves, or hold back one kind of role (every
 CTA's epilogue, say) until nothing else can move.
 
+A variant's build (``matmul.kernels.variant``; ``check(..., variant=...)``) runs the same way: a
+fused epilogue's bias is a side operand (read, never an MMA's operand) and its activation's
+arithmetic carries the accumulator's provenance, swiglu's C being half as wide as B has rows; a
+batched build (``entry.batched_class``) gets a few products of each problem, its tensor maps'
+batch index first, and each product's C must come from that product's A and B.
+
 The modules: this one chooses what to check (configurations, problems) and transpiles it;
 ``explore`` runs the interleavings; ``machine`` is one run (the grid, the scheduler, the checks on
 exit), composed of ``interpreter`` (a role over the IR), ``data_instructions`` and
@@ -56,6 +62,7 @@ import tilus
 from tilus.lang.instantiated_script import CallParameters, JitInstance
 
 from ..kernels import versions
+from ..kernels.variant import PLAIN, SWIGLU_GROUP, Variant, supported
 from .explore import Report, check_function
 from .findings import KINDS, Finding
 from .machine import Problem
@@ -102,22 +109,33 @@ def _built_for_sms(module: ModuleType, sms: int) -> Iterator[None]:
 
 
 def transpile(
-    module: ModuleType, arch: str, config: dict[str, Any], sms: int = SMS, dtype=tilus.float16, lowered: bool = True
+    module: ModuleType,
+    arch: str,
+    config: dict[str, Any],
+    sms: int = SMS,
+    dtype=tilus.float16,
+    lowered: bool = True,
+    variant: Variant = PLAIN,
 ):
-    """The tilus IR function of one configuration of a version: as transpiled, or (``lowered``) after
-    tilus's own passes, the program its code generator turns into CUDA C."""
+    """The tilus IR function of one configuration of a version, built for ``variant`` (its B layout,
+    bias and activation; a batched variant behind ``entry.batched_class``'s launch): as transpiled,
+    or (``lowered``) after tilus's own passes, the program its code generator turns into CUDA C."""
     from pathlib import Path
     from tempfile import TemporaryDirectory
 
     from tilus.drivers import BuildOptions, optimize_program
 
     from ..build.compiler import target
+    from ..kernels.entry import batched_class
 
-    cls = module.Kernel
+    cls = batched_class(module.Kernel) if variant.batched else module.Kernel
+    options = variant.kernel_options() if variant != PLAIN else {}
     params = CallParameters(cls)
     divisibility = {params.param_names[i]: 1 for i in params.tuning_params}
     with target(arch), _built_for_sms(module, sms):
-        program = JitInstance._instantiate_schedule((cls, params, {"dtype": dtype, **config}, {}, divisibility))
+        program = JitInstance._instantiate_schedule(
+            (cls, params, {"dtype": dtype, **options, **config}, {}, divisibility)
+        )
         if isinstance(program, str):
             raise RuntimeError(f"{module.__name__} {config} does not transpile:\n{program}")
         if lowered:
@@ -127,10 +145,13 @@ def transpile(
     return function
 
 
-def problems_for(config: dict[str, Any], block_k: int = 64, k_multiple: int = 1) -> list[Problem]:
+def problems_for(
+    config: dict[str, Any], block_k: int = 64, k_multiple: int = 1, variant: Variant = PLAIN
+) -> list[Problem]:
     """Small problems for a configuration (``block_m`` rows of a cluster tile, ``block_n`` columns,
     ``block_k`` K columns a stage unless the configuration says; K rounded up to ``k_multiple``, for a
-    version that takes only such K, as V8 takes whole scale groups):
+    version that takes only such K, as V8 takes whole scale groups; N rounded up to whole gate-up
+    pairs of groups for swiglu; ``variant.batches`` products of each shape for a batched variant):
 
     * four tile rows and three tile columns, the last of each ragged, and a K that wraps the ring
       twice and ends in a ragged block (persistent kernels get several tiles per CTA);
@@ -143,13 +164,15 @@ def problems_for(config: dict[str, Any], block_k: int = 64, k_multiple: int = 1)
     bk = config.get("block_k", block_k)
     stages = config.get("stages", 1)
 
-    def whole(k: int) -> int:
-        return -(-k // k_multiple) * k_multiple
+    def whole(k: int, multiple: int = k_multiple) -> int:
+        return -(-k // multiple) * multiple
 
+    n_multiple = 2 * SWIGLU_GROUP if variant.activation == "swiglu" else 1
+    b = variant.batches
     return [
-        Problem(m=7 * bm // 2 + 8, n=5 * bn // 2 + 8, k=whole(2 * stages * bk + bk // 2 + 8)),
-        Problem(m=bm // 2 + 8, n=bn // 2 + 8, k=whole(bk // 2 + 8)),
-        Problem(m=2 * bm, n=bn, k=whole(stages * bk)),
+        Problem(7 * bm // 2 + 8, whole(5 * bn // 2 + 8, n_multiple), whole(2 * stages * bk + bk // 2 + 8), b),
+        Problem(bm // 2 + 8, whole(bn // 2 + 8, n_multiple), whole(bk // 2 + 8), b),
+        Problem(2 * bm, bn, whole(stages * bk), b),
     ]
 
 
@@ -192,24 +215,29 @@ def check(
     seeds: int = 24,
     module: Optional[ModuleType] = None,
     ordered_commits: bool = True,
+    variant: Variant = PLAIN,
 ) -> Report:
-    """Check one configuration (default: the representative) of a version. ``ordered_commits=False``
-    lets the arrivals of one thread's ``tcgen05.commit``s land in any order (PTX orders the MMAs a
-    commit tracks, not one commit's arrival against the next one's)."""
+    """Check one configuration (default: the representative) of a version, built for ``variant``
+    (one the version builds: ``matmul.kernels.variant.supported``). ``ordered_commits=False`` lets
+    the arrivals of one thread's ``tcgen05.commit``s land in any order (PTX orders the MMAs a commit
+    tracks, not one commit's arrival against the next one's)."""
     arch = versions.normalize_arch(arch)
     module = module or versions.load(arch, version)
     config = dict(module.REPRESENTATIVE if config is None else config)
+    if not supported(module, variant):
+        raise ValueError(f"{arch} {version} does not build the variant {variant.key()!r}")
     start = time.time()
-    function = transpile(module, arch, config)
+    function = transpile(module, arch, config, variant=variant)
     # a version with a packed weight (V8) declares its K block, its K granule and B's units
-    problems = problems_for(config, getattr(module, "BLOCK_K", 64), getattr(module, "GROUP", 1))
+    problems = problems_for(config, getattr(module, "BLOCK_K", 64), getattr(module, "GROUP", 1), variant)
     report = check_function(
         function,
         problems,
         seeds,
-        label=f"{arch} {version} {config}",
+        label=f"{arch} {version} {config}" + (f" {variant.key()}" if variant != PLAIN else ""),
         ordered_commits=ordered_commits,
         b_units=getattr(module, "B_UNITS", (1, 1)),
+        swiglu=variant.activation == "swiglu",
     )
     report.seconds = time.time() - start  # transpiling included
     return report

@@ -4,9 +4,10 @@ the data say (``state.LoadTag``: which tile of A or B a load brought in; ``state
 loads each MMA added into an accumulator).
 
 ``CoverageChecks`` is a mixin of ``machine.Machine`` (it uses ``problem``, ``stored``, ``k_block``,
-``log`` and ``fail``): the one check about what the kernel computes rather than how it
-synchronizes; the instructions feed it at each store into C and the machine closes it at the end of
-a run.
+``c_columns``, ``column_ratio``, ``log`` and ``fail``): the one check about what the kernel computes
+rather than how it synchronizes; the instructions feed it at each store into C and the machine
+closes it at the end of a run. A batched kernel's C is one matrix a product, each stored from
+loads of its own product only; swiglu's C has one column per gate-up pair of the product's.
 """
 
 from __future__ import annotations
@@ -21,23 +22,28 @@ class CoverageChecks:
 
     def record_store(self, role: Role, tags: list, offsets: list, shape: tuple, why: str) -> None:
         p = self.problem
-        r0, c0 = offsets
-        r1, c1 = min(r0 + shape[0], p.m), min(c0 + shape[1], p.n)
+        batch, (r0, c0) = (offsets[0], offsets[1:]) if len(offsets) == 3 else (0, offsets)
+        r1, c1 = min(r0 + shape[0], p.m), min(c0 + shape[1], self.c_columns)
         r0, c0 = max(r0, 0), max(c0, 0)
-        self.log(f"{role.name}: {why} C[{r0}:{r1}, {c0}:{c1}]")
+        where = f"C[{batch}][{r0}:{r1}, {c0}:{c1}]" if p.batches else f"C[{r0}:{r1}, {c0}:{c1}]"
+        self.log(f"{role.name}: {why} {where}")
         if r1 <= r0 or c1 <= c0:
             return
+        if not 0 <= batch < len(self.stored):
+            self.fail("coverage", f"{role.name} stores {where}, past the batch")
         accs = [t for t in tags if isinstance(t, AccTag)]
         if not accs:
-            self.fail("coverage", f"{role.name} stores C[{r0}:{r1}, {c0}:{c1}] from data no MMA computed")
+            self.fail("coverage", f"{role.name} stores {where} from data no MMA computed")
         for acc in accs:
-            self.check_acc(role, acc, r0, r1, c0, c1)
-        self.stored[r0:r1, c0:c1] += 1
+            self.check_acc(role, acc, r0, r1, c0, c1, f"{role.name} stores {where}", batch)
+        self.stored[batch, r0:r1, c0:c1] += 1
 
-    def check_acc(self, role, acc: AccTag, r0, r1, c0, c1) -> None:
-        where = f"{role.name} stores C[{r0}:{r1}, {c0}:{c1}]"
+    def check_acc(self, role, acc: AccTag, r0, r1, c0, c1, where: str, batch: int = 0) -> None:
         ks = []
         for first, second in acc.terms:
+            foreign = sorted({t.batch for t in first | second} - {batch})
+            if foreign:
+                self.fail("coverage", f"{where}: an MMA read A or B of product {foreign[0]}")
             if all(t.k0 >= self.problem.k for t in first | second):
                 continue  # a K block wholly past K (a split that got none): TMA fills it with zeros
             # which operand holds A's rows is the MMA's business (swap-AB kernels compute C^T)
@@ -56,7 +62,8 @@ class CoverageChecks:
                 )
             if ({t.matrix for t in first} == {t.matrix for t in second}) or len(a_loads | b_loads) != len(loads):
                 self.fail("coverage", f"{where}: an MMA read the wrong operand")
-            if not _covers(a_loads, r0, r1) or not _covers(b_loads, c0, c1):
+            ratio = self.column_ratio
+            if not _covers(a_loads, r0, r1) or not _covers(b_loads, ratio * c0, ratio * c1):
                 self.fail(
                     "coverage",
                     f"{where}: an MMA at K offset {k_offsets.pop()} read A or B tiles that do "
@@ -76,13 +83,13 @@ class CoverageChecks:
     def check_coverage(self) -> None:
         bad = np.argwhere(self.stored != 1)
         if len(bad):
-            r, c = bad[0]
-            count = self.stored[r, c]
+            b, r, c = bad[0]
+            count = self.stored[b, r, c]
             never = int((self.stored == 0).sum())
             twice = int((self.stored > 1).sum())
             self.fail(
                 "coverage",
-                f"C[{r}, {c}] stored {count} times ({never} elements never stored, {twice} stored more than once)",
+                f"C[{b}][{r}, {c}] stored {count} times ({never} elements never stored, {twice} stored more than once)",
             )
 
 

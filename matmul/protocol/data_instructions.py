@@ -17,9 +17,9 @@ import math
 
 from .state import ROW_STRIDE, AccTag, GlobalRef, LoadTag, MemRef, RegVal, row_major
 
-# kernel parameters that point at a side operand of B (its loads are tracked for races, and their
-# tags do not feed an MMA's operands): V8's group scales
-SIDE_OPERANDS = {"scales_ptr": "S"}
+# kernel parameters that point at a side operand (its loads are tracked for races, and their tags
+# do not feed an MMA's operands): V8's group scales, a fused epilogue's bias vector
+SIDE_OPERANDS = {"scales_ptr": "S", "bias_ptr": "bias"}
 
 
 class DataInstructions:
@@ -35,7 +35,7 @@ class DataInstructions:
     def i_GlobalViewInst(self, inst, env, role, group, active):
         out = inst.global_output
         side = SIDE_OPERANDS.get(getattr(inst.ptr, "hint", None))
-        if side is not None:  # read beside B (V8's scales), never stored
+        if side is not None:  # read beside B (V8's scales) or C (the bias), never stored
             env[out] = GlobalRef(side)
             return
         if out not in self.global_names:
@@ -118,6 +118,26 @@ class DataInstructions:
             tags = [merged]
         env[inst.register_output] = RegVal(None, tuple(inst.register_output.shape), tags[0] if tags else None)
 
+    def _elementwise(self, inst, env, role, group, active):
+        # a fused epilogue's arithmetic on the accumulator (bias, activation, swiglu's gate times up):
+        # the result carries the accumulator's tag, not the bias's
+        env[inst.register_output] = RegVal(
+            None, tuple(inst.register_output.shape), _result_tag([env[x].tag for x in inst.inputs])
+        )
+
+    i_SubInst = _elementwise
+    i_DivInst = _elementwise
+    i_WhereInst = _elementwise
+    i_ElementwiseUnaryInst = _elementwise
+    i_ElementwiseBinaryInst = _elementwise
+    i_UnsqueezeInst = _same_tag
+
+    def i_SliceAssignInst(self, inst, env, role, group, active):
+        # dst[offsets...] = src, in place (swiglu's output assembled piece by piece): dst takes the
+        # accumulator src holds
+        dst, src = (env[x] for x in inst.inputs)
+        env[inst.inputs[0]] = dataclasses.replace(dst, tag=_result_tag([src.tag, dst.tag]))
+
     def i_MulInst(self, inst, env, role, group, active):
         # a widened weight times its scales: the product carries the weight's tag, not the scales'
         tags = [env[x].tag for x in inst.inputs if env[x].tag is not None]
@@ -186,3 +206,13 @@ class DataInstructions:
         value: RegVal = env[inst.inputs[1]]
         self.check_write(role.cta, dst.alloc, dst.start, dst.end, f"{role.name}'s store")
         role.cta.write_tag(dst, value.tag)
+
+
+def _result_tag(tags: list):
+    """The tag of an elementwise result: the first accumulator among its inputs' tags, else a load
+    of A or B (not of a side operand), else None."""
+    accs = [t for t in tags if isinstance(t, AccTag)]
+    if accs:
+        return accs[0]
+    loads = [t for t in tags if isinstance(t, LoadTag) and t.matrix not in SIDE_OPERANDS.values()]
+    return loads[0] if loads else None

@@ -96,12 +96,14 @@ def check_function(
     clc: Optional[bool] = None,
     ordered_commits: bool = True,
     b_units: tuple = (1, 1),
+    swiglu: bool = False,
 ) -> Report:
     """Run ``seeds`` interleavings of one transpiled kernel; stop at the first finding. Seed ``s``
     uses strategy ``STRATEGIES[s % 5]``; each run of five seeds takes one problem, the first
     (largest) every other run, so that every problem meets every strategy; a CLC kernel keeps
     ``1 + s % resident_clusters`` clusters resident (the rest are stolen by ``try_cancel`` or
-    launched as others exit)."""
+    launched as others exit). ``swiglu``: C has one column per gate-up pair of the product's
+    (``machine.Machine``)."""
     report = Report(label)
     start = time.time()
     if clc is None:
@@ -114,7 +116,12 @@ def check_function(
         try:
             resident = 1 + seed % resident_clusters if clc else None
             machine = Machine(
-                function, problem, resident_clusters=resident, ordered_commits=ordered_commits, b_units=b_units
+                function,
+                problem,
+                resident_clusters=resident,
+                ordered_commits=ordered_commits,
+                b_units=b_units,
+                swiglu=swiglu,
             )
             report.roles = max(report.roles, len(machine.ranges) * len(machine.ctas))  # largest problem
             report.cluster = machine.cluster_size

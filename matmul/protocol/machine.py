@@ -27,7 +27,7 @@ from .data_instructions import DataInstructions
 from .events import SyncEvents
 from .findings import Finding
 from .interpreter import Interpreter, role_ranges
-from .state import ROW_STRIDE, AsyncOp, Cta, GlobalRef, GroupBarrier, Role
+from .state import BATCH_STRIDE, ROW_STRIDE, AsyncOp, Cta, GlobalRef, GroupBarrier, Role
 from .sync_instructions import SyncInstructions
 
 
@@ -36,6 +36,7 @@ class Problem:
     m: int
     n: int
     k: int
+    batches: int = 0  # a batched kernel's products (0: a kernel of one product)
 
 
 class Machine(Interpreter, SyncInstructions, DataInstructions, CoverageChecks, SyncEvents):
@@ -52,9 +53,14 @@ class Machine(Interpreter, SyncInstructions, DataInstructions, CoverageChecks, S
         max_steps: int = 2_000_000,
         ordered_commits: bool = True,
         b_units: tuple = (1, 1),
+        swiglu: bool = False,
     ):
         self.function = function
         self.problem = problem
+        # swiglu's epilogue makes C's column j of the product's gate-up pair of columns: C is half
+        # as wide as B has rows, and C's columns [c0, c1) come from the product's [2 c0, 2 c1)
+        self.column_ratio = 2 if swiglu else 1
+        self.c_columns = problem.n // self.column_ratio
         # B's rows and K columns per element of its global view (a packed weight's int32 words)
         self.b_units = b_units
         # tcgen05.commit arrivals of one thread land in the order the commits were issued (each
@@ -68,6 +74,11 @@ class Machine(Interpreter, SyncInstructions, DataInstructions, CoverageChecks, S
         self.max_steps = max_steps
         self.params = {}
         args = [problem.m, problem.n, problem.k, "a_ptr", "b_ptr", "c_ptr", ROW_STRIDE, ROW_STRIDE, ROW_STRIDE]
+        if function.params and function.params[0].hint == "batches":  # entry.batched_class's launch
+            if not problem.batches:
+                raise Finding("unsupported", "a batched kernel needs a problem with batches")
+            b = problem.batches
+            args = [b, *args, 0, b, b, BATCH_STRIDE, BATCH_STRIDE, BATCH_STRIDE]
         for var, value in zip(function.params, args):
             self.params[var] = value
         self.num_threads = function.metadata.num_warps * 32
@@ -98,7 +109,7 @@ class Machine(Interpreter, SyncInstructions, DataInstructions, CoverageChecks, S
         self.finished_clusters: set[int] = set()
         self.roles: list[Role] = []
         self.global_names: dict[Any, GlobalRef] = {}
-        self.stored = np.zeros((problem.m, problem.n), dtype=np.int32)
+        self.stored = np.zeros((max(problem.batches, 1), problem.m, self.c_columns), dtype=np.int32)
         self.k_block: Optional[int] = None
 
     # -- the scheduler ----------------------------------------------------------------------------

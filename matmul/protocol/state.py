@@ -67,13 +67,14 @@ class GroupBarrier:
 @dataclasses.dataclass(frozen=True)
 class LoadTag:
     """What a TMA (or register) load brought in: rows ``row0..row0+rows`` and K columns
-    ``k0..k0+cols`` of operand ``matrix``."""
+    ``k0..k0+cols`` of operand ``matrix`` (of product ``batch`` of a batched kernel)."""
 
     matrix: str
     row0: int
     rows: int
     k0: int
     cols: int
+    batch: int = 0
 
 
 class AccTag:
@@ -142,6 +143,8 @@ class GlobalRef:
 
 # the row stride the checker passes for A, B and C: an element offset then reads as (row, column)
 ROW_STRIDE = 1 << 20
+# the matrix stride of a batched kernel's A, B and C: an offset then reads as (batch, row, column)
+BATCH_STRIDE = ROW_STRIDE * ROW_STRIDE
 
 
 def row_major(shape) -> tuple:

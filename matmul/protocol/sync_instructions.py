@@ -188,11 +188,12 @@ class SyncInstructions:
         if src.matrix not in "ABS":
             self.fail("unsupported", f"a TMA load from {src.matrix}")
         rows, cols = dst.shape[-2], dst.shape[-1]
+        batch, offsets = _batch_of(offsets)
         if src.matrix == "B":  # a packed weight's box covers more rows and K columns than its elements
             units_r, units_k = self.b_units
-            tag = LoadTag("B", offsets[0] * units_r, rows * units_r, offsets[1] * units_k, cols * units_k)
+            tag = LoadTag("B", offsets[0] * units_r, rows * units_r, offsets[1] * units_k, cols * units_k, batch)
         else:
-            tag = LoadTag(src.matrix, offsets[0], rows, offsets[1], cols)
+            tag = LoadTag(src.matrix, offsets[0], rows, offsets[1], cols, batch)
         if src.matrix == "A" and self.k_block is None:
             self.k_block = cols
         if mask is None:
@@ -436,3 +437,10 @@ def _complete_all_but(groups: list[list[Reader]], newest: int) -> None:
         for reader in group:
             reader.done = True
     del groups[: len(done)]
+
+
+def _batch_of(offsets: list) -> tuple[int, list]:
+    """A TMA copy's (batch, [row, column]): a batched kernel's 3-D tensor maps put the batch first."""
+    if len(offsets) == 3:
+        return offsets[0], offsets[1:]
+    return 0, offsets
