@@ -402,12 +402,6 @@ def run(index: int, seeds: int) -> dict:
     }
 
 
-if __name__ == "__main__":
-    import json
-
-    print(json.dumps(run(int(sys.argv[1]), int(sys.argv[2]))))
-
-
 # --- mutants of a variant's build (``matmul.kernels.variant``): bugs on a code path that only a fused
 # epilogue or a batched build takes, checked on that variant's build (``tests/test_protocol_variants.py``)
 
@@ -480,3 +474,9 @@ def run_variant(index: int, seeds: int) -> dict:
         "message": finding.message if finding else "",
         "seed": report.seed,
     }
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps(run(int(sys.argv[1]), int(sys.argv[2]))))
