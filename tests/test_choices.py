@@ -596,7 +596,7 @@ def test_an_unseen_linear_call_is_deferred_where_a_matmul_call_would_be(tmp_path
     a, w = random_operands(128, 64, 32, torch.float16, device="cpu")
     bias = torch.randn(64).half()
     assert path.defer_linear(a, w.T, bias, "relu") is True  # the entry runs torch's ops now
-    assert path.planner.wait(10) and choose.wait(10)
+    assert path.wait_for_background(10)
     fused = fused_signature(a, w.T, None, bias, relu)
     assert fused in path.plans and signature(a, w.T, None) not in path.plans  # the variant's plan, not the plain one
     if path.direct is not None:

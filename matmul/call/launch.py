@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
+import time
 from typing import Callable, Optional
 
 import torch
@@ -198,6 +199,17 @@ class Plans:
         self.refused: set[tuple] = set()  # signatures whose deferred derivation failed: the Python path names why
         if chooser is not None:
             chooser.on_change(self.forget)
+
+    def wait_for_background(self, timeout_s: float) -> bool:
+        """Wait (``timeout_s`` at most, in all) until the plans deferred off callers' paths are
+        derived and the tunings and builds they started are done (benchmarks, tests); whether
+        they are. The planner first: a deferred derivation asks the chooser, which may queue a
+        tuning."""
+        deadline = time.monotonic() + timeout_s
+        finished = self.planner.wait(timeout_s)
+        if finished and self.chooser is not None:
+            finished = self.chooser.wait(max(deadline - time.monotonic(), 0.0))
+        return finished
 
     def defer(self, a, b) -> bool:
         """The native entry's miss hook (``entry.cpp``): take the plan of an unseen call ``a @ b``

@@ -212,25 +212,18 @@ def _graphed(step: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
 
 
 def settle(timeout_s: float = SETTLE_S) -> dict:
-    """Wait (at most ``timeout_s``) until the tuning that the first calls started in the background
-    is done, so that the timed rows measure the choices a model runs from then on; nothing to wait
-    for in blocking mode. Idle twice in a row: a plan derived off the caller's path may queue its
-    tuning just after the tuner went idle."""
+    """Wait (at most ``timeout_s``) until the plans and the tuning that the first calls started in
+    the background are done, so that the timed rows measure the choices a model runs from then on;
+    nothing to wait for in blocking mode."""
     from ..call import api
 
     begin = time.perf_counter()
-    idle = 0
-    while idle < 2:
-        left = timeout_s - (time.perf_counter() - begin)
-        if left <= 0:
-            break
-        idle = idle + 1 if api._chooser.wait(timeout=left) else 0
-        time.sleep(0.5)
+    finished = api._plans.wait_for_background(timeout_s)
     entries = [entry for _, entry in api._chooser.entries.values()]
     return {
         "kind": "settle",
         "seconds": time.perf_counter() - begin,
-        "finished": idle >= 2,
+        "finished": finished,
         "choices_by_source": dict(Counter(entry.get("source") for entry in entries)),
         "pending": sum(bool(api._chooser.tuner.pending(entry.get("key"))) for entry in entries),
     }

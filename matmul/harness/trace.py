@@ -102,10 +102,8 @@ def settle(trace, weights, timeout_s: float) -> bool:
     is derived again: derived here, the second pass meets the route each tuned bucket has."""
     from matmul.call import api
 
-    deadline = time.monotonic() + timeout_s
     plans = api._plans
-    finished = plans.planner.wait(timeout_s)  # deferred plans ask the chooser, which may queue tunings
-    finished = finished and api._chooser.wait(max(deadline - time.monotonic(), 0.0))
+    finished = plans.wait_for_background(timeout_s)
     for dtype, name, m, _, k in trace:
         w = weights[(dtype, name)]
         x = torch.empty(m, k, device="cuda", dtype=w.dtype)
