@@ -259,6 +259,14 @@ def show_table(rows: list[dict]) -> None:
     md(_md_table(rows))
 
 
+def show_committed_figure(path: Path) -> None:
+    """A committed figure (plots/), shown where the checkout has it."""
+    if path.exists():
+        from IPython.display import Image, display
+
+        display(Image(filename=str(path)))
+
+
 # -- running on a GPU of the right architecture ---------------------------------------------------
 
 CHECK_SHAPES = (*correctness.CHECK_SHAPES, (4096, 4096, 4096))
@@ -671,11 +679,7 @@ def skinny_results(dtype: str = "float16") -> None:
             else ""
         )
     )
-    figure = SKINNY / "skinny-sm_90a.png"
-    if figure.exists():
-        from IPython.display import Image, display
-
-        display(Image(filename=str(figure)))
+    show_committed_figure(SKINNY / "skinny-sm_90a.png")
 
 
 SKINNY_CHECK_SHAPES = ((1, 1000, 1000), (3, 4097, 520), (17, 1000, 4104), (100, 2050, 1030), (255, 1030, 2000))
@@ -832,11 +836,7 @@ def quantized_results(dtype: str | None = None) -> None:
         "(`plots/h100/skinny/roofline.json`, same GPU model, two days earlier). V8 config = tokens per tile / "
         "warpgroups / split / stages / K columns a wgmma group.\n\n" + _md_table(table)
     )
-    figure = SKINNY / "roofline-v8-sm_90a.png"
-    if figure.exists():
-        from IPython.display import Image, display
-
-        display(Image(filename=str(figure)))
+    show_committed_figure(SKINNY / "roofline-v8-sm_90a.png")
 
 
 V8_CHECK_SHAPES = ((1, 1000, 1024), (3, 4095, 1024), (17, 200, 384), (100, 1000, 4096), (255, 31, 128))
