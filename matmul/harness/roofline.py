@@ -60,6 +60,7 @@ from ..measure.timing import interleaved_ms
 from ..quant import FORMATS
 from ..quant.int4 import padded_rows
 from . import presets
+from .plot import save as save_figure
 
 ARCH = "sm_90a"
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -367,9 +368,7 @@ def plot(results: dict, out_dir: Path) -> list[Path]:
         )
         ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    paths = [out_dir / "skinny-sm_90a.png", out_dir / "skinny-sm_90a.svg"]
-    for path in paths:
-        fig.savefig(path, dpi=150)
+    paths = save_figure(fig, out_dir / "skinny-sm_90a")
     plt.close(fig)
     return paths
 
@@ -513,9 +512,7 @@ def plot_quantized(rows: list[dict], device: str, out_dir: Path) -> list[Path]:
         )
         ax.legend(fontsize=7, loc="upper left", ncol=2)
     fig.tight_layout()
-    paths = [out_dir / "roofline-v8-sm_90a.png", out_dir / "roofline-v8-sm_90a.svg"]
-    for path in paths:
-        fig.savefig(path, dpi=150)
+    paths = save_figure(fig, out_dir / "roofline-v8-sm_90a")
     plt.close(fig)
     return paths
 
