@@ -92,7 +92,10 @@ class GatedMLPForward:
             weight.data = weight.data.new_empty(0)
 
     def __call__(self, mlp, x):
-        return mlp.down_proj(linear(x, mlp.gate_up_weight, None, "swiglu")[..., : self.rows])
+        hidden = linear(x, mlp.gate_up_weight, None, "swiglu")
+        # the padding columns (I rounded up to 8) only where there are any: a slice of every column
+        # would still cost a backward that zero-fills and copies the whole gradient
+        return mlp.down_proj(hidden if hidden.shape[-1] == self.rows else hidden[..., : self.rows])
 
     def restore(self, mlp: torch.nn.Module) -> None:
         gate, up = split_gate_up(mlp.gate_up_weight.data, self.rows)

@@ -215,6 +215,35 @@ def test_linear_gradients_match_torch(path, activation):
         close(ours, theirs)
 
 
+def test_swiglu_gradients_of_a_fused_gate_up_weight(path):
+    """Through the operator and ``torch_op.InterleavedSwiglu``, against autograd of the unfused
+    gate and up projections."""
+    x = torch.randn(2, 5, 48).half().requires_grad_()
+    gate, up = torch.randn(24, 48).half(), torch.randn(24, 48).half()
+    fused = matmul.gate_up(gate, up).requires_grad_()
+    y = matmul.linear(x, fused, activation="swiglu")
+    grad = torch.randn_like(y)
+    y.backward(grad)
+    xr, gr, ur = (t.detach().float().requires_grad_() for t in (x, gate, up))
+    (torch.nn.functional.silu(xr @ gr.T) * (xr @ ur.T)).backward(grad.float())
+    close(x.grad, xr.grad)
+    d_gate, d_up = variants.split_gate_up(fused.grad, 24)
+    close(d_gate, gr.grad)
+    close(d_up, ur.grad)
+
+
+def test_interleaved_swiglu_backward_is_autograds():
+    """The hand-written backward against autograd through the column views, in float64."""
+    y = torch.randn(3, 4, 64, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(torch_op.InterleavedSwiglu.apply, (y,))
+    grad = torch.randn(3, 4, 32, dtype=torch.float64)
+    reference = y.detach().clone().requires_grad_()
+    variants.activate(reference, "swiglu").backward(grad)
+    torch_op.InterleavedSwiglu.apply(y).backward(grad)
+    torch.testing.assert_close(y.grad, reference.grad)
+    torch.testing.assert_close(torch_op.InterleavedSwiglu.apply(y), variants.activate(y, "swiglu"))
+
+
 def test_matmul_gradients_read_the_weight_in_place(path):
     x = torch.randn(9, 48).half().requires_grad_()
     w = torch.randn(40, 48).half().requires_grad_()
