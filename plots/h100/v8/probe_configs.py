@@ -1,0 +1,91 @@
+"""Where V8's decode time goes: every configuration of its int4 space timed on the decode shapes
+(L2 flushed by reading, as ``bench_v8.py``), and, with ``--ncu``, one launch per (shape,
+configuration) for Nsight Compute to profile (no other kernel runs in that process: the operands
+are made on the host and copied, the output is ``torch.empty``).
+
+    python plots/h100/v8/probe_configs.py OUT_DIR [--configs all|chosen] [--shapes 1x4096x4096,...]
+    ncu --nvtx --nvtx-include "probe/" --csv --section SpeedOfLight --section WarpStateStats ... \
+        python plots/h100/v8/probe_configs.py OUT_DIR --ncu --configs chosen
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+import matmul
+from matmul.harness import roofline
+from matmul.kernels import versions
+from matmul.measure.correctness import poisoned_output, relative_error
+from matmul.measure.timing import interleaved_ms
+from matmul.quant import linear as quant_linear
+
+SHAPES = ((1, 4096, 4096), (16, 4096, 4096), (1, 28672, 4096), (16, 28672, 4096), (1, 4096, 14336))
+
+
+def shape_list(text: str):
+    return [tuple(int(v) for v in s.split("x")) for s in text.split(",")]
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--configs", default="all", help="all: the int4 space; chosen: the call's configuration")
+    parser.add_argument("--shapes", type=shape_list, default=SHAPES)
+    parser.add_argument("--ncu", action="store_true", help="one launch each, nothing else on the GPU")
+    parser.add_argument("--no-prebuild", action="store_true")
+    parser.add_argument("--dtype", default="float16")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    dtype = getattr(torch, args.dtype)
+    module = quant_linear.v8_module()
+    space = versions.space(module)
+    if not args.no_prebuild:
+        chosen = {str(quant_linear.config_for(m)): quant_linear.config_for(m) for m, _, _ in args.shapes}
+        roofline.prebuild(module, space if args.configs == "all" else list(chosen.values()), [dtype])
+    rows = []
+    for m, n, k in args.shapes:
+        gen = torch.Generator().manual_seed(0)
+        w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype)
+        x = torch.randn(m, k, generator=gen).to(dtype).cuda()
+        qw = matmul.quantize(w.cuda(), format="int4")
+        configs = space if args.configs == "all" else [quant_linear.config_for(m)]
+        configs = [c for c in configs if c["block_m"] >= min(m, 16) and (c["block_m"] < 2 * m or c["block_m"] == 16)]
+        if args.ncu:
+            for config in configs:
+                out = torch.empty(m, n, dtype=dtype, device="cuda")
+                quant_linear.v8(x, qw, out, config)  # loaded and warm before the profiled launch
+                torch.cuda.synchronize()
+                torch.cuda.nvtx.range_push("probe")
+                quant_linear.v8(x, qw, out, config)
+                torch.cuda.nvtx.range_pop()
+                torch.cuda.synchronize()
+                print(f"profiled {m}x{n}x{k} {config}", flush=True)
+            continue
+        reference = x.float() @ qw.dequantize().float().T
+        w16 = qw.dequantize()
+        fns, names = [lambda x=x, w16=w16: torch.matmul(x, w16.T)], ["cublas"]
+        for config in configs:
+            out = poisoned_output(m, n, dtype)
+            quant_linear.v8(x, qw, out, config)
+            error = relative_error(out, reference)
+            if error > 1e-2:
+                print(f"{m}x{n}x{k} {config}: error {error:.2e}, skipped", flush=True)
+                continue
+            fns.append(lambda config=config, out=out, x=x, qw=qw: quant_linear.v8(x, qw, out, config))
+            names.append(config)
+        times = interleaved_ms(fns, 50, 300)
+        for name, ms in zip(names, times):
+            row = dict(m=m, n=n, k=k, config=name, us=ms * 1e3, x_cublas=times[0] / ms)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    if not args.ncu:
+        (args.out / "probe_configs.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
