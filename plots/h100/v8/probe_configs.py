@@ -24,6 +24,7 @@ from matmul.measure.correctness import poisoned_output, relative_error
 from matmul.measure.timing import interleaved_ms
 from matmul.quant import linear as quant_linear
 
+CONFIG_KEYS = ("block_m", "warpgroups", "split", "stages", "chunk")
 SHAPES = ((1, 4096, 4096), (16, 4096, 4096), (1, 28672, 4096), (16, 28672, 4096), (1, 4096, 14336))
 
 
@@ -34,7 +35,11 @@ def shape_list(text: str):
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
-    parser.add_argument("--configs", default="all", help="all: the int4 space; chosen: the call's configuration")
+    parser.add_argument(
+        "--configs",
+        default="all",
+        help="all: the int4 space; chosen: the call's configuration; else block_m/warpgroups/split/stages/chunk,...",
+    )
     parser.add_argument("--shapes", type=shape_list, default=SHAPES)
     parser.add_argument("--ncu", action="store_true", help="one launch each, nothing else on the GPU")
     parser.add_argument("--no-prebuild", action="store_true")
@@ -44,6 +49,9 @@ def main(argv=None) -> None:
     dtype = getattr(torch, args.dtype)
     module = quant_linear.v8_module()
     space = versions.space(module)
+    if args.configs not in ("all", "chosen"):  # named configurations
+        space = [dict(zip(CONFIG_KEYS, map(int, c.split("/")))) for c in args.configs.split(",")]
+        args.configs = "all"
     if not args.no_prebuild:
         chosen = {str(quant_linear.config_for(m)): quant_linear.config_for(m) for m, _, _ in args.shapes}
         roofline.prebuild(module, space if args.configs == "all" else list(chosen.values()), [dtype])
@@ -54,7 +62,11 @@ def main(argv=None) -> None:
         x = torch.randn(m, k, generator=gen).to(dtype).cuda()
         qw = matmul.quantize(w.cuda(), format="int4")
         configs = space if args.configs == "all" else [quant_linear.config_for(m)]
-        configs = [c for c in configs if c["block_m"] >= min(m, 16) and (c["block_m"] < 2 * m or c["block_m"] == 16)]
+        configs = [
+            c
+            for c in configs
+            if c["block_m"] >= min(m, 16) and (c["block_m"] < 2 * m or c["block_m"] == 16) and k // 128 >= c["split"]
+        ]
         if args.ncu:
             for config in configs:
                 out = torch.empty(m, n, dtype=dtype, device="cuda")

@@ -1,0 +1,133 @@
+"""A transformer block's decode step with int4 weights, as a serving engine runs it: one Llama
+decoder layer of Llama-3-8B's widths (hidden 4096, MLP 14336, 32 heads, 8 key/value heads; the
+``transformers`` model of the drop-in bench with one layer, its embedding and final norm, no LM
+head), a static KV cache holding 1024 tokens, batch 1 and 16, each step captured in a CUDA graph.
+
+* ours: every projection's weight packed by ``matmul.quantize(w, "int4")`` (one scale per 128
+  columns) and run by ``matmul.linear(x, qw)`` (V8 at these token counts);
+* theirs: the same block in float16 through torch (cuBLAS), unquantized.
+
+Both steps are timed in back-to-back windows of graph replays, alternating (``harness.model.compare``:
+the ratio is theirs over ours). The output (the block's last hidden state) is compared three ways:
+ours against the same block with the dequantized weights run by torch (the kernel's own error),
+ours against the float16 block, and the dequantized block against the float16 block (the
+quantization's own error, which the second should match).
+
+    python plots/h100/v8/decode_block.py OUT_DIR [--rounds 10] [--batches 1,16] [--dtype float16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+import matmul
+from matmul.harness import drop_in
+from matmul.harness import model as model_bench
+
+CONTEXT = 1024  # tokens in the KV cache before the timed step
+
+
+class Int4Linear(torch.nn.Module):
+    """An ``nn.Linear``'s weight in int4, its product through ``matmul.linear``."""
+
+    def __init__(self, layer: torch.nn.Linear):
+        super().__init__()
+        self.weight = matmul.quantize(layer.weight.detach(), format="int4")
+        self.bias = layer.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return matmul.linear(x, self.weight, self.bias)
+
+
+def swap_linears(model: torch.nn.Module, make) -> int:
+    count = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, torch.nn.Linear):
+                setattr(parent, name, make(child))
+                count += 1
+    return count
+
+
+def dequantized(layer: torch.nn.Linear) -> torch.nn.Linear:
+    """The layer with the weight its int4 form stands for (``qw.dequantize()``), run by torch."""
+    with torch.no_grad():
+        layer.weight.copy_(matmul.quantize(layer.weight, format="int4").dequantize())
+    return layer
+
+
+def relative(x: torch.Tensor, y: torch.Tensor) -> float:
+    x, y = x.float(), y.float()
+    return float((x - y).norm() / y.norm())
+
+
+def decode_step(model, batch: int, dtype):
+    """A function running one decode step of ``model`` (a ``LlamaModel``) after a 1024-token prompt
+    held in a static cache; the cache's prompt is written once, by a prefill."""
+    from transformers import StaticCache
+
+    cache = StaticCache(model.config, batch_size=batch, max_cache_len=CONTEXT + 8, device="cuda", dtype=dtype)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    prompt = torch.randint(0, model.config.vocab_size, (batch, CONTEXT), device="cuda", generator=gen)
+    token = torch.randint(0, model.config.vocab_size, (batch, 1), device="cuda", generator=gen)
+    model(input_ids=prompt, past_key_values=cache, cache_position=torch.arange(CONTEXT, device="cuda"))
+    position = torch.full((1,), CONTEXT, device="cuda")
+    return lambda: model(input_ids=token, past_key_values=cache, cache_position=position).last_hidden_state
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--batches", default="1,16")
+    parser.add_argument("--dtype", default="float16")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    dtype = getattr(torch, args.dtype)
+    from transformers import LlamaModel
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        reference = LlamaModel(drop_in.llama_config(layers=1)).to(dtype).eval()
+    ours = copy.deepcopy(reference)
+    swapped = swap_linears(ours, Int4Linear)
+    widened = copy.deepcopy(reference)
+    swap_linears(widened, dequantized)
+    rows = []
+    with torch.inference_mode():
+        for batch in (int(b) for b in args.batches.split(",")):
+            steps = {
+                name: decode_step(model, batch, dtype)
+                for name, model in (("ours", ours), ("theirs", reference), ("widened", widened))
+            }
+            outputs = {name: step().clone() for name, step in steps.items()}
+            graphed = {name: drop_in._graphed(steps[name]) for name in ("ours", "theirs")}
+            replayed = graphed["ours"]().clone()
+            result = model_bench.compare(graphed["ours"], graphed["theirs"], args.rounds)
+            row = {
+                "batch": batch,
+                "context": CONTEXT,
+                "dtype": args.dtype,
+                "linears_int4": swapped,
+                "int4_us": result["matmul_ms"] * 1e3,
+                "fp16_us": result["torch_ms"] * 1e3,
+                "ratio": result["ratio"],
+                "ratios": result["ratios"],
+                "error_vs_dequantized_block": relative(outputs["ours"], outputs["widened"]),
+                "error_vs_fp16_block": relative(outputs["ours"], outputs["theirs"]),
+                "quantization_error": relative(outputs["widened"], outputs["theirs"]),
+                "graph_replay_vs_eager": relative(replayed, outputs["ours"]),
+            }
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "ratios"}), flush=True)
+            (args.out / "decode_block.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
