@@ -30,7 +30,11 @@ What a pass proves, for the problem sizes and interleavings it ran: the *countin
 holds. Every mbarrier phase completes with exactly its arrival count and exactly the bytes
 announced by ``expect_tx`` (TMA loads, multicast included, CLC responses, ``st.async``, bulk
 copies); no phase completes again before every role that waits on that barrier observed the
-previous one, and every parity wait returns on the phase after the last one its role saw; named
+previous one, and every parity wait returns on the phase after the last one its role saw (where a
+version declares that its consumers take turns at the ring's stages, ``consumers_take_turns``, as
+Hopper V6's ping-pong warpgroups do, its consumers are held to that together on the barriers TMA
+loads complete on: each phase is seen by one of them, in order, and a wait that returns on a
+phase its team already saw is a stale fill taken for a new one); named
 barriers and ``barrier.cluster`` see the threads they expect; no role waits forever; no CTA exits
 while a TMA load, a commit, a CLC response or an arrival may still reach its shared memory, TMEM
 or barriers, or while its own TMA stores may still read its shared memory; no shared memory is
@@ -189,19 +193,31 @@ def cluster_shape(function) -> tuple:
     return tuple(function.metadata.cluster_blocks), multicasts
 
 
+def consumers_take_turns(module: ModuleType, config: dict[str, Any]) -> bool:
+    """Whether the consumers of ``config`` take turns at the ring's stages, tile by tile (Hopper V6's
+    ping-pong warpgroups), as the version declares (``consumers_take_turns(config)``; none do
+    otherwise): the checker then holds them together to seeing each phase once (``Machine``)."""
+    return getattr(module, "consumers_take_turns", lambda config: False)(config)
+
+
 def configs_to_check(module: ModuleType, arch: Optional[str] = None, all_configs: bool = False) -> list[dict[str, Any]]:
-    """The representative configuration, plus the first configuration of every other cluster shape
-    (``cluster_shape``: its CTAs, and whether it multicasts; in the autotune space, or in the
-    version's ``EXTRA_CONFIGS``: built and checked, not tuned), read from what each configuration
-    transpiles to; or (``all_configs``) every configuration."""
+    """The representative configuration, plus the first configuration of every other protocol
+    shape (``cluster_shape``: its CTAs, and whether it multicasts; and whether its consumers take
+    turns; in the autotune space, or in the version's ``EXTRA_CONFIGS``: built and checked, not
+    tuned), read from what each configuration transpiles to; or (``all_configs``) every
+    configuration."""
     candidates = versions.build_configs(module)
     if all_configs:
         return candidates
     arch = arch or next(a for a, family in versions.ARCHS.items() if f".{family}." in module.__name__ + ".")
     configs = [dict(module.REPRESENTATIVE)]
-    shapes = {cluster_shape(transpile(module, arch, module.REPRESENTATIVE, lowered=False))}
+
+    def protocol_shape(config):
+        return cluster_shape(transpile(module, arch, config, lowered=False)), consumers_take_turns(module, config)
+
+    shapes = {protocol_shape(module.REPRESENTATIVE)}
     for config in candidates:
-        shape = cluster_shape(transpile(module, arch, config, lowered=False))
+        shape = protocol_shape(config)
         if shape not in shapes:
             shapes.add(shape)
             configs.append(config)
@@ -238,6 +254,7 @@ def check(
         ordered_commits=ordered_commits,
         b_units=getattr(module, "B_UNITS", (1, 1)),
         swiglu=variant.activation == "swiglu",
+        turn_taking=consumers_take_turns(module, config),
     )
     report.seconds = time.time() - start  # transpiling included
     return report

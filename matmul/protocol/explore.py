@@ -97,12 +97,14 @@ def check_function(
     ordered_commits: bool = True,
     b_units: tuple = (1, 1),
     swiglu: bool = False,
+    turn_taking: bool = False,
 ) -> Report:
     """Run ``seeds`` interleavings of one transpiled kernel; stop at the first finding. Seed ``s``
     uses strategy ``STRATEGIES[s % 5]``; each run of five seeds takes one problem, the first
     (largest) every other run, so that every problem meets every strategy; a CLC kernel keeps
     ``1 + s % resident_clusters`` clusters resident (the rest are stolen by ``try_cancel`` or
     launched as others exit). ``swiglu``: C has one column per gate-up pair of the product's
+    (``machine.Machine``). ``turn_taking``: the consumers take turns at the ring's stages
     (``machine.Machine``)."""
     report = Report(label)
     start = time.time()
@@ -122,6 +124,7 @@ def check_function(
                 ordered_commits=ordered_commits,
                 b_units=b_units,
                 swiglu=swiglu,
+                turn_taking=turn_taking,
             )
             report.roles = max(report.roles, len(machine.ranges) * len(machine.ctas))  # largest problem
             report.cluster = machine.cluster_size

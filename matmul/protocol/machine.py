@@ -54,6 +54,7 @@ class Machine(Interpreter, SyncInstructions, DataInstructions, CoverageChecks, S
         ordered_commits: bool = True,
         b_units: tuple = (1, 1),
         swiglu: bool = False,
+        turn_taking: bool = False,
     ):
         self.function = function
         self.problem = problem
@@ -66,6 +67,10 @@ class Machine(Interpreter, SyncInstructions, DataInstructions, CoverageChecks, S
         # tcgen05.commit arrivals of one thread land in the order the commits were issued (each
         # commit tracks every MMA issued before it); False lets them land in any order
         self.ordered_commits = ordered_commits
+        # the consumer roles that wait on a ring's "full" barriers (those TMA loads complete on) take
+        # turns, tile by tile (Hopper V6's ping-pong warpgroups): each phase is seen by one of them,
+        # so the rule "a wait returns on the phase after the last one seen" holds for them together
+        self.turn_taking = turn_taking
         self.loop_iterations = 0
         self.clc_failed: set[int] = set()  # clusters that were answered "no work left"
         self.trace: collections.deque = collections.deque(maxlen=self.TRACE)

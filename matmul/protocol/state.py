@@ -46,6 +46,12 @@ class Barrier:
         self.tx = 0
         self.completed = 0  # phases completed so far; the current phase has parity completed & 1
         self.observed: dict[Role, int] = {}  # the last completed phase each waiting role saw
+        self.loaded = False  # a TMA load completes on it: a ring's "full" barrier
+
+    def team_observed(self):
+        """The last phase any of its waiting roles saw (None before the first wait returns): the
+        phase a ring's turn-taking consumers have reached together (``Machine.turn_taking``)."""
+        return max((seen for seen in self.observed.values() if seen is not None), default=None)
 
     def state(self) -> str:
         return (

@@ -150,7 +150,11 @@ class SyncInstructions:
 
         def resume():
             seen = b.completed - 1
-            last = b.observed.get(role)
+            # consumers that take turns at a ring's stages each see every other fill of a stage:
+            # together they must see each phase once, in order (Machine.turn_taking)
+            team = self.turn_taking and b.loaded
+            last = b.team_observed() if team else b.observed.get(role)
+            who = f"{role.name}'s team of turn-taking consumers" if team else "it"
             if last is None:
                 if seen not in (-1, 0):
                     self.fail(
@@ -162,7 +166,7 @@ class SyncInstructions:
                 self.fail(
                     "overrun",
                     f"{role.name}'s wait on {b.name} (parity {parity}) returns on phase {seen}; "
-                    f"it last saw phase {last}",
+                    f"{who} last saw phase {last}",
                 )
             b.observed[role] = seen
             self.log(f"{role.name}: wait on {b.name} parity {parity} returns (phase {seen})")
@@ -211,6 +215,7 @@ class SyncInstructions:
                     dests.append((d, dataclasses.replace(bar, cta=b_cta.index)))
         nbytes = dst.nbytes
         for d, b in dests:
+            self.barrier(b).loaded = True
             if d.exited:
                 self.fail("exit", f"{role.name} TMA-loads into cta{d.index}, which has exited")
             self.check_write(d, dst.alloc, dst.start, dst.end, f"{role.name}'s TMA load")
