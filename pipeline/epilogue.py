@@ -64,8 +64,10 @@ def wgmma_fragment_grid(rows: int, cols: int, sub_cols: int):
 
 class WgmmaTileStore(tilus.Class):
     """Writes a warpgroup's ``rows x cols`` accumulator to global memory, ``SUB_COLS`` columns at a
-    time (module doc). ``staging``: ``[2, rows, SUB_COLS]`` in the output dtype, private to the
-    warpgroup. Call ``store`` and ``finish`` from the warpgroup (128 threads)."""
+    time (module doc). ``staging``: ``[2, 64, SUB_COLS]`` in the output dtype, private to the
+    warpgroup; a tile taller than 64 rows (a ping-pong warpgroup's 128 rows) goes out one 64-row
+    block at a time, each staged and stored exactly as a one-row tile's. Call ``store`` and
+    ``finish`` from the warpgroup (128 threads)."""
 
     def __init__(self, staging: SharedTensor, rows: int, cols: int):
         self.out = StagedTmaStore(staging)
@@ -85,10 +87,17 @@ class WgmmaTileStore(tilus.Class):
         variant's bias and activation, block by block) into C (into its matrix ``batch`` where C is
         a batched kernel's [batches, M, N])."""
         sub_cols = product_columns(SUB_COLS, epilogue.activation)  # makes SUB_COLS columns of C
-        blocks = self.view(acc, layout=wgmma_fragment_blocks(self.rows, self.cols, sub_cols))
-        for j in self.range(self.cols // sub_cols, unroll="all"):
-            block, column = epilogue.apply(blocks[j], offset_n + j * sub_cols, "wgmma")
-            self.out.put(block, g_c, offset_m, column, batch)
+        if self.rows == 64:  # one row of wgmma instructions (decided when the kernel is built)
+            blocks = self.view(acc, layout=wgmma_fragment_blocks(self.rows, self.cols, sub_cols))
+            for j in self.range(self.cols // sub_cols, unroll="all"):
+                block, column = epilogue.apply(blocks[j], offset_n + j * sub_cols, "wgmma")
+                self.out.put(block, g_c, offset_m, column, batch)
+        else:  # a taller tile: its 64-row slabs one after the other, each in column blocks
+            grid = self.view(acc, layout=wgmma_fragment_grid(self.rows, self.cols, sub_cols))
+            for i in self.range(self.rows // 64, unroll="all"):
+                for j in self.range(self.cols // sub_cols, unroll="all"):
+                    block, column = epilogue.apply(grid[i, j], offset_n + j * sub_cols, "wgmma")
+                    self.out.put(block, g_c, offset_m + i * 64, column, batch)
 
     def finish(self):
         self.out.finish()

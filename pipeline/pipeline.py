@@ -180,3 +180,11 @@ class Pipeline(tilus.Class):
     def consumer_advance(self):
         self.consumer_stage = (self.consumer_stage + 1) % self.num_stages
         self.consumer_phase = self.consumer_phase ^ (self.consumer_stage == 0)
+
+    def consumer_skip(self, count: int32):
+        """Move the consumer position ``count`` stages on without waiting or releasing: the stages
+        another consumer takes in between (ping-pong warpgroups share one ring, tile by tile). The
+        phase flips once for each time the position wraps around."""
+        passed: int32 = self.consumer_stage + count
+        self.consumer_stage = passed % self.num_stages
+        self.consumer_phase = self.consumer_phase ^ ((passed // self.num_stages) % 2 == 1)

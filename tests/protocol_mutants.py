@@ -40,6 +40,8 @@ class Mutant:
 
 # Hopper V7 with the weight tile multicast to two 64-token tiles (its MULTICAST_REPRESENTATIVE)
 V7_MULTICAST = (("block_m", 64), ("warpgroups", 1), ("split", 1), ("stages", 13), ("multicast", 2))
+# Hopper V6 with ping-pong consumer warpgroups (its PINGPONG)
+V6_PINGPONG = (("block_n", 128), ("stages", 6), ("pingpong", True))
 
 MUTANTS = (
     Mutant(
@@ -293,6 +295,49 @@ MUTANTS = (
         "ring = Pipeline(stages, consumer_arrivals=1 + 128)",
         "ring = Pipeline(stages, consumer_arrivals=128)",
         ("race", "overrun", "arrivals"),
+    ),
+    Mutant(
+        "turn handed over early: a Hopper V6 ping-pong warpgroup lets the other start its tile after its own "
+        "first K block, before it has waited for the rest of its stages",
+        "sm_90a",
+        "v6",
+        "matmul.kernels.hopper.v6",
+        "                mainloop.issue_rest(s_a, s_b, WHOLE_TILE, acc, num_k_blocks)\n"
+        "                turns.hand_over(wg)  # the other warpgroup's wgmma queue behind this tile's last\n",
+        "                turns.hand_over(wg)\n"
+        "                mainloop.issue_rest(s_a, s_b, WHOLE_TILE, acc, num_k_blocks)\n",
+        ("overrun", "coverage"),
+        config=V6_PINGPONG,
+    ),
+    Mutant(
+        "turn not waited for: a Hopper V6 ping-pong warpgroup starts its tile without its turn",
+        "sm_90a",
+        "v6",
+        "matmul.kernels.hopper.v6",
+        "                turns.wait(wg)\n",
+        "",
+        ("overrun", "coverage"),
+        config=V6_PINGPONG,
+    ),
+    Mutant(
+        "parity flipped: both Hopper V6 ping-pong warpgroups wait for a hand-over before their first turn",
+        "sm_90a",
+        "v6",
+        "pipeline.turns",
+        "first_free = 1 if wg == 0 else 0",
+        "first_free = 0",
+        ("deadlock",),
+        config=V6_PINGPONG,
+    ),
+    Mutant(
+        "stages not skipped: a Hopper V6 ping-pong warpgroup takes the other's tile's stages for its own",
+        "sm_90a",
+        "v6",
+        "matmul.kernels.hopper.v6",
+        "                ring.consumer_skip(num_k_blocks)  # the other warpgroup's tile's stages\n",
+        "",
+        ("overrun", "coverage", "deadlock"),
+        config=V6_PINGPONG,
     ),
 )
 

@@ -23,15 +23,55 @@ global counter. Its rule is the static round robin of V5 over cluster tiles (clu
 ``C`` takes 256 x 256 tiles ``c, c + C, ...`` in grouped order). The peer never computes its own
 schedule; a dynamic rule would change only the leader's next-tile line.
 
-Synchronization (in each CTA of the pair):
+Option ``pingpong`` (``PINGPONG``; off in ``REPRESENTATIVE``, and a build without it is V6 as
+above): CUTLASS's *ping-pong* consumers, for big square-ish products. Without it both warpgroups
+split every tile by rows and reach its end together, so both write the tile out together and the
+tensor core has nothing to do while they convert and stage the accumulator (the TMA stores drain
+later, but the staging does not). With it each warpgroup owns whole tiles, the CTA's tiles
+alternating between the two, and their main loops take turns (``pipeline.turns.OrderedTurns``):
+warpgroup 0 multiplies tile 0 and hands the tensor core over once its last wgmma is issued, then
+writes tile 0 out while warpgroup 1 multiplies tile 1, and so on. The producer is unchanged: it
+fills the one ring with the tiles' K blocks in the tiles' order, and each warpgroup takes its own
+tile's stages and jumps over the other's (``Pipeline.consumer_skip``).
+
+A warpgroup holds its tile's accumulator in its own registers: 128 x 256 float32 is 256 a thread,
+more than a thread can hold (255; the 288-thread CTA gets at most 224 each), so a ping-pong tile is
+128 x 128 (128 a thread, as without the option). 64 x 256 would fit too and costs the pair the same
+L2 traffic (24 KiB per CTA and K block for the same multiply-adds), but a stage of it is 40 KiB
+against 32: 128 x 128 leaves room for six stages beside the staging buffers (224 KiB), 64 x 256
+for four. The wgmma are two ``m64n128k16`` a K step (the two 64-row slabs of A, read as one
+``[128, block_k]`` tile: ``mainloop.WHOLE_TILE``); the pair still shares each B tile by multicast.
+
+The epilogue is V5's ``WgmmaTileStore`` block by block: the 128 x 128 tile goes out as four 64 x 64
+blocks, each through the warpgroup's own two staging buffers. It is free of shared-memory bank
+conflicts: ``stmatrix`` writes each 8 x 8 matrix as 8 rows of 16 bytes, and a staging buffer is 64
+columns (128 bytes) wide with the 128-byte swizzle (16-byte chunk ``c`` of row ``r`` at chunk
+``c ^ (r % 8)``), so the 8 rows fall in 8 different groups of 4 banks: one wavefront a matrix.
+A whole 128 x 128 tile staged row-major would have 256-byte rows, each row's chunk ``c`` in the same
+four banks: 8-way conflicts (``tests/test_pingpong.py`` checks both against the built layout).
+
+Synchronization (in each CTA of the pair; the ping-pong option's differences in brackets, "owner"
+being the warpgroup whose tile the stage holds):
 
 | barrier | count | who arrives | who waits | scope |
 | --- | --- | --- | --- | --- |
-| ``full[s]`` | 1 + bytes | own producer's ``expect_tx``; own A, own and peer's B half | both consumers | CTA |
-| ``empty[s]`` | 4 | each consumer of both CTAs, after ``wgmma.wait_group`` | own producer | CTA, remote |
+| ``full[s]`` | 1 + bytes | own producer's ``expect_tx``; own A, own and peer's B half | both consumers [owner] | CTA |
+| ``empty[s]`` | 4 [2] | each consumer [owner] of both CTAs, after ``wgmma.wait_group`` | own producer | CTA, remote |
 | ``filled[d]`` | 1 + 4 bytes | leader producer: ``expect_tx``, ``st.async`` of the tile | the readers | CTA |
 | ``drained[d]`` | 5 | (leader) each consumer of both CTAs, the peer's producer | leader producer | CTA, remote |
+| [``turn[w]``] | [1] | [the other warpgroup's elected thread, its last wgmma issued] | [warpgroup ``w``] | [CTA] |
 | ``barrier.cluster`` | 2 CTAs | every thread, after barrier setup and before exit | all threads | cluster |
+
+Ping-pong: each consumer warpgroup still receives every tile index (the other's next tile during
+its first K block, its own next one after its main loop; nothing after the index that means stop),
+so ``drained`` counts the same five readers. The turns keep the ring's parity waits sound: a
+warpgroup waits on a stage only after the other has waited for every stage of its tile (the
+hand-over comes after its last wgmma is issued), so the fill before the one it waits for has
+landed and no old fill passes for its own. Warpgroup 0 takes the first turn without a hand-over
+(its first wait on ``turn[0]`` is for the phase before the first); each turn is one arrival and
+one wait, strictly alternating, so neither ``turn`` barrier runs a phase ahead of its waiter. The
+epilogues need no turn of their own: each warpgroup stages in its own buffers and owns its bulk
+async-groups.
 
 ``full[s]``'s bytes from the peer may land before the local ``expect_tx``: the phase cannot complete
 before that arrival. Every consumer warpgroup releases every stage in both CTAs (``release_to=0b11``,
@@ -57,8 +97,9 @@ from tilus.utils import cdiv
 from pipeline import Pipeline, TileRasterizer
 from pipeline.broadcast import LeaderTileBroadcast
 from pipeline.epilogue import SUB_COLS, WgmmaTileStore, wgmma_fragment
-from pipeline.mainloop import WgmmaMainloop
+from pipeline.mainloop import WHOLE_TILE, WgmmaMainloop
 from pipeline.schedulers import sm_count
+from pipeline.turns import OrderedTurns
 
 from ..entry import MatmulKernel
 
@@ -71,15 +112,24 @@ PTX_MARKERS = (
     "st.async.shared::cluster.mbarrier::complete_tx::bytes",
     "barrier.cluster",
 )
-REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, group=8)
+REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, pingpong=False, group=8)
+# the ping-pong option (module doc): each consumer warpgroup owns a whole 128 x 128 tile
+PINGPONG = dict(block_m=128, block_n=128, block_k=64, stages=6, pingpong=True, group=8)
 B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)
 FUSED_EPILOGUE = True  # bias and every activation, in the epilogue (pipeline.fused_epilogue)
 
 
+def consumers_take_turns(config: dict) -> bool:
+    """For the synchronization checker (``matmul.protocol``): whether the consumer warpgroups of
+    ``config`` take turns at the ring's stages (ping-pong: each fill is waited for by one of them)."""
+    return bool(config.get("pingpong", False))
+
+
 # per CTA: stages * (block_m + block_n) * block_k * 2 bytes of ring (the whole B tile lands in
-# each CTA) + 32 KiB of epilogue staging: V5's budget. The group counts cluster tiles (256 rows):
-# group 8 covers the rows V5's group 16 does.
-@tilus.autotune("block_m, block_n, block_k, stages", [(128, 256, 64, 4)])
+# each CTA) + 32 KiB of epilogue staging: V5's budget; ping-pong's 128 x 128 tiles take 32 KiB a
+# stage, so six fit. The group counts cluster tiles (two tiles stacked along M): group 8 covers
+# the rows V5's group 16 does.
+@tilus.autotune("block_m, block_n, block_k, stages, pingpong", [(128, 256, 64, 4, False), (128, 128, 64, 6, True)])
 @tilus.autotune("group", [8, 16])
 class Kernel(MatmulKernel):
     def __init__(
@@ -90,6 +140,7 @@ class Kernel(MatmulKernel):
         block_k: int,
         stages: int,
         group: int,
+        pingpong: bool = False,
         b_layout: str = "nk",
         bias: bool = False,
         activation: str = "",
@@ -100,6 +151,7 @@ class Kernel(MatmulKernel):
         self.block_k = block_k
         self.stages = stages
         self.group = group
+        self.pingpong = pingpong
         self.num_sms = sm_count()
 
     def matmul(
@@ -122,8 +174,14 @@ class Kernel(MatmulKernel):
         self.b_tiles_layout(s_b)  # K-major for "nk", MN-major for "kn" (entry.load_b)
         s_c = self.shared_tensor(dtype=self.dtype, shape=[2, 2, half_m, SUB_COLS])  # [warpgroup, buffer]
 
+        # a stage is read by both consumer warpgroups of both CTAs, or (ping-pong) by one of each CTA
         ring = Pipeline(
-            self.stages, consumer_arrivals=4, scope="cluster", release_to=0b11, elect_release=True, cluster_fences=False
+            self.stages,
+            consumer_arrivals=2 if self.pingpong else 4,
+            scope="cluster",
+            release_to=0b11,
+            elect_release=True,
+            cluster_fences=False,
         )
         tiles = LeaderTileBroadcast(depth=2, readers=5)
         raster = TileRasterizer(num_pairs, num_n_tiles, self.group)
@@ -146,8 +204,17 @@ class Kernel(MatmulKernel):
                     self.load_tile(ring, raster, linear, rank, s_a, s_b, g_a, g_b, num_k_blocks)
                     linear = tiles.receive()
 
-        self.consumer(0, ring, tiles, raster, rank, first, s_a, s_b, s_c, g_c, num_k_blocks, num_cluster_tiles)
-        self.consumer(1, ring, tiles, raster, rank, first, s_a, s_b, s_c, g_c, num_k_blocks, num_cluster_tiles)
+        if self.pingpong:  # decided when the kernel is built
+            turns = OrderedTurns()
+            self.pingpong_consumer(
+                0, ring, turns, tiles, raster, rank, first, s_a, s_b, s_c, g_c, num_k_blocks, num_cluster_tiles
+            )
+            self.pingpong_consumer(
+                1, ring, turns, tiles, raster, rank, first, s_a, s_b, s_c, g_c, num_k_blocks, num_cluster_tiles
+            )
+        else:
+            self.consumer(0, ring, tiles, raster, rank, first, s_a, s_b, s_c, g_c, num_k_blocks, num_cluster_tiles)
+            self.consumer(1, ring, tiles, raster, rank, first, s_a, s_b, s_c, g_c, num_k_blocks, num_cluster_tiles)
         self.cluster.sync()  # neither CTA exits while its peer may still arrive on its barriers
 
     def load_tile(
@@ -218,5 +285,50 @@ class Kernel(MatmulKernel):
                 out.store(
                     acc, g_c, (2 * pair_m + rank) * self.block_m + wg * half_m, n_tile * self.block_n, self.epilogue
                 )
+                linear = following
+            out.finish()
+
+    def pingpong_consumer(
+        self,
+        wg: int,
+        ring: Pipeline,
+        turns: OrderedTurns,
+        tiles: LeaderTileBroadcast,
+        raster: TileRasterizer,
+        rank: int32,
+        first: int32,
+        s_a: SharedTensor,
+        s_b: SharedTensor,
+        s_c: SharedTensor,
+        g_c: GlobalTensor,
+        num_k_blocks: int32,
+        num_cluster_tiles: int32,
+    ):
+        """Ping-pong consumer warpgroup ``wg``: the whole ``block_m x block_n`` tile of every other
+        tile of this CTA (warpgroup 0 the first), its main loop in its turn (``OrderedTurns``)."""
+        with self.warp_group(warp_begin=4 * wg, num_warps=4):
+            mainloop = WgmmaMainloop(ring)
+            out = WgmmaTileStore(s_c[wg], self.block_m, self.block_n)
+            linear: int32 = first
+            if wg == 1:
+                linear = tiles.receive()  # warpgroup 1 starts at the CTA's second tile,
+                ring.consumer_skip(num_k_blocks)  # past the first tile's stages
+            while linear < num_cluster_tiles:
+                pair_m, n_tile = raster.tile(linear)
+                acc = self.register_tensor(dtype=float32, shape=[self.block_m, self.block_n], init=0.0)
+                self.annotate_layout(acc, wgmma_fragment(self.block_m, self.block_n))
+                turns.wait(wg)
+                mainloop.start(s_a, s_b, WHOLE_TILE, acc)
+                # every reader receives every tile index: here the other warpgroup's next tile, sent
+                # before this tile's loads; after the main loop this warpgroup's own next one
+                other: int32 = tiles.receive()
+                mainloop.issue_rest(s_a, s_b, WHOLE_TILE, acc, num_k_blocks)
+                turns.hand_over(wg)  # the other warpgroup's wgmma queue behind this tile's last
+                mainloop.drain()
+                ring.consumer_skip(num_k_blocks)  # the other warpgroup's tile's stages
+                following: int32 = other
+                if other < num_cluster_tiles:  # past the last tile nothing more is sent
+                    following = tiles.receive()
+                out.store(acc, g_c, (2 * pair_m + rank) * self.block_m, n_tile * self.block_n, self.epilogue)
                 linear = following
             out.finish()
