@@ -78,7 +78,7 @@ def contenders(a, b, out_dtype, m, n) -> list[bench.Contender]:
     for name, config in configs().items():
         out = poisoned_output(m, n, out_dtype)
         run = functools.partial(versions.run, module, a, b, out, config=config)
-        found.append(bench.Contender(f"v6 {name}", "version", run, out))
+        found.append(bench.Contender(f"v6 {name}", "version", run, out, lambda config=config: config))
     return found
 
 
