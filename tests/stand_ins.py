@@ -2,12 +2,17 @@
 run without a GPU."""
 
 import ctypes
+import json
+import os
+import tempfile
+import threading
+from pathlib import Path
 
 import torch
 
 from matmul.call import tilus_autotune
 from matmul.kernels import versions
-from matmul.kernels.variant import PLAIN, torch_epilogue
+from matmul.kernels.variant import PLAIN, Variant, torch_epilogue
 
 
 def _tensor_at(pointer, rows, cols, ld, dtype):
@@ -23,15 +28,17 @@ class StandInKernel:
     """A version's tilus script (or its launch function) on the CPU, honouring the kernel contract:
     pointers (tensors, or addresses as the launch path passes them), row strides, B's layout and the
     epilogue of its variant (bias pointer, activation). ``wrong`` ones write zeros. ``launches``
-    counts the calls."""
+    counts the calls, ``threads`` names the thread of each."""
 
     def __init__(self, version, config, wrong, dtype=torch.float16, variant=None):
         self.version, self.config, self.wrong, self.dtype = version, config, wrong, dtype
         self.variant = variant or PLAIN
         self.launches = 0
+        self.threads = []
 
     def __call__(self, m, n, k, a_ptr, b_ptr, c_ptr, lda, ldb, ldc, bias_ptr=0):
         self.launches += 1
+        self.threads.append(threading.current_thread().name)
         self.pointers = (a_ptr, b_ptr, c_ptr, bias_ptr)
         columns = self.variant.out_columns(n)
         c = _tensor_at(c_ptr, m, columns, ldc, self.dtype)
@@ -81,3 +88,49 @@ def cpu_worker(arch, dtype, m, n, k, device):
         return tuner.Candidate(version, config, 1.0 if version == "v0" else 1e-4, lambda: None)
 
     return prepare, lambda c: {"v1": 1.0, "v5": 0.5, tuner.VENDOR: 2.0}.get(c.version, 3.0)
+
+
+# --- kernels built outside the caller (matmul/call/building.py) -----------------------------------
+
+
+def cpu_build(arch, dtype, version, config, variant) -> str:
+    """A stand-in for ``building.build_kernel`` (the build child's builder): a directory that names
+    the kernel, and the process and thread that "built" it."""
+    folder = Path(tempfile.mkdtemp(prefix="matmul-stand-in-build-"))
+    built_by = {
+        "pid": os.getpid(),
+        "thread": threading.current_thread().name,
+        "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+    kernel = {"version": version, "config": config, "dtype": str(dtype).removeprefix("torch.")}
+    (folder / "kernel.json").write_text(json.dumps({**kernel, "variant": variant.key(), **built_by}))
+    return str(folder)
+
+
+def load_built(program_dir) -> StandInKernel:
+    """A stand-in for ``tilus_autotune.load``: the stand-in kernel ``cpu_build`` described, with
+    ``built_by`` and ``loaded_by`` (pid, thread name) and the ``CUDA_VISIBLE_DEVICES`` it was built under."""
+    found = json.loads((Path(program_dir) / "kernel.json").read_text())
+    dtype, variant = getattr(torch, found["dtype"]), Variant.parse(found["variant"])
+    kernel = StandInKernel(found["version"], found["config"], wrong=False, dtype=dtype, variant=variant)
+    kernel.built_by = (found["pid"], found["thread"])
+    kernel.visible_devices = found["visible_devices"]
+    kernel.loaded_by = (os.getpid(), threading.current_thread().name)
+    return kernel
+
+
+def build_here(jobs, on_built) -> None:
+    """A stand-in for ``building.build_in_child`` that builds in this process (for tests of the
+    choice, not of where the build runs)."""
+    for job in jobs:
+        variant = Variant.parse(job["variant"])
+        on_built(job["id"], cpu_build(job["arch"], job["dtype"], job["version"], job["config"], variant), None)
+
+
+def cpu_build_failing(arch, dtype, version, config, variant) -> str:
+    """A build child's builder where v4 does not build and v5 kills the child; the rest build."""
+    if version == "v4":
+        raise RuntimeError("ptxas: v4 does not build here")
+    if version == "v5":
+        os._exit(7)
+    return cpu_build(arch, dtype, version, config, variant)

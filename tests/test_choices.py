@@ -6,6 +6,7 @@ import ast
 import functools
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from stand_ins import build_here, load_built
 
 import matmul
 from matmul.call import api, chooser, tuner
@@ -53,7 +55,7 @@ def no_untimely_tuning():
     assert UNTIMELY == [], "tuned although no tuning was due"
 
 
-def make_chooser(tmp_path, measured=None, shipped=None, tune_jobs=never, mode="background", build=None):
+def make_chooser(tmp_path, measured=None, shipped=None, tune_jobs=never, mode="background", build_jobs=build_here):
     cache = ChoiceCache(tmp_path / "cache")
     for k, e in (measured or {}).items():
         cache.store(k, e)
@@ -67,7 +69,8 @@ def make_chooser(tmp_path, measured=None, shipped=None, tune_jobs=never, mode="b
         gpu_name=lambda device: GPU,
         shipped=ShippedTable([path]),
         mode=mode,
-        build=build or (lambda arch, dtype, e, variant: None),
+        build_jobs=build_jobs,
+        load=load_built,
     )
 
 
@@ -203,7 +206,7 @@ def stand_in_plans(choose):
 
 def test_a_background_tuning_takes_over_from_the_instant_choice(tmp_path, stand_ins, route):
     late = LateTuner()
-    choose = make_chooser(tmp_path, tune_jobs=late, build=chooser.build_program)
+    choose = make_chooser(tmp_path, tune_jobs=late)
     path = stand_in_plans(choose)
     route(path)
     a, w = random_operands(128, 64, 32, torch.float16, device="cpu")
@@ -233,11 +236,12 @@ def test_a_background_tuning_takes_over_from_the_instant_choice(tmp_path, stand_
 def test_a_chosen_kernel_runs_only_once_built(tmp_path, stand_ins):
     built, release = [], threading.Event()
 
-    def build(arch, dtype, e, variant):
+    def build_jobs(jobs, on_built):
         assert release.wait(10)
-        built.append(e["version"])
+        built.extend(job["version"] for job in jobs)
+        build_here(jobs, on_built)
 
-    choose = make_chooser(tmp_path, shipped={key(128, 64, 32): entry("v4")}, build=build)
+    choose = make_chooser(tmp_path, shipped={key(128, 64, 32): entry("v4")}, build_jobs=build_jobs)
     path = stand_in_plans(choose)
     a, w = random_operands(128, 64, 32, torch.float16, device="cpu")
     path.launch(a, w.T)
@@ -390,7 +394,9 @@ def test_running_a_version_past_what_it_can_index_is_refused(monkeypatch, versio
 
 
 def test_the_tuner_imports_neither_the_public_call_nor_the_launch_path():
-    for module in (tuner, chooser):
+    from matmul.call import building
+
+    for module in (tuner, chooser, building):
         tree = ast.parse(Path(module.__file__).read_text())
         imported = {
             alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names
@@ -612,3 +618,126 @@ def test_an_unseen_linear_call_is_deferred_where_a_matmul_call_would_be(tmp_path
     assert path.defer_linear(bad, w.T, bias, "relu") is False
     choose.mode = "blocking"  # the caller asked to wait for the choice: nothing is deferred
     assert path.defer_linear(a, w.T, bias, "silu") is False
+
+
+# --- kernels built outside the caller's process (matmul/call/building.py) --------------------------
+
+
+@pytest.fixture
+def caller_builds(monkeypatch):
+    """Every transpilation or build the caller's process starts, as (what, thread): tilus's entry
+    points stand in (a build here still works, with a stand-in kernel, so only this record tells)."""
+    from stand_ins import StandInKernel
+
+    from matmul.call import tilus_autotune
+
+    found = []
+
+    def kernel(module, dtype, config=None, variant=PLAIN):
+        found.append(("versions.kernel", threading.current_thread().name))
+        return StandInKernel(module.__name__.rsplit(".", 1)[1], config, wrong=False, dtype=dtype, variant=variant)
+
+    def record(what, result=None):
+        return lambda *args: found.append((what, threading.current_thread().name)) or (result or args[0])
+
+    monkeypatch.setattr(versions, "kernel", kernel)
+    monkeypatch.setattr(tilus_autotune, "launch_function", record("launch_function"))
+    monkeypatch.setattr(tilus_autotune, "jit_instance", record("jit_instance"))
+    monkeypatch.setattr(tilus_autotune, "build", record("build", "/nowhere"))
+    return found
+
+
+@pytest.fixture
+def synchronized(monkeypatch):
+    """The threads that synchronized the device (``torch.cuda.synchronize``)."""
+    threads = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: threads.append(threading.current_thread().name))
+    return threads
+
+
+def in_build_child(builder="stand_ins:cpu_build"):
+    from matmul.call import building
+
+    return functools.partial(building.build_in_child, builder=builder)
+
+
+def test_after_an_unseen_call_the_callers_process_builds_no_kernel(tmp_path, monkeypatch, caller_builds, synchronized):
+    """End to end with a real build child (its builder a stand-in that records where it ran): the
+    neighbour's kernel that an unseen call's bucket runs at once, then the background tuning's
+    winner, are both built in a child; the caller's process only loads them, on the builder's
+    thread, and every launch is the caller's own, on its thread; no background thread synchronizes."""
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    late = LateTuner()  # measures v4, and says nothing of where it was built
+    shipped = {key(1024, 64, 32): entry("v3")}  # the neighbour of M = 100: the instant choice
+    choose = make_chooser(tmp_path, shipped=shipped, tune_jobs=late, build_jobs=in_build_child())
+    path = stand_in_plans(choose)
+    a, w = random_operands(100, 64, 32, torch.float16, device="cpu")
+    assert path.defer(a, w.T) is True  # as the native entry hands over an unseen call: cuBLAS runs it now
+    assert path.planner.wait(10) and choose.builder.wait(120)
+    path.launch(a, w.T)
+    neighbour = path.plans[signature(a, w.T, None)]
+    assert isinstance(neighbour, SeriesPlan) and neighbour.launch.version == "v3"
+    assert choose.get(CPU, torch.float16, 100, 64, 32)[1]["source"] == "nearest"
+
+    late.finish.set()
+    assert choose.wait(120)
+    assert relative_error(path.launch(a, w.T), reference(a, w)) <= TOLERANCE[torch.float16]
+    measured = path.plans[signature(a, w.T, None)]
+    assert isinstance(measured, SeriesPlan) and measured.launch.version == "v4"
+    assert caller_builds == [], "the caller's process transpiled or built a kernel"
+    assert synchronized == [], "a thread of the caller synchronized the device"
+    for plan in (neighbour, measured):
+        child_pid, _ = plan.launch.built_by
+        assert child_pid != os.getpid() and plan.launch.visible_devices == ""  # built in a child that sees no GPU
+        assert plan.launch.loaded_by == (os.getpid(), "matmul-builder")  # only loaded here
+        assert set(plan.launch.threads) == {threading.current_thread().name}  # launched by the caller only
+
+
+def test_the_tuning_childs_winner_is_loaded_where_the_child_built_it(tmp_path, caller_builds):
+    from stand_ins import cpu_build
+
+    first_call_done = threading.Event()
+
+    def tune_jobs(arch, dtype, device, jobs, on_entry):
+        assert first_call_done.wait(10)
+        for job in jobs:  # as tuner.child_main reports the winner: with the directory of its build
+            built = cpu_build(arch, dtype, "v4", entry("v4")["config"], PLAIN)
+            on_entry(job["key"], {**entry("v4"), "candidates": {}, "rejected": {}, tuner.PROGRAM_DIR: built})
+
+    rebuilt = []
+    choose = make_chooser(tmp_path, tune_jobs=tune_jobs, build_jobs=lambda jobs, on_built: rebuilt.extend(jobs))
+    path = stand_in_plans(choose)
+    a, w = random_operands(128, 64, 32, torch.float16, device="cpu")
+    path.launch(a, w.T)  # cuBLAS now; the bucket tuned in the background
+    first_call_done.set()
+    assert choose.wait(10)
+    assert rebuilt == [], "the tuning child's build was not used"
+    path.launch(a, w.T)
+    plan = path.plans[signature(a, w.T, None)]
+    assert isinstance(plan, SeriesPlan) and plan.launch.version == "v4" and plan.launch.launches == 1
+    stored = ChoiceCache(tmp_path / "cache").entries()[key(128, 64, 32)]
+    assert stored["version"] == "v4" and tuner.PROGRAM_DIR not in stored  # a path of this machine's run only
+    assert caller_builds == []
+
+
+def test_a_kernel_that_does_not_build_leaves_cublas_in_place(tmp_path, monkeypatch, caller_builds, caplog):
+    """The build child reports v4 as failed and dies building v5: both buckets keep running cuBLAS,
+    each build is tried once, and the caller builds neither itself."""
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    shipped = {key(128, 64, 32): entry("v4"), key(128, 96, 32): entry("v5"), key(128, 128, 32): entry("v3")}
+    choose = make_chooser(tmp_path, shipped=shipped, build_jobs=in_build_child("stand_ins:cpu_build_failing"))
+    path = stand_in_plans(choose)
+    calls = [random_operands(128, n, 32, torch.float16, device="cpu") for n in (64, 96, 128)]
+    with caplog.at_level(logging.WARNING):
+        for a, w in calls:
+            path.launch(a, w.T)
+        assert choose.wait(120)
+        for a, w in calls:
+            assert relative_error(path.launch(a, w.T), reference(a, w)) <= TOLERANCE[torch.float16]
+    (a4, w4), (a5, w5), (a3, w3) = calls
+    for a, w, why in ((a4, w4, "does not build here"), (a5, w5, "exited with code 7")):
+        assert isinstance(path.plans[signature(a, w.T, None)], VendorPlan)
+        assert why in choose.get(CPU, torch.float16, 128, w.shape[0], 32)[1]["build_failed"]
+    assert isinstance(path.plans[signature(a3, w3.T, None)], VendorPlan)  # v3 was not reached: the child died first
+    assert not choose.builder.busy() and caller_builds == []
+    assert sum("cuBLAS runs instead" in r.getMessage() for r in caplog.records) == 3

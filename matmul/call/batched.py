@@ -166,7 +166,7 @@ _plans = BatchedPlans()
 
 
 def choose(chooser, f: Form):
-    """(module, config) of the version the chooser picked for ``f``, or (None, entry) for cuBLAS."""
+    """(module, config, arch) of the version the chooser picked for ``f``, or (None, entry) for cuBLAS."""
     from .tuner import VENDOR, space_config
 
     m, n, k = f.mnk
@@ -177,7 +177,7 @@ def choose(chooser, f: Form):
     config = space_config(module, entry["config"])
     if config is None or not versions.fits(module, m, n, k, variant=f.variant()):
         return None, entry
-    return (module, config), entry
+    return (module, config, arch), entry
 
 
 def launch(program, f: Form, c: torch.Tensor) -> None:
@@ -193,11 +193,17 @@ def matmul(chooser, a, b, out=None) -> torch.Tensor:
     f = form(a, b, out)
     if isinstance(f, str):
         return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
-    chosen, _ = choose(chooser, f)
+    chosen, entry = choose(chooser, f)
     if chosen is None:
         return torch.matmul(a, b)
-    module, config = chosen
-    program = _plans.program(module, f.a.dtype, config, f.variant())
+    module, config, arch = chosen
+    # the chooser's program, built outside this process; built here only where the chooser builds nothing
+    loaded = getattr(chooser, "program", None)
+    program = None if loaded is None else loaded(arch, f.a.dtype, entry, f.variant())
+    if program is None:
+        if loaded is not None and chooser.mode != "blocking":
+            return torch.matmul(a, b)
+        program = _plans.program(module, f.a.dtype, config, f.variant())
     c = allocate(f)
     launch(program, f, c)
     return _shaped(c, f)

@@ -1,5 +1,7 @@
-"""The tuning child process, ``python -m matmul.call.child`` (started by ``tuner.tune_in_child``):
-reads a request on stdin and reports each job's entry on stdout (``tuner.child_main``).
+"""The child process of tuning and building, ``python -m matmul.call.child`` (started by
+``tuner.tune_in_child`` or ``building.build_in_child``): reads a request on stdin and reports each
+job on stdout, a tuned bucket's entry (``tuner.child_main``) or a built kernel's directory
+(``building.child_main``, for a request with ``"build"``).
 
 It is the one place that joins the measurement (``tuner``) to the public call (``api``,
 ``launch``): a candidate's host time is measured through ``matmul()`` itself (``host_probe``), so
@@ -15,7 +17,7 @@ from typing import Callable, Optional
 
 import torch
 
-from . import api, launch, tuner
+from . import api, building, launch, tuner
 
 
 def host_probe(program: Optional[Callable], a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, calls: int = 200):
@@ -50,7 +52,11 @@ def host_probe(program: Optional[Callable], a: torch.Tensor, b: torch.Tensor, c:
 
 
 def main() -> None:
-    tuner.child_main(json.loads(sys.stdin.read()), probe=host_probe)
+    request = json.loads(sys.stdin.read())
+    if "build" in request:
+        building.child_main(request)
+    else:
+        tuner.child_main(request, probe=host_probe)
 
 
 if __name__ == "__main__":

@@ -18,11 +18,15 @@ from the first of:
 A measured choice always overrides the shipped one (the shipped table is only ever an instant
 choice where it went stale), and a background tuning's result overrides every instant choice: an
 instant choice is never slower than cuBLAS by more than the noise for longer than the bucket takes
-to tune. A chosen version whose kernel is not built in this process yet is not run either: the
-call runs cuBLAS while a background thread builds it (tilus transpiles, nvcc compiles: host
-work), then the version takes over. Each change of a bucket's choice or of a kernel's readiness is
-announced to the listeners (``on_change``: ``launch.Plans.forget``, which drops the plans and the
-native entry's routes so that the next call derives them again).
+to tune. A chosen version whose kernel is not loaded in this process yet is not run either: the
+call runs cuBLAS meanwhile, then the version takes over. The kernel is never built in this process
+(``building``: tilus's transpiler would hold the caller's GIL for seconds): the tuning child reports
+where it built the winner, and any other chosen kernel (shipped, measured earlier, a neighbour's) is
+built by a build child; a background thread here only opens the built library (``program``), and
+launches nothing: the kernel's first launch is the caller's own call. Each change of a bucket's
+choice or of a kernel's readiness is announced to the listeners (``on_change``:
+``launch.Plans.forget``, which drops the plans and the native entry's routes so that the next call
+derives them again).
 
 Why a shipped entry is checked by its version and configuration rather than by its fingerprint
 alone: the fingerprint changes with every edit of any kernel source, the pipeline or tilus's
@@ -35,7 +39,8 @@ instant choice, measured again at once in the background, it cannot stay slower 
 Modes (``MATMUL_TUNE``, or ``Chooser.mode``): ``background`` (default) as above; ``off``: the
 instant choice is final, nothing is tuned (kernels are still built in the background);
 ``blocking``: the caller waits for the tuning of a bucket that has no fresh choice, and for the
-build of its kernel (the behaviour before background tuning: benchmarks, tests).
+build of its kernel where no child built it (the behaviour before background tuning: benchmarks,
+tests).
 
 CUDA graph capture: nothing is started from inside a capture (a child process, a build): the
 instant choice is used if it is cuBLAS or a kernel already built here, else cuBLAS, and it is
@@ -58,10 +63,11 @@ import torch
 
 from ..kernels import versions
 from ..kernels.variant import PLAIN, Variant
-from . import tilus_autotune
+from . import building, tilus_autotune
 from .background import Worker
 from .choice_cache import ChoiceCache, Entry, ShippedTable
 from .tuner import (
+    PROGRAM_DIR,
     PRUNE,
     VENDOR,
     bucket,
@@ -69,7 +75,6 @@ from .tuner import (
     choice_key,
     entry_is_usable,
     entry_is_valid,
-    space_config,
     tune_in_child,
 )
 
@@ -95,12 +100,7 @@ def mode_from_env() -> str:
     return value
 
 
-def build_program(arch: str, dtype: torch.dtype, entry: Entry, variant: Variant) -> Callable:
-    """The compiled launch function of a choice's version and configuration (built, or loaded from
-    tilus's cache): what ``launch.Plans`` will ask for, so that it finds it ready."""
-    module = versions.load(arch, entry["version"])
-    script = versions.kernel(module, dtype, space_config(module, entry["config"]), variant)
-    return tilus_autotune.launch_function(script)
+BUILD_GROUP = "build"  # the builder's jobs queued together go to one build child
 
 
 def _checked(check, *args) -> bool:
@@ -123,8 +123,9 @@ class Chooser:
     """The choice of each (device, dtype, shape bucket, variant) this process has used. The
     GPU-facing parts are parameters, so that the tests run the whole choice with CPU stand-ins:
     ``arch_of(device)`` (the public call's ``device_arch``, with its errors), ``gpu_name(device)``,
-    ``tune_jobs`` (``tuner.tune_in_child``), ``build`` (``build_program``), ``shipped``
-    (a ``ShippedTable``), ``mode`` (default: ``MATMUL_TUNE`` at each use)."""
+    ``tune_jobs`` (``tuner.tune_in_child``), ``build_jobs`` (``building.build_in_child``: builds
+    kernels outside this process), ``load`` (``tilus_autotune.load``: opens a built kernel's
+    library), ``shipped`` (a ``ShippedTable``), ``mode`` (default: ``MATMUL_TUNE`` at each use)."""
 
     def __init__(
         self,
@@ -134,7 +135,8 @@ class Chooser:
         gpu_name=None,
         shipped: Optional[ShippedTable] = None,
         mode: Optional[str] = None,
-        build=None,
+        build_jobs=None,
+        load=None,
     ):
         self.lock = threading.RLock()
         self.entries: dict[tuple, tuple[str, Entry]] = {}
@@ -144,12 +146,13 @@ class Chooser:
         self.arch_of = arch_of or _arch_by_capability
         self.gpu_name = gpu_name or (lambda device: _gpu_name(device.index))
         self._mode = mode
-        self.build = build or build_program
-        self.ready: set[tuple] = set()  # kernels built in this process (``program_key``)
-        self.failed: dict[tuple, str] = {}  # kernels whose build failed here: cuBLAS runs instead
+        self.build_jobs = build_jobs or building.build_in_child
+        self.load = load or tilus_autotune.load
+        self.programs: dict[tuple, Callable] = {}  # kernels loaded here, by ``program_key``: their launch functions
+        self.failed: dict[tuple, str] = {}  # kernels whose build or load failed: cuBLAS runs instead
         self.listeners: list[Callable[[], None]] = []
         self.tuner = Worker("matmul-tuner", self._tune_batch)
-        self.builder = Worker("matmul-builder", self._build_one)
+        self.builder = Worker("matmul-builder", self._build_batch)
 
     # --- the mode and the listeners ---------------------------------------------------------------
 
@@ -191,7 +194,9 @@ class Chooser:
         docstring), with where it came from: ``source`` (one of ``SOURCES``), ``key`` (the bucket's),
         ``nearest`` (the bucket it was taken from), ``stale``, ``pending`` (a background tuning of
         the bucket is queued or under way), ``building`` (the version whose kernel is being built
-        while cuBLAS runs), ``transient`` (chosen inside a CUDA graph capture: not to be kept)."""
+        while cuBLAS runs), ``transient`` (chosen inside a CUDA graph capture: not to be kept).
+        A version's kernel is loaded by then (``program``), except in ``blocking`` mode, where the
+        caller may build it itself."""
         memo = _memo(device, dtype, (m, n, k), variant)
         found = self.entries.get(memo)
         if found is None:
@@ -233,17 +238,21 @@ class Chooser:
         self.ensure(device, dtype, [(m, n, k)], variant)  # blocking: outside the lock, as a background tuning stores
         return self.entries[memo]
 
+    def program(self, arch: str, dtype, entry: Entry, variant: Variant) -> Optional[Callable]:
+        """The launch function of ``entry``'s kernel, loaded in this process (built outside it), or None."""
+        return self.programs.get(program_key(arch, dtype, entry, variant))
+
     def _now(self, arch: str, dtype, variant: Variant, device, entry: Entry) -> Entry:
         """``entry`` as it runs now: cuBLAS while its version's kernel is being built."""
         now = {**entry, "pending": self.tuner.pending(entry.get("key"))}
         if entry["version"] == VENDOR or self.mode == "blocking":
             return now
         program = program_key(arch, dtype, entry, variant)
-        if program in self.ready:
+        if program in self.programs:
             return now
         if program not in self.failed and not now.get("transient"):
             if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
-                self.builder.submit(program, (arch, dtype, entry, variant))
+                self.builder.submit(program, (arch, dtype, entry, variant), group=BUILD_GROUP)
         waiting = {"version": VENDOR, "config": {}, **{k: now[k] for k in PROVENANCE if k in now}}
         if program in self.failed:
             return {**waiting, "build_failed": self.failed[program], "chosen": entry}
@@ -273,8 +282,9 @@ class Chooser:
         progress: Optional[bool] = None,
         on_entry: Optional[Callable[[str, Entry], None]] = None,
     ) -> dict[tuple, Entry]:
-        """``ensure`` with a progress bar over the buckets to tune, then the chosen kernels built in
-        this thread: afterwards the shapes run their final choice at once. The entries by shape."""
+        """``ensure`` with a progress bar over the buckets to tune, then the chosen kernels that no
+        tuning child built, built in a build child while this thread waits: afterwards the shapes
+        run their final choice at once. The entries by shape."""
         from tqdm import tqdm
 
         arch, gpu = self.arch_of(device), self.gpu_name(device)
@@ -294,11 +304,14 @@ class Chooser:
             self.ensure(device, dtype, shapes, variant, use_shipped=use_shipped, on_entry=arrived)
         finally:
             bar.close()
+        unbuilt = {}
         for shape in shapes:
             arch, entry = self.entries[_memo(device, dtype, shape, variant)]
             program = program_key(arch, dtype, entry, variant)
-            if entry["version"] != VENDOR and program not in self.ready and program not in self.failed:
-                self._build_one(None, [(arch, dtype, entry, variant)])
+            if entry["version"] != VENDOR and program not in self.programs and program not in self.failed:
+                unbuilt[program] = (arch, dtype, entry, variant)
+        if unbuilt:
+            self._build_batch(BUILD_GROUP, list(unbuilt.values()))
         return {tuple(shape): self.get(device, dtype, *shape, variant=variant)[1] for shape in shapes}
 
     def fresh(self, arch: str, key: str, use_shipped: bool = True) -> Optional[Entry]:
@@ -381,13 +394,19 @@ class Chooser:
         storing each entry as it arrives and announcing the change."""
 
         def store(key, entry):
+            entry = dict(entry)
+            built = entry.pop(PROGRAM_DIR, None)  # where the tuning child built the winner: not stored
             self.cache.store(key, entry)
+            variant = memos[key][5]
+            program = program_key(arch, dtype, entry, variant)
+            if entry["version"] != VENDOR and built is not None and program not in self.programs:
+                self._load(program, entry, built)  # before the entry: no call asks for a build meanwhile
             with self.lock:
                 replaced = self.entries.get(memos[key])  # an instant choice that plans may run
                 self.entries[memos[key]] = (arch, {**entry, "source": "measured", "key": key})
-            if entry["version"] != VENDOR and self.mode != "blocking":  # build it now: it takes over when ready
-                variant = memos[key][5]
-                self.builder.submit(program_key(arch, dtype, entry, variant), (arch, dtype, entry, variant))
+            if entry["version"] != VENDOR and self.mode != "blocking" and program not in self.programs:
+                # the tuning child did not say where it built it: a build child does, and it takes over when ready
+                self.builder.submit(program, (arch, dtype, entry, variant), group=BUILD_GROUP)
             if replaced is not None:
                 self._changed()
             if on_entry is not None:
@@ -431,23 +450,48 @@ class Chooser:
 
     # --- building ----------------------------------------------------------------------------------
 
-    def _build_one(self, group, payloads: list) -> None:
-        ((arch, dtype, entry, variant),) = payloads
-        program = program_key(arch, dtype, entry, variant)
+    def _build_batch(self, group, payloads: list) -> None:
+        """The builder's job: the kernels queued together, built in one build child (``build_jobs``);
+        each is loaded here as soon as the child reports it, and takes over at once."""
+        waiting = {}
+        for arch, dtype, entry, variant in payloads:
+            program = program_key(arch, dtype, entry, variant)
+            if program not in self.programs and program not in self.failed:
+                waiting[str(len(waiting))] = (program, arch, dtype, entry, variant)
+        if not waiting:
+            return
+
+        def built(job_id, program_dir, failure):
+            program, _, _, entry, _ = waiting.pop(job_id)
+            if failure is None:
+                self._load(program, entry, program_dir)
+            else:
+                self._failed(program, entry, failure)
+            self._changed()
+
+        jobs = [building.job(i, arch, dtype, entry, variant) for i, (_, arch, dtype, entry, variant) in waiting.items()]
         try:
-            self.build(arch, dtype, entry, variant)
+            self.build_jobs(jobs, built)
+        except Exception as e:  # the kernels not reported stay on cuBLAS
+            for job_id in list(waiting):
+                built(job_id, None, f"{type(e).__name__}: {e}")
+
+    def _load(self, program: tuple, entry: Entry, program_dir: str) -> None:
+        """Open the library of a kernel built outside this process (nothing transpiled or launched here)."""
+        try:
+            self.programs[program] = self.load(program_dir)
         except Exception as e:
-            self.failed[program] = f"{type(e).__name__}: {e}"[:400]
-            log.warning(
-                "matmul(): building %s %s for %s failed (%s); cuBLAS runs instead",
-                entry["version"],
-                entry.get("config"),
-                entry.get("key"),
-                self.failed[program],
-            )
-        else:
-            self.ready.add(program)
-        self._changed()
+            self._failed(program, entry, f"{type(e).__name__}: {e}")
+
+    def _failed(self, program: tuple, entry: Entry, failure: str) -> None:
+        self.failed[program] = failure[:400]
+        log.warning(
+            "matmul(): building %s %s for %s failed (%s); cuBLAS runs instead",
+            entry["version"],
+            entry.get("config"),
+            entry.get("key"),
+            self.failed[program],
+        )
 
 
 BATCHED_WORKER = "matmul.call.batched:gpu_worker"  # measures a batch of products (the tuning child imports it)

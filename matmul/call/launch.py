@@ -346,15 +346,29 @@ class Plans:
                 if config is not None and versions.fits(
                     module, m, n, k, row_stride(a), row_stride(operand), row_stride(c), variant
                 ):
-                    script = versions.kernel(module, a.dtype, config, variant)
-                    with device_context.on_device(a.device) if a.device.type == "cuda" else contextlib.nullcontext():
-                        plan = SeriesPlan(self.program(script), a, b, operand, b_layout, c, out, variant)
+                    program = self._program(arch, a, module, entry, config, variant)
+                    if program is not None:
+                        plan = SeriesPlan(program, a, b, operand, b_layout, c, out, variant)
         if plan is None:
             plan = VendorPlan(a, b, out, variant)
         plan.generation = None if transient else generation
         if key is not None:
             self.keep(plan, a, b, out)
         return plan
+
+    def _program(self, arch, a, module, entry, config, variant: Variant):
+        """The launch function of the chosen kernel: the one the chooser loaded (built outside this
+        process: ``building``), or, where the caller waits for its choices (``blocking``) or the
+        chooser builds nothing (tests' stand-ins), built here; None otherwise (cuBLAS runs). A
+        thread of the caller never transpiles or compiles a kernel on its own."""
+        loaded = getattr(self.chooser, "program", None)
+        if loaded is not None:
+            program = loaded(arch, a.dtype, entry, variant)
+            if program is not None or self.chooser.mode != "blocking":
+                return program
+        script = versions.kernel(module, a.dtype, config, variant)
+        with device_context.on_device(a.device) if a.device.type == "cuda" else contextlib.nullcontext():
+            return self.program(script)
 
     def plan_for(self, a, b, out=None):
         """The plan a call with these operands uses (derived if needed): for tests and ``choice``."""

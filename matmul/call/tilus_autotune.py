@@ -11,6 +11,10 @@ Two things about that need care here:
 * tilus trusts the pickle: a truncated one raises on load, and a table pointing past the built
   programs raises an IndexError. ``check_dispatch_table`` removes such a table (and the tuning
   reports tilus would otherwise refuse to overwrite) so that tilus tunes again.
+
+A one-point script can also be built in one process and loaded in another: ``build`` transpiles
+and compiles it (or finds it in tilus's cache) and names its program's directory, and ``load``
+opens that directory's library without transpiling anything (``matmul.call.building``).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import logging
 import pickle
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import filelock
 
@@ -94,3 +98,25 @@ def launch_function(script):
     if len(instance.schedules) != 1:
         raise ValueError(f"{type(script).__name__} has {len(instance.schedules)} configurations; fix one first")
     return instance._pick_best_program(args).get_launch_func()
+
+
+def build(script) -> str:
+    """Build a script with a one-point space (tilus transpiles it, nvcc compiles it; or tilus finds it
+    in its cache) and return the directory of its program, which ``load`` loads."""
+    args = (1,) * len(script.params.param_names)
+    prepare(script, args)
+    instance = jit_instance(script, args)
+    if len(instance.schedules) != 1:
+        raise ValueError(f"{type(script).__name__} has {len(instance.schedules)} configurations; fix one first")
+    return str(instance._pick_best_program(args).program_dir)
+
+
+def load(program_dir) -> Callable:
+    """The launch function of a program ``build`` built (in this process or another): its library
+    opened, nothing transpiled or compiled. The kernel itself is loaded into the CUDA context at its
+    first launch (lazy module loading, torch's default), on the launching thread and its stream."""
+    from tilus.runtime import compiled_program_exists, load_compiled_program
+
+    if not compiled_program_exists(program_dir):
+        raise FileNotFoundError(f"no built tilus program in {program_dir}")
+    return load_compiled_program(program_dir).get_launch_func()

@@ -78,6 +78,8 @@ PRUNE = 1.25  # after the first round, only candidates within this factor of the
 HOST_ROUNDS = 6  # host times per candidate, in turn: the least is kept
 TEACHING = ("v0", "v1", "v2")  # steps of the series that never win: not tuned by matmul()
 PROTOCOL = "@matmul-tuner "  # the prefix of the child's report lines on its stdout
+# an entry's field, from the child to the chooser only (never stored): where the winner's kernel was built
+PROGRAM_DIR = "program_dir"
 CHILD_TIMEOUT_S = 3600.0  # building every candidate on a fresh machine takes minutes, not an hour
 
 
@@ -196,6 +198,9 @@ class Candidate:
     # measures the host's time in ms to issue one call through matmul()'s own launch path
     # (``launch``), where it may matter (short kernels); None where it cannot
     host: Optional[Callable[[], float]] = None
+    # the directory of the candidate's built program (``tilus_autotune.build``): the winner's is
+    # reported with its entry, so that the caller loads it instead of building it again
+    built: Optional[Callable[[], str]] = None
 
 
 def tune(
@@ -236,7 +241,7 @@ def tune(
     vendor = next((c for c in found if c.version == VENDOR), None)
     if vendor is not None and call_ms[best.version] >= call_ms[VENDOR] * (1 - VENDOR_MARGIN):
         best = vendor
-    return {
+    entry = {
         "version": best.version,
         "config": best.config,
         "ms": ms[best.version],
@@ -256,6 +261,12 @@ def tune(
         "rejected": rejected,
         "tuned": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+    if best.built is not None:
+        try:
+            entry[PROGRAM_DIR] = best.built()
+        except Exception:  # the caller then has it built in a child of its own (``building``)
+            pass
+    return entry
 
 
 def host_times(found: list[Candidate], rounds: int = HOST_ROUNDS) -> dict[str, float]:
@@ -342,7 +353,8 @@ def gpu_worker(
         fixed(*args)
         error = relative_error(out, ref)
         host = host_timer(probe, lambda: tilus_autotune.launch_function(fixed), a, b, out, vendor_ms)
-        return Candidate(version, config, error, functools.partial(fixed, *args), vendor, vendor_ms, host)
+        run = functools.partial(fixed, *args)
+        return Candidate(version, config, error, run, vendor, vendor_ms, host, lambda: tilus_autotune.build(fixed))
 
     return prepare, _gpu_timer
 

@@ -1,0 +1,132 @@
+"""Kernels built outside the caller's process: a child process (``python -m matmul.call.child``,
+given a build request) transpiles and compiles each chosen kernel, or finds it in tilus's disk
+cache, and reports the directory of its program; the caller's process only opens that library
+(``tilus_autotune.load``, a dlopen), on the chooser's background thread.
+
+Why not a thread of the caller: tilus transpiles, optimizes and generates code in Python, holding
+the GIL for a second or more per kernel, and finding a cached build needs the same transpilation
+(tilus names its cache entry by the transpiled program's text); all of that is host work that the
+caller's own thread would have to share the interpreter with, on the calls it makes meanwhile.
+
+The child is told the architecture to build for and sees no GPU (``CUDA_VISIBLE_DEVICES`` empty):
+it creates no CUDA context, so it cannot take GPU time or memory from the caller. The parent side
+launches nothing either: a loaded kernel reaches the GPU at its first launch, which is a call of
+the caller's own, on the caller's thread and stream (lazy module loading loads it into the CUDA
+context there); no background thread warms it up.
+
+A build request is ``{"build": [job, ...], "builder": "module:function"}``, each job ``{"id",
+"arch", "dtype", "version", "config", "variant"}`` (the variant's key). The child reports each
+kernel on its stdout as it is done, one line each (``tuner.PROTOCOL``): ``{"id", "built": dir}``
+or ``{"id", "failed": reason}``. This module imports neither the public call nor the launch path.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import Callable, Optional
+
+import torch
+
+from ..kernels import versions
+from ..kernels.variant import Variant
+from . import tilus_autotune
+from .tuner import CHILD_TIMEOUT_S, DTYPE_NAMES, PROTOCOL, space_config
+
+BUILDER = "matmul.call.building:build_kernel"  # what the child runs per job (tests name a stand-in)
+
+# on_built(job_id, program_dir, None) once a kernel is built, or (job_id, None, reason) if it failed
+OnBuilt = Callable[[str, Optional[str], Optional[str]], None]
+
+
+def build_kernel(arch: str, dtype: torch.dtype, version: str, config: dict, variant: Variant) -> str:
+    """Build one version's kernel for ``arch`` (whatever GPU this machine has, if any), fixed to
+    ``config``, for ``dtype`` and ``variant``; the directory of its program."""
+    from ..build.compiler import target
+
+    module = versions.load(arch, version)
+    fixed = space_config(module, config)
+    if fixed is None:
+        raise ValueError(f"{version}'s space has no configuration {config}")
+    with target(arch):
+        return tilus_autotune.build(versions.kernel(module, dtype, fixed, variant))
+
+
+def job(job_id: str, arch: str, dtype: torch.dtype, entry: dict, variant: Variant) -> dict:
+    """The request for one kernel: ``entry``'s version and configuration, for ``dtype`` and ``variant``."""
+    return {
+        "id": job_id,
+        "arch": arch,
+        "dtype": str(dtype).removeprefix("torch."),
+        "version": entry["version"],
+        "config": entry.get("config"),
+        "variant": variant.key(),
+    }
+
+
+def _report(**message) -> None:
+    sys.stdout.write(PROTOCOL + json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def child_main(request: dict) -> None:
+    """The child's side: build each job of ``request`` in turn and report it as it is done."""
+    module_name, _, function = request.get("builder", BUILDER).partition(":")
+    builder = getattr(importlib.import_module(module_name), function)
+    for item in request["build"]:
+        try:
+            dtype, variant = DTYPE_NAMES[item["dtype"]], Variant.parse(item["variant"])
+            program_dir = builder(item["arch"], dtype, item["version"], item["config"], variant)
+        except Exception as e:  # this kernel does not build: the others may
+            _report(id=item["id"], failed=f"{type(e).__name__}: {e}"[:400])
+        else:
+            _report(id=item["id"], built=str(program_dir))
+
+
+def build_in_child(
+    jobs: list[dict], on_built: OnBuilt, builder: str = BUILDER, timeout_s: float = CHILD_TIMEOUT_S
+) -> None:
+    """Build ``jobs`` (``job``'s dicts) in one child process, handing each kernel to ``on_built``
+    as the child reports it (so that each takes over as soon as it is ready); a job the child did
+    not report (it died, or ran past ``timeout_s``) is handed over as failed, with the end of the
+    child's output."""
+    if not jobs:
+        return
+    reported: set[str] = set()
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # a build needs no GPU: no CUDA context in the child
+    with tempfile.TemporaryFile("w+") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "matmul.call.child"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env=env,
+        )
+        timer = threading.Timer(timeout_s, process.kill)
+        timer.start()
+        try:
+            process.stdin.write(json.dumps({"build": jobs, "builder": builder}))
+            process.stdin.close()
+            for line in process.stdout:
+                if not line.startswith(PROTOCOL):
+                    continue  # nvcc's or tilus's own output
+                message = json.loads(line[len(PROTOCOL) :])
+                reported.add(message["id"])
+                on_built(message["id"], message.get("built"), message.get("failed"))
+            code = process.wait()
+        finally:
+            timer.cancel()
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        stderr.seek(0)
+        log = stderr.read()[-1500:]
+    for item in jobs:
+        if item["id"] not in reported:
+            on_built(item["id"], None, f"the build child exited with code {code} before this kernel; it said: {log}")
