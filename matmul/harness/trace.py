@@ -5,7 +5,13 @@ projections (``model.PROJECTIONS``), both dtypes, each call ``matmul(x, w.T)`` o
 run in a process whose cache directory starts empty (no stored choice, no built kernel). Every call
 is timed as the caller waits for it, from the call to its result on the GPU (host time, the choice,
 any wait, the kernel), and ``torch.matmul`` on the same operands right after (or before: the order
-alternates), so each call has its own ratio. The trace is then run again once the background
+alternates), so each call has its own ratio. Each call is timed three ways (``timed``): by CUDA
+events recorded around it on the current stream (the GPU's time from the call's start to its
+last kernel's end: the host's issue time where the GPU waits for it, and the kernels), by the host
+until that stream has finished it, and by the host until the whole device has (``device_ms``, the
+first timing of this harness: a device-wide synchronize waits for every stream of the process, so
+GPU work another thread issued meanwhile is charged to the call). Where only ``device_ms`` is
+slow, the cost came from another thread's GPU work, not from the call. The trace is then run again once the background
 work it started has finished (``settle``: the plans deferred by the first calls, the tuning, the
 builds, then each call's plan derived untimed, as a process that has met its bucket since finds
 it), so that the second pass times the tuned choices, not a first call of a new plan. While
@@ -60,6 +66,50 @@ def _waited_ms(fn) -> float:
     return (time.perf_counter() - begin) * 1e3
 
 
+TIMINGS = {  # a row's field of each timing (``timed``), for the summaries
+    "event": "event_ms",  # CUDA events on the current stream
+    "stream": "stream_ms",  # the host until the current stream has finished the call
+    "device": "device_ms",  # the host until the whole device has (every stream of the process)
+}
+
+
+def timed(fn) -> dict:
+    """One call of ``fn`` timed on its own (the device drained first): ``event_ms`` between CUDA
+    events recorded on the current stream before and after it; ``host_ms``, the host's time to
+    issue it; ``stream_ms``, the host's time until that stream's end event has passed; and
+    ``device_ms``, until a device-wide synchronize returns."""
+    torch.cuda.synchronize()
+    stream = torch.cuda.current_stream()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin = time.perf_counter()
+    start.record(stream)
+    fn()
+    end.record(stream)
+    issued = time.perf_counter()
+    end.synchronize()
+    on_stream = time.perf_counter()
+    torch.cuda.synchronize()
+    on_device = time.perf_counter()
+    return {
+        "event_ms": start.elapsed_time(end),
+        "host_ms": (issued - begin) * 1e3,
+        "stream_ms": (on_stream - begin) * 1e3,
+        "device_ms": (on_device - begin) * 1e3,
+    }
+
+
+def _busy() -> dict:
+    """Which of the caller's background workers has work queued or under way."""
+    from matmul.call import api
+
+    chooser = api._chooser
+    return {
+        "planner": api._plans.planner.busy(),
+        "tuner": chooser.tuner.busy(),
+        "builder": chooser.builder.busy(),
+    }
+
+
 def run_trace(trace, weights) -> list[dict]:
     import matmul
 
@@ -73,25 +123,28 @@ def run_trace(trace, weights) -> list[dict]:
         # would pay its cudaMalloc and the second reuse the freed block
         _ = torch.empty((m, n), device="cuda", dtype=w.dtype)
         del _
+        busy = _busy()
         if i % 2 == 0:
-            ours_ms, theirs_ms = _waited_ms(ours), _waited_ms(theirs)
+            ours_t, theirs_t = timed(ours), timed(theirs)
         else:
-            theirs_ms, ours_ms = _waited_ms(theirs), _waited_ms(ours)
+            theirs_t, ours_t = timed(theirs), timed(ours)
         entry = matmul.choice(x, w.T)
-        rows.append(
-            dict(
-                dtype=dtype,
-                name=name,
-                m=m,
-                n=n,
-                k=k,
-                matmul_ms=ours_ms,
-                torch_ms=theirs_ms,
-                ratio=ours_ms / theirs_ms,
-                version=entry.get("version"),
-                source=entry.get("source"),
-            )
+        row = dict(dtype=dtype, name=name, m=m, n=n, k=k, first="matmul" if i % 2 == 0 else "torch")
+        for field in ("event_ms", "host_ms", "stream_ms", "device_ms"):
+            row[f"matmul_{field}"], row[f"torch_{field}"] = ours_t[field], theirs_t[field]
+        # the first timing's fields, as before: the device-wide synchronize
+        row.update(matmul_ms=ours_t["device_ms"], torch_ms=theirs_t["device_ms"])
+        row["ratio"] = ours_t["device_ms"] / theirs_t["device_ms"]
+        row["event_ratio"] = ours_t["event_ms"] / theirs_t["event_ms"]
+        row["stream_ratio"] = ours_t["stream_ms"] / theirs_t["stream_ms"]
+        row.update(
+            version=entry.get("version"),
+            source=entry.get("source"),
+            building=entry.get("building"),
+            pending=entry.get("pending"),
+            busy_before=busy,
         )
+        rows.append(row)
     return rows
 
 
@@ -112,19 +165,27 @@ def settle(trace, weights, timeout_s: float) -> bool:
     return finished
 
 
-def summary(rows: list[dict]) -> dict:
-    ratios = [r["ratio"] for r in rows]
-    total_ours, total_theirs = sum(r["matmul_ms"] for r in rows), sum(r["torch_ms"] for r in rows)
+def summary(rows: list[dict], field: str = "device_ms") -> dict:
+    """The ratios of one timing (a ``TIMINGS`` field): how many calls over 1.5x torch's, the worst,
+    the median, the totals; and where the choices came from."""
+    ours, theirs = [r[f"matmul_{field}"] for r in rows], [r[f"torch_{field}"] for r in rows]
+    ratios = [o / t for o, t in zip(ours, theirs)]
     return {
+        "timing": field,
         "calls": len(rows),
         "worst_ratio": max(ratios),
         "median_ratio": statistics.median(ratios),
         "over_1.5x": sum(r > 1.5 for r in ratios),
-        "total_matmul_ms": total_ours,
-        "total_torch_ms": total_theirs,
-        "total_ratio": total_ours / total_theirs,  # below 1: matmul() faster
+        "total_matmul_ms": sum(ours),
+        "total_torch_ms": sum(theirs),
+        "total_ratio": sum(ours) / sum(theirs),  # below 1: matmul() faster
         "sources": {s: sum(r["source"] == s for r in rows) for s in {r["source"] for r in rows}},
     }
+
+
+def summaries(rows: list[dict]) -> dict:
+    """``summary`` by each timing."""
+    return {name: summary(rows, field) for name, field in TIMINGS.items()}
 
 
 def first_block(dtype, through: str) -> dict:
@@ -185,16 +246,17 @@ def child(out: Path, calls: int, wait_s: float = 1800.0) -> int:
     results: dict = {"format": FORMAT, "gpu": torch.cuda.get_device_name(), "mode": api._chooser.mode}
     begin = time.perf_counter()
     results["first"] = run_trace(trace, weights)
-    results["first_summary"] = summary(results["first"])
+    results["first_summary"] = summaries(results["first"])
     finished = settle(trace, weights, wait_s)
     results["background_s"] = time.perf_counter() - begin
     results["background_finished"] = finished
     results["again"] = run_trace(trace, weights)
-    results["again_summary"] = summary(results["again"])
+    results["again_summary"] = summaries(results["again"])
     results["matmul_version"] = getattr(matmul, "__version__", None)
     out.write_text(json.dumps(results, indent=1))
     for part in ("first_summary", "again_summary"):
-        print(part, json.dumps(results[part]), flush=True)
+        for timing, found in results[part].items():
+            print(part, timing, json.dumps(found), flush=True)
     return 0
 
 

@@ -1,0 +1,63 @@
+"""The first-calls trace's timing (matmul/harness/trace.py) on the CPU, with torch.cuda's events and
+synchronizes standing in: a cost that another thread put on the GPU shows in the device-wide
+timing only, and the summaries are made by each timing."""
+
+import time
+
+import pytest
+import torch
+
+from matmul.harness import trace
+
+
+class Event:
+    """torch.cuda.Event on the host's clock: ``record`` notes the time, ``elapsed_time`` their gap."""
+
+    def __init__(self, enable_timing=False):
+        self.at = None
+
+    def record(self, stream=None):
+        self.at = time.perf_counter()
+
+    def synchronize(self):  # the stream's own work: nothing more to wait for
+        pass
+
+    def elapsed_time(self, end):
+        return (end.at - self.at) * 1e3
+
+
+@pytest.fixture
+def another_threads_gpu_work(monkeypatch):
+    """Each device-wide synchronize after the first waits 30 ms, as it would for a kernel another
+    thread of the process launched on a stream of its own."""
+    calls = []
+
+    def synchronize(device=None):
+        calls.append(1)
+        if len(calls) > 1:
+            time.sleep(0.03)
+
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+
+
+def test_a_cost_another_thread_put_on_the_gpu_shows_only_in_the_device_wide_timing(another_threads_gpu_work):
+    found = trace.timed(lambda: time.sleep(0.002))
+    assert 2 <= found["event_ms"] < 20 and 2 <= found["host_ms"] < 20 and found["stream_ms"] < 20
+    assert found["device_ms"] >= found["stream_ms"] + 25
+
+
+def test_the_summaries_count_each_timing_on_its_own():
+    def row(ours, theirs):
+        return {
+            "source": "nearest",
+            **{f"matmul_{field}": ours[i] for i, field in enumerate(trace.TIMINGS.values())},
+            **{f"torch_{field}": theirs[i] for i, field in enumerate(trace.TIMINGS.values())},
+        }
+
+    rows = [row((1.0, 1.1, 9.0), (1.0, 1.0, 1.0)), row((1.0, 1.0, 1.0), (2.0, 2.0, 2.0))]
+    found = trace.summaries(rows)
+    assert found["event"]["over_1.5x"] == 0 and found["device"]["over_1.5x"] == 1
+    assert found["device"]["worst_ratio"] == 9.0 and found["stream"]["total_ratio"] == pytest.approx(2.1 / 3.0)
+    assert found["event"]["sources"] == {"nearest": 2}
