@@ -11,7 +11,10 @@ last kernel's end: the host's issue time where the GPU waits for it, and the ker
 until that stream has finished it, and by the host until the whole device has (``device_ms``, the
 first timing of this harness: a device-wide synchronize waits for every stream of the process, so
 GPU work another thread issued meanwhile is charged to the call). Where only ``device_ms`` is
-slow, the cost came from another thread's GPU work, not from the call. The trace is then run again once the background
+slow, the cost came from another thread's GPU work, not from the call. Last, ``torch.matmul``
+alone (``first_use``: each call twice in a row, in a fresh process that imports nothing of this
+package) shows what a fresh process pays on its first use of a kernel, which the pairs charge to
+whichever of the two runs first. The trace is then run again once the background
 work it started has finished (``settle``: the plans deferred by the first calls, the tuning, the
 builds, then each call's plan derived untimed, as a process that has met its bucket since finds
 it), so that the second pass times the tuned choices, not a first call of a new plan. While
@@ -33,12 +36,15 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import torch
 
+from . import first_use
 from . import model as model_bench
+from .first_use import timed
 
 CALLS = 300
 MAX_M = 8192
@@ -73,31 +79,6 @@ TIMINGS = {  # a row's field of each timing (``timed``), for the summaries
 }
 
 
-def timed(fn) -> dict:
-    """One call of ``fn`` timed on its own (the device drained first): ``event_ms`` between CUDA
-    events recorded on the current stream before and after it; ``host_ms``, the host's time to
-    issue it; ``stream_ms``, the host's time until that stream's end event has passed; and
-    ``device_ms``, until a device-wide synchronize returns."""
-    torch.cuda.synchronize()
-    stream = torch.cuda.current_stream()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin = time.perf_counter()
-    start.record(stream)
-    fn()
-    end.record(stream)
-    issued = time.perf_counter()
-    end.synchronize()
-    on_stream = time.perf_counter()
-    torch.cuda.synchronize()
-    on_device = time.perf_counter()
-    return {
-        "event_ms": start.elapsed_time(end),
-        "host_ms": (issued - begin) * 1e3,
-        "stream_ms": (on_stream - begin) * 1e3,
-        "device_ms": (on_device - begin) * 1e3,
-    }
-
-
 def _busy() -> dict:
     """Which of the caller's background workers has work queued or under way."""
     from matmul.call import api
@@ -107,6 +88,9 @@ def _busy() -> dict:
         "planner": api._plans.planner.busy(),
         "tuner": chooser.tuner.busy(),
         "builder": chooser.builder.busy(),
+        "loaded": len(chooser.programs),  # kernels loaded so far: one more, and a first launch is near
+        "threads": sorted(t.name for t in threading.enumerate() if t is not threading.main_thread()),
+        "switch_interval_s": sys.getswitchinterval(),
     }
 
 
@@ -260,6 +244,27 @@ def child(out: Path, calls: int, wait_s: float = 1800.0) -> int:
     return 0
 
 
+def torch_alone(calls: int) -> dict:
+    """``first_use`` over the trace in a fresh process: each call's rows, and by each timing how many
+    first calls took over 1.5x the second and the median of the first's excess."""
+    request = {"seed": SEED, "projections": model_bench.PROJECTIONS, "trace": the_trace(calls)}
+    done = subprocess.run(
+        [sys.executable, first_use.__file__], input=json.dumps(request), capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        return {"error": done.stderr[-2000:]}
+    rows = json.loads(done.stdout)
+    found = {}
+    for name, field in TIMINGS.items():
+        excess = [r["first"][field] - r["second"][field] for r in rows]
+        found[name] = {
+            "first_over_1.5x_second": sum(r["first"][field] > 1.5 * r["second"][field] for r in rows),
+            "median_first_excess_ms": statistics.median(excess),
+            "first_excess_over_1ms": sum(e > 1.0 for e in excess),
+        }
+    return {"summary": found, "rows": rows}
+
+
 def main(out_dir: Path, calls: int = CALLS, wait_s: float = 1800.0) -> int:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -275,4 +280,8 @@ def main(out_dir: Path, calls: int = CALLS, wait_s: float = 1800.0) -> int:
         target = str(out_dir / "trace.json")
         code = "import pathlib, sys; from matmul.harness import trace; "
         code += "raise SystemExit(trace.child(pathlib.Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])))"
-        return subprocess.call([sys.executable, "-c", code, target, str(calls), str(wait_s)], env=env)
+        code = subprocess.call([sys.executable, "-c", code, target, str(calls), str(wait_s)], env=env)
+    alone = torch_alone(calls)
+    (out_dir / "torch_alone.json").write_text(json.dumps(alone, indent=1))
+    print("torch_alone", json.dumps(alone.get("summary", alone)), flush=True)
+    return code

@@ -1,0 +1,71 @@
+"""torch.matmul alone over the first-calls trace (``trace``), in a fresh process that never imports
+``matmul``: each call of the trace made twice in a row on the same operands, each timed on its own
+(``timed``). What a fresh process pays on its first use of a kernel (the CUDA runtime loads a
+kernel into the context at its first launch, lazily; cuBLAS picks and sets up an algorithm for a
+new shape) then shows as the first call's excess over the second, in a process with no thread
+but the caller's: the trace's pairs charge that cost to whichever of matmul() and torch.matmul
+runs first.
+
+Run as a script by ``trace.main`` (so that the package is not imported): reads ``{"seed",
+"projections": {name: [N, K]}, "trace": [[dtype, name, M, N, K], ...]}`` on stdin and writes
+one row per call on stdout (JSON).
+"""
+
+import functools
+import json
+import sys
+import time
+
+import torch
+
+
+def timed(fn) -> dict:
+    """One call of ``fn`` timed on its own (the device drained first): ``event_ms`` between CUDA
+    events recorded on the current stream before and after it; ``host_ms``, the host's time to
+    issue it; ``stream_ms``, the host's time until that stream's end event has passed; and
+    ``device_ms``, until a device-wide synchronize returns (it waits for every stream of the
+    process: GPU work another thread issued meanwhile is charged to the call)."""
+    torch.cuda.synchronize()
+    stream = torch.cuda.current_stream()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin = time.perf_counter()
+    start.record(stream)
+    fn()
+    end.record(stream)
+    issued = time.perf_counter()
+    end.synchronize()
+    on_stream = time.perf_counter()
+    torch.cuda.synchronize()
+    on_device = time.perf_counter()
+    return {
+        "event_ms": start.elapsed_time(end),
+        "host_ms": (issued - begin) * 1e3,
+        "stream_ms": (on_stream - begin) * 1e3,
+        "device_ms": (on_device - begin) * 1e3,
+    }
+
+
+def main() -> int:
+    request = json.load(sys.stdin)
+    torch.manual_seed(request["seed"])
+    weights = {
+        (dtype, name): torch.randn(n, k, device="cuda", dtype=getattr(torch, dtype)) / k**0.5
+        for dtype in ("float16", "bfloat16")
+        for name, (n, k) in request["projections"].items()
+    }
+    torch.matmul(torch.randn(8, 8, device="cuda"), torch.randn(8, 8, device="cuda"))  # CUDA and cuBLAS up
+    rows = []
+    for dtype, name, m, n, k in request["trace"]:
+        w = weights[(dtype, name)]
+        x = torch.randn(m, k, device="cuda", dtype=w.dtype)
+        _ = torch.empty((m, n), device="cuda", dtype=w.dtype)  # the result's size known to the allocator
+        del _
+        call = functools.partial(torch.matmul, x, w.T)
+        first, second = timed(call), timed(call)
+        rows.append({"dtype": dtype, "name": name, "m": m, "n": n, "k": k, "first": first, "second": second})
+    json.dump(rows, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
