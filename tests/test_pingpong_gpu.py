@@ -1,10 +1,10 @@
-"""Hopper V6 with ping-pong consumer warpgroups (``v6.PINGPONG``) computes C = A @ B^T right on the
-GPU: ragged shapes (no size a multiple of any tile, from less than one tile to several tiles per
-warpgroup, and a CTA with a single tile, whose second warpgroup gets none), both dtypes, fresh
-random operands, the output poisoned with NaN first, against a float32 reference. Also: the same
-bits twice (no race between the warpgroups' turns), B read in place as torch's b [K, N], and the
-fused epilogues the tuner may give it (bias with an activation, swiglu).
-"""
+"""Hopper V6 with ping-pong consumer warpgroups (``v6.PINGPONG``, 128 x 128 tiles a warpgroup, and
+``v6.PINGPONG_WIDE``, 64 x 256) computes C = A @ B^T right on the GPU: ragged shapes (no size a
+multiple of any tile, from less than one tile to several tiles per warpgroup, and a CTA with a
+single tile, whose second warpgroup gets none), both dtypes, fresh random operands, the output
+poisoned with NaN first, against a float32 reference. Also: the same bits twice (no race between the
+warpgroups' turns), B read in place as torch's b [K, N], and the fused epilogues (bias with an
+activation, swiglu)."""
 
 import pytest
 import torch
@@ -35,28 +35,33 @@ pytestmark = [
 ]
 
 
+TILES = ("PINGPONG", "PINGPONG_WIDE")
+
+
 def v6():
     return versions.load(ARCH, "v6")
 
 
+@pytest.mark.parametrize("tile", TILES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_pingpong_on_ragged_shapes(shape, dtype):
+def test_pingpong_on_ragged_shapes(shape, dtype, tile):
     m, n, k = shape
     module = v6()
     a, b = random_operands(m, n, k, dtype)
     out = poisoned_output(m, n, dtype)
-    versions.run(module, a, b, out, config=module.PINGPONG)
+    versions.run(module, a, b, out, config=getattr(module, tile))
     error = relative_error(out, reference(a, b))
-    assert error <= TOLERANCE[dtype], f"ping-pong {m}x{n}x{k} {dtype}: relative error {error:.3g}"
+    assert error <= TOLERANCE[dtype], f"ping-pong {tile} {m}x{n}x{k} {dtype}: relative error {error:.3g}"
 
 
+@pytest.mark.parametrize("tile", TILES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_pingpong_gives_the_same_bits_twice(dtype):
-    module = v6()
+def test_pingpong_gives_the_same_bits_twice(dtype, tile):
+    module, config = v6(), getattr(v6(), tile)
     a, b = random_operands(4095, 4097, 1031, dtype)
-    first = versions.run(module, a, b, poisoned_output(4095, 4097, dtype), config=module.PINGPONG)
-    second = versions.run(module, a, b, poisoned_output(4095, 4097, dtype), config=module.PINGPONG)
+    first = versions.run(module, a, b, poisoned_output(4095, 4097, dtype), config=config)
+    second = versions.run(module, a, b, poisoned_output(4095, 4097, dtype), config=config)
     assert torch.equal(first, second)
     assert relative_error(first, reference(a, b)) <= TOLERANCE[dtype]
 

@@ -23,32 +23,36 @@ global counter. Its rule is the static round robin of V5 over cluster tiles (clu
 ``C`` takes 256 x 256 tiles ``c, c + C, ...`` in grouped order). The peer never computes its own
 schedule; a dynamic rule would change only the leader's next-tile line.
 
-Option ``pingpong`` (``PINGPONG``; off in ``REPRESENTATIVE``, and a build without it is V6 as
-above): CUTLASS's *ping-pong* consumers, for big square-ish products. Without it both warpgroups
-split every tile by rows and reach its end together, so both write the tile out together and the
-tensor core has nothing to do while they convert and stage the accumulator (the TMA stores drain
-later, but the staging does not). With it each warpgroup owns whole tiles, the CTA's tiles
-alternating between the two, and their main loops take turns (``pipeline.turns.OrderedTurns``):
-warpgroup 0 multiplies tile 0 and hands the tensor core over once its last wgmma is issued, then
-writes tile 0 out while warpgroup 1 multiplies tile 1, and so on. The producer is unchanged: it
-fills the one ring with the tiles' K blocks in the tiles' order, and each warpgroup takes its own
-tile's stages and jumps over the other's (``Pipeline.consumer_skip``).
+Option ``pingpong`` (``PINGPONG`` and ``PINGPONG_WIDE``, in ``EXTRA_CONFIGS``: built and checked,
+not tuned, since on the H100 it is slower than V6 without it, ``plots/h100/pingpong/``; a build
+without it is V6 as above): CUTLASS's *ping-pong* consumers, meant for big square-ish products.
+Without it both warpgroups split every tile by rows and reach its end together, so both write the
+tile out together and the tensor core has nothing to do while they convert and stage the
+accumulator (the TMA stores drain later, but the staging does not). With it each warpgroup owns
+whole tiles, the CTA's tiles alternating between the two, and their main loops take turns
+(``pipeline.turns.OrderedTurns``): warpgroup 0 multiplies tile 0 and hands the tensor core over
+once its last wgmma is issued, then writes tile 0 out while warpgroup 1 multiplies tile 1, and so
+on. The producer is unchanged: it fills the one ring with the tiles' K blocks in the tiles' order,
+and each warpgroup takes its own tile's stages and jumps over the other's
+(``Pipeline.consumer_skip``).
 
 A warpgroup holds its tile's accumulator in its own registers: 128 x 256 float32 is 256 a thread,
 more than a thread can hold (255; the 288-thread CTA gets at most 224 each), so a ping-pong tile is
-128 x 128 (128 a thread, as without the option). 64 x 256 would fit too and costs the pair the same
-L2 traffic (24 KiB per CTA and K block for the same multiply-adds), but a stage of it is 40 KiB
-against 32: 128 x 128 leaves room for six stages beside the staging buffers (224 KiB), 64 x 256
-for four. The wgmma are two ``m64n128k16`` a K step (the two 64-row slabs of A, read as one
-``[128, block_k]`` tile: ``mainloop.WHOLE_TILE``); the pair still shares each B tile by multicast.
+128 x 128 (``PINGPONG``: two ``m64n128k16`` a K step, the two 64-row slabs of A read as one
+``[128, block_k]`` tile, ``mainloop.WHOLE_TILE``; six stages of 32 KiB fit beside the staging
+buffers) or 64 x 256 (``PINGPONG_WIDE``: V6's ``m64n256k16``; a stage is 40 KiB, four fit), 128
+registers a thread either way, as without the option. Both read 24 KiB per CTA and K block for
+half the multiply-adds that V6 without the option gets from 32 KiB: the pair still shares B by
+multicast, but a warpgroup's tile is half the CTA's.
 
-The epilogue is V5's ``WgmmaTileStore`` block by block: the 128 x 128 tile goes out as four 64 x 64
-blocks, each through the warpgroup's own two staging buffers. It is free of shared-memory bank
-conflicts: ``stmatrix`` writes each 8 x 8 matrix as 8 rows of 16 bytes, and a staging buffer is 64
-columns (128 bytes) wide with the 128-byte swizzle (16-byte chunk ``c`` of row ``r`` at chunk
-``c ^ (r % 8)``), so the 8 rows fall in 8 different groups of 4 banks: one wavefront a matrix.
-A whole 128 x 128 tile staged row-major would have 256-byte rows, each row's chunk ``c`` in the same
-four banks: 8-way conflicts (``tests/test_pingpong.py`` checks both against the built layout).
+The epilogue is V5's ``WgmmaTileStore`` block by block: a tile goes out as four 64 x 64 blocks
+(a 128-row tile one 64-row slab after the other), each through the warpgroup's own two staging
+buffers. It is free of shared-memory bank conflicts: ``stmatrix`` writes each 8 x 8 matrix as 8
+rows of 16 bytes, and a staging buffer is 64 columns (128 bytes) wide with the 128-byte swizzle
+(16-byte chunk ``c`` of row ``r`` at chunk ``c ^ (r % 8)``), so the 8 rows fall in 8 different
+groups of 4 banks: one wavefront a matrix. A whole 128 x 128 tile staged row-major would have
+256-byte rows, each row's chunk ``c`` in the same four banks: 8-way conflicts
+(``tests/test_pingpong.py`` checks both against the built layout).
 
 Synchronization (in each CTA of the pair; the ping-pong option's differences in brackets, "owner"
 being the warpgroup whose tile the stage holds):
@@ -112,9 +116,13 @@ PTX_MARKERS = (
     "st.async.shared::cluster.mbarrier::complete_tx::bytes",
     "barrier.cluster",
 )
-REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, pingpong=False, group=8)
-# the ping-pong option (module doc): each consumer warpgroup owns a whole 128 x 128 tile
-PINGPONG = dict(block_m=128, block_n=128, block_k=64, stages=6, pingpong=True, group=8)
+REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, group=8)
+# The ping-pong option (module doc): each consumer warpgroup owns whole 128 x 128 tiles (PINGPONG) or
+# 64 x 256 ones (PINGPONG_WIDE). Built and checked, not tuned: on the H100 it is slower than V6
+# without it (plots/h100/pingpong/). Select it on purpose with versions.kernel(module, dtype, PINGPONG).
+PINGPONG = dict(block_m=128, block_n=128, block_k=64, stages=6, group=8, pingpong=True)
+PINGPONG_WIDE = dict(block_m=64, block_n=256, block_k=64, stages=4, group=8, pingpong=True)
+EXTRA_CONFIGS = (PINGPONG, PINGPONG_WIDE)
 B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)
 FUSED_EPILOGUE = True  # bias and every activation, in the epilogue (pipeline.fused_epilogue)
 
@@ -126,10 +134,10 @@ def consumers_take_turns(config: dict) -> bool:
 
 
 # per CTA: stages * (block_m + block_n) * block_k * 2 bytes of ring (the whole B tile lands in
-# each CTA) + 32 KiB of epilogue staging: V5's budget; ping-pong's 128 x 128 tiles take 32 KiB a
-# stage, so six fit. The group counts cluster tiles (two tiles stacked along M): group 8 covers
-# the rows V5's group 16 does.
-@tilus.autotune("block_m, block_n, block_k, stages, pingpong", [(128, 256, 64, 4, False), (128, 128, 64, 6, True)])
+# each CTA) + 32 KiB of epilogue staging: V5's budget (ping-pong's 128 x 128 tiles take 32 KiB a
+# stage, so six fit; its 64 x 256 ones 40 KiB, four). The group counts cluster tiles (two tiles
+# stacked along M): group 8 covers the rows V5's group 16 does.
+@tilus.autotune("block_m, block_n, block_k, stages", [(128, 256, 64, 4)])
 @tilus.autotune("group", [8, 16])
 class Kernel(MatmulKernel):
     def __init__(
@@ -172,7 +180,8 @@ class Kernel(MatmulKernel):
         s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, half_m, self.block_k])
         s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, half_n, self.block_k])  # [.., half]
         self.b_tiles_layout(s_b)  # K-major for "nk", MN-major for "kn" (entry.load_b)
-        s_c = self.shared_tensor(dtype=self.dtype, shape=[2, 2, half_m, SUB_COLS])  # [warpgroup, buffer]
+        # [warpgroup, buffer]: a block of 64 rows (a warpgroup's rows; a ping-pong tile goes out in such blocks)
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[2, 2, 64, SUB_COLS])
 
         # a stage is read by both consumer warpgroups of both CTAs, or (ping-pong) by one of each CTA
         ring = Pipeline(

@@ -1,18 +1,21 @@
 """Hopper V6 with ping-pong consumer warpgroups against V6 without them and cuBLAS, on the square-ish
 shapes of issue #26 (4096^3, 8192^3, 8192 x 8192 x 2048), both dtypes (H100).
 
-Fixed configurations, no tuning: V6 as its space holds it (128 x 256 tiles, 4 stages) and with the
-ping-pong option (``v6.PINGPONG``: 128 x 128 tiles a warpgroup, 6 stages), each at both group sizes
-of the space. Per shape and dtype the bench's own loop (``harness.bench.measure``): every kernel is
-first checked against a float32 reference (fresh random operands, output poisoned with NaN) and one
-that fails is reported and not timed; then, in rounds whose order is reversed every other round,
-each kernel is timed in one window with cuBLAS (``timing.interleaved_ms``: the two launched in turn,
-L2 flushed by reading 256 MiB before each launch, ``--warmup-ms`` then ``--repeat-ms``). A kernel's
-ratio is the median of its windows' ratios. Prints one line per kernel and writes
-$OUT/pingpong.json (every window's times, the machine before and after).
+Fixed configurations, no tuning: V6 as its space holds it (128 x 256 tiles, 4 stages, both group
+sizes of the space) and with the ping-pong option (``v6.PINGPONG``: 128 x 128 tiles a warpgroup, 6
+stages, both group sizes; ``v6.PINGPONG_WIDE``: 64 x 256, 4 stages); ``--kernels`` picks some. Per
+shape and dtype the bench's own loop (``harness.bench.measure``): every kernel is first checked
+against a float32 reference (fresh random operands, output poisoned with NaN) and one that fails is
+reported and not timed; then, in rounds whose order is reversed every other round, each kernel is
+timed in one window with cuBLAS (``timing.interleaved_ms``: the two launched in turn, L2 flushed by
+reading 256 MiB before each launch, ``--warmup-ms`` then ``--repeat-ms``). A kernel's ratio is the
+median of its windows' ratios. Prints one line per kernel and writes $OUT/pingpong.json (every
+window's times, the machine before and after).
 
     source .gpu/env.sh && python plots/h100/pingpong/bench_pingpong.py --prebuild   # builds only
-    source .gpu/env.sh && python plots/h100/pingpong/bench_pingpong.py [--rounds 8]
+    source .gpu/env.sh && python plots/h100/pingpong/bench_pingpong.py [--rounds 8] [--kernels ...]
+
+``--prebuild`` also builds what ``tests/test_pingpong_gpu.py`` and ``fused_probe.py`` run.
 """
 
 import argparse
@@ -35,17 +38,23 @@ from matmul.measure.timing import interleaved_ms
 ARCH = "sm_90a"
 SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 2048))
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
-# the GPU test's variants of the ping-pong build (tests/test_pingpong_gpu.py), built beforehand too
-TEST_VARIANTS = (("kn", "float16"), ("bias+gelu_tanh", "float16"), ("swiglu", "float16"))
+# variants of the builds (tests/test_pingpong_gpu.py, fused_probe.py), built beforehand too
+TEST_VARIANTS = (
+    *(("PINGPONG", key, "float16") for key in ("kn", "bias", "relu", "gelu_tanh", "bias+gelu_tanh", "swiglu")),
+    ("PINGPONG_WIDE", "bias+gelu_tanh", "float16"),
+    ("REPRESENTATIVE", "bias+gelu_tanh", "float16"),
+)
 
 
 def configs() -> dict[str, dict]:
     module = versions.load(ARCH, "v6")
-    found = {}
-    for config in versions.space(module):
-        kind = "pingpong" if config["pingpong"] else "plain"
-        found[f"{kind} g{config['group']}"] = config
-    return found
+    return {
+        "plain-g8": module.REPRESENTATIVE,
+        "plain-g16": dict(module.REPRESENTATIVE, group=16),
+        "pingpong-g8": module.PINGPONG,
+        "pingpong-g16": dict(module.PINGPONG, group=16),
+        "pingpong64x256-g8": module.PINGPONG_WIDE,
+    }
 
 
 def _build(config: dict, dtype: str, key: str) -> str:
@@ -59,23 +68,24 @@ def _build(config: dict, dtype: str, key: str) -> str:
     return "" if result.ok else result.error[-600:]
 
 
-def prebuild(dtypes: list[str]) -> None:
-    """Every configuration timed here and the GPU test's builds, in parallel processes: tilus caches
-    each program on disk, where the launches find it."""
+def prebuild(kernels: list[str], dtypes: list[str]) -> None:
+    """Every configuration timed here and the variants of ``TEST_VARIANTS``, in parallel processes:
+    tilus caches each program on disk, where the launches find it."""
     module = versions.load(ARCH, "v6")
-    jobs = [(config, dtype, "") for config in configs().values() for dtype in dtypes]
-    jobs += [(module.PINGPONG, dtype, key) for key, dtype in TEST_VARIANTS]
+    jobs = [(configs()[name], dtype, "") for name in kernels for dtype in dtypes]
+    jobs += [(getattr(module, name), dtype, key) for name, key, dtype in TEST_VARIANTS]
     context = multiprocessing.get_context("fork")  # before this process touches CUDA
     with concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count(), mp_context=context) as pool:
         for job, error in zip(jobs, pool.map(_build, *zip(*jobs))):
             print(f"built {job}" if not error else f"BUILD FAILED {job}: {error}", flush=True)
 
 
-def contenders(a, b, out_dtype, m, n) -> list[bench.Contender]:
+def contenders(kernels, a, b, out_dtype, m, n) -> list[bench.Contender]:
     module = versions.load(ARCH, "v6")
     cublas_out = torch.empty(m, n, dtype=out_dtype, device="cuda")
     found = [bench.Contender(CUBLAS, "baseline", functools.partial(torch.matmul, a, b.T, out=cublas_out), cublas_out)]
-    for name, config in configs().items():
+    for name in kernels:
+        config = configs()[name]
         out = poisoned_output(m, n, out_dtype)
         run = functools.partial(versions.run, module, a, b, out, config=config)
         found.append(bench.Contender(f"v6 {name}", "version", run, out, lambda config=config: config))
@@ -88,11 +98,13 @@ def main():
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--warmup-ms", type=float, default=300.0)
     parser.add_argument("--repeat-ms", type=float, default=100.0)
+    parser.add_argument("--kernels", default=",".join(configs()), help="of: " + ", ".join(configs()))
     parser.add_argument("--prebuild", action="store_true", help="only build (no GPU needed)")
     args = parser.parse_args()
     dtypes = args.dtypes.split(",")
+    kernels = args.kernels.split(",")
     if args.prebuild:
-        prebuild(dtypes)
+        prebuild(kernels, dtypes)
         return
     timer = functools.partial(interleaved_ms, warmup_ms=args.warmup_ms, repeat_ms=args.repeat_ms)
     record = {"machine": machine(), "software": software(), "args": vars(args), "rows": []}
@@ -102,7 +114,7 @@ def main():
             a, b = random_operands(m, n, k, dtype)
             ref = reference(a, b)
             shape = Shape(m, n, k, "")
-            rows = bench.measure(shape, contenders(a, b, dtype, m, n), ref, dtype, timer, args.rounds)
+            rows = bench.measure(shape, contenders(kernels, a, b, dtype, m, n), ref, dtype, timer, args.rounds)
             del ref
             for row in rows:
                 row.update(dtype=dtype_name, m=m, n=n, k=k)
