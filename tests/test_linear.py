@@ -369,3 +369,23 @@ def test_a_transformers_llama_switched_in_one_line_gives_its_logits_and_gradient
     with torch.no_grad():
         close(model(input_ids=ids).logits, expected)
     assert len(path.chooser.asked) == asked  # undone: torch's own forward again
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_swiglu_kernels_build(backward):
+    """The interleaved swiglu kernels build for Hopper: 16-byte loads of each group of 8 gate and up
+    values, 16-byte stores, the exponential of silu (tests/test_swiglu_gpu.py runs them)."""
+    import tilus
+
+    from matmul.build import compiler
+    from matmul.kernels import swiglu
+
+    result = compiler.build_script(
+        swiglu.InterleavedSwigluKernel, "sm_90a", {"dtype": tilus.float16, "backward": backward}, version="swiglu"
+    )
+    assert result.ok, result.error
+    ptx = result.ptx()
+    assert ptx.count("ld.global.nc.v4.u32") == (3 if backward else 2)
+    assert ptx.count("st.global.v4") == (2 if backward else 1)
+    assert "ex2.approx" in ptx
+    assert result.spill_bytes == 0

@@ -25,7 +25,8 @@ from typing import Optional
 import torch
 
 from ..contract import TMA_ALIGN_BYTES, MatmulInputError, check_shapes, empty_padded
-from ..kernels.variant import SWIGLU_GROUP, Variant, activate
+from ..kernels import swiglu
+from ..kernels.variant import Variant, activate
 from . import yielding
 
 # the process's plans (``launch.Plans``), as ``api.use_plans`` last set them: handed in by ``api``,
@@ -141,38 +142,24 @@ def linear_with_grad(x, weight, bias, activation: Optional[str]):
     return activate(y, activation)
 
 
-def _gate_and_up(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The gate and up columns of y [..., 2 I'] (``gate_up``'s interleaved layout) as strided views
-    [..., I' / 8, 8]: no copy."""
-    grouped = y.unflatten(-1, (-1, 2, SWIGLU_GROUP))
-    return grouped[..., 0, :], grouped[..., 1, :]
-
-
 class InterleavedSwiglu(torch.autograd.Function):
     """``silu(gate) * up`` of y's interleaved gate and up columns, differentiable.
 
     Autograd through the column views (``variant.activate``) would copy each half to make it
     contiguous, and in the backward allocate a zero-filled gradient of y's size for each half and
     add the two: three passes over a [tokens, 2 I'] tensor that a training step pays in every MLP.
-    Here the forward reads the halves in place (two kernels) and the backward writes each half of
-    dy straight into its columns (four kernels, nothing zero-filled, nothing added)."""
+    Here the forward and the backward are one pass each (``kernels.swiglu``): the backward writes
+    both halves of dy in place."""
 
     @staticmethod
     def forward(ctx, y: torch.Tensor) -> torch.Tensor:
-        gate, up = _gate_and_up(y)
         ctx.save_for_backward(y)
-        return torch.nn.functional.silu(gate).mul_(up).flatten(-2)  # silu's result is dense: a view
+        return swiglu.forward(y)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         (y,) = ctx.saved_tensors
-        gate, up = _gate_and_up(y)
-        grad = grad.unflatten(-1, (-1, SWIGLU_GROUP))
-        dy = torch.empty_like(y, memory_format=torch.contiguous_format)
-        d_gate, d_up = _gate_and_up(dy)
-        torch.ops.aten.silu_backward.grad_input(grad * up, gate, grad_input=d_gate)  # (grad up) silu'(gate)
-        torch.mul(grad, torch.nn.functional.silu(gate), out=d_up)
-        return dy
+        return swiglu.backward(y, grad)
 
 
 def traced(a, b, out: Optional[torch.Tensor]):

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from matmul.harness import drop_in
+from matmul.kernels import swiglu
 
 
 def kernel_times(step) -> tuple[dict[str, float], float]:
@@ -60,6 +61,7 @@ def main(argv=None) -> None:
         steps[name] = step
     steps["ours"]()  # the step's shapes, first seen here: tuned in the background
     print("settle:", drop_in.settle(), flush=True)
+    print("swiglu kernels built:", swiglu.wait_until_built(torch.float16), flush=True)
     results = {}
     for name in ("theirs", "ours", "theirs", "ours"):
         per_name, total = kernel_times(steps[name])

@@ -1,0 +1,184 @@
+"""``silu(gate) * up`` of a product computed with ``variant.gate_up``'s interleaved weight, and its
+gradient, each in one pass over memory: the activation of a gated MLP wherever the product kernel
+did not fuse it (a training step keeps the product for the backward; the cuBLAS candidate of the
+call runs the activation after it).
+
+The product y [M, 2 I'] holds gate and up columns interleaved in groups of 8 (``SWIGLU_GROUP``):
+columns ``16 q .. 16 q + 7`` are gate's ``8 q ..``, the next 8 up's. torch's elementwise kernels see
+each half as a strided view, which they read element by element, and autograd through the views
+zero-fills and adds a y-sized gradient per half. Here y is viewed as [M, I' / 8, 2, 8]: each thread
+loads one group of 8 gate values and the 8 up values beside it (16 bytes each), computes in float32
+and writes 8 outputs; the backward reads the gradient and y and writes both halves of dy in place.
+One rounding to the 16-bit dtype per value written.
+
+The kernels are built on first use (tilus caches the build on disk); until a build is ready, and
+on any machine that is not a Hopper GPU, ``forward`` and ``backward`` compute the same with torch's
+operators on the strided halves, so no call waits for a compiler.
+"""
+
+import logging
+import threading
+from typing import Optional
+
+import tilus
+import torch
+from tilus import float32, int32, void_p
+from tilus.ir.layout.ops.register_ops import local, spatial
+from tilus.utils import cdiv
+
+from . import device_context, versions
+from .variant import SWIGLU_GROUP
+
+log = logging.getLogger(__name__)
+
+ROWS, GROUPS = 16, 8  # a CTA's tile: 16 rows x 8 column groups of each half, a group per thread
+DTYPES = {torch.float16: tilus.float16, torch.bfloat16: tilus.bfloat16}
+ARCH = "sm_90a"  # run where it was checked; other GPUs and the CPU take torch's path
+MAX_ELEMENTS = 2**31 - 1  # y is addressed with int32 element offsets
+
+
+def thread_groups():
+    """A [ROWS, GROUPS, 1, 8] tile as registers: one thread per (row, group), its 8 values contiguous."""
+    return spatial(ROWS, GROUPS, 1, 1) * local(1, 1, 1, SWIGLU_GROUP)
+
+
+class InterleavedSwigluKernel(tilus.Script):
+    """Forward: out [M, I'] = silu(gate) * up of y [M, 2 I']. Backward: dy [M, 2 I'] from the
+    gradient of out and y (module doc)."""
+
+    def __init__(self, dtype, backward: bool):
+        super().__init__()
+        self.dtype = dtype
+        self.backward = backward
+
+    def __call__(self, m_size: int32, groups: int32, y_ptr: void_p, grad_ptr: void_p, out_ptr: void_p):
+        self.attrs.blocks = [cdiv(groups, GROUPS), cdiv(m_size, ROWS)]
+        self.attrs.warps = 4
+        row: int32 = self.blockIdx.y * ROWS
+        group: int32 = self.blockIdx.x * GROUPS
+        halves = [m_size, groups, 2, SWIGLU_GROUP]  # y: each group of 8 gate columns, then its up
+        halves_strides = [groups * 2 * SWIGLU_GROUP, 2 * SWIGLU_GROUP, SWIGLU_GROUP, 1]
+        single = [m_size, groups, 1, SWIGLU_GROUP]  # out and its gradient: [M, I'] as groups of 8
+        single_strides = [groups * SWIGLU_GROUP, SWIGLU_GROUP, SWIGLU_GROUP, 1]
+        g_y = self.global_view(y_ptr, dtype=self.dtype, shape=halves, strides=halves_strides)
+        tile = [ROWS, GROUPS, 1, SWIGLU_GROUP]
+        gate = self.load_global(g_y, offsets=[row, group, 0, 0], shape=tile)
+        self.annotate_layout(gate, thread_groups())
+        up = self.load_global(g_y, offsets=[row, group, 1, 0], shape=tile)
+        self.annotate_layout(up, thread_groups())
+        g = gate.to(float32)
+        u = up.to(float32)
+        sigmoid = 1.0 / (1.0 + self.exp(-g))
+        if not self.backward:
+            g_out = self.global_view(out_ptr, dtype=self.dtype, shape=single, strides=single_strides)
+            self.store_global(g_out, (g * sigmoid * u).to(self.dtype), offsets=[row, group, 0, 0])
+        else:
+            g_grad = self.global_view(grad_ptr, dtype=self.dtype, shape=single, strides=single_strides)
+            grad = self.load_global(g_grad, offsets=[row, group, 0, 0], shape=tile)
+            self.annotate_layout(grad, thread_groups())
+            d = grad.to(float32)
+            # d/dg silu(g) = sigmoid(g) (1 + g (1 - sigmoid(g))); d/du = silu(g)
+            d_gate = d * u * sigmoid * (1.0 + g * (1.0 - sigmoid))
+            d_up = d * g * sigmoid
+            g_dy = self.global_view(out_ptr, dtype=self.dtype, shape=halves, strides=halves_strides)
+            self.store_global(g_dy, d_gate.to(self.dtype), offsets=[row, group, 0, 0])
+            self.store_global(g_dy, d_up.to(self.dtype), offsets=[row, group, 1, 0])
+
+
+_scripts: dict = {}
+_ready: set = set()
+_building: set = set()
+_failed: set = set()
+_lock = threading.Lock()
+
+
+def _build(key) -> None:
+    """Build the kernel of ``key`` off the caller's thread (tilus transpiles, nvcc compiles, or tilus
+    finds the program in its cache) and keep its launch function; nothing runs on the GPU here.
+    Sizes are run-time int32s that tilus 0.2.0 does not specialise on: one program serves all."""
+    try:
+        script = InterleavedSwigluKernel(dtype=DTYPES[key[0]], backward=key[1])
+        placeholders = (1,) * len(script.params.param_names)
+        launch = script._jit_instance_for(*placeholders)._pick_best_program(placeholders).get_launch_func()
+        with _lock:
+            _scripts[key] = launch
+            _ready.add(key)
+    except Exception:  # torch's path goes on serving; say why once
+        log.exception("the interleaved swiglu kernel %s did not build; torch's operators run it", key)
+        with _lock:
+            _failed.add(key)
+    finally:
+        with _lock:
+            _building.discard(key)
+
+
+def _kernel(y: torch.Tensor, backward: bool):
+    """The built kernel for y's dtype, or None (torch's path) while it builds or where it does not run."""
+    if not (y.is_cuda and y.dtype in DTYPES and y.is_contiguous() and y.numel() <= MAX_ELEMENTS):
+        return None
+    if versions.local_arch() != ARCH:
+        return None
+    key = (y.dtype, backward)
+    with _lock:
+        if key in _ready:
+            return _scripts[key]
+        if key in _building or key in _failed:
+            return None
+        _building.add(key)
+    threading.Thread(target=_build, args=(key,), name="matmul-swiglu-build", daemon=True).start()
+    return None
+
+
+def _halves(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    grouped = y.unflatten(-1, (-1, 2, SWIGLU_GROUP))
+    return grouped[..., 0, :], grouped[..., 1, :]
+
+
+def forward(y: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """silu(gate) * up of y [..., 2 I'] (interleaved halves): [..., I'] (into ``out``, dense, if given)."""
+    kernel = _kernel(y, backward=False)
+    if kernel is None:
+        gate, up = _halves(y)
+        result = torch.nn.functional.silu(gate).mul_(up).flatten(-2)  # silu's result is dense: a view
+        return result if out is None else out.copy_(result)
+    if out is None:
+        out = torch.empty((*y.shape[:-1], y.shape[-1] // 2), dtype=y.dtype, device=y.device)
+    with device_context.on_device(y.device):
+        kernel(y.numel() // y.shape[-1], y.shape[-1] // (2 * SWIGLU_GROUP), y, y, out)
+    return out
+
+
+def backward(y: torch.Tensor, grad: torch.Tensor, dy: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The gradient of ``forward`` at y for the gradient ``grad`` of its output: dy, y's shape
+    (into ``dy``, dense, if given)."""
+    grad = grad.contiguous()
+    kernel = _kernel(y, backward=True)
+    if dy is None:
+        dy = torch.empty_like(y, memory_format=torch.contiguous_format)
+    if kernel is None:
+        gate, up = _halves(y)
+        grad = grad.unflatten(-1, (-1, SWIGLU_GROUP))
+        d_gate, d_up = _halves(dy)
+        torch.ops.aten.silu_backward.grad_input(grad * up, gate, grad_input=d_gate)  # (grad up) silu'(gate)
+        torch.mul(grad, torch.nn.functional.silu(gate), out=d_up)
+        return dy
+    with device_context.on_device(y.device):
+        kernel(y.numel() // y.shape[-1], y.shape[-1] // (2 * SWIGLU_GROUP), y, grad, dy)
+    return dy
+
+
+def wait_until_built(dtype: torch.dtype, timeout_s: float = 300.0) -> bool:
+    """Start the builds of both kernels for ``dtype`` if they have not started, and wait for them (tests,
+    benchmarks); False where they do not run or did not build in time."""
+    import time
+
+    probe = torch.empty(1, 2 * SWIGLU_GROUP, dtype=dtype, device="cuda")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(_kernel(probe, backward) is not None for backward in (False, True)):
+            return True
+        with _lock:
+            if not _building:
+                return False  # not this architecture, or a build failed
+        time.sleep(0.1)
+    return False
