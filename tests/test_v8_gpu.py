@@ -39,7 +39,7 @@ pytestmark = [
 # fp8_e4m3 and int6: two V8 configurations, one of them the call's up to 16 tokens (each costs a build
 # per dtype): 16 tokens a tile with one warpgroup, and 64 a tile with two (M = 100 and 255 span several)
 OTHER_FORMATS = ("fp8_e4m3", "int6")
-SMALL = quant_linear.config_for(1)
+SMALL = quant_linear.config_for(16)
 WIDE = {"block_m": 64, "warpgroups": 2, "split": 2, "stages": 4, "chunk": 64}
 
 
@@ -64,7 +64,7 @@ def test_ragged_shapes(dtype):
     for m in TOKENS:
         for n, k in WEIGHTS:
             x, qw = operands(m, n, k, dtype)
-            config = quant_linear.config_for(m)
+            config = quant_linear.config_for(m, n, k, "int4")
             error = v8_error(x, qw, config)
             assert error <= TOLERANCE[dtype], f"V8 {config} {m}x{n}x{k} {dtype}: relative error {error:.3g}"
 

@@ -861,7 +861,7 @@ def live_quantized(module: ModuleType, dtypes=(torch.float16, torch.bfloat16)) -
     for dtype in dtypes:
         for m, n, k in V8_CHECK_SHAPES:
             x, _, qw = operands(m, n, k, dtype)
-            config = quant_linear.config_for(m)
+            config = quant_linear.config_for(m, n, k, "int4")
             out = correctness.poisoned_output(m, n, dtype)
             quant_linear.v8(x, qw, out, config)
             error = correctness.relative_error(out, x.float() @ qw.dequantize().float().T)
@@ -874,7 +874,7 @@ def live_quantized(module: ModuleType, dtypes=(torch.float16, torch.bfloat16)) -
         x, w, qw = operands(m, n, k, torch.float16)
         out = torch.empty(m, n, dtype=x.dtype, device="cuda")
         dense_out = torch.empty_like(out)
-        config = quant_linear.config_for(m)
+        config = quant_linear.config_for(m, n, k, "int4")
 
         def v8(x=x, qw=qw, out=out, config=config):
             return quant_linear.v8(x, qw, out, config)

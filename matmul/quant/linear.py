@@ -2,10 +2,11 @@
 widened once per call (on a Hopper GPU by ``matmul.quant.widen``'s kernel, elsewhere by torch) and
 cuBLAS (``matmul.quant``'s module doc).
 
-V8's configuration is picked by token count from what was fastest on the H100 over the bench's
-weights (``plots/h100/v8/``), not tuned per call: the tuner and its cache belong to
-``matmul.call``. Up to 256 tokens V8 was faster than the widened path on every weight measured
-there (the widening costs more than the product: ``matmul.quant.widen`` says when widen-once pays).
+V8's configuration is picked by token count (for int4 at decode sizes, also by the weight's shape:
+``config_for``) from what was fastest on the H100 over the bench's weights (``plots/h100/v8/``),
+not tuned per call: the tuner and its cache belong to ``matmul.call``. Up to 256 tokens V8 was
+faster than the widened path on every weight measured there (the widening costs more than the
+product: ``matmul.quant.widen`` says when widen-once pays).
 """
 
 from __future__ import annotations
@@ -30,14 +31,34 @@ CONFIGS = (
     (128, {"block_m": 128, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 64}),
     (256, {"block_m": 128, "warpgroups": 1, "split": 1, "stages": 4, "chunk": 64}),
 )
+# int4 at decode sizes (plots/h100/v8/probe/): up to 8 tokens a tile of 8 (half the zero-filled
+# token rows of a 16-token tile: 1.08x at 1 x 6144 x 4096), and where K is long against N (a
+# down projection: few weight row tiles, each a long K range) the K range cut in 8 instead of 2,
+# 32 columns a wgmma group (1.10-1.15x at 4096 x 14336)
+NARROW_M = 8
+LONG_K = 3  # K >= LONG_K * N
 
 
 def v8_module():
     return versions.load(ARCH, "v8")
 
 
-def config_for(m: int) -> dict:
-    return next(dict(config) for limit, config in CONFIGS if m <= limit)
+def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
+    """V8's configuration for M tokens (and, for int4 at up to 16 tokens, the weight's N x K)."""
+    config = next(dict(config) for limit, config in CONFIGS if m <= limit)
+    if weight_format == "int4" and m <= 16:
+        if m <= NARROW_M:
+            config["block_m"] = NARROW_M
+        if n and k >= LONG_K * n:
+            config.update(split=8, chunk=32)
+    return config
+
+
+def configs(weight_format: str) -> list[dict]:
+    """Every configuration the call may build for a format (``config_for``'s, as ``kernel_config`` builds them)."""
+    shapes = [(m, n, k) for m in (1, *(limit for limit, _ in CONFIGS)) for n, k in ((1, 1), (1, LONG_K))]
+    chosen = (kernel_config(weight_format, config_for(m, n, k, weight_format)) for m, n, k in shapes)
+    return list({tuple(sorted(c.items())): c for c in chosen}.values())
 
 
 def kernel_config(weight_format: str, config: dict) -> dict:
@@ -62,7 +83,7 @@ def v8(x: torch.Tensor, weight: QuantizedWeight, out: torch.Tensor, config: Opti
     m, k = x.shape
     n = weight.shape[0]
     module = v8_module()
-    config = kernel_config(weight.format, config or config_for(m))
+    config = kernel_config(weight.format, config or config_for(m, n, k, weight.format))
     if weight.format == "int4":
         script = versions.kernel(module, x.dtype, config)
     else:

@@ -127,7 +127,7 @@ def measure(fmt, m, w, qw, floor) -> dict:
         "path": "V8" if v8 else "widen + cuBLAS",
     }
     if v8:
-        row["config"] = quant_linear.kernel_config(qw.format, quant_linear.config_for(m))
+        row["config"] = quant_linear.kernel_config(qw.format, quant_linear.config_for(m, n, k, qw.format))
     out = poisoned_output(m, n, dtype)
     quant_linear.linear(x, qw, out=out)
     row["error"] = relative_error(out, ref)
@@ -210,8 +210,8 @@ def prebuild(formats, dtypes) -> None:
     for fmt in formats:
         for dtype in dtypes:
             jobs.append(("widen", fmt, dtype, None))
-            for config in {str(quant_linear.kernel_config(fmt, c)): c for _, c in quant_linear.CONFIGS}.values():
-                jobs.append(("v8", fmt, dtype, quant_linear.kernel_config(fmt, config)))
+            for config in quant_linear.configs(fmt):
+                jobs.append(("v8", fmt, dtype, config))
     context = multiprocessing.get_context("fork")
     with concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count(), mp_context=context) as pool:
         for job, error in zip(jobs, pool.map(_build, jobs)):
