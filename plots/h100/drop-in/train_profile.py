@@ -3,7 +3,7 @@ two-layer Llama, ``matmul.nn.convert(fuse_gate_up=True)`` against the unswitched
 torch's profiler, once the background tuning its first step started has finished; the GPU time
 per kernel name of each, side by side, and the step's total.
 
-    python plots/h100/drop-in/train_profile.py OUT_DIR [--no-fuse]
+    python plots/h100/drop-in/train_profile.py OUT_DIR [--no-fuse] [--ratio ROUNDS]
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("--no-fuse", action="store_true", help="convert without fusing gate and up")
+    parser.add_argument("--ratio", type=int, default=0, help="then the drop-in's training row, this many rounds")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     import matmul
@@ -59,9 +60,14 @@ def main(argv=None) -> None:
             optimizer.step()
 
         steps[name] = step
-    steps["ours"]()  # the step's shapes, first seen here: tuned in the background
+    switched(input_ids=ids, labels=ids).loss.backward()  # the step's shapes, first seen here: tuned in the background
+    switched.zero_grad(set_to_none=True)
     print("settle:", drop_in.settle(), flush=True)
     print("swiglu kernels built:", swiglu.wait_until_built(torch.float16), flush=True)
+    if args.ratio:  # the drop-in's row (steps back to back; one step's gradients against float32's)
+        row = drop_in.training(reference, switched, conversion, args.ratio)
+        print(json.dumps({k: v for k, v in row.items() if k != "ratios"}), flush=True)
+        (args.out / "train_ratio.json").write_text(json.dumps(row, indent=1))
     results = {}
     for name in ("theirs", "ours", "theirs", "ours"):
         per_name, total = kernel_times(steps[name])

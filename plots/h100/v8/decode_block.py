@@ -8,7 +8,8 @@ head), a static KV cache holding 1024 tokens, batch 1 and 16, each step captured
 * theirs: the same block in float16 through torch (cuBLAS), unquantized.
 
 Both steps are timed in back-to-back windows of graph replays, alternating (``harness.model.compare``:
-the ratio is theirs over ours). The output (the block's last hidden state) is compared three ways:
+the ratio is theirs over ours), and one replay of each under torch's profiler splits its GPU time
+into the projections and the rest. The output (the block's last hidden state) is compared three ways:
 ours against the same block with the dequantized weights run by torch (the kernel's own error),
 ours against the float16 block, and the dequantized block against the float16 block (the
 quantization's own error, which the second should match).
@@ -81,6 +82,24 @@ def decode_step(model, batch: int, dtype):
     return lambda: model(input_ids=token, past_key_values=cache, cache_position=position).last_hidden_state
 
 
+def gpu_time_by_kind(step) -> dict[str, float]:
+    """GPU microseconds of one call of ``step`` (a graph replay) by kind of kernel: the projections
+    (tilus's kernels; cuBLAS's GEMM/GEMV kernels) and everything else (attention, norms, rotary
+    embedding, the cache update, elementwise)."""
+    step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    kinds = {"projections": 0.0, "other": 0.0}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            name = event.name.lower()
+            projection = "tilus" in name or "gemm" in name or "gemv" in name or "nvjet" in name
+            kinds["projections" if projection else "other"] += event.device_time
+    return kinds
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
@@ -123,6 +142,8 @@ def main(argv=None) -> None:
                 "error_vs_fp16_block": relative(outputs["ours"], outputs["theirs"]),
                 "quantization_error": relative(outputs["widened"], outputs["theirs"]),
                 "graph_replay_vs_eager": relative(replayed, outputs["ours"]),
+                "int4_gpu_us": gpu_time_by_kind(graphed["ours"]),
+                "fp16_gpu_us": gpu_time_by_kind(graphed["theirs"]),
             }
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "ratios"}), flush=True)
