@@ -6,6 +6,7 @@
     switch = matmul.nn.convert(model)        # every nn.Linear now runs matmul.linear
     switch = matmul.nn.convert(model, fuse_gate_up=True)  # and each gated MLP one swiglu kernel
     switch.undo()                            # the model as it was
+    switch = matmul.nn.convert(model, weights="int4")  # every weight packed in 4 bits (inference)
 
 ``Linear`` is a ``torch.nn.Linear`` (same parameters, same state dict, ``isinstance`` still true)
 whose forward is ``matmul.linear(x, weight, bias, activation)``. ``convert`` swaps each eligible
@@ -13,6 +14,14 @@ whose forward is ``matmul.linear(x, weight, bias, activation)``. ``convert`` swa
 keeps working), and leaves the others as they are, saying why in ``Conversion.skipped``: the
 kernels take float16/bfloat16 weights on a Hopper or Blackwell GPU, and a layer whose weight is
 float32 or on the CPU keeps torch's own forward.
+
+``weights="int4"`` (or ``"int6"``, ``"fp8_e4m3"``) stores each eligible layer's weight packed
+instead (``matmul.quantize``, once) and runs it through ``matmul.linear(x, qw, bias)``: Hopper V8 at
+decode sizes, the weight widened on the GPU above 256 tokens (``matmul.quant``). ``QuantizedLinear``
+is for inference: its packed weight is not a parameter (no gradient, not in the state dict, not
+moved by ``.to()``). The 16-bit layers are kept by the ``Conversion`` for ``undo``: drop it (or do
+not keep it) and their memory is freed. A layer whose K is not a multiple of the format's group
+(128) stays torch's, listed in ``skipped``.
 
 ``fuse_gate_up=True`` also finds gated MLPs, modules with ``gate_proj``, ``up_proj`` and
 ``down_proj`` linear layers and a SiLU ``act_fn`` (Llama, Mistral, Qwen), and runs ``down_proj(
@@ -33,10 +42,11 @@ from typing import Optional
 import torch
 
 from .call.api import linear
-from .contract import DTYPES
+from .contract import DTYPES, MatmulInputError
 from .kernels.variant import gate_up, split_gate_up
+from .quant import FORMATS, QuantizedWeight, quantize
 
-__all__ = ["Linear", "GatedMLPForward", "convert", "Conversion"]
+__all__ = ["Linear", "QuantizedLinear", "GatedMLPForward", "convert", "Conversion"]
 
 
 class Linear(torch.nn.Linear):
@@ -65,6 +75,37 @@ class Linear(torch.nn.Linear):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (f", activation={self.activation}" if self.activation else "")
+
+
+class QuantizedLinear(torch.nn.Module):
+    """A linear layer whose weight is stored packed (``matmul.quantize``); its forward is
+    ``matmul.linear(x, qw, bias)``. For inference (module doc)."""
+
+    def __init__(self, weight: QuantizedWeight, bias: Optional[torch.Tensor] = None):
+        super().__init__()
+        self.weight = weight
+        self.out_features, self.in_features = weight.shape
+        self.bias = bias
+
+    @classmethod
+    def from_linear(cls, layer: torch.nn.Linear, weights: str = "int4") -> "QuantizedLinear":
+        """``layer``'s weight packed in the format ``weights``; its bias shared."""
+        with torch.no_grad():
+            return cls(quantize(layer.weight.detach(), format=weights), layer.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, weights={self.weight.format}"
+
+
+def quantizable(layer: torch.nn.Linear, weights: str) -> Optional[str]:
+    """None if ``layer``'s weight can be packed in ``weights``; else why not."""
+    group = FORMATS[weights][1]
+    if group is not None and layer.in_features % group:
+        return f"in_features {layer.in_features} is not a multiple of {weights}'s group of {group}"
+    return None
 
 
 def eligible(layer: torch.nn.Linear) -> Optional[str]:
@@ -138,10 +179,18 @@ def _is_gated_mlp(module: torch.nn.Module) -> bool:
     )
 
 
-def convert(model: torch.nn.Module, *, fuse_gate_up: bool = False) -> Conversion:
+def convert(model: torch.nn.Module, *, fuse_gate_up: bool = False, weights: Optional[str] = None) -> Conversion:
     """Run every eligible ``nn.Linear`` of ``model`` through the project's kernels (in place); with
-    ``fuse_gate_up``, each gated MLP's gate and up projections as one swiglu kernel. Returns the
-    ``Conversion``, whose ``undo()`` restores the model."""
+    ``fuse_gate_up``, each gated MLP's gate and up projections as one swiglu kernel; with
+    ``weights`` (a format of ``matmul.quantize``), each weight packed (``QuantizedLinear``). Returns
+    the ``Conversion``, whose ``undo()`` restores the model."""
+    if weights is not None and weights not in FORMATS:
+        raise MatmulInputError(f"weights={weights!r}: one of {', '.join(FORMATS)}, or None for 16-bit weights")
+    if weights is not None and fuse_gate_up:
+        raise MatmulInputError(
+            "fuse_gate_up fuses the swiglu into the 16-bit kernels' epilogue; packed weights run a plain "
+            "epilogue: convert with weights=... or fuse_gate_up=True, not both"
+        )
     conversion = Conversion(model)
     if fuse_gate_up:
         for mlp in model.modules():
@@ -160,6 +209,11 @@ def convert(model: torch.nn.Module, *, fuse_gate_up: bool = False) -> Conversion
             if why is not None:
                 conversion.skipped[qualified] = why
                 continue
-            setattr(parent, name, Linear.sharing(layer))
+            why = None if weights is None else quantizable(layer, weights)
+            if why is not None:
+                conversion.skipped[qualified] = why
+                continue
+            new = Linear.sharing(layer) if weights is None else QuantizedLinear.from_linear(layer, weights)
+            setattr(parent, name, new)
             conversion.swapped.append((parent, name, layer))
     return conversion

@@ -330,6 +330,33 @@ def test_convert_and_undo_round_trip(path, model, fuse):
     close(model(x), expected)
 
 
+def test_convert_to_int4_weights_and_undo(monkeypatch):
+    """``convert(weights="int4")``: each layer whose K is a multiple of the group packed once and run
+    through ``matmul.linear(x, qw, bias)`` (on the CPU: the widened weight and torch), the others
+    listed with the reason, the 16-bit layers back after ``undo``."""
+    import matmul.nn as mnn
+
+    monkeypatch.setattr(mnn, "eligible", lambda layer: None)  # the CPU stands in for the GPU here
+    model = torch.nn.Sequential(torch.nn.Linear(256, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32)).half()
+    layers = list(model)
+    x = torch.randn(3, 7, 256).half()
+    conversion = matmul.nn.convert(model, weights="int4")
+    assert isinstance(model[0], matmul.nn.QuantizedLinear) and model[0].weight.format == "int4"
+    assert model[0].bias is layers[0].bias
+    assert model[2] is layers[2] and "group of 128" in conversion.skipped["2"]
+    qw = model[0].weight
+    expected = layers[2](
+        torch.relu(torch.nn.functional.linear(x.float(), qw.dequantize().float(), layers[0].bias.float())).half()
+    )
+    close(model(x), expected)
+    conversion.undo()
+    assert list(model) == layers
+    with pytest.raises(matmul.MatmulInputError, match="weights=.int5."):
+        matmul.nn.convert(model, weights="int5")
+    with pytest.raises(matmul.MatmulInputError, match="not both"):
+        matmul.nn.convert(model, weights="int4", fuse_gate_up=True)
+
+
 def test_a_linear_loads_a_torch_state_dict(path):
     layer = torch.nn.Linear(48, 40).half()
     ours = matmul.nn.Linear(48, 40, dtype=torch.float16)

@@ -3,8 +3,9 @@ decoder layer of Llama-3-8B's widths (hidden 4096, MLP 14336, 32 heads, 8 key/va
 ``transformers`` model of the drop-in bench with one layer, its embedding and final norm, no LM
 head), a static KV cache holding 1024 tokens, batch 1 and 16, each step captured in a CUDA graph.
 
-* ours: every projection's weight packed by ``matmul.quantize(w, "int4")`` (one scale per 128
-  columns) and run by ``matmul.linear(x, qw)`` (V8 at these token counts);
+* ours: the copy switched by ``matmul.nn.convert(model, weights="int4")``: every projection's
+  weight packed by ``matmul.quantize`` (one scale per 128 columns) and run by ``matmul.linear(x, qw)``
+  (V8 at these token counts);
 * theirs: the same block in float16 through torch (cuBLAS), unquantized.
 
 Both steps are timed in back-to-back windows of graph replays, alternating (``harness.model.compare``:
@@ -32,18 +33,6 @@ from matmul.harness import drop_in
 from matmul.harness import model as model_bench
 
 CONTEXT = 1024  # tokens in the KV cache before the timed step
-
-
-class Int4Linear(torch.nn.Module):
-    """An ``nn.Linear``'s weight in int4, its product through ``matmul.linear``."""
-
-    def __init__(self, layer: torch.nn.Linear):
-        super().__init__()
-        self.weight = matmul.quantize(layer.weight.detach(), format="int4")
-        self.bias = layer.bias
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return matmul.linear(x, self.weight, self.bias)
 
 
 def swap_linears(model: torch.nn.Module, make) -> int:
@@ -115,7 +104,8 @@ def main(argv=None) -> None:
     with torch.device("cuda"):
         reference = LlamaModel(drop_in.llama_config(layers=1)).to(dtype).eval()
     ours = copy.deepcopy(reference)
-    swapped = swap_linears(ours, Int4Linear)
+    conversion = matmul.nn.convert(ours, weights="int4")  # the README's one line
+    swapped = len(conversion.swapped)
     widened = copy.deepcopy(reference)
     swap_linears(widened, dequantized)
     rows = []
