@@ -10,6 +10,7 @@ import sys
 
 import torch
 
+from matmul.contract import check_operands, empty_padded
 from matmul.kernels import variant as variants
 from matmul.kernels import versions
 from matmul.measure.correctness import TOLERANCE, poisoned_output, relative_error
@@ -18,13 +19,15 @@ from matmul.measure.correctness import TOLERANCE, poisoned_output, relative_erro
 def main():
     name, key = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else ""
     dtype = getattr(torch, sys.argv[3]) if len(sys.argv) > 3 else torch.float16
-    m, n, k = (int(x) for x in (sys.argv[4] if len(sys.argv) > 4 else "1000x1000x1031").split("x"))
+    m, n, k = (int(x) for x in (sys.argv[4] if len(sys.argv) > 4 else "1000x1000x1000").split("x"))
     module = versions.load("sm_90a", "v6")
     var = variants.Variant.parse(key)
     generator = torch.Generator(device="cuda").manual_seed(7)
 
-    def uniform(*shape):
-        return torch.empty(shape, dtype=dtype, device="cuda").uniform_(-1, 1, generator=generator)
+    def uniform(*shape):  # rows padded to 16 bytes, as the TMA contract needs (a vector as it is)
+        if len(shape) == 1:
+            return torch.empty(shape, dtype=dtype, device="cuda").uniform_(-1, 1, generator=generator)
+        return empty_padded(*shape, dtype, "cuda").uniform_(-1, 1, generator=generator)
 
     a = uniform(m, k)
     weight = variants.gate_up(uniform(n // 2, k), uniform(n // 2, k)) if var.activation == "swiglu" else uniform(n, k)
@@ -34,6 +37,8 @@ def main():
     if var.b_layout == "kn":  # b [K, N], rows padded to 16 bytes
         b = torch.empty(k, -(-n // 8) * 8, dtype=dtype, device="cuda")[:, :n]
         b.copy_(weight.T)
+    # launched directly, not through versions.run: validate first (tilus does not check the tensor map)
+    check_operands(a, b, out, b_layout=var.b_layout, columns=out.shape[1])
     torch.cuda.synchronize()
     label = f"{name} {key or 'plain'} {str(dtype)[6:]} {m}x{n}x{k}"
     try:
