@@ -78,9 +78,10 @@ epilogues need no turn of their own: each warpgroup stages in its own buffers an
 async-groups.
 
 ``full[s]``'s bytes from the peer may land before the local ``expect_tx``: the phase cannot complete
-before that arrival. Every consumer warpgroup releases every stage in both CTAs (``release_to=0b11``,
-``elect_release=True``: thread 0 of the warpgroup arrives on rank 0's barrier, thread 1 on rank 1's),
-so a producer loads its A tile or its B half only into a stage neither CTA still reads.
+before that arrival. Every consumer warpgroup releases every stage it read (ping-pong: its own
+tiles' stages) in both CTAs (``release_to=0b11``, ``elect_release=True``: thread 0 of the warpgroup
+arrives on rank 0's barrier, thread 1 on rank 1's), so a producer loads its A tile or its B half
+only into a stage neither CTA still reads.
 ``filled``/``drained`` are the tile ring of ``LeaderTileBroadcast``: each reader arrives on the
 leader's ``drained[d]`` after a barrier of its own threads once all have read the slot.
 
