@@ -17,7 +17,8 @@ A version module (``matmul/kernels/<family>/v<N>.py``) defines:
 * ``EXTRA_CONFIGS`` (optional) -- configurations outside the autotune space that are built and
   checked (``build_configs``) but never tuned, so ``matmul()`` cannot pick them; one is run only
   when asked for by name (``kernel(module, dtype, config)``). Blackwell V6's 4-CTA cluster waits
-  there until it has run on hardware.
+  there until it has run on hardware; Hopper V6's ping-pong consumers stay there, slower on the
+  H100 than V6 without them.
 """
 
 from __future__ import annotations
