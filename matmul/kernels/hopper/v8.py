@@ -126,8 +126,9 @@ def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, chunk: 
 
 
 # Token tiles of 8 (the narrowest wgmma: a decode step of a few sequences brings half the
-# zero-filled token rows of a 16-column tile), 16, 64, 128 and 256 columns. A stage of V8 holds 128 K columns of weight in 4 KiB
-# (V7: 64 in 8 KiB) and its consumers, not HBM, set the pace: each K block is widened by one
+# zero-filled token rows of a 16-column tile), 16, 64, 128 and 256 columns. A stage of V8 holds
+# 128 K columns of weight in 4 KiB (V7: 64 in 8 KiB) and its consumers, not HBM, set the pace
+# (plots/h100/v8/probe/): each K block is widened by one
 # warpgroup, and a warpgroup waits for its wgmma before it widens the next one. So what counts is
 # warpgroups per SM: shallow rings (4-6 stages: more CTAs fit in an SM) and larger splits (more
 # CTAs per weight tile) were faster on the H100 than V7's deep rings (plots/h100/v8/).
