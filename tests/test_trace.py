@@ -61,3 +61,21 @@ def test_the_summaries_count_each_timing_on_its_own():
     assert found["event"]["over_1.5x"] == 0 and found["device"]["over_1.5x"] == 1
     assert found["device"]["worst_ratio"] == 9.0 and found["stream"]["total_ratio"] == pytest.approx(2.1 / 3.0)
     assert found["event"]["sources"] == {"nearest": 2}
+
+
+def test_the_first_pass_is_compared_with_torch_alone_at_the_same_place():
+    """A row whose matmul() call went first meets torch alone's first call there, a row where torch
+    went first its second: a first use of a kernel on both sides cancels."""
+    rows = [
+        {"dtype": "float16", "name": "qkv", "m": 5, "first": "matmul", "matmul_event_ms": 4.0, "source": "nearest"},
+        {"dtype": "bfloat16", "name": "qkv", "m": 7, "first": "torch", "matmul_event_ms": 0.3, "source": "fallback"},
+    ]
+    alone = [
+        {"dtype": "float16", "name": "qkv", "m": 5, "first": {"event_ms": 3.0}, "second": {"event_ms": 0.2}},
+        {"dtype": "bfloat16", "name": "qkv", "m": 7, "first": {"event_ms": 3.0}, "second": {"event_ms": 0.1}},
+    ]
+    found = trace.against_alone(rows, alone)
+    assert found["over_1.5x"] == 1 and found["worst_ratio"] == pytest.approx(3.0)
+    assert found["total_ratio"] == pytest.approx(4.3 / 3.1)
+    with pytest.raises(ValueError, match="the traces differ"):
+        trace.against_alone(rows, alone[::-1])

@@ -265,6 +265,20 @@ def torch_alone(calls: int) -> dict:
     return {"summary": found, "rows": rows}
 
 
+def against_alone(rows: list[dict], alone: list[dict], field: str = "event_ms") -> dict:
+    """``summary`` of the trace's matmul() calls against torch.matmul alone (``torch_alone``'s rows)
+    at the same place of the same trace: against torch's first call where matmul() was timed first
+    in its pair, its second where torch went first. Each then meets a process that has used the
+    same kernels before, so a first use of a kernel is paid on both sides or on neither."""
+    paired = []
+    for row, other in zip(rows, alone):
+        if (row["dtype"], row["name"], row["m"]) != (other["dtype"], other["name"], other["m"]):
+            raise ValueError(f"the traces differ: {row['name']} M={row['m']} against {other['name']} M={other['m']}")
+        torch_call = other["first" if row["first"] == "matmul" else "second"]
+        paired.append({**row, f"torch_{field}": torch_call[field]})
+    return summary(paired, field)
+
+
 def main(out_dir: Path, calls: int = CALLS, wait_s: float = 1800.0) -> int:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -282,6 +296,12 @@ def main(out_dir: Path, calls: int = CALLS, wait_s: float = 1800.0) -> int:
         code += "raise SystemExit(trace.child(pathlib.Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])))"
         code = subprocess.call([sys.executable, "-c", code, target, str(calls), str(wait_s)], env=env)
     alone = torch_alone(calls)
+    if "rows" in alone and (out_dir / "trace.json").exists():
+        first = json.loads((out_dir / "trace.json").read_text())["first"]
+        against = {name: against_alone(first, alone["rows"], field) for name, field in TIMINGS.items()}
+        alone["against_first_pass"] = against
     (out_dir / "torch_alone.json").write_text(json.dumps(alone, indent=1))
     print("torch_alone", json.dumps(alone.get("summary", alone)), flush=True)
+    for timing, found in alone.get("against_first_pass", {}).items():
+        print("first pass against torch alone", timing, json.dumps(found), flush=True)
     return code
