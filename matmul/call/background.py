@@ -1,6 +1,6 @@
-"""Work that ``matmul()`` hands to a thread of its own, so that no call waits on it: tuning a shape
-bucket (in a child process, which the thread waits for) and building a chosen kernel (host work:
-tilus transpiles, nvcc compiles).
+"""Work that ``matmul()`` hands to a thread of its own, so that no call waits on it: deriving an
+unseen call's plan, tuning a shape bucket and building a chosen kernel (each of the last two in a
+child process, which the thread waits for; a built kernel's library is then opened here).
 
 ``Worker`` runs one job at a time on one daemon thread, started when first needed, which waits
 ``linger_s`` for more work before it ends (starting a thread costs the submitting caller tens of
@@ -11,8 +11,8 @@ payloads)``), so that one child process tunes every bucket waiting for it. A job
 logged; the thread goes on with the next.
 
 The caller's thread and a worker's share the GIL. By default a thread that wants it waits up to
-the interpreter's switch interval (5 ms) while another runs Python code: a build (tilus
-transpiles in Python) would then add milliseconds to calls that take microseconds. While any
+the interpreter's switch interval (5 ms) while another runs Python code: a plan's derivation would
+then add milliseconds to calls that take microseconds. While any
 job runs, ``quick_switching`` lowers the interval to ``SWITCH_INTERVAL_S``, so that the caller
 gets the GIL back within a fraction of a short call, and puts the previous interval back when the
 last job ends.
