@@ -65,7 +65,7 @@ def main(argv=None) -> None:
         configs = [
             c
             for c in configs
-            if c["block_m"] >= min(m, 16) and (c["block_m"] < 2 * m or c["block_m"] == 16) and k // 128 >= c["split"]
+            if c["block_m"] >= min(m, 8) and (c["block_m"] <= 16 or c["block_m"] < 2 * m) and k // 128 >= c["split"]
         ]
         if args.ncu:
             for config in configs:
