@@ -297,6 +297,36 @@ MUTANTS = (
         ("race", "overrun", "arrivals"),
     ),
     Mutant(
+        "released before its wgmma completed: Hopper V8's consumer hands a stage back while the wgmma that "
+        "reads its token tile may still run",
+        "sm_90a",
+        "v8",
+        "matmul.kernels.hopper.v8",
+        "                self.wgmma.wait_group(0)  # A's registers are rewritten by the next block\n"
+        "                ring.consumer_release()\n",
+        "                ring.consumer_release()\n                self.wgmma.wait_group(0)\n",
+        ("race",),
+    ),
+    Mutant(
+        "wrong byte count: Hopper V8's producer leaves the group scales out of a stage's expected bytes",
+        "sm_90a",
+        "v8",
+        "matmul.kernels.hopper.v8",
+        "transaction_bytes=s_w[slot].nbytes + stage_scale_bytes(self.weight, s_s) + s_x[slot].nbytes",
+        "transaction_bytes=s_w[slot].nbytes + s_x[slot].nbytes",
+        ("bytes",),
+    ),
+    Mutant(
+        "wrong K block: Hopper V8's producer loads the first packed weight tile of its K range for every "
+        "K block (the widened A in registers then multiplies the wrong weights)",
+        "sm_90a",
+        "v8",
+        "matmul.kernels.hopper.v8",
+        "offsets=[(offset_n + 64 * wg) // TILE_ROWS * self.word_rows, block * self.word_cols],",
+        "offsets=[(offset_n + 64 * wg) // TILE_ROWS * self.word_rows, k_blocks.first * self.word_cols],",
+        ("coverage",),
+    ),
+    Mutant(
         "turn handed over early: a Hopper V6 ping-pong warpgroup lets the other start its tile after its own "
         "first K block, before it has waited for the rest of its stages",
         "sm_90a",

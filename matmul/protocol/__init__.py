@@ -72,9 +72,8 @@ from .findings import KINDS, Finding
 from .machine import Problem
 
 SMS = 4  # the GPU a persistent kernel is built for here: a few SMs, so CTAs get several tiles each
-# quantized-weight versions (versions.quantized) the model runs: Hopper V8's wgmma with A in
-# registers is not modelled yet
-QUANTIZED_CHECKED = {"sm_100a": ("v8",)}
+# quantized-weight versions (versions.quantized) the model runs
+QUANTIZED_CHECKED = {"sm_100a": ("v8",), "sm_90a": ("v8",)}
 
 __all__ = [
     "KINDS",

@@ -271,6 +271,17 @@ class SyncInstructions:
         role.cta.add_reader(b, reader)
         role.wgmma_open.append(reader)
 
+    def i_WgmmaMmaRSInst(self, inst, env, role, group, active):
+        # A in registers (Hopper V8's widened weight): a value the warpgroup loaded from shared memory
+        # and widened before the wgmma, carrying the tag of the words it came from; only B is read
+        # from shared memory while the wgmma runs, until its group is waited for
+        a, b, d = (env[x] for x in inst.inputs)
+        a_reads = frozenset([a.tag]) if isinstance(a.tag, LoadTag) else frozenset()
+        d.tag.terms.append((a_reads, self._reads(role.cta, b)))
+        reader = Reader(f"a wgmma of {role.name}")
+        role.cta.add_reader(b, reader)
+        role.wgmma_open.append(reader)
+
     def i_WgmmaCommitGroupInst(self, inst, env, role, group, active):
         role.wgmma_groups.append(role.wgmma_open)
         role.wgmma_open = []

@@ -100,6 +100,7 @@ FUSED_EPILOGUE = False
 MAX_ELEMENTS = 2**31 - 1
 
 BLOCK_K = 128  # one scale group: a 4 KiB packed tile of 64 rows per warpgroup and K block
+B_UNITS = (4, 2)  # weight rows and K columns per int32 word of the packed int4 weight (matmul.protocol)
 GROUP = 128  # K columns that share a scale (matmul.quant's only group size for this kernel)
 TILE_ROWS = 64  # weight rows of a packed tile (one warpgroup's wgmma M)
 PACKED_TILE_WORDS = TILE_ROWS * BLOCK_K // 8  # int32 words of a packed tile: 1024
