@@ -293,25 +293,32 @@ def llama(dtype, rounds: int, record: Callable[[dict], None]) -> None:
     record(training(reference, switched, conversion, rounds))
 
 
+def training_steps(models: dict, ids: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
+    """By name, a function running one training step of each model (forward with ``ids`` as their
+    own labels, backward, SGD) and returning the loss."""
+    steps = {}
+    for name, model in models.items():
+        model.train()
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
+
+        def step(model=model, optimizer=optimizer):
+            optimizer.zero_grad(set_to_none=False)
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            optimizer.step()
+            return loss
+
+        steps[name] = step
+    return steps
+
+
 def training(reference, switched, conversion, rounds: int) -> dict:
     """A training step on both models; the gradients of one step of each against those of a float32
     copy of the reference (``gradient_errors``)."""
     entry: dict = {"kind": "train", "shape": list(TRAIN)}
     try:
         ids = torch.randint(0, reference.config.vocab_size, TRAIN, device="cuda")
-        steps = {}
-        for name, model in (("ours", switched), ("theirs", reference)):
-            model.train()
-            optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
-
-            def step(model=model, optimizer=optimizer):
-                optimizer.zero_grad(set_to_none=False)
-                loss = model(input_ids=ids, labels=ids).loss
-                loss.backward()
-                optimizer.step()
-                return loss
-
-            steps[name] = step
+        steps = training_steps({"ours": switched, "theirs": reference}, ids)
         # gradients of one step from identical weights (before any optimizer step)
         exact = copy.deepcopy(reference).float()
         for model in (switched, reference, exact):

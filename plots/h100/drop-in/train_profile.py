@@ -49,17 +49,7 @@ def main(argv=None) -> None:
         conversion.undo()
         matmul.nn.convert(switched, fuse_gate_up=False)
     ids = torch.randint(0, reference.config.vocab_size, drop_in.TRAIN, device="cuda")
-    steps = {}
-    for name, model in (("ours", switched), ("theirs", reference)):
-        model.train()
-        optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
-
-        def step(model=model, optimizer=optimizer):
-            optimizer.zero_grad(set_to_none=False)
-            model(input_ids=ids, labels=ids).loss.backward()
-            optimizer.step()
-
-        steps[name] = step
+    steps = drop_in.training_steps({"ours": switched, "theirs": reference}, ids)
     switched(input_ids=ids, labels=ids).loss.backward()  # the step's shapes, first seen here: tuned in the background
     switched.zero_grad(set_to_none=True)
     print("settle:", drop_in.settle(), flush=True)

@@ -1,0 +1,26 @@
+"""CPU tests of the drop-in harness's pieces that do not need a GPU (``matmul.harness.drop_in``)."""
+
+import pytest
+import torch
+
+from matmul.harness import drop_in
+
+
+def test_training_steps_run_forward_backward_and_the_optimizer():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+        vocab_size=64, attn_implementation="eager",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    models = {"a": transformers.LlamaForCausalLM(config), "b": transformers.LlamaForCausalLM(config)}
+    before = {name: model.lm_head.weight.detach().clone() for name, model in models.items()}
+    ids = torch.randint(0, 64, (2, 7))
+    steps = drop_in.training_steps(models, ids)
+    assert steps.keys() == models.keys()
+    for name, step in steps.items():
+        loss = step()
+        assert loss.ndim == 0 and torch.isfinite(loss)
+        assert models[name].training
+        assert not torch.equal(models[name].lm_head.weight, before[name])  # the optimizer stepped
+        assert models[name].lm_head.weight.grad is not None
