@@ -3,6 +3,7 @@ read in place, ``linear`` with its fused epilogue, ``matmul.nn`` and the backwar
 launch path with stand-in kernels (tests/stand_ins.py) in place of the GPU."""
 
 import functools
+from pathlib import Path
 
 import pytest
 import torch
@@ -416,3 +417,51 @@ def test_swiglu_kernels_build(backward):
     assert ptx.count("st.global.v4") == (2 if backward else 1)
     assert "ex2.approx" in ptx
     assert result.spill_bytes == 0
+
+
+def test_swiglu_kernels_are_built_by_the_build_child(monkeypatch):
+    """The call builds the swiglu kernels as it builds the chosen ones: in the build child
+    (``building.swiglu_in_child``, put in ``kernels.swiglu``'s hands when the call is imported),
+    then opens the library; a failed build or library leaves torch's path, with the reason."""
+    import threading
+
+    from matmul.call import building, tilus_autotune
+    from matmul.kernels import swiglu
+
+    assert swiglu._builder is building.swiglu_in_child
+    requests, outcomes = [], []
+    done = threading.Event()
+
+    def child(jobs, on_built, builder):
+        requests.append((jobs, builder))
+        on_built(jobs[0]["id"], None if jobs[0]["config"]["backward"] else "/built/here", "no nvcc")
+
+    monkeypatch.setattr(building, "build_in_child", child)
+    monkeypatch.setattr(tilus_autotune, "load", lambda program_dir: ("launch", program_dir))
+
+    def record(*outcome):
+        outcomes.append(outcome)
+        if len(outcomes) == 2:
+            done.set()
+
+    building.swiglu_in_child((torch.float16, False), record, record)
+    building.swiglu_in_child((torch.bfloat16, True), record, record)
+    assert done.wait(10)
+    assert sorted(map(str, outcomes)) == sorted(
+        map(str, [((torch.float16, False), ("launch", "/built/here")), ((torch.bfloat16, True), "no nvcc")])
+    )
+    assert [job["config"] for (job,), _ in requests] == [{"backward": False}, {"backward": True}]
+    assert all(builder == "matmul.call.building:build_swiglu" for _, builder in requests)
+
+
+def test_the_build_child_builds_the_swiglu_kernel():
+    """The real child (no GPU) builds the forward kernel for Hopper and reports its program."""
+    from matmul.call import building
+    from matmul.kernels.variant import Variant
+
+    reports = []
+    job = {"id": "swiglu", "arch": "sm_90a", "dtype": "float16", "version": "swiglu",
+           "config": {"backward": False}, "variant": Variant().key()}  # fmt: skip
+    building.build_in_child([job], lambda *report: reports.append(report), "matmul.call.building:build_swiglu")
+    assert len(reports) == 1 and reports[0][2] is None, reports
+    assert (Path(reports[0][1]) / "module").is_dir()

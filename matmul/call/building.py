@@ -18,6 +18,7 @@ A build request is ``{"build": [job, ...], "builder": "module:function"}``, each
 "arch", "dtype", "version", "config", "variant"}`` (the variant's key). The child reports each
 kernel on its stdout as it is done, one line each (``tuner.PROTOCOL``): ``{"id", "built": dir}``
 or ``{"id", "failed": reason}``. This module imports neither the public call nor the launch path.
+The swiglu activation's kernels (``kernels.swiglu``) are built the same way (``swiglu_in_child``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..kernels import versions
+from ..kernels import swiglu, versions
 from ..kernels.variant import Variant
 from . import tilus_autotune
 from .tuner import CHILD_TIMEOUT_S, DTYPE_NAMES, PROTOCOL, space_config
@@ -55,6 +56,42 @@ def build_kernel(arch: str, dtype: torch.dtype, version: str, config: dict, vari
         raise ValueError(f"{version}'s space has no configuration {config}")
     with target(arch):
         return tilus_autotune.build(versions.kernel(module, dtype, fixed, variant))
+
+
+def build_swiglu(arch: str, dtype: torch.dtype, version: str, config: dict, variant: Variant) -> str:
+    """The child's builder for ``kernels.swiglu``'s kernels (``config``: ``{"backward": bool}``)."""
+    from ..build.compiler import target
+
+    with target(arch):
+        return tilus_autotune.build(
+            swiglu.InterleavedSwigluKernel(dtype=swiglu.DTYPES[dtype], backward=config["backward"])
+        )
+
+
+def swiglu_in_child(key, on_ready, on_failed) -> None:
+    """``kernels.swiglu``'s builder (``swiglu.set_builder``): the kernel of ``key`` (dtype, backward)
+    built by a build child on a thread of its own, then its library opened here."""
+    dtype, backward = key
+    request = {
+        "id": "swiglu",
+        "arch": versions.local_arch(),
+        "dtype": str(dtype).removeprefix("torch."),
+        "version": "swiglu",
+        "config": {"backward": backward},
+        "variant": Variant().key(),
+    }
+
+    def on_built(job_id, program_dir, reason):
+        if program_dir is None:
+            on_failed(key, reason)
+            return
+        try:
+            on_ready(key, tilus_autotune.load(program_dir))
+        except Exception as e:  # a library that does not open leaves torch's path in place
+            on_failed(key, f"{type(e).__name__}: {e}")
+
+    builder = f"{__name__}:build_swiglu"
+    threading.Thread(target=build_in_child, args=([request], on_built, builder), daemon=True).start()
 
 
 def job(job_id: str, arch: str, dtype: torch.dtype, entry: dict, variant: Variant) -> dict:
@@ -130,3 +167,6 @@ def build_in_child(
     for item in jobs:
         if item["id"] not in reported:
             on_built(item["id"], None, f"the build child exited with code {code} before this kernel; it said: {log}")
+
+
+swiglu.set_builder(swiglu_in_child)  # the activation's kernels, like the chosen ones: never built in the caller

@@ -11,8 +11,9 @@ loads one group of 8 gate values and the 8 up values beside it (16 bytes each), 
 and writes 8 outputs; the backward reads the gradient and y and writes both halves of dy in place.
 One rounding to the 16-bit dtype per value written.
 
-The kernels are built on first use (tilus caches the build on disk); until a build is ready, and
-on any machine that is not a Hopper GPU, ``forward`` and ``backward`` compute the same with torch's
+The kernels are built on first use, off the caller's path (by the call's build child,
+``matmul.call.building``; tilus caches the build on disk); until a build is ready, and on any
+machine that is not a Hopper GPU, ``forward`` and ``backward`` compute the same with torch's
 operators on the strided halves, so no call waits for a compiler.
 """
 
@@ -92,24 +93,47 @@ _failed: set = set()
 _lock = threading.Lock()
 
 
-def _build(key) -> None:
-    """Build the kernel of ``key`` off the caller's thread (tilus transpiles, nvcc compiles, or tilus
-    finds the program in its cache) and keep its launch function; nothing runs on the GPU here.
-    Sizes are run-time int32s that tilus 0.2.0 does not specialise on: one program serves all."""
-    try:
-        script = InterleavedSwigluKernel(dtype=DTYPES[key[0]], backward=key[1])
-        placeholders = (1,) * len(script.params.param_names)
-        launch = script._jit_instance_for(*placeholders)._pick_best_program(placeholders).get_launch_func()
-        with _lock:
-            _scripts[key] = launch
-            _ready.add(key)
-    except Exception:  # torch's path goes on serving; say why once
-        log.exception("the interleaved swiglu kernel %s did not build; torch's operators run it", key)
-        with _lock:
-            _failed.add(key)
-    finally:
-        with _lock:
-            _building.discard(key)
+def build_here(key, on_ready, on_failed) -> None:
+    """Build the kernel of ``key`` (dtype, backward) on a thread of this process (tilus transpiles,
+    nvcc compiles, or tilus finds the program in its cache) and hand its launch function to
+    ``on_ready``; nothing runs on the GPU here. Sizes are run-time int32s that tilus 0.2.0 does not
+    specialise on: one program serves all. The call (``matmul.call.building``) puts a builder that
+    works in a child process in this one's place (``set_builder``), so that the transpiler does
+    not share the caller's interpreter."""
+
+    def build():
+        try:
+            script = InterleavedSwigluKernel(dtype=DTYPES[key[0]], backward=key[1])
+            placeholders = (1,) * len(script.params.param_names)
+            on_ready(key, script._jit_instance_for(*placeholders)._pick_best_program(placeholders).get_launch_func())
+        except Exception as e:  # torch's path goes on serving
+            on_failed(key, f"{type(e).__name__}: {e}")
+
+    threading.Thread(target=build, name="matmul-swiglu-build", daemon=True).start()
+
+
+_builder = build_here
+
+
+def set_builder(builder) -> None:
+    """``builder(key, on_ready, on_failed)`` builds the kernels from now on (``build_here``'s contract:
+    it returns at once, then calls ``on_ready(key, launch)`` or ``on_failed(key, reason)``)."""
+    global _builder
+    _builder = builder
+
+
+def _on_ready(key, launch) -> None:
+    with _lock:
+        _scripts[key] = launch
+        _ready.add(key)
+        _building.discard(key)
+
+
+def _on_failed(key, reason: str) -> None:
+    log.warning("the interleaved swiglu kernel %s did not build (%s); torch's operators run it", key, reason)
+    with _lock:
+        _failed.add(key)
+        _building.discard(key)
 
 
 def _kernel(y: torch.Tensor, backward: bool):
@@ -125,7 +149,7 @@ def _kernel(y: torch.Tensor, backward: bool):
         if key in _building or key in _failed:
             return None
         _building.add(key)
-    threading.Thread(target=_build, args=(key,), name="matmul-swiglu-build", daemon=True).start()
+    _builder(key, _on_ready, _on_failed)
     return None
 
 
