@@ -138,8 +138,8 @@ def _on_failed(key, reason: str) -> None:
 
 def _kernel(y: torch.Tensor, backward: bool):
     """The built kernel for y's dtype, or None (torch's path) while it builds or where it does not run."""
-    if not (y.is_cuda and y.dtype in DTYPES and y.is_contiguous() and y.numel() <= MAX_ELEMENTS):
-        return None
+    if not (y.is_cuda and y.dtype in DTYPES and y.is_contiguous() and 0 < y.numel() <= MAX_ELEMENTS):
+        return None  # (no rows: an empty grid is no launch; torch's path returns the empty result)
     if versions.local_arch() != ARCH:
         return None
     key = (y.dtype, backward)
