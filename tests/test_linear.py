@@ -12,8 +12,8 @@ import matmul
 from matmul.call import api, shapes, torch_op
 from matmul.call.launch import Plans, SeriesPlan, VendorPlan
 from matmul.contract import check_call, kernel_b
+from matmul.kernels import swiglu, versions
 from matmul.kernels import variant as variants
-from matmul.kernels import versions
 from matmul.kernels.variant import PLAIN, Variant
 from tests import stand_ins
 
@@ -217,7 +217,7 @@ def test_linear_gradients_match_torch(path, activation):
 
 
 def test_swiglu_gradients_of_a_fused_gate_up_weight(path):
-    """Through the operator and ``torch_op.InterleavedSwiglu``, against autograd of the unfused
+    """Through the operator and ``swiglu.InterleavedSwiglu``, against autograd of the unfused
     gate and up projections."""
     x = torch.randn(2, 5, 48).half().requires_grad_()
     gate, up = torch.randn(24, 48).half(), torch.randn(24, 48).half()
@@ -236,13 +236,13 @@ def test_swiglu_gradients_of_a_fused_gate_up_weight(path):
 def test_interleaved_swiglu_backward_is_autograds():
     """The hand-written backward against autograd through the column views, in float64."""
     y = torch.randn(3, 4, 64, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(torch_op.InterleavedSwiglu.apply, (y,))
+    assert torch.autograd.gradcheck(swiglu.InterleavedSwiglu.apply, (y,))
     grad = torch.randn(3, 4, 32, dtype=torch.float64)
     reference = y.detach().clone().requires_grad_()
     variants.activate(reference, "swiglu").backward(grad)
-    torch_op.InterleavedSwiglu.apply(y).backward(grad)
+    swiglu.InterleavedSwiglu.apply(y).backward(grad)
     torch.testing.assert_close(y.grad, reference.grad)
-    torch.testing.assert_close(torch_op.InterleavedSwiglu.apply(y), variants.activate(y, "swiglu"))
+    torch.testing.assert_close(swiglu.InterleavedSwiglu.apply(y), variants.activate(y, "swiglu"))
 
 
 def test_matmul_gradients_read_the_weight_in_place(path):
@@ -406,7 +406,6 @@ def test_swiglu_kernels_build(backward):
     import tilus
 
     from matmul.build import compiler
-    from matmul.kernels import swiglu
 
     result = compiler.build_script(
         swiglu.InterleavedSwigluKernel, "sm_90a", {"dtype": tilus.float16, "backward": backward}, version="swiglu"
@@ -426,7 +425,6 @@ def test_swiglu_kernels_are_built_by_the_build_child(monkeypatch):
     import threading
 
     from matmul.call import building, tilus_autotune
-    from matmul.kernels import swiglu
 
     assert swiglu._builder is building.swiglu_in_child
     requests, outcomes = [], []

@@ -47,7 +47,7 @@ from ..contract import (
     tma_readable,
 )
 from ..kernels import device_context, swiglu, versions
-from ..kernels.variant import PLAIN, SWIGLU_GROUP, Variant, activate
+from ..kernels.variant import PLAIN, SWIGLU_GROUP, Variant
 from . import native_entry, tilus_autotune
 from .background import Worker
 from .chooser import Chooser
@@ -100,9 +100,7 @@ class VendorPlan:
 
     def product(self, a, b, bias):
         y = torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
-        if self.activation == "swiglu":  # one pass over the interleaved halves, not torch's strided views
-            return swiglu.forward(y)
-        return y if self.activation is None else activate(y, self.activation)
+        return swiglu.activation(y, self.activation)  # swiglu: one pass, not torch's strided views
 
     def __call__(self, a, b, out=None, bias=None):
         if out is None:

@@ -10,8 +10,8 @@
 * autograd: with C = A B (torch's form), dA = dC B^T through the same operator (B^T is the weight
   itself, read in place as a [K, N] operand), and dB = A^T dC through cuBLAS: A^T is column-major,
   and no version reads a transposed A. ``linear``'s backward likewise: dX = dY W by the operator,
-  dW = dY^T X by cuBLAS, the bias's gradient a sum. Activations are differentiated by torch
-  (``linear_with_grad``). ``out=`` has no backward (torch's rule for ``out=``).
+  dW = dY^T X by cuBLAS, the bias's gradient a sum. Activations are differentiated by torch,
+  swiglu by its own kernels (``linear_with_grad``). ``out=`` has no backward (torch's rule for ``out=``).
 
 Eager calls without gradients do not pass through here: the dispatcher costs microseconds per
 call, which ``matmul()``'s short path does not pay (``api.python_matmul`` routes only traced calls and
@@ -26,7 +26,7 @@ import torch
 
 from ..contract import TMA_ALIGN_BYTES, MatmulInputError, check_shapes, empty_padded
 from ..kernels import swiglu
-from ..kernels.variant import Variant, activate
+from ..kernels.variant import Variant
 from . import yielding
 
 # the process's plans (``launch.Plans``), as ``api.use_plans`` last set them: handed in by ``api``,
@@ -134,32 +134,10 @@ linear.register_autograd(_backward_linear, setup_context=_setup_linear)
 
 def linear_with_grad(x, weight, bias, activation: Optional[str]):
     """``linear`` when autograd must record it: the product and bias through the operator (its
-    backward runs the series' kernels where they win), the activation in torch after it, so that
-    autograd keeps the pre-activation its derivative needs (swiglu: ``InterleavedSwiglu``)."""
+    backward runs the series' kernels where they win), the activation after it, so that autograd
+    keeps the pre-activation its derivative needs (``swiglu.activation``)."""
     y = torch.ops.tilus_matmul.linear(x, weight, bias, "")
-    if activation == "swiglu":
-        return InterleavedSwiglu.apply(y)
-    return activate(y, activation)
-
-
-class InterleavedSwiglu(torch.autograd.Function):
-    """``silu(gate) * up`` of y's interleaved gate and up columns, differentiable.
-
-    Autograd through the column views (``variant.activate``) would copy each half to make it
-    contiguous, and in the backward allocate a zero-filled gradient of y's size for each half and
-    add the two: three passes over a [tokens, 2 I'] tensor that a training step pays in every MLP.
-    Here the forward and the backward are one pass each (``kernels.swiglu``): the backward writes
-    both halves of dy in place."""
-
-    @staticmethod
-    def forward(ctx, y: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(y)
-        return swiglu.forward(y)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        (y,) = ctx.saved_tensors
-        return swiglu.backward(y, grad)
+    return swiglu.activation(y, activation)
 
 
 def traced(a, b, out: Optional[torch.Tensor]):

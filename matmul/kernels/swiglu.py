@@ -19,6 +19,7 @@ operators on the strided halves, so no call waits for a compiler.
 
 import logging
 import threading
+import time
 from typing import Optional
 
 import tilus
@@ -28,7 +29,7 @@ from tilus.ir.layout.ops.register_ops import local, spatial
 from tilus.utils import cdiv
 
 from . import device_context, versions
-from .variant import SWIGLU_GROUP
+from .variant import SWIGLU_GROUP, activate, gate_up_groups
 
 log = logging.getLogger(__name__)
 
@@ -86,46 +87,25 @@ class InterleavedSwigluKernel(tilus.Script):
             self.store_global(g_dy, d_up.to(self.dtype), offsets=[row, group, 1, 0])
 
 
-_scripts: dict = {}
-_ready: set = set()
+_launches: dict = {}  # (dtype, backward) -> the built kernel's launch function
 _building: set = set()
 _failed: set = set()
 _lock = threading.Lock()
-
-
-def build_here(key, on_ready, on_failed) -> None:
-    """Build the kernel of ``key`` (dtype, backward) on a thread of this process (tilus transpiles,
-    nvcc compiles, or tilus finds the program in its cache) and hand its launch function to
-    ``on_ready``; nothing runs on the GPU here. Sizes are run-time int32s that tilus 0.2.0 does not
-    specialise on: one program serves all. The call (``matmul.call.building``) puts a builder that
-    works in a child process in this one's place (``set_builder``), so that the transpiler does
-    not share the caller's interpreter."""
-
-    def build():
-        try:
-            script = InterleavedSwigluKernel(dtype=DTYPES[key[0]], backward=key[1])
-            placeholders = (1,) * len(script.params.param_names)
-            on_ready(key, script._jit_instance_for(*placeholders)._pick_best_program(placeholders).get_launch_func())
-        except Exception as e:  # torch's path goes on serving
-            on_failed(key, f"{type(e).__name__}: {e}")
-
-    threading.Thread(target=build, name="matmul-swiglu-build", daemon=True).start()
-
-
-_builder = build_here
+# builder(key, on_ready, on_failed): starts the build of the kernel of key (dtype, backward) and
+# returns at once, then calls on_ready(key, launch) or on_failed(key, reason). The call installs its
+# build child's (``matmul.call.building.swiglu_in_child``) when the package is imported; none: torch's path
+_builder = None
 
 
 def set_builder(builder) -> None:
-    """``builder(key, on_ready, on_failed)`` builds the kernels from now on (``build_here``'s contract:
-    it returns at once, then calls ``on_ready(key, launch)`` or ``on_failed(key, reason)``)."""
+    """Build the kernels with ``builder`` from now on (see ``_builder``)."""
     global _builder
     _builder = builder
 
 
 def _on_ready(key, launch) -> None:
     with _lock:
-        _scripts[key] = launch
-        _ready.add(key)
+        _launches[key] = launch
         _building.discard(key)
 
 
@@ -140,12 +120,12 @@ def _kernel(y: torch.Tensor, backward: bool):
     """The built kernel for y's dtype, or None (torch's path) while it builds or where it does not run."""
     if not (y.is_cuda and y.dtype in DTYPES and y.is_contiguous() and 0 < y.numel() <= MAX_ELEMENTS):
         return None  # (no rows: an empty grid is no launch; torch's path returns the empty result)
-    if versions.local_arch() != ARCH:
+    if versions.local_arch() != ARCH or _builder is None:
         return None
     key = (y.dtype, backward)
     with _lock:
-        if key in _ready:
-            return _scripts[key]
+        if key in _launches:
+            return _launches[key]
         if key in _building or key in _failed:
             return None
         _building.add(key)
@@ -153,16 +133,11 @@ def _kernel(y: torch.Tensor, backward: bool):
     return None
 
 
-def _halves(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    grouped = y.unflatten(-1, (-1, 2, SWIGLU_GROUP))
-    return grouped[..., 0, :], grouped[..., 1, :]
-
-
 def forward(y: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """silu(gate) * up of y [..., 2 I'] (interleaved halves): [..., I'] (into ``out``, dense, if given)."""
     kernel = _kernel(y, backward=False)
     if kernel is None:
-        gate, up = _halves(y)
+        gate, up = gate_up_groups(y)
         result = torch.nn.functional.silu(gate).mul_(up).flatten(-2)  # silu's result is dense: a view
         return result if out is None else out.copy_(result)
     if out is None:
@@ -180,9 +155,9 @@ def backward(y: torch.Tensor, grad: torch.Tensor, dy: Optional[torch.Tensor] = N
     if dy is None:
         dy = torch.empty_like(y, memory_format=torch.contiguous_format)
     if kernel is None:
-        gate, up = _halves(y)
+        gate, up = gate_up_groups(y)
         grad = grad.unflatten(-1, (-1, SWIGLU_GROUP))
-        d_gate, d_up = _halves(dy)
+        d_gate, d_up = gate_up_groups(dy)
         torch.ops.aten.silu_backward.grad_input(grad * up, gate, grad_input=d_gate)  # (grad up) silu'(gate)
         torch.mul(grad, torch.nn.functional.silu(gate), out=d_up)
         return dy
@@ -194,8 +169,6 @@ def backward(y: torch.Tensor, grad: torch.Tensor, dy: Optional[torch.Tensor] = N
 def wait_until_built(dtype: torch.dtype, timeout_s: float = 300.0) -> bool:
     """Start the builds of both kernels for ``dtype`` if they have not started, and wait for them (tests,
     benchmarks); False where they do not run or did not build in time."""
-    import time
-
     probe = torch.empty(1, 2 * SWIGLU_GROUP, dtype=dtype, device="cuda")
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -206,3 +179,28 @@ def wait_until_built(dtype: torch.dtype, timeout_s: float = 300.0) -> bool:
                 return False  # not this architecture, or a build failed
         time.sleep(0.1)
     return False
+
+
+class InterleavedSwiglu(torch.autograd.Function):
+    """``forward`` differentiable: autograd through the column views (``variant.activate``) would
+    copy each half to make it contiguous, and in the backward allocate a zero-filled gradient of y's
+    size for each half and add the two; here the backward is ``backward``, one pass."""
+
+    @staticmethod
+    def forward(ctx, y: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(y)
+        return forward(y)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (y,) = ctx.saved_tensors
+        return backward(y, grad)
+
+
+def activation(y: torch.Tensor, name: Optional[str]) -> torch.Tensor:
+    """The activation ``name`` of a product that did not fuse it (a training step keeps the product
+    for the backward; cuBLAS's plan): swiglu through this module's kernels (differentiable where
+    autograd records y), the others as ``variant.activate`` computes them."""
+    if name != "swiglu":
+        return activate(y, name)
+    return InterleavedSwiglu.apply(y) if torch.is_grad_enabled() and y.requires_grad else forward(y)

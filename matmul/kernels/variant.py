@@ -173,7 +173,14 @@ def split_gate_up(fused: torch.Tensor, rows: Optional[int] = None) -> tuple[torc
     return (gate, up) if rows is None else (gate[:rows], up[:rows])
 
 
+def gate_up_groups(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gate and up columns of y [..., 2 I'] computed with a ``gate_up`` weight, as strided views
+    [..., I' / 8, 8] of y (no copy)."""
+    grouped = y.unflatten(-1, (-1, 2, SWIGLU_GROUP))
+    return grouped[..., 0, :], grouped[..., 1, :]
+
+
 def split_gate_up_columns(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The gate and up halves of y [..., 2 I'] computed with a ``gate_up`` weight: each [..., I']."""
-    grouped = y.unflatten(-1, (-1, 2, SWIGLU_GROUP))
-    return grouped[..., 0, :].flatten(-2), grouped[..., 1, :].flatten(-2)
+    gate, up = gate_up_groups(y)
+    return gate.flatten(-2), up.flatten(-2)
