@@ -26,9 +26,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import threading
 from typing import Callable, Optional
 
@@ -37,7 +35,7 @@ import torch
 from ..kernels import swiglu, versions
 from ..kernels.variant import Variant
 from . import tilus_autotune
-from .tuner import CHILD_TIMEOUT_S, DTYPE_NAMES, PROTOCOL, space_config
+from .tuner import CHILD_TIMEOUT_S, DTYPE_NAMES, PROTOCOL, run_child, space_config
 
 BUILDER = "matmul.call.building:build_kernel"  # what the child runs per job (tests name a stand-in)
 
@@ -135,35 +133,13 @@ def build_in_child(
     if not jobs:
         return
     reported: set[str] = set()
+
+    def on_message(message):
+        reported.add(message["id"])
+        on_built(message["id"], message.get("built"), message.get("failed"))
+
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # a build needs no GPU: no CUDA context in the child
-    with tempfile.TemporaryFile("w+") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "matmul.call.child"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-            env=env,
-        )
-        timer = threading.Timer(timeout_s, process.kill)
-        timer.start()
-        try:
-            process.stdin.write(json.dumps({"build": jobs, "builder": builder}))
-            process.stdin.close()
-            for line in process.stdout:
-                if not line.startswith(PROTOCOL):
-                    continue  # nvcc's or tilus's own output
-                message = json.loads(line[len(PROTOCOL) :])
-                reported.add(message["id"])
-                on_built(message["id"], message.get("built"), message.get("failed"))
-            code = process.wait()
-        finally:
-            timer.cancel()
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-        stderr.seek(0)
-        log = stderr.read()[-1500:]
+    code, log = run_child({"build": jobs, "builder": builder}, on_message, timeout_s, log_chars=1500, env=env)
     for item in jobs:
         if item["id"] not in reported:
             on_built(item["id"], None, f"the build child exited with code {code} before this kernel; it said: {log}")

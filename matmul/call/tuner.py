@@ -478,6 +478,41 @@ class TuningError(RuntimeError):
     """Tuning in the child process failed for a reason other than a faulting candidate."""
 
 
+def run_child(
+    request: dict, on_message: Callable[[dict], None], timeout_s: float, log_chars: int, **popen
+) -> tuple[int, str]:
+    """Run the child process (``python -m matmul.call.child``) on ``request``, sent as JSON on its
+    stdin, handing each message it reports on stdout (a line starting with ``PROTOCOL``; the others
+    are the kernels' build output) to ``on_message`` as it arrives; the child is killed after
+    ``timeout_s``. Its exit code and the last ``log_chars`` of its stderr. ``popen``: more of
+    ``subprocess.Popen``'s arguments (``env``, ``pass_fds``)."""
+    with tempfile.TemporaryFile("w+") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "matmul.call.child"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            **popen,
+        )
+        timer = threading.Timer(timeout_s, process.kill)
+        timer.start()
+        try:
+            process.stdin.write(json.dumps(request))
+            process.stdin.close()
+            for line in process.stdout:
+                if line.startswith(PROTOCOL):
+                    on_message(json.loads(line[len(PROTOCOL) :]))
+            code = process.wait()
+        finally:
+            timer.cancel()
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        stderr.seek(0)
+        return code, stderr.read()[-log_chars:]
+
+
 def tune_in_child(
     arch: str,
     dtype: torch.dtype,
@@ -506,41 +541,21 @@ def tune_in_child(
         }
         if last_call is not None:  # the child waits for this process's calls to pause (``yielding``)
             request[yielding.REQUEST_FIELD] = last_call
-        with tempfile.TemporaryFile("w+") as stderr:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "matmul.call.child"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                text=True,
-                pass_fds=() if last_call is None else (last_call,),
-            )
-            timer = threading.Timer(timeout_s, process.kill)
-            timer.start()
-            try:
-                process.stdin.write(json.dumps(request))
-                process.stdin.close()
-                preparing: dict[str, str] = {}
-                for line in process.stdout:
-                    if not line.startswith(PROTOCOL):
-                        continue  # output of the kernels' build, not the tuner's
-                    message = json.loads(line[len(PROTOCOL) :])
-                    key = message["key"]
-                    if "preparing" in message:
-                        preparing[key] = message["preparing"]
-                    elif "entry" in message:
-                        entries[key] = message["entry"]
-                        preparing.pop(key, None)
-                        if on_entry is not None:
-                            on_entry(key, message["entry"])
-                code = process.wait()
-            finally:
-                timer.cancel()
-                if process.poll() is None:
-                    process.kill()
-                    process.wait()
-            stderr.seek(0)
-            log = stderr.read()[-3000:]
+        preparing: dict[str, str] = {}
+
+        def on_message(message, preparing=preparing):
+            key = message["key"]
+            if "preparing" in message:
+                preparing[key] = message["preparing"]
+            elif "entry" in message:
+                entries[key] = message["entry"]
+                preparing.pop(key, None)
+                if on_entry is not None:
+                    on_entry(key, message["entry"])
+
+        code, log = run_child(
+            request, on_message, timeout_s, log_chars=3000, pass_fds=() if last_call is None else (last_call,)
+        )
         pending = [job for job in pending if job["key"] not in entries]
         if not pending:
             break
