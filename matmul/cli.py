@@ -7,7 +7,8 @@ python -m matmul model [--out DIR] [--dtype float16|bfloat16] [--rounds N]
 python -m matmul candidates VERSION[:knob=int,...] ... [--sizes 4096,8192x14336x4096] [--sustained S | --profile N]
 python -m matmul drop-in [--parts kn,linear,llama] [--out DIR] [--dtype float16|bfloat16] [--rounds N]
 python -m matmul trace [--out DIR] [--calls N] [--wait-s S]
-python -m matmul tune [--model llama-3-8b] [--m 1-8192] [--shapes MxNxK,...] [--dtype float16,bfloat16] [--out FILE]
+python -m matmul tune [--model llama-3-8b] [--m 1-8192] [--shapes MxNxK,...] [--dtype float16,bfloat16]
+                      [--narrow] [--out FILE]
 """
 
 from __future__ import annotations
@@ -406,7 +407,9 @@ def tune_command(args) -> int:
 
     rows = []
     for dtype in dtypes:
-        found = api.tune(shapes, dtype, device, variant=variant, use_shipped=not args.out, on_entry=arrived)
+        found = api.tune(
+            shapes, dtype, device, variant=variant, use_shipped=not args.out, on_entry=arrived, narrow=args.narrow
+        )
         for (m, n, k), entry in found.items():
             rows.append([str(dtype).removeprefix("torch."), f"{m}x{n}x{k}", entry["version"], entry["source"]])
             if args.out and entry["source"] == "measured":
@@ -589,6 +592,12 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", help="presets (llm, decode, ...) and MxNxK shapes, comma-separated")
     p.add_argument("--dtype", default="float16", help="float16, bfloat16 or both, comma-separated (default float16)")
     p.add_argument("--variant", help="a variant key (matmul.kernels.variant), e.g. kn, bias+gelu_tanh; default: plain")
+    p.add_argument(
+        "--narrow",
+        action="store_true",
+        help="time each bucket among the candidates that came close in its earlier measurement or its nearest "
+        "relative (other dtype, plain variant, nearest M), at their configurations there; a full tuning elsewhere",
+    )
     p.add_argument(
         "--out",
         metavar="FILE",

@@ -89,7 +89,7 @@ def test_an_unseen_bucket_takes_the_nearest_measured_m_of_the_same_n_and_k_else_
         key(64, 4096, 4096): entry("v4"),
         key(4096, 4096, 4096): entry("v3"),
         key(1024, 14336, 4096): entry("v5"),  # another N: says nothing about 4096 x 4096
-        key(1024, 4096, 4096, torch.bfloat16): entry("v5"),  # another dtype
+        key(1024, 4096, 4096, variant=Variant("nk", bias=True)): entry("v5"),  # another variant, not plain
         tuner.choice_key(ARCH, "another GPU", torch.float16, 1024, 4096, 4096): entry("v5"),
     }
     choose = make_chooser(tmp_path, measured, mode="off")
@@ -104,8 +104,30 @@ def test_an_unseen_bucket_takes_the_nearest_measured_m_of_the_same_n_and_k_else_
     assert instant(2000, n=4095)["nearest"] == key(4096, 4096, 4096)  # N = 4095 is in 4096's bucket
     fallback = instant(1024, n=8192)
     assert (fallback["version"], fallback["source"]) == (tuner.VENDOR, "fallback") and "nearest" not in fallback
-    assert instant(1024, variant=Variant("nk", bias=True))["source"] == "fallback"  # another variant
+    assert instant(1000, variant=Variant("nk", activation="relu"))["nearest"] == key(4096, 4096, 4096)  # plain
     assert choose.get(CPU, torch.float16, 4096, 4096, 4096)[1]["source"] == "measured"
+
+
+def test_an_unseen_bucket_takes_the_same_bucket_in_the_other_dtype_or_without_its_variant(tmp_path):
+    kn = Variant("kn")
+    measured = {
+        key(4096, 4096, 4096): entry("v3"),
+        key(1024, 4096, 4096, torch.bfloat16): entry("v5"),
+        key(1024, 4096, 4096, variant=kn): entry("v4"),
+        key(16, 4096, 4096, torch.bfloat16, kn): entry("v6"),
+    }
+    choose = make_chooser(tmp_path, measured, mode="off")
+
+    def nearest(m, dtype=torch.float16, variant=PLAIN):
+        choose.get(CPU, dtype, m, 4096, 4096, variant)
+        assert choose.wait(10)
+        return choose.get(CPU, dtype, m, 4096, 4096, variant)[1]["nearest"]
+
+    assert nearest(1000) == key(1024, 4096, 4096, torch.bfloat16)  # the same M: before 4096 in float16
+    assert nearest(1000, torch.bfloat16, kn) == key(1024, 4096, 4096, variant=kn)  # this variant before this dtype
+    assert nearest(16, torch.float16, kn) == key(16, 4096, 4096, torch.bfloat16, kn)  # this variant, other dtype
+    assert nearest(4096, torch.bfloat16, kn) == key(4096, 4096, 4096)  # the plain one, other dtype
+    assert nearest(2048, torch.bfloat16) == key(1024, 4096, 4096, torch.bfloat16)  # this dtype on a tie
 
 
 def test_the_nearest_bucket_is_skipped_where_its_kernel_cannot_take_the_shape(tmp_path, monkeypatch):
@@ -350,7 +372,12 @@ def test_a_variant_has_a_key_and_candidates_of_its_own(monkeypatch, tmp_path):
         jobs.extend(sent)
 
     choose = make_chooser(tmp_path, measured={plain: entry("v4")}, tune_jobs=tune_jobs)
-    assert choose.get(CPU, torch.float16, 1000, 4096, 4096, bias)[1]["source"] == "fallback"  # not the plain one
+    instant = choose.get(CPU, torch.float16, 1000, 4096, 4096, bias)[1]
+    assert (instant["source"], instant["nearest"], instant["building"]) == (
+        "nearest",
+        plain,
+        "v4",
+    )  # at once, then tuned
     assert choose.wait(10) and jobs[0]["key"] == plain + "/bias" and jobs[0]["variant"] == "bias"
     assert jobs[0]["names"] == ["v4", tuner.VENDOR]
 
@@ -440,6 +467,39 @@ def test_a_bucket_near_a_measured_one_is_tuned_among_the_candidates_that_came_cl
     assert near["names"] == ["v4", "v5", tuner.VENDOR] and near["narrowed_from"] == key(1024, 4096, 4096)
     assert near["configs"] == {"v4": entry("v4")["config"], "v5": entry("v5")["config"]}
     assert "configs" not in alone and alone["names"] == tuner.candidates(ARCH, 1500, 8192, 4096)
+
+
+def test_tuning_up_front_narrowed_takes_the_buckets_own_stale_times_else_its_relatives(tmp_path, monkeypatch):
+    monkeypatch.setattr(chooser, "PARALLEL_BUILDS", 4)
+    late = LateTuner()
+    late.finish.set()
+    timed = {
+        "v4": {"config": entry("v4")["config"], "call_ms": 1.0},
+        "v5": {"config": entry("v5")["config"], "call_ms": 2.0},  # not close: not timed again
+        tuner.VENDOR: {"config": {}, "call_ms": 1.1},
+    }
+    stale = {**entry("v5", fresh=False), "candidates": {**timed, "v3": {"config": entry("v3")["config"], "call_ms": 1}}}
+    measured = {key(1024, 4096, 4096): {**entry("v4"), "candidates": timed}, key(128, 4096, 4096): stale}
+    batches = []
+
+    def build_recorded(jobs, on_built):
+        batches.append(sorted(job["version"] for job in jobs))
+        build_here(jobs, on_built)
+
+    choose = make_chooser(tmp_path, measured, tune_jobs=late, mode="blocking", build_jobs=build_recorded)
+    shapes = [(1000, 4096, 4096), (128, 4096, 4096), (16, 8192, 4096)]
+    choose.tune(CPU, torch.bfloat16, shapes, narrow=True, progress=False)
+    jobs = {job["key"]: job for job in late.jobs}
+    other_dtype = jobs[key(1024, 4096, 4096, torch.bfloat16)]  # float16's same bucket
+    assert other_dtype["names"] == ["v4", tuner.VENDOR] and other_dtype["narrowed_from"] == key(1024, 4096, 4096)
+    assert jobs[key(16, 8192, 4096, torch.bfloat16)]["names"] == tuner.candidates(ARCH, 16, 8192, 4096)  # no relative
+    choose.tune(CPU, torch.float16, [(128, 4096, 4096)], narrow=True, progress=False)
+    own = late.jobs[-1]  # its own stale times, not the relative's
+    assert own["names"] == ["v3", "v4", tuner.VENDOR] and own["narrowed_from"] == key(128, 4096, 4096)
+    # the narrowed candidates' kernels were built before the tuning, at once (v3: timed, never chosen)
+    assert sorted(v for batch in batches[-2:] for v in batch) == ["v3", "v4"] and all(len(b) == 1 for b in batches)
+    choose.tune(CPU, torch.float16, [(8000, 4096, 4096)], progress=False)
+    assert late.jobs[-1]["names"] == tuner.candidates(ARCH, 8000, 4096, 4096)  # not asked to narrow: in full
 
 
 def test_an_unseen_call_deferred_by_the_native_entry_gets_its_plan_on_the_planners_thread(tmp_path, stand_ins):

@@ -244,13 +244,18 @@ def tune(
     use_shipped: bool = True,
     progress: Optional[bool] = None,
     on_entry=None,
+    narrow: bool = False,
 ) -> dict[tuple[int, int, int], Entry]:
     """Tune now, in a child process, every (M, N, K) of ``shapes`` whose bucket has no fresh choice
     on ``device`` (default: the current GPU) (measured here, or shipped where ``use_shipped``),
     and build the chosen kernels: afterwards no call of these shapes waits or runs an instant
     choice. The entries by shape (``choice``'s form). Before capturing a CUDA graph, or to pay
     for a model's tuning up front (``python -m matmul tune``). ``progress``: a tqdm bar over the
-    buckets tuned (None: where stderr is a terminal); ``on_entry(key, entry)`` as each arrives."""
+    buckets tuned (None: where stderr is a terminal); ``on_entry(key, entry)`` as each arrives.
+    ``narrow``: time each bucket only among the candidates that came close in its own earlier
+    measurement or in its nearest relative (the same bucket in the other dtype or without the
+    variant, or the nearest M), as the background tuning does: seconds a bucket instead of many;
+    the entry names what narrowed it (``narrowed_from``)."""
     device = torch.device(device if device is not None else f"cuda:{torch.cuda.current_device()}")
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -258,4 +263,6 @@ def tune(
     for m, n, k in shapes:
         if min(m, n, k) < 1:
             raise MatmulInputError(f"every dimension must be at least 1, got M={m}, N={n}, K={k}")
-    return _chooser.tune(device, dtype, shapes, variant, use_shipped=use_shipped, progress=progress, on_entry=on_entry)
+    return _chooser.tune(
+        device, dtype, shapes, variant, use_shipped=use_shipped, progress=progress, on_entry=on_entry, narrow=narrow
+    )

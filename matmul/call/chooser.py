@@ -9,10 +9,12 @@ from the first of:
    whose fingerprint matches the kernel sources here: final, nothing more to do;
 3. the same, made with other kernel sources (stale: a kernel was edited since): used at once, and
    the bucket is measured again in the background;
-4. the nearest measured bucket of the same N x K (same architecture, GPU, dtype and variant),
-   nearest in log(M) (on a tie the larger M), whose kernel takes this shape: a version that
-   wins at M = 1024 very likely wins or comes close at M = 1500, while the N x K of another
-   projection says nothing; the bucket is tuned in the background;
+4. the nearest measured relative of the same N x K (same architecture and GPU; this dtype or the
+   other 16-bit one; this variant or the plain one), nearest in log(M), whose kernel takes this
+   shape and variant (``nearest``): a version that wins at M = 1024 very likely wins or comes
+   close at M = 1500, and in bfloat16 where it wins in float16, or reading ``b`` as [K, N] where
+   it wins on [N, K], while the N x K of another projection says nothing; the bucket is tuned in
+   the background among the candidates that came close there (``narrowed``);
 5. cuBLAS ("fallback"), as torch.matmul runs it; the bucket is tuned in the background.
 
 A measured choice always overrides the shipped one (the shipped table is only ever an instant
@@ -101,6 +103,8 @@ def mode_from_env() -> str:
 
 
 BUILD_GROUP = "build"  # the builder's jobs queued together go to one build child
+# build children run at once before a narrowed tuning up front: each transpiles in Python (one core)
+PARALLEL_BUILDS = max(1, (os.cpu_count() or 2) - 1)
 
 
 def _checked(check, *args) -> bool:
@@ -281,6 +285,7 @@ class Chooser:
         use_shipped: bool = True,
         progress: Optional[bool] = None,
         on_entry: Optional[Callable[[str, Entry], None]] = None,
+        narrow: bool = False,
     ) -> dict[tuple, Entry]:
         """``ensure`` with a progress bar over the buckets to tune, then the chosen kernels that no
         tuning child built, built in a build child while this thread waits: afterwards the shapes
@@ -301,7 +306,7 @@ class Chooser:
                 on_entry(key, entry)
 
         try:
-            self.ensure(device, dtype, shapes, variant, use_shipped=use_shipped, on_entry=arrived)
+            self.ensure(device, dtype, shapes, variant, use_shipped=use_shipped, on_entry=arrived, narrow=narrow)
         finally:
             bar.close()
         unbuilt = {}
@@ -325,13 +330,36 @@ class Chooser:
                 return {**entry, "source": source, "key": key}
         return None
 
+    def hint(self, arch: str, key: str, m: int, n: int, k: int, variant: Variant = PLAIN) -> Optional[Entry]:
+        """What narrows the bucket's tuning: its own choice made with other kernel sources (its
+        candidates' times), else its nearest relative's; None if neither."""
+        known = self.known(arch, key, variant)
+        if known is not None and known.get("candidates"):
+            return {**known, "nearest": key}
+        return self.nearest(arch, key, m, n, k, variant)
+
     def nearest(self, arch: str, key: str, m: int, n: int, k: int, variant: Variant = PLAIN) -> Optional[Entry]:
-        """The choice of the nearest bucket in log(M) with this key's architecture, GPU, dtype, N x K
-        bucket and variant (measured here over shipped for one key), whose kernel takes this shape;
-        on a tie the larger M. None if there is none."""
+        """The choice of the nearest relative of this bucket whose kernel takes this shape and this
+        variant: a bucket of the same architecture, GPU and N x K bucket (measured here over shipped
+        for one key), of this key's dtype or the other 16-bit one (``RELATED_DTYPES``), and of this
+        key's variant or the plain one. Nearest in log(M) first; at the same distance this dtype
+        before the other, then this variant before the plain one, then the larger M. None if none.
+
+        Why relatives count: float16 and bfloat16 run the same instructions at the same rate, and a
+        variant (``b`` read as [K, N], a bias, an activation) changes how a kernel reads one operand
+        or finishes its tile, not which tile shape and schedule suit the shape (though it can cost
+        one version more than another: hence the variant before the dtype); so the same bucket's
+        choice in the other dtype or without the variant is a better guess than cuBLAS, and its
+        timed candidates narrow the bucket's own tuning (``narrowed``)."""
         prefix, shape, suffix = _split_key(key)
         _, bn, bk = shape.split("x")
-        pattern = re.compile(rf"{re.escape(prefix)}(\d+)x{bn}x{bk}{re.escape(suffix)}")
+        head, _, dtype = prefix.rstrip("/").rpartition("/")
+        dtypes = [dtype, *(d for d in RELATED_DTYPES.get(dtype, ()) if d != dtype)]
+        suffixes = [suffix, *([""] if suffix else [])]
+        pattern = re.compile(
+            rf"{re.escape(head)}/({'|'.join(map(re.escape, dtypes))})/(\d+)x{bn}x{bk}"
+            rf"({'|'.join(re.escape(s) for s in suffixes)})"
+        )
         pool = {**self.shipped.entries(), **self.cache.entries()}  # measured here wins for one key
         best, best_rank = None, None
         for other, entry in pool.items():
@@ -341,8 +369,9 @@ class Chooser:
             usable = _checked(entry_is_usable, arch, entry, variant)
             if not (usable and _checked(_takes, arch, entry, m, n, k, variant)):
                 continue
-            other_m = int(match.group(1))
-            rank = (abs(math.log(other_m) - math.log(bucket(m))), -other_m)
+            other_dtype, other_m, other_suffix = match.group(1), int(match.group(2)), match.group(3)
+            distance = round(abs(math.log(other_m) - math.log(bucket(m))), 9)
+            rank = (distance, other_suffix != suffix, other_dtype != dtype, -other_m)
             if best_rank is None or rank < best_rank:
                 best, best_rank = {**entry, "source": "nearest", "nearest": other}, rank
         return best
@@ -357,10 +386,13 @@ class Chooser:
         variant: Variant = PLAIN,
         use_shipped: bool = True,
         on_entry: Optional[Callable[[str, Entry], None]] = None,
+        narrow: bool = False,
     ) -> list[str]:
         """Make sure every shape's bucket has a fresh choice (measured here, or shipped where
         ``use_shipped``), tuning the others now, all in one child process; the keys tuned.
-        ``on_entry(key, entry)`` as each arrives (a progress bar)."""
+        ``on_entry(key, entry)`` as each arrives (a progress bar). ``narrow``: each bucket is timed
+        among the candidates that came close in its own stale measurement, else in its nearest
+        relative (``hint``), as a background tuning is; a full tuning where there is neither."""
         if self.cache is None:
             self.cache = ChoiceCache()
         arch = self.arch_of(device)
@@ -378,6 +410,9 @@ class Chooser:
                 elif key not in jobs:
                     jobs[key] = tuning_job(key, arch, m, n, k, variant)
                     memos[key] = memo
+                    hint = self.hint(arch, key, m, n, k, variant) if narrow else None
+                    if hint is not None:
+                        jobs[key].update(narrowed(jobs[key]["names"], hint))
             if jobs and device.type == "cuda" and torch.cuda.is_current_stream_capturing():
                 raise NotTunedError(
                     f"matmul() has no choice for {', '.join(jobs)} and cannot tune while a CUDA graph is being "
@@ -386,8 +421,32 @@ class Chooser:
         if changed:
             self._changed()
         if jobs:
+            if narrow:
+                self._prebuild(arch, dtype, [(job, variant) for job in jobs.values()])
             self._tune(arch, dtype, device, jobs, memos, use_shipped, on_entry)
         return list(jobs)
+
+    def _prebuild(self, arch: str, dtype, jobs: list[tuple[dict, Variant]]) -> None:
+        """Build the kernels that narrowed ``jobs`` (each with its variant) will time, in
+        ``PARALLEL_BUILDS`` build children at once, and open them here: the tuning child then finds
+        each in tilus's disk cache. On a fresh machine building, not timing, is most of a narrowed
+        tuning, and the tuning child builds one kernel at a time."""
+        wanted = {}
+        for job, variant in jobs:
+            for version, config in (job.get("configs") or {}).items():
+                entry = {"version": version, "config": config}
+                program = program_key(arch, dtype, entry, variant)
+                if program not in self.programs and program not in self.failed:
+                    wanted[program] = (arch, dtype, entry, variant)
+        todo = list(wanted.values())
+        threads = [
+            threading.Thread(target=self._build_batch, args=(BUILD_GROUP, todo[i::PARALLEL_BUILDS]), daemon=True)
+            for i in range(min(PARALLEL_BUILDS, len(todo)))
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
 
     def _tune(self, arch, dtype, device, jobs: dict, memos: dict, use_shipped=True, on_entry=None) -> None:
         """Tune ``jobs`` in a child process (one per process and key at a time: the file locks),
@@ -433,6 +492,7 @@ class Chooser:
         memos = {job["key"]: memo for memo, job in payloads}
         jobs = {job["key"]: job for _, job in payloads}
         try:
+            self._prebuild(arch, dtype, [(job, memos[key][5]) for key, job in jobs.items()])
             self._tune(arch, dtype, device, dict(jobs), memos)
         except Exception as e:
             for memo in memos.values():
@@ -539,6 +599,9 @@ def _memo(device, dtype, shape, variant: Variant) -> tuple:
 def program_key(arch: str, dtype, entry: Entry, variant: Variant) -> tuple:
     """What names a built kernel: the version, its configuration, the dtype and the variant."""
     return arch, entry["version"], json.dumps(entry.get("config"), sort_keys=True), dtype, variant
+
+
+RELATED_DTYPES = {"float16": ("bfloat16",), "bfloat16": ("float16",)}
 
 
 def _split_key(key: str) -> tuple[str, str, str]:

@@ -17,6 +17,11 @@ when the project is faster):
   CUDA graph over a static KV cache), and a training step (forward, backward, SGD); the switched
   model's first call timed on its own; its logits and gradients compared with the unswitched's.
 
+The ``kn`` and ``linear`` parts call every case once first (its bucket's instant choice: a
+relative's narrowed tuning starts in the background), wait for that tuning (``settle``), then time
+each case, with where its choice came from; ``linear`` also times torch's product alone, which
+bounds what any fused epilogue can gain over torch's product + activation (``ceiling``).
+
 The ``llama`` part runs every workload once first (the prefills' first calls timed: what a user of a
 fresh machine waits for), then waits for the tuning those calls started in the background
 (``settle``), then times each row; with ``MATMUL_TUNE=blocking`` the first calls tune in the
@@ -59,23 +64,45 @@ def _relative(x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def kn_layout(dtype, rounds: int, record: Callable[[dict], None]) -> None:
+    """Every shape is called once first (its bucket's instant choice, tuning started in the
+    background), the tuning is waited for (``settle``), then each shape is timed and checked."""
     import matmul
 
+    cases = []
     for (name, (n, k)), m in [(item, m) for item in model_bench.PROJECTIONS.items() for m in model_bench.TOKENS]:
         x = torch.randn(m, k, device="cuda", dtype=dtype)
         w = torch.randn(k, n, device="cuda", dtype=dtype) / k**0.5
+        first = matmul.choice(x, w)
+        matmul.matmul(x, w)
+        cases.append((name, x, w, first))
+    settled = settle()
+    record(settled)
+    print(f"kn: background tuning {'done' if settled['finished'] else 'NOT done'} after {settled['seconds']:.0f} s")
+    for name, x, w, first in cases:
+        (m, k), n = x.shape, w.shape[1]
         error = _relative(matmul.matmul(x, w), x.float() @ w.float())
         result = model_bench.compare(
             functools.partial(matmul.matmul, x, w), functools.partial(torch.matmul, x, w), rounds
         )
         entry = matmul.choice(x, w)
         print(f"kn {name} {m}x{n}x{k}: {result['ratio']:.3f}x ({entry.get('version')})", flush=True)
-        record(dict(name=name, m=m, n=n, k=k, error=error, version=entry.get("version"), **result))
+        row = dict(name=name, m=m, n=n, k=k, error=error, version=entry.get("version"), **result)
+        record({**row, **_provenance(entry), "first": _provenance(first)})
+
+
+def _provenance(entry: dict) -> dict:
+    """What a choice ran and where it came from, as a results row keeps it."""
+    keep = ("version", "config", "source", "nearest", "narrowed_from", "building")
+    return {k: entry[k] for k in keep if k in entry}
 
 
 def linear_epilogues(dtype, rounds: int, record: Callable[[dict], None]) -> None:
+    """As ``kn_layout``: every case called once, the background tuning waited for, then each
+    timed; beside each row, torch's ``F.linear`` alone (``linear_only_ms``): what a fused epilogue
+    could at most save is the activation's share of torch's time (``ceiling``)."""
     import matmul
 
+    cases = []
     for m in LINEAR_TOKENS:
         for name, (n, k) in LINEAR_SHAPES.items():
             x = torch.randn(m, k, device="cuda", dtype=dtype)
@@ -83,9 +110,10 @@ def linear_epilogues(dtype, rounds: int, record: Callable[[dict], None]) -> None
             bias = torch.randn(n, device="cuda", dtype=dtype)
             ours = functools.partial(matmul.linear, x, w, bias, "gelu_tanh")
             theirs = functools.partial(_linear_then_gelu, x, w, bias)
+            alone = functools.partial(F.linear, x, w, bias)
             expected = F.gelu(F.linear(x.float(), w.float(), bias.float()), approximate="tanh")
             variant = Variant("nk", True, "gelu_tanh")
-            record(_linear_row(f"{name}+bias+gelu_tanh", m, n, k, ours, theirs, expected, rounds, variant))
+            cases.append((f"{name}+bias+gelu_tanh", m, n, k, ours, theirs, alone, expected, variant))
         i, k = SWIGLU_SHAPE
         x = torch.randn(m, k, device="cuda", dtype=dtype)
         gate, up = (torch.randn(i, k, device="cuda", dtype=dtype) / k**0.5 for _ in range(2))
@@ -98,25 +126,38 @@ def linear_epilogues(dtype, rounds: int, record: Callable[[dict], None]) -> None
         def ours(x=x, fused=fused):
             return matmul.linear(x, fused, None, "swiglu")
 
+        alone = functools.partial(F.linear, x, concatenated)
         expected = F.silu(x.float() @ gate.float().T) * (x.float() @ up.float().T)
-        variant = Variant("nk", False, "swiglu")
-        record(_linear_row("gate_up+swiglu", m, 2 * i, k, ours, theirs, expected, rounds, variant))
+        cases.append(("gate_up+swiglu", m, 2 * i, k, ours, theirs, alone, expected, Variant("nk", False, "swiglu")))
+    firsts = [case[4]() for case in cases]  # each bucket's instant choice; its tuning starts
+    settled = settle()
+    record(settled)
+    print(f"linear: background tuning {'done' if settled['finished'] else 'NOT done'} after {settled['seconds']:.0f} s")
+    del firsts
+    for name, m, n, k, ours, theirs, alone, expected, variant in cases:
+        record(_linear_row(name, m, n, k, ours, theirs, alone, expected, rounds, variant))
 
 
 def _linear_then_gelu(x, w, bias):
     return F.gelu(F.linear(x, w, bias), approximate="tanh")
 
 
-def _linear_row(name, m, n, k, ours, theirs, expected, rounds, variant) -> dict:
+def _linear_row(name, m, n, k, ours, theirs, alone, expected, rounds, variant) -> dict:
     from ..call import api
 
     first = ours()
     error = _relative(first, expected)
     result = model_bench.compare(ours, theirs, rounds)
+    bound = model_bench.compare(alone, theirs, rounds)  # torch's product alone against product + activation
     dtype = first.dtype
     _, entry = api._chooser.get(torch.device("cuda", torch.cuda.current_device()), dtype, m, n, k, variant)
-    print(f"linear {name} {m}x{n}x{k}: {result['ratio']:.3f}x (error {error:.2e}, {entry['version']})", flush=True)
-    return dict(name=name, m=m, n=n, k=k, error=error, version=entry["version"], **result)
+    ceiling = bound["ratio"]
+    print(
+        f"linear {name} {m}x{n}x{k}: {result['ratio']:.3f}x (ceiling at cuBLAS's product {ceiling:.3f}x,"
+        f" error {error:.2e}, {entry['version']})",
+        flush=True,
+    )
+    return dict(name=name, m=m, n=n, k=k, error=error, **result, ceiling=ceiling, **_provenance(entry))
 
 
 # --- a transformers Llama ------------------------------------------------------------------------
