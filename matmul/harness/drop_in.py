@@ -6,7 +6,10 @@ when the project is faster):
 
 * ``kn``: ``matmul(x, W)`` with ``W`` a contiguous [K, N] matrix (torch's own layout for a plain
   ``a @ b``) against ``torch.matmul(x, W)`` on the same operands, over the extended LLM preset
-  (``model.PROJECTIONS`` at ``model.TOKENS`` tokens).
+  (``model.PROJECTIONS`` at ``model.TOKENS`` tokens), both of ``python -m matmul model``'s ways:
+  cycling through copies of the weight (``layers``: each call reads its weight from HBM, as a
+  model's layers do; the row's ratio) and on one weight (``one_weight``: L2 holds a weight under
+  50 MB).
 * ``linear``: ``matmul.linear(x, w, bias, "gelu_tanh")`` against ``F.linear`` followed by
   ``F.gelu``, and ``matmul.linear(x, gate_up, activation="swiglu")`` against ``F.linear`` on the
   concatenated gate and up weights followed by the split and ``silu(gate) * up``, on the preset's
@@ -81,13 +84,19 @@ def kn_layout(dtype, rounds: int, record: Callable[[dict], None]) -> None:
     for name, x, w, first in cases:
         (m, k), n = x.shape, w.shape[1]
         error = _relative(matmul.matmul(x, w), x.float() @ w.float())
-        result = model_bench.compare(
-            functools.partial(matmul.matmul, x, w), functools.partial(torch.matmul, x, w), rounds
-        )
+        result = model_bench._projection(x, w, rounds, operand=_as_is)  # "layers" (the ratio) and one weight
         entry = matmul.choice(x, w)
-        print(f"kn {name} {m}x{n}x{k}: {result['ratio']:.3f}x ({entry.get('version')})", flush=True)
+        print(
+            f"kn {name} {m}x{n}x{k}: {result['ratio']:.3f}x, one weight {result['one_weight']['ratio']:.3f}x"
+            f" ({entry.get('version')})",
+            flush=True,
+        )
         row = dict(name=name, m=m, n=n, k=k, error=error, version=entry.get("version"), **result)
         record({**row, **_provenance(entry), "first": _provenance(first)})
+
+
+def _as_is(w: torch.Tensor) -> torch.Tensor:
+    return w
 
 
 def _provenance(entry: dict) -> dict:

@@ -261,17 +261,22 @@ def layer_count(w: torch.Tensor) -> int:
     return max(1, math.ceil(LAYERS_BYTES / (w.numel() * w.element_size())))
 
 
-def _projection(x: torch.Tensor, w: torch.Tensor, rounds: int) -> dict:
+def _projection(x: torch.Tensor, w: torch.Tensor, rounds: int, operand=torch.t) -> dict:
+    """``matmul(x, operand(w))`` against ``torch.matmul`` on the same operands, both ways (the
+    module's docstring); ``operand``: what a call makes of the stored weight (``w.T`` for a linear
+    layer's [N, K] weight; the identity for a weight stored as [K, N])."""
     import matmul
 
-    error = _relative_difference(matmul.matmul(x, w.T), torch.matmul(x, w.T))
+    error = _relative_difference(matmul.matmul(x, operand(w)), torch.matmul(x, operand(w)))
     layers = [w] + [w.clone() for _ in range(layer_count(w) - 1)]
     ours, theirs = itertools.cycle(layers), itertools.cycle(layers)
     return {
         "vs_torch_error": error,
         "layers": len(layers),
-        **compare(lambda: matmul.matmul(x, next(ours).T), lambda: torch.matmul(x, next(theirs).T), rounds=rounds),
-        "one_weight": compare(lambda: matmul.matmul(x, w.T), lambda: torch.matmul(x, w.T), rounds=rounds),
+        **compare(
+            lambda: matmul.matmul(x, operand(next(ours))), lambda: torch.matmul(x, operand(next(theirs))), rounds
+        ),
+        "one_weight": compare(lambda: matmul.matmul(x, operand(w)), lambda: torch.matmul(x, operand(w)), rounds),
     }
 
 
