@@ -134,3 +134,45 @@ def cpu_build_failing(arch, dtype, version, config, variant) -> str:
     if version == "v5":
         os._exit(7)
     return cpu_build(arch, dtype, version, config, variant)
+
+
+def cpu_build_raising(arch, dtype, version, config, variant) -> str:
+    """A build child's builder for which no kernel builds."""
+    raise RuntimeError(f"ptxas: {version} does not build here")
+
+
+def cpu_build_dying(arch, dtype, version, config, variant) -> str:
+    """A build child's builder that kills the child."""
+    os._exit(7)
+
+
+# --- the widening kernel built outside the caller (matmul/quant/widen.py) --------------------------
+
+
+class StandInWidening:
+    """The widening kernel's launch function (``widen.widen`` calls it with n, k, the packed words,
+    the scales and out) on the CPU: out = the weight's ``dequantize()``. ``launches`` counts the
+    calls, ``threads`` names the thread of each; ``built_by``, ``loaded_by`` and
+    ``visible_devices`` as ``load_built``'s kernels have them."""
+
+    def __init__(self, found: dict):
+        self.format, self.dtype = found["config"]["weight"], getattr(torch, found["dtype"])
+        self.built_by = (found["pid"], found["thread"])
+        self.visible_devices = found["visible_devices"]
+        self.loaded_by = (os.getpid(), threading.current_thread().name)
+        self.launches = 0
+        self.threads = []
+
+    def __call__(self, n, k, packed, scales, out):
+        from matmul.quant import FORMATS, QuantizedWeight
+
+        self.launches += 1
+        self.threads.append(threading.current_thread().name)
+        bits, group = FORMATS[self.format]
+        weight = QuantizedWeight(self.format, bits, group or k, (n, k), self.dtype, packed, scales)
+        out.copy_(weight.dequantize())
+
+
+def load_widening(program_dir) -> StandInWidening:
+    """A stand-in for ``tilus_autotune.load`` of the widening kernel ``cpu_build`` described."""
+    return StandInWidening(json.loads((Path(program_dir) / "kernel.json").read_text()))

@@ -150,9 +150,18 @@ def test_planted_bugs_are_caught(bug, dtype):
 # --- the widening kernel: dequantize() bit for bit, nothing written past N ---
 
 
+@pytest.fixture(scope="module")
+def widening_built():
+    """Every widening kernel built by the call's build child and opened here: from then on
+    ``widen`` launches it (until then it returns torch's ``dequantize``, which would pass)."""
+    for format in ("int4", *OTHER_FORMATS):
+        for dtype in DTYPES:
+            assert device_widen.wait_until_built(dtype, format), f"the widening kernel {format} {dtype} did not build"
+
+
 @pytest.mark.parametrize("format", ["int4", *OTHER_FORMATS])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_widening_is_dequantize(format, dtype):
+def test_widening_is_dequantize(format, dtype, widening_built):
     for n, k in WEIGHTS:
         _, qw = operands(1, n, k, dtype, format)
         # rows past N of the buffer stay NaN: the kernel writes [N, K] and no padding row
@@ -161,11 +170,11 @@ def test_widening_is_dequantize(format, dtype):
         expected = qw.dequantize()
         assert torch.equal(widened.view(torch.int16), expected.view(torch.int16)), f"{format} {n}x{k} {dtype}"
         assert buffer[n:].isnan().all()
-        assert quant_linear.widens_on_device(qw)  # the call's path above 256 tokens is this kernel
+        assert device_widen.runs_here(qw)  # the call's path above 256 tokens is this kernel
 
 
 @pytest.mark.parametrize("bug", ["scale group", "row scale", "bit order"])
-def test_widening_planted_bugs_are_caught(bug):
+def test_widening_planted_bugs_are_caught(bug, widening_built):
     _, qw = operands(1, 1000, 1024, torch.float16, BUGS[bug])
     assert torch.equal(device_widen.widen(qw), qw.dequantize())
     assert not torch.equal(device_widen.widen(planted(qw, bug)), qw.dequantize()), f"planted {bug} passes"

@@ -18,7 +18,9 @@ A build request is ``{"build": [job, ...], "builder": "module:function"}``, each
 "arch", "dtype", "version", "config", "variant"}`` (the variant's key). The child reports each
 kernel on its stdout as it is done, one line each (``tuner.PROTOCOL``): ``{"id", "built": dir}``
 or ``{"id", "failed": reason}``. This module imports neither the public call nor the launch path.
-The swiglu activation's kernels (``kernels.swiglu``) are built the same way (``swiglu_in_child``).
+The kernels outside the series that the call runs are built the same way, each installed as its
+module's builder when this module is imported: the swiglu activation's (``kernels.swiglu``,
+``swiglu_in_child``) and the widening of a packed weight (``quant.widen``, ``widen_in_child``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import torch
 
 from ..kernels import swiglu, versions
 from ..kernels.variant import Variant
+from ..quant import widen
 from . import tilus_autotune
 from .tuner import CHILD_TIMEOUT_S, DTYPE_NAMES, PROTOCOL, run_child, space_config
 
@@ -66,16 +69,38 @@ def build_swiglu(arch: str, dtype: torch.dtype, version: str, config: dict, vari
         )
 
 
+def build_widen(arch: str, dtype: torch.dtype, version: str, config: dict, variant: Variant) -> str:
+    """The child's builder for ``quant.widen``'s kernel (``config``: ``{"weight": format}``)."""
+    from ..build.compiler import target
+
+    with target(arch):
+        return tilus_autotune.build(widen.WidenKernel(dtype=widen.DTYPES[dtype], weight=config["weight"]))
+
+
 def swiglu_in_child(key, on_ready, on_failed) -> None:
     """``kernels.swiglu``'s builder (``swiglu.set_builder``): the kernel of ``key`` (dtype, backward)
     built by a build child on a thread of its own, then its library opened here."""
     dtype, backward = key
+    _one_kernel_in_child(key, "swiglu", build_swiglu, dtype, {"backward": backward}, on_ready, on_failed)
+
+
+def widen_in_child(key, on_ready, on_failed) -> None:
+    """``quant.widen``'s builder (``widen.set_builder``): the kernel of ``key`` (dtype, weight format)
+    built by a build child on a thread of its own, then its library opened here."""
+    dtype, weight_format = key
+    _one_kernel_in_child(key, "widen", build_widen, dtype, {"weight": weight_format}, on_ready, on_failed)
+
+
+def _one_kernel_in_child(key, kernel: str, build, dtype: torch.dtype, config: dict, on_ready, on_failed) -> None:
+    """A kernel outside the series (its name, and ``build``, this module's builder of it, that the
+    child runs) built by a build child on a thread of its own; then ``on_ready(key, launch)`` with
+    its library opened here, or ``on_failed(key, reason)``."""
     request = {
-        "id": "swiglu",
+        "id": kernel,
         "arch": versions.local_arch(),
         "dtype": str(dtype).removeprefix("torch."),
-        "version": "swiglu",
-        "config": {"backward": backward},
+        "version": kernel,
+        "config": config,
         "variant": Variant().key(),
     }
 
@@ -88,7 +113,7 @@ def swiglu_in_child(key, on_ready, on_failed) -> None:
         except Exception as e:  # a library that does not open leaves torch's path in place
             on_failed(key, f"{type(e).__name__}: {e}")
 
-    builder = f"{__name__}:build_swiglu"
+    builder = f"{__name__}:{build.__name__}"
     threading.Thread(target=build_in_child, args=([request], on_built, builder), daemon=True).start()
 
 
@@ -145,4 +170,6 @@ def build_in_child(
             on_built(item["id"], None, f"the build child exited with code {code} before this kernel; it said: {log}")
 
 
-swiglu.set_builder(swiglu_in_child)  # the activation's kernels, like the chosen ones: never built in the caller
+# the kernels outside the series, like the chosen ones: never built in the caller
+swiglu.set_builder(swiglu_in_child)
+widen.set_builder(widen_in_child)

@@ -12,7 +12,8 @@ the H100).
 The call (``matmul.quant.linear``): up to ``V8_MAX_M`` tokens on a Hopper GPU, V8 (the skinny GEMM
 that widens the weight on chip, ``matmul/kernels/hopper/v8.py``); above that the weight is widened
 to its 16-bit dtype once per call (on a Hopper GPU by one bandwidth-bound kernel,
-``matmul.quant.widen``, elsewhere by ``dequantize``) and multiplied by cuBLAS (``torch.matmul``):
+``matmul.quant.widen``, built by the call's build child; until it is built and elsewhere by
+``dequantize``) and multiplied by cuBLAS (``torch.matmul``):
 ``matmul.quant.widen`` says from how many tokens that comes within 0.9x of cuBLAS on the
 unquantized weight.
 """

@@ -1,6 +1,6 @@
 """``x @ qw.T`` for a ``QuantizedWeight``: Hopper V8 up to ``V8_MAX_M`` tokens, else the weight
-widened once per call (on a Hopper GPU by ``matmul.quant.widen``'s kernel, elsewhere by torch) and
-cuBLAS (``matmul.quant``'s module doc).
+widened once per call (on a Hopper GPU by ``matmul.quant.widen``'s kernel once the call's build
+child has built it, until then and elsewhere by torch) and cuBLAS (``matmul.quant``'s module doc).
 
 V8's configuration is picked by token count (for int4 at decode sizes, also by the weight's shape:
 ``config_for``) from what was fastest on the H100 over the bench's weights (``plots/h100/v8/``),
@@ -94,20 +94,10 @@ def v8(x: torch.Tensor, weight: QuantizedWeight, out: torch.Tensor, config: Opti
     return out
 
 
-def widens_on_device(weight: QuantizedWeight) -> bool:
-    """Whether the widening kernel (``matmul.quant.widen``) widens this weight here, else torch."""
-    n, k = weight.shape
-    return weight.device.type == "cuda" and versions.local_arch() == ARCH and n * k <= device_widen.MAX_ELEMENTS
-
-
-def widen(weight: QuantizedWeight) -> torch.Tensor:
-    """The 16-bit [N, K] weight, ``weight.dequantize()`` bit for bit."""
-    return device_widen.widen(weight) if widens_on_device(weight) else weight.dequantize()
-
-
 def widened(x: torch.Tensor, weight: QuantizedWeight, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The weight widened to 16 bits once, then cuBLAS: x [M, K] @ w.T."""
-    return torch.matmul(x, widen(weight).T, out=out)
+    """The weight widened to 16 bits once (``matmul.quant.widen``: its kernel once the build child has
+    built it, torch's ``dequantize`` until then), then cuBLAS: x [M, K] @ w.T."""
+    return torch.matmul(x, device_widen.widen(weight).T, out=out)
 
 
 def linear(

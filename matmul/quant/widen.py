@@ -2,6 +2,11 @@
 [N, K] weight in HBM, the value ``QuantizedWeight.dequantize()`` gives, bit for bit. The call runs
 it above ``linear.V8_MAX_M`` tokens, then cuBLAS on the widened weight.
 
+The kernel is built on first use, off the caller's path (by the call's build child,
+``matmul.call.building.widen_in_child``, one kernel per format and dtype; tilus caches the build on
+disk); until its build is ready, if it failed, and on any machine that is not a Hopper GPU,
+``widen`` computes the same with torch (``dequantize``), so no call waits for a compiler.
+
 The kernel: one CTA of one warpgroup per packed tile (64 weight rows x 128 columns, one scale
 group). Each thread loads its words of the tile straight from HBM (the packed layouts are made for
 this: a thread's bytes of a part are contiguous, 16 bytes for int4 and fp8, 24 for int6), views
@@ -40,13 +45,18 @@ only as the product itself does, where widen-once's share shrinks as 1 / M. That
 built here.
 """
 
+import logging
+import threading
+import time
+from typing import Optional
+
 import tilus
 import torch
 from tilus import GlobalTensor, RegisterTensor, float16, float32, int32, void_p
 from tilus.ir.layout.ops.register_ops import local, spatial
 from tilus.utils import cdiv
 
-from matmul.kernels import device_context
+from matmul.kernels import device_context, versions
 from pipeline.tma_store import StagedTmaStore
 from pipeline.widen import Fp8Widen, Int4Widen, Int6Widen, reduce_layout
 
@@ -61,6 +71,9 @@ PARTS = {
     "fp8_e4m3": dict(box=(8, 64), per_row=16, parts=4, tile_rows=32, tile_cols=64),
 }
 MAX_ELEMENTS = 2**31 - 1  # the output is addressed with int32 element offsets
+ARCH = "sm_90a"  # run where it was checked; other GPUs and the CPU take torch's path
+
+log = logging.getLogger(__name__)
 
 
 def thread_words(rows: int, cols: int, per_row: int):
@@ -155,25 +168,85 @@ class WidenKernel(tilus.Script):
 
 
 DTYPES = {torch.float16: tilus.float16, torch.bfloat16: tilus.bfloat16}
-_SCRIPTS: dict = {}
+
+_launches: dict = {}  # (dtype, format) -> the built kernel's launch function
+_building: set = set()
+_failed: set = set()
+_lock = threading.Lock()
+# builder(key, on_ready, on_failed): starts the build of the kernel of key (dtype, format) and returns
+# at once, then calls on_ready(key, launch) or on_failed(key, reason). The call installs its build
+# child's (``matmul.call.building.widen_in_child``) when the package is imported; none: torch's path
+_builder = None
 
 
-def script(dtype: torch.dtype, weight: str) -> WidenKernel:
-    """The launchable kernel for a format and activation dtype (built once, on first use)."""
-    key = (dtype, weight)
-    if key not in _SCRIPTS:
-        _SCRIPTS[key] = WidenKernel(dtype=DTYPES[dtype], weight=weight)
-    return _SCRIPTS[key]
+def set_builder(builder) -> None:
+    """Build the kernels with ``builder`` from now on (see ``_builder``)."""
+    global _builder
+    _builder = builder
 
 
-def widen(weight, out=None) -> torch.Tensor:
-    """``weight.dequantize()`` computed on the GPU by one launch: the 16-bit [N, K] weight."""
+def _on_ready(key, launch) -> None:
+    with _lock:
+        _launches[key] = launch
+        _building.discard(key)
+
+
+def _on_failed(key, reason: str) -> None:
+    log.warning("the widening kernel %s did not build (%s); torch's dequantize widens", key, reason)
+    with _lock:
+        _failed.add(key)
+        _building.discard(key)
+
+
+def runs_here(weight) -> bool:
+    """Whether the kernel widens this weight here once it is built (a Hopper GPU, a weight it can
+    address), else torch does."""
     n, k = weight.shape
-    if n * k > MAX_ELEMENTS:
-        raise ValueError(f"a weight of {n} x {k} has more than 2^31 - 1 elements: the widening kernel addresses fewer")
+    return weight.device.type == "cuda" and versions.local_arch() == ARCH and n * k <= MAX_ELEMENTS
+
+
+def _kernel(key):
+    """The built kernel of ``key`` (dtype, format), or None (torch's path) while it builds (its build
+    started here if it has not) or where it did not build."""
+    if _builder is None:
+        return None
+    with _lock:
+        if key in _launches:
+            return _launches[key]
+        if key in _building or key in _failed:
+            return None
+        _building.add(key)
+    _builder(key, _on_ready, _on_failed)
+    return None
+
+
+def widen(weight, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``weight.dequantize()``, the 16-bit [N, K] weight (into ``out``, dense, if given): one launch
+    of the kernel once it is built, torch's ``dequantize`` until then and where it does not run."""
+    kernel = _kernel((weight.dtype, weight.format)) if runs_here(weight) else None
+    if kernel is None:
+        wide = weight.dequantize()
+        return wide if out is None else out.copy_(wide)
+    n, k = weight.shape
     if out is None:
         out = torch.empty((n, k), dtype=weight.dtype, device=weight.device)
-    kernel = script(weight.dtype, weight.format)
     with device_context.on_device(weight.device):
         kernel(n, k, weight.packed, weight.scales, out)
     return out
+
+
+def wait_until_built(dtype: torch.dtype, weight_format: str, timeout_s: float = 300.0) -> bool:
+    """Start the build of the kernel for ``dtype`` and ``weight_format`` if it has not started, and
+    wait for it (tests, benchmarks); False where it does not run or did not build in time."""
+    if versions.local_arch() != ARCH:
+        return False
+    key = (dtype, weight_format)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if _kernel(key) is not None:
+            return True
+        with _lock:
+            if key not in _building:
+                return False  # no builder, or the build failed
+        time.sleep(0.1)
+    return False
