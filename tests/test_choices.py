@@ -395,26 +395,23 @@ def test_the_tuner_times_a_variant_on_its_own_operands(stand_ins):
     assert prepare(tuner.VENDOR).error <= TOLERANCE[torch.float16] and prepare("v4").error <= TOLERANCE[torch.float16]
 
 
-def test_the_tuners_cublas_candidate_for_a_variant_times_what_torch_runs_and_no_copy(stand_ins):
+def test_the_tuners_cublas_candidate_for_a_variant_times_what_torch_runs_and_no_copy(stand_ins, monkeypatch):
     """Timed with a copy of its result into the kernels' output buffer, cuBLAS + torch's epilogue
     paid a read and a write of the output that neither torch nor the call pays: at 1024 x 14336 x
     4096 that made a V6 "faster" in the tuner and 8% slower back to back."""
+    copies, copy = [], torch.Tensor.copy_
+
+    def watched(self, *args, **kwargs):
+        copies.append(self.shape)
+        return copy(self, *args, **kwargs)
+
     for variant in (Variant("kn"), Variant("nk", True, "gelu_tanh")):
         prepare, _ = tuner.gpu_worker(ARCH, torch.float16, 40, 24, 32, CPU, variant)
         vendor = prepare(tuner.VENDOR)
-        outputs = []
-        original = torch.Tensor.copy_
-
-        def watched(self, *args, **kwargs):
-            outputs.append(self.shape)
-            return original(self, *args, **kwargs)
-
-        torch.Tensor.copy_ = watched
-        try:
+        with monkeypatch.context() as patch:
+            patch.setattr(torch.Tensor, "copy_", watched)
             result = vendor.run()
-        finally:
-            torch.Tensor.copy_ = original
-        assert outputs == [] and result.shape == (40, 24) and vendor.error <= TOLERANCE[torch.float16]
+        assert copies == [] and result.shape == (40, 24) and vendor.error <= TOLERANCE[torch.float16]
 
 
 # --- a version called on its own -----------------------------------------------------------------
