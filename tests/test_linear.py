@@ -426,7 +426,7 @@ def test_swiglu_kernels_are_built_by_the_build_child(monkeypatch):
 
     from matmul.call import building, tilus_autotune
 
-    assert swiglu._builder is building.swiglu_in_child
+    assert swiglu.builds.builder is building.swiglu_in_child
     requests, outcomes = [], []
     done = threading.Event()
 

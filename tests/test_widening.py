@@ -49,9 +49,9 @@ def hopper(monkeypatch):
     monkeypatch.setattr(versions, "local_arch", lambda: widen.ARCH)
     monkeypatch.setattr(widen, "runs_here", lambda weight: True)
     monkeypatch.setattr(device_context, "on_device", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(widen, "_launches", {})
-    monkeypatch.setattr(widen, "_building", set())
-    monkeypatch.setattr(widen, "_failed", set())
+    monkeypatch.setattr(widen.builds, "launches", {})
+    monkeypatch.setattr(widen.builds, "building", set())
+    monkeypatch.setattr(widen.builds, "failed", set())
     monkeypatch.setattr(tilus_autotune, "load", stand_ins.load_widening)
     build_in_child = building.build_in_child
 
@@ -90,7 +90,7 @@ def caller_transpiles(monkeypatch):
 
 
 def test_the_build_childs_builder_is_installed_when_the_call_is_imported():
-    assert widen._builder is building.widen_in_child
+    assert widen.builds.builder is building.widen_in_child
 
 
 @pytest.mark.parametrize("weight_format", FORMATS)
@@ -109,11 +109,11 @@ def test_torch_widens_until_the_kernel_built_by_the_child_takes_over(hopper, cal
     assert builder == "matmul.call.building:build_widen"
     expected_job = {"id": "widen", "arch": "sm_90a", "dtype": "float16", "version": "widen"}
     assert job == {**expected_job, "config": {"weight": weight_format}, "variant": Variant().key()}
-    assert key not in widen._launches  # torch widened both calls
+    assert key not in widen.builds.launches  # torch widened both calls
 
     release.set()
-    assert widen.wait_until_built(torch.float16, weight_format, timeout_s=120), widen._failed
-    kernel = widen._launches[key]
+    assert widen.wait_until_built(torch.float16, weight_format, timeout_s=120), widen.builds.failed
+    kernel = widen.builds.launches[key]
     assert kernel.launches == 0
     assert torch.equal(quant_linear.linear(x, qw), expected)
     assert kernel.launches == 1 and kernel.threads == [threading.current_thread().name]
@@ -143,7 +143,7 @@ def test_a_widening_kernel_that_does_not_build_leaves_torch_in_place(
     with caplog.at_level(logging.WARNING, logger=widen.__name__):
         assert torch.equal(quant_linear.linear(x, qw), expected)
         assert not widen.wait_until_built(*key, timeout_s=120)
-    assert key in widen._failed and key not in widen._launches
+    assert key in widen.builds.failed and key not in widen.builds.launches
     assert reason in caplog.text and "torch's dequantize widens" in caplog.text
     assert torch.equal(quant_linear.linear(x, qw), expected)  # torch's path stays; the build is not tried again
     assert len(requests) == 1 and caller_transpiles == []

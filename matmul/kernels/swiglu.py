@@ -18,7 +18,6 @@ operators on the strided halves, so no call waits for a compiler.
 """
 
 import logging
-import threading
 import time
 from typing import Optional
 
@@ -29,6 +28,7 @@ from tilus.ir.layout.ops.register_ops import local, spatial
 from tilus.utils import cdiv
 
 from . import device_context, versions
+from .child_built import ChildBuilt
 from .variant import SWIGLU_GROUP, activate, gate_up_groups
 
 log = logging.getLogger(__name__)
@@ -87,50 +87,23 @@ class InterleavedSwigluKernel(tilus.Script):
             self.store_global(g_dy, d_up.to(self.dtype), offsets=[row, group, 1, 0])
 
 
-_launches: dict = {}  # (dtype, backward) -> the built kernel's launch function
-_building: set = set()
-_failed: set = set()
-_lock = threading.Lock()
-# builder(key, on_ready, on_failed): starts the build of the kernel of key (dtype, backward) and
-# returns at once, then calls on_ready(key, launch) or on_failed(key, reason). The call installs its
-# build child's (``matmul.call.building.swiglu_in_child``) when the package is imported; none: torch's path
-_builder = None
+# the kernels, keyed (dtype, backward), built by the call's build child: the call installs its builder
+# (``matmul.call.building.swiglu_in_child``) when the package is imported; none: torch's path
+builds = ChildBuilt(log, "the interleaved swiglu kernel %s did not build (%s); torch's operators run it")
 
 
 def set_builder(builder) -> None:
-    """Build the kernels with ``builder`` from now on (see ``_builder``)."""
-    global _builder
-    _builder = builder
-
-
-def _on_ready(key, launch) -> None:
-    with _lock:
-        _launches[key] = launch
-        _building.discard(key)
-
-
-def _on_failed(key, reason: str) -> None:
-    log.warning("the interleaved swiglu kernel %s did not build (%s); torch's operators run it", key, reason)
-    with _lock:
-        _failed.add(key)
-        _building.discard(key)
+    """Build the kernels with ``builder`` from now on (``child_built.Builder``)."""
+    builds.set_builder(builder)
 
 
 def _kernel(y: torch.Tensor, backward: bool):
     """The built kernel for y's dtype, or None (torch's path) while it builds or where it does not run."""
     if not (y.is_cuda and y.dtype in DTYPES and y.is_contiguous() and 0 < y.numel() <= MAX_ELEMENTS):
         return None  # (no rows: an empty grid is no launch; torch's path returns the empty result)
-    if versions.local_arch() != ARCH or _builder is None:
+    if versions.local_arch() != ARCH:
         return None
-    key = (y.dtype, backward)
-    with _lock:
-        if key in _launches:
-            return _launches[key]
-        if key in _building or key in _failed:
-            return None
-        _building.add(key)
-    _builder(key, _on_ready, _on_failed)
-    return None
+    return builds.launch((y.dtype, backward))
 
 
 def forward(y: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -174,9 +147,8 @@ def wait_until_built(dtype: torch.dtype, timeout_s: float = 300.0) -> bool:
     while time.monotonic() < deadline:
         if all(_kernel(probe, backward) is not None for backward in (False, True)):
             return True
-        with _lock:
-            if not _building:
-                return False  # not this architecture, or a build failed
+        if not builds.is_building():
+            return False  # not this architecture, or a build failed
         time.sleep(0.1)
     return False
 

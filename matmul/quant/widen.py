@@ -46,7 +46,6 @@ built here.
 """
 
 import logging
-import threading
 import time
 from typing import Optional
 
@@ -57,6 +56,7 @@ from tilus.ir.layout.ops.register_ops import local, spatial
 from tilus.utils import cdiv
 
 from matmul.kernels import device_context, versions
+from matmul.kernels.child_built import ChildBuilt
 from pipeline.tma_store import StagedTmaStore
 from pipeline.widen import Fp8Widen, Int4Widen, Int6Widen, reduce_layout
 
@@ -169,33 +169,14 @@ class WidenKernel(tilus.Script):
 
 DTYPES = {torch.float16: tilus.float16, torch.bfloat16: tilus.bfloat16}
 
-_launches: dict = {}  # (dtype, format) -> the built kernel's launch function
-_building: set = set()
-_failed: set = set()
-_lock = threading.Lock()
-# builder(key, on_ready, on_failed): starts the build of the kernel of key (dtype, format) and returns
-# at once, then calls on_ready(key, launch) or on_failed(key, reason). The call installs its build
-# child's (``matmul.call.building.widen_in_child``) when the package is imported; none: torch's path
-_builder = None
+# the kernels, keyed (dtype, format), built by the call's build child: the call installs its builder
+# (``matmul.call.building.widen_in_child``) when the package is imported; none: torch's path
+builds = ChildBuilt(log, "the widening kernel %s did not build (%s); torch's dequantize widens")
 
 
 def set_builder(builder) -> None:
-    """Build the kernels with ``builder`` from now on (see ``_builder``)."""
-    global _builder
-    _builder = builder
-
-
-def _on_ready(key, launch) -> None:
-    with _lock:
-        _launches[key] = launch
-        _building.discard(key)
-
-
-def _on_failed(key, reason: str) -> None:
-    log.warning("the widening kernel %s did not build (%s); torch's dequantize widens", key, reason)
-    with _lock:
-        _failed.add(key)
-        _building.discard(key)
+    """Build the kernels with ``builder`` from now on (``child_built.Builder``)."""
+    builds.set_builder(builder)
 
 
 def runs_here(weight) -> bool:
@@ -205,25 +186,10 @@ def runs_here(weight) -> bool:
     return weight.device.type == "cuda" and versions.local_arch() == ARCH and n * k <= MAX_ELEMENTS
 
 
-def _kernel(key):
-    """The built kernel of ``key`` (dtype, format), or None (torch's path) while it builds (its build
-    started here if it has not) or where it did not build."""
-    if _builder is None:
-        return None
-    with _lock:
-        if key in _launches:
-            return _launches[key]
-        if key in _building or key in _failed:
-            return None
-        _building.add(key)
-    _builder(key, _on_ready, _on_failed)
-    return None
-
-
 def widen(weight, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``weight.dequantize()``, the 16-bit [N, K] weight (into ``out``, dense, if given): one launch
     of the kernel once it is built, torch's ``dequantize`` until then and where it does not run."""
-    kernel = _kernel((weight.dtype, weight.format)) if runs_here(weight) else None
+    kernel = builds.launch((weight.dtype, weight.format)) if runs_here(weight) else None
     if kernel is None:
         wide = weight.dequantize()
         return wide if out is None else out.copy_(wide)
@@ -243,10 +209,9 @@ def wait_until_built(dtype: torch.dtype, weight_format: str, timeout_s: float = 
     key = (dtype, weight_format)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if _kernel(key) is not None:
+        if builds.launch(key) is not None:
             return True
-        with _lock:
-            if key not in _building:
-                return False  # no builder, or the build failed
+        if not builds.is_building(key):
+            return False  # no builder, or the build failed
         time.sleep(0.1)
     return False
