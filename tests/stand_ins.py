@@ -146,7 +146,35 @@ def cpu_build_dying(arch, dtype, version, config, variant) -> str:
     os._exit(7)
 
 
-# --- the widening kernel built outside the caller (matmul/quant/widen.py) --------------------------
+def failing_builders(version: str) -> list:
+    """pytest params (builder, what the warning then says, the library loader or None) of the build
+    child's builders with which ``version``'s kernel never comes: its build fails, the child dies, or
+    the library it reports does not open (``cpu_build`` builds nothing that the real
+    ``tilus_autotune.load``, ``OPEN_LIBRARY``, opens)."""
+    import pytest
+
+    return [
+        pytest.param("stand_ins:cpu_build_raising", f"{version} does not build here", None, id="build fails"),
+        pytest.param("stand_ins:cpu_build_dying", "exited with code 7", None, id="child dies"),
+        pytest.param("stand_ins:cpu_build", "no built tilus program", OPEN_LIBRARY, id="library does not open"),
+    ]
+
+
+# --- the kernels on a packed weight built outside the caller (matmul/quant/widen.py, linear.py) -----
+
+OPEN_LIBRARY = tilus_autotune.load  # the real one (tests replace it): it opens no stand-in's "build"
+
+
+def quantized_operands(m, n, k, weight_format, dtype=torch.float16):
+    """x [m, k], a weight [n, k] packed in ``weight_format`` and the product of x with the weight
+    widened by torch, as the call's widened path computes it (the stand-ins compute it too)."""
+    from matmul.quant import quantize
+
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(n, k, generator=g) * 0.05).to(dtype)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    qw = quantize(w, format=weight_format)
+    return x, qw, x @ qw.dequantize().T
 
 
 class StandInWidening:
@@ -176,3 +204,75 @@ class StandInWidening:
 def load_widening(program_dir) -> StandInWidening:
     """A stand-in for ``tilus_autotune.load`` of the widening kernel ``cpu_build`` described."""
     return StandInWidening(json.loads((Path(program_dir) / "kernel.json").read_text()))
+
+
+class StandInV8(StandInWidening):
+    """Hopper V8's launch function (``quant_linear.v8`` calls it with m, n, k, x, the packed words,
+    out, the three row strides, no bias and the scales) on the CPU: out = x @ the weight's
+    ``dequantize()``.T, the widened path's product bit for bit; ``config`` as it was built."""
+
+    def __init__(self, found: dict):
+        super().__init__(found)
+        self.config = {name: value for name, value in found["config"].items() if name != "weight"}
+
+    def __call__(self, m, n, k, x, packed, out, lda, ldb, ldc, bias_ptr, scales):
+        from matmul.quant import FORMATS, QuantizedWeight
+
+        self.launches += 1
+        self.threads.append(threading.current_thread().name)
+        bits, group = FORMATS[self.format]
+        weight = QuantizedWeight(self.format, bits, group or k, (n, k), self.dtype, packed, scales)
+        torch.matmul(x, weight.dequantize().T, out=out)
+
+
+def load_v8(program_dir) -> StandInV8:
+    """A stand-in for ``tilus_autotune.load`` of the V8 kernel ``cpu_build`` described."""
+    return StandInV8(json.loads((Path(program_dir) / "kernel.json").read_text()))
+
+
+def build_children(monkeypatch, builder: str, release=None, load=None) -> list:
+    """``building.build_in_child`` as a real build child that runs the stand-in ``builder``
+    (``"stand_ins:cpu_build"``...), held back until the event ``release`` is set (if given), its
+    library opened by ``load`` (if given: ``tilus_autotune.load`` from now on); returns the list of
+    requests it gets from now on, (jobs, the builder the call asked for) each."""
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # the child imports the stand-ins
+    from matmul.call import building
+
+    if load is not None:
+        monkeypatch.setattr(tilus_autotune, "load", load)
+
+    build_in_child = building.build_in_child
+    requests = []
+
+    def run(jobs, on_built, asked_for):
+        requests.append((jobs, asked_for))
+        assert release is None or release.wait(60)
+        build_in_child(jobs, on_built, builder)
+
+    monkeypatch.setattr(building, "build_in_child", run)
+    return requests
+
+
+def forbid_in_caller(monkeypatch, targets) -> list:
+    """Each ``(owner, name)`` of ``targets`` (what would build a kernel in this process: a script
+    class or maker, tilus's build) replaced by a function that records ``(name, thread name)`` and
+    raises, so that a kernel built in the caller fails its test at once; returns the records."""
+    found = []
+
+    def watch(what):
+        def watched(*args, **kwargs):
+            found.append((what, threading.current_thread().name))
+            raise AssertionError(f"{what} in the caller's process")
+
+        return watched
+
+    for owner, name in targets:
+        monkeypatch.setattr(owner, name, watch(f"{getattr(owner, '__name__', owner)}.{name}"))
+    return found
+
+
+def forget_builds(monkeypatch, builds) -> None:
+    """A ``child_built.ChildBuilt`` with nothing built, building or failed yet (for this test)."""
+    monkeypatch.setattr(builds, "launches", {})
+    monkeypatch.setattr(builds, "building", set())
+    monkeypatch.setattr(builds, "failed", set())

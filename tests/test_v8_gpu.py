@@ -3,6 +3,9 @@ fp8_e4m3 and int6: in two, which the call's configurations share), the call ``ma
 qw.T)`` takes it (or widens the weight for cuBLAS), and the widening kernel (``matmul.quant.widen``)
 gives ``qw.dequantize()`` bit for bit.
 
+V8 is built by the call's build child (``matmul.quant.linear``): each test waits for the kernels it
+checks (``quant_linear.wait_until_built``), since the widened path that runs meanwhile is correct too.
+
 Fresh random operands for each call, the output poisoned with NaN before the call, M in {1, 3, 17,
 100, 255}, N a multiple of no tile, K a multiple of the group (128) but of no split (K = 128 is a
 single K block: the other CTA of a cluster reads only zeros past K), both dtypes, compared with a
@@ -53,7 +56,16 @@ def reference(x, qw):
     return x.float() @ qw.dequantize().float().T
 
 
+def v8_built(x, qw, config=None):
+    """Wait for V8's kernel in ``config`` (the call's without one) to be built by the call's build
+    child: until then ``v8`` and the call run the widened path, which would pass every check here."""
+    m, k = x.shape
+    config = config or quant_linear.config_for(m, qw.shape[0], k, qw.format)
+    assert quant_linear.wait_until_built(x.dtype, qw.format, config), f"V8 {qw.format} {config} {x.dtype} did not build"
+
+
 def v8_error(x, qw, config=None, ref=None):
+    v8_built(x, qw, config)
     out = poisoned_output(x.shape[0], qw.shape[0], x.dtype)
     quant_linear.v8(x, qw, out, config)
     return relative_error(out, reference(x, qw) if ref is None else ref)
@@ -98,6 +110,8 @@ def test_the_call(format, dtype):
     for m in (1, 16, 300):  # V8 up to 256 tokens, the weight widened on the GPU and cuBLAS above
         x, qw = operands(m, 1000, 1024, dtype, format)
         assert quant_linear.uses_v8(m, qw) == (m <= quant_linear.V8_MAX_M)
+        if quant_linear.uses_v8(m, qw):
+            v8_built(x, qw)  # the call's V8, not the widened path that runs while it builds
         ref = reference(x, qw)
         for y in (matmul.matmul(x, qw.T), matmul.linear(x, qw)):
             assert y.shape == (m, 1000) and y.dtype == dtype
@@ -145,6 +159,34 @@ def test_planted_bugs_are_caught(bug, dtype):
     assert v8_error(x, qw, ref=ref) <= TOLERANCE[dtype]
     error = v8_error(x, planted(qw, bug), ref=ref)
     assert error > TOLERANCE[dtype], f"planted {bug}: relative error {error:.3g} passes"
+
+
+def test_a_cuda_graph_captures_the_widened_path_until_v8_is_built():
+    """Captured before its V8 kernel is built (a key no other test builds: int6, bfloat16, the call's
+    configuration for 200 tokens), the call widens the weight and starts no build; once the build
+    child has built it, a capture runs V8. Each graph's replay gives the product."""
+    m, n, k = 200, 1000, 1024
+    x, qw = operands(m, n, k, torch.bfloat16, "int6")
+    key = quant_linear.kernel_key(x.dtype, "int6", quant_linear.config_for(m, n, k, "int6"))
+    ref = reference(x, qw)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # torch's own kernels and handles warmed up on the capturing stream
+        torch.matmul(x, qw.dequantize().T)
+    torch.cuda.current_stream().wait_stream(stream)
+    for built in (False, True):
+        assert (key in quant_linear.builds.launches) == built and not quant_linear.builds.is_building(key)
+        out = poisoned_output(m, n, x.dtype)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            quant_linear.linear(x, qw, out=out)
+        assert not quant_linear.builds.is_building(key)  # nothing started while captured
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert relative_error(out, ref) <= TOLERANCE[x.dtype], f"replay with V8 built: {built}"
+        if not built:
+            v8_built(x, qw)
 
 
 # --- the widening kernel: dequantize() bit for bit, nothing written past N ---

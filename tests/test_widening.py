@@ -10,6 +10,7 @@ widens with ``dequantize``; the last test builds the real kernel for Hopper in t
 (``tests/test_v8_gpu.py`` runs it on the GPU)."""
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -19,7 +20,6 @@ import pytest
 import stand_ins
 import torch
 
-import matmul
 from matmul.call import building, tilus_autotune
 from matmul.kernels import device_context, versions
 from matmul.kernels.variant import Variant
@@ -29,15 +29,10 @@ from matmul.quant import widen
 FORMATS = ("int4", "int6", "fp8_e4m3")
 M = quant_linear.V8_MAX_M + 44  # tokens: more than V8 takes, so the weight is widened for the product
 N, K = 200, 256
-OPEN_LIBRARY = tilus_autotune.load  # the real one: it opens no stand-in's "build"
 
 
 def operands(weight_format, dtype=torch.float16):
-    g = torch.Generator().manual_seed(0)
-    w = (torch.randn(N, K, generator=g) * 0.05).to(dtype)
-    x = torch.randn(M, K, generator=g).to(dtype)
-    qw = matmul.quantize(w, format=weight_format)
-    return x, qw, x @ qw.dequantize().T  # the product of the torch-widened weight, as the call computes it
+    return stand_ins.quantized_operands(M, N, K, weight_format, dtype)
 
 
 @pytest.fixture
@@ -45,28 +40,12 @@ def hopper(monkeypatch):
     """This CPU as a Hopper GPU on which the widening kernel runs once built, nothing of it built,
     building or failed yet, and its build child able to import the stand-ins. Returns
     ``child(builder)``: the build child's stand-in builder from now on, and the requests it gets."""
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
     monkeypatch.setattr(versions, "local_arch", lambda: widen.ARCH)
     monkeypatch.setattr(widen, "runs_here", lambda weight: True)
     monkeypatch.setattr(device_context, "on_device", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(widen.builds, "launches", {})
-    monkeypatch.setattr(widen.builds, "building", set())
-    monkeypatch.setattr(widen.builds, "failed", set())
+    stand_ins.forget_builds(monkeypatch, widen.builds)
     monkeypatch.setattr(tilus_autotune, "load", stand_ins.load_widening)
-    build_in_child = building.build_in_child
-
-    def child(builder, release=None):
-        requests = []
-
-        def run(jobs, on_built, asked_for):
-            requests.append((jobs, asked_for))
-            assert release is None or release.wait(60)
-            build_in_child(jobs, on_built, builder)  # a real child, running the stand-in
-
-        monkeypatch.setattr(building, "build_in_child", run)
-        return requests
-
-    return child
+    return functools.partial(stand_ins.build_children, monkeypatch)
 
 
 @pytest.fixture
@@ -74,19 +53,8 @@ def caller_transpiles(monkeypatch):
     """What this process did towards building a kernel itself: a widening kernel made (tilus
     transpiles it at its first call), a tilus build or JIT instance. Each raises here too, so that a
     kernel built in the caller fails its test at once."""
-    found = []
-
-    def watch(what):
-        def watched(*args, **kwargs):
-            found.append((what, threading.current_thread().name))
-            raise AssertionError(f"{what} in the caller's process")
-
-        return watched
-
-    monkeypatch.setattr(widen, "WidenKernel", watch("WidenKernel"))
-    for name in ("build", "jit_instance", "launch_function"):
-        monkeypatch.setattr(tilus_autotune, name, watch(f"tilus_autotune.{name}"))
-    return found
+    names = ("build", "jit_instance", "launch_function")
+    return stand_ins.forbid_in_caller(monkeypatch, [(widen, "WidenKernel"), *((tilus_autotune, n) for n in names)])
 
 
 def test_the_build_childs_builder_is_installed_when_the_call_is_imported():
@@ -123,21 +91,11 @@ def test_torch_widens_until_the_kernel_built_by_the_child_takes_over(hopper, cal
     assert caller_transpiles == [] and len(requests) == 1
 
 
-@pytest.mark.parametrize(
-    "builder, reason",
-    [
-        ("stand_ins:cpu_build_raising", "widen does not build here"),
-        ("stand_ins:cpu_build_dying", "exited with code 7"),
-        ("stand_ins:cpu_build", "no built tilus program"),  # built, but its library does not open
-    ],
-    ids=["build fails", "child dies", "library does not open"],
-)
+@pytest.mark.parametrize("builder, reason, load", stand_ins.failing_builders("widen"))
 def test_a_widening_kernel_that_does_not_build_leaves_torch_in_place(
-    hopper, caller_transpiles, monkeypatch, caplog, builder, reason
+    hopper, caller_transpiles, caplog, builder, reason, load
 ):
-    requests = hopper(builder)
-    if reason == "no built tilus program":
-        monkeypatch.setattr(tilus_autotune, "load", OPEN_LIBRARY)
+    requests = hopper(builder, load=load)
     x, qw, expected = operands("int4", torch.bfloat16)
     key = (torch.bfloat16, "int4")
     with caplog.at_level(logging.WARNING, logger=widen.__name__):

@@ -852,6 +852,11 @@ def live_quantized(module: ModuleType, dtypes=(torch.float16, torch.bfloat16)) -
     from matmul.measure.timing import interleaved_ms
     from matmul.quant import linear as quant_linear
 
+    def built(dtype, config):
+        """V8 is built by the call's build child; until then ``v8`` runs the widened path."""
+        if not quant_linear.wait_until_built(dtype, "int4", config):
+            raise RuntimeError(f"V8 {config} {dtype} did not build (the log says why)")
+
     def operands(m, n, k, dtype):
         x = torch.empty(m, k, dtype=dtype, device="cuda").uniform_(-1, 1)
         w = torch.empty(n, k, dtype=dtype, device="cuda").normal_(0, 0.05)
@@ -862,6 +867,7 @@ def live_quantized(module: ModuleType, dtypes=(torch.float16, torch.bfloat16)) -
         for m, n, k in V8_CHECK_SHAPES:
             x, _, qw = operands(m, n, k, dtype)
             config = quant_linear.config_for(m, n, k, "int4")
+            built(dtype, config)
             out = correctness.poisoned_output(m, n, dtype)
             quant_linear.v8(x, qw, out, config)
             error = correctness.relative_error(out, x.float() @ qw.dequantize().float().T)
@@ -875,6 +881,7 @@ def live_quantized(module: ModuleType, dtypes=(torch.float16, torch.bfloat16)) -
         out = torch.empty(m, n, dtype=x.dtype, device="cuda")
         dense_out = torch.empty_like(out)
         config = quant_linear.config_for(m, n, k, "int4")
+        built(torch.float16, config)
 
         def v8(x=x, qw=qw, out=out, config=config):
             return quant_linear.v8(x, qw, out, config)

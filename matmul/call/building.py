@@ -20,7 +20,8 @@ kernel on its stdout as it is done, one line each (``tuner.PROTOCOL``): ``{"id",
 or ``{"id", "failed": reason}``. This module imports neither the public call nor the launch path.
 The kernels outside the series that the call runs are built the same way, each installed as its
 module's builder when this module is imported: the swiglu activation's (``kernels.swiglu``,
-``swiglu_in_child``) and the widening of a packed weight (``quant.widen``, ``widen_in_child``).
+``swiglu_in_child``), the widening of a packed weight (``quant.widen``, ``widen_in_child``) and
+Hopper V8 on a packed weight (``quant.linear``, ``v8_in_child``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import torch
 
 from ..kernels import swiglu, versions
 from ..kernels.variant import Variant
+from ..quant import linear as quant_linear
 from ..quant import widen
 from . import tilus_autotune
 from .tuner import CHILD_TIMEOUT_S, DTYPE_NAMES, PROTOCOL, run_child, space_config
@@ -77,6 +79,17 @@ def build_widen(arch: str, dtype: torch.dtype, version: str, config: dict, varia
         return tilus_autotune.build(widen.WidenKernel(dtype=widen.DTYPES[dtype], weight=config["weight"]))
 
 
+def build_v8(arch: str, dtype: torch.dtype, version: str, config: dict, variant: Variant) -> str:
+    """The child's builder for Hopper V8 (``quant.linear``; ``config``: ``{"weight": format}`` and
+    the configuration, as ``quant_linear.kernel_config`` builds it)."""
+    from ..build.compiler import target
+
+    fixed = dict(config)
+    weight_format = fixed.pop("weight")
+    with target(arch):
+        return tilus_autotune.build(quant_linear.script(dtype, weight_format, fixed))
+
+
 def swiglu_in_child(key, on_ready, on_failed) -> None:
     """``kernels.swiglu``'s builder (``swiglu.set_builder``): the kernel of ``key`` (dtype, backward)
     built by a build child on a thread of its own, then its library opened here."""
@@ -89,6 +102,14 @@ def widen_in_child(key, on_ready, on_failed) -> None:
     built by a build child on a thread of its own, then its library opened here."""
     dtype, weight_format = key
     _one_kernel_in_child(key, "widen", build_widen, dtype, {"weight": weight_format}, on_ready, on_failed)
+
+
+def v8_in_child(key, on_ready, on_failed) -> None:
+    """``quant.linear``'s builder (``quant_linear.set_builder``): V8's kernel of ``key`` (dtype, weight
+    format, configuration items: ``quant_linear.kernel_key``) built by a build child on a thread of
+    its own, then its library opened here."""
+    dtype, weight_format, config = key
+    _one_kernel_in_child(key, "v8", build_v8, dtype, {"weight": weight_format, **dict(config)}, on_ready, on_failed)
 
 
 def _one_kernel_in_child(key, kernel: str, build, dtype: torch.dtype, config: dict, on_ready, on_failed) -> None:
@@ -110,7 +131,7 @@ def _one_kernel_in_child(key, kernel: str, build, dtype: torch.dtype, config: di
             return
         try:
             on_ready(key, tilus_autotune.load(program_dir))
-        except Exception as e:  # a library that does not open leaves torch's path in place
+        except Exception as e:  # a library that does not open leaves the fallback path in place
             on_failed(key, f"{type(e).__name__}: {e}")
 
     builder = f"{__name__}:{build.__name__}"
@@ -173,3 +194,4 @@ def build_in_child(
 # the kernels outside the series, like the chosen ones: never built in the caller
 swiglu.set_builder(swiglu_in_child)
 widen.set_builder(widen_in_child)
+quant_linear.set_builder(v8_in_child)

@@ -7,22 +7,35 @@ V8's configuration is picked by token count (for int4 at decode sizes, also by t
 not tuned per call: the tuner and its cache belong to ``matmul.call``. Up to 256 tokens V8 was
 faster than the widened path on every weight measured there (the widening costs more than the
 product: ``matmul.quant.widen`` says when widen-once pays).
+
+V8's kernels are built off the caller's path, as the call's other kernels are: by the call's build
+child (``matmul.call.building.v8_in_child``, one kernel per dtype, format and configuration as
+``kernel_config`` builds it; tilus caches the build on disk), the caller only opening the library.
+The first call that needs a kernel starts its build; until it is ready, and for good if it did not
+build (with a warning), that call and the next run the widened path above, which computes the same
+product, so no call waits for a compiler. A call inside a CUDA graph capture starts no build: it
+runs V8 if its kernel is built, else the widened path. Tests and benchmarks that time V8, capture it
+or check its output wait for its build first (``wait_until_built``).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
 import torch
 
 from ..contract import MatmulInputError
 from ..kernels import device_context, versions
+from ..kernels.child_built import ChildBuilt, capturing
 from ..kernels.variant import torch_epilogue
 from . import QuantizedWeight, TransposedWeight
 from . import widen as device_widen
 
 V8_MAX_M = 256
 ARCH = "sm_90a"
+
+log = logging.getLogger(__name__)
 
 # (largest M, configuration), first match wins
 CONFIGS = (
@@ -68,30 +81,66 @@ def kernel_config(weight_format: str, config: dict) -> dict:
     return config if fixed is None else {**config, "chunk": fixed}
 
 
+def runs_here(device: torch.device) -> bool:
+    """Whether V8 runs on ``device`` (a Hopper GPU) once built, else the widened path runs."""
+    return device.type == "cuda" and versions.local_arch() == ARCH
+
+
 def uses_v8(m: int, weight: QuantizedWeight) -> bool:
     """Whether ``x @ qw.T`` with M tokens runs V8 here (else: widened once, then cuBLAS)."""
-    return (
-        m <= V8_MAX_M
-        and weight.device.type == "cuda"
-        and versions.local_arch() == ARCH
-        and v8_module().supports(m, weight.shape[0], weight.shape[1])
-    )
+    return m <= V8_MAX_M and runs_here(weight.device) and v8_module().supports(m, weight.shape[0], weight.shape[1])
+
+
+# the kernels, keyed ``kernel_key``, built by the call's build child: the call installs its builder
+# (``matmul.call.building.v8_in_child``) when the package is imported; none: the widened path
+builds = ChildBuilt(log, "Hopper V8 %s did not build (%s); the weight is widened for cuBLAS")
+
+
+def set_builder(builder) -> None:
+    """Build V8's kernels with ``builder`` from now on (``child_built.Builder``)."""
+    builds.set_builder(builder)
+
+
+def kernel_key(dtype: torch.dtype, weight_format: str, config: dict) -> tuple:
+    """What identifies a built V8 kernel: the activations' dtype, the weight's format and the
+    configuration as ``kernel_config`` builds it (sorted items)."""
+    return (dtype, weight_format, tuple(sorted(kernel_config(weight_format, config).items())))
+
+
+def script(dtype: torch.dtype, weight_format: str, config: dict):
+    """V8's tilus script for a kernel key's parts, fixed to ``config`` (not transpiled yet: the build
+    child builds it, ``matmul.call.building.build_v8``)."""
+    module = v8_module()
+    if weight_format == "int4":  # the kernel's own default format
+        return versions.kernel(module, dtype, config)
+    cls = versions._fixed_kernel_class(module.Kernel, tuple(sorted(config.items())))
+    return cls(dtype=versions.TILUS_DTYPES[dtype], weight=weight_format)
 
 
 def v8(x: torch.Tensor, weight: QuantizedWeight, out: torch.Tensor, config: Optional[dict] = None) -> torch.Tensor:
-    """V8 on x [M, K] (row-major, 16-byte aligned rows) into out [M, N] (unit column stride)."""
+    """V8 on x [M, K] (row-major, 16-byte aligned rows) into out [M, N] (unit column stride), in
+    ``config`` (``config_for``'s without one), once the build child has built that kernel; until then
+    (its build started here, unless a CUDA graph is being captured), where it did not build and where
+    V8 does not run, the widened path into out: the same product (module doc; ``wait_until_built``
+    waits for V8)."""
     m, k = x.shape
     n = weight.shape[0]
-    module = v8_module()
-    config = kernel_config(weight.format, config or config_for(m, n, k, weight.format))
-    if weight.format == "int4":
-        script = versions.kernel(module, x.dtype, config)
-    else:
-        cls = versions._fixed_kernel_class(module.Kernel, tuple(sorted(config.items())))
-        script = cls(dtype=versions.TILUS_DTYPES[x.dtype], weight=weight.format)
+    kernel = None
+    if runs_here(x.device):
+        key = kernel_key(x.dtype, weight.format, config or config_for(m, n, k, weight.format))
+        kernel = builds.launch(key, start=not capturing(x.device))
+    if kernel is None:
+        return widened(x, weight, out=out)
     with device_context.on_device(x.device):
-        script(m, n, k, x, weight.packed, out, x.stride(0), weight.packed.stride(0), out.stride(0), 0, weight.scales)
+        kernel(m, n, k, x, weight.packed, out, x.stride(0), weight.packed.stride(0), out.stride(0), 0, weight.scales)
     return out
+
+
+def wait_until_built(dtype: torch.dtype, weight_format: str, config: dict, timeout_s: float = 300.0) -> bool:
+    """Start the build of V8's kernel for ``dtype``, ``weight_format`` and ``config`` (the call's for M
+    tokens: ``config_for``) if it has not started, and wait for it (tests, benchmarks: before timing
+    V8, capturing it or checking its output); False where it does not run or did not build in time."""
+    return versions.local_arch() == ARCH and builds.wait(kernel_key(dtype, weight_format, config), timeout_s)
 
 
 def widened(x: torch.Tensor, weight: QuantizedWeight, out: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -5,7 +5,8 @@ it above ``linear.V8_MAX_M`` tokens, then cuBLAS on the widened weight.
 The kernel is built on first use, off the caller's path (by the call's build child,
 ``matmul.call.building.widen_in_child``, one kernel per format and dtype; tilus caches the build on
 disk); until its build is ready, if it failed, and on any machine that is not a Hopper GPU,
-``widen`` computes the same with torch (``dequantize``), so no call waits for a compiler.
+``widen`` computes the same with torch (``dequantize``), so no call waits for a compiler. A call
+inside a CUDA graph capture starts no build (it runs the kernel if it is built, else torch's path).
 
 The kernel: one CTA of one warpgroup per packed tile (64 weight rows x 128 columns, one scale
 group). Each thread loads its words of the tile straight from HBM (the packed layouts are made for
@@ -46,7 +47,6 @@ built here.
 """
 
 import logging
-import time
 from typing import Optional
 
 import tilus
@@ -56,7 +56,7 @@ from tilus.ir.layout.ops.register_ops import local, spatial
 from tilus.utils import cdiv
 
 from matmul.kernels import device_context, versions
-from matmul.kernels.child_built import ChildBuilt
+from matmul.kernels.child_built import ChildBuilt, capturing
 from pipeline.tma_store import StagedTmaStore
 from pipeline.widen import Fp8Widen, Int4Widen, Int6Widen, reduce_layout
 
@@ -189,7 +189,9 @@ def runs_here(weight) -> bool:
 def widen(weight, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``weight.dequantize()``, the 16-bit [N, K] weight (into ``out``, dense, if given): one launch
     of the kernel once it is built, torch's ``dequantize`` until then and where it does not run."""
-    kernel = builds.launch((weight.dtype, weight.format)) if runs_here(weight) else None
+    kernel = None
+    if runs_here(weight):
+        kernel = builds.launch((weight.dtype, weight.format), start=not capturing(weight.device))
     if kernel is None:
         wide = weight.dequantize()
         return wide if out is None else out.copy_(wide)
@@ -204,14 +206,4 @@ def widen(weight, out: Optional[torch.Tensor] = None) -> torch.Tensor:
 def wait_until_built(dtype: torch.dtype, weight_format: str, timeout_s: float = 300.0) -> bool:
     """Start the build of the kernel for ``dtype`` and ``weight_format`` if it has not started, and
     wait for it (tests, benchmarks); False where it does not run or did not build in time."""
-    if versions.local_arch() != ARCH:
-        return False
-    key = (dtype, weight_format)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if builds.launch(key) is not None:
-            return True
-        if not builds.is_building(key):
-            return False  # no builder, or the build failed
-        time.sleep(0.1)
-    return False
+    return versions.local_arch() == ARCH and builds.wait((dtype, weight_format), timeout_s)

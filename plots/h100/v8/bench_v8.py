@@ -4,7 +4,8 @@ scale per 128 columns, int6, fp8_e4m3; int4 with one scale per row is not a form
 256, 1024, 4096} tokens, on the weights 4096 x 4096, 6144 x 4096, 28672 x 4096 and 4096 x 14336.
 
 Each row times the call as it runs (V8 in the call's configuration up to 256 tokens, above that the
-weight widened on the GPU by ``matmul.quant.widen`` then cuBLAS), after checking its output
+weight widened on the GPU by ``matmul.quant.widen`` then cuBLAS; each kernel built by the call's
+build child and waited for first: ``v8_kernel``/``widen_kernel`` say whether it was), after checking its output
 (NaN-poisoned) against a float32 reference from ``qw.dequantize()``, against:
 
 * cuBLAS fp16/bf16 (``torch.matmul``) on the unquantized weight, the issue's yardstick;
@@ -27,7 +28,8 @@ measured; ``bench.md`` is the table.
     python plots/h100/v8/bench_v8.py OUT_DIR [--formats int4,fp8_e4m3] [--dtypes bfloat16]
         [--tokens 1,1024] [--shapes 4096x4096,28672x4096]
 
-All kernels it launches are built first, in parallel processes (``--no-prebuild`` skips that).
+All kernels it launches are built first, in parallel processes, into tilus's cache, where the call's
+build child finds them (``--no-prebuild`` skips that: the build child then builds each one).
 """
 
 from __future__ import annotations
@@ -126,8 +128,9 @@ def measure(fmt, m, w, qw, floor) -> dict:
         "k": k,
         "path": "V8" if v8 else "widen + cuBLAS",
     }
-    if v8:
+    if v8:  # V8 is built by the call's build child: time it, not the widened path that runs meanwhile
         row["config"] = quant_linear.kernel_config(qw.format, quant_linear.config_for(m, n, k, qw.format))
+        row["v8_kernel"] = quant_linear.wait_until_built(dtype, qw.format, row["config"])
     if not v8:  # the widening kernel is built by the call's build child: time it, not torch's dequantize meanwhile
         row["widen_kernel"] = device_widen.wait_until_built(dtype, qw.format)
     out = poisoned_output(m, n, dtype)

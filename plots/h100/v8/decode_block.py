@@ -5,7 +5,8 @@ head), a static KV cache holding 1024 tokens, batch 1 and 16, each step captured
 
 * ours: the copy switched by ``matmul.nn.convert(model, weights="int4")``: every projection's
   weight packed by ``matmul.quantize`` (one scale per 128 columns) and run by ``matmul.linear(x, qw)``
-  (V8 at these token counts);
+  (V8 at these token counts, each of its kernels built by the call's build child and waited for
+  before the step runs and is captured: ``v8_built`` says whether all were);
 * theirs: the same block in float16 through torch (cuBLAS), unquantized.
 
 Both steps are timed in back-to-back windows of graph replays, alternating (``harness.model.compare``:
@@ -21,6 +22,7 @@ quantization's own error, which the second should match).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import copy
 import json
 import sys
@@ -31,6 +33,7 @@ import torch
 import matmul
 from matmul.harness import drop_in
 from matmul.harness import model as model_bench
+from matmul.quant import linear as quant_linear
 
 CONTEXT = 1024  # tokens in the KV cache before the timed step
 
@@ -50,6 +53,20 @@ def dequantized(layer: torch.nn.Linear) -> torch.nn.Linear:
     with torch.no_grad():
         layer.weight.copy_(matmul.quantize(layer.weight, format="int4").dequantize())
     return layer
+
+
+def wait_for_v8(model: torch.nn.Module, batch: int) -> bool:
+    """Wait until V8's kernel for each quantized projection of ``model`` at ``batch`` tokens is built
+    (by the call's build child, in parallel): until then the call widens the weight for cuBLAS, and
+    a graph captured meanwhile would keep that path. Whether every one was built."""
+    keys = set()
+    for layer in model.modules():
+        if isinstance(layer, matmul.nn.QuantizedLinear):
+            qw = layer.weight
+            keys.add(quant_linear.kernel_key(qw.dtype, qw.format, quant_linear.config_for(batch, *qw.shape, qw.format)))
+    with concurrent.futures.ThreadPoolExecutor(max(len(keys), 1)) as pool:
+        built = pool.map(lambda key: quant_linear.wait_until_built(key[0], key[1], dict(key[2])), keys)
+        return all(list(built))
 
 
 def relative(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -111,6 +128,7 @@ def main(argv=None) -> None:
     rows = []
     with torch.inference_mode():
         for batch in (int(b) for b in args.batches.split(",")):
+            v8_built = wait_for_v8(ours, batch)  # before the eager outputs and the capture
             steps = {
                 name: decode_step(model, batch, dtype)
                 for name, model in (("ours", ours), ("theirs", reference), ("widened", widened))
@@ -124,6 +142,7 @@ def main(argv=None) -> None:
                 "context": CONTEXT,
                 "dtype": args.dtype,
                 "linears_int4": swapped,
+                "v8_built": v8_built,
                 "int4_us": result["matmul_ms"] * 1e3,
                 "fp16_us": result["torch_ms"] * 1e3,
                 "ratio": result["ratio"],

@@ -11,7 +11,11 @@ import matmul
 from matmul.measure.correctness import poisoned_output, relative_error
 from matmul.quant import linear as quant_linear
 
+CONFIG = {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 8}
+
 for dtype in (torch.float16, torch.bfloat16):
+    # built by the call's build child; until then v8() runs the widened path: torch's unpacking, not V8's
+    assert quant_linear.wait_until_built(dtype, "int4", CONFIG), f"V8 {CONFIG} {dtype} did not build"
     n, k = 128, 256
     w = torch.randn(n, k, dtype=dtype, device="cuda") * 0.05
     qw = matmul.quantize(w)
@@ -21,7 +25,7 @@ for dtype in (torch.float16, torch.bfloat16):
     for i, c in enumerate(cols):
         x[i, c] = 1
     out = poisoned_output(len(cols), n, dtype)
-    quant_linear.v8(x, qw, out, {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 8})
+    quant_linear.v8(x, qw, out, CONFIG)
     got = out.float()
     for i, c in enumerate(cols):
         ok = torch.allclose(got[i], wd[:, c], atol=1e-3, rtol=1e-2)
@@ -34,5 +38,5 @@ for dtype in (torch.float16, torch.bfloat16):
         print(line, flush=True)
     xr = torch.randn(16, k, dtype=dtype, device="cuda")
     out = poisoned_output(16, n, dtype)
-    quant_linear.v8(xr, qw, out, {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 8})
+    quant_linear.v8(xr, qw, out, CONFIG)
     print(dtype, "random relative error", relative_error(out, xr.float() @ wd.T), flush=True)
