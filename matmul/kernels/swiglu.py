@@ -28,7 +28,7 @@ from tilus.ir.layout.ops.register_ops import local, spatial
 from tilus.utils import cdiv
 
 from . import device_context, versions
-from .child_built import ChildBuilt
+from .child_built import ChildBuilt, capturing
 from .variant import SWIGLU_GROUP, activate, gate_up_groups
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ def _kernel(y: torch.Tensor, backward: bool):
         return None  # (no rows: an empty grid is no launch; torch's path returns the empty result)
     if versions.local_arch() != ARCH:
         return None
-    return builds.launch((y.dtype, backward))
+    return builds.launch((y.dtype, backward), start=not capturing(y.device))  # a capture starts no build
 
 
 def forward(y: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
