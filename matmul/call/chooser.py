@@ -342,8 +342,8 @@ class Chooser:
         """The choice of the nearest relative of this bucket whose kernel takes this shape and this
         variant: a bucket of the same architecture, GPU and N x K bucket (measured here over shipped
         for one key), of this key's dtype or the other 16-bit one (``RELATED_DTYPES``), and of this
-        key's variant or the plain one. Nearest in log(M) first; at the same distance this dtype
-        before the other, then this variant before the plain one, then the larger M. None if none.
+        key's variant or the plain one. Nearest in log(M) first; at the same distance this variant
+        before the plain one, then this dtype before the other, then the larger M. None if none.
 
         Why relatives count: float16 and bfloat16 run the same instructions at the same rate, and a
         variant (``b`` read as [K, N], a bias, an activation) changes how a kernel reads one operand
