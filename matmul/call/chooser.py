@@ -64,6 +64,7 @@ from typing import Callable, Optional
 import torch
 
 from ..kernels import versions
+from ..kernels.child_built import capturing
 from ..kernels.variant import PLAIN, Variant
 from . import building, tilus_autotune
 from .background import Worker
@@ -213,7 +214,7 @@ class Chooser:
             self.cache = ChoiceCache()  # located when first needed: MATMUL_CACHE_DIR may be set late
         arch = self.arch_of(device)
         key = choice_key(arch, self.gpu_name(device), dtype, m, n, k, variant)
-        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        in_capture = capturing(device)
         mode = self.mode
         with self.lock:
             if memo in self.entries:
@@ -225,7 +226,7 @@ class Chooser:
             if mode != "blocking":
                 instant = known or self.nearest(arch, key, m, n, k, variant) or {"version": VENDOR, "config": {}}
                 instant = {**instant, "source": instant.get("source", "fallback"), "key": key}
-                if capturing:  # nothing may start: this call's choice only
+                if in_capture:  # nothing may start: this call's choice only
                     return arch, {**instant, "transient": True}
                 self.entries[memo] = (arch, instant)
                 if mode == "background":
@@ -234,7 +235,7 @@ class Chooser:
                         job.update(narrowed(job["names"], instant))
                     self.tuner.submit(key, (memo, job), group=(arch, device, dtype))
                 return self.entries[memo]
-        if capturing:
+        if in_capture:
             raise NotTunedError(
                 f"matmul() has no choice for {key} and cannot tune while a CUDA graph is being captured "
                 f"({SWITCH}=blocking); call matmul() on these shapes once before capturing (or matmul.tune(...))"
@@ -255,7 +256,7 @@ class Chooser:
         if program in self.programs:
             return now
         if program not in self.failed and not now.get("transient"):
-            if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            if not capturing(device):
                 self.builder.submit(program, (arch, dtype, entry, variant), group=BUILD_GROUP)
         waiting = {"version": VENDOR, "config": {}, **{k: now[k] for k in PROVENANCE if k in now}}
         if program in self.failed:
@@ -413,7 +414,7 @@ class Chooser:
                     hint = self.hint(arch, key, m, n, k, variant) if narrow else None
                     if hint is not None:
                         jobs[key].update(narrowed(jobs[key]["names"], hint))
-            if jobs and device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            if jobs and capturing(device):
                 raise NotTunedError(
                     f"matmul() has no choice for {', '.join(jobs)} and cannot tune while a CUDA graph is being "
                     "captured; call matmul() on these shapes once before capturing (or matmul.tune(...))"
