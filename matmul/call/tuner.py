@@ -291,6 +291,14 @@ def vendor_launch(m, n, k, a, bt, out, lda, ldb, ldc, bias=0) -> None:
         c.copy_(torch.matmul(a, bt.T))
 
 
+def variant_vendor(a, b, bias, activation: Optional[str]) -> torch.Tensor:
+    """cuBLAS's candidate for a variant: a @ b (b [K, N], a view or not) with the bias and the
+    activation as ``F.linear`` + the activation run them, into a new output (a copy into the
+    kernels' output buffer would be timed with it, and neither torch nor the call pays one)."""
+    y = torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
+    return variants.torch_epilogue(y, None, activation)
+
+
 # probe(program, a, b, c): a function that measures the host's time in ms per call of
 # ``matmul(a, b.T)`` where it launches ``program`` (the compiled launch function of a version,
 # writing c; None: cuBLAS). Made by ``child.host_probe``, which knows the public call.
@@ -334,10 +342,7 @@ def gpu_worker(
         vendor = functools.partial(vendor_launch, *args)
     else:
         vendor_b = b.T if variant.b_layout == "nk" else operand
-
-        def vendor():  # as F.linear + the activation run it: a new output, no copy into ``out`` timed with it
-            y = torch.mm(a, vendor_b) if bias is None else torch.addmm(bias, a, vendor_b)
-            return variants.torch_epilogue(y, None, variant.activation)
+        vendor = functools.partial(variant_vendor, a, vendor_b, bias, variant.activation)
 
     vendor_ms = functools.cache(lambda: median_ms(vendor, warmup_ms=20.0, repeat_ms=100.0))
     probe = probe if variant == PLAIN else None

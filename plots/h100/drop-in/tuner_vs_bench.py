@@ -53,12 +53,11 @@ def case(name, m, n, k, key, version, config, dtype=torch.float16, rounds=5) -> 
     kernel = versions.kernel(versions.load("sm_90a", version), dtype, config, variant)
     copies = [operand] + [operand.clone() for _ in range(model.layer_count(operand) - 1)]  # B as the kernel reads it
 
-    def vendor(b):  # as the tuner's cuBLAS candidate for a variant
-        y = torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
-        return variants.torch_epilogue(y, None, variant.activation)
-
     runs = [functools.partial(kernel, *versions.launch_args(a, c, out, bias, variant.b_layout)) for c in copies]
-    vendors = [functools.partial(vendor, c.T if variant.b_layout == "nk" else c) for c in copies]
+    vendors = [  # the tuner's cuBLAS candidate for the variant
+        functools.partial(tuner.variant_vendor, a, c.T if variant.b_layout == "nk" else c, bias, variant.activation)
+        for c in copies
+    ]
     runs[0]()
     row = dict(name=name, m=m, n=n, k=k, variant=key, version=version, config=config, copies=len(copies))
     row["error"] = relative_error(out, ref)
