@@ -17,7 +17,7 @@ import torch
 from stand_ins import build_here, load_built
 
 import matmul
-from matmul.call import api, chooser, tuner
+from matmul.call import api, chooser, launch, tuner
 from matmul.call.choice_cache import ChoiceCache, ShippedTable, write_shipped
 from matmul.call.chooser import Chooser
 from matmul.call.launch import Plans, SeriesPlan, VendorPlan, signature
@@ -414,6 +414,35 @@ def test_the_tuners_cublas_candidate_for_a_variant_times_what_torch_runs_and_no_
             patch.setattr(torch.Tensor, "copy_", watched)
             result = vendor.run()
         assert copies == [] and result.shape == (40, 24) and vendor.error <= TOLERANCE[torch.float16]
+
+
+@pytest.mark.parametrize(
+    "variant", [PLAIN, Variant("kn"), Variant("nk", True, "gelu_tanh"), Variant("nk", False, "silu")], ids=str
+)
+def test_the_host_probe_times_each_variants_own_public_call(monkeypatch, variant):
+    """A candidate's host time is measured through the call a model makes for its variant
+    (``matmul(x, w.T)``, ``matmul(x, W)`` with W [K, N], ``linear`` with an epilogue): torch's call for
+    a row-major B or an epilogue costs its caller more host time than its kernels take at decode
+    sizes. The stand-in program counts its launches: every probed call must reach it."""
+    from matmul.call import child
+
+    monkeypatch.setattr(api, "matmul", api.python_matmul)  # the native entry would route by its own table
+    monkeypatch.setattr(api, "linear", api.python_linear)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
+    a, w = random_operands(40, 24, 32, torch.float16, device=CPU)  # w [N, K]
+    operand = w if variant.b_layout == "nk" else w.T.contiguous()  # B as the kernel reads it
+    bias = torch.randn(24, dtype=torch.float16) if variant.bias else None
+    c = torch.empty(40, 24, dtype=torch.float16)
+    launches, epilogues, activation = [], [], launch.swiglu.activation
+    bias_ptr = 0 if bias is None else bias.data_ptr()
+    measure = child.host_probe(lambda *args: launches.append((*args[:3], args[9])), a, operand, c, bias, variant, 5)
+    assert measure() > 0 and launches == [(40, 24, 32, bias_ptr)] * 15  # 10 calls to warm up, then the timed ones
+    monkeypatch.setattr(launch.swiglu, "activation", lambda y, name: epilogues.append(name) or activation(y, name))
+    with monkeypatch.context() as patch:  # cuBLAS's candidate: torch.mm, or addmm with the bias, then the activation
+        patch.setattr(torch, "addmm", lambda *args: epilogues.append("bias") or torch.mm(*args[1:]) + args[0])
+        vendor = child.host_probe(None, a, operand, c, bias, variant, calls=5)
+        assert vendor() > 0
+    assert epilogues == (["bias"] * variant.bias + [variant.activation]) * 15
 
 
 # --- a version called on its own -----------------------------------------------------------------

@@ -46,6 +46,24 @@ SMALL = quant_linear.config_for(16)
 WIDE = {"block_m": 64, "warpgroups": 2, "split": 2, "stages": 4, "chunk": 64}
 
 
+def the_files_kernels() -> list[tuple]:
+    """Every V8 kernel (dtype, format, configuration) the tests below check, but the one the CUDA
+    graph test must find unbuilt: built first, in parallel (``kernels_built``)."""
+    kernels = [(dtype, "int4", c) for dtype in DTYPES for c in versions.space(versions.load(ARCH, "v8"))]
+    for dtype in DTYPES:
+        kernels += [(dtype, "int4", quant_linear.config_for(m, n, k, "int4")) for m in TOKENS for n, k in WEIGHTS]
+        kernels += [(dtype, f, c) for f in OTHER_FORMATS for c in (SMALL, WIDE)]
+        kernels += [(dtype, f, quant_linear.config_for(m, 1000, 1024, f)) for f in BUGS.values() for m in (1, 16)]
+    return list({quant_linear.kernel_key(*kernel): kernel for kernel in kernels}.values())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels_built():
+    """One build child a core at once: waited for one by one, the ~70 kernels' builds on a fresh
+    machine outlast any run (each test still waits for its own: ``v8_built``)."""
+    quant_linear.wait_until_all_built(the_files_kernels())
+
+
 def operands(m, n, k, dtype, format="int4"):
     x = torch.empty(m, k, dtype=dtype, device="cuda").uniform_(-1, 1)
     w = torch.empty(n, k, dtype=dtype, device="cuda").normal_(0, 0.05)

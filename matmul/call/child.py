@@ -17,31 +17,55 @@ from typing import Callable, Optional
 
 import torch
 
+from ..kernels.variant import PLAIN, Variant
 from . import api, building, launch, tuner
 
 
-def host_probe(program: Optional[Callable], a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, calls: int = 200):
-    """A function that measures the host's time in ms per call of ``matmul(a, b.T)`` (b [N, K]) when
-    it launches ``program`` (a version's compiled launch function writing rows like ``c``; None:
-    cuBLAS): ``calls`` calls issued back to back (the GPU drained first, too few calls to fill the
-    launch queue), through ``api.matmul`` itself with a plan table that holds only that plan."""
-    bt = b.T
+def host_probe(
+    program: Optional[Callable],
+    a: torch.Tensor,
+    operand: torch.Tensor,
+    c: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    variant: Variant = PLAIN,
+    calls: int = 200,
+):
+    """A function that measures the host's time in ms per call of the public call of ``variant``
+    when it launches ``program`` (a version's compiled launch function writing rows like ``c``;
+    None: cuBLAS and torch's epilogue): ``matmul(a, w.T)`` for the plain variant and ``matmul(a,
+    b)`` for b [K, N] (``operand``: B as the kernel reads it, w [N, K] or b [K, N]), ``linear(a, w,
+    bias, activation)`` for an epilogue. ``calls`` calls issued back to back (the GPU drained first,
+    too few calls to fill the launch queue), through ``api`` itself with a plan table that holds
+    only that plan."""
+    b = operand.T if variant.b_layout == "nk" else operand  # as the caller hands it to the product
     if program is None:
-        plan = launch.VendorPlan(a, bt, None)
+        plan = launch.VendorPlan(a, b, None, variant)
     else:
-        plan = launch.SeriesPlan(program, a, bt, b, "nk", c, None)
+        plan = launch.SeriesPlan(program, a, b, operand, variant.b_layout, c, None, variant)
     table = launch.Plans(chooser=None)
-    table.keep(plan, a, bt)
+    fused = variant.bias or variant.activation is not None
+    if fused:  # linear's plans and routes, as ``Plans.launch_fused`` keeps them
+        table.remember(launch.fused_signature(a, b, None, bias, variant), plan, a, b, bias, variant)
+        activation = variant.activation
+
+        def call():
+            api.linear(a, operand, bias, activation)
+
+    else:
+        table.keep(plan, a, b)
+
+        def call():
+            api.matmul(a, b)
 
     def measure() -> float:
         saved = api.use_plans(table)
         try:
             for _ in range(10):
-                api.matmul(a, bt)
+                call()
             torch.cuda.synchronize()
             begin = time.perf_counter()
             for _ in range(calls):
-                api.matmul(a, bt)
+                call()
             elapsed = time.perf_counter() - begin
             torch.cuda.synchronize()
         finally:

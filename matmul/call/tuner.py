@@ -12,10 +12,13 @@ How a bucket is tuned (``tune``): every candidate is autotuned by tilus over its
 random operands of the shape (never the caller's), checked against the float32 reference on a
 NaN-poisoned output, and the survivors are timed in ``TUNING_ROUNDS`` alternating rounds, each
 candidate in one window with cuBLAS, launched in turn (``_gpu_timer``). Where kernels are short
-(cuBLAS under ``HOST_BOUND_MS``), each candidate's host time per call through ``matmul()``'s own
-launch path is measured too (``host_ms``): launched back to back, as a model issues them, a call
-costs the longer of the two, and that is what is compared (``call_ms``); so a version whose launch
-costs the host less can win a shape where cuBLAS's kernel alone is faster. Host times are taken
+(cuBLAS under ``HOST_BOUND_MS``), each candidate's host time per call through the public call's
+own launch path (``matmul()``, or ``linear`` for an epilogue) is measured too (``host_ms``): torch's
+call for a row-major B or an epilogue costs its caller more host time than its kernels take at
+decode sizes, which a flushed timing of the kernels alone does not see. Launched back to back, as
+a model issues them, a call costs the longer of the two, and that is what is compared
+(``call_ms``); so a version whose launch costs the host less can win a shape where cuBLAS's kernel
+alone is faster. Host times are taken
 in ``HOST_ROUNDS`` alternating rounds and the least of each candidate's kept (``host_times``): a
 hiccup of the host (another process, a page fault) only ever adds time, and one that falls on
 one candidate's only measurement would decide the shape. A version replaces
@@ -299,10 +302,11 @@ def variant_vendor(a, b, bias, activation: Optional[str]) -> torch.Tensor:
     return variants.torch_epilogue(y, None, activation)
 
 
-# probe(program, a, b, c): a function that measures the host's time in ms per call of
-# ``matmul(a, b.T)`` where it launches ``program`` (the compiled launch function of a version,
-# writing c; None: cuBLAS). Made by ``child.host_probe``, which knows the public call.
-HostProbe = Callable[[Optional[Callable], torch.Tensor, torch.Tensor, torch.Tensor], Callable[[], float]]
+# probe(program, a, operand, c, bias, variant): a function that measures the host's time in ms per
+# call of the variant's public call (``matmul(a, w.T)``, ``matmul(a, b)`` with b [K, N], or
+# ``linear``; operand: B as the kernel reads it) where it launches ``program`` (the compiled launch
+# function of a version, writing c; None: cuBLAS). Made by ``child.host_probe``, which knows the call.
+HostProbe = Callable[..., Callable[[], float]]
 
 
 def variant_operands(m: int, n: int, k: int, dtype: torch.dtype, device, variant: Variant):
@@ -334,7 +338,9 @@ def gpu_worker(
     ``variant``. cuBLAS's candidate is torch.matmul followed by the variant's epilogue in torch (what
     a model runs today); a version's is its kernel built for the variant, autotuned by tilus over
     its space, or with the configuration ``configs`` names for it (a narrowed tuning: the chooser's
-    ``narrowed``). Host times (``probe``) only for the plain variant, through ``matmul()``."""
+    ``narrowed``). Host times (``probe``) through the variant's public call (``matmul()`` or ``linear``):
+    at decode sizes torch's own call for a row-major B or an epilogue costs its caller more host time
+    than its kernels take, which a flushed timing of the kernels alone does not see."""
     a, b, operand, bias, ref = variant_operands(m, n, k, dtype, device, variant)
     out = poisoned_output(m, variant.out_columns(n), dtype, device=device)
     args = versions.launch_args(a, operand, out, bias, variant.b_layout)
@@ -345,13 +351,12 @@ def gpu_worker(
         vendor = functools.partial(variant_vendor, a, vendor_b, bias, variant.activation)
 
     vendor_ms = functools.cache(lambda: median_ms(vendor, warmup_ms=20.0, repeat_ms=100.0))
-    probe = probe if variant == PLAIN else None
 
     def prepare(version: str) -> Candidate:
         if version == VENDOR:
             out.fill_(float("nan"))
             result = vendor()  # a variant's: its own output
-            host = host_timer(probe, None, a, b, out, vendor_ms)
+            host = host_timer(probe, None, a, operand, out, bias, variant, vendor_ms)
             return Candidate(
                 version, {}, relative_error(out if result is None else result, ref), vendor, vendor, vendor_ms, host
             )
@@ -360,7 +365,8 @@ def gpu_worker(
         out.fill_(float("nan"))
         fixed(*args)
         error = relative_error(out, ref)
-        host = host_timer(probe, lambda: tilus_autotune.launch_function(fixed), a, b, out, vendor_ms)
+        program = functools.partial(tilus_autotune.launch_function, fixed)
+        host = host_timer(probe, program, a, operand, out, bias, variant, vendor_ms)
         run = functools.partial(fixed, *args)
         return Candidate(version, config, error, run, vendor, vendor_ms, host, lambda: tilus_autotune.build(fixed))
 
@@ -385,14 +391,22 @@ HOST_BOUND_MS = 0.1  # kernels longer than cuBLAS's this: the host's time to iss
 
 
 def host_timer(
-    probe: Optional[HostProbe], program: Optional[Callable], a, b, c, vendor_ms: Callable[[], float]
+    probe: Optional[HostProbe],
+    program: Optional[Callable],
+    a,
+    operand,
+    c,
+    bias,
+    variant: Variant,
+    vendor_ms: Callable[[], float],
 ) -> Optional[Callable[[], float]]:
-    """A function that measures the host's time per call of ``matmul(a, b.T)`` launching ``program()``
-    (None: cuBLAS) with the public call's own path (``probe``); None where there is no probe or
-    the shape's kernels are too long for the host's time to matter."""
+    """A function that measures the host's time per call of the variant's public call launching
+    ``program()`` (None: cuBLAS) with the call's own path (``probe``; ``operand``: B as the kernel
+    reads it); None where there is no probe or the shape's kernels are too long for the host's
+    time to matter."""
     if probe is None or a.device.type != "cuda" or vendor_ms() > HOST_BOUND_MS:
         return None
-    return probe(None if program is None else program(), a, b, c)
+    return probe(None if program is None else program(), a, operand, c, bias, variant)
 
 
 def _gpu_timer(candidate: Candidate) -> float:

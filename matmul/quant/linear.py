@@ -143,6 +143,18 @@ def wait_until_built(dtype: torch.dtype, weight_format: str, config: dict, timeo
     return versions.local_arch() == ARCH and builds.wait(kernel_key(dtype, weight_format, config), timeout_s)
 
 
+def wait_until_all_built(kernels, timeout_s: float = 600.0) -> list[bool]:
+    """``wait_until_built`` for each of ``kernels`` ((dtype, weight format, configuration) triples),
+    at most one build child a core at once (tests and benchmarks that need many kernels: one after
+    another, each child's start and build would add up); whether each was built, in order."""
+    import concurrent.futures
+    import os
+
+    kernels = list(kernels)
+    with concurrent.futures.ThreadPoolExecutor(max(min(len(kernels), os.cpu_count() or 1), 1)) as pool:
+        return list(pool.map(lambda item: wait_until_built(*item, timeout_s=timeout_s), kernels))
+
+
 def widened(x: torch.Tensor, weight: QuantizedWeight, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The weight widened to 16 bits once (``matmul.quant.widen``: its kernel once the build child has
     built it, torch's ``dequantize`` until then), then cuBLAS: x [M, K] @ w.T."""

@@ -74,7 +74,32 @@ def case(name, m, n, k, key, version, config, dtype=torch.float16, rounds=5) -> 
     return row
 
 
+def _build(item) -> str:
+    from matmul.call import building
+
+    name, m, n, k, key, version, config = item
+    try:
+        building.build_kernel("sm_90a", torch.float16, version, config, variants.Variant.parse(key))
+    except Exception as e:  # the case then builds (and fails) in the timing process, with its message
+        return f"{name} {key} {version}: {type(e).__name__}: {e}"
+    return ""
+
+
+def prebuild() -> None:
+    """Every case's kernel built at once in forked processes (before this process touches CUDA):
+    a fresh machine would otherwise build them one after another inside the timing loop."""
+    import concurrent.futures
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=len(CASES), mp_context=context) as pool:
+        for failure in pool.map(_build, CASES):
+            if failure:
+                print("build failed:", failure[-400:], flush=True)
+
+
 def main(path):
+    prebuild()
     torch.manual_seed(0)
     rows = []
     for item in CASES:

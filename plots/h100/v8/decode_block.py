@@ -22,7 +22,6 @@ quantization's own error, which the second should match).
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import copy
 import json
 import sys
@@ -64,9 +63,7 @@ def wait_for_v8(model: torch.nn.Module, batch: int) -> bool:
         if isinstance(layer, matmul.nn.QuantizedLinear):
             qw = layer.weight
             keys.add(quant_linear.kernel_key(qw.dtype, qw.format, quant_linear.config_for(batch, *qw.shape, qw.format)))
-    with concurrent.futures.ThreadPoolExecutor(max(len(keys), 1)) as pool:
-        built = pool.map(lambda key: quant_linear.wait_until_built(key[0], key[1], dict(key[2])), keys)
-        return all(list(built))
+    return all(quant_linear.wait_until_all_built((dtype, fmt, dict(config)) for dtype, fmt, config in keys))
 
 
 def relative(x: torch.Tensor, y: torch.Tensor) -> float:

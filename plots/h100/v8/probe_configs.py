@@ -11,7 +11,6 @@ are made on the host and copied, the output is ``torch.empty``).
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import sys
 from pathlib import Path
@@ -69,8 +68,7 @@ def main(argv=None) -> None:
             if c["block_m"] >= min(m, 8) and (c["block_m"] <= 16 or c["block_m"] < 2 * m) and k // 128 >= c["split"]
         ]
         # each built by the call's build child, in parallel (v8() runs the widened path until then)
-        with concurrent.futures.ThreadPoolExecutor(max(len(configs), 1)) as pool:
-            built = list(pool.map(lambda c: quant_linear.wait_until_built(dtype, "int4", c), configs))
+        built = quant_linear.wait_until_all_built((dtype, "int4", c) for c in configs)
         for config in (c for c, ok in zip(configs, built) if not ok):
             print(f"{m}x{n}x{k} {config}: V8 did not build, skipped", flush=True)
         configs = [c for c, ok in zip(configs, built) if ok]
