@@ -46,10 +46,10 @@ SMALL = quant_linear.config_for(16)
 WIDE = {"block_m": 64, "warpgroups": 2, "split": 2, "stages": 4, "chunk": 64}
 
 
-def the_files_kernels() -> list[tuple]:
-    """Every V8 kernel (dtype, format, configuration) the tests below check, but the one the CUDA
-    graph test must find unbuilt: built first, in parallel (``kernels_built``)."""
-    kernels = [(dtype, "int4", c) for dtype in DTYPES for c in versions.space(versions.load(ARCH, "v8"))]
+def the_calls_kernels() -> list[tuple]:
+    """The V8 kernels (dtype, format, configuration) the tests of the call's configurations check,
+    but the one the CUDA graph test must find unbuilt."""
+    kernels = []
     for dtype in DTYPES:
         kernels += [(dtype, "int4", quant_linear.config_for(m, n, k, "int4")) for m in TOKENS for n, k in WEIGHTS]
         kernels += [(dtype, f, c) for f in OTHER_FORMATS for c in (SMALL, WIDE)]
@@ -57,11 +57,17 @@ def the_files_kernels() -> list[tuple]:
     return list({quant_linear.kernel_key(*kernel): kernel for kernel in kernels}.values())
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kernels_built():
-    """One build child a core at once: waited for one by one, the ~70 kernels' builds on a fresh
-    machine outlast any run (each test still waits for its own: ``v8_built``)."""
-    quant_linear.wait_until_all_built(the_files_kernels())
+# built first, a build child a core at once: waited for one by one, the kernels' builds on a fresh
+# machine outlast any run (each test still waits for its own: ``v8_built``)
+@pytest.fixture(scope="module")
+def calls_kernels_built():
+    quant_linear.wait_until_all_built(the_calls_kernels())
+
+
+@pytest.fixture(scope="module")
+def space_built():
+    space = versions.space(versions.load(ARCH, "v8"))
+    quant_linear.wait_until_all_built((dtype, "int4", c) for dtype in DTYPES for c in space)
 
 
 def operands(m, n, k, dtype, format="int4"):
@@ -90,7 +96,7 @@ def v8_error(x, qw, config=None, ref=None):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_ragged_shapes(dtype):
+def test_ragged_shapes(dtype, calls_kernels_built):
     for m in TOKENS:
         for n, k in WEIGHTS:
             x, qw = operands(m, n, k, dtype)
@@ -103,7 +109,7 @@ def test_ragged_shapes(dtype):
     "config", versions.space(versions.load(ARCH, "v8")), ids=lambda c: "-".join(f"{v}" for v in c.values())
 )
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_every_configuration(config, dtype):
+def test_every_configuration(config, dtype, space_built):
     for m in (1, 17, 255):
         for n, k in ((1000, 4096), (31, 128)):
             x, qw = operands(m, n, k, dtype)
@@ -113,7 +119,7 @@ def test_every_configuration(config, dtype):
 
 @pytest.mark.parametrize("format", OTHER_FORMATS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_other_formats_ragged_shapes(format, dtype):
+def test_other_formats_ragged_shapes(format, dtype, calls_kernels_built):
     for m in TOKENS:
         config = SMALL if m <= 16 else WIDE
         for n, k in WEIGHTS:
@@ -124,7 +130,7 @@ def test_other_formats_ragged_shapes(format, dtype):
 
 @pytest.mark.parametrize("format", ["int4", *OTHER_FORMATS])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_the_call(format, dtype):
+def test_the_call(format, dtype, calls_kernels_built):
     for m in (1, 16, 300):  # V8 up to 256 tokens, the weight widened on the GPU and cuBLAS above
         x, qw = operands(m, 1000, 1024, dtype, format)
         assert quant_linear.uses_v8(m, qw) == (m <= quant_linear.V8_MAX_M)
@@ -171,7 +177,7 @@ BUGS = {"nibble order": "int4", "scale group": "int4", "row scale": "fp8_e4m3", 
 
 @pytest.mark.parametrize("bug", list(BUGS))
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_planted_bugs_are_caught(bug, dtype):
+def test_planted_bugs_are_caught(bug, dtype, calls_kernels_built):
     x, qw = operands(16, 1000, 1024, dtype, BUGS[bug])
     ref = reference(x, qw)
     assert v8_error(x, qw, ref=ref) <= TOLERANCE[dtype]
