@@ -519,6 +519,27 @@ def test_a_bucket_near_a_measured_one_is_tuned_among_the_candidates_that_came_cl
     assert "configs" not in alone and alone["names"] == tuner.candidates(ARCH, 1500, 8192, 4096)
 
 
+def test_a_stale_buckets_background_tuning_is_narrowed_by_its_own_times(tmp_path):
+    """As ``tune(narrow=True)`` (``Chooser.hint``): a bucket measured with other kernel sources is
+    timed again among the candidates that came close in its own measurement, not its relative's."""
+    late = LateTuner()
+    timed = {
+        "v4": {"config": entry("v4")["config"], "call_ms": 1.0},
+        "v5": {"config": entry("v5")["config"], "call_ms": 2.0},
+        tuner.VENDOR: {"config": {}, "call_ms": 1.1},
+    }
+    own = {"v3": {"config": entry("v3")["config"], "call_ms": 1.0}, tuner.VENDOR: {"config": {}, "call_ms": 1.2}}
+    measured = {key(1024, 4096, 4096): {**entry("v4"), "candidates": timed}}
+    shipped = {key(128, 4096, 4096): {**entry("v3", fresh=False), "candidates": own}}
+    choose = make_chooser(tmp_path, measured, shipped=shipped, tune_jobs=late)
+    found = choose.get(CPU, torch.float16, 128, 4096, 4096)[1]
+    assert (found["source"], found["stale"]) == ("shipped", True)
+    late.finish.set()
+    assert choose.wait(10)
+    (job,) = late.jobs
+    assert job["names"] == ["v3", tuner.VENDOR] and job["narrowed_from"] == key(128, 4096, 4096)
+
+
 def test_tuning_up_front_narrowed_takes_the_buckets_own_stale_times_else_its_relatives(tmp_path, monkeypatch):
     monkeypatch.setattr(chooser, "PARALLEL_BUILDS", 4)
     late = LateTuner()

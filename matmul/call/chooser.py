@@ -8,7 +8,8 @@ from the first of:
 2. a choice measured here (``choices.json``) or shipped with the package (``shipped/*.json``)
    whose fingerprint matches the kernel sources here: final, nothing more to do;
 3. the same, made with other kernel sources (stale: a kernel was edited since): used at once, and
-   the bucket is measured again in the background;
+   the bucket is measured again in the background among the candidates that came close in that
+   measurement (``hint``, ``narrowed``);
 4. the nearest measured relative of the same N x K (same architecture and GPU; this dtype or the
    other 16-bit one; this variant or the plain one), nearest in log(M), whose kernel takes this
    shape and variant (``nearest``): a version that wins at M = 1024 very likely wins or comes
@@ -229,10 +230,11 @@ class Chooser:
                 if in_capture:  # nothing may start: this call's choice only
                     return arch, {**instant, "transient": True}
                 self.entries[memo] = (arch, instant)
-                if mode == "background":
+                if mode == "background":  # narrowed as ``tune(narrow=True)`` narrows: its own stale times first
                     job = tuning_job(key, arch, m, n, k, variant)
-                    if instant.get("source") == "nearest":
-                        job.update(narrowed(job["names"], instant))
+                    hint = self.hint(arch, key, m, n, k, variant)
+                    if hint is not None:
+                        job.update(narrowed(job["names"], hint))
                     self.tuner.submit(key, (memo, job), group=(arch, device, dtype))
                 return self.entries[memo]
         if in_capture:
