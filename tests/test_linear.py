@@ -3,6 +3,7 @@ read in place, ``linear`` with its fused epilogue, ``matmul.nn`` and the backwar
 launch path with stand-in kernels (tests/stand_ins.py) in place of the GPU."""
 
 import functools
+import time
 from pathlib import Path
 
 import pytest
@@ -450,6 +451,34 @@ def test_swiglu_kernels_are_built_by_the_build_child(monkeypatch):
     )
     assert [job["config"] for (job,), _ in requests] == [{"backward": False}, {"backward": True}]
     assert all(builder == "matmul.call.building:build_swiglu" for _, builder in requests)
+
+
+def test_waiting_for_the_swiglu_kernels_starts_both_builds_at_once(monkeypatch):
+    """``wait_until_built`` starts the forward's and the backward's builds together (not the second
+    once the first is done) and finds built kernels even with no time left to wait."""
+    import threading
+
+    from matmul.kernels import child_built
+
+    started, release = [], threading.Event()
+
+    def builder(key, on_ready, on_failed):
+        started.append(key)
+        threading.Thread(target=lambda: release.wait(10) and on_ready(key, "launch"), daemon=True).start()
+
+    monkeypatch.setattr(swiglu, "builds", child_built.ChildBuilt(swiglu.log, "%s %s"))
+    swiglu.builds.set_builder(builder)
+    monkeypatch.setattr(swiglu.versions, "local_arch", lambda: swiglu.ARCH)
+    waited = threading.Thread(target=lambda: started.append(swiglu.wait_until_built(torch.float16, 10)))
+    waited.start()
+    deadline = time.monotonic() + 10
+    while len(started) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert started == [(torch.float16, False), (torch.float16, True)]  # both, before either is built
+    release.set()
+    waited.join(10)
+    assert started[-1] is True and swiglu.wait_until_built(torch.float16, 0)
+    assert not swiglu.wait_until_built(torch.float32, 10)  # no kernel for that dtype: torch's path
 
 
 def test_the_build_child_builds_the_swiglu_kernel():

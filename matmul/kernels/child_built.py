@@ -63,13 +63,12 @@ class ChildBuilt:
         """Start the build of ``key`` if it has not started, and wait for it (tests, benchmarks); False
         where no builder is installed, the build failed or did not finish within ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        while True:  # asked once even with no time left: a kernel built already is found
             if self.launch(key) is not None:
                 return True
-            if not self.is_building(key):
-                return False  # no builder, or the build failed
+            if not self.is_building(key) or time.monotonic() >= deadline:
+                return False  # no builder, the build failed, or it is not done in time
             time.sleep(0.1)
-        return False
 
     def is_building(self, key=None) -> bool:
         """Whether the build of ``key`` (of any kernel of the family, without one) is under way."""

@@ -142,15 +142,13 @@ def backward(y: torch.Tensor, grad: torch.Tensor, dy: Optional[torch.Tensor] = N
 def wait_until_built(dtype: torch.dtype, timeout_s: float = 300.0) -> bool:
     """Start the builds of both kernels for ``dtype`` if they have not started, and wait for them (tests,
     benchmarks); False where they do not run or did not build in time."""
-    probe = torch.empty(1, 2 * SWIGLU_GROUP, dtype=dtype, device="cuda")
+    if versions.local_arch() != ARCH or dtype not in DTYPES:
+        return False
+    keys = [(dtype, backward) for backward in (False, True)]
+    for key in keys:  # both built at once
+        builds.launch(key)
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if all(_kernel(probe, backward) is not None for backward in (False, True)):
-            return True
-        if not builds.is_building():
-            return False  # not this architecture, or a build failed
-        time.sleep(0.1)
-    return False
+    return all(builds.wait(key, deadline - time.monotonic()) for key in keys)
 
 
 class InterleavedSwiglu(torch.autograd.Function):
