@@ -15,7 +15,10 @@
 
 Eager calls without gradients do not pass through here: the dispatcher costs microseconds per
 call, which ``matmul()``'s short path does not pay (``api.python_matmul`` routes only traced calls and
-calls that need a gradient to these operators).
+calls that need a gradient here). Eager calls that need a gradient run the same launches and the
+same backward through ``torch.autograd.Function``s (``_EagerMatmul``, ``_EagerLinear``), not the
+operators: a custom operator's autograd wrapper costs tens of microseconds of host time each way,
+which a training step pays for every projection; only ``torch.compile`` needs the operators.
 """
 
 from __future__ import annotations
@@ -38,11 +41,15 @@ def _plans():
     return plans_of()
 
 
-@torch.library.custom_op("tilus_matmul::mm", mutates_args=())
-def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    yielding.stamp_call()  # a compiled graph or a backward pass calls the operator, not matmul()
+def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    yielding.stamp_call()  # a compiled graph or a backward pass calls this, not matmul()
     out = empty_padded(a.shape[0], b.shape[1], a.dtype, a.device)  # the strides the fake promises
     return _plans().launch(a, b, out)
+
+
+@torch.library.custom_op("tilus_matmul::mm", mutates_args=())
+def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return _product(a, b)
 
 
 @mm.register_fake
@@ -75,30 +82,59 @@ def _operand(t: torch.Tensor) -> torch.Tensor:
     return empty_padded(*t.shape, t.dtype, t.device).copy_(t)
 
 
-def _backward(ctx, grad):
+def _mm_grads(ctx, grad, product):
+    """dA and dB of C = A B, dA's product launched by ``product`` (the operator, or eager's)."""
     a, b = ctx.saved_tensors
     grad = _operand(grad)
     grad_a = grad_b = None
     if ctx.needs_input_grad[0]:  # dA [M, K] = dC [M, N] @ b^T: for b = w.T, b^T is w, read in place ([K, N] form)
-        grad_a = torch.ops.tilus_matmul.mm(grad, b.T)
+        grad_a = product(grad, b.T)
     if ctx.needs_input_grad[1]:  # dB [K, N] = A^T @ dC: A^T is column-major, which no version reads: cuBLAS
         grad_b = torch.mm(a.T, grad)
     return grad_a, grad_b
 
 
+def _backward(ctx, grad):
+    return _mm_grads(ctx, grad, torch.ops.tilus_matmul.mm)
+
+
 mm.register_autograd(_backward, setup_context=_setup)
+
+
+class _EagerMatmul(torch.autograd.Function):
+    """``mm`` and its backward for eager autograd: the same launches without the dispatcher, whose
+    custom-operator call costs tens of microseconds of host time each way, paid by a training step
+    for every projection. (``torch.compile`` traces the operator instead: it cannot look into this.)"""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return _product(a, b)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _mm_grads(ctx, grad, _eager_product)
+
+
+def _eager_product(a, b):
+    """A backward's product in eager mode: recorded (a double backward: ``create_graph``) or not."""
+    return _EagerMatmul.apply(a, b) if torch.is_grad_enabled() else _product(a, b)
 
 
 # --- linear: the product with its epilogue -------------------------------------------------------
 
 
-@torch.library.custom_op("tilus_matmul::linear", mutates_args=())
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], activation: str) -> torch.Tensor:
-    """act(x @ weight.T + bias) for x [M, K], weight [N, K]: the variant's kernel (``launch.Plans.launch_fused``)."""
+def _linear_product(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], activation: str):
     yielding.stamp_call()
     variant = Variant("nk", bias is not None, activation or None)
     out = empty_padded(x.shape[0], variant.out_columns(weight.shape[0]), x.dtype, x.device)
     return _plans().launch_fused(x, weight.T, bias, variant, out)
+
+
+@torch.library.custom_op("tilus_matmul::linear", mutates_args=())
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], activation: str) -> torch.Tensor:
+    """act(x @ weight.T + bias) for x [M, K], weight [N, K]: the variant's kernel (``launch.Plans.launch_fused``)."""
+    return _linear_product(x, weight, bias, activation)
 
 
 @linear.register_fake
@@ -116,27 +152,50 @@ def _setup_linear(ctx, inputs, output):
     ctx.has_bias = bias is not None
 
 
-def _backward_linear(ctx, grad):
+def _linear_grads(ctx, grad, product):
+    """dX, dW and the bias's gradient of Y = X W^T + bias, dX's product launched by ``product``."""
     x, weight = ctx.saved_tensors
     grad = _operand(grad)
     grad_x = grad_w = grad_b = None
     if ctx.needs_input_grad[0]:  # dX [M, K] = dY [M, N] @ W [N, K]: W read in place as b [K, N]
-        grad_x = torch.ops.tilus_matmul.mm(grad, weight)
+        grad_x = product(grad, weight)
     if ctx.needs_input_grad[1]:  # dW [N, K] = dY^T @ X: dY^T is column-major, which no version reads: cuBLAS
         grad_w = torch.mm(grad.T, x)
     if ctx.has_bias and ctx.needs_input_grad[2]:
         grad_b = grad.sum(0)
-    return grad_x, grad_w, grad_b, None
+    return grad_x, grad_w, grad_b
+
+
+def _backward_linear(ctx, grad):
+    return (*_linear_grads(ctx, grad, torch.ops.tilus_matmul.mm), None)
 
 
 linear.register_autograd(_backward_linear, setup_context=_setup_linear)
 
 
+class _EagerLinear(torch.autograd.Function):
+    """``linear`` without an activation and its backward for eager autograd (``_EagerMatmul``'s reason)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return _linear_product(x, weight, bias, "")
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _linear_grads(ctx, grad, _eager_product)
+
+
 def linear_with_grad(x, weight, bias, activation: Optional[str]):
-    """``linear`` when autograd must record it: the product and bias through the operator (its
-    backward runs the series' kernels where they win), the activation after it, so that autograd
-    keeps the pre-activation its derivative needs (``swiglu.activation``)."""
-    y = torch.ops.tilus_matmul.linear(x, weight, bias, "")
+    """``linear`` when autograd must record it: the product and bias through the operator while
+    ``torch.compile`` traces, else ``_EagerLinear`` (either's backward runs the series' kernels where
+    they win), the activation after it, so that autograd keeps the pre-activation its derivative
+    needs (``swiglu.activation``)."""
+    if torch.compiler.is_compiling():
+        y = torch.ops.tilus_matmul.linear(x, weight, bias, "")
+    else:
+        y = _EagerLinear.apply(x, weight, bias)
     return swiglu.activation(y, activation)
 
 
@@ -155,4 +214,4 @@ def with_grad(a, b, out: Optional[torch.Tensor]):
             "matmul(out=...) does not support automatic differentiation (as torch's "
             "out= functions); call matmul(a, b) without out, or under torch.no_grad()"
         )
-    return torch.ops.tilus_matmul.mm(a, b)
+    return _EagerMatmul.apply(a, b)
