@@ -445,6 +445,17 @@ def test_the_host_probe_times_each_variants_own_public_call(monkeypatch, variant
     assert epilogues == (["bias"] * variant.bias + [variant.activation]) * 15
 
 
+def test_the_tuning_child_starts_no_build_of_the_swiglu_kernel(monkeypatch):
+    from matmul.call import child
+    from matmul.kernels import swiglu
+
+    monkeypatch.setattr(swiglu.builds, "builder", swiglu.builds.builder)  # restored afterwards
+    ran = []
+    monkeypatch.setattr(tuner, "child_main", lambda request, probe: ran.append((request, probe)))
+    child.tuning_main({"jobs": []})
+    assert ran == [({"jobs": []}, child.host_probe)] and swiglu.builds.builder is None
+
+
 # --- a version called on its own -----------------------------------------------------------------
 
 

@@ -17,6 +17,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ..kernels import swiglu
 from ..kernels.variant import PLAIN, Variant
 from . import api, building, launch, tuner
 
@@ -75,12 +76,21 @@ def host_probe(
     return measure
 
 
+def tuning_main(request: dict) -> None:
+    """The tuning child: ``tuner.child_main`` with the host probe. The swiglu activation's kernel is
+    not built here: the probe of a swiglu ``linear``'s cuBLAS plan would otherwise start a build child
+    from this process (the plan times torch's path for the activation instead, as the tuner's
+    cuBLAS candidate does)."""
+    swiglu.set_builder(None)
+    tuner.child_main(request, probe=host_probe)
+
+
 def main() -> None:
     request = json.loads(sys.stdin.read())
     if "build" in request:
         building.child_main(request)
     else:
-        tuner.child_main(request, probe=host_probe)
+        tuning_main(request)
 
 
 if __name__ == "__main__":
