@@ -18,11 +18,10 @@ call for a row-major B or an epilogue costs its caller more host time than its k
 decode sizes, which a flushed timing of the kernels alone does not see. Launched back to back, as
 a model issues them, a call costs the longer of the two, and that is what is compared
 (``call_ms``); so a version whose launch costs the host less can win a shape where cuBLAS's kernel
-alone is faster. Host times are taken
-in ``HOST_ROUNDS`` alternating rounds and the least of each candidate's kept (``host_times``): a
-hiccup of the host (another process, a page fault) only ever adds time, and one that falls on
-one candidate's only measurement would decide the shape. A version replaces
-cuBLAS only when faster by more than ``VENDOR_MARGIN``: within the run-to-run noise of a
+alone is faster. Host times are taken in ``HOST_ROUNDS`` alternating rounds and the least of each
+candidate's kept (``host_times``): a hiccup of the host (another process, a page fault) only ever
+adds time, and one that falls on one candidate's only measurement would decide the shape. A version
+replaces cuBLAS only when faster by more than ``VENDOR_MARGIN``: within the run-to-run noise of a
 power-limited GPU the vendor library is the safer choice.
 
 Isolation (``tune_in_child``): all of that runs in a child process (``python -m
