@@ -24,3 +24,18 @@ def test_training_steps_run_forward_backward_and_the_optimizer():
         assert models[name].training
         assert not torch.equal(models[name].lm_head.weight, before[name])  # the optimizer stepped
         assert models[name].lm_head.weight.grad is not None
+
+
+def test_settle_records_which_kernel_each_bucket_runs(monkeypatch):
+    from matmul.call import api
+
+    monkeypatch.setattr(api._plans, "wait_for_background", lambda timeout_s: True)
+    entries = {
+        1: ("sm_90a", {"key": "b16", "version": "v7", "source": "measured"}),
+        2: ("sm_90a", {"key": "b1024", "version": "cuBLAS", "source": "shipped"}),
+    }
+    monkeypatch.setattr(api._chooser, "entries", entries)
+    row = drop_in.settle(1.0)
+    assert row["finished"] and row["pending"] == 0
+    assert row["choices_by_source"] == {"measured": 1, "shipped": 1}
+    assert row["choices"] == [("b1024", "cuBLAS", "shipped"), ("b16", "v7", "measured")]

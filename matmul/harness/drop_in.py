@@ -276,6 +276,8 @@ def settle(timeout_s: float = SETTLE_S) -> dict:
         "finished": finished,
         "choices_by_source": dict(Counter(entry.get("source") for entry in entries)),
         "pending": sum(bool(api._chooser.tuner.pending(entry.get("key"))) for entry in entries),
+        # which kernel each bucket met so far runs from here on (a model's rows do not say per projection)
+        "choices": sorted({(str(e.get("key")), str(e.get("version")), str(e.get("source"))) for e in entries}),
     }
 
 
