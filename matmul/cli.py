@@ -6,7 +6,7 @@ python -m matmul plot RESULTS.json [...] [--out DIR]
 python -m matmul model [--out DIR] [--dtype float16|bfloat16] [--rounds N]
 python -m matmul candidates VERSION[:knob=int,...] ... [--sizes 4096,8192x14336x4096] [--sustained S | --profile N]
 python -m matmul drop-in [--parts kn,linear,llama] [--out DIR] [--dtype float16|bfloat16] [--rounds N]
-python -m matmul trace [--out DIR] [--calls N] [--wait-s S]
+python -m matmul trace [--out DIR] [--calls N] [--wait-s S] [--parts block,trace,torch_alone]
 python -m matmul tune [--model llama-3-8b] [--m 1-8192] [--shapes MxNxK,...] [--dtype float16,bfloat16]
                       [--narrow] [--out FILE]
 """
@@ -302,9 +302,12 @@ def trace_command(args) -> int:
 
     if versions.local_arch() is None:
         raise ValueError("the trace runs matmul() on a Hopper or Blackwell GPU; there is none here")
-    return trace.main(
-        Path(args.out) if args.out else choice_cache_dir() / "trace", calls=args.calls, wait_s=args.wait_s
-    )
+    out = Path(args.out) if args.out else choice_cache_dir() / "trace"
+    parts = tuple(args.parts.split(","))
+    unknown = set(parts) - set(trace.PARTS)
+    if unknown:
+        raise ValueError(f"--parts takes {', '.join(trace.PARTS)}; got {', '.join(sorted(unknown))}")
+    return trace.main(out, calls=args.calls, wait_s=args.wait_s, parts=parts)
 
 
 def drop_in_command(args) -> int:
@@ -578,6 +581,12 @@ def main(argv=None) -> int:
         default=1800.0,
         help="longest wait for the background tuning before the second pass (default 1800); the "
         "results say whether it finished",
+    )
+    p.add_argument(
+        "--parts",
+        default="block,trace,torch_alone",
+        help="which of block (the block's first forward pass), trace (both passes) and torch_alone to run "
+        "(default all)",
     )
     p.set_defaults(func=trace_command)
     p = sub.add_parser(

@@ -79,3 +79,24 @@ def test_the_first_pass_is_compared_with_torch_alone_at_the_same_place():
     assert found["total_ratio"] == pytest.approx(4.3 / 3.1)
     with pytest.raises(ValueError, match="the traces differ"):
         trace.against_alone(rows, alone[::-1])
+
+
+@pytest.mark.parametrize("parts", [trace.PARTS, ("trace",), ("block", "torch_alone")])
+def test_the_trace_runs_only_the_parts_asked_for(tmp_path, monkeypatch, parts):
+    ran = []
+    monkeypatch.setattr(trace, "blocks_first", lambda env: ran.append("block") or {})
+    monkeypatch.setattr(trace.subprocess, "call", lambda *args, **kwargs: ran.append("trace") or 0)
+    monkeypatch.setattr(trace, "torch_alone", lambda calls: ran.append("torch_alone") or {"error": "stand-in"})
+    assert trace.main(tmp_path, calls=3, wait_s=0.0, parts=parts) == 0
+    assert tuple(ran) == parts
+    assert (tmp_path / "block_first.json").exists() == ("block" in parts)
+    assert (tmp_path / "torch_alone.json").exists() == ("torch_alone" in parts)
+
+
+def test_the_trace_command_refuses_an_unknown_part(monkeypatch):
+    from matmul import cli
+
+    monkeypatch.setattr(cli.versions, "local_arch", lambda: "sm_90a")
+    with pytest.raises(SystemExit) as exit:  # argparse's usage error, which names the parts
+        cli.main(["trace", "--parts", "trace,blocks"])
+    assert exit.value.code == 2
