@@ -285,6 +285,21 @@ def test_eager_autograd_takes_the_functions_not_the_operators(path):
     close(grads[0], grads[1])
 
 
+def test_torch_func_transforms_differentiate_through_the_call(path):
+    """``torch.func.grad`` takes the eager Functions (their ``setup_context`` form), against torch's."""
+    x = torch.randn(6, 48).half()
+    w = torch.randn(40, 48).half()
+    bias = torch.randn(40).half()
+    ours = torch.func.grad(lambda x, w: matmul.linear(x, w, bias, "silu").float().sum(), argnums=(0, 1))(x, w)
+    theirs = torch.func.grad(
+        lambda x, w: torch.nn.functional.silu(torch.nn.functional.linear(x, w, bias.float())).sum(), argnums=(0, 1)
+    )(x.float(), w.float())
+    for a, b in zip(ours, theirs):
+        close(a, b)
+    close(torch.func.grad(lambda x: matmul.matmul(x, w.T).float().square().sum())(x),
+          torch.func.grad(lambda x: (x @ w.float().T).square().sum())(x.float()))  # fmt: skip
+
+
 def test_the_fake_linear_operator_gives_the_shapes():
     from torch._subclasses.fake_tensor import FakeTensorMode
 

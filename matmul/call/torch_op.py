@@ -107,9 +107,12 @@ class _EagerMatmul(torch.autograd.Function):
     for every projection. (``torch.compile`` traces the operator instead: it cannot look into this.)"""
 
     @staticmethod
-    def forward(ctx, a, b):
-        ctx.save_for_backward(a, b)
+    def forward(a, b):
         return _product(a, b)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):  # the form torch.func's transforms take
+        _setup(ctx, inputs, output)
 
     @staticmethod
     def backward(ctx, grad):
@@ -177,10 +180,14 @@ class _EagerLinear(torch.autograd.Function):
     """``linear`` without an activation and its backward for eager autograd (``_EagerMatmul``'s reason)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias):
+    def forward(x, weight, bias):
+        return _linear_product(x, weight, bias, "")
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, weight, bias = inputs
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        return _linear_product(x, weight, bias, "")
 
     @staticmethod
     def backward(ctx, grad):
