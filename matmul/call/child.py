@@ -44,8 +44,7 @@ def host_probe(
     else:
         plan = launch.SeriesPlan(program, a, b, operand, variant.b_layout, c, None, variant)
     table = launch.Plans(chooser=None)
-    fused = variant.bias or variant.activation is not None
-    if fused:  # linear's plans and routes, as ``Plans.launch_fused`` keeps them
+    if variant.fused:  # linear's plans and routes, as ``Plans.launch_fused`` keeps them
         table.remember(launch.fused_signature(a, b, None, bias, variant), plan, a, b, bias, variant)
         activation = variant.activation
 

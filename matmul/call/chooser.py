@@ -225,14 +225,15 @@ class Chooser:
                 self.entries[memo] = (arch, {**known, "key": key})
                 return self.entries[memo]
             if mode != "blocking":
-                instant = known or self.nearest(arch, key, m, n, k, variant) or {"version": VENDOR, "config": {}}
+                # its own stale times, else its nearest relative: without the former, the instant choice too
+                hint = self.hint(arch, key, m, n, k, variant)
+                instant = known or hint or {"version": VENDOR, "config": {}}
                 instant = {**instant, "source": instant.get("source", "fallback"), "key": key}
                 if in_capture:  # nothing may start: this call's choice only
                     return arch, {**instant, "transient": True}
                 self.entries[memo] = (arch, instant)
-                if mode == "background":  # narrowed as ``tune(narrow=True)`` narrows: its own stale times first
+                if mode == "background":  # narrowed as ``tune(narrow=True)`` narrows
                     job = tuning_job(key, arch, m, n, k, variant)
-                    hint = self.hint(arch, key, m, n, k, variant)
                     if hint is not None:
                         job.update(narrowed(job["names"], hint))
                     self.tuner.submit(key, (memo, job), group=(arch, device, dtype))

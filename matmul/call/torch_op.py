@@ -184,10 +184,8 @@ class _EagerLinear(torch.autograd.Function):
         return _linear_product(x, weight, bias, "")
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
-        x, weight, bias = inputs
-        ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
+    def setup_context(ctx, inputs, output):  # the operator's, for its inputs without the activation
+        _setup_linear(ctx, (*inputs, ""), output)
 
     @staticmethod
     def backward(ctx, grad):
