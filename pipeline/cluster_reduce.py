@@ -1,7 +1,9 @@
 """Split-K partial sums reduced across the CTAs of a cluster, through distributed shared memory.
 
 The CTAs of a cluster of ``parts`` CTAs computed the same output tile over different K ranges;
-each holds a float32 partial tile of ``rows x cols`` in registers. The tile's rows are cut into
+each holds a float32 partial tile of ``rows x cols`` in registers (or ``layers`` of them, from
+thread groups of the CTA that split its own K range further: each layer is stored, sent and
+added as a partial of its own). The tile's rows are cut into
 ``parts`` slices and CTA ``r`` (its rank in the cluster) owns slice ``r``: it will add the
 ``parts`` partials of that slice and write the result. No global workspace, no atomics, no second
 launch.
@@ -91,10 +93,13 @@ class SplitKRange(tilus.Class):
     """The K blocks a CTA of rank ``rank`` sums when ``parts`` CTAs split ``num_k_blocks``: the
     contiguous range ``first, first + 1, ..., first + count - 1``. ``count`` is at least 1: a CTA
     whose range is empty (fewer K blocks than CTAs) loads one block wholly past K, which TMA fills
-    with zeros, so every CTA runs the same code and adds a zero partial."""
+    with zeros, so every CTA runs the same code and adds a zero partial. With ``multiple`` > 1 every
+    range but the last starts at a multiple of ``multiple`` blocks and is that long, so a CTA that
+    takes its blocks ``multiple`` at a time never reaches into a peer's range: what lies past its
+    own ``count`` lies past K."""
 
-    def __init__(self, num_k_blocks: int32, parts: int, rank: int32):
-        per_rank: int32 = (num_k_blocks + parts - 1) // parts
+    def __init__(self, num_k_blocks: int32, parts: int, rank: int32, multiple: int = 1):
+        per_rank: int32 = (num_k_blocks + parts * multiple - 1) // (parts * multiple) * multiple
         self.first: int32 = rank * per_rank
         self.count: int32 = max(min(num_k_blocks - self.first, per_rank), 1)
 
@@ -106,24 +111,26 @@ class ClusterSplitKReduce(tilus.Class):
     warpgroup) and of ``8 * parts``. With ``parts == 1`` there is nothing to exchange: the tile
     only passes through shared memory on its way out."""
 
-    def __init__(self, parts: int, rows: int, cols: int):
+    def __init__(self, parts: int, rows: int, cols: int, layers: int = 1):
         self.parts: int = parts
         self.rows: int = rows
         self.cols: int = cols
-        self.partial = self.shared_tensor(dtype=float32, shape=[parts, rows // parts, cols])
-        self.annotate_layout(self.partial, shared_row_major(parts, rows // parts, cols))
+        self.layers: int = layers
+        self.partial = self.shared_tensor(dtype=float32, shape=[layers, parts, rows // parts, cols])
+        self.annotate_layout(self.partial, shared_row_major(layers, parts, rows // parts, cols))
         if parts > 1:
-            self.received = self.shared_tensor(dtype=float32, shape=[parts - 1, rows // parts, cols])
-            self.annotate_layout(self.received, shared_row_major(parts - 1, rows // parts, cols))
+            slots = layers * (parts - 1)  # layer l of peer p's slice in slot l * (parts - 1) + ...
+            self.received = self.shared_tensor(dtype=float32, shape=[slots, rows // parts, cols])
+            self.annotate_layout(self.received, shared_row_major(slots, rows // parts, cols))
             self.arrived = self.mbarrier.alloc([1])
 
-    def store(self, acc: RegisterTensor, slab: int):
-        """A thread group's partial rows into this CTA's partial tile: ``acc`` is slab ``slab`` of
-        the tile, cut into slabs of ``acc``'s height (64 rows for a wgmma warpgroup, all 128 TMEM
-        lanes for a tcgen05 accumulator)."""
+    def store(self, acc: RegisterTensor, slab: int, layer: int = 0):
+        """A thread group's partial rows into this CTA's partial tile (layer ``layer``): ``acc`` is
+        slab ``slab`` of the tile, cut into slabs of ``acc``'s height (64 rows for a wgmma
+        warpgroup, all 128 TMEM lanes for a tcgen05 accumulator)."""
         height = acc.shape[0]
-        slabs = self.reshape_shared(self.partial, [self.rows // height, height, self.cols])
-        self.store_shared(slabs[slab], acc)
+        slabs = self.reshape_shared(self.partial, [self.layers, self.rows // height, height, self.cols])
+        self.store_shared(slabs[layer, slab], acc)
 
     def exchange(self, rank: int32):
         """Whole CTA, after every ``store``: send slice ``p`` of the partial tile to peer ``p``."""
@@ -132,12 +139,19 @@ class ClusterSplitKReduce(tilus.Class):
         if self.parts > 1:
             with self.single_thread():
                 self.mbarrier.arrive_and_expect_tx(
-                    self.arrived[0], transaction_bytes=(self.parts - 1) * self.partial[0].nbytes
+                    self.arrived[0], transaction_bytes=self.layers * (self.parts - 1) * self.partial[0, 0].nbytes
                 )
-                for step in self.range(1, self.parts, 1, unroll="all"):
-                    peer: int32 = (rank + step) % self.parts
-                    # the peer keeps what it receives from this CTA in slot (rank - peer - 1) mod parts
-                    bulk_copy_to_rank(self.received[self.parts - 1 - step], self.partial[peer], self.arrived[0], peer)
+                for layer in self.range(0, self.layers, 1, unroll="all"):
+                    first: int32 = layer * (self.parts - 1)
+                    for step in self.range(1, self.parts, 1, unroll="all"):
+                        peer: int32 = (rank + step) % self.parts
+                        # the peer keeps what it receives from this CTA in slot (rank - peer - 1) mod parts
+                        bulk_copy_to_rank(
+                            self.received[first + self.parts - 1 - step],
+                            self.partial[layer, peer],
+                            self.arrived[0],
+                            peer,
+                        )
 
     def write(self, rank: int32, g_c: GlobalTensor, offset_m: int32, offset_n: int32, epilogue: FusedEpilogue):
         """This CTA's slice (``rows / parts`` rows of C^T from row ``rank * rows / parts``) summed
@@ -147,12 +161,15 @@ class ClusterSplitKReduce(tilus.Class):
         ``store_global`` clips what lies past C's edges. Called by the thread group that writes it
         out, after ``exchange``."""
         slice_rows = self.rows // self.parts
-        acc = self.load_shared(self.partial[rank])
+        acc = self.load_shared(self.partial[0, rank])
         if epilogue.fused:  # a layout whose transpose is column groups (pipeline.fused_epilogue)
             self.annotate_layout(acc, split_k_layout(slice_rows, self.cols))
+        if self.layers > 1:
+            for layer in self.range(1, self.layers, 1, unroll="all"):
+                self.add(acc, self.load_shared(self.partial[layer, rank]), out=acc)
         if self.parts > 1:
             self.mbarrier.wait(self.arrived[0], phase=0)
-            for slot in self.range(0, self.parts - 1, 1, unroll="all"):
+            for slot in self.range(0, self.layers * (self.parts - 1), 1, unroll="all"):
                 self.add(acc, self.load_shared(self.received[slot]), out=acc)
         if epilogue.fused:
             tile, column = epilogue.apply(self.transpose(acc), offset_n + rank * slice_rows, "split_k")

@@ -42,6 +42,8 @@ class Mutant:
 V7_MULTICAST = (("block_m", 64), ("warpgroups", 1), ("split", 1), ("stages", 13), ("multicast", 2))
 # Hopper V6 with ping-pong consumer warpgroups (its PINGPONG)
 V6_PINGPONG = (("block_n", 128), ("stages", 6), ("pingpong", True))
+# Hopper V8 with two consumer warpgroups taking a weight slab's K blocks in turn
+V8_INTERLEAVED = (("split", 2), ("interleave", 2))
 
 MUTANTS = (
     Mutant(
@@ -325,6 +327,28 @@ MUTANTS = (
         "offsets=[(offset_n + 64 * wg) // TILE_ROWS * self.word_rows, block * self.word_cols],",
         "offsets=[(offset_n + 64 * wg) // TILE_ROWS * self.word_rows, k_blocks.first * self.word_cols],",
         ("coverage",),
+    ),
+    Mutant(
+        "wrong K range: Hopper V8's interleaved consumers take their K blocks two a stage from ranges cut "
+        "without regard to the two (a CTA's last stage reaches into its peer's range)",
+        "sm_90a",
+        "v8",
+        "matmul.kernels.hopper.v8",
+        "k_blocks = SplitKRange(cdiv(k_size, BLOCK_K), self.split, rank, self.interleave)",
+        "k_blocks = SplitKRange(cdiv(k_size, BLOCK_K), self.split, rank)",
+        ("coverage",),
+        config=V8_INTERLEAVED,
+    ),
+    Mutant(
+        "one warp, two roles: Hopper V8's producer is the first warp of its second interleaved consumer "
+        "warpgroup (the warp index of a CTA without interleaving)",
+        "sm_90a",
+        "v8",
+        "matmul.kernels.hopper.v8",
+        "with self.single_warp(4 * consumers):  # producer",
+        "with self.single_warp(4 * self.warpgroups):  # producer",
+        ("deadlock",),
+        config=(("split", 1), ("interleave", 2)),
     ),
     Mutant(
         "turn handed over early: a Hopper V6 ping-pong warpgroup lets the other start its tile after its own "

@@ -129,8 +129,10 @@ def test_supports_and_configs():
     int4 = quant_linear.configs("int4")
     for config in int4:  # every configuration the int4 call may run is checked on the GPU (the space)
         assert config in versions.space(V8)
-    assert {c["block_m"] for c in int4} >= {8, 16} and {c["split"] for c in int4} >= {2, 8}
-    assert quant_linear.config_for(1, 4096, 14336, "int4")["split"] == 8
+    assert {c["block_m"] for c in int4} >= {8, 16} and {c["interleave"] for c in int4} >= {1, 2, 4}
+    assert quant_linear.config_for(1, 4096, 14336, "int4")["interleave"] == 2  # a down projection's long K
+    assert quant_linear.config_for(16, 4096, 14336, "int4")["interleave"] == 4
+    assert quant_linear.config_for(1, 14336, 4096, "int4")["interleave"] == 1
     assert quant_linear.config_for(1, 4096, 4096, "fp8_e4m3") == quant_linear.config_for(16)
     for config in versions.space(V8):
         assert V8.shared_bytes(**config) <= build.SHARED_MEMORY_LIMIT["sm_90a"] - 1024, config

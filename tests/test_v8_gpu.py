@@ -64,6 +64,22 @@ def calls_kernels_built():
     quant_linear.wait_until_all_built(the_calls_kernels())
 
 
+# the configurations whose consumer warpgroups take a slab's K blocks in turn (``interleave``), each
+# once (chunk 64), and two of them in every format
+INTERLEAVED = [c for c in versions.space(versions.load(ARCH, "v8")) if c["interleave"] > 1 and c["chunk"] == 64]
+INTERLEAVED_FORMATS = [
+    (f, c)
+    for f in ("int4", *OTHER_FORMATS)
+    for c in INTERLEAVED
+    if f == "int4" or (c["block_m"] == 16 and c["split"] == 2)
+]
+
+
+@pytest.fixture(scope="module")
+def interleaved_built():
+    quant_linear.wait_until_all_built((dtype, f, c) for dtype in DTYPES for f, c in INTERLEAVED_FORMATS)
+
+
 @pytest.fixture(scope="module")
 def space_built():
     space = versions.space(versions.load(ARCH, "v8"))
@@ -115,6 +131,20 @@ def test_every_configuration(config, dtype, space_built):
             x, qw = operands(m, n, k, dtype)
             error = v8_error(x, qw, config)
             assert error <= TOLERANCE[dtype], f"V8 {config} {m}x{n}x{k} {dtype}: relative error {error:.3g}"
+
+
+@pytest.mark.parametrize(
+    "format, config", INTERLEAVED_FORMATS, ids=lambda c: c if isinstance(c, str) else "-".join(map(str, c.values()))
+)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_interleaved_consumers(format, config, dtype, interleaved_built):
+    """K block counts that no split times interleave divides (5, 9; 1: one CTA's range is all past
+    K), so a CTA's last stage holds blocks past K, and ranks whose ranges end in one."""
+    for m in (1, 17, 100):
+        for n, k in ((1000, 640), (31, 1152), (200, 128)):
+            x, qw = operands(m, n, k, dtype, format)
+            error = v8_error(x, qw, config)
+            assert error <= TOLERANCE[dtype], f"V8 {format} {config} {m}x{n}x{k} {dtype}: relative error {error:.3g}"
 
 
 @pytest.mark.parametrize("format", OTHER_FORMATS)

@@ -201,10 +201,11 @@ def consumers_take_turns(module: ModuleType, config: dict[str, Any]) -> bool:
 
 def configs_to_check(module: ModuleType, arch: Optional[str] = None, all_configs: bool = False) -> list[dict[str, Any]]:
     """The representative configuration, plus the first configuration of every other protocol
-    shape (``cluster_shape``: its CTAs, and whether it multicasts; and whether its consumers take
-    turns; in the autotune space, or in the version's ``EXTRA_CONFIGS``: built and checked, not
-    tuned), read from what each configuration transpiles to; or (``all_configs``) every
-    configuration."""
+    shape (``cluster_shape``: its CTAs, and whether it multicasts; whether its consumers take
+    turns; and its warps, the roles that arrive on its barriers (a second consumer warpgroup on
+    the same stages, Hopper V8's interleaved ones); in the autotune space, or in the version's
+    ``EXTRA_CONFIGS``: built and checked, not tuned), read from what each configuration transpiles
+    to; or (``all_configs``) every configuration."""
     candidates = versions.build_configs(module)
     if all_configs:
         return candidates
@@ -212,7 +213,8 @@ def configs_to_check(module: ModuleType, arch: Optional[str] = None, all_configs
     configs = [dict(module.REPRESENTATIVE)]
 
     def protocol_shape(config):
-        return cluster_shape(transpile(module, arch, config, lowered=False)), consumers_take_turns(module, config)
+        function = transpile(module, arch, config, lowered=False)
+        return cluster_shape(function), consumers_take_turns(module, config), function.metadata.num_warps
 
     shapes = {protocol_shape(module.REPRESENTATIVE)}
     for config in candidates:

@@ -39,15 +39,16 @@ log = logging.getLogger(__name__)
 
 # (largest M, configuration), first match wins
 CONFIGS = (
-    (16, {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 64}),
-    (64, {"block_m": 64, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 64}),
-    (128, {"block_m": 128, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 64}),
-    (256, {"block_m": 128, "warpgroups": 1, "split": 1, "stages": 4, "chunk": 64}),
+    (16, {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 64, "interleave": 1}),
+    (64, {"block_m": 64, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 64, "interleave": 1}),
+    (128, {"block_m": 128, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 64, "interleave": 1}),
+    (256, {"block_m": 128, "warpgroups": 1, "split": 1, "stages": 4, "chunk": 64, "interleave": 1}),
 )
 # int4 at decode sizes (plots/h100/v8/probe/): up to 8 tokens a tile of 8 (half the zero-filled
 # token rows of a 16-token tile: 1.08x at 1 x 6144 x 4096), and where K is long against N (a
-# down projection: few weight row tiles, each a long K range) the K range cut in 8 instead of 2,
-# 32 columns a wgmma group (1.10-1.15x at 4096 x 14336)
+# down projection: few weight row tiles, each a long K range) two or four consumer warpgroups a
+# slab taking its K blocks in turn (``interleave``: 1.10x at 4096 x 14336 against the K range cut
+# in 8, plots/h100/v8/interleave/)
 NARROW_M = 8
 LONG_K = 3  # K >= LONG_K * N
 
@@ -63,7 +64,7 @@ def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
         if m <= NARROW_M:
             config["block_m"] = NARROW_M
         if n and k >= LONG_K * n:
-            config.update(split=8, chunk=32)
+            config["interleave"] = 2 if m <= NARROW_M else 4
     return config
 
 

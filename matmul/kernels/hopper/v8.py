@@ -58,13 +58,16 @@ Synchronization (this CTA's K block ``i`` uses stage ``s = i % stages``, parity 
 | barrier | count | who arrives | who waits | scope |
 | --- | --- | --- | --- | --- |
 | ``full[s]`` | 1 + bytes | producer's ``expect_tx`` (weight, scales, tokens); its TMA loads | consumers, ``p`` | CTA |
-| ``empty[s]`` | warpgroups | one thread of each consumer warpgroup, after its wgmma wait | producer, ``p ^ 1`` | CTA |
+| ``empty[s]`` | consumers | one thread of each consumer warpgroup, after its wgmma wait | producer, ``p ^ 1`` | CTA |
 | ``__syncthreads`` | all threads | every warp, once the partials are stored (in ``exchange``) | all | CTA |
 | ``arrived`` | 1 + bytes | this CTA's ``expect_tx`` (split - 1 slices); peers' bulk copies | warps 0-3, 0 | CTA |
 | ``barrier.cluster`` | the cluster | all: after the mbarriers exist; before exit | all | cluster |
 
-A stage is released only after the wgmma that read its token tile completed and its packed words
-and scales were loaded into registers (``wait_group 0`` precedes the release). The rest is V7's:
+Consumer warpgroups are ``warpgroups x interleave``: with ``interleave`` > 1 (a tuning knob, see
+``Kernel``) a stage holds that many K blocks and each consumer of a slab takes one of them, its
+partial a layer of its own in the split-K reduction. A stage is released only after the wgmma
+that read its token tile completed and its packed words and scales were loaded into registers
+(``wait_group 0`` precedes the release). The rest is V7's:
 every mbarrier is initialized before the first cluster barrier, no CTA exits before the last one,
 ``arrived`` is used once, a fresh ``empty[s]`` read with parity ``p ^ 1`` counts as complete.
 """
@@ -119,10 +122,11 @@ def stage_scale_bytes(weight: str, s_s) -> int:
     return s_s.nbytes // s_s.shape[0] if weight != "fp8_e4m3" else 0
 
 
-def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, chunk: int = 64) -> int:
+def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, chunk: int = 64, interleave: int = 1) -> int:
     """Shared memory of a configuration: the ring plus the split-K exchange tiles."""
-    ring = stages * (warpgroups * (PACKED_TILE_WORDS * 4 + TILE_ROWS * 2) + block_m * BLOCK_K * 2)
-    exchange = (2 * split - 1) * (64 * warpgroups // split) * block_m * 4  # partial + received
+    tiles = warpgroups * interleave  # weight tiles a stage brings, one a consumer warpgroup
+    ring = stages * (tiles * (PACKED_TILE_WORDS * 4 + TILE_ROWS * 2) + interleave * block_m * BLOCK_K * 2)
+    exchange = interleave * (2 * split - 1) * (64 * warpgroups // split) * block_m * 4  # partial + received
     return ring + exchange
 
 
@@ -133,29 +137,44 @@ def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, chunk: 
 # warpgroup, and a warpgroup waits for its wgmma before it widens the next one. So what counts is
 # warpgroups per SM: shallow rings (4-6 stages: more CTAs fit in an SM) and larger splits (more
 # CTAs per weight tile) were faster on the H100 than V7's deep rings (plots/h100/v8/).
+#
+# ``interleave`` (2 or 4) gives each 64-row weight slab that many consumer warpgroups, which take
+# the K blocks of a stage in turn (a stage brings ``interleave`` consecutive K blocks) and add
+# their partials in the split-K reduction: more widening warps per SM without more CTAs, hence
+# without more clusters to exchange partials between.
 @tilus.autotune("chunk", [64, 32])
 @tilus.autotune(
-    "block_m, warpgroups, split, stages",
+    "block_m, warpgroups, split, stages, interleave",
     [
-        (8, 1, 2, 4),
-        (8, 2, 2, 4),
-        (8, 1, 8, 4),
-        (16, 1, 2, 4),
-        (16, 1, 2, 6),
-        (16, 1, 2, 8),
-        (16, 1, 4, 4),
-        (16, 1, 4, 6),
-        (16, 1, 8, 4),
-        (16, 2, 2, 4),
-        (16, 2, 4, 4),
-        (64, 1, 2, 4),
-        (64, 1, 2, 8),
-        (64, 1, 4, 4),
-        (64, 2, 2, 4),
-        (128, 1, 2, 2),
-        (128, 1, 2, 4),
-        (128, 1, 1, 4),
-        (256, 1, 1, 2),
+        (8, 1, 2, 4, 1),
+        (8, 2, 2, 4, 1),
+        (8, 1, 8, 4, 1),
+        (8, 1, 2, 4, 2),
+        (8, 1, 1, 4, 4),
+        (8, 1, 2, 2, 4),
+        (16, 1, 2, 4, 1),
+        (16, 1, 2, 6, 1),
+        (16, 1, 2, 8, 1),
+        (16, 1, 4, 4, 1),
+        (16, 1, 4, 6, 1),
+        (16, 1, 8, 4, 1),
+        (16, 2, 2, 4, 1),
+        (16, 2, 4, 4, 1),
+        (16, 1, 1, 4, 2),
+        (16, 1, 2, 4, 2),
+        (16, 1, 4, 4, 2),
+        (16, 1, 1, 4, 4),
+        (16, 1, 2, 2, 4),
+        (16, 1, 2, 4, 4),
+        (64, 1, 2, 4, 1),
+        (64, 1, 2, 8, 1),
+        (64, 1, 4, 4, 1),
+        (64, 2, 2, 4, 1),
+        (64, 1, 2, 4, 2),
+        (128, 1, 2, 2, 1),
+        (128, 1, 2, 4, 1),
+        (128, 1, 1, 4, 1),
+        (256, 1, 1, 2, 1),
     ],
 )
 class Kernel(MatmulKernel):
@@ -167,6 +186,7 @@ class Kernel(MatmulKernel):
         split: int,
         stages: int,
         chunk: int = 64,
+        interleave: int = 1,
         weight: str = "int4",
         b_layout: str = "nk",
         bias: bool = False,
@@ -182,6 +202,9 @@ class Kernel(MatmulKernel):
             raise ValueError(f"a wgmma group takes 64 or 32 K columns, not {chunk}")
         if warpgroups not in (1, 2):
             raise ValueError(f"one or two consumer warpgroups, not {warpgroups}")
+        self.interleave = interleave  # consumer warpgroups a weight slab, taking its K blocks in turn
+        if interleave not in (1, 2, 4) or warpgroups * interleave > 4:
+            raise ValueError(f"{warpgroups} x {interleave} consumer warpgroups: at most 4, interleave 1, 2 or 4")
         if (64 * warpgroups) % split or (64 * warpgroups // split) % 8:
             raise ValueError(f"{64 * warpgroups} weight rows do not cut into {split} slices of a multiple of 8")
         if b_layout != "nk" or bias or activation:
@@ -241,11 +264,12 @@ class Kernel(MatmulKernel):
         k_size: int32,
     ):
         rows = 64 * self.warpgroups  # weight rows of a CTA (the output tile's N side)
+        consumers = self.warpgroups * self.interleave  # consumer warpgroups: slab wg, turn j is wg * interleave + j
         num_n_tiles = cdiv(n_size, rows)
         num_m_tiles = cdiv(m_size, self.block_m)
         self.attrs.blocks = self.split * num_n_tiles * num_m_tiles
         self.attrs.cluster_blocks = self.split
-        self.attrs.warps = 4 * self.warpgroups + 1  # consumer warpgroups, then the producer warp
+        self.attrs.warps = 4 * consumers + 1  # consumer warpgroups, then the producer warp
         rank: int32 = self.cluster.blockRank  # which K range of the tile this CTA sums
         tile: int32 = self.blockIdx.x // self.split
         # the token tiles of one weight tile are neighbours in launch order: they run at the same
@@ -253,21 +277,27 @@ class Kernel(MatmulKernel):
         offset_m: int32 = (tile % num_m_tiles) * self.block_m
         offset_n: int32 = (tile // num_m_tiles) * rows
 
-        k_blocks = SplitKRange(cdiv(k_size, BLOCK_K), self.split, rank)  # this CTA's share of K
+        # this CTA's share of K, taken ``interleave`` blocks a stage
+        k_blocks = SplitKRange(cdiv(k_size, BLOCK_K), self.split, rank, self.interleave)
+        turns: int32 = cdiv(k_blocks.count, self.interleave)  # stages this CTA's consumers go through
 
-        # a packed tile [16, 64] int32 = [half][thread][word] (module doc), and its 64 scales
-        s_w = self.shared_tensor(dtype=int32, shape=[self.stages, self.warpgroups, self.word_rows, self.word_cols])
-        self.annotate_layout(s_w, shared_row_major(self.stages, self.warpgroups, self.word_rows, self.word_cols))
-        s_s = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.warpgroups, 1, TILE_ROWS])
-        self.annotate_layout(s_s, shared_row_major(self.stages, self.warpgroups, 1, TILE_ROWS))
-        # the K block's tokens: one TMA box per part of ``chunk`` columns (128 or 64 bytes wide)
-        s_x = self.shared_tensor(dtype=self.dtype, shape=[self.stages, BLOCK_K // self.chunk, self.block_m, self.chunk])
-        ring = Pipeline(self.stages, consumer_arrivals=self.warpgroups, elect_release=True)
-        reduce = ClusterSplitKReduce(self.split, rows, self.block_m)
+        # a packed tile [16, 64] int32 = [half][thread][word] (module doc), and its 64 scales, one
+        # for each consumer warpgroup
+        s_w = self.shared_tensor(dtype=int32, shape=[self.stages, consumers, self.word_rows, self.word_cols])
+        self.annotate_layout(s_w, shared_row_major(self.stages, consumers, self.word_rows, self.word_cols))
+        s_s = self.shared_tensor(dtype=self.dtype, shape=[self.stages, consumers, 1, TILE_ROWS])
+        self.annotate_layout(s_s, shared_row_major(self.stages, consumers, 1, TILE_ROWS))
+        # each K block's tokens: one TMA box per part of ``chunk`` columns (128 or 64 bytes wide)
+        parts = BLOCK_K // self.chunk
+        s_x = self.shared_tensor(
+            dtype=self.dtype, shape=[self.stages, self.interleave * parts, self.block_m, self.chunk]
+        )
+        ring = Pipeline(self.stages, consumer_arrivals=consumers, elect_release=True)
+        reduce = ClusterSplitKReduce(self.split, rows, self.block_m, layers=self.interleave)
         self.cluster.sync()  # every barrier of the cluster exists before a peer's copy lands on it
 
-        with self.single_warp(4 * self.warpgroups):  # producer
-            for i in range(k_blocks.count):
+        with self.single_warp(4 * consumers):  # producer
+            for i in range(turns):
                 ring.producer_acquire()
                 slot = ring.producer_stage
                 with self.single_thread():
@@ -275,51 +305,71 @@ class Kernel(MatmulKernel):
                         ring.producer_barrier(),
                         transaction_bytes=s_w[slot].nbytes + stage_scale_bytes(self.weight, s_s) + s_x[slot].nbytes,
                     )
-                block = k_blocks.first + i
-                for wg in range(self.warpgroups):
-                    self.tma.global_to_shared(
-                        src=g_w,
-                        dst=s_w[slot, wg],
-                        offsets=[(offset_n + 64 * wg) // TILE_ROWS * self.word_rows, block * self.word_cols],
-                        mbarrier=ring.producer_barrier(),
-                    )
-                    if self.weight != "fp8_e4m3":
+                for turn in range(self.interleave):
+                    # past this CTA's range (the last range's tail) lies past K: TMA fills zeros
+                    block = k_blocks.first + i * self.interleave + turn
+                    for wg in range(self.warpgroups):
                         self.tma.global_to_shared(
-                            src=g_s,
-                            dst=s_s[slot, wg],
-                            offsets=[block, offset_n + 64 * wg],
+                            src=g_w,
+                            dst=s_w[slot, wg * self.interleave + turn],
+                            offsets=[(offset_n + 64 * wg) // TILE_ROWS * self.word_rows, block * self.word_cols],
                             mbarrier=ring.producer_barrier(),
                         )
-                for part in range(BLOCK_K // self.chunk):
-                    self.tma.global_to_shared(
-                        src=g_a,
-                        dst=s_x[slot, part],
-                        offsets=[offset_m, block * BLOCK_K + part * self.chunk],
-                        mbarrier=ring.producer_barrier(),
-                    )
+                        if self.weight != "fp8_e4m3":
+                            self.tma.global_to_shared(
+                                src=g_s,
+                                dst=s_s[slot, wg * self.interleave + turn],
+                                offsets=[block, offset_n + 64 * wg],
+                                mbarrier=ring.producer_barrier(),
+                            )
+                    for part in range(parts):
+                        self.tma.global_to_shared(
+                            src=g_a,
+                            dst=s_x[slot, turn * parts + part],
+                            offsets=[offset_m, block * BLOCK_K + part * self.chunk],
+                            mbarrier=ring.producer_barrier(),
+                        )
                 ring.producer_advance()
 
-        if self.weight == "int4":
-            self.consumer(0, ring, s_w, s_s, s_x, reduce, k_blocks.count)
-            if self.warpgroups == 2:
-                self.consumer(1, ring, s_w, s_s, s_x, reduce, k_blocks.count)
-        elif self.weight == "int6":
-            self.int6_consumer(0, ring, s_w, s_s, s_x, reduce, k_blocks.count)
-            if self.warpgroups == 2:
-                self.int6_consumer(1, ring, s_w, s_s, s_x, reduce, k_blocks.count)
-        else:
-            self.fp8_consumer(0, ring, s_w, g_s, offset_n, s_x, reduce, k_blocks.count)
-            if self.warpgroups == 2:
-                self.fp8_consumer(1, ring, s_w, g_s, offset_n, s_x, reduce, k_blocks.count)
+        # consumer warpgroup c (up to 4, written out: a kernel's loops run on the device, and a
+        # consumer's slab and turn shape its code) takes slab c // interleave, turn c % interleave
+        self.consumer_group(0, ring, s_w, s_s, g_s, offset_n, s_x, reduce, turns)
+        if consumers > 1:
+            self.consumer_group(1, ring, s_w, s_s, g_s, offset_n, s_x, reduce, turns)
+        if consumers > 2:
+            self.consumer_group(2, ring, s_w, s_s, g_s, offset_n, s_x, reduce, turns)
+            self.consumer_group(3, ring, s_w, s_s, g_s, offset_n, s_x, reduce, turns)
 
         reduce.exchange(rank)
         with self.warp_group(warp_begin=0, num_warps=4):
             reduce.write(rank, g_c, offset_m, offset_n, self.epilogue)
         self.cluster.sync()  # no CTA leaves while a peer's copy may still read its partial tile
 
+    def consumer_group(
+        self,
+        c: int,
+        ring: Pipeline,
+        s_w: SharedTensor,
+        s_s: SharedTensor,
+        g_s: GlobalTensor,
+        offset_n: int32,
+        s_x: SharedTensor,
+        reduce: ClusterSplitKReduce,
+        turns: int32,
+    ):
+        """Consumer warpgroup ``c``: slab ``c // interleave``, turn ``c % interleave``, in the weight's format."""
+        wg, turn = divmod(c, self.interleave)
+        if self.weight == "int4":
+            self.consumer(wg, turn, ring, s_w, s_s, s_x, reduce, turns)
+        elif self.weight == "int6":
+            self.int6_consumer(wg, turn, ring, s_w, s_s, s_x, reduce, turns)
+        else:
+            self.fp8_consumer(wg, turn, ring, s_w, g_s, offset_n, s_x, reduce, turns)
+
     def consumer(
         self,
         wg: int,
+        turn: int,
         ring: Pipeline,
         s_w: SharedTensor,
         s_s: SharedTensor,
@@ -327,26 +377,30 @@ class Kernel(MatmulKernel):
         reduce: ClusterSplitKReduce,
         count: int32,
     ):
-        """Consumer warpgroup ``wg``: weight rows ``64 * wg ...`` of the tile times every token, over
-        this CTA's K blocks, into the partial tile: per K block, each ``chunk`` columns of its packed
-        tile widened into an A operand and multiplied by the tokens (a committed wgmma group each,
-        the next part widened while it runs), all waited for before the next block."""
-        with self.warp_group(warp_begin=4 * wg, num_warps=4):
+        """Consumer warpgroup ``wg``, turn ``turn``: weight rows ``64 * wg ...`` of the tile times
+        every token, over K block ``turn`` of each stage (every block of the CTA's K range when
+        ``interleave`` is 1), into layer ``turn`` of the partial tile: per K block, each ``chunk``
+        columns of its packed tile widened into an A operand and multiplied by the tokens (a
+        committed wgmma group each, the next part widened while it runs), all waited for before the
+        next block."""
+        c = wg * self.interleave + turn  # this consumer's weight tile of a stage
+        with self.warp_group(warp_begin=4 * c, num_warps=4):
             acc = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
             self.annotate_layout(acc, wgmma_fragment(64, self.block_m))
             widen = Int4Widen(self.chunk)
-            s_words = self.reshape_shared(s_w, [self.stages, self.warpgroups, 2, 128, WORDS])
-            s_scale = self.reshape_shared(s_s, [self.stages, self.warpgroups, TILE_ROWS, 1])
+            s_words = self.reshape_shared(s_w, [self.stages, self.warpgroups * self.interleave, 2, 128, WORDS])
+            s_scale = self.reshape_shared(s_s, [self.stages, self.warpgroups * self.interleave, TILE_ROWS, 1])
             for kb in self.range(count, unroll=1):  # noqa: B007
                 ring.consumer_acquire()
                 slot = ring.consumer_stage
-                scale = widen.scales(s_scale[slot, wg])
-                self.half(widen, s_words[slot, wg, 0], scale, s_x, slot, 0, acc)
-                self.half(widen, s_words[slot, wg, 1], scale, s_x, slot, 1, acc)
+                scale = widen.scales(s_scale[slot, c])
+                first = turn * (BLOCK_K // self.chunk)  # this turn's token boxes in the stage
+                self.half(widen, s_words[slot, c, 0], scale, s_x, slot, first, acc)
+                self.half(widen, s_words[slot, c, 1], scale, s_x, slot, first + HALF_K // self.chunk, acc)
                 self.wgmma.wait_group(0)  # A's registers are rewritten by the next block
                 ring.consumer_release()
                 ring.consumer_advance()
-            reduce.store(acc, wg)
+            reduce.store(acc, wg, turn)
 
     def half(
         self,
@@ -355,16 +409,16 @@ class Kernel(MatmulKernel):
         scale: RegisterTensor,
         s_x: SharedTensor,
         slot: int32,
-        h: int,
+        first: int,
         acc: RegisterTensor,
     ):
-        """Half ``h`` of a K block (64 columns): its packed words loaded once, each part of ``chunk``
-        columns widened and issued (straight-line code: each part has registers of its own)."""
+        """A half of a K block (64 columns; its tokens in boxes ``first, ...`` of the stage): its
+        packed words loaded once, each part of ``chunk`` columns widened and issued (straight-line
+        code: each part has registers of its own)."""
         words = widen.words(s_words)
-        parts = HALF_K // self.chunk
-        self.part(widen, words, scale, 0, s_x[slot, h * parts], acc)
-        if parts == 2:
-            self.part(widen, words, scale, 1, s_x[slot, h * parts + 1], acc)
+        self.part(widen, words, scale, 0, s_x[slot, first], acc)
+        if HALF_K // self.chunk == 2:
+            self.part(widen, words, scale, 1, s_x[slot, first + 1], acc)
 
     def part(
         self,
@@ -384,6 +438,7 @@ class Kernel(MatmulKernel):
     def fp8_consumer(
         self,
         wg: int,
+        turn: int,
         ring: Pipeline,
         s_w: SharedTensor,
         g_s: GlobalTensor,
@@ -396,18 +451,20 @@ class Kernel(MatmulKernel):
         ``[part p < 4][thread t][word j < 4]`` (the fragment values of K steps 2 p, 2 p + 1, one byte
         each), each part widened by tilus's fp8 cast and issued as a wgmma group; the per-row scale
         multiplies the float32 partial tile once, after the last K block."""
-        with self.warp_group(warp_begin=4 * wg, num_warps=4):
+        c = wg * self.interleave + turn  # this consumer's weight tile of a stage
+        with self.warp_group(warp_begin=4 * c, num_warps=4):
             acc = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
             self.annotate_layout(acc, wgmma_fragment(64, self.block_m))
             widen = Fp8Widen()
-            s_words = self.reshape_shared(s_w, [self.stages, self.warpgroups, 4, 128, WORDS])
+            s_words = self.reshape_shared(s_w, [self.stages, self.warpgroups * self.interleave, 4, 128, WORDS])
             for kb in self.range(count, unroll=1):  # noqa: B007
                 ring.consumer_acquire()
                 slot = ring.consumer_stage
-                self.fp8_part(widen, s_words[slot, wg, 0], s_x[slot, 0], acc)
-                self.fp8_part(widen, s_words[slot, wg, 1], s_x[slot, 1], acc)
-                self.fp8_part(widen, s_words[slot, wg, 2], s_x[slot, 2], acc)
-                self.fp8_part(widen, s_words[slot, wg, 3], s_x[slot, 3], acc)
+                first = 4 * turn  # this turn's token boxes in the stage, one a 32-column part
+                self.fp8_part(widen, s_words[slot, c, 0], s_x[slot, first], acc)
+                self.fp8_part(widen, s_words[slot, c, 1], s_x[slot, first + 1], acc)
+                self.fp8_part(widen, s_words[slot, c, 2], s_x[slot, first + 2], acc)
+                self.fp8_part(widen, s_words[slot, c, 3], s_x[slot, first + 3], acc)
                 self.wgmma.wait_group(0)
                 ring.consumer_release()
                 ring.consumer_advance()
@@ -415,7 +472,7 @@ class Kernel(MatmulKernel):
             self.annotate_layout(scale, reduce_layout(wgmma_fragment(64, self.block_m)))
             scaled = acc * scale
             self.annotate_layout(scaled, wgmma_fragment(64, self.block_m))
-            reduce.store(scaled, wg)
+            reduce.store(scaled, wg, turn)
 
     def fp8_part(self, widen: Fp8Widen, s_words: SharedTensor, s_tokens: SharedTensor, acc: RegisterTensor):
         operand = widen.values(widen.words(s_words)).to(self.dtype)
@@ -427,6 +484,7 @@ class Kernel(MatmulKernel):
     def int6_consumer(
         self,
         wg: int,
+        turn: int,
         ring: Pipeline,
         s_w: SharedTensor,
         s_s: SharedTensor,
@@ -437,22 +495,23 @@ class Kernel(MatmulKernel):
         """``consumer`` for 6-bit weights: a packed tile is
         ``[half h][thread t][word j < 6]`` (``matmul.quant.int6``), each half widened and issued as a
         wgmma group, the group scales as int4's."""
-        with self.warp_group(warp_begin=4 * wg, num_warps=4):
+        c = wg * self.interleave + turn  # this consumer's weight tile of a stage
+        with self.warp_group(warp_begin=4 * c, num_warps=4):
             acc = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
             self.annotate_layout(acc, wgmma_fragment(64, self.block_m))
             widen = Int6Widen()
-            s_words = self.reshape_shared(s_w, [self.stages, self.warpgroups, 2, 128, 6])
-            s_scale = self.reshape_shared(s_s, [self.stages, self.warpgroups, TILE_ROWS, 1])
+            s_words = self.reshape_shared(s_w, [self.stages, self.warpgroups * self.interleave, 2, 128, 6])
+            s_scale = self.reshape_shared(s_s, [self.stages, self.warpgroups * self.interleave, TILE_ROWS, 1])
             for kb in self.range(count, unroll=1):  # noqa: B007
                 ring.consumer_acquire()
                 slot = ring.consumer_stage
-                scale = widen.scales(s_scale[slot, wg])
-                self.int6_half(widen, s_words[slot, wg, 0], scale, s_x[slot, 0], acc)
-                self.int6_half(widen, s_words[slot, wg, 1], scale, s_x[slot, 1], acc)
+                scale = widen.scales(s_scale[slot, c])
+                self.int6_half(widen, s_words[slot, c, 0], scale, s_x[slot, 2 * turn], acc)
+                self.int6_half(widen, s_words[slot, c, 1], scale, s_x[slot, 2 * turn + 1], acc)
                 self.wgmma.wait_group(0)
                 ring.consumer_release()
                 ring.consumer_advance()
-            reduce.store(acc, wg)
+            reduce.store(acc, wg, turn)
 
     def int6_half(
         self, widen: Int6Widen, s_words: SharedTensor, scale: RegisterTensor, s_x: SharedTensor, acc: RegisterTensor

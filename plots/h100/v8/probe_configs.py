@@ -24,7 +24,7 @@ from matmul.measure.correctness import poisoned_output, relative_error
 from matmul.measure.timing import interleaved_ms
 from matmul.quant import linear as quant_linear
 
-CONFIG_KEYS = ("block_m", "warpgroups", "split", "stages", "chunk")
+CONFIG_KEYS = ("block_m", "warpgroups", "split", "stages", "chunk", "interleave")  # interleave: 1 if left out
 SHAPES = ((1, 4096, 4096), (16, 4096, 4096), (1, 28672, 4096), (16, 28672, 4096), (1, 4096, 14336))
 
 
@@ -38,7 +38,8 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--configs",
         default="all",
-        help="all: the int4 space; chosen: the call's configuration; else block_m/warpgroups/split/stages/chunk,...",
+        help="all: the int4 space; chosen: the call's configuration; "
+        "else block_m/warpgroups/split/stages/chunk[/interleave],...",
     )
     parser.add_argument("--shapes", type=shape_list, default=SHAPES)
     parser.add_argument("--ncu", action="store_true", help="one launch each, nothing else on the GPU")
@@ -50,7 +51,7 @@ def main(argv=None) -> None:
     module = quant_linear.v8_module()
     space = versions.space(module)
     if args.configs not in ("all", "chosen"):  # named configurations
-        space = [dict(zip(CONFIG_KEYS, map(int, c.split("/")))) for c in args.configs.split(",")]
+        space = [{"interleave": 1, **dict(zip(CONFIG_KEYS, map(int, c.split("/"))))} for c in args.configs.split(",")]
         args.configs = "all"
     if not args.no_prebuild:
         chosen = {str(quant_linear.config_for(m)): quant_linear.config_for(m) for m, _, _ in args.shapes}
