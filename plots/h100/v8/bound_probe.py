@@ -6,13 +6,16 @@ timed in the same window (L2 flushed by reading, as ``bench_v8.py``), with cuBLA
   operand (the ring, the TMA traffic, every wgmma and the reduction as in V8);
 * ``one_wgmma``: every part of a K block is widened as in V8, but only the block's last part is
   multiplied (a quarter or half of V8's wgmma instructions; the others' widened values are summed
-  into it, so none of the conversion is dead code).
+  into it, so none of the conversion is dead code);
+* ``ring_only``: neither widening nor wgmma: the consumers take each stage and release it (the
+  ring, its TMA traffic, the grid and the reduction of zero partials: what V8's bytes cost alone).
 
 Their outputs are wrong by design: nothing here is checked but V8 itself. Build on the CPU machine
 first (``--build-only``; tilus caches the programs under ``$MATMUL_CACHE_DIR``), then time on the GPU:
 
     MATMUL_CACHE_DIR=.cache/probe python plots/h100/v8/bound_probe.py OUT --build-only
     python plots/h100/v8/bound_probe.py OUT                         # bound_probe.json
+    [--variants v8,no_widen,ring_only] [--stages 4,8]               # (default: every variant, 4)
 """
 
 import argparse
@@ -63,6 +66,20 @@ class NoWiden(V8.Kernel):
         self.wgmma.commit_group()
 
 
+class RingOnly(V8.Kernel):
+    def half(
+        self,
+        widen: Int4Widen,
+        s_words: SharedTensor,
+        scale: RegisterTensor,
+        s_x: SharedTensor,
+        slot: int32,
+        first: int,
+        acc: RegisterTensor,
+    ):
+        pass
+
+
 class OneWgmma(V8.Kernel):
     def half(
         self,
@@ -86,7 +103,7 @@ class OneWgmma(V8.Kernel):
             self.part(widen, words, scale, 0, s_x[slot, first], acc)
 
 
-VARIANTS = {"v8": V8.Kernel, "no_widen": NoWiden, "one_wgmma": OneWgmma}
+VARIANTS = {"v8": V8.Kernel, "no_widen": NoWiden, "one_wgmma": OneWgmma, "ring_only": RingOnly}
 
 
 def script(cls, config):
@@ -99,11 +116,15 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("--build-only", action="store_true")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--stages", default="4", help="ring depths to build each configuration with")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    configs = [{**c, "stages": int(stages)} for stages in args.stages.split(",") for c in CONFIGS]
     programs = {}
-    for name, cls in VARIANTS.items():
-        for config in CONFIGS:
+    for name in args.variants.split(","):
+        cls = VARIANTS[name]
+        for config in configs:
             with target("sm_90a"):  # built here, or found in tilus's cache
                 programs[name, str(config)] = tilus_autotune.load(tilus_autotune.build(script(cls, config)))
             print(f"built {name} {config}", flush=True)
