@@ -66,18 +66,9 @@ class NoWiden(V8.Kernel):
         self.wgmma.commit_group()
 
 
-class RingOnly(V8.Kernel):
-    def half(
-        self,
-        widen: Int4Widen,
-        s_words: SharedTensor,
-        scale: RegisterTensor,
-        s_x: SharedTensor,
-        slot: int32,
-        first: int,
-        acc: RegisterTensor,
-    ):
-        pass
+class RingOnly(NoWiden):
+    def constant_part(self, widen: Int4Widen, scale: RegisterTensor, s_tokens: SharedTensor, acc: RegisterTensor):
+        pass  # no operand, no wgmma: the stage is only taken and released
 
 
 class OneWgmma(V8.Kernel):
