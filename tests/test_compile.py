@@ -71,3 +71,23 @@ def test_every_configuration_builds_clean(arch, version):
     assert not failed, failed
     assert [r.config for r in results if r.spill_bytes] == []
     assert [r.config for r in results if not r.within_shared_limit] == []
+
+
+def _job_that_fails_on_odd(index: int, label: str) -> str:
+    import os
+
+    return f"{label} {index} failed in {os.getpid()}" if index % 2 else ""
+
+
+def test_builds_in_forked_processes_report_each_failure_in_order(capsys):
+    import os
+
+    from matmul.build import parallel
+
+    errors = parallel.in_forked_processes(_job_that_fails_on_odd, [(i, "job") for i in range(5)], workers=2)
+    assert [bool(e) for e in errors] == [False, True, False, True, False]
+    assert all(str(os.getpid()) not in e for e in errors if e)  # each ran in a child, not here
+    printed = capsys.readouterr().out
+    assert "build failed: (1, 'job'): job 1 failed" in printed and "(3, 'job')" in printed
+    assert "(0, 'job')" not in printed
+    assert parallel.in_forked_processes(_job_that_fails_on_odd, []) == []

@@ -134,31 +134,20 @@ def parse_configs(text: str) -> list[dict]:
 def prebuild(module, configs: list[dict], dtypes: list[torch.dtype]) -> None:
     """Build every (configuration, dtype) in parallel processes before anything runs: tilus
     caches each program on disk, where the launches find it."""
-    import concurrent.futures
-    import multiprocessing
-    import os
+    from ..build import parallel
 
-    context = multiprocessing.get_context("fork")  # before this process touches CUDA
-    with concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count(), mp_context=context) as pool:
-        futures = [
-            pool.submit(_build, module.__name__, config, str(dtype).removeprefix("torch."))
-            for config in configs
-            for dtype in dtypes
-        ]
-        for future in futures:
-            config, error = future.result()
-            if error:
-                print(f"build failed: {config}: {error[-400:]}", flush=True)
+    jobs = [(module.__name__, config, str(dtype).removeprefix("torch.")) for config in configs for dtype in dtypes]
+    parallel.in_forked_processes(_build, jobs)
 
 
-def _build(module_name: str, config: dict, dtype: str) -> tuple[dict, str]:
+def _build(module_name: str, config: dict, dtype: str) -> str:
     import importlib
 
     from ..build import compiler
 
     module = importlib.import_module(module_name)
     result = compiler.build_config(module, ARCH, config, versions.TILUS_DTYPES[DTYPES[dtype]])
-    return config, "" if result.ok else result.error
+    return "" if result.ok else result.error
 
 
 def candidates(module, m: int, space: list[dict] | None = None) -> list[dict]:

@@ -88,14 +88,9 @@ def _build(item) -> str:
 def prebuild() -> None:
     """Every case's kernel built at once in forked processes (before this process touches CUDA):
     a fresh machine would otherwise build them one after another inside the timing loop."""
-    import concurrent.futures
-    import multiprocessing
+    from matmul.build import parallel
 
-    context = multiprocessing.get_context("fork")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=len(CASES), mp_context=context) as pool:
-        for failure in pool.map(_build, CASES):
-            if failure:
-                print("build failed:", failure[-400:], flush=True)
+    parallel.in_forked_processes(_build, [(item,) for item in CASES], workers=len(CASES))
 
 
 def main(path):

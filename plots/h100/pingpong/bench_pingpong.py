@@ -19,15 +19,14 @@ window's times, the machine before and after).
 """
 
 import argparse
-import concurrent.futures
 import functools
 import json
-import multiprocessing
 import os
 import statistics
 
 import torch
 
+from matmul.build import parallel
 from matmul.harness import bench
 from matmul.harness.presets import Shape
 from matmul.harness.results import CUBLAS, machine, software
@@ -74,10 +73,7 @@ def prebuild(kernels: list[str], dtypes: list[str]) -> None:
     module = versions.load(ARCH, "v6")
     jobs = [(configs()[name], dtype, "") for name in kernels for dtype in dtypes]
     jobs += [(getattr(module, name), dtype, key) for name, key, dtype in TEST_VARIANTS]
-    context = multiprocessing.get_context("fork")  # before this process touches CUDA
-    with concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count(), mp_context=context) as pool:
-        for job, error in zip(jobs, pool.map(_build, *zip(*jobs))):
-            print(f"built {job}" if not error else f"BUILD FAILED {job}: {error}", flush=True)
+    parallel.in_forked_processes(_build, jobs, report_built=True)  # before this process touches CUDA
 
 
 def contenders(kernels, a, b, out_dtype, m, n) -> list[bench.Contender]:

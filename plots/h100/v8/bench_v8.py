@@ -207,9 +207,7 @@ def table(results) -> str:
 def prebuild(formats, dtypes) -> None:
     """Every V8 configuration the call picks and every widening kernel, built in parallel processes
     before this process touches CUDA (tilus caches each on disk, where the launches find it)."""
-    import concurrent.futures
-    import multiprocessing
-    import os
+    from matmul.build import parallel
 
     jobs = []
     for fmt in formats:
@@ -217,20 +215,15 @@ def prebuild(formats, dtypes) -> None:
             jobs.append(("widen", fmt, dtype, None))
             for config in quant_linear.configs(fmt):
                 jobs.append(("v8", fmt, dtype, config))
-    context = multiprocessing.get_context("fork")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count(), mp_context=context) as pool:
-        for job, error in zip(jobs, pool.map(_build, jobs)):
-            if error:
-                print(f"build failed: {job}: {error[-400:]}", flush=True)
+    parallel.in_forked_processes(_build, jobs)
 
 
-def _build(job) -> str:
+def _build(kind, fmt, dtype, config) -> str:
     import tilus
 
     from matmul import build
     from matmul.kernels import versions
 
-    kind, fmt, dtype, config = job
     tilus_dtype = {"float16": tilus.float16, "bfloat16": tilus.bfloat16}[dtype]
     if kind == "widen":
         result = build.build_script(device_widen.WidenKernel, "sm_90a", {"dtype": tilus_dtype, "weight": fmt})
