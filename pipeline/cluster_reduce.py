@@ -21,9 +21,13 @@ launch.
 
 Synchronization: ``arrived`` (each CTA, 1 arrival: its own ``expect_tx``, plus the bytes of every
 peer's copy, which may land before that arrival; the phase cannot complete without it). The
-cluster must be synchronized (``self.cluster.sync()``) after the barriers are initialized and
-before any CTA exits: a CTA's outgoing copies read its shared memory until the *receiver's*
-barrier completes, so a sender may leave only once every receiver has seen its bytes.
+cluster must be synchronized (``self.cluster.sync()``) after the barriers are initialized, and
+before any CTA exits (``exit_barrier``): a CTA's outgoing copies read its shared memory until the
+*receiver's* barrier completes, so a sender may leave only once every receiver has seen its bytes.
+That last barrier orders no memory: each receiver arrives on it after its own wait on ``arrived``
+has seen every copy into it complete, so its arrival is relaxed (``barrier.cluster.arrive.relaxed``),
+and the CTA need not wait for its output's global stores to be performed first (``MEMBAR.ALL.GPU``,
+which an arrival with release semantics costs).
 Every slot is written once per launch, so no barrier guards reuse.
 """
 
@@ -45,11 +49,22 @@ from tilus.lang.instructions import base
 from .fused_epilogue import FusedEpilogue, split_k_layout
 
 _COPY = "bulk_copy_to_rank"
+_EXIT = "cluster_sync_relaxed"
 
 
 def _register() -> None:
     if is_primitive_function("cuda_" + _COPY):
         return
+
+    @no_type_check
+    @script
+    def cuda_cluster_sync_relaxed():
+        attrs.func_name = "cuda_" + _EXIT
+        attrs.func_kind = "cuda_internal"
+        asm(template="barrier.cluster.arrive.relaxed.aligned;", outputs=[], inputs=[], is_volatile=True)
+        asm(template="barrier.cluster.wait.aligned;", outputs=[], inputs=[], is_volatile=True)
+
+    register_primitive_function(name=cuda_cluster_sync_relaxed.name, func_or_type=cuda_cluster_sync_relaxed)
 
     @no_type_check
     @script
@@ -87,6 +102,15 @@ def bulk_copy_to_rank(dst, src, barrier, rank) -> None:
         None,
         call_cuda(_COPY, [uint32(dst_addr), uint32(src_addr), uint32(src.nbytes), uint32(barrier_addr), uint32(rank)]),
     )
+
+
+def cluster_sync_relaxed() -> None:
+    """In kernel code (every thread of the CTA): ``barrier.cluster`` with a relaxed arrival, an
+    execution barrier of the cluster that orders no memory (``ClusterSplitKReduce.exit_barrier``)."""
+    builder = base._current_builder
+    if builder is None:
+        raise RuntimeError("cluster_sync_relaxed is called from kernel code only")
+    builder.evaluate(None, call_cuda(_EXIT, []))
 
 
 class SplitKRange(tilus.Class):
@@ -152,6 +176,12 @@ class ClusterSplitKReduce(tilus.Class):
                             self.arrived[0],
                             peer,
                         )
+
+    def exit_barrier(self):
+        """Whole CTA, last: no CTA of the cluster exits while a peer's copy may still read its
+        partial tile (module doc; with ``parts == 1`` there is no peer, and no barrier)."""
+        if self.parts > 1:
+            cluster_sync_relaxed()
 
     def write(self, rank: int32, g_c: GlobalTensor, offset_m: int32, offset_n: int32, epilogue: FusedEpilogue):
         """This CTA's slice (``rows / parts`` rows of C^T from row ``rank * rows / parts``) summed

@@ -340,6 +340,16 @@ MUTANTS = (
         config=V8_INTERLEAVED,
     ),
     Mutant(
+        "no exit barrier: a Hopper V8 CTA may exit while its split-K partial is still being copied out of its "
+        "shared memory to a peer",
+        "sm_90a",
+        "v8",
+        "matmul.kernels.hopper.v8",
+        "        reduce.exit_barrier()  # no CTA leaves while a peer's copy may still read its partial tile\n",
+        "",
+        ("exit",),
+    ),
+    Mutant(
         "one warp, two roles: Hopper V8's producer is the first warp of its second interleaved consumer "
         "warpgroup (the warp index of a CTA without interleaving)",
         "sm_90a",

@@ -2,7 +2,7 @@
 the roles of each CTA) from the transpiled function and a ``Problem``, launches clusters as
 residency allows, and steps one role or fires one asynchronous operation at a time, as a ``choose``
 callback decides (the strategies that explore interleavings are ``explore``'s). It ends roles and
-CTAs with the checks on exit (nothing in flight into an exiting CTA, no phase partly arrived),
+CTAs with the checks on exit (nothing in flight into or out of an exiting CTA, no phase partly arrived),
 reports a deadlock when every live role is blocked and a livelock when a run does not end, and
 finally checks coverage.
 
@@ -174,7 +174,7 @@ class Machine(Interpreter, SyncInstructions, DataInstructions, CoverageChecks, S
         self.log(f"cta{cta.index} exits")
         for op in self.async_ops:
             if cta.index in op.targets:
-                self.fail("exit", f"cta{cta.index} exits while {op.what} is still in flight into it")
+                self.fail("exit", f"cta{cta.index} exits while {op.what} is still in flight, into it or out of it")
         for table in (cta.readers, cta.tmem_writers):
             for entries in table.values():
                 for *_, access in entries:

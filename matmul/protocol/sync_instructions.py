@@ -46,7 +46,8 @@ class SyncInstructions:
             self.eval(e, env, role)
             return
         fname = e.func_var.name
-        if fname == "this_cluster.sync":
+        # the relaxed form (pipeline.cluster_reduce's exit barrier) orders no memory; nothing is read after it
+        if fname in ("this_cluster.sync", "cuda_cluster_sync_relaxed"):
             bar = self.cluster_bars[role.cta.cluster]
             yield from self.group_sync(role, bar, active[1] - active[0])
         elif fname == "cuda_st_async_cluster_b32":
@@ -83,7 +84,9 @@ class SyncInstructions:
                 self.complete_tx(bar, size, f"bulk copy from {who} into cta{target.index}")
 
             self.log(f"{role.name}: bulk copy of {size} bytes to cta{target.index}")
-            self.async_ops.append(AsyncOp(f"a bulk copy from {role.name}", land, (target.index,), byte_barriers=(bar,)))
+            # it reads the sender's shared memory until it lands, as it writes the receiver's: neither may exit first
+            touched = (target.index, role.cta.index)
+            self.async_ops.append(AsyncOp(f"a bulk copy from {role.name}", land, touched, byte_barriers=(bar,)))
             yield None
         else:
             self.eval(e, env, role)

@@ -61,14 +61,15 @@ Synchronization (this CTA's K block ``i`` uses stage ``s = i % stages``, parity 
 | ``empty[s]`` | consumers | one thread of each consumer warpgroup, after its wgmma wait | producer, ``p ^ 1`` | CTA |
 | ``__syncthreads`` | all threads | every warp, once the partials are stored (in ``exchange``) | all | CTA |
 | ``arrived`` | 1 + bytes | this CTA's ``expect_tx`` (split - 1 slices); peers' bulk copies | warps 0-3, 0 | CTA |
-| ``barrier.cluster`` | the cluster | all: after the mbarriers exist; before exit | all | cluster |
+| ``barrier.cluster`` | the cluster | all: after the mbarriers exist; before exit (relaxed) | all | cluster |
 
 Consumer warpgroups are ``warpgroups x interleave``: with ``interleave`` > 1 (a tuning knob, see
 ``Kernel``) a stage holds that many K blocks and each consumer of a slab takes one of them, its
 partial a layer of its own in the split-K reduction. A stage is released only after the wgmma
 that read its token tile completed and its packed words and scales were loaded into registers
 (``wait_group 0`` precedes the release). The rest is V7's:
-every mbarrier is initialized before the first cluster barrier, no CTA exits before the last one,
+every mbarrier is initialized before the first cluster barrier, no CTA exits before the last one
+(whose arrival is relaxed: ``ClusterSplitKReduce.exit_barrier`` says why no memory needs ordering there),
 ``arrived`` is used once, a fresh ``empty[s]`` read with parity ``p ^ 1`` counts as complete.
 """
 
@@ -94,6 +95,7 @@ PTX_MARKERS = (
     "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes",
     "mapa.shared::cluster",
     "barrier.cluster",
+    "barrier.cluster.arrive.relaxed.aligned",  # the exit barrier orders no memory (ClusterSplitKReduce.exit_barrier)
 )
 REPRESENTATIVE = {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 32}
 B_LAYOUTS = ("nk",)  # the packed weight has one layout (matmul.quant)
@@ -343,7 +345,7 @@ class Kernel(MatmulKernel):
         reduce.exchange(rank)
         with self.warp_group(warp_begin=0, num_warps=4):
             reduce.write(rank, g_c, offset_m, offset_n, self.epilogue)
-        self.cluster.sync()  # no CTA leaves while a peer's copy may still read its partial tile
+        reduce.exit_barrier()  # no CTA leaves while a peer's copy may still read its partial tile
 
     def consumer_group(
         self,
