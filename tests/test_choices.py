@@ -883,3 +883,23 @@ def test_a_kernel_that_does_not_build_leaves_cublas_in_place(tmp_path, monkeypat
     assert isinstance(path.plans[signature(a3, w3.T, None)], VendorPlan)  # v3 was not reached: the child died first
     assert not choose.builder.busy() and caller_builds == []
     assert sum("cuBLAS runs instead" in r.getMessage() for r in caplog.records) == 3
+
+
+def test_a_stored_choice_goes_stale_only_with_the_sources_its_version_is_built_from(monkeypatch):
+    """Hopper V7 sums split-K partials with pipeline/cluster_reduce.py, V6 does not: an edit there
+    makes V7's stored choices stale and leaves V6's valid; an edit to the ring both use, both."""
+    files = {v: {p.name for p in tuner.fingerprint_files(ARCH, v)} for v in ("v6", "v7")}
+    assert "cluster_reduce.py" in files["v7"] and "cluster_reduce.py" not in files["v6"]
+    assert {"pipeline.py", "__init__.py", "fix.py", "v6.py"} <= files["v6"]  # the ring, the package, a tilus fix
+
+    before = {v: tuner.fingerprint.__wrapped__(ARCH, v) for v in ("v6", "v7")}
+    read_bytes = Path.read_bytes
+
+    def edited(name):
+        return lambda path: read_bytes(path) + (b"# edited" if path.name == name else b"")
+
+    monkeypatch.setattr(Path, "read_bytes", edited("cluster_reduce.py"))
+    assert tuner.fingerprint.__wrapped__(ARCH, "v7") != before["v7"]
+    assert tuner.fingerprint.__wrapped__(ARCH, "v6") == before["v6"]
+    monkeypatch.setattr(Path, "read_bytes", edited("pipeline.py"))
+    assert all(tuner.fingerprint.__wrapped__(ARCH, v) != before[v] for v in ("v6", "v7"))

@@ -120,25 +120,59 @@ def candidates(arch: str, m: int, n: int, k: int, variant: Variant = PLAIN) -> l
 
 @functools.cache
 def fingerprint(arch: str, version: str) -> str:
-    """Changes when the version's source, the shared entry point, the pipeline code, the tilus fixes or tilus change
-    (for cuBLAS: when torch or its CUDA change)."""
-    import pipeline
-
+    """Changes when the version's source, the shared entry point, the pipeline code they import, the
+    tilus fixes or tilus change (for cuBLAS: when torch or its CUDA change)."""
     if version == VENDOR:
         return hashlib.sha256(f"{torch.__version__} {torch.version.cuda}".encode()).hexdigest()[:16]
     digest = hashlib.sha256(tilus.__version__.encode())
+    for path in fingerprint_files(arch, version):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def fingerprint_files(arch: str, version: str) -> list[Path]:
+    """The sources a version's kernels are built from: its file, the shared entry point, the
+    ``pipeline`` modules those import (directly or through one another: an edit to a building block
+    the version does not use leaves its stored choices valid), and every tilus fix (they patch the
+    code generator of every kernel)."""
     from .. import tilus_fixes
     from ..kernels import entry
 
-    files = [
-        Path(versions.load(arch, version).__file__),
-        Path(entry.__file__),
-        *sorted(Path(pipeline.__file__).parent.glob("*.py")),
-        *sorted(Path(tilus_fixes.__file__).parent.glob("*.py")),
-    ]
-    for path in files:
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
+    own = [Path(versions.load(arch, version).__file__), Path(entry.__file__)]
+    return [*own, *_pipeline_imports(own), *sorted(Path(tilus_fixes.__file__).parent.glob("*.py"))]
+
+
+def _pipeline_imports(sources: list[Path]) -> list[Path]:
+    """The ``pipeline`` modules that ``sources`` import, statically, and the ones those import."""
+    import ast
+
+    import pipeline
+
+    package = Path(pipeline.__file__).parent
+    found: set[Path] = set()
+    queue = list(sources)
+    while queue:
+        source = queue.pop()
+        for node in ast.walk(ast.parse(source.read_text())):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.ImportFrom) and node.level == 1 and source.parent == package:
+                module = f"pipeline.{node.module}" if node.module else "pipeline"
+                names = [module, *(f"{module}.{a.name}" for a in node.names)]
+            for name in names:
+                parts = name.split(".")
+                if parts[0] != "pipeline":
+                    continue
+                # importing pipeline.x runs pipeline/__init__.py first
+                paths = [package / "__init__.py", package.joinpath(*parts[1:]).with_suffix(".py")]
+                for path in paths:
+                    if path.is_file() and path not in found:
+                        found.add(path)
+                        queue.append(path)
+    return sorted(found)
 
 
 def space_config(module, config: Any) -> Optional[dict]:
