@@ -134,11 +134,11 @@ def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, chunk: 
 
 # Token tiles of 8 (the narrowest wgmma: a decode step of a few sequences brings half the
 # zero-filled token rows of a 16-column tile), 16, 64, 128 and 256 columns. A stage of V8 holds
-# 128 K columns of weight in 4 KiB (V7: 64 in 8 KiB) and its consumers, not HBM, set the pace
-# (plots/h100/v8/probe/): each K block is widened by one
-# warpgroup, and a warpgroup waits for its wgmma before it widens the next one. So what counts is
-# warpgroups per SM: shallow rings (4-6 stages: more CTAs fit in an SM) and larger splits (more
-# CTAs per weight tile) were faster on the H100 than V7's deep rings (plots/h100/v8/).
+# 128 K columns of weight in 4 KiB (V7: 64 in 8 KiB). Shallow rings (4-6 stages: more CTAs fit in
+# an SM) and larger splits (more CTAs per weight tile) were faster on the H100 than V7's deep rings
+# (plots/h100/v8/). Not because the widening sets the pace: without it V8 is only 7-16% faster,
+# and its ring alone, moving the same bytes with no work on them, takes 65-85% of the floor's time
+# (plots/h100/v8/bound/).
 #
 # ``interleave`` (2 or 4) gives each 64-row weight slab that many consumer warpgroups, which take
 # the K blocks of a stage in turn (a stage brings ``interleave`` consecutive K blocks) and add
