@@ -531,7 +531,8 @@ def main(argv=None) -> int:
     p.add_argument(
         "--all-configs",
         action="store_true",
-        help="every configuration of the autotune spaces (default: the representative and each other cluster shape)",
+        help="every configuration of the autotune spaces (default: the representative and one of each other "
+        "protocol shape: its cluster, multicast, turn-taking and warp count)",
     )
     p.add_argument("--trace", action="store_true", help="print the events before each finding")
     p.add_argument(
