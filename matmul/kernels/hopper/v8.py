@@ -205,7 +205,8 @@ class Kernel(MatmulKernel):
         if warpgroups not in (1, 2):
             raise ValueError(f"one or two consumer warpgroups, not {warpgroups}")
         self.interleave = interleave  # consumer warpgroups a weight slab, taking its K blocks in turn
-        if interleave not in (1, 2, 4) or warpgroups * interleave > 4:
+        self.consumers = warpgroups * interleave  # consumer warpgroup c: slab c // interleave, turn c % interleave
+        if interleave not in (1, 2, 4) or self.consumers > 4:
             raise ValueError(f"{warpgroups} x {interleave} consumer warpgroups: at most 4, interleave 1, 2 or 4")
         if (64 * warpgroups) % split or (64 * warpgroups // split) % 8:
             raise ValueError(f"{64 * warpgroups} weight rows do not cut into {split} slices of a multiple of 8")
@@ -266,7 +267,7 @@ class Kernel(MatmulKernel):
         k_size: int32,
     ):
         rows = 64 * self.warpgroups  # weight rows of a CTA (the output tile's N side)
-        consumers = self.warpgroups * self.interleave  # consumer warpgroups: slab wg, turn j is wg * interleave + j
+        consumers = self.consumers
         num_n_tiles = cdiv(n_size, rows)
         num_m_tiles = cdiv(m_size, self.block_m)
         self.attrs.blocks = self.split * num_n_tiles * num_m_tiles
@@ -311,16 +312,17 @@ class Kernel(MatmulKernel):
                     # past this CTA's range (the last range's tail) lies past K: TMA fills zeros
                     block = k_blocks.first + i * self.interleave + turn
                     for wg in range(self.warpgroups):
+                        c = wg * self.interleave + turn  # the consumer warpgroup that takes this block
                         self.tma.global_to_shared(
                             src=g_w,
-                            dst=s_w[slot, wg * self.interleave + turn],
+                            dst=s_w[slot, c],
                             offsets=[(offset_n + 64 * wg) // TILE_ROWS * self.word_rows, block * self.word_cols],
                             mbarrier=ring.producer_barrier(),
                         )
                         if self.weight != "fp8_e4m3":
                             self.tma.global_to_shared(
                                 src=g_s,
-                                dst=s_s[slot, wg * self.interleave + turn],
+                                dst=s_s[slot, c],
                                 offsets=[block, offset_n + 64 * wg],
                                 mbarrier=ring.producer_barrier(),
                             )
@@ -359,19 +361,17 @@ class Kernel(MatmulKernel):
         reduce: ClusterSplitKReduce,
         turns: int32,
     ):
-        """Consumer warpgroup ``c``: slab ``c // interleave``, turn ``c % interleave``, in the weight's format."""
-        wg, turn = divmod(c, self.interleave)
+        """Consumer warpgroup ``c``, in the weight's format."""
         if self.weight == "int4":
-            self.consumer(wg, turn, ring, s_w, s_s, s_x, reduce, turns)
+            self.consumer(c, ring, s_w, s_s, s_x, reduce, turns)
         elif self.weight == "int6":
-            self.int6_consumer(wg, turn, ring, s_w, s_s, s_x, reduce, turns)
+            self.int6_consumer(c, ring, s_w, s_s, s_x, reduce, turns)
         else:
-            self.fp8_consumer(wg, turn, ring, s_w, g_s, offset_n, s_x, reduce, turns)
+            self.fp8_consumer(c, ring, s_w, g_s, offset_n, s_x, reduce, turns)
 
     def consumer(
         self,
-        wg: int,
-        turn: int,
+        c: int,
         ring: Pipeline,
         s_w: SharedTensor,
         s_s: SharedTensor,
@@ -379,19 +379,19 @@ class Kernel(MatmulKernel):
         reduce: ClusterSplitKReduce,
         count: int32,
     ):
-        """Consumer warpgroup ``wg``, turn ``turn``: weight rows ``64 * wg ...`` of the tile times
+        """Consumer warpgroup ``c`` (slab ``wg``, turn ``turn``): weight rows ``64 * wg ...`` of the tile times
         every token, over K block ``turn`` of each stage (every block of the CTA's K range when
         ``interleave`` is 1), into layer ``turn`` of the partial tile: per K block, each ``chunk``
         columns of its packed tile widened into an A operand and multiplied by the tokens (a
         committed wgmma group each, the next part widened while it runs), all waited for before the
         next block."""
-        c = wg * self.interleave + turn  # this consumer's weight tile of a stage
+        wg, turn = divmod(c, self.interleave)  # its slab, and its K block of each stage
         with self.warp_group(warp_begin=4 * c, num_warps=4):
             acc = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
             self.annotate_layout(acc, wgmma_fragment(64, self.block_m))
             widen = Int4Widen(self.chunk)
-            s_words = self.reshape_shared(s_w, [self.stages, self.warpgroups * self.interleave, 2, 128, WORDS])
-            s_scale = self.reshape_shared(s_s, [self.stages, self.warpgroups * self.interleave, TILE_ROWS, 1])
+            s_words = self.reshape_shared(s_w, [self.stages, self.consumers, 2, 128, WORDS])
+            s_scale = self.reshape_shared(s_s, [self.stages, self.consumers, TILE_ROWS, 1])
             for kb in self.range(count, unroll=1):  # noqa: B007
                 ring.consumer_acquire()
                 slot = ring.consumer_stage
@@ -439,8 +439,7 @@ class Kernel(MatmulKernel):
 
     def fp8_consumer(
         self,
-        wg: int,
-        turn: int,
+        c: int,
         ring: Pipeline,
         s_w: SharedTensor,
         g_s: GlobalTensor,
@@ -453,12 +452,12 @@ class Kernel(MatmulKernel):
         ``[part p < 4][thread t][word j < 4]`` (the fragment values of K steps 2 p, 2 p + 1, one byte
         each), each part widened by tilus's fp8 cast and issued as a wgmma group; the per-row scale
         multiplies the float32 partial tile once, after the last K block."""
-        c = wg * self.interleave + turn  # this consumer's weight tile of a stage
+        wg, turn = divmod(c, self.interleave)  # its slab, and its K block of each stage
         with self.warp_group(warp_begin=4 * c, num_warps=4):
             acc = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
             self.annotate_layout(acc, wgmma_fragment(64, self.block_m))
             widen = Fp8Widen()
-            s_words = self.reshape_shared(s_w, [self.stages, self.warpgroups * self.interleave, 4, 128, WORDS])
+            s_words = self.reshape_shared(s_w, [self.stages, self.consumers, 4, 128, WORDS])
             for kb in self.range(count, unroll=1):  # noqa: B007
                 ring.consumer_acquire()
                 slot = ring.consumer_stage
@@ -485,8 +484,7 @@ class Kernel(MatmulKernel):
 
     def int6_consumer(
         self,
-        wg: int,
-        turn: int,
+        c: int,
         ring: Pipeline,
         s_w: SharedTensor,
         s_s: SharedTensor,
@@ -497,13 +495,13 @@ class Kernel(MatmulKernel):
         """``consumer`` for 6-bit weights: a packed tile is
         ``[half h][thread t][word j < 6]`` (``matmul.quant.int6``), each half widened and issued as a
         wgmma group, the group scales as int4's."""
-        c = wg * self.interleave + turn  # this consumer's weight tile of a stage
+        wg, turn = divmod(c, self.interleave)  # its slab, and its K block of each stage
         with self.warp_group(warp_begin=4 * c, num_warps=4):
             acc = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
             self.annotate_layout(acc, wgmma_fragment(64, self.block_m))
             widen = Int6Widen()
-            s_words = self.reshape_shared(s_w, [self.stages, self.warpgroups * self.interleave, 2, 128, 6])
-            s_scale = self.reshape_shared(s_s, [self.stages, self.warpgroups * self.interleave, TILE_ROWS, 1])
+            s_words = self.reshape_shared(s_w, [self.stages, self.consumers, 2, 128, 6])
+            s_scale = self.reshape_shared(s_s, [self.stages, self.consumers, TILE_ROWS, 1])
             for kb in self.range(count, unroll=1):  # noqa: B007
                 ring.consumer_acquire()
                 slot = ring.consumer_stage
