@@ -6,7 +6,7 @@ python -m matmul plot RESULTS.json [...] [--out DIR]
 python -m matmul model [--out DIR] [--dtype float16|bfloat16] [--rounds N]
 python -m matmul candidates VERSION[:knob=int,...] ... [--sizes 4096,8192x14336x4096] [--sustained S | --profile N]
 python -m matmul drop-in [--parts kn,linear,llama] [--out DIR] [--dtype float16|bfloat16] [--rounds N]
-python -m matmul trace [--out DIR] [--calls N] [--wait-s S] [--parts block,trace,torch_alone]
+python -m matmul trace [--out DIR] [--calls N] [--wait-s S] [--parts block,trace,torch_alone,matmul_alone]
 python -m matmul tune [--model llama-3-8b] [--m 1-8192] [--shapes MxNxK,...] [--dtype float16,bfloat16]
                       [--narrow] [--out FILE]
 """
@@ -585,9 +585,9 @@ def main(argv=None) -> int:
     )
     p.add_argument(
         "--parts",
-        default="block,trace,torch_alone",
-        help="which of block (the block's first forward pass), trace (both passes) and torch_alone to run "
-        "(default all)",
+        default="block,trace,torch_alone,matmul_alone",
+        help="which of block (the block's first forward pass), trace (both passes), torch_alone and "
+        "matmul_alone (each library over the trace in a fresh process of its own) to run (default all)",
     )
     p.set_defaults(func=trace_command)
     p = sub.add_parser(

@@ -2,7 +2,10 @@
 synchronizes standing in: a cost that another thread put on the GPU shows in the device-wide
 timing only, and the summaries are made by each timing."""
 
+import json
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -81,16 +84,91 @@ def test_the_first_pass_is_compared_with_torch_alone_at_the_same_place():
         trace.against_alone(rows, alone[::-1])
 
 
-@pytest.mark.parametrize("parts", [trace.PARTS, ("trace",), ("block", "torch_alone")])
+def _alone_row(dtype, name, m, first, second, **choice):
+    return {
+        "dtype": dtype,
+        "name": name,
+        "m": m,
+        "first": {field: first for field in trace.TIMINGS.values()},
+        "second": {field: second for field in trace.TIMINGS.values()},
+        **choice,
+    }
+
+
+def test_matmul_alone_is_compared_with_torch_alone_call_by_call():
+    """Each library's first call against the other's first call of the same place of the trace,
+    and the second against the second: a first use costs each process its own."""
+    ours = [
+        _alone_row("float16", "qkv", 5, 4.0, 0.2, version="cuBLAS", source="nearest"),
+        _alone_row("bfloat16", "qkv", 7, 0.3, 0.1, version="v7", source="shipped"),
+    ]
+    theirs = [_alone_row("float16", "qkv", 5, 3.0, 0.2), _alone_row("bfloat16", "qkv", 7, 0.1, 0.1)]
+    first = trace.alone_against_alone(ours, theirs, "first")
+    assert first["over_1.5x"] == 1 and first["worst_ratio"] == pytest.approx(3.0)
+    assert first["total_ratio"] == pytest.approx(4.3 / 3.1)
+    assert first["sources"] == {"nearest": 1, "shipped": 1}
+    second = trace.alone_against_alone(ours, theirs, "second", "device_ms")
+    assert second["over_1.5x"] == 0 and second["total_ratio"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="the traces differ"):
+        trace.alone_against_alone(ours, theirs[::-1])
+
+
+def test_the_second_pass_times_each_side_first_once(monkeypatch):
+    """In both orders, a side's timing is the mean of its two, whichever went first; a pair timed
+    one way only would charge the first call's cost to one side."""
+    order = []
+
+    def timed(fn):
+        order.append(fn())
+        return {"event_ms": 3.0 if len(order) == 1 else 1.0}  # the pair's first call pays more
+
+    monkeypatch.setattr(trace, "timed", timed)
+    ours, theirs = trace._both_orders(lambda: "ours", lambda: "theirs", matmul_first=True)
+    assert order == ["ours", "theirs", "theirs", "ours"]
+    assert ours["event_ms"] == 2.0 and theirs["event_ms"] == 1.0 and len(ours["each"]) == 2
+    order.clear()
+    ours, theirs = trace._both_orders(lambda: "ours", lambda: "theirs", matmul_first=False)
+    assert order == ["theirs", "ours", "ours", "theirs"]
+    assert ours["event_ms"] == 1.0 and theirs["event_ms"] == 2.0
+
+
+def test_a_library_alone_reads_the_last_line_of_its_process(monkeypatch):
+    """What the process prints before its rows (a warning, a progress line) is not taken for them;
+    matmul() alone runs with an empty cache directory of its own."""
+    seen = {}
+
+    def run(args, input, capture_output, text, env):
+        seen["request"], seen["env"] = json.loads(input), env
+        rows = [_alone_row("float16", "qkv", 5, 2.0, 1.0)]
+        return subprocess.CompletedProcess(args, 0, stdout="tuning qkv...\n" + json.dumps(rows) + "\n", stderr="")
+
+    monkeypatch.setattr(trace.subprocess, "run", run)
+    found = trace.matmul_alone(calls=1)
+    assert seen["request"]["through"] == "matmul" and len(seen["request"]["trace"]) == 1
+    assert Path(seen["env"]["MATMUL_CACHE_DIR"]).name.startswith("matmul-alone-")
+    assert found["summary"]["event"]["first_over_1.5x_second"] == 1
+
+
+@pytest.mark.parametrize("parts", [trace.PARTS, ("trace",), ("block", "torch_alone"), ("torch_alone", "matmul_alone")])
 def test_the_trace_runs_only_the_parts_asked_for(tmp_path, monkeypatch, parts):
     ran = []
     monkeypatch.setattr(trace, "blocks_first", lambda env: ran.append("block") or {})
     monkeypatch.setattr(trace.subprocess, "call", lambda *args, **kwargs: ran.append("trace") or 0)
     monkeypatch.setattr(trace, "torch_alone", lambda calls: ran.append("torch_alone") or {"error": "stand-in"})
+    monkeypatch.setattr(trace, "matmul_alone", lambda calls: ran.append("matmul_alone") or {"error": "stand-in"})
     assert trace.main(tmp_path, calls=3, wait_s=0.0, parts=parts) == 0
     assert tuple(ran) == parts
-    assert (tmp_path / "block_first.json").exists() == ("block" in parts)
-    assert (tmp_path / "torch_alone.json").exists() == ("torch_alone" in parts)
+    for part, written in (("block", "block_first"), ("torch_alone", "torch_alone"), ("matmul_alone", "matmul_alone")):
+        assert (tmp_path / f"{written}.json").exists() == (part in parts)
+
+
+def test_matmul_alone_part_writes_its_comparison_with_torch_alone(tmp_path, monkeypatch):
+    rows = [_alone_row("float16", "qkv", 5, 2.0, 1.0)]
+    (tmp_path / "torch_alone.json").write_text(json.dumps({"rows": rows}))
+    monkeypatch.setattr(trace, "matmul_alone", lambda calls: {"rows": rows, "summary": {}})
+    trace.matmul_alone_part(tmp_path, calls=1)
+    found = json.loads((tmp_path / "matmul_alone.json").read_text())["against_torch_alone"]
+    assert found["first"]["event"]["total_ratio"] == pytest.approx(1.0)
 
 
 def test_the_trace_command_refuses_an_unknown_part(monkeypatch):

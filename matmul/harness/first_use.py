@@ -1,14 +1,17 @@
-"""torch.matmul alone over the first-calls trace (``trace``), in a fresh process that never imports
-``matmul``: each call of the trace made twice in a row on the same operands, each timed on its own
+"""One library alone over the first-calls trace (``trace``), in a fresh process: torch.matmul (the
+process never imports ``matmul``) or matmul() (its cache directory empty, as a new machine's:
+the shipped table, instant choices, tuning and builds in the background, as a user meets them).
+Each call of the trace is made twice in a row on the same operands, each timed on its own
 (``timed``). What a fresh process pays on its first use of a kernel (the CUDA runtime loads a
 kernel into the context at its first launch, lazily; cuBLAS picks and sets up an algorithm for a
-new shape) then shows as the first call's excess over the second, in a process with no thread
-but the caller's: the trace's pairs charge that cost to whichever of matmul() and torch.matmul
-runs first.
+new shape) then shows as the first call's excess over the second. The trace's pairs charge that
+cost to whichever of matmul() and torch.matmul runs first; two processes alone, each paying its
+own, compare a user of one with a user of the other, call by call.
 
-Run as a script by ``trace.main`` (so that the package is not imported): reads ``{"seed",
-"projections": {name: [N, K]}, "trace": [[dtype, name, M, N, K], ...]}`` on stdin and writes
-one row per call on stdout (JSON).
+Run as a script by ``trace.main`` (so that torch's process does not import the package): reads
+``{"through": "torch" or "matmul", "seed", "projections": {name: [N, K]}, "trace": [[dtype, name,
+M, N, K], ...]}`` on stdin and writes one row per call on stdout (JSON), with matmul()'s choice
+(``version``, ``source``) where it ran.
 """
 
 import functools
@@ -47,6 +50,13 @@ def timed(fn) -> dict:
 
 def main() -> int:
     request = json.load(sys.stdin)
+    through = request.get("through", "torch")
+    if through == "matmul":
+        import matmul
+
+        product, choice = matmul.matmul, matmul.choice
+    else:
+        product, choice = torch.matmul, None
     torch.manual_seed(request["seed"])
     weights = {
         (dtype, name): torch.randn(n, k, device="cuda", dtype=getattr(torch, dtype)) / k**0.5
@@ -60,10 +70,14 @@ def main() -> int:
         x = torch.randn(m, k, device="cuda", dtype=w.dtype)
         _ = torch.empty((m, n), device="cuda", dtype=w.dtype)  # the result's size known to the allocator
         del _
-        call = functools.partial(torch.matmul, x, w.T)
+        call = functools.partial(product, x, w.T)
         first, second = timed(call), timed(call)
-        rows.append({"dtype": dtype, "name": name, "m": m, "n": n, "k": k, "first": first, "second": second})
-    json.dump(rows, sys.stdout)
+        row = {"dtype": dtype, "name": name, "m": m, "n": n, "k": k, "first": first, "second": second}
+        if choice is not None:  # asked after both calls: what the second ran
+            entry = choice(x, w.T)
+            row.update(version=entry.get("version"), source=entry.get("source"))
+        rows.append(row)
+    print(json.dumps(rows), flush=True)  # one line, the last: anything printed before it is not the result
     return 0
 
 

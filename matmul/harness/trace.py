@@ -11,14 +11,21 @@ last kernel's end: the host's issue time where the GPU waits for it, and the ker
 until that stream has finished it, and by the host until the whole device has (``device_ms``, the
 first timing of this harness: a device-wide synchronize waits for every stream of the process, so
 GPU work another thread issued meanwhile is charged to the call). Where only ``device_ms`` is
-slow, the cost came from another thread's GPU work, not from the call. Last, ``torch.matmul``
-alone (``first_use``: each call twice in a row, in a fresh process that imports nothing of this
-package) shows what a fresh process pays on its first use of a kernel, which the pairs charge to
-whichever of the two runs first. The trace is then run again once the background
-work it started has finished (``settle``: the plans deferred by the first calls, the tuning, the
-builds, then each call's plan derived untimed, as a process that has met its bucket since finds
-it), so that the second pass times the tuned choices, not a first call of a new plan. While
-tuning runs, its child times kernels only while the calls pause (``matmul.call.yielding``).
+slow, the cost came from another thread's GPU work, not from the call. The trace is then run
+again once the background work it started has finished (``settle``: the plans deferred by the
+first calls, the tuning, the builds, then each call's plan derived and run once, untimed, as a
+process that has met its bucket since finds it), so that the second pass times the tuned choices,
+not a first call of a new plan or a first launch of a kernel; each of its pairs is timed in both
+orders. While tuning runs, its child times kernels only while the calls pause
+(``matmul.call.yielding``).
+
+The pairs of the first pass charge a first use of a kernel (loaded into the context at its first
+launch; a new shape's algorithm set up by cuBLAS) to whichever of the two runs first, and let
+the second use what the first loaded. So each library also runs the trace alone, in a fresh
+process of its own (``first_use``, each call twice in a row): ``torch.matmul`` in one that imports
+nothing of this package, ``matmul()`` in one whose cache directory starts empty; call by call,
+their first calls compare a new user of one with a new user of the other (``alone_against_alone``),
+each paying its own first uses and only its own.
 Also the first forward pass of ``model.Block`` through
 ``matmul()`` against the same block through ``torch.matmul``, each in a new process.
 
@@ -39,6 +46,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -94,7 +102,22 @@ def _busy() -> dict:
     }
 
 
-def run_trace(trace, weights) -> list[dict]:
+def _both_orders(ours, theirs, matmul_first: bool) -> tuple[dict, dict]:
+    """Each of ``ours`` and ``theirs`` timed twice, in the order ours-theirs-theirs-ours (or the
+    reverse): each side's timings averaged (``timed``'s fields), the single ones kept under
+    ``each``. The call timed first of a pair finds less of its operands in L2 and pays what a
+    first call pays; here each side is first once and second once."""
+    if matmul_first:
+        o1, t1, t2, o2 = timed(ours), timed(theirs), timed(theirs), timed(ours)
+    else:
+        t1, o1, o2, t2 = timed(theirs), timed(ours), timed(ours), timed(theirs)
+    return tuple({**{f: (one[f] + two[f]) / 2 for f in one}, "each": [one, two]} for one, two in ((o1, o2), (t1, t2)))
+
+
+def run_trace(trace, weights, both_orders: bool = False) -> list[dict]:
+    """Each call of ``trace`` timed against ``torch.matmul`` on the same operands, the order of the
+    pair alternating; with ``both_orders`` (the second pass, where no call is a first one), each
+    pair timed in both orders (``_both_orders``)."""
     import matmul
 
     rows = []
@@ -108,7 +131,9 @@ def run_trace(trace, weights) -> list[dict]:
         _ = torch.empty((m, n), device="cuda", dtype=w.dtype)
         del _
         busy = _busy()
-        if i % 2 == 0:
+        if both_orders:
+            ours_t, theirs_t = _both_orders(ours, theirs, matmul_first=i % 2 == 0)
+        elif i % 2 == 0:
             ours_t, theirs_t = timed(ours), timed(theirs)
         else:
             theirs_t, ours_t = timed(theirs), timed(ours)
@@ -128,23 +153,29 @@ def run_trace(trace, weights) -> list[dict]:
             pending=entry.get("pending"),
             busy_before=busy,
         )
+        if both_orders:
+            row.update(matmul_each=ours_t["each"], torch_each=theirs_t["each"])
         rows.append(row)
     return rows
 
 
 def settle(trace, weights, timeout_s: float) -> bool:
     """Wait for the background work the calls started (``timeout_s`` at most, in all), then derive
-    each call's plan without timing it; whether the work finished. A tuning's result drops the
-    plans derived before it, so the next call of each signature would run cuBLAS while its plan
-    is derived again: derived here, the second pass meets the route each tuned bucket has."""
+    each call's plan and run it once, untimed; whether the work finished. A tuning's result drops
+    the plans derived before it, so the next call of each signature would run cuBLAS while its
+    plan is derived again, and a kernel chosen since would pay its first launch (the CUDA runtime
+    loads it into the context then): derived and run here, the second pass meets what a process
+    that has met its buckets since meets."""
+    import matmul
     from matmul.call import api
 
     plans = api._plans
     finished = plans.wait_for_background(timeout_s)
     for dtype, name, m, _, k in trace:
         w = weights[(dtype, name)]
-        x = torch.empty(m, k, device="cuda", dtype=w.dtype)
+        x = torch.randn(m, k, device="cuda", dtype=w.dtype)
         plans.plan_for(x, w.T)
+        matmul.matmul(x, w.T)
     torch.cuda.synchronize()
     return finished
 
@@ -234,7 +265,7 @@ def child(out: Path, calls: int, wait_s: float = 1800.0) -> int:
     finished = settle(trace, weights, wait_s)
     results["background_s"] = time.perf_counter() - begin
     results["background_finished"] = finished
-    results["again"] = run_trace(trace, weights)
+    results["again"] = run_trace(trace, weights, both_orders=True)
     results["again_summary"] = summaries(results["again"])
     results["matmul_version"] = getattr(matmul, "__version__", None)
     out.write_text(json.dumps(results, indent=1))
@@ -244,16 +275,17 @@ def child(out: Path, calls: int, wait_s: float = 1800.0) -> int:
     return 0
 
 
-def torch_alone(calls: int) -> dict:
-    """``first_use`` over the trace in a fresh process: each call's rows, and by each timing how many
-    first calls took over 1.5x the second and the median of the first's excess."""
-    request = {"seed": SEED, "projections": model_bench.PROJECTIONS, "trace": the_trace(calls)}
+def alone(through: str, calls: int, env: Optional[dict] = None) -> dict:
+    """``first_use`` over the trace in a fresh process, through "torch" or "matmul" (``env``: its
+    environment; matmul()'s with an empty cache directory): each call's rows, and by each timing
+    how many first calls took over 1.5x the second and the median of the first's excess."""
+    request = {"through": through, "seed": SEED, "projections": model_bench.PROJECTIONS, "trace": the_trace(calls)}
     done = subprocess.run(
-        [sys.executable, first_use.__file__], input=json.dumps(request), capture_output=True, text=True
+        [sys.executable, first_use.__file__], input=json.dumps(request), capture_output=True, text=True, env=env
     )
     if done.returncode != 0:
         return {"error": done.stderr[-2000:]}
-    rows = json.loads(done.stdout)
+    rows = json.loads(done.stdout.strip().splitlines()[-1])
     found = {}
     for name, field in TIMINGS.items():
         excess = [r["first"][field] - r["second"][field] for r in rows]
@@ -263,6 +295,37 @@ def torch_alone(calls: int) -> dict:
             "first_excess_over_1ms": sum(e > 1.0 for e in excess),
         }
     return {"summary": found, "rows": rows}
+
+
+def torch_alone(calls: int) -> dict:
+    """``alone`` through torch.matmul, in a process that imports nothing of this package."""
+    return alone("torch", calls)
+
+
+def matmul_alone(calls: int) -> dict:
+    """``alone`` through matmul(), in a process whose cache directory starts empty."""
+    with tempfile.TemporaryDirectory(prefix="matmul-alone-") as cache:
+        env = dict(os.environ, MATMUL_CACHE_DIR=cache)
+        env.pop("TILUS_CACHE_DIR", None)
+        return alone("matmul", calls, env)
+
+
+def alone_against_alone(ours: list[dict], theirs: list[dict], call: str = "first", field: str = "event_ms") -> dict:
+    """``summary`` of matmul() alone against torch.matmul alone (``alone``'s rows of each), call by
+    call: each one's ``call`` ("first": the trace's call as a new process meets it; "second": the
+    same operands right after). Each process pays its own first uses, and only its own."""
+    rows = []
+    for mine, other in zip(ours, theirs, strict=True):
+        if (mine["dtype"], mine["name"], mine["m"]) != (other["dtype"], other["name"], other["m"]):
+            raise ValueError(f"the traces differ: {mine['name']} M={mine['m']} against {other['name']} M={other['m']}")
+        rows.append(
+            {
+                "source": mine.get("source"),
+                f"matmul_{field}": mine[call][field],
+                f"torch_{field}": other[call][field],
+            }
+        )
+    return summary(rows, field)
 
 
 def against_alone(rows: list[dict], alone: list[dict], field: str = "event_ms") -> dict:
@@ -279,14 +342,16 @@ def against_alone(rows: list[dict], alone: list[dict], field: str = "event_ms") 
     return summary(paired, field)
 
 
-PARTS = ("block", "trace", "torch_alone")
+PARTS = ("block", "trace", "torch_alone", "matmul_alone")
 
 
 def main(out_dir: Path, calls: int = CALLS, wait_s: float = 1800.0, parts=PARTS) -> int:
-    """``parts``: the block's first forward pass, the trace (both passes), torch alone over the trace
-    (a run on a machine with a time limit may keep only the trace, to give its tuning the time)."""
+    """``parts``: the block's first forward pass, the trace (both passes), torch alone over the
+    trace, matmul() alone over it (a run on a machine with a time limit may keep only some). The
+    processes alone run last: matmul() alone leaves its background tuning unfinished when it exits."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    code = 0
     if "block" in parts:
         with tempfile.TemporaryDirectory(prefix="matmul-block-") as cache:
             env = dict(os.environ, MATMUL_CACHE_DIR=cache)
@@ -294,29 +359,48 @@ def main(out_dir: Path, calls: int = CALLS, wait_s: float = 1800.0, parts=PARTS)
             block = blocks_first(env)
         (out_dir / "block_first.json").write_text(json.dumps(block, indent=1))
         print("block_first", json.dumps(block), flush=True)
-    if "trace" not in parts:
-        return torch_alone_part(out_dir, calls) if "torch_alone" in parts else 0
-    with tempfile.TemporaryDirectory(prefix="matmul-trace-") as cache:
-        env = dict(os.environ, MATMUL_CACHE_DIR=cache)
-        env.pop("TILUS_CACHE_DIR", None)
-        target = str(out_dir / "trace.json")
-        code = "import pathlib, sys; from matmul.harness import trace; "
-        code += "raise SystemExit(trace.child(pathlib.Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])))"
-        code = subprocess.call([sys.executable, "-c", code, target, str(calls), str(wait_s)], env=env)
+    if "trace" in parts:
+        with tempfile.TemporaryDirectory(prefix="matmul-trace-") as cache:
+            env = dict(os.environ, MATMUL_CACHE_DIR=cache)
+            env.pop("TILUS_CACHE_DIR", None)
+            target = str(out_dir / "trace.json")
+            script = "import pathlib, sys; from matmul.harness import trace; "
+            script += "raise SystemExit(trace.child(pathlib.Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])))"
+            code = subprocess.call([sys.executable, "-c", script, target, str(calls), str(wait_s)], env=env)
     if "torch_alone" in parts:
         torch_alone_part(out_dir, calls)
+    if "matmul_alone" in parts:
+        matmul_alone_part(out_dir, calls)
     return code
 
 
 def torch_alone_part(out_dir: Path, calls: int) -> int:
     """``torch_alone`` over the trace, and the trace's first pass against it where trace.json exists."""
-    alone = torch_alone(calls)
-    if "rows" in alone and (out_dir / "trace.json").exists():
+    found = torch_alone(calls)
+    if "rows" in found and (out_dir / "trace.json").exists():
         first = json.loads((out_dir / "trace.json").read_text())["first"]
-        against = {name: against_alone(first, alone["rows"], field) for name, field in TIMINGS.items()}
-        alone["against_first_pass"] = against
-    (out_dir / "torch_alone.json").write_text(json.dumps(alone, indent=1))
-    print("torch_alone", json.dumps(alone.get("summary", alone)), flush=True)
-    for timing, found in alone.get("against_first_pass", {}).items():
-        print("first pass against torch alone", timing, json.dumps(found), flush=True)
+        against = {name: against_alone(first, found["rows"], field) for name, field in TIMINGS.items()}
+        found["against_first_pass"] = against
+    (out_dir / "torch_alone.json").write_text(json.dumps(found, indent=1))
+    print("torch_alone", json.dumps(found.get("summary", found)), flush=True)
+    for timing, summarized in found.get("against_first_pass", {}).items():
+        print("first pass against torch alone", timing, json.dumps(summarized), flush=True)
+    return 0
+
+
+def matmul_alone_part(out_dir: Path, calls: int) -> int:
+    """``matmul_alone`` over the trace, and against torch alone where torch_alone.json exists."""
+    found = matmul_alone(calls)
+    theirs = out_dir / "torch_alone.json"
+    if "rows" in found and theirs.exists() and "rows" in (torch_rows := json.loads(theirs.read_text())):
+        ours, theirs_rows = found["rows"], torch_rows["rows"]
+        found["against_torch_alone"] = {
+            call: {name: alone_against_alone(ours, theirs_rows, call, field) for name, field in TIMINGS.items()}
+            for call in ("first", "second")
+        }
+    (out_dir / "matmul_alone.json").write_text(json.dumps(found, indent=1))
+    print("matmul_alone", json.dumps(found.get("summary", found)), flush=True)
+    for call, by_timing in found.get("against_torch_alone", {}).items():
+        for timing, summarized in by_timing.items():
+            print(f"matmul alone against torch alone, {call} calls", timing, json.dumps(summarized), flush=True)
     return 0
