@@ -90,6 +90,24 @@ def cpu_worker(arch, dtype, m, n, k, device):
     return prepare, lambda c: {"v1": 1.0, "v5": 0.5, tuner.VENDOR: 2.0}.get(c.version, 3.0)
 
 
+def edge_worker(arch, dtype, m, n, k, device, configs=None):
+    """A tuner worker whose v1 beats cuBLAS (1.0) only at M = 4096 (0.5; at every other M 1.5), and
+    v5 everywhere (0.5): a version that wins at the top of its bucket and loses below it. v1's time
+    comes from the configuration it is prepared with (``configs``), as the chooser fixes it."""
+    from matmul.call import tuner
+
+    def prepare(version):
+        config = {} if version == tuner.VENDOR else dict((configs or {}).get(version) or {"M": m})
+        return tuner.Candidate(version, config, 1e-4, lambda: None)
+
+    def timer(candidate):
+        if candidate.version == "v1":
+            return 0.5 if m == 4096 else 1.5
+        return {"v5": 0.5, tuner.VENDOR: 1.0}[candidate.version]
+
+    return prepare, timer
+
+
 # --- kernels built outside the caller (matmul/call/building.py) -----------------------------------
 
 

@@ -649,6 +649,43 @@ def test_a_candidate_that_kills_its_child_is_rejected_and_the_rest_are_tuned(mon
     assert torch.ones(2).sum().item() == 2.0  # this process was never touched
 
 
+def test_a_bucket_runs_from_its_least_to_its_greatest_size():
+    assert tuner.bucket_range(3330) == tuner.bucket_range(4096) == (3073, 4096)
+    assert tuner.bucket_range(4097) == (4097, 6144) and tuner.bucket_range(1) == (1, 1)
+    for x in (5, 100, 1000, 1025, 3330, 8192, 100_000):
+        low, top = tuner.bucket_range(x)
+        assert tuner.bucket(low) == tuner.bucket(x) == top and tuner.bucket(low - 1) < top
+
+
+def test_a_version_keeps_its_bucket_only_if_it_wins_at_both_ends(monkeypatch):
+    """Tuned in the child at M = 4096, v1 wins there but not at 3073, the least M of the same
+    bucket: the bucket goes to cuBLAS, and the entry says where v1 lost. v5, faster at every M,
+    keeps its bucket; the edge is tuned with the configuration the winner was chosen in."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+    jobs = [
+        {"key": "lost", "m": 4096, "n": 64, "k": 64, "names": ["v1", tuner.VENDOR]},
+        {"key": "kept", "m": 3500, "n": 64, "k": 64, "names": ["v5", tuner.VENDOR]},
+    ]
+    entries = tuner.tune_in_child("sm_90a", torch.float16, torch.device("cpu"), jobs, worker="stand_ins:edge_worker")
+    lost, kept = entries["lost"], entries["kept"]
+    assert lost["version"] == tuner.VENDOR and lost["config"] == {} and lost["lost_at"] == 3073
+    assert lost["ms"] == lost["candidates"][tuner.VENDOR]["ms"] and tuner.PROGRAM_DIR not in lost
+    assert lost["edges"] == {"3073": {"v1": 1.5, tuner.VENDOR: 1.0}}
+    assert lost["fingerprint"] == tuner.fingerprint("sm_90a", tuner.VENDOR)
+    assert kept["version"] == "v5" and kept["config"] == {"M": 3500} and "lost_at" not in kept
+    assert set(kept["edges"]) == {"3073", "4096"}
+
+
+def test_cublas_or_a_bucket_of_one_size_needs_no_edge():
+    def tune_at(m):
+        raise AssertionError("no edge to tune")
+
+    entry = {"version": tuner.VENDOR, "candidates": {tuner.VENDOR: {}}}
+    assert tuner.held_across_the_bucket("sm_90a", entry, 4096, tune_at) is entry
+    entry = {"version": "v7", "candidates": {"v7": {}, tuner.VENDOR: {}}}
+    assert tuner.held_across_the_bucket("sm_90a", entry, 4, tune_at) == {**entry, "edges": {}}
+
+
 def test_a_child_that_fails_with_no_candidate_to_blame_is_a_clear_error(monkeypatch):
     with pytest.raises(tuner.TuningError, match="no_such_module"):
         tuner.tune_in_child(

@@ -118,17 +118,19 @@ def test_the_second_pass_times_each_side_first_once(monkeypatch):
     one way only would charge the first call's cost to one side."""
     order = []
 
+    timings = []
+
     def timed(fn):
-        order.append(fn())
-        return {"event_ms": 3.0 if len(order) == 1 else 1.0}  # the pair's first call pays more
+        timings.append(fn())
+        return {"event_ms": 3.0 if len(timings) == 1 else 1.0}  # the first timed call pays more
 
     monkeypatch.setattr(trace, "timed", timed)
-    ours, theirs = trace._both_orders(lambda: "ours", lambda: "theirs", matmul_first=True)
-    assert order == ["ours", "theirs", "theirs", "ours"]
+    ours, theirs = trace._both_orders(lambda: order.append("ours"), lambda: order.append("theirs"), matmul_first=True)
+    assert order == ["ours", "theirs"] + ["ours", "theirs", "theirs", "ours"]  # one untimed call each first
     assert ours["event_ms"] == 2.0 and theirs["event_ms"] == 1.0 and len(ours["each"]) == 2
-    order.clear()
-    ours, theirs = trace._both_orders(lambda: "ours", lambda: "theirs", matmul_first=False)
-    assert order == ["theirs", "ours", "ours", "theirs"]
+    order.clear(), timings.clear()
+    ours, theirs = trace._both_orders(lambda: order.append("ours"), lambda: order.append("theirs"), matmul_first=False)
+    assert order == ["theirs", "ours"] + ["theirs", "ours", "ours", "theirs"]
     assert ours["event_ms"] == 1.0 and theirs["event_ms"] == 2.0
 
 

@@ -22,7 +22,10 @@ alone is faster. Host times are taken in ``HOST_ROUNDS`` alternating rounds and 
 candidate's kept (``host_times``): a hiccup of the host (another process, a page fault) only ever
 adds time, and one that falls on one candidate's only measurement would decide the shape. A version
 replaces cuBLAS only when faster by more than ``VENDOR_MARGIN``: within the run-to-run noise of a
-power-limited GPU the vendor library is the safer choice.
+power-limited GPU the vendor library is the safer choice. A bucket spans token counts from a
+third below its top to the top (``bucket_range``: 3073-4096), and its choice runs every one of
+them: a version that won at the bucket's M is timed against cuBLAS again at the least and the
+greatest M of the bucket, and keeps it only if it wins there too (``held_across_the_bucket``).
 
 Isolation (``tune_in_child``): all of that runs in a child process (``python -m
 matmul.call.child``) on the same GPU. A kernel that faults (an illegal address leaves a CUDA
@@ -45,6 +48,7 @@ handed in by the child's entry (``child.host_probe``), so this module imports ne
 
 from __future__ import annotations
 
+import bisect
 import datetime
 import functools
 import hashlib
@@ -93,6 +97,12 @@ def bucket(x: int) -> int:
     4097 -> 6144, 14336 -> 16384, 1000 -> 1024."""
     block = 1 << max(x.bit_length() - 2, 0)
     return (x + block - 1) // block * block
+
+
+def bucket_range(x: int) -> tuple[int, int]:
+    """The least and the greatest size of ``x``'s bucket: 3330 -> (3073, 4096), 4096 -> (3073, 4096)."""
+    top = bucket(x)
+    return bisect.bisect_left(range(1, top + 1), top, key=bucket) + 1, top
 
 
 def choice_key(arch: str, gpu: str, dtype: torch.dtype, m: int, n: int, k: int, variant: Variant = PLAIN) -> str:
@@ -303,6 +313,38 @@ def tune(
         except Exception:  # the caller then has it built in a child of its own (``building``)
             pass
     return entry
+
+
+def held_across_the_bucket(arch: str, entry: Entry, m: int, tune_at: Callable[[int], Entry]) -> Entry:
+    """A version chosen over cuBLAS at M = ``m`` keeps the bucket only if it also wins against cuBLAS
+    (``tune``'s rule, margin included) at the least and the greatest M of the bucket (``bucket_range``)
+    that are not ``m``: ``tune_at(M)`` tunes the version, in its chosen configuration, against cuBLAS
+    there. Every call of the bucket runs the choice, and a version's tiles meet the token count
+    unevenly: one that wins at 4096 rows, a whole number of its tiles, can lose at 3073 (one row
+    into a new tile, a wave's tail), where cuBLAS picks another kernel of its own. Where it loses at
+    an edge, the bucket's choice is cuBLAS, and the entry says where the version lost (``lost_at``);
+    either way ``edges`` holds each edge's call times."""
+    if entry["version"] == VENDOR or VENDOR not in entry["candidates"]:
+        return entry
+    edges = {}
+    for edge in sorted(set(bucket_range(m)) - {m}):
+        found = tune_at(edge)
+        edges[str(edge)] = {version: timed["call_ms"] for version, timed in found["candidates"].items()}
+        if found["version"] == VENDOR:
+            vendor = entry["candidates"][VENDOR]
+            kept = {key: value for key, value in entry.items() if key != PROGRAM_DIR}
+            return {
+                **kept,
+                "version": VENDOR,
+                "config": {},
+                "ms": vendor["ms"],
+                "call_ms": vendor["call_ms"],
+                "error": vendor["error"],
+                "fingerprint": fingerprint(arch, VENDOR),
+                "edges": edges,
+                "lost_at": edge,
+            }
+    return {**entry, "edges": edges}
 
 
 def host_times(found: list[Candidate], rounds: int = HOST_ROUNDS) -> dict[str, float]:
@@ -523,10 +565,23 @@ def child_main(request: dict, probe: Optional[HostProbe] = None) -> None:
             label=job["key"],
             rejected=job.get("rejected"),
         )
+        if "configs" in inspect.signature(worker).parameters:  # the winner's configuration can be fixed
+            tune_at = functools.partial(_tune_at, request, dtype, device, gate, worker, extra, entry, n, k)
+            entry = held_across_the_bucket(request["arch"], entry, m, tune_at)
         if job.get("narrowed_from"):
             entry["narrowed_from"] = job["narrowed_from"]  # timed among the neighbour's close candidates only
         entry["yielded_s"] = round(gate.held_s - held_before, 3)  # waited for the caller to be quiet
         _report(key=job["key"], entry=entry)
+
+
+def _tune_at(request, dtype, device, gate, worker, extra, entry, n: int, k: int, m: int) -> Entry:
+    """``held_across_the_bucket``'s check: the chosen version, in its configuration, tuned against
+    cuBLAS at M = ``m`` on operands of its own."""
+    gate.wait()
+    fixed = {**extra, "configs": {entry["version"]: entry["config"]}}
+    prepare, timer = worker(request["arch"], dtype, m, n, k, device, **fixed)
+    names = [entry["version"], VENDOR]
+    return tune(request["arch"], dtype, prepare, gate.before(timer), names=names, label=f"M={m}x{n}x{k}")
 
 
 class TuningError(RuntimeError):

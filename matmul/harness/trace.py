@@ -104,9 +104,13 @@ def _busy() -> dict:
 
 def _both_orders(ours, theirs, matmul_first: bool) -> tuple[dict, dict]:
     """Each of ``ours`` and ``theirs`` timed twice, in the order ours-theirs-theirs-ours (or the
-    reverse): each side's timings averaged (``timed``'s fields), the single ones kept under
-    ``each``. The call timed first of a pair finds less of its operands in L2 and pays what a
-    first call pays; here each side is first once and second once."""
+    reverse), after one untimed call of each: each side's timings averaged (``timed``'s fields),
+    the single ones kept under ``each``. In a first run of this pass the call timed first after
+    the harness's own work (new activations, Python between calls) took 12-15% longer than the
+    three after it, on either side (plots/h100/first-calls/); with a call of each before it and
+    each side in every position once, that cost falls on neither."""
+    for call in (ours, theirs) if matmul_first else (theirs, ours):
+        call()
     if matmul_first:
         o1, t1, t2, o2 = timed(ours), timed(theirs), timed(theirs), timed(ours)
     else:
