@@ -686,6 +686,17 @@ def test_cublas_or_a_bucket_of_one_size_needs_no_edge():
     assert tuner.held_across_the_bucket("sm_90a", entry, 4, tune_at) == {**entry, "edges": {}}
 
 
+def test_the_child_runs_below_the_callers_priority(monkeypatch):
+    """Its builds and timings yield the CPU to the caller's calls (child.NICENESS)."""
+    from matmul.call import child
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+    jobs = [{"key": "k", "m": 8, "n": 8, "k": 8, "names": [tuner.VENDOR]}]
+    cpu = torch.device("cpu")
+    entries = tuner.tune_in_child("sm_90a", torch.float16, cpu, jobs, worker="stand_ins:niceness_worker")
+    assert entries["k"]["config"]["nice"] == min(os.nice(0) + child.NICENESS, 19)
+
+
 def test_a_child_that_fails_with_no_candidate_to_blame_is_a_clear_error(monkeypatch):
     with pytest.raises(tuner.TuningError, match="no_such_module"):
         tuner.tune_in_child(
