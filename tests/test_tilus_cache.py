@@ -50,3 +50,34 @@ def test_a_corrupt_tilus_dispatch_table_is_rebuilt(tmp_path):
     assert child(tmp_path, "check")["config"] == first["config"]  # removed, stored again
     with open(table, "rb") as f:
         assert f.read(2) == b"\x80\x04" and os.path.getsize(table) > 20
+
+
+def test_a_built_kernels_library_is_opened_without_holding_the_gil(tmp_path):
+    """A library whose constructor takes 300 ms (as a dynamic link and the CUDA runtime's kernel
+    registration take time) is opened on another thread while this one goes on running Python:
+    the caller's calls are not held up by the chooser's thread loading a kernel."""
+    import shutil
+    import threading
+    import time
+
+    import pytest
+
+    from matmul.call import tilus_autotune
+
+    compiler = shutil.which("cc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the stand-in library")
+    source = tmp_path / "slow.c"
+    source.write_text("#include <unistd.h>\n__attribute__((constructor)) static void slow(void) { usleep(300000); }\n")
+    library = tmp_path / "libslow.so"
+    subprocess.run([compiler, "-shared", "-fPIC", str(source), "-o", str(library)], check=True)
+    opened = []
+    opener = threading.Thread(target=lambda: opened.append(tilus_autotune.open_without_the_gil(library)))
+    ticks, begin = 0, time.perf_counter()
+    opener.start()
+    while opener.is_alive():
+        ticks += 1
+        time.sleep(0.001)
+    elapsed = time.perf_counter() - begin
+    assert opened == [True] and elapsed >= 0.25
+    assert ticks >= 100  # about one a millisecond while the library opened

@@ -19,7 +19,10 @@ opens that directory's library without transpiling anything (``matmul.call.build
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
+import os
 import pickle
 import shutil
 from pathlib import Path
@@ -119,4 +122,23 @@ def load(program_dir) -> Callable:
 
     if not compiled_program_exists(program_dir):
         raise FileNotFoundError(f"no built tilus program in {program_dir}")
+    open_without_the_gil(Path(program_dir) / "module" / "lib.so")
     return load_compiled_program(program_dir).get_launch_func()
+
+
+@functools.cache
+def _libdl():
+    libdl = ctypes.CDLL(None)  # the process's own symbols, dlopen among them
+    libdl.dlopen.restype = ctypes.c_void_p
+    libdl.dlopen.argtypes = (ctypes.c_char_p, ctypes.c_int)
+    return libdl
+
+
+def open_without_the_gil(library: Path) -> bool:
+    """dlopen ``library`` through a ctypes call, which releases the GIL while it runs: the dynamic
+    linker's work and the library's constructors (the CUDA runtime registering its kernels). The
+    library then stays loaded (the handle is never closed), and tvm_ffi's ``load_module``, which
+    holds the GIL through its own dlopen, finds it open. A kernel is loaded on the chooser's
+    thread while the caller's thread makes calls: every millisecond that thread holds the GIL is
+    one the caller waits. Whether it opened (where it did not, ``load_module`` says why)."""
+    return bool(_libdl().dlopen(str(library).encode(), os.RTLD_NOW | os.RTLD_LOCAL))
