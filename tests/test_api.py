@@ -301,6 +301,28 @@ def test_a_stale_entry_is_tuned_again(tmp_path, spoil):
     assert tuner.entry_is_valid("sm_90a", cache.entries()[KEY])
 
 
+def test_the_choice_file_is_parsed_again_only_when_it_changes(tmp_path, monkeypatch):
+    """Lookups of an unchanged file, and of what this process stored, parse nothing (json.loads
+    holds the GIL while the caller's calls wait); another process's write is read."""
+    from matmul.call import choice_cache
+
+    cache = ChoiceCache(tmp_path)
+    tuned_entry(cache, KEY, [])
+    parsed = []
+    real_loads = json.loads
+    monkeypatch.setattr(choice_cache.json, "loads", lambda text: parsed.append(1) or real_loads(text))
+    for _ in range(3):
+        assert cache.lookup(KEY)["version"] == "v1"
+    cache.store("other", {"version": tuner.VENDOR})
+    assert set(cache.entries()) == {KEY, "other"} and parsed == []
+    data = real_loads(cache.path.read_text())
+    data["entries"][KEY]["version"] = "v0"  # another process's write, in place, the same size
+    cache.path.write_text(json.dumps(data, indent=1))
+    assert cache.lookup(KEY)["version"] == "v0" and parsed == [1]
+    cache.entries()["mine"] = {}  # a caller's copy: the cache's own stays as read
+    assert "mine" not in cache.entries() and parsed == [1]
+
+
 def test_cache_location(monkeypatch, tmp_path):
     monkeypatch.setenv("MATMUL_CACHE_DIR", str(tmp_path / "mine"))
     assert default_dir() == tmp_path / "mine"

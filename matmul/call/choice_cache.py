@@ -78,16 +78,33 @@ class ChoiceCache:
     def __init__(self, root: Optional[Path] = None):
         self.root = Path(root or default_dir())
         self.path = self.root / "choices.json"
+        # the entries as last read or written, and the digest of the file's bytes they came from:
+        # parsed again only when the file changes. json.loads holds the GIL for the whole parse (a
+        # few ms for a few hundred tuned buckets), and every lookup of an unseen call's plan, on
+        # the planner's thread, would otherwise make the caller's calls wait for one; reading the
+        # file and hashing it release the GIL.
+        self._read: Optional[tuple[bytes, dict[str, Entry]]] = None
 
     # --- reading ---------------------------------------------------------------------------------
 
     def entries(self) -> dict[str, Entry]:
         """Every stored entry; {} for a missing, corrupt or stale file (it is rebuilt on the next store)."""
         try:
-            data = json.loads(self.path.read_text())
+            raw = self.path.read_bytes()
         except FileNotFoundError:
             return {}
-        except (OSError, UnicodeDecodeError, ValueError) as e:
+        except OSError as e:
+            log.warning("ignoring the unreadable choice cache %s (%s); it will be rebuilt", self.path, e)
+            return {}
+        digest = hashlib.sha1(raw).digest()
+        if self._read is None or self._read[0] != digest:
+            self._read = (digest, self._parse(raw))
+        return dict(self._read[1])
+
+    def _parse(self, raw: bytes) -> dict[str, Entry]:
+        try:
+            data = json.loads(raw.decode())
+        except (UnicodeDecodeError, ValueError) as e:
             log.warning("ignoring the unreadable choice cache %s (%s); it will be rebuilt", self.path, e)
             return {}
         if not (isinstance(data, dict) and isinstance(data.get("entries"), dict)):
@@ -131,6 +148,7 @@ class ChoiceCache:
                 with os.fdopen(fd, "w") as f:
                     f.write(text)
                 os.replace(tmp, self.path)  # atomic: a reader sees the old file or the new one
+                self._read = (hashlib.sha1(text.encode()).digest(), entries)  # read back without parsing
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
                 raise
