@@ -180,3 +180,13 @@ def test_the_trace_command_refuses_an_unknown_part(monkeypatch):
     with pytest.raises(SystemExit) as exit:  # argparse's usage error, which names the parts
         cli.main(["trace", "--parts", "trace,blocks"])
     assert exit.value.code == 2
+
+
+def test_a_garbage_collection_is_charged_to_the_call_it_overlapped():
+    from matmul.harness.first_use import Collections
+
+    collections = Collections()
+    collections.spans = [(2, 1.0, 1.02), (0, 1.5, 1.501), (2, 3.0, 3.05)]
+    found = collections.during({"begin_s": 1.01, "issued_s": 1.6})
+    assert found["gc_full"] == 1 and found["gc_ms"] == pytest.approx(21.0)
+    assert collections.during({"begin_s": 2.0, "issued_s": 2.5}) == {"gc_ms": 0, "gc_full": 0}

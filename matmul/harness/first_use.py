@@ -15,6 +15,7 @@ M, N, K], ...]}`` on stdin and writes one row per call on stdout (JSON), with ma
 """
 
 import functools
+import gc
 import json
 import sys
 import time
@@ -45,7 +46,31 @@ def timed(fn) -> dict:
         "host_ms": (issued - begin) * 1e3,
         "stream_ms": (on_stream - begin) * 1e3,
         "device_ms": (on_device - begin) * 1e3,
+        "begin_s": begin,  # the host's clock (time.perf_counter), to place other events in the call
+        "issued_s": issued,
     }
+
+
+class Collections:
+    """Python's garbage collections as they happen (``gc.callbacks``), on any thread: a collection
+    runs on the thread whose allocation set it off, the caller's included, and holds the GIL
+    throughout; a full one in a process with torch and tilus loaded takes milliseconds."""
+
+    def __init__(self):
+        self.spans: list[tuple[int, float, float]] = []  # (generation, start, stop) on perf_counter
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.spans.append((info["generation"], self._started, time.perf_counter()))
+
+    def during(self, call: dict) -> dict:
+        """The collections that overlapped the host's part of ``call`` (``timed``'s row): their ms, and
+        how many were of the oldest generation."""
+        inside = [(g, a, b) for g, a, b in self.spans if a < call["issued_s"] and b > call["begin_s"]]
+        return {"gc_ms": sum(b - a for _, a, b in inside) * 1e3, "gc_full": sum(g == 2 for g, _, _ in inside)}
 
 
 def main() -> int:
@@ -59,6 +84,8 @@ def main() -> int:
         loaded = lambda: len(api._chooser.programs)  # noqa: E731 kernels the chooser's thread has opened
     else:
         product, choice, loaded = torch.matmul, None, None
+    collections = Collections()
+    gc.callbacks.append(collections)
     torch.manual_seed(request["seed"])
     weights = {
         (dtype, name): torch.randn(n, k, device="cuda", dtype=getattr(torch, dtype)) / k**0.5
@@ -75,6 +102,8 @@ def main() -> int:
         call = functools.partial(product, x, w.T)
         before = loaded and loaded()
         first, second = timed(call), timed(call)
+        first.update(collections.during(first))
+        second.update(collections.during(second))
         row = {"dtype": dtype, "name": name, "m": m, "n": n, "k": k, "first": first, "second": second}
         if loaded is not None:  # a kernel opened on another thread during the calls
             row["kernels_opened"] = loaded() - before
