@@ -456,6 +456,30 @@ def test_the_tuning_child_starts_no_build_of_the_swiglu_kernel(monkeypatch):
     assert ran == [({"jobs": []}, child.host_probe)] and swiglu.builds.builder is None
 
 
+def test_the_tuning_child_creates_its_cuda_context_only_once_the_caller_is_quiet(monkeypatch):
+    from matmul.call import yielding
+
+    steps = []
+
+    class Gate:
+        held_s = 0.0
+
+        def wait(self):
+            steps.append("wait")
+
+        def before(self, step):
+            return step
+
+        def hold_tilus_benchmarks(self):
+            pass
+
+    monkeypatch.setattr(yielding.CallerGate, "for_request", classmethod(lambda cls, request: Gate()))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: steps.append("context"))
+    request = {"device": "cuda:0", "dtype": "float16", "arch": "sm_90a", "jobs": []}
+    tuner.child_main(request)
+    assert steps == ["wait", "context"]
+
+
 # --- a version called on its own -----------------------------------------------------------------
 
 

@@ -521,11 +521,15 @@ def child_main(request: dict, probe: Optional[HostProbe] = None) -> None:
     that puts the GPU to work waits for the caller to be quiet first (``yielding``)."""
     default_worker = request.get("worker", "matmul.call.tuner:gpu_worker")
     device = torch.device(request["device"])
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
     dtype = DTYPE_NAMES[request["dtype"]]
     gate = yielding.CallerGate.for_request(request)
     gate.hold_tilus_benchmarks()
+    if device.type == "cuda":
+        # creating this process's CUDA context takes the driver's locks, which the caller's first
+        # launch of a kernel (loaded into its context then) waits for: on the H100 a fresh
+        # child's start cost the caller's first calls 5-15 ms each (plots/h100/first-calls/)
+        gate.wait()
+        torch.cuda.set_device(device)
     for job in request["jobs"]:
         held_before = gate.held_s
         # a job may name its own worker: a batch of products is measured by the batched call's
