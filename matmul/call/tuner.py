@@ -525,9 +525,10 @@ def child_main(request: dict, probe: Optional[HostProbe] = None) -> None:
     gate = yielding.CallerGate.for_request(request)
     gate.hold_tilus_benchmarks()
     if device.type == "cuda":
-        # creating this process's CUDA context takes the driver's locks, which the caller's first
-        # launch of a kernel (loaded into its context then) waits for: on the H100 a fresh
-        # child's start cost the caller's first calls 5-15 ms each (plots/h100/first-calls/)
+        # creating a CUDA context is the driver's work for the whole GPU, not only this process's:
+        # on the H100 a burst of the caller's first calls took 5-20 ms each (torch's 3-5) at the
+        # moment a tuning child's start reached the GPU, and none with no child
+        # (plots/h100/first-calls/). Gated, it starts where the caller pauses, if it does.
         gate.wait()
         torch.cuda.set_device(device)
     for job in request["jobs"]:
