@@ -13,9 +13,10 @@ child (``LastCall``): every path that launches for the user stamps it, the nativ
 (``entry.cpp``: one relaxed atomic store of CLOCK_MONOTONIC, read through the vDSO; no GIL, no
 Python) and the Python ones (``stamp_call``). CLOCK_MONOTONIC is one clock for every process of a
 Linux machine, so the child compares the stamp with its own clock. Before each step that puts the
-GPU to work (``tuner.child_main``: a job's operands and reference, each candidate's preparation
-(its build, its check on the GPU), each configuration tilus's autotuner benchmarks, each timing of
-a candidate, each measurement of its host time) the child waits until the caller has made no call
+GPU to work (``tuner.child_main``: the creation of its CUDA context, a job's operands and
+reference, each candidate's preparation (its build, its check on the GPU), each configuration
+tilus's autotuner benchmarks, each timing of a candidate, each measurement of its host time) the
+child waits until the caller has made no call
 for ``MATMUL_TUNE_QUIET_MS`` (``CallerGate.wait``), but never longer than ``MATMUL_TUNE_MAX_HOLD_S``
 at a time, so that a process that is never quiet still gets its buckets tuned.
 
