@@ -542,7 +542,8 @@ def child_main(request: dict, probe: Optional[HostProbe] = None) -> None:
         extra = {} if variant == PLAIN else {"variant": variant}  # a worker may know only the plain call
         if probe is not None and "probe" in inspect.signature(worker).parameters:
             extra["probe"] = probe
-        if job.get("configs") and "configs" in inspect.signature(worker).parameters:
+        takes_configs = "configs" in inspect.signature(worker).parameters  # a configuration can be fixed
+        if job.get("configs") and takes_configs:
             extra["configs"] = job["configs"]
         gate.wait()  # the worker's operands and reference are made on the GPU
         prepare_here, timer = worker(request["arch"], dtype, m, n, k, device, **extra)
@@ -570,7 +571,7 @@ def child_main(request: dict, probe: Optional[HostProbe] = None) -> None:
             label=job["key"],
             rejected=job.get("rejected"),
         )
-        if "configs" in inspect.signature(worker).parameters:  # the winner's configuration can be fixed
+        if takes_configs:  # the winner, in its configuration, against cuBLAS at the bucket's edges
             tune_at = functools.partial(_tune_at, request, dtype, device, gate, worker, extra, entry, n, k)
             entry = held_across_the_bucket(request["arch"], entry, m, tune_at)
         if job.get("narrowed_from"):

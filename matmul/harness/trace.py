@@ -35,6 +35,7 @@ Run it as ``python -m matmul trace --out DIR`` (it starts its own child with an 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -115,7 +116,9 @@ def _both_orders(ours, theirs, matmul_first: bool) -> tuple[dict, dict]:
         o1, t1, t2, o2 = timed(ours), timed(theirs), timed(theirs), timed(ours)
     else:
         t1, o1, o2, t2 = timed(theirs), timed(ours), timed(ours), timed(theirs)
-    return tuple({**{f: (one[f] + two[f]) / 2 for f in one}, "each": [one, two]} for one, two in ((o1, o2), (t1, t2)))
+    averaged = [f for f in o1 if f.endswith("_ms")]  # the timings, not the clock readings (begin_s, issued_s)
+    sides = ((o1, o2), (t1, t2))
+    return tuple({**{f: (one[f] + two[f]) / 2 for f in averaged}, "each": [one, two]} for one, two in sides)
 
 
 def run_trace(trace, weights, both_orders: bool = False) -> list[dict]:
@@ -279,6 +282,17 @@ def child(out: Path, calls: int, wait_s: float = 1800.0) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def fresh_cache_env(prefix: str):
+    """This process's environment with an empty ``MATMUL_CACHE_DIR`` of its own (removed afterwards)
+    and no ``TILUS_CACHE_DIR``, so that tilus's cache follows it: a process started with it meets
+    what a new machine meets."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as cache:
+        env = dict(os.environ, MATMUL_CACHE_DIR=cache)
+        env.pop("TILUS_CACHE_DIR", None)
+        yield env
+
+
 def alone(through: str, calls: int, env: Optional[dict] = None) -> dict:
     """``first_use`` over the trace in a fresh process, through "torch" or "matmul" (``env``: its
     environment; matmul()'s with an empty cache directory): each call's rows, and by each timing
@@ -308,9 +322,7 @@ def torch_alone(calls: int) -> dict:
 
 def matmul_alone(calls: int) -> dict:
     """``alone`` through matmul(), in a process whose cache directory starts empty."""
-    with tempfile.TemporaryDirectory(prefix="matmul-alone-") as cache:
-        env = dict(os.environ, MATMUL_CACHE_DIR=cache)
-        env.pop("TILUS_CACHE_DIR", None)
+    with fresh_cache_env("matmul-alone-") as env:
         return alone("matmul", calls, env)
 
 
@@ -320,8 +332,7 @@ def alone_against_alone(ours: list[dict], theirs: list[dict], call: str = "first
     same operands right after). Each process pays its own first uses, and only its own."""
     rows = []
     for mine, other in zip(ours, theirs, strict=True):
-        if (mine["dtype"], mine["name"], mine["m"]) != (other["dtype"], other["name"], other["m"]):
-            raise ValueError(f"the traces differ: {mine['name']} M={mine['m']} against {other['name']} M={other['m']}")
+        _same_call(mine, other)
         rows.append(
             {
                 "source": mine.get("source"),
@@ -332,6 +343,12 @@ def alone_against_alone(ours: list[dict], theirs: list[dict], call: str = "first
     return summary(rows, field)
 
 
+def _same_call(row: dict, other: dict) -> None:
+    """Two rows compared must be the same call of the same trace."""
+    if (row["dtype"], row["name"], row["m"]) != (other["dtype"], other["name"], other["m"]):
+        raise ValueError(f"the traces differ: {row['name']} M={row['m']} against {other['name']} M={other['m']}")
+
+
 def against_alone(rows: list[dict], alone: list[dict], field: str = "event_ms") -> dict:
     """``summary`` of the trace's matmul() calls against torch.matmul alone (``torch_alone``'s rows)
     at the same place of the same trace: against torch's first call where matmul() was timed first
@@ -339,8 +356,7 @@ def against_alone(rows: list[dict], alone: list[dict], field: str = "event_ms") 
     same kernels before, so a first use of a kernel is paid on both sides or on neither."""
     paired = []
     for row, other in zip(rows, alone):
-        if (row["dtype"], row["name"], row["m"]) != (other["dtype"], other["name"], other["m"]):
-            raise ValueError(f"the traces differ: {row['name']} M={row['m']} against {other['name']} M={other['m']}")
+        _same_call(row, other)
         torch_call = other["first" if row["first"] == "matmul" else "second"]
         paired.append({**row, f"torch_{field}": torch_call[field]})
     return summary(paired, field)
@@ -357,16 +373,12 @@ def main(out_dir: Path, calls: int = CALLS, wait_s: float = 1800.0, parts=PARTS)
     out_dir.mkdir(parents=True, exist_ok=True)
     code = 0
     if "block" in parts:
-        with tempfile.TemporaryDirectory(prefix="matmul-block-") as cache:
-            env = dict(os.environ, MATMUL_CACHE_DIR=cache)
-            env.pop("TILUS_CACHE_DIR", None)
+        with fresh_cache_env("matmul-block-") as env:
             block = blocks_first(env)
         (out_dir / "block_first.json").write_text(json.dumps(block, indent=1))
         print("block_first", json.dumps(block), flush=True)
     if "trace" in parts:
-        with tempfile.TemporaryDirectory(prefix="matmul-trace-") as cache:
-            env = dict(os.environ, MATMUL_CACHE_DIR=cache)
-            env.pop("TILUS_CACHE_DIR", None)
+        with fresh_cache_env("matmul-trace-") as env:
             target = str(out_dir / "trace.json")
             script = "import pathlib, sys; from matmul.harness import trace; "
             script += "raise SystemExit(trace.child(pathlib.Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])))"
