@@ -6,7 +6,8 @@ python -m matmul plot RESULTS.json [...] [--out DIR]
 python -m matmul model [--out DIR] [--dtype float16|bfloat16] [--rounds N]
 python -m matmul candidates VERSION[:knob=int,...] ... [--sizes 4096,8192x14336x4096] [--sustained S | --profile N]
 python -m matmul drop-in [--parts kn,linear,llama] [--out DIR] [--dtype float16|bfloat16] [--rounds N]
-python -m matmul trace [--out DIR] [--calls N] [--wait-s S] [--parts block,trace,torch_alone,matmul_alone]
+python -m matmul trace [--out DIR] [--calls N] [--wait-s S] [--repeats N]
+                       [--parts block,trace,torch_alone,matmul_alone,alternating]
 python -m matmul tune [--model llama-3-8b] [--m 1-8192] [--shapes MxNxK,...] [--dtype float16,bfloat16]
                       [--narrow] [--out FILE]
 """
@@ -307,7 +308,7 @@ def trace_command(args) -> int:
     unknown = set(parts) - set(trace.PARTS)
     if unknown:
         raise ValueError(f"--parts takes {', '.join(trace.PARTS)}; got {', '.join(sorted(unknown))}")
-    return trace.main(out, calls=args.calls, wait_s=args.wait_s, parts=parts)
+    return trace.main(out, calls=args.calls, wait_s=args.wait_s, parts=parts, repeats=args.repeats)
 
 
 def drop_in_command(args) -> int:
@@ -587,7 +588,15 @@ def main(argv=None) -> int:
         "--parts",
         default="block,trace,torch_alone,matmul_alone",
         help="which of block (the block's first forward pass), trace (both passes), torch_alone and "
-        "matmul_alone (each library over the trace in a fresh process of its own) to run (default all)",
+        "matmul_alone (each library over the trace in a fresh process of its own), alternating (--repeats "
+        "fresh processes of each library in turn, compared by their medians) to run (default: all but "
+        "alternating)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="processes of each library for --parts alternating (default 5)",
     )
     p.set_defaults(func=trace_command)
     p = sub.add_parser(

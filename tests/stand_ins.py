@@ -117,6 +117,15 @@ def niceness_worker(arch, dtype, m, n, k, device):
     return lambda version: tuner.Candidate(version, {"nice": os.nice(0)}, 1e-4, lambda: None), lambda c: 1.0
 
 
+def sleeping_worker(arch, dtype, m, n, k, device):
+    """A tuner worker that writes the child's pid to ``$MATMUL_TEST_PID_FILE`` and then takes a minute."""
+    import time
+
+    Path(os.environ["MATMUL_TEST_PID_FILE"]).write_text(str(os.getpid()))
+    time.sleep(60)
+    raise AssertionError("the child outlived its caller")
+
+
 # --- kernels built outside the caller (matmul/call/building.py) -----------------------------------
 
 

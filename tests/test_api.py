@@ -8,6 +8,7 @@ import pickle
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -709,14 +710,55 @@ def test_cublas_or_a_bucket_of_one_size_needs_no_edge():
 
 
 def test_the_child_runs_below_the_callers_priority(monkeypatch):
-    """Its builds and timings yield the CPU to the caller's calls (child.NICENESS)."""
-    from matmul.call import child
-
+    """Its imports, builds and timings yield the CPU to the caller's calls (tuner.NICENESS, set by the
+    parent as it starts the child)."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
     jobs = [{"key": "k", "m": 8, "n": 8, "k": 8, "names": [tuner.VENDOR]}]
     cpu = torch.device("cpu")
     entries = tuner.tune_in_child("sm_90a", torch.float16, cpu, jobs, worker="stand_ins:niceness_worker")
-    assert entries["k"]["config"]["nice"] == min(os.nice(0) + child.NICENESS, 19)
+    assert entries["k"]["config"]["nice"] == min(os.nice(0) + tuner.NICENESS, 19)
+
+
+def _ended(pid: int) -> bool:
+    """Whether process ``pid`` has exited (gone, or a zombie no one has reaped yet)."""
+    try:
+        status = open(f"/proc/{pid}/status").read()
+    except FileNotFoundError:
+        return True
+    return "\nState:\tZ" in status
+
+
+def test_a_child_whose_caller_died_exits(tmp_path):
+    """A caller that exits while its buckets are tuned takes its tuning child with it: left alone,
+    the child would time kernels for no one on a GPU others use (child.exit_when_orphaned)."""
+    pid_file = tmp_path / "child.pid"
+    script = textwrap.dedent(
+        """
+        import torch
+        from matmul.call import tuner
+        jobs = [{"key": "k", "m": 8, "n": 8, "k": 8, "names": [tuner.VENDOR]}]
+        tuner.tune_in_child("sm_90a", torch.float16, torch.device("cpu"), jobs, worker="stand_ins:sleeping_worker")
+        """
+    )
+    tests_dir = os.path.dirname(__file__)
+    env = dict(os.environ, MATMUL_TEST_PID_FILE=str(pid_file))
+    env["PYTHONPATH"] = os.pathsep.join([tests_dir, env.get("PYTHONPATH", "")])
+    caller = subprocess.Popen([sys.executable, "-c", script], env=env)
+    deadline = time.monotonic() + 120
+    while not pid_file.exists() and time.monotonic() < deadline and caller.poll() is None:
+        time.sleep(0.1)
+    assert pid_file.exists(), "the tuning child never started its job"
+    child_pid = int(pid_file.read_text())
+    caller.kill()
+    caller.wait()
+    try:
+        deadline = time.monotonic() + 10
+        while not _ended(child_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _ended(child_pid), "the tuning child outlived its caller"
+    finally:
+        if not _ended(child_pid):
+            os.kill(child_pid, 9)
 
 
 def test_a_child_that_fails_with_no_candidate_to_blame_is_a_clear_error(monkeypatch):

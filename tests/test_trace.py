@@ -151,17 +151,78 @@ def test_a_library_alone_reads_the_last_line_of_its_process(monkeypatch):
     assert found["summary"]["event"]["first_over_1.5x_second"] == 1
 
 
-@pytest.mark.parametrize("parts", [trace.PARTS, ("trace",), ("block", "torch_alone"), ("torch_alone", "matmul_alone")])
+@pytest.mark.parametrize(
+    "parts", [trace.PARTS, ("trace",), ("block", "torch_alone"), ("torch_alone", "matmul_alone"), ("alternating",)]
+)
 def test_the_trace_runs_only_the_parts_asked_for(tmp_path, monkeypatch, parts):
     ran = []
     monkeypatch.setattr(trace, "blocks_first", lambda env: ran.append("block") or {})
     monkeypatch.setattr(trace.subprocess, "call", lambda *args, **kwargs: ran.append("trace") or 0)
     monkeypatch.setattr(trace, "torch_alone", lambda calls: ran.append("torch_alone") or {"error": "stand-in"})
     monkeypatch.setattr(trace, "matmul_alone", lambda calls: ran.append("matmul_alone") or {"error": "stand-in"})
+    monkeypatch.setattr(trace, "alternating", lambda calls, repeats: ran.append("alternating") or {"error": "stand-in"})
     assert trace.main(tmp_path, calls=3, wait_s=0.0, parts=parts) == 0
     assert tuple(ran) == parts
-    for part, written in (("block", "block_first"), ("torch_alone", "torch_alone"), ("matmul_alone", "matmul_alone")):
-        assert (tmp_path / f"{written}.json").exists() == (part in parts)
+    written = {"block": "block_first", "torch_alone": "torch_alone", "matmul_alone": "matmul_alone"}
+    for part, name in {**written, "alternating": "alternating"}.items():
+        assert (tmp_path / f"{name}.json").exists() == (part in parts)
+
+
+def _process(firsts: list[float], source: str = "shipped") -> list[dict]:
+    """One process's rows of ``alone`` over a trace of len(firsts) calls (second calls 0.1 ms)."""
+    return [
+        _alone_row("float16", "qkv", m, first, 0.1, version="cuBLAS", source=source) for m, first in enumerate(firsts)
+    ]
+
+
+def test_first_calls_over_several_processes_are_compared_by_their_medians():
+    """A call slow in one process of matmul() only is a draw, not the library; a call slow in most
+    of them is counted; each single process is counted against torch's median too."""
+    theirs = [_process([1.0, 1.0, 1.0]), _process([1.0, 1.0, 3.0]), _process([1.0, 1.2, 1.0])]
+    ours = [_process([4.0, 1.0, 1.0]), _process([4.0, 1.0, 1.0]), _process([1.0, 1.0, 9.0], source="nearest")]
+    found = trace.across_processes(ours, theirs)
+    median = found["median_against_median"]
+    assert median["over_1.5x"] == 1 and median["worst_ratio"] == pytest.approx(4.0)  # call 0, slow in two of three
+    assert median["total_ratio"] == pytest.approx(6.0 / 3.0)
+    assert median["sources"] == {"shipped": 3}
+    assert found["each_matmul_over_1.5x_torch_median"] == [1, 1, 1]
+    assert found["each_torch_over_1.5x_the_others_median"] == [0, 1, 0]
+    with pytest.raises(ValueError, match="the traces differ"):
+        trace.across_processes(ours, theirs[:1] + [theirs[1][::-1]])
+
+
+def test_alternating_starts_the_libraries_in_turn_each_in_a_fresh_process(monkeypatch):
+    """torch, matmul(), torch, ... (a machine's state drifts over a run: neither library gets all of
+    one end of it); matmul()'s processes skip rebuilding the native entry only."""
+    order = []
+    monkeypatch.setattr(trace, "torch_alone", lambda calls: order.append("torch") or {"rows": _process([1.0] * calls)})
+
+    def matmul_alone(calls, native_entry=False):
+        order.append(("matmul", native_entry))
+        return {"rows": _process([2.0] * calls)}
+
+    monkeypatch.setattr(trace, "matmul_alone", matmul_alone)
+    found = trace.alternating(calls=2, repeats=3)
+    assert order == ["torch", ("matmul", True)] * 3
+    assert found["across_processes"]["event"]["median_against_median"]["over_1.5x"] == 2
+    assert len(found["rows"]["torch"]) == 3 and set(found["rows"]["torch"][0][0]["first"]) == set(
+        trace.TIMINGS.values()
+    )
+    monkeypatch.setattr(trace, "torch_alone", lambda calls: {"error": "no GPU"})
+    assert trace.alternating(calls=2, repeats=2) == {"error": {"torch": ["no GPU", "no GPU"], "matmul": []}}
+
+
+def test_a_fresh_cache_may_keep_the_native_entry_only(tmp_path, monkeypatch):
+    monkeypatch.setattr(trace, "default_dir", lambda: tmp_path)
+    (tmp_path / "entry" / "tilus_matmul_entry_x").mkdir(parents=True)
+    (tmp_path / "entry" / "tilus_matmul_entry_x" / "built.so").write_text("stand-in")
+    (tmp_path / "choices.json").write_text("{}")
+    with trace.fresh_cache_env("t-", native_entry=True) as env:
+        fresh = Path(env["MATMUL_CACHE_DIR"])
+        assert [p.name for p in fresh.iterdir()] == ["entry"]
+        assert (fresh / "entry" / "tilus_matmul_entry_x" / "built.so").read_text() == "stand-in"
+    with trace.fresh_cache_env("t-") as env:
+        assert not any(Path(env["MATMUL_CACHE_DIR"]).iterdir())
 
 
 def test_matmul_alone_part_writes_its_comparison_with_torch_alone(tmp_path, monkeypatch):

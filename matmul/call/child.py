@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from typing import Callable, Optional
 
@@ -85,18 +86,29 @@ def tuning_main(request: dict) -> None:
     tuner.child_main(request, probe=host_probe)
 
 
-# The caller's calls come first on a busy CPU: a child builds kernels (tilus, then nvcc on as many
-# cores as it gets) and a caller's thread descheduled meanwhile pays milliseconds on its calls. On
-# a fresh H100 machine, with the children at the caller's priority, 71 of the first-calls trace's
-# 300 first calls took over 1.5x torch's alone (plots/h100/first-calls/).
-NICENESS = 10
+ORPHAN_CHECK_S = 0.5
+
+
+def exit_when_orphaned(check_s: float = ORPHAN_CHECK_S) -> threading.Thread:
+    """End this process once its parent is gone. A process that exits while its tuning runs (a
+    script of a few calls, a benchmark's process) would otherwise leave the child timing kernels
+    for no one on a GPU that others use, its caller's quiet gate wide open, until its next report
+    meets a closed pipe: minutes of contention for the next process on the machine."""
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(check_s)
+        os._exit(4)
+
+    thread = threading.Thread(target=watch, name="orphan-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 def main() -> None:
-    try:
-        os.nice(NICENESS)  # inherited by the compilers it starts
-    except OSError:  # not allowed here: at the caller's priority, as before
-        pass
+    # at ``tuner.NICENESS`` already: its parent lowered its priority as it started it (``run_child``)
+    exit_when_orphaned()
     request = json.loads(sys.stdin.read())
     if "build" in request:
         building.child_main(request)

@@ -40,6 +40,7 @@ import functools
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -51,6 +52,7 @@ from typing import Optional
 
 import torch
 
+from ..call.choice_cache import default_dir
 from . import first_use
 from . import model as model_bench
 from .first_use import timed
@@ -283,11 +285,16 @@ def child(out: Path, calls: int, wait_s: float = 1800.0) -> int:
 
 
 @contextlib.contextmanager
-def fresh_cache_env(prefix: str):
+def fresh_cache_env(prefix: str, native_entry: bool = False):
     """This process's environment with an empty ``MATMUL_CACHE_DIR`` of its own (removed afterwards)
     and no ``TILUS_CACHE_DIR``, so that tilus's cache follows it: a process started with it meets
-    what a new machine meets."""
+    what a new machine meets. ``native_entry``: but with the native entry this process built (if it
+    did) copied in, so that a process started with it does not build it again at its import: a
+    build that happens before its first call, by which no call's time changes."""
     with tempfile.TemporaryDirectory(prefix=prefix) as cache:
+        built = default_dir() / "entry"
+        if native_entry and built.is_dir():
+            shutil.copytree(built, Path(cache) / "entry")
         env = dict(os.environ, MATMUL_CACHE_DIR=cache)
         env.pop("TILUS_CACHE_DIR", None)
         yield env
@@ -320,10 +327,91 @@ def torch_alone(calls: int) -> dict:
     return alone("torch", calls)
 
 
-def matmul_alone(calls: int) -> dict:
-    """``alone`` through matmul(), in a process whose cache directory starts empty."""
-    with fresh_cache_env("matmul-alone-") as env:
+def matmul_alone(calls: int, native_entry: bool = False) -> dict:
+    """``alone`` through matmul(), in a process whose cache directory starts empty (``native_entry``:
+    but for the native entry, ``fresh_cache_env``)."""
+    with fresh_cache_env("matmul-alone-", native_entry) as env:
         return alone("matmul", calls, env)
+
+
+REPEATS = 5
+
+
+def alternating(calls: int, repeats: int = REPEATS) -> dict:
+    """torch alone and matmul() alone over the trace, ``repeats`` fresh processes of each, started in
+    turn (torch, matmul(), torch, ...), and their first calls compared across processes
+    (``across_processes``).
+
+    Why: a process's first calls are a draw. Two fresh torch processes, nothing else on the machine,
+    differ by more than 1.5x on 0-35 of the trace's 300 first calls (plots/h100/first-calls/): in
+    some processes most of the trace's first uses of a cuBLAS kernel cost 1.5-2x their cost in
+    others. One process of each library compares two draws; the median over several processes of
+    each compares the libraries."""
+    runs = {"torch": [], "matmul": []}
+    for _ in range(repeats):
+        runs["torch"].append(torch_alone(calls))
+        runs["matmul"].append(matmul_alone(calls, native_entry=True))
+    failed = {lib: [r["error"] for r in found if "error" in r] for lib, found in runs.items()}
+    if any(failed.values()):
+        return {"error": failed}
+    rows = {lib: [_slim(r["rows"]) for r in found] for lib, found in runs.items()}
+    return {
+        "repeats": repeats,
+        "rows": rows,
+        "across_processes": {
+            name: across_processes(rows["matmul"], rows["torch"], field) for name, field in TIMINGS.items()
+        },
+    }
+
+
+def _slim(rows: list[dict]) -> list[dict]:
+    """A process's rows without the clock readings (``alternating`` keeps ten processes' rows)."""
+    kept, timings = ("dtype", "name", "m", "n", "k", "version", "source"), (*TIMINGS.values(), "host_ms")
+    return [
+        {
+            **{f: row[f] for f in kept if f in row},
+            **{c: {f: v for f, v in row[c].items() if f in timings} for c in ("first", "second")},
+        }
+        for row in rows
+    ]
+
+
+def across_processes(ours: list[list[dict]], theirs: list[list[dict]], field: str = "event_ms") -> dict:
+    """matmul()'s first calls against torch's, over several fresh processes of each (``alone``'s
+    rows, one list a process): call by call, the median of matmul()'s processes against the median
+    of torch's (``median_against_median``, ``summary``'s form); and how many first calls of each
+    single process took over 1.5x the median of torch's processes (each torch process against the
+    median of the others): what one process against another can show."""
+
+    def first(runs: list[list[dict]], i: int) -> list[float]:
+        return [run[i]["first"][field] for run in runs]
+
+    calls = len(theirs[0])
+    for run in ours + theirs[1:]:
+        for row, other in zip(run, theirs[0], strict=True):
+            _same_call(row, other)
+    torch_median = [statistics.median(first(theirs, i)) for i in range(calls)]
+    rows = [
+        {
+            "source": statistics.mode(run[i].get("source") for run in ours),
+            f"matmul_{field}": statistics.median(first(ours, i)),
+            f"torch_{field}": torch_median[i],
+        }
+        for i in range(calls)
+    ]
+
+    def over(run: list[dict], medians: list[float]) -> int:
+        return sum(row["first"][field] > 1.5 * median for row, median in zip(run, medians))
+
+    torch_single = []
+    for j, run in enumerate(theirs):
+        others = theirs[:j] + theirs[j + 1 :]
+        torch_single.append(over(run, [statistics.median(first(others, i)) for i in range(calls)]) if others else None)
+    return {
+        "median_against_median": summary(rows, field),
+        "each_matmul_over_1.5x_torch_median": [over(run, torch_median) for run in ours],
+        "each_torch_over_1.5x_the_others_median": torch_single,
+    }
 
 
 def alone_against_alone(ours: list[dict], theirs: list[dict], call: str = "first", field: str = "event_ms") -> dict:
@@ -362,10 +450,10 @@ def against_alone(rows: list[dict], alone: list[dict], field: str = "event_ms") 
     return summary(paired, field)
 
 
-PARTS = ("block", "trace", "torch_alone", "matmul_alone")
+PARTS = ("block", "trace", "torch_alone", "matmul_alone", "alternating")
 
 
-def main(out_dir: Path, calls: int = CALLS, wait_s: float = 1800.0, parts=PARTS) -> int:
+def main(out_dir: Path, calls: int = CALLS, wait_s: float = 1800.0, parts=PARTS, repeats: int = REPEATS) -> int:
     """``parts``: the block's first forward pass, the trace (both passes), torch alone over the
     trace, matmul() alone over it (a run on a machine with a time limit may keep only some). The
     processes alone run last: matmul() alone leaves its background tuning unfinished when it exits."""
@@ -387,6 +475,8 @@ def main(out_dir: Path, calls: int = CALLS, wait_s: float = 1800.0, parts=PARTS)
         torch_alone_part(out_dir, calls)
     if "matmul_alone" in parts:
         matmul_alone_part(out_dir, calls)
+    if "alternating" in parts:
+        alternating_part(out_dir, calls, repeats)
     return code
 
 
@@ -419,4 +509,13 @@ def matmul_alone_part(out_dir: Path, calls: int) -> int:
     for call, by_timing in found.get("against_torch_alone", {}).items():
         for timing, summarized in by_timing.items():
             print(f"matmul alone against torch alone, {call} calls", timing, json.dumps(summarized), flush=True)
+    return 0
+
+
+def alternating_part(out_dir: Path, calls: int, repeats: int) -> int:
+    """``alternating`` over the trace: alternating.json, and its comparison printed."""
+    found = alternating(calls, repeats)
+    (out_dir / "alternating.json").write_text(json.dumps(found))
+    for timing, compared in found.get("across_processes", found).items():
+        print("alternating", timing, json.dumps(compared), flush=True)
     return 0
