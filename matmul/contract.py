@@ -205,10 +205,12 @@ def check_operands(
     require_cuda: bool = True,
     b_layout: str = "nk",
     columns: int | None = None,
+    allocate: bool = True,
 ) -> torch.Tensor:
     """Validate A [M, K] and B [N, K] (``b_layout`` "nk") or b [K, N] ("kn"), and C [M, ``columns``]
-    if given (default N: swiglu's C is half as wide as B); return C, allocated if not given.
-    ``require_cuda=False`` only for CPU stand-ins of the kernels (tests)."""
+    if given (default N: swiglu's C is half as wide as B); return C, allocated if not given (with
+    ``allocate=False``: its strides only, on the meta device). ``require_cuda=False`` only for CPU
+    stand-ins of the kernels (tests)."""
     _check_tensors(a, b)
     _check_inner(a, b, "[N, K]" if b_layout == "nk" else "[K, N]")
     _check_row_major("a", a)
@@ -217,8 +219,8 @@ def check_operands(
         _check_device(a, b)
     m = a.shape[0]
     n = columns if columns is not None else b.shape[0] if b_layout == "nk" else b.shape[1]
-    if out is None:
-        return empty_padded(m, n, a.dtype, a.device)  # a view of exactly [M, N]; TMA may store its rows
+    if out is None:  # a view of exactly [M, N]; TMA may store its rows
+        return empty_padded(m, n, a.dtype, a.device if allocate else "meta")
     return _check_out(out, a, m, n, (("a", a), ("b", b)))
 
 
@@ -229,11 +231,13 @@ def check_shapes(a, b) -> None:
 
 
 def check_call(
-    a, b, out=None, *, require_cuda: bool = True, columns: int | None = None
+    a, b, out=None, *, require_cuda: bool = True, columns: int | None = None, allocate: bool = True
 ) -> tuple[torch.Tensor, str, torch.Tensor]:
     """Validate torch's ``a @ b`` (a [M, K], b [K, N], out [M, N]) for the kernels: B as they read it
-    (``kernel_b``: w [N, K] of b = w.T, or b itself), its layout, and C (allocated if not given). A
-    row-major b [K, N] whose rows TMA cannot read (``tma_readable``) passes: cuBLAS takes it as it is."""
+    (``kernel_b``: w [N, K] of b = w.T, or b itself), its layout, and C (allocated if not given;
+    ``allocate=False``: a C of the strides an allocated one would have, on the meta device, without
+    memory: what a plan's derivation needs). A row-major b [K, N] whose rows TMA cannot read
+    (``tma_readable``) passes: cuBLAS takes it as it is."""
     check_shapes(a, b)
     if require_cuda:
         _check_device(a, b)
@@ -243,5 +247,9 @@ def check_call(
         _check_out(out, a, a.shape[0], n, (("a", a), ("b", b)))
     operand, b_layout = kernel_b(b)
     if b_layout == "kn" and not tma_readable(b):
-        return operand, b_layout, out if out is not None else empty_padded(a.shape[0], n, a.dtype, a.device)
-    return operand, b_layout, check_operands(a, operand, out, require_cuda=require_cuda, b_layout=b_layout, columns=n)
+        c = out if out is not None else empty_padded(a.shape[0], n, a.dtype, a.device if allocate else "meta")
+        return operand, b_layout, c
+    checked = check_operands(
+        a, operand, out, require_cuda=require_cuda, b_layout=b_layout, columns=n, allocate=allocate
+    )
+    return operand, b_layout, checked

@@ -625,6 +625,30 @@ def test_an_unseen_call_deferred_by_the_native_entry_gets_its_plan_on_the_planne
     assert stand_in_plans(None).defer(a, w.T) is False  # no chooser (the tuner's host probe)
 
 
+def test_the_planners_derivation_allocates_no_output(tmp_path, stand_ins, monkeypatch):
+    """The planner derives a plan from C's strides, not from a C it allocates: its allocation would
+    hold the GIL (and wait for cudaMalloc) while the caller's first call of the signature runs."""
+    from matmul import contract
+
+    allocated = []
+    plain = contract.empty_padded
+
+    def recorded(rows, cols, dtype, device):
+        allocated.append(str(device))
+        return plain(rows, cols, dtype, device)
+
+    monkeypatch.setattr(contract, "empty_padded", recorded)
+    choose = make_chooser(tmp_path, shipped={key(128, 64, 32): entry("v4")})
+    choose.get(CPU, torch.float16, 128, 64, 32)  # its kernel built before the calls below
+    assert choose.wait(10)
+    path = stand_in_plans(choose)
+    a, w = random_operands(100, 64, 32, torch.float16, device="cpu")
+    assert path.defer(a, w.T) is True and path.planner.wait(10)
+    plan = path.plans[signature(a, w.T, None)]
+    assert isinstance(plan, SeriesPlan) and plan.ldc == contract.aligned_row_length(64, torch.float16)
+    assert "cpu" not in allocated and allocated  # the strides came from a C on the meta device
+
+
 def test_background_work_shortens_the_gils_switch_interval_while_it_runs():
     from matmul.call.background import SWITCH_INTERVAL_S, Worker
 

@@ -92,3 +92,18 @@ def test_out_overlapping_an_input_is_named():
     with pytest.raises(MatmulInputError, match="out overlaps b"):
         check_call(b.clone(), b.T, b, require_cuda=False)  # out is the weight w behind b = w.T
     check_call(a, b, a.as_strided((64, 16), (48, 1), 16), require_cuda=False)  # the middle third: apart from a
+
+
+def test_a_plans_checks_give_cs_strides_without_allocating_it():
+    """``allocate=False``: C on the meta device with the strides of the C a call would allocate, for
+    B read in place as w [N, K], as b [K, N], and as a b [K, N] whose rows TMA cannot read."""
+    a = torch.randn(5, 24, dtype=torch.float16)
+    for b in (torch.randn(20, 24, dtype=torch.float16).T, torch.randn(24, 20, dtype=torch.float16)):
+        for kn_unreadable in (False, True):
+            if kn_unreadable:
+                b = torch.randn(24, 21, dtype=torch.float16)[:, :20]  # rows of 42 bytes
+            allocated = check_call(a, b, require_cuda=False)[2]
+            strides_only = check_call(a, b, require_cuda=False, allocate=False)[2]
+            assert strides_only.is_meta and not allocated.is_meta
+            assert strides_only.shape == allocated.shape == (5, 20)
+            assert strides_only.stride() == allocated.stride() == (24, 1)  # rows padded to 16 bytes

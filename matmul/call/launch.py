@@ -327,7 +327,10 @@ class Plans:
         """The full checks, the bucket's choice, and the plan for this signature (kept under ``key``)."""
         generation, transient = self.generation, False
         columns = None if variant.activation != "swiglu" else variant.out_columns(b.shape[1])
-        operand, b_layout, c = self.check(a, b, out, columns=columns)
+        # C's strides, not its memory: on the planner's thread an allocation holds the GIL (and may
+        # wait for cudaMalloc) while the caller's first call of the signature runs; on the H100 it cost
+        # such calls 0.3-0.6 ms each (plots/h100/first-calls/)
+        operand, b_layout, c = self.check(a, b, out, columns=columns, allocate=False)
         variant = dataclasses.replace(variant, b_layout=b_layout)
         m, k = a.shape
         n = operand.shape[0] if b_layout == "nk" else operand.shape[1]
