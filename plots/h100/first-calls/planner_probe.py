@@ -13,6 +13,10 @@ and torch alone between them. Per process: its rows, and the planner's time per 
 call of the result compares each way's median first call with torch's median.
 
     python plots/h100/first-calls/planner_probe.py OUT_DIR [--repeats 3]
+
+It probes the planner thread of 36a6421 and before (``Plans.planner``, ``_derive_deferred``): run it
+from such a commit. Since 2b2761c a deferred call's plan is derived on the caller's thread once its
+cuBLAS kernel is launched, and there is no planner to hold.
 """
 
 import argparse
