@@ -608,18 +608,16 @@ def test_tuning_up_front_narrowed_takes_the_buckets_own_stale_times_else_its_rel
     assert late.jobs[-1]["names"] == tuner.candidates(ARCH, 8000, 4096, 4096)  # not asked to narrow: in full
 
 
-def test_an_unseen_call_deferred_by_the_native_entry_gets_its_plan_after_its_launch(tmp_path, stand_ins):
+def test_an_unseen_call_deferred_by_the_native_entry_gets_its_plan_on_the_planners_thread(tmp_path, stand_ins):
     choose = make_chooser(tmp_path, shipped={key(128, 64, 32): entry(tuner.VENDOR)})
     path = stand_in_plans(choose)
     a, w = random_operands(128, 64, 32, torch.float16, device="cpu")
     assert path.defer(a, w.T) is True  # the entry runs cuBLAS now
-    assert signature(a, w.T, None) not in path.plans  # nothing derived before the launch
-    path.derive_deferred(a, w.T)  # the entry's derive hook, once cuBLAS's kernel is launched
+    assert path.planner.wait(10)
     assert isinstance(path.plans[signature(a, w.T, None)], VendorPlan)
     assert path.defer(a, w.T) is False  # derived: the Python path has its plan
     bad = a.T.contiguous().T  # column-major a: the checks refuse it, so its later calls take the Python path
-    assert path.defer(bad, w.T) is True
-    path.derive_deferred(bad, w.T)  # the checks' error is kept for the Python path, not raised here
+    assert path.defer(bad, w.T) is True and path.planner.wait(10)
     assert signature(bad, w.T, None) in path.refused and path.defer(bad, w.T) is False
     choose.mode = "blocking"  # the caller asked to wait for the choice: nothing is deferred
     b, v = random_operands(64, 64, 32, torch.float16, device="cpu")
@@ -627,10 +625,9 @@ def test_an_unseen_call_deferred_by_the_native_entry_gets_its_plan_after_its_lau
     assert stand_in_plans(None).defer(a, w.T) is False  # no chooser (the tuner's host probe)
 
 
-def test_a_deferred_derivation_allocates_no_output(tmp_path, stand_ins, monkeypatch):
-    """A deferred call's plan is derived from C's strides, not from a C it allocates: the call has
-    allocated its own (on a thread of its own, the allocation held the GIL and could wait for
-    cudaMalloc while the caller's first call of the signature ran)."""
+def test_the_planners_derivation_allocates_no_output(tmp_path, stand_ins, monkeypatch):
+    """The planner derives a plan from C's strides, not from a C it allocates: its allocation would
+    hold the GIL (and wait for cudaMalloc) while the caller's first call of the signature runs."""
     from matmul import contract
 
     allocated = []
@@ -646,8 +643,7 @@ def test_a_deferred_derivation_allocates_no_output(tmp_path, stand_ins, monkeypa
     assert choose.wait(10)
     path = stand_in_plans(choose)
     a, w = random_operands(100, 64, 32, torch.float16, device="cpu")
-    assert path.defer(a, w.T) is True
-    path.derive_deferred(a, w.T)
+    assert path.defer(a, w.T) is True and path.planner.wait(10)
     plan = path.plans[signature(a, w.T, None)]
     assert isinstance(plan, SeriesPlan) and plan.ldc == contract.aligned_row_length(64, torch.float16)
     assert "cpu" not in allocated and allocated  # the strides came from a C on the meta device
@@ -796,21 +792,19 @@ def test_an_unseen_linear_call_is_deferred_where_a_matmul_call_would_be(tmp_path
     a, w = random_operands(128, 64, 32, torch.float16, device="cpu")
     bias = torch.randn(64).half()
     assert path.defer_linear(a, w.T, bias, "relu") is True  # the entry runs torch's ops now
-    path.derive_deferred_linear(a, w.T, bias, "relu")  # then, once they are launched, the entry's derive hook
+    assert path.wait_for_background(10)
     fused = fused_signature(a, w.T, None, bias, relu)
     assert fused in path.plans and signature(a, w.T, None) not in path.plans  # the variant's plan, not the plain one
     if path.direct is not None:
         assert path.direct.variant(True, "relu").kind(a, w.T) is not None and path.direct.kind(a, w.T) is None
     assert path.defer_linear(a, w.T, bias, "relu") is False  # derived: the route runs it
     assert path.defer_linear(a, w.T, None, None) is True  # no epilogue: matmul()'s own deferral
-    path.derive_deferred_linear(a, w.T, None, None)
-    assert signature(a, w.T, None) in path.plans
+    assert path.planner.wait(10) and signature(a, w.T, None) in path.plans
     odd = random_operands(128, 40, 32, torch.float16, device="cpu")[1]  # 40 rows: not gate_up's groups
     assert path.defer_linear(a, odd.T, None, "swiglu") is False  # the Python path names the problem
     assert path.defer_linear(a, w.T, None, "gelu") is False  # not a variant's name (Python maps it)
     bad = a.T.contiguous().T  # column-major x: the checks refuse it, so its later calls take the Python path
-    assert path.defer_linear(bad, w.T, bias, "relu") is True
-    path.derive_deferred_linear(bad, w.T, bias, "relu")
+    assert path.defer_linear(bad, w.T, bias, "relu") is True and path.planner.wait(10)
     assert path.defer_linear(bad, w.T, bias, "relu") is False
     choose.mode = "blocking"  # the caller asked to wait for the choice: nothing is deferred
     assert path.defer_linear(a, w.T, bias, "silu") is False
@@ -869,8 +863,7 @@ def test_after_an_unseen_call_the_callers_process_builds_no_kernel(tmp_path, mon
     path = stand_in_plans(choose)
     a, w = random_operands(100, 64, 32, torch.float16, device="cpu")
     assert path.defer(a, w.T) is True  # as the native entry hands over an unseen call: cuBLAS runs it now
-    path.derive_deferred(a, w.T)
-    assert choose.builder.wait(120)
+    assert path.planner.wait(10) and choose.builder.wait(120)
     path.launch(a, w.T)
     neighbour = path.plans[signature(a, w.T, None)]
     assert isinstance(neighbour, SeriesPlan) and neighbour.launch.version == "v3"

@@ -361,38 +361,6 @@ def test_an_unseen_linear_call_the_hook_takes_runs_torchs_ops_at_once(routed, ac
 
 
 @built
-def test_the_derive_hook_follows_the_launch_of_a_call_the_miss_hook_took(routed):
-    """With the same operands, after the result is computed, and only for a call the hook took."""
-    table, fallback = routed
-    order = []
-
-    class Hook(Recorder):
-        def __call__(self, *args, **kwargs):
-            order.append(self.name)
-            return super().__call__(*args, **kwargs)
-
-    takes, derive = Hook(True), Hook("derived")
-    native.route(table, fallback, fallback, takes, None, "cpu", derive)
-    a, w = torch.randn(5, 48).half(), torch.randn(32, 48).half()
-    c = matmul.matmul(a, w.T)
-    assert torch.allclose(c.float(), a.float() @ w.float().T, atol=2e-2, rtol=1e-2) and order == [True, "derived"]
-    ((args, kwargs),) = derive.calls
-    assert args[0] is a and torch.equal(args[1], w.T)
-    declines = Hook(False)
-    native.route(table, fallback, fallback, declines, None, "cpu", derive)
-    assert matmul.matmul(a, w.T) == "python" and len(derive.calls) == 1  # declined: the Python path
-    linear_takes, linear_derive = Hook(True), Hook("derived linear")
-    native.route(table, fallback, fallback, None, linear_takes, "cpu", None, linear_derive)
-    bias = torch.randn(32).half()
-    y = matmul.linear(a, w, bias, "relu")
-    assert torch.allclose(y.float(), torch.relu(a.float() @ w.float().T + bias.float()), atol=2e-2, rtol=1e-2)
-    ((args, kwargs),) = linear_derive.calls
-    assert args[0].data_ptr() == a.data_ptr() and args[2] is bias and args[3] == "relu"
-    with pytest.raises(TypeError, match="callable"):
-        native.route(table, fallback, fallback, None, None, "cpu", 3)
-
-
-@built
 def test_an_unseen_linear_call_goes_to_python_where_the_hook_declines_or_is_not_asked(routed):
     table, fallback = routed
     declines = Recorder(False)
@@ -416,7 +384,7 @@ def test_an_unseen_linear_call_goes_to_python_where_the_hook_declines_or_is_not_
 
 
 @built
-def test_an_unseen_linear_call_gets_its_plan_after_its_launch_and_a_route(monkeypatch):
+def test_an_unseen_linear_call_gets_its_plan_on_the_planners_thread_and_a_route(monkeypatch):
     """Through the process's own paths: the hook is the plans' ``defer_linear``; a stand-in v4 won."""
     import functools
 
@@ -442,12 +410,12 @@ def test_an_unseen_linear_call_gets_its_plan_after_its_launch_and_a_route(monkey
     plans = Plans(chooser, check=functools.partial(check_call, require_cuda=False))
     previous = api.use_plans(plans)
     try:
-        hooks = (plans.defer, plans.defer_linear, "cpu", plans.derive_deferred, plans.derive_deferred_linear)
-        native.route(plans.direct, api.python_matmul, api.python_linear, *hooks)
+        native.route(plans.direct, api.python_matmul, api.python_linear, plans.defer, plans.defer_linear, "cpu")
         x, w, bias = torch.randn(2, 3, 48).half(), torch.randn(32, 48).half(), torch.randn(32).half()
         expected = variants.torch_epilogue(x.view(6, 48).float() @ w.float().T, bias, "silu").view(2, 3, -1)
         y = matmul.linear(x, w, bias, "silu")  # torch's ops now
         assert torch.allclose(y.float(), expected, atol=2e-2, rtol=1e-2)
+        assert plans.planner.wait(10)
         key = fused_signature(x.view(6, 48), w.T, None, bias, Variant("nk", True, "silu"))
         assert key in plans.plans and plans.direct.variant(True, "silu").kind(x.view(6, 48), w.T) == "launch"
         assert plans.defer_linear(x.view(6, 48), w.T, bias, "silu") is False  # derived: nothing more to defer
@@ -472,9 +440,10 @@ x, w = random_operands(100, 384, 512, torch.float16)
 bias = torch.randn(384, device="cuda", dtype=torch.float16)
 routes = api._plans.direct.variant(True, "gelu_tanh")
 assert routes.kind(x, w.T) is None
-y = matmul.linear(x, w, bias, "gelu_tanh")  # unseen: F.linear and torch's GELU at once, then its plan
+y = matmul.linear(x, w, bias, "gelu_tanh")  # unseen: F.linear and torch's GELU at once, the plan on the planner
 expected = torch_epilogue(reference(x, w), bias.float(), "gelu_tanh")
 assert relative_error(y, expected) <= TOLERANCE[torch.float16]
+assert api._plans.planner.wait(60)
 kind = routes.kind(x, w.T)
 x2 = random_operands(97, 384, 512, torch.float16)[0]  # M = 97 and 100 share the bucket of 128
 assert kind is not None and routes.kind(x2, w.T) == kind, kind
@@ -507,7 +476,7 @@ from matmul.measure.correctness import random_operands
 CALLING_S = 20.0
 x, w = random_operands(8192, 4096, 4096, torch.float16)  # calls of about half a millisecond
 matmul.matmul(x, w.T)  # its plan, and the build of the kernel chosen, settled before anything is timed
-assert api._chooser.wait(600)
+assert api._plans.planner.wait(600) and api._chooser.wait(600)
 for _ in range(10):
     matmul.matmul(x, w.T)
 device = torch.device("cuda", torch.cuda.current_device())

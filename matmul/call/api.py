@@ -126,15 +126,7 @@ def use_plans(plans: Plans) -> Plans:
     global _plans
     previous, _plans = _plans, plans
     if _native is not None:
-        _native.route(
-            plans.direct,
-            python_matmul,
-            python_linear,
-            plans.defer,
-            plans.defer_linear,
-            derive=plans.derive_deferred,
-            linear_derive=plans.derive_deferred_linear,
-        )
+        _native.route(plans.direct, python_matmul, python_linear, plans.defer, plans.defer_linear)
     return previous
 
 

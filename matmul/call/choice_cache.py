@@ -80,9 +80,9 @@ class ChoiceCache:
         self.path = self.root / "choices.json"
         # the entries as last read or written, and the digest of the file's bytes they came from:
         # parsed again only when the file changes. json.loads holds the GIL for the whole parse (a
-        # few ms for a few hundred tuned buckets), and every unseen call's plan, derived on the
-        # caller's thread after its launch, would otherwise pay one; reading the file and hashing
-        # it release the GIL.
+        # few ms for a few hundred tuned buckets), and every lookup of an unseen call's plan, on
+        # the planner's thread, would otherwise make the caller's calls wait for one; reading the
+        # file and hashing it release the GIL.
         self._read: Optional[tuple[bytes, dict[str, Entry]]] = None
 
     # --- reading ---------------------------------------------------------------------------------

@@ -16,12 +16,9 @@
 //
 // A route serves every M of its bucket (the signature holds M rounded up as the choices bucket it):
 // a model called at varying token counts reaches its kernel without Python from the second call of
-// a bucket on. An unseen call that the checks would pass is offered to the miss hook; where it takes
-// the call, cuBLAS (at::mm) runs it at once, as torch.matmul would, and once that kernel is launched
-// (while the GPU runs it) the derive hook derives and keeps its plan on the caller's own thread: a
-// plan's derivation is some 0.05-0.1 ms of Python, which a thread of its own made cost a caller's
-// first calls up to five times as much in the GIL's hand-overs (plots/h100/first-calls/). The
-// caller never waits on a choice's measurement, a tuning or a build.
+// a bucket on. An unseen call that the checks would pass is handed to the miss hook, which queues
+// its plan to be derived on a thread of its own, and runs cuBLAS (at::mm) at once, as torch.matmul
+// would: the caller never waits on a derivation, a choice, a tuning or a build.
 //
 // Every other call (not two tensors, out=, keywords, a gradient to record, a tensor subclass or a
 // mode that overrides torch functions, a signature not seen and not deferred) goes to the Python
@@ -212,10 +209,8 @@ PyObject* routed_table = nullptr;  // keeps ``table`` alive while it is read
 const DirectTable* table = nullptr;
 PyObject* fallback = nullptr;
 PyObject* linear_fallback = nullptr;  // linear()'s Python function
-PyObject* miss_hook = nullptr;        // whether cuBLAS runs an unseen call's (a, b) now (see ``deferrable``)
+PyObject* miss_hook = nullptr;        // takes an unseen call's (a, b) for later, or None (see ``deferrable``)
 PyObject* linear_miss_hook = nullptr;  // the same for linear(): (x2, weight.T, bias, activation)
-PyObject* derive_hook = nullptr;       // after the launch of a call the miss hook took: derives its plan
-PyObject* linear_derive_hook = nullptr;  // the same for linear()
 // the device type whose unseen calls the hooks may take: CUDA (the tests route CPU calls to stand-in plans)
 c10::DeviceType deferred_device = c10::DeviceType::CUDA;
 
@@ -240,13 +235,6 @@ PyObject* call_held(PyObject* function, PyObject* const* args, size_t nargsf, Py
   PyObject* result = PyObject_Vectorcall(function, args, nargsf, kwnames);
   Py_DECREF(function);
   return result;
-}
-
-// The derive hook's call; false with a Python error (the hook itself catches what a derivation raises).
-bool after_launch(PyObject* hook, PyObject* const* args, size_t nargs) {
-  PyObject* done = call_held(hook, args, nargs, nullptr);
-  Py_XDECREF(done);
-  return done != nullptr;
 }
 
 bool aligned(const at::Tensor& t, int64_t align) {
@@ -362,12 +350,7 @@ PyObject* matmul_entry(PyObject* /*module*/, PyObject* const* args, Py_ssize_t n
           py::gil_scoped_release no_gil;
           c = at::mm(a, b);
         }
-        PyObject* result = THPVariable_Wrap(std::move(c));
-        if (result != nullptr && derive_hook != nullptr && !after_launch(derive_hook, args, 2)) {
-          Py_DECREF(result);
-          return nullptr;
-        }
-        return result;
+        return THPVariable_Wrap(std::move(c));
       }
     }
   }
@@ -397,14 +380,13 @@ bool known_activation(const std::string& activation) {
 
 // an unseen linear() call: true where the miss hook took its plan for later (the caller then runs
 // torch's own ops at once), false where it goes to Python; null on an error the hook raised
-PyObject* offer_linear(PyObject* hook, const at::Tensor& x2, const at::Tensor& w_t, PyObject* bias_obj,
-                       PyObject* activation_obj) {
+PyObject* offer_linear(const at::Tensor& x2, const at::Tensor& w_t, PyObject* bias_obj, PyObject* activation_obj) {
   PyObject* x_obj = THPVariable_Wrap(x2);
   PyObject* w_obj = x_obj == nullptr ? nullptr : THPVariable_Wrap(w_t);
   PyObject* taken = nullptr;
   if (w_obj != nullptr) {
     PyObject* argv[4] = {x_obj, w_obj, bias_obj, activation_obj};
-    taken = call_held(hook, argv, 4, nullptr);
+    taken = call_held(linear_miss_hook, argv, 4, nullptr);
   }
   Py_XDECREF(x_obj);
   Py_XDECREF(w_obj);
@@ -456,11 +438,10 @@ PyObject* linear_entry(PyObject* /*module*/, PyObject* const* args, Py_ssize_t n
   at::Tensor w_t = weight.t();
   const Route* route = routes == nullptr ? nullptr : routes->find(x2, w_t);
   bool vendor_now = route != nullptr && route->kind == Kind::vendor;
-  bool deferred = false;
   if (route == nullptr && linear_miss_hook != nullptr && known_activation(activation) && deferrable(x2, w_t)) {
-    PyObject* taken = offer_linear(linear_miss_hook, x2, w_t, bias_obj, activation_obj);
+    PyObject* taken = offer_linear(x2, w_t, bias_obj, activation_obj);
     if (taken == nullptr) return nullptr;
-    vendor_now = deferred = taken == Py_True;
+    vendor_now = taken == Py_True;
     Py_DECREF(taken);
   }
   PyObject* result = nullptr;
@@ -471,14 +452,6 @@ PyObject* linear_entry(PyObject* /*module*/, PyObject* const* args, Py_ssize_t n
       c = activate(bias.defined() ? at::addmm(bias, x2, w_t) : at::mm(x2, w_t), activation);
     }
     result = THPVariable_Wrap(std::move(c));
-    if (result != nullptr && deferred && linear_derive_hook != nullptr) {
-      PyObject* done = offer_linear(linear_derive_hook, x2, w_t, bias_obj, activation_obj);
-      if (done == nullptr) {
-        Py_DECREF(result);
-        return nullptr;
-      }
-      Py_DECREF(done);
-    }
   } else if (route != nullptr && route->kind == Kind::launch && aligned(x2, route->launch.align) &&
              aligned(w_t, route->launch.align)) {
     PyObject* bias_ptr = bias.defined() ? PyLong_FromVoidPtr(bias.data_ptr()) : nullptr;
@@ -498,35 +471,31 @@ PyObject* linear_entry(PyObject* /*module*/, PyObject* const* args, Py_ssize_t n
   END_HANDLE_TH_ERRORS
 }
 
-// A new reference to a hook, or null for None; a type error for anything else not callable.
-PyObject* hook_or_null(const py::object& hook) {
-  if (hook.is_none()) return nullptr;
-  if (!PyCallable_Check(hook.ptr())) throw py::type_error("the fallbacks and the hooks must be callable");
-  return hook.inc_ref().ptr();
-}
-
 void route(py::object new_table, py::object new_fallback, py::object new_linear_fallback, py::object new_miss,
-           py::object new_linear_miss, const std::string& device_type, py::object new_derive,
-           py::object new_linear_derive) {
+           py::object new_linear_miss, const std::string& device_type) {
   const DirectTable* t = new_table.is_none() ? nullptr : new_table.cast<const DirectTable*>();
-  if (!PyCallable_Check(new_fallback.ptr()) || !PyCallable_Check(new_linear_fallback.ptr()))
-    throw py::type_error("the fallbacks and the hooks must be callable");
-  for (const py::object* hook : {&new_miss, &new_linear_miss, &new_derive, &new_linear_derive})
-    if (!hook->is_none() && !PyCallable_Check(hook->ptr()))
-      throw py::type_error("the fallbacks and the hooks must be callable");
+  if (!PyCallable_Check(new_fallback.ptr()) || !PyCallable_Check(new_linear_fallback.ptr()) ||
+      (!new_miss.is_none() && !PyCallable_Check(new_miss.ptr())) ||
+      (!new_linear_miss.is_none() && !PyCallable_Check(new_linear_miss.ptr())))
+    throw py::type_error("the fallbacks and the miss hooks must be callable");
   c10::DeviceType new_device = c10::Device(device_type).type();  // raises on a name torch does not know
-  PyObject* old[] = {routed_table, fallback, linear_fallback, miss_hook, linear_miss_hook, derive_hook,
-                     linear_derive_hook};
+  PyObject* old_table = routed_table;
+  PyObject* old_fallback = fallback;
+  PyObject* old_linear_fallback = linear_fallback;
+  PyObject* old_miss = miss_hook;
+  PyObject* old_linear_miss = linear_miss_hook;
   routed_table = new_table.inc_ref().ptr();
   fallback = new_fallback.inc_ref().ptr();
   linear_fallback = new_linear_fallback.inc_ref().ptr();
-  miss_hook = hook_or_null(new_miss);
-  linear_miss_hook = hook_or_null(new_linear_miss);
-  derive_hook = hook_or_null(new_derive);
-  linear_derive_hook = hook_or_null(new_linear_derive);
+  miss_hook = new_miss.is_none() ? nullptr : new_miss.inc_ref().ptr();
+  linear_miss_hook = new_linear_miss.is_none() ? nullptr : new_linear_miss.inc_ref().ptr();
   deferred_device = new_device;
   table = t;
-  for (PyObject* released : old) Py_XDECREF(released);  // last: releasing them may run Python code
+  Py_XDECREF(old_table);  // last: releasing them may run Python code, which may call matmul()
+  Py_XDECREF(old_fallback);
+  Py_XDECREF(old_linear_fallback);
+  Py_XDECREF(old_miss);
+  Py_XDECREF(old_linear_miss);
 }
 
 // from now on every call stores its time at ``address`` (an int64 the tuning child maps too; 0: nowhere)
@@ -568,13 +537,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("__len__", &DirectTable::size);
   m.def("route", &route, py::arg("table"), py::arg("fallback"), py::arg("linear_fallback"),
         py::arg("miss") = py::none(), py::arg("linear_miss") = py::none(), py::arg("deferred_device") = "cuda",
-        py::arg("derive") = py::none(), py::arg("linear_derive") = py::none(),
         "Make matmul() and linear() read ``table`` (a DirectTable, or None for none) and hand every other call "
         "to ``fallback`` (matmul's) or ``linear_fallback``; an unseen matmul() call that the checks would pass "
-        "first to ``miss(a, b)``, and where that returns True, to at::mm (cuBLAS) at once, then, once it is "
-        "launched, to ``derive(a, b)``; an unseen linear() call likewise to ``linear_miss(x2, weight.T, bias, "
-        "activation)``, then at::addmm or at::mm and torch's activation, then ``linear_derive`` with the same "
-        "arguments. Only calls on ``deferred_device`` (a device type) are offered to the hooks.");
+        "first to ``miss(a, b)``, and where that returns True, to at::mm (cuBLAS) at once; an unseen linear() call "
+        "likewise to ``linear_miss(x2, weight.T, bias, activation)``, then at::addmm or at::mm and torch's "
+        "activation. Only calls on ``deferred_device`` (a device type) are offered to the hooks.");
   m.def("stamp_calls_into", &stamp_calls_into, py::arg("address"),
         "Every later call stores its CLOCK_MONOTONIC time in nanoseconds in the int64 at ``address`` (0: stop)");
   if (PyModule_AddFunctions(m.ptr(), entry_methods) != 0) throw py::error_already_set();

@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
+import time
 from typing import Callable, Optional
 
 import torch
@@ -48,10 +49,13 @@ from ..contract import (
 from ..kernels import device_context, swiglu, versions
 from ..kernels.variant import PLAIN, SWIGLU_GROUP, Variant
 from . import native_entry, tilus_autotune
+from .background import Worker
 from .chooser import Chooser
 from .tuner import VENDOR, space_config
 
 log = logging.getLogger(__name__)
+
+PLANNER_LINGER_S = 5.0  # the planner's thread waits this long for the next unseen call before it ends
 
 
 def signature(a, b, out) -> tuple:
@@ -190,34 +194,44 @@ class Plans:
         self.direct = native_entry.new_table()
         self.lock = threading.Lock()
         self.generation = 0  # counts ``forget``: a plan derived in an earlier generation is not kept
+        # unseen calls that the native entry ran with torch's ops, their plans derived on this thread
+        self.planner = Worker("matmul-planner", self._derive_deferred, linger_s=PLANNER_LINGER_S)
         self.refused: set[tuple] = set()  # signatures whose deferred derivation failed: the Python path names why
         if chooser is not None:
             chooser.on_change(self.forget)
 
     def wait_for_background(self, timeout_s: float) -> bool:
-        """Wait (``timeout_s`` at most) until the tunings and builds that callers' choices started
-        are done (benchmarks, tests); whether they are."""
-        return True if self.chooser is None else self.chooser.wait(timeout_s)
+        """Wait (``timeout_s`` at most, in all) until the plans deferred off callers' paths are
+        derived and the tunings and builds they started are done (benchmarks, tests); whether
+        they are. The planner first: a deferred derivation asks the chooser, which may queue a
+        tuning."""
+        deadline = time.monotonic() + timeout_s
+        finished = self.planner.wait(timeout_s)
+        if finished and self.chooser is not None:
+            finished = self.chooser.wait(max(deadline - time.monotonic(), 0.0))
+        return finished
 
     def defer(self, a, b) -> bool:
-        """The native entry's miss hook (``entry.cpp``): True, so that this unseen call ``a @ b`` (one
-        the checks pass as it is) runs cuBLAS at once and its plan is derived once that kernel is
-        launched (``derive_deferred``); or False, so that it takes the Python path now: with no
-        chooser, in ``MATMUL_TUNE=blocking`` (the caller asked to wait for the choice), inside a CUDA
-        graph capture (nothing may start there), or where a plan or a failed derivation exists
-        already."""
+        """The native entry's miss hook (``entry.cpp``): take the plan of an unseen call ``a @ b``
+        (one the checks pass as it is) for the planner's thread, and return True, so that this call
+        runs cuBLAS at once; or False, so that it takes the Python path now: with no chooser, in
+        ``MATMUL_TUNE=blocking`` (the caller asked to wait for the choice), inside a CUDA graph
+        capture (nothing may start there), or where a plan or a failed derivation exists already."""
         if not self._may_defer(a):
             return False
         key = signature(a, b, None)
-        return key not in self.plans and key not in self.refused
+        if key in self.plans or key in self.refused:
+            return False
+        self.planner.submit(key, (a, b, None, PLAIN))
+        return True
 
     def defer_linear(self, a, b, bias, activation: Optional[str]) -> bool:
         """``linear``'s miss hook (``entry.cpp``): as ``defer``, for an unseen ``linear`` call seen as
         ``a`` [M, K] @ ``b`` = weight.T with ``bias`` and ``activation``: True, and the call runs
-        ``F.linear`` and torch's activation at once, then the variant's plan is derived
-        (``derive_deferred_linear``; its route then serves later calls); False, and the Python path
-        runs it (and names what is wrong, where something is: an activation it does not know, a
-        swiglu weight that is not ``gate_up``'s)."""
+        ``F.linear`` and torch's activation at once while the planner derives the variant's plan
+        (its route then serves later calls); False, and the Python path runs it (and names what
+        is wrong, where something is: an activation it does not know, a swiglu weight that is not
+        ``gate_up``'s)."""
         try:
             variant = Variant("nk", bias is not None, activation or None)
         except ValueError:
@@ -229,7 +243,10 @@ class Plans:
         if not self._may_defer(a):
             return False
         key = fused_signature(a, b, None, bias, variant)
-        return key not in self.plans and key not in self.refused
+        if key in self.plans or key in self.refused:
+            return False
+        self.planner.submit(key, (a, b, bias, variant))
+        return True
 
     def _may_defer(self, a) -> bool:
         """Whether an unseen call may run torch's ops now: there is a chooser, the caller does not
@@ -238,31 +255,20 @@ class Plans:
             return False
         return not (a.is_cuda and torch.cuda.is_current_stream_capturing())
 
-    def derive_deferred(self, a, b) -> None:
-        """The native entry's derive hook: the plan of an unseen call ``a @ b`` that ``defer`` took,
-        derived and kept on the caller's thread once its cuBLAS kernel is launched, while the GPU
-        runs it (on a thread of its own, a derivation's hand-overs of the GIL cost the caller's
-        calls five times the derivation itself: plots/h100/first-calls/)."""
-        self._derive_after_launch(a, b, None, PLAIN)
-
-    def derive_deferred_linear(self, a, b, bias, activation: Optional[str]) -> None:
-        """``derive_deferred`` for an unseen ``linear`` call that ``defer_linear`` took."""
-        variant = Variant("nk", bias is not None, activation or None)
-        self._derive_after_launch(a, b, bias, variant)
-
-    def _derive_after_launch(self, a, b, bias, variant: Variant) -> None:
-        fused = variant != PLAIN
-        key = fused_signature(a, b, None, bias, variant) if fused else signature(a, b, None)
-        try:
-            if key in self.plans:
-                return
-            if fused:  # as ``launch_fused`` keeps it: the route in the variant's table
-                self.remember(key, self.derive(a, b, None, None, variant), a, b, bias, variant)
-            else:
-                self.derive(a, b, None, key)
-        except Exception as e:  # later calls of the signature take the Python path, which says what failed
-            self.refused.add(key)
-            log.warning("matmul(): no plan for %s @ %s (%s: %s)", list(a.shape), list(b.shape), type(e).__name__, e)
+    def _derive_deferred(self, group, payloads) -> None:
+        for a, b, bias, variant in payloads:
+            fused = variant != PLAIN
+            key = fused_signature(a, b, None, bias, variant) if fused else signature(a, b, None)
+            try:
+                if key in self.plans:
+                    continue
+                if fused:  # as ``launch_fused`` keeps it: the route in the variant's table
+                    self.remember(key, self.derive(a, b, None, None, variant), a, b, bias, variant)
+                else:
+                    self.derive(a, b, None, key)
+            except Exception as e:  # later calls of the signature take the Python path, which says what failed
+                self.refused.add(key)
+                log.warning("matmul(): no plan for %s @ %s (%s: %s)", list(a.shape), list(b.shape), type(e).__name__, e)
 
     def forget(self) -> None:
         """Drop every plan and every route of the native entry (from any thread: the entry reads
@@ -321,8 +327,8 @@ class Plans:
         """The full checks, the bucket's choice, and the plan for this signature (kept under ``key``)."""
         generation, transient = self.generation, False
         columns = None if variant.activation != "swiglu" else variant.out_columns(b.shape[1])
-        # C's strides, not its memory: a plan needs only C's row stride, and a deferred call, whose plan
-        # is derived right after its launch, has allocated its own C already
+        # C's strides, not its memory: a plan needs only C's row stride, and on the planner's thread an
+        # allocation holds the GIL (and may wait for cudaMalloc) while the caller's calls run
         operand, b_layout, c = self.check(a, b, out, columns=columns, allocate=False)
         variant = dataclasses.replace(variant, b_layout=b_layout)
         m, k = a.shape

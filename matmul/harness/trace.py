@@ -96,6 +96,7 @@ def _busy() -> dict:
 
     chooser = api._chooser
     return {
+        "planner": api._plans.planner.busy(),
         "tuner": chooser.tuner.busy(),
         "builder": chooser.builder.busy(),
         "loaded": len(chooser.programs),  # kernels loaded so far: one more, and a first launch is near
