@@ -89,17 +89,23 @@ class ChoiceCache:
 
     def entries(self) -> dict[str, Entry]:
         """Every stored entry; {} for a missing, corrupt or stale file (it is rebuilt on the next store)."""
+        return dict(self.read()[1])
+
+    def read(self) -> tuple[Optional[bytes], dict[str, Entry]]:
+        """The digest of the file's bytes (None: no file to read) and its entries, the dict kept
+        from the last parse itself (not to be changed): what an index of the entries is made from
+        again only when the digest changes."""
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
-            return {}
+            return None, {}
         except OSError as e:
             log.warning("ignoring the unreadable choice cache %s (%s); it will be rebuilt", self.path, e)
-            return {}
+            return None, {}
         digest = hashlib.sha1(raw).digest()
         if self._read is None or self._read[0] != digest:
             self._read = (digest, self._parse(raw))
-        return dict(self._read[1])
+        return self._read
 
     def _parse(self, raw: bytes) -> dict[str, Entry]:
         try:
