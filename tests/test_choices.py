@@ -662,6 +662,50 @@ def test_the_planners_derivation_allocates_no_output(tmp_path, stand_ins, monkey
     assert "cpu" not in allocated and allocated  # the strides came from a C on the meta device
 
 
+def _derived_while_calling(path, a, w, calling_s: float) -> tuple[float, float]:
+    """Defer ``a @ w.T`` while a caller stamps a call every 2 ms for ``calling_s``; when its plan was
+    kept and when the calls stopped (seconds from the deferral)."""
+    from matmul.call import yielding
+
+    assert yielding.shared_fd() is not None  # the process's word of its last call
+    start = time.monotonic()
+    stop = start + calling_s
+
+    def caller():
+        while time.monotonic() < stop:
+            yielding.stamp_call()
+            time.sleep(0.002)
+
+    calls = threading.Thread(target=caller)
+    calls.start()
+    try:
+        assert path.defer(a, w.T) is True
+        while signature(a, w.T, None) not in path.plans and time.monotonic() < start + 10:
+            time.sleep(0.005)
+        kept = time.monotonic() - start
+    finally:
+        calls.join()
+    assert path.planner.wait(10)
+    return kept, stop - start
+
+
+def test_the_planner_derives_at_once_unless_asked_to_wait_for_the_caller_to_pause(tmp_path, stand_ins, monkeypatch):
+    """``MATMUL_PLAN_QUIET_MS`` (yielding.planner_gate): by default a deferred call's plan is derived
+    at once; with a quiet gap, once the caller's calls pause, or after the longest hold."""
+    choose = make_chooser(tmp_path, shipped={key(128, 64, 32): entry(tuner.VENDOR)})
+    monkeypatch.delenv("MATMUL_PLAN_QUIET_MS", raising=False)
+    a, w = random_operands(128, 64, 32, torch.float16, device="cpu")
+    kept, stopped = _derived_while_calling(stand_in_plans(choose), a, w, calling_s=0.6)
+    assert kept < stopped  # at once, the caller still calling
+    monkeypatch.setenv("MATMUL_PLAN_QUIET_MS", "50")
+    monkeypatch.setenv("MATMUL_PLAN_MAX_HOLD_MS", "5000")
+    kept, stopped = _derived_while_calling(stand_in_plans(choose), a, w, calling_s=0.6)
+    assert stopped + 0.04 <= kept < stopped + 2  # once the calls had paused for the gap
+    monkeypatch.setenv("MATMUL_PLAN_MAX_HOLD_MS", "150")
+    kept, stopped = _derived_while_calling(stand_in_plans(choose), a, w, calling_s=1.5)
+    assert 0.14 <= kept < stopped  # the caller never paused: after the longest hold
+
+
 def test_background_work_shortens_the_gils_switch_interval_while_it_runs():
     from matmul.call.background import SWITCH_INTERVAL_S, Worker
 

@@ -48,13 +48,14 @@ from ..contract import (
 )
 from ..kernels import device_context, swiglu, versions
 from ..kernels.variant import PLAIN, SWIGLU_GROUP, Variant
-from . import native_entry, tilus_autotune
+from . import native_entry, tilus_autotune, yielding
 from .background import Worker
 from .chooser import Chooser
 from .tuner import VENDOR, space_config
 
 log = logging.getLogger(__name__)
 
+PLAN_GROUP = "plans"  # the planner's jobs queued together are derived in one batch
 PLANNER_LINGER_S = 5.0  # the planner's thread waits this long for the next unseen call before it ends
 
 
@@ -222,7 +223,7 @@ class Plans:
         key = signature(a, b, None)
         if key in self.plans or key in self.refused:
             return False
-        self.planner.submit(key, (a, b, None, PLAIN))
+        self.planner.submit(key, (a, b, None, PLAIN), group=PLAN_GROUP)
         return True
 
     def defer_linear(self, a, b, bias, activation: Optional[str]) -> bool:
@@ -245,7 +246,7 @@ class Plans:
         key = fused_signature(a, b, None, bias, variant)
         if key in self.plans or key in self.refused:
             return False
-        self.planner.submit(key, (a, b, bias, variant))
+        self.planner.submit(key, (a, b, bias, variant), group=PLAN_GROUP)
         return True
 
     def _may_defer(self, a) -> bool:
@@ -256,6 +257,9 @@ class Plans:
         return not (a.is_cuda and torch.cuda.is_current_stream_capturing())
 
     def _derive_deferred(self, group, payloads) -> None:
+        gate = yielding.planner_gate()
+        if gate is not None:  # the calls queued meanwhile come as one batch: one wait for them all
+            gate.wait()
         for a, b, bias, variant in payloads:
             fused = variant != PLAIN
             key = fused_signature(a, b, None, bias, variant) if fused else signature(a, b, None)

@@ -62,6 +62,9 @@ QUIET_ENV = "MATMUL_TUNE_QUIET_MS"
 DEFAULT_QUIET_MS = 50.0
 MAX_HOLD_ENV = "MATMUL_TUNE_MAX_HOLD_S"
 DEFAULT_MAX_HOLD_S = 5.0
+PLAN_QUIET_ENV = "MATMUL_PLAN_QUIET_MS"  # the planner's thread (``planner_gate``); unset or 0: at once
+PLAN_MAX_HOLD_ENV = "MATMUL_PLAN_MAX_HOLD_MS"
+DEFAULT_PLAN_MAX_HOLD_MS = 1000.0
 REQUEST_FIELD = "last_call_fd"  # the tuning request's field naming the inherited descriptor
 WORD_BYTES = 8  # one int64: the caller's last call in CLOCK_MONOTONIC nanoseconds
 
@@ -140,6 +143,24 @@ def shared_fd() -> Optional[int]:
                 native.stamp_calls_into(word.address)
             _last_call = word
         return _last_call.fd
+
+
+def planner_gate() -> Optional["CallerGate"]:
+    """The wait of the planner's thread (``launch.Plans``) before it derives the plans of unseen
+    calls, or None where it derives at once (the default, ``MATMUL_PLAN_QUIET_MS`` unset or 0).
+
+    On the H100 a derivation took 0.3-1.5 ms beside the caller's first calls (0.05-0.1 ms alone):
+    the two threads hand the GIL back and forth, and 4-8 of the first-calls trace's 300 first calls
+    took over 1.5x torch's, against 1 with the derivations held until the trace was over
+    (plots/h100/first-calls/). ``MATMUL_PLAN_QUIET_MS=Q``: derive only once the caller has made no
+    call for Q ms, or after ``MATMUL_PLAN_MAX_HOLD_MS`` (default 1000) however busy it is; meanwhile
+    the calls of such a signature run cuBLAS through the native entry's miss path, as the first
+    did. Off by default until measured (``python -m matmul trace --parts alternating``)."""
+    quiet = _setting(PLAN_QUIET_ENV, 0.0) / 1e3
+    hold = _setting(PLAN_MAX_HOLD_ENV, DEFAULT_PLAN_MAX_HOLD_MS) / 1e3
+    if quiet <= 0 or hold <= 0 or shared_fd() is None:
+        return None
+    return CallerGate(_last_call.read_ns, quiet, hold)
 
 
 # --- the child's side ------------------------------------------------------------------------------
