@@ -25,7 +25,9 @@ the second use what the first loaded. So each library also runs the trace alone,
 process of its own (``first_use``, each call twice in a row): ``torch.matmul`` in one that imports
 nothing of this package, ``matmul()`` in one whose cache directory starts empty; call by call,
 their first calls compare a new user of one with a new user of the other (``alone_against_alone``),
-each paying its own first uses and only its own.
+each paying its own first uses and only its own. One process against another is a draw (two
+fresh torch processes differ by over 1.5x on up to 35 of the 300 first calls), so ``alternating``
+runs several fresh processes of each library in turn and compares the median first calls.
 Also the first forward pass of ``model.Block`` through
 ``matmul()`` against the same block through ``torch.matmul``, each in a new process.
 
