@@ -34,6 +34,10 @@ The defaults:
   within minutes instead of never; and a burst of first calls (a model's warm-up, the 300 pairs of
   ``python -m matmul trace``) is usually over before a held step goes ahead.
 
+The same word can hold back the thread that derives the plans of a process's unseen calls
+(``planner_gate``, ``MATMUL_PLAN_QUIET_MS``; off by default): that thread shares the caller's GIL,
+not the GPU.
+
 ``MATMUL_TUNE_QUIET_MS=0`` or ``MATMUL_TUNE_MAX_HOLD_S=0``: never hold tuning back;
 ``MATMUL_TUNE_MAX_HOLD_S=inf``: wait for a quiet gap however long it takes (no tuning while the
 caller is busy). The child reads both when it starts (it inherits the caller's environment).
