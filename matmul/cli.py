@@ -6,7 +6,7 @@ python -m matmul plot RESULTS.json [...] [--out DIR]
 python -m matmul model [--out DIR] [--dtype float16|bfloat16] [--rounds N]
 python -m matmul candidates VERSION[:knob=int,...] ... [--sizes 4096,8192x14336x4096] [--sustained S | --profile N]
 python -m matmul drop-in [--parts kn,linear,llama] [--out DIR] [--dtype float16|bfloat16] [--rounds N]
-python -m matmul trace [--out DIR] [--calls N] [--wait-s S] [--repeats N]
+python -m matmul trace [--out DIR] [--calls N] [--wait-s S] [--repeats N] [--matmul-env VAR=VALUE,...]
                        [--parts block,trace,torch_alone,matmul_alone,alternating]
 python -m matmul tune [--model llama-3-8b] [--m 1-8192] [--shapes MxNxK,...] [--dtype float16,bfloat16]
                       [--narrow] [--out FILE]
@@ -298,6 +298,14 @@ def model_command(args) -> int:
     return model.main(out, dtype={"float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype], rounds=args.rounds)
 
 
+def _settings(text: str) -> dict[str, str]:
+    """``VAR=VALUE[,VAR=VALUE...]`` as a dict (``trace --matmul-env``)."""
+    items = [item.partition("=") for item in text.split(",") if item]
+    if not items or any(not name or not sep for name, sep, _ in items):
+        raise ValueError(f"--matmul-env takes VAR=VALUE[,VAR=VALUE...]; got {text!r}")
+    return {name: value for name, _, value in items}
+
+
 def trace_command(args) -> int:
     from .harness import trace
 
@@ -308,7 +316,8 @@ def trace_command(args) -> int:
     unknown = set(parts) - set(trace.PARTS)
     if unknown:
         raise ValueError(f"--parts takes {', '.join(trace.PARTS)}; got {', '.join(sorted(unknown))}")
-    return trace.main(out, calls=args.calls, wait_s=args.wait_s, parts=parts, repeats=args.repeats)
+    ways = {text: _settings(text) for text in args.matmul_env or []}
+    return trace.main(out, calls=args.calls, wait_s=args.wait_s, parts=parts, repeats=args.repeats, ways=ways)
 
 
 def drop_in_command(args) -> int:
@@ -597,6 +606,13 @@ def main(argv=None) -> int:
         type=int,
         default=5,
         help="processes of each library for --parts alternating (default 5)",
+    )
+    p.add_argument(
+        "--matmul-env",
+        action="append",
+        metavar="VAR=VALUE[,VAR=VALUE...]",
+        help="--parts alternating: in each turn, one more matmul() process with these settings in its "
+        "environment, compared with the same torch processes (repeatable)",
     )
     p.set_defaults(func=trace_command)
     p = sub.add_parser(

@@ -160,7 +160,9 @@ def test_the_trace_runs_only_the_parts_asked_for(tmp_path, monkeypatch, parts):
     monkeypatch.setattr(trace.subprocess, "call", lambda *args, **kwargs: ran.append("trace") or 0)
     monkeypatch.setattr(trace, "torch_alone", lambda calls: ran.append("torch_alone") or {"error": "stand-in"})
     monkeypatch.setattr(trace, "matmul_alone", lambda calls: ran.append("matmul_alone") or {"error": "stand-in"})
-    monkeypatch.setattr(trace, "alternating", lambda calls, repeats: ran.append("alternating") or {"error": "stand-in"})
+    monkeypatch.setattr(
+        trace, "alternating", lambda calls, repeats, ways: ran.append("alternating") or {"error": "stand-in"}
+    )
     assert trace.main(tmp_path, calls=3, wait_s=0.0, parts=parts) == 0
     assert tuple(ran) == parts
     written = {"block": "block_first", "torch_alone": "torch_alone", "matmul_alone": "matmul_alone"}
@@ -197,15 +199,23 @@ def test_alternating_starts_the_libraries_in_turn_each_in_a_fresh_process(monkey
     order = []
     monkeypatch.setattr(trace, "torch_alone", lambda calls: order.append("torch") or {"rows": _process([1.0] * calls)})
 
-    def matmul_alone(calls, native_entry=False):
-        order.append(("matmul", native_entry))
-        return {"rows": _process([2.0] * calls)}
+    def matmul_alone(calls, native_entry=False, settings=None):
+        order.append(("matmul", native_entry, settings))
+        return {"rows": _process([2.0 if settings is None else 1.2] * calls)}
 
     monkeypatch.setattr(trace, "matmul_alone", matmul_alone)
     found = trace.alternating(calls=2, repeats=3)
-    assert order == ["torch", ("matmul", True)] * 3
+    assert order == ["torch", ("matmul", True, None)] * 3 and "ways" not in found
     assert found["across_processes"]["event"]["median_against_median"]["over_1.5x"] == 2
-    assert len(found["rows"]["torch"]) == 3 and set(found["rows"]["torch"][0][0]["first"]) == set(
+    order.clear()
+    quiet = {"MATMUL_PLAN_QUIET_MS": "2"}
+    found = trace.alternating(calls=2, repeats=2, ways={"quiet": quiet})  # a setting against the default
+    assert order == ["torch", ("matmul", True, None), ("matmul", True, quiet)] * 2
+    assert found["across_processes"]["event"]["median_against_median"]["over_1.5x"] == 2
+    way = found["ways"]["quiet"]
+    assert way["settings"] == quiet and way["across_processes"]["event"]["median_against_median"]["over_1.5x"] == 0
+    assert len(way["rows"]) == 2
+    assert len(found["rows"]["torch"]) == 2 and set(found["rows"]["torch"][0][0]["first"]) == set(
         trace.TIMINGS.values()
     )
     monkeypatch.setattr(trace, "torch_alone", lambda calls: {"error": "no GPU"})
@@ -232,6 +242,31 @@ def test_matmul_alone_part_writes_its_comparison_with_torch_alone(tmp_path, monk
     trace.matmul_alone_part(tmp_path, calls=1)
     found = json.loads((tmp_path / "matmul_alone.json").read_text())["against_torch_alone"]
     assert found["first"]["event"]["total_ratio"] == pytest.approx(1.0)
+
+
+def test_the_trace_command_takes_settings_for_more_matmul_processes(monkeypatch):
+    from matmul import cli
+
+    monkeypatch.setattr(cli.versions, "local_arch", lambda: "sm_90a")
+    seen = {}
+    monkeypatch.setattr(trace, "main", lambda out, **kwargs: seen.update(kwargs) or 0)
+    args = ["trace", "--parts", "alternating", "--matmul-env", "MATMUL_PLAN_QUIET_MS=2"]
+    assert cli.main([*args, "--matmul-env", "A=1,B=x=y"]) == 0
+    assert seen["ways"] == {
+        "MATMUL_PLAN_QUIET_MS=2": {"MATMUL_PLAN_QUIET_MS": "2"},
+        "A=1,B=x=y": {"A": "1", "B": "x=y"},
+    }
+    for bad in ("NOEQUALS", "=1", ","):
+        with pytest.raises(SystemExit) as exit:
+            cli.main([*args[:3], "--matmul-env", bad])
+        assert exit.value.code == 2
+
+
+def test_matmul_alone_adds_its_settings_to_a_fresh_cache_environment(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(trace, "alone", lambda through, calls, env: seen.update(env) or {})
+    trace.matmul_alone(calls=1, settings={"MATMUL_PLAN_QUIET_MS": "20"})
+    assert seen["MATMUL_PLAN_QUIET_MS"] == "20" and Path(seen["MATMUL_CACHE_DIR"]).name.startswith("matmul-alone-")
 
 
 def test_the_trace_command_refuses_an_unknown_part(monkeypatch):

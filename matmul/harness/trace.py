@@ -329,41 +329,54 @@ def torch_alone(calls: int) -> dict:
     return alone("torch", calls)
 
 
-def matmul_alone(calls: int, native_entry: bool = False) -> dict:
+def matmul_alone(calls: int, native_entry: bool = False, settings: Optional[dict] = None) -> dict:
     """``alone`` through matmul(), in a process whose cache directory starts empty (``native_entry``:
-    but for the native entry, ``fresh_cache_env``)."""
+    but for the native entry, ``fresh_cache_env``), with ``settings`` added to its environment."""
     with fresh_cache_env("matmul-alone-", native_entry) as env:
-        return alone("matmul", calls, env)
+        return alone("matmul", calls, {**env, **(settings or {})})
 
 
 REPEATS = 5
 
 
-def alternating(calls: int, repeats: int = REPEATS) -> dict:
+def alternating(calls: int, repeats: int = REPEATS, ways: Optional[dict[str, dict]] = None) -> dict:
     """torch alone and matmul() alone over the trace, ``repeats`` fresh processes of each, started in
     turn (torch, matmul(), torch, ...), and their first calls compared across processes
-    (``across_processes``).
+    (``across_processes``). ``ways``: more matmul() processes in each turn, each with its settings
+    in its environment (name: {variable: value}), each compared with the same torch processes
+    (``ways`` in the result: one run measures a setting against the default).
 
     Why: a process's first calls are a draw. Two fresh torch processes, nothing else on the machine,
     differ by more than 1.5x on 0-35 of the trace's 300 first calls (plots/h100/first-calls/): in
     some processes most of the trace's first uses of a cuBLAS kernel cost 1.5-2x their cost in
     others. One process of each library compares two draws; the median over several processes of
     each compares the libraries."""
-    runs = {"torch": [], "matmul": []}
+    ways = ways or {}
+    runs = {"torch": [], "matmul": [], **{name: [] for name in ways}}
     for _ in range(repeats):
         runs["torch"].append(torch_alone(calls))
         runs["matmul"].append(matmul_alone(calls, native_entry=True))
+        for name, settings in ways.items():
+            runs[name].append(matmul_alone(calls, native_entry=True, settings=settings))
     failed = {lib: [r["error"] for r in found if "error" in r] for lib, found in runs.items()}
     if any(failed.values()):
         return {"error": failed}
     rows = {lib: [_slim(r["rows"]) for r in found] for lib, found in runs.items()}
-    return {
+
+    def compared(name: str) -> dict:
+        return {timing: across_processes(rows[name], rows["torch"], field) for timing, field in TIMINGS.items()}
+
+    found = {
         "repeats": repeats,
-        "rows": rows,
-        "across_processes": {
-            name: across_processes(rows["matmul"], rows["torch"], field) for name, field in TIMINGS.items()
-        },
+        "rows": {lib: rows[lib] for lib in ("torch", "matmul")},
+        "across_processes": compared("matmul"),
     }
+    if ways:
+        found["ways"] = {
+            name: {"settings": settings, "rows": rows[name], "across_processes": compared(name)}
+            for name, settings in ways.items()
+        }
+    return found
 
 
 def _slim(rows: list[dict]) -> list[dict]:
@@ -455,7 +468,14 @@ def against_alone(rows: list[dict], alone: list[dict], field: str = "event_ms") 
 PARTS = ("block", "trace", "torch_alone", "matmul_alone", "alternating")
 
 
-def main(out_dir: Path, calls: int = CALLS, wait_s: float = 1800.0, parts=PARTS, repeats: int = REPEATS) -> int:
+def main(
+    out_dir: Path,
+    calls: int = CALLS,
+    wait_s: float = 1800.0,
+    parts=PARTS,
+    repeats: int = REPEATS,
+    ways: Optional[dict[str, dict]] = None,
+) -> int:
     """``parts``: the block's first forward pass, the trace (both passes), torch alone over the
     trace, matmul() alone over it (a run on a machine with a time limit may keep only some). The
     processes alone run last: matmul() alone leaves its background tuning unfinished when it exits."""
@@ -478,7 +498,7 @@ def main(out_dir: Path, calls: int = CALLS, wait_s: float = 1800.0, parts=PARTS,
     if "matmul_alone" in parts:
         matmul_alone_part(out_dir, calls)
     if "alternating" in parts:
-        alternating_part(out_dir, calls, repeats)
+        alternating_part(out_dir, calls, repeats, ways)
     return code
 
 
@@ -514,10 +534,13 @@ def matmul_alone_part(out_dir: Path, calls: int) -> int:
     return 0
 
 
-def alternating_part(out_dir: Path, calls: int, repeats: int) -> int:
-    """``alternating`` over the trace: alternating.json, and its comparison printed."""
-    found = alternating(calls, repeats)
+def alternating_part(out_dir: Path, calls: int, repeats: int, ways: Optional[dict[str, dict]] = None) -> int:
+    """``alternating`` over the trace: alternating.json, and its comparisons printed."""
+    found = alternating(calls, repeats, ways)
     (out_dir / "alternating.json").write_text(json.dumps(found))
     for timing, compared in found.get("across_processes", found).items():
         print("alternating", timing, json.dumps(compared), flush=True)
+    for name, way in found.get("ways", {}).items():
+        for timing, compared in way["across_processes"].items():
+            print("alternating", name, timing, json.dumps(compared), flush=True)
     return 0
