@@ -7,6 +7,8 @@ import os
 import pickle
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -519,3 +521,57 @@ def test_on_the_gpu_the_tuning_child_waits_while_the_process_calls(tmp_path, max
         assert found["after_the_calls"] and found["yielded_s"] > 1.0 and found["slow_share"] <= 0.005, found
     else:  # measured while the calls ran: some of them waited for the GPU
         assert not found["after_the_calls"] and found["yielded_s"] == 0 and found["slow_share"] > 0.005, found
+
+
+# --- the build directory's locks -----------------------------------------------------------------
+
+
+def test_a_lock_left_by_a_killed_build_does_not_make_later_imports_wait(tmp_path, monkeypatch, caplog):
+    """torch's builder waits without a limit while its ``lock`` file exists; a process killed in a
+    build leaves it behind. Holding the package's own lock, a process removes it and goes on."""
+    (tmp_path / "lock").write_text("")  # as a Ctrl-C during a first import leaves it
+    with caplog.at_level(logging.WARNING), native_entry.builder_lock(tmp_path, wait_s=5):
+        assert not (tmp_path / "lock").exists()
+    assert "did not finish" in caplog.text
+    seen = {}
+
+    def load(name, sources, build_directory, **kwargs):  # torch's builder, as the package calls it
+        seen["lock"] = (Path(build_directory) / "lock").exists()
+        return "built"
+
+    monkeypatch.setattr("torch.utils.cpp_extension.load", load)
+    monkeypatch.setattr(native_entry, "default_dir", lambda: tmp_path)
+    monkeypatch.delenv(native_entry.SWITCH, raising=False)
+    directory = tmp_path / "entry" / native_entry.module_name()
+    directory.mkdir(parents=True)
+    (directory / "lock").write_text("")
+    assert native_entry.load() == "built" and seen["lock"] is False
+
+
+def test_a_build_under_way_in_another_process_is_waited_for_then_given_up(tmp_path, caplog):
+    """The package's lock is the system's (flock): held by a live process, it is waited for, at
+    most ``wait_s``; then the Python entry serves (``load`` catches the error)."""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys, time; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX); "
+            "print('held', flush=True); time.sleep(30)",
+            str(tmp_path / ".builder"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        (tmp_path / "lock").write_text("")  # the live builder's own: not to be removed
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match="building the native entry"):
+            with native_entry.builder_lock(tmp_path, wait_s=0.5):
+                pass
+        assert 0.5 <= time.monotonic() - start < 5 and (tmp_path / "lock").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    with native_entry.builder_lock(tmp_path, wait_s=5):  # its holder gone, the lock is the system's to give
+        pass

@@ -18,13 +18,16 @@ machine: plots/h100/model/COMMAND.md).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -55,7 +58,7 @@ def load():
         directory.mkdir(parents=True, exist_ok=True)
         if not any(directory.glob(f"{name}*.so")):
             log.warning("building matmul()'s native entry in %s (once for this torch; about half a minute)", directory)
-        with _ninja_on_path():
+        with _ninja_on_path(), builder_lock(directory):
             return cpp_extension.load(
                 name, [str(SOURCE)], build_directory=str(directory), extra_cflags=["-O2"], verbose=False
             )
@@ -68,6 +71,43 @@ def load():
             SWITCH,
         )
         return None
+
+
+LOCK_WAIT_S = 600.0  # the longest wait for another process building the entry (a build: about 30 s)
+
+
+@contextlib.contextmanager
+def builder_lock(directory: Path, wait_s: Optional[float] = None):
+    """Hold the right to build (or load) the entry in ``directory`` against other processes.
+
+    torch's builder marks a build directory with a ``lock`` file while it runs ninja, on every
+    load, built or not, and a process that finds the file waits, without a limit, until it is gone.
+    A process killed meanwhile (a Ctrl-C during the first import) leaves the file behind, and every
+    later import of the package on the machine would wait forever. So each process first takes an
+    advisory lock of its own on ``directory/.builder`` (``flock``: the system drops it when its
+    holder exits, however it exits); whoever holds it is the only process of this package inside
+    torch's builder for the directory, so a ``lock`` file found then was left by a dead process and
+    is removed. After ``wait_s`` (``LOCK_WAIT_S``) without the lock: an error, and the Python entry."""
+    deadline = time.monotonic() + (LOCK_WAIT_S if wait_s is None else wait_s)
+    with open(directory / ".builder", "a+") as handle:
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"another process has been building the native entry in {directory} for too long"
+                    ) from None
+                time.sleep(0.1)
+        try:
+            stale = directory / "lock"
+            if stale.exists():
+                log.warning("removing %s, left by a build that did not finish", stale)
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager
