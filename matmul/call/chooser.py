@@ -227,7 +227,7 @@ class Chooser:
                 return self.entries[memo]
             if mode != "blocking":
                 # its own stale times, else its nearest relative: without the former, the instant choice too
-                hint = self.hint(arch, key, m, n, k, variant)
+                hint = self.hint(arch, key, m, n, k, variant, known)
                 instant = known or hint or {"version": VENDOR, "config": {}}
                 instant = {**instant, "source": instant.get("source", "fallback"), "key": key}
                 if in_capture:  # nothing may start: this call's choice only
@@ -275,7 +275,7 @@ class Chooser:
         fresh = self.fresh(arch, key)
         if fresh is not None:
             return fresh
-        stored = (("measured", self.cache.entries().get(key)), ("shipped", self.shipped.entries().get(key)))
+        stored = (("measured", self.cache.read()[1].get(key)), ("shipped", self.shipped.entries().get(key)))
         for source, entry in stored:
             if isinstance(entry, dict) and _checked(entry_is_usable, arch, entry, variant):
                 return {**entry, "source": source, "key": key, "stale": True}
@@ -327,7 +327,7 @@ class Chooser:
     def fresh(self, arch: str, key: str, use_shipped: bool = True) -> Optional[Entry]:
         """The bucket's choice measured here, else shipped (if ``use_shipped``), whose fingerprint
         matches the kernel sources here (``tuner.entry_is_valid``); None if neither."""
-        sources = [("measured", self.cache.entries().get(key))]
+        sources = [("measured", self.cache.read()[1].get(key))]  # a lookup: the parsed dict, not a copy
         if use_shipped:
             sources.append(("shipped", self.shipped.entries().get(key)))
         for source, entry in sources:
@@ -335,10 +335,14 @@ class Chooser:
                 return {**entry, "source": source, "key": key}
         return None
 
-    def hint(self, arch: str, key: str, m: int, n: int, k: int, variant: Variant = PLAIN) -> Optional[Entry]:
+    def hint(
+        self, arch: str, key: str, m: int, n: int, k: int, variant: Variant = PLAIN, known: Optional[Entry] = ...
+    ) -> Optional[Entry]:
         """What narrows the bucket's tuning: its own choice made with other kernel sources (its
-        candidates' times), else its nearest relative's; None if neither."""
-        known = self.known(arch, key, variant)
+        candidates' times), else its nearest relative's; None if neither. ``known``: the bucket's
+        ``known`` entry where the caller has just looked it up."""
+        if known is ...:
+            known = self.known(arch, key, variant)
         if known is not None and known.get("candidates"):
             return {**known, "nearest": key}
         return self.nearest(arch, key, m, n, k, variant)
