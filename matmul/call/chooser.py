@@ -360,9 +360,7 @@ class Chooser:
         one version more than another: hence the variant before the dtype); so the same bucket's
         choice in the other dtype or without the variant is a better guess than cuBLAS, and its
         timed candidates narrow the bucket's own tuning (``narrowed``)."""
-        prefix, shape, suffix = _split_key(key)
-        _, bn, bk = shape.split("x")
-        head, _, dtype = prefix.rstrip("/").rpartition("/")
+        head, dtype, _, bn, bk, suffix = _key_parts(key)
         dtypes = [dtype, *(d for d in RELATED_DTYPES.get(dtype, ()) if d != dtype)]
         suffixes = [suffix, *([""] if suffix else [])]
         relatives = self._relatives()
@@ -629,9 +627,7 @@ class Relatives:
         self.groups: dict[tuple[str, str, str], list[tuple[str, str, int, str, Entry]]] = {}
         for key, entry in {**shipped, **measured}.items():
             try:
-                prefix, shape, suffix = _split_key(key)
-                m, bn, bk = shape.split("x")
-                head, _, dtype = prefix.rstrip("/").rpartition("/")
+                head, dtype, m, bn, bk, suffix = _key_parts(key)
                 row = (key, dtype, int(m), suffix, entry)
             except (ValueError, AttributeError):  # not a key of this format: no one's relative
                 continue
@@ -656,6 +652,14 @@ def _split_key(key: str) -> tuple[str, str, str]:
         return head + "/", tail, ""
     head2, _, shape = head.rpartition("/")
     return head2 + "/", shape, "/" + tail
+
+
+def _key_parts(key: str) -> tuple[str, str, str, str, str, str]:
+    """'arch/gpu/dtype/MxNxK[/variant]' -> ('arch/gpu', 'dtype', 'M', 'N', 'K', '' or '/variant')."""
+    prefix, shape, suffix = _split_key(key)
+    m, bn, bk = shape.split("x")
+    head, _, dtype = prefix.rstrip("/").rpartition("/")
+    return head, dtype, m, bn, bk, suffix
 
 
 def _takes(arch: str, entry: Entry, m: int, n: int, k: int, variant: Variant) -> bool:

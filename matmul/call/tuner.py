@@ -525,10 +525,10 @@ def child_main(request: dict, probe: Optional[HostProbe] = None) -> None:
     gate = yielding.CallerGate.for_request(request)
     gate.hold_tilus_benchmarks()
     if device.type == "cuda":
-        # creating a CUDA context is the driver's work for the whole GPU, not only this process's:
-        # on the H100 a burst of the caller's first calls took 5-20 ms each (torch's 3-5) at the
-        # moment a tuning child's start reached the GPU, and none with no child
-        # (plots/h100/first-calls/). Gated, it starts where the caller pauses, if it does.
+        # creating a CUDA context puts the GPU to work (the driver's, for the whole GPU), so it waits
+        # for the caller to pause like every other such step. (The burst of slow first calls it was
+        # gated for turned out to be a fresh process's own draw: torch alone shows it too,
+        # plots/h100/first-calls/.)
         gate.wait()
         torch.cuda.set_device(device)
     for job in request["jobs"]:
