@@ -689,21 +689,69 @@ def _derived_while_calling(path, a, w, calling_s: float) -> tuple[float, float]:
     return kept, stop - start
 
 
-def test_the_planner_derives_at_once_unless_asked_to_wait_for_the_caller_to_pause(tmp_path, stand_ins, monkeypatch):
+def test_the_planner_waits_for_the_caller_to_pause_unless_told_not_to(tmp_path, stand_ins, monkeypatch):
     """``MATMUL_PLAN_QUIET_MS`` (yielding.planner_gate): by default a deferred call's plan is derived
-    at once; with a quiet gap, once the caller's calls pause, or after the longest hold."""
+    once the caller's calls pause, or after the longest hold; with 0, at once."""
     choose = make_chooser(tmp_path, shipped={key(128, 64, 32): entry(tuner.VENDOR)})
     monkeypatch.delenv("MATMUL_PLAN_QUIET_MS", raising=False)
+    monkeypatch.setenv("MATMUL_PLAN_MAX_HOLD_MS", "5000")
     a, w = random_operands(128, 64, 32, torch.float16, device="cpu")
+    kept, stopped = _derived_while_calling(stand_in_plans(choose), a, w, calling_s=0.6)
+    assert stopped + 0.015 <= kept < stopped + 2  # once the calls had paused for the default gap
+    monkeypatch.setenv("MATMUL_PLAN_QUIET_MS", "0")
     kept, stopped = _derived_while_calling(stand_in_plans(choose), a, w, calling_s=0.6)
     assert kept < stopped  # at once, the caller still calling
     monkeypatch.setenv("MATMUL_PLAN_QUIET_MS", "50")
-    monkeypatch.setenv("MATMUL_PLAN_MAX_HOLD_MS", "5000")
-    kept, stopped = _derived_while_calling(stand_in_plans(choose), a, w, calling_s=0.6)
-    assert stopped + 0.04 <= kept < stopped + 2  # once the calls had paused for the gap
     monkeypatch.setenv("MATMUL_PLAN_MAX_HOLD_MS", "150")
     kept, stopped = _derived_while_calling(stand_in_plans(choose), a, w, calling_s=1.5)
     assert 0.14 <= kept < stopped  # the caller never paused: after the longest hold
+
+
+def test_a_busy_caller_gets_one_plan_per_hold_and_its_stale_operands_back(tmp_path, stand_ins, monkeypatch):
+    """While the caller never pauses, the planner derives one plan per longest hold and drops the
+    calls that waited longer (their operands released, not kept alive for minutes); the next call
+    of a dropped signature queues it again, and it is derived once the caller pauses."""
+    import gc
+    import weakref
+
+    from matmul.call import yielding
+
+    monkeypatch.setenv("MATMUL_PLAN_QUIET_MS", "50")
+    monkeypatch.setenv("MATMUL_PLAN_MAX_HOLD_MS", "300")
+    choose = make_chooser(tmp_path, shipped={key(128, 64, 32): entry(tuner.VENDOR)})
+    path = stand_in_plans(choose)
+    assert yielding.shared_fd() is not None
+    stop = threading.Event()
+
+    def caller():
+        while not stop.is_set():
+            yielding.stamp_call()
+            time.sleep(0.002)
+
+    calls = threading.Thread(target=caller)
+    calls.start()
+    try:
+        rows = [100, 110, 120]
+        operands = [random_operands(m, 64, 32, torch.float16, device="cpu") for m in rows]
+        keys = [signature(a, w.T, None) for a, w in operands]
+        held = [weakref.ref(a) for a, _ in operands]
+        assert path.defer(operands[0][0], operands[0][1].T)
+        time.sleep(0.15)  # the first call's plan waits one hold (to 0.3 s); the next two queue meanwhile
+        assert all(path.defer(a, w.T) for a, w in operands[1:])
+        del operands
+        # at 0.3 s the second is 0.15 s old: it waits a hold of its own (to 0.6 s); the third is then
+        # older than a hold and dropped, not derived at 0.9 s
+        time.sleep(1.05)
+        gc.collect()
+        assert [k in path.plans for k in keys] == [True, True, False]
+        assert held[2]() is None  # nothing of the dropped call kept
+        assert not path.refused and not path.planner.busy()
+        again = random_operands(rows[2], 64, 32, torch.float16, device="cpu")
+        assert path.defer(again[0], again[1].T) is True  # queued again by its next call
+    finally:
+        stop.set()
+        calls.join()
+    assert path.planner.wait(10) and keys[2] in path.plans  # the caller paused: derived
 
 
 def test_background_work_shortens_the_gils_switch_interval_while_it_runs():

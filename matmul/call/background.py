@@ -7,7 +7,8 @@ child process, which the thread waits for; a built kernel's library is then open
 microseconds: a worker fed by calls keeps its thread). A job is submitted under a key; a key
 already queued or running is not queued again, so a bucket is tuned once however many calls ask.
 Jobs of one ``group`` that are queued together are handed over together (``run(group,
-payloads)``), so that one child process tunes every bucket waiting for it. A job that raises is
+payloads)``, a list the worker keeps no other reference to), so that one child process tunes every
+bucket waiting for it. A job that raises is
 logged; the thread goes on with the next.
 
 The caller's thread and a worker's share the GIL. By default a thread that wants it waits up to
@@ -101,18 +102,22 @@ class Worker:
                 if not self.queue:
                     self.thread = None
                     return
-                key, (group, payload) = self.queue.popitem(last=False)
-                batch = {key: payload}
+                key, (group, first) = self.queue.popitem(last=False)
+                keys, payloads = [key], [first]
+                del first
                 if group is not None:
                     for other in [k for k, (g, _) in self.queue.items() if g == group]:
-                        batch[other] = self.queue.pop(other)[1]
-                self.running.update(batch)
+                        keys.append(other)
+                        payloads.append(self.queue.pop(other)[1])
+                self.running.update(keys)
             try:
                 with quick_switching():
-                    self.run(group, list(batch.values()))
+                    # the list is the payloads' only holder: a job may release each one as it is done
+                    self.run(group, payloads)
             except Exception:  # the caller's calls go on with what they had; the next job runs
-                log.exception("matmul(): background job %s of %s failed", list(batch), self.name)
+                log.exception("matmul(): background job %s of %s failed", keys, self.name)
             finally:
+                del payloads
                 with self.condition:
-                    self.running.difference_update(batch)
+                    self.running.difference_update(keys)
                     self.condition.notify_all()

@@ -223,7 +223,7 @@ class Plans:
         key = signature(a, b, None)
         if key in self.plans or key in self.refused:
             return False
-        self.planner.submit(key, (a, b, None, PLAIN), group=PLAN_GROUP)
+        self.planner.submit(key, (a, b, None, PLAIN, time.monotonic_ns()), group=PLAN_GROUP)
         return True
 
     def defer_linear(self, a, b, bias, activation: Optional[str]) -> bool:
@@ -246,7 +246,7 @@ class Plans:
         key = fused_signature(a, b, None, bias, variant)
         if key in self.plans or key in self.refused:
             return False
-        self.planner.submit(key, (a, b, bias, variant), group=PLAN_GROUP)
+        self.planner.submit(key, (a, b, bias, variant, time.monotonic_ns()), group=PLAN_GROUP)
         return True
 
     def _may_defer(self, a) -> bool:
@@ -257,15 +257,23 @@ class Plans:
         return not (a.is_cuda and torch.cuda.is_current_stream_capturing())
 
     def _derive_deferred(self, group, payloads) -> None:
+        """Derive the deferred calls' plans, each once the caller's calls pause (``planner_gate``).
+        A call that has waited longer than the gate's longest hold is dropped unseen, its operands
+        released: the next call of its signature queues it again, and a signature never called again
+        needs no plan. So while the caller never pauses, the planner derives one plan per longest
+        hold and keeps alive no operands older than about two of them."""
         gate = yielding.planner_gate()
-        if gate is not None:  # the calls queued meanwhile come as one batch: one wait for them all
-            gate.wait()
-        for a, b, bias, variant in payloads:
+        while payloads:
+            a, b, bias, variant, queued_ns = payloads.pop(0)  # the list is their only other holder
             fused = variant != PLAIN
             key = fused_signature(a, b, None, bias, variant) if fused else signature(a, b, None)
-            try:
-                if key in self.plans:
+            if key in self.plans:
+                continue
+            if gate is not None:
+                if time.monotonic_ns() - queued_ns > gate.max_hold_ns:
                     continue
+                gate.wait()
+            try:
                 if fused:  # as ``launch_fused`` keeps it: the route in the variant's table
                     self.remember(key, self.derive(a, b, None, None, variant), a, b, bias, variant)
                 else:

@@ -34,9 +34,8 @@ The defaults:
   within minutes instead of never; and a burst of first calls (a model's warm-up, the 300 pairs of
   ``python -m matmul trace``) is usually over before a held step goes ahead.
 
-The same word can hold back the thread that derives the plans of a process's unseen calls
-(``planner_gate``, ``MATMUL_PLAN_QUIET_MS``; off by default): that thread shares the caller's GIL,
-not the GPU.
+The same word holds back the thread that derives the plans of a process's unseen calls
+(``planner_gate``, ``MATMUL_PLAN_QUIET_MS``): that thread shares the caller's GIL, not the GPU.
 
 ``MATMUL_TUNE_QUIET_MS=0`` or ``MATMUL_TUNE_MAX_HOLD_S=0``: never hold tuning back;
 ``MATMUL_TUNE_MAX_HOLD_S=inf``: wait for a quiet gap however long it takes (no tuning while the
@@ -66,7 +65,8 @@ QUIET_ENV = "MATMUL_TUNE_QUIET_MS"
 DEFAULT_QUIET_MS = 50.0
 MAX_HOLD_ENV = "MATMUL_TUNE_MAX_HOLD_S"
 DEFAULT_MAX_HOLD_S = 5.0
-PLAN_QUIET_ENV = "MATMUL_PLAN_QUIET_MS"  # the planner's thread (``planner_gate``); unset or 0: at once
+PLAN_QUIET_ENV = "MATMUL_PLAN_QUIET_MS"  # the planner's thread (``planner_gate``); 0: at once
+DEFAULT_PLAN_QUIET_MS = 20.0
 PLAN_MAX_HOLD_ENV = "MATMUL_PLAN_MAX_HOLD_MS"
 DEFAULT_PLAN_MAX_HOLD_MS = 1000.0
 REQUEST_FIELD = "last_call_fd"  # the tuning request's field naming the inherited descriptor
@@ -150,17 +150,18 @@ def shared_fd() -> Optional[int]:
 
 
 def planner_gate() -> Optional["CallerGate"]:
-    """The wait of the planner's thread (``launch.Plans``) before it derives the plans of unseen
-    calls, or None where it derives at once (the default, ``MATMUL_PLAN_QUIET_MS`` unset or 0).
+    """The wait of the planner's thread (``launch.Plans``) before each plan it derives for an unseen
+    call, or None where it derives at once (``MATMUL_PLAN_QUIET_MS=0``).
 
-    On the H100 a derivation took 0.3-1.5 ms beside the caller's first calls (0.05-0.1 ms alone):
-    the two threads hand the GIL back and forth, and 4-8 of the first-calls trace's 300 first calls
-    took over 1.5x torch's, against 1 with the derivations held until the trace was over
-    (plots/h100/first-calls/). ``MATMUL_PLAN_QUIET_MS=Q``: derive only once the caller has made no
-    call for Q ms, or after ``MATMUL_PLAN_MAX_HOLD_MS`` (default 1000) however busy it is; meanwhile
-    the calls of such a signature run cuBLAS through the native entry's miss path, as the first
-    did. Off by default until measured (``python -m matmul trace --parts alternating``)."""
-    quiet = _setting(PLAN_QUIET_ENV, 0.0) / 1e3
+    The thread shares the caller's GIL: on the H100 a derivation took 0.3-1.5 ms beside the caller's
+    first calls (0.05-0.1 ms alone), as the two threads handed the GIL back and forth, and 4-8 of the
+    first-calls trace's 300 first calls took over 1.5x torch's; with the derivations held until
+    the caller paused, 1 (plots/h100/first-calls/). So a derivation waits until the caller has made
+    no call for ``MATMUL_PLAN_QUIET_MS`` (default 20: a pause between a model's bursts of calls, not
+    the gaps inside one), or for ``MATMUL_PLAN_MAX_HOLD_MS`` (default 1000) however busy it is;
+    meanwhile the calls of its signature run cuBLAS through the native entry's miss path, as the
+    first did."""
+    quiet = _setting(PLAN_QUIET_ENV, DEFAULT_PLAN_QUIET_MS) / 1e3
     hold = _setting(PLAN_MAX_HOLD_ENV, DEFAULT_PLAN_MAX_HOLD_MS) / 1e3
     if quiet <= 0 or hold <= 0 or shared_fd() is None:
         return None
