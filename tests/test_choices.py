@@ -754,6 +754,38 @@ def test_a_busy_caller_gets_one_plan_per_hold_and_its_stale_operands_back(tmp_pa
     assert path.planner.wait(10) and keys[2] in path.plans  # the caller paused: derived
 
 
+def test_a_job_submitted_without_a_wake_waits_for_the_lingering_threads_next_look():
+    """``Worker.submit(wake=False)``: a lingering thread is not woken (it would take the GIL the moment
+    the caller releases it); it finds the job at its next look, ``poll_s`` later. With a wake, at once."""
+    from matmul.call.background import Worker
+
+    ran = {}
+    worker = Worker("test", lambda group, payloads: ran.update({p: time.monotonic() for p in payloads}), 5.0, 0.4)
+    worker.submit("first", "first")  # starts the thread, which then lingers
+    assert worker.wait(10)
+    time.sleep(0.05)
+    submitted = time.monotonic()
+    worker.submit("woken", "woken")
+    assert worker.wait(10) and ran["woken"] - submitted < 0.2
+    time.sleep(0.05)
+    submitted = time.monotonic()
+    worker.submit("asleep", "asleep", wake=False)
+    assert worker.wait(10) and 0.2 < ran["asleep"] - submitted < 2
+
+
+def test_the_planner_is_woken_for_a_deferred_call_only_where_it_derives_at_once(tmp_path, stand_ins, monkeypatch):
+    choose = make_chooser(tmp_path, shipped={key(128, 64, 32): entry(tuner.VENDOR)})
+    path = stand_in_plans(choose)
+    wakes = []
+    monkeypatch.setattr(path.planner, "submit", lambda key, payload, group=None, wake=True: wakes.append(wake))
+    a, w = random_operands(128, 64, 32, torch.float16, device="cpu")
+    monkeypatch.delenv("MATMUL_PLAN_QUIET_MS", raising=False)
+    assert path.defer(a, w.T)
+    monkeypatch.setenv("MATMUL_PLAN_QUIET_MS", "0")
+    assert path.defer(a, w.T)
+    assert wakes == [False, True]
+
+
 def test_background_work_shortens_the_gils_switch_interval_while_it_runs():
     from matmul.call.background import SWITCH_INTERVAL_S, Worker
 

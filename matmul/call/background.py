@@ -26,6 +26,7 @@ import contextlib
 import logging
 import sys
 import threading
+import time
 from typing import Any, Callable, Hashable, Optional
 
 log = logging.getLogger(__name__)
@@ -57,18 +58,29 @@ def quick_switching():
 
 
 class Worker:
-    def __init__(self, name: str, run: Callable[[Hashable, list[Any]], None], linger_s: float = 0.0):
+    def __init__(
+        self,
+        name: str,
+        run: Callable[[Hashable, list[Any]], None],
+        linger_s: float = 0.0,
+        poll_s: Optional[float] = None,
+    ):
         self.name = name
         self.run = run
         self.linger_s = linger_s
+        # while it lingers, the thread looks at the queue this often for jobs submitted without a wake
+        self.poll_s = poll_s
         self.condition = threading.Condition()
         self.queue: collections.OrderedDict[Hashable, tuple[Hashable, Any]] = collections.OrderedDict()
         self.running: set[Hashable] = set()
         self.thread: Optional[threading.Thread] = None
 
-    def submit(self, key: Hashable, payload: Any, group: Hashable = None) -> bool:
+    def submit(self, key: Hashable, payload: Any, group: Hashable = None, wake: bool = True) -> bool:
         """Queue ``payload`` under ``key`` (jobs of one ``group`` may run together); False if that key
-        is queued or running already."""
+        is queued or running already. ``wake=False`` leaves a lingering thread asleep until its next
+        look at the queue (``poll_s``): a thread woken now would take the GIL the moment the caller
+        releases it (a launch) and hold it when the caller wants it back, for a job that would only
+        wait anyway."""
         with self.condition:
             if key in self.queue or key in self.running:
                 return False
@@ -76,7 +88,8 @@ class Worker:
             if self.thread is None or not self.thread.is_alive():
                 self.thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
                 self.thread.start()
-            self.condition.notify_all()
+            elif wake or self.poll_s is None:
+                self.condition.notify_all()
             return True
 
     def pending(self, key: Hashable) -> bool:
@@ -98,7 +111,9 @@ class Worker:
         while True:
             with self.condition:
                 if not self.queue and self.linger_s > 0:
-                    self.condition.wait_for(lambda: bool(self.queue), self.linger_s)
+                    deadline = time.monotonic() + self.linger_s
+                    while not self.queue and (left := deadline - time.monotonic()) > 0:
+                        self.condition.wait(left if self.poll_s is None else min(left, self.poll_s))
                 if not self.queue:
                     self.thread = None
                     return

@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 
 PLAN_GROUP = "plans"  # the planner's jobs queued together are derived in one batch
 PLANNER_LINGER_S = 5.0  # the planner's thread waits this long for the next unseen call before it ends
+PLANNER_POLL_S = 0.02  # how often a lingering planner looks for calls deferred without waking it
 
 
 def signature(a, b, out) -> tuple:
@@ -196,7 +197,7 @@ class Plans:
         self.lock = threading.Lock()
         self.generation = 0  # counts ``forget``: a plan derived in an earlier generation is not kept
         # unseen calls that the native entry ran with torch's ops, their plans derived on this thread
-        self.planner = Worker("matmul-planner", self._derive_deferred, linger_s=PLANNER_LINGER_S)
+        self.planner = Worker("matmul-planner", self._derive_deferred, linger_s=PLANNER_LINGER_S, poll_s=PLANNER_POLL_S)
         self.refused: set[tuple] = set()  # signatures whose deferred derivation failed: the Python path names why
         if chooser is not None:
             chooser.on_change(self.forget)
@@ -223,7 +224,9 @@ class Plans:
         key = signature(a, b, None)
         if key in self.plans or key in self.refused:
             return False
-        self.planner.submit(key, (a, b, None, PLAIN, time.monotonic_ns()), group=PLAN_GROUP)
+        self.planner.submit(
+            key, (a, b, None, PLAIN, time.monotonic_ns()), group=PLAN_GROUP, wake=yielding.plans_at_once()
+        )
         return True
 
     def defer_linear(self, a, b, bias, activation: Optional[str]) -> bool:
@@ -246,7 +249,9 @@ class Plans:
         key = fused_signature(a, b, None, bias, variant)
         if key in self.plans or key in self.refused:
             return False
-        self.planner.submit(key, (a, b, bias, variant, time.monotonic_ns()), group=PLAN_GROUP)
+        self.planner.submit(
+            key, (a, b, bias, variant, time.monotonic_ns()), group=PLAN_GROUP, wake=yielding.plans_at_once()
+        )
         return True
 
     def _may_defer(self, a) -> bool:

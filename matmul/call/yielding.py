@@ -168,6 +168,15 @@ def planner_gate() -> Optional["CallerGate"]:
     return CallerGate(_last_call.read_ns, quiet, hold)
 
 
+def plans_at_once() -> bool:
+    """Whether the planner derives each plan as soon as it is deferred (no ``planner_gate``): only
+    then is its thread woken for a deferred call (``background.Worker.submit``)."""
+    return (
+        _setting(PLAN_QUIET_ENV, DEFAULT_PLAN_QUIET_MS) <= 0
+        or _setting(PLAN_MAX_HOLD_ENV, DEFAULT_PLAN_MAX_HOLD_MS) <= 0
+    )
+
+
 # --- the child's side ------------------------------------------------------------------------------
 
 
