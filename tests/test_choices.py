@@ -786,6 +786,51 @@ def test_the_planner_is_woken_for_a_deferred_call_only_where_it_derives_at_once(
     assert wakes == [False, True]
 
 
+def test_a_process_exits_cleanly_while_a_worker_is_inside_torch():
+    """A daemon thread inside torch when the interpreter finalizes aborts the process ("terminate
+    called without an active exception"): at exit the workers are closed and their threads given
+    time to finish first (background._close_workers)."""
+    import subprocess
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import time, torch
+        from matmul.call.background import Worker
+        worker = None
+        def job(group, payloads):
+            x = torch.ones(256, 256)
+            while not worker.closing:
+                x @ x  # torch's binding releases the GIL here and takes it back after
+        worker = Worker("test", job)
+        worker.submit("spin", None)
+        time.sleep(0.3)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_planner_derives_nothing_once_the_process_is_exiting(tmp_path, stand_ins, monkeypatch):
+    monkeypatch.setenv("MATMUL_PLAN_QUIET_MS", "50")
+    monkeypatch.setenv("MATMUL_PLAN_MAX_HOLD_MS", "5000")
+    from matmul.call import yielding
+
+    choose = make_chooser(tmp_path, shipped={key(128, 64, 32): entry(tuner.VENDOR)})
+    path = stand_in_plans(choose)
+    a, w = random_operands(128, 64, 32, torch.float16, device="cpu")
+    yielding.shared_fd()
+    yielding.stamp_call()  # the caller called just now: the derivation waits for 50 ms of quiet
+    assert path.defer(a, w.T)
+    deadline = time.monotonic() + 0.04
+    while not path.planner.running and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert path.planner.running  # taken: the thread is in its wait for the caller to pause
+    path.planner.close()  # meanwhile the process starts to exit
+    assert path.planner.join(5) and not path.plans and not path.refused
+    assert path.defer(a, w.T) and path.planner.thread is None  # nothing queued after close
+
+
 def test_background_work_shortens_the_gils_switch_interval_while_it_runs():
     from matmul.call.background import SWITCH_INTERVAL_S, Worker
 

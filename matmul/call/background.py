@@ -11,6 +11,13 @@ payloads)``, a list the worker keeps no other reference to), so that one child p
 bucket waiting for it. A job that raises is
 logged; the thread goes on with the next.
 
+A worker's thread is a daemon, so it never holds the caller's process open. But a daemon thread
+that is inside torch when the interpreter finalizes is ended where torch's binding takes the GIL
+back, from a destructor, and the whole process aborts ("terminate called without an active
+exception"). So at exit, before the interpreter finalizes, every worker is closed (``close``: its
+queue dropped, no new job started) and its thread given ``EXIT_JOIN_S`` to finish the job it is in;
+jobs that can take long look at ``closing`` between their steps.
+
 The caller's thread and a worker's share the GIL. By default a thread that wants it waits up to
 the interpreter's switch interval (5 ms) while another runs Python code: a plan's derivation would
 then add milliseconds to calls that take microseconds. While any
@@ -21,16 +28,19 @@ last job ends.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import logging
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Callable, Hashable, Optional
 
 log = logging.getLogger(__name__)
 
+EXIT_JOIN_S = 2.0  # at exit, the longest wait for the workers' threads, in all
 SWITCH_INTERVAL_S = 5e-5  # the GIL's switch interval while background work runs (Python's default: 5 ms)
 
 _switching = threading.Lock()
@@ -74,6 +84,23 @@ class Worker:
         self.queue: collections.OrderedDict[Hashable, tuple[Hashable, Any]] = collections.OrderedDict()
         self.running: set[Hashable] = set()
         self.thread: Optional[threading.Thread] = None
+        self.closing = False  # set by ``close``: no job is queued or started from then on
+        _workers.add(self)
+
+    def close(self) -> None:
+        """Drop the queued jobs and start no more (the process is exiting); the job running finishes."""
+        with self.condition:
+            self.closing = True
+            self.queue.clear()
+            self.condition.notify_all()
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the thread to end; whether it has."""
+        thread = self.thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+            return not thread.is_alive()
+        return True
 
     def submit(self, key: Hashable, payload: Any, group: Hashable = None, wake: bool = True) -> bool:
         """Queue ``payload`` under ``key`` (jobs of one ``group`` may run together); False if that key
@@ -82,7 +109,7 @@ class Worker:
         releases it (a launch) and hold it when the caller wants it back, for a job that would only
         wait anyway."""
         with self.condition:
-            if key in self.queue or key in self.running:
+            if key in self.queue or key in self.running or self.closing:
                 return False
             self.queue[key] = (group, payload)
             if self.thread is None or not self.thread.is_alive():
@@ -112,9 +139,9 @@ class Worker:
             with self.condition:
                 if not self.queue and self.linger_s > 0:
                     deadline = time.monotonic() + self.linger_s
-                    while not self.queue and (left := deadline - time.monotonic()) > 0:
+                    while not self.queue and not self.closing and (left := deadline - time.monotonic()) > 0:
                         self.condition.wait(left if self.poll_s is None else min(left, self.poll_s))
-                if not self.queue:
+                if not self.queue or self.closing:
                     self.thread = None
                     return
                 key, (group, first) = self.queue.popitem(last=False)
@@ -136,3 +163,18 @@ class Worker:
                 with self.condition:
                     self.running.difference_update(keys)
                     self.condition.notify_all()
+
+
+_workers: "weakref.WeakSet[Worker]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_workers() -> None:
+    """At exit, before the interpreter finalizes (module doc): close every worker, then give their
+    threads ``EXIT_JOIN_S`` in all to finish."""
+    workers = list(_workers)
+    for worker in workers:
+        worker.close()
+    deadline = time.monotonic() + EXIT_JOIN_S
+    for worker in workers:
+        worker.join(max(deadline - time.monotonic(), 0.0))

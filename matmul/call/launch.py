@@ -268,7 +268,7 @@ class Plans:
         needs no plan. So while the caller never pauses, the planner derives one plan per longest
         hold and keeps alive no operands older than about two of them."""
         gate = yielding.planner_gate()
-        while payloads:
+        while payloads and not self.planner.closing:
             a, b, bias, variant, queued_ns = payloads.pop(0)  # the list is their only other holder
             fused = variant != PLAIN
             key = fused_signature(a, b, None, bias, variant) if fused else signature(a, b, None)
@@ -278,6 +278,8 @@ class Plans:
                 if time.monotonic_ns() - queued_ns > gate.max_hold_ns:
                     continue
                 gate.wait()
+                if self.planner.closing:  # the process is exiting: no torch call from this thread now
+                    return
             try:
                 if fused:  # as ``launch_fused`` keeps it: the route in the variant's table
                     self.remember(key, self.derive(a, b, None, None, variant), a, b, bias, variant)
