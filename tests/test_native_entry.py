@@ -428,6 +428,141 @@ def test_an_unseen_linear_call_gets_its_plan_on_the_planners_thread_and_a_route(
         api.use_plans(previous)
 
 
+@built
+def test_a_pending_route_displaces_no_route_and_only_it_is_dropped(routed):
+    table, fallback = routed
+    a, b = operands()
+    mark, other = Recorder("pending"), Recorder("other")
+    assert table.put_pending(a, b, mark) and table.kind(a, b) == "vendor" and table.get(a, b) is mark
+    assert not table.drop_pending(a, b, other) and table.get(a, b) is mark  # not its route: kept
+    assert table.drop_pending(a, b, mark) and table.kind(a, b) is None
+    table.put_vendor(a, b, other)
+    assert not table.put_pending(a, b, mark) and table.get(a, b) is other  # a derived route stays
+    assert not table.drop_pending(a, b, mark) and table.get(a, b) is other
+
+
+class ChosenV4:
+    """Every bucket's choice: a stand-in v4, built (``transient``: a choice a plan may not be kept
+    from, as one made inside a CUDA graph capture; ``fails``: the choice raises)."""
+
+    mode = "background"
+
+    def __init__(self, transient=False, fails=False):
+        self.transient, self.fails = transient, fails
+
+    def on_change(self, listener):
+        pass
+
+    def get(self, device, dtype, m, n, k, variant):
+        from matmul.kernels import versions
+
+        if self.fails:
+            raise RuntimeError("no choice here")
+        entry = {"version": "v4", "config": dict(versions.load("sm_90a", "v4").REPRESENTATIVE)}
+        return "sm_90a", dict(entry, transient=True) if self.transient else entry
+
+
+@pytest.fixture
+def deferring(monkeypatch):
+    """Plans of stand-in v4 kernels behind the process's entry, CPU calls offered to a counting miss
+    hook; the planner's derivations wait for 50 ms of quiet after the caller's last call."""
+    import functools
+
+    from stand_ins import install
+
+    from matmul.call import yielding
+    from matmul.call.launch import Plans
+    from matmul.contract import check_call
+
+    install(monkeypatch, wrong=(), available=("v4",))
+    monkeypatch.setenv("MATMUL_PLAN_QUIET_MS", "50")
+    monkeypatch.setenv("MATMUL_PLAN_MAX_HOLD_MS", "5000")
+    assert yielding.shared_fd() is not None
+    previous = api._plans
+
+    def routed(chooser):
+        plans = Plans(chooser, check=functools.partial(check_call, require_cuda=False))
+        api.use_plans(plans)
+        offered = []
+
+        def miss(a, b):
+            offered.append(tuple(a.shape))
+            return plans.defer(a, b)
+
+        native.route(plans.direct, api.python_matmul, api.python_linear, miss, plans.defer_linear, "cpu")
+        return plans, offered
+
+    yield routed
+    api.use_plans(previous)
+
+
+@built
+def test_a_deferred_buckets_later_calls_run_cublas_from_the_table_until_its_plan_is_derived(deferring):
+    from matmul.call import launch
+
+    plans, offered = deferring(ChosenV4())
+    a, b = operands(m=24)
+    expected = a.float() @ b.float()
+    for rows in (24, 23, 24):  # 23: the same bucket (M rounded up as the choices bucket it)
+        c = matmul.matmul(a[:rows], b)
+        assert torch.allclose(c.float(), expected[:rows], atol=2e-2, rtol=1e-2)
+    assert offered == [(24, 40)]  # once: then the bucket's pending route, at::mm from the table
+    assert plans.direct.get(a, b) is launch.pending and plans.direct.kind(a, b) == "vendor"
+    assert plans.planner.wait(10)  # the caller paused: derived, its route in place of the pending one
+    assert plans.direct.kind(a, b) == "launch"
+
+
+@built
+@pytest.mark.parametrize("why", ["refused", "not kept"])
+def test_a_deferred_call_whose_plan_is_not_kept_leaves_no_pending_route(deferring, why):
+    plans, offered = deferring(ChosenV4(transient=why == "not kept", fails=why == "refused"))
+    a, b = operands(m=24)
+    matmul.matmul(a, b)
+    assert plans.direct.kind(a, b) == "vendor"
+    assert plans.planner.wait(10)
+    assert plans.direct.kind(a, b) is None  # the next call reaches the hook (or the Python path) again
+    if why == "refused":
+        with pytest.raises(RuntimeError, match="no choice here"):  # the Python path says what failed
+            matmul.matmul(a, b)
+    else:
+        matmul.matmul(a, b)
+        assert offered == [(24, 40), (24, 40)]
+
+
+@built
+def test_a_dropped_call_leaves_no_pending_route(deferring, monkeypatch):
+    """The caller never pauses (longest hold 150 ms): the first bucket's plan is derived after one hold,
+    the second's (75 ms old then) after another; the third is older than a hold by its turn and
+    dropped, and with it its bucket's pending route."""
+    import threading
+
+    from matmul.call import yielding
+
+    monkeypatch.setenv("MATMUL_PLAN_MAX_HOLD_MS", "150")
+    plans, offered = deferring(ChosenV4())
+    calls = {m: operands(m=m) for m in (24, 100, 200)}
+    stop = threading.Event()
+
+    def caller():
+        while not stop.is_set():
+            yielding.stamp_call()
+            time.sleep(0.002)
+
+    busy = threading.Thread(target=caller)
+    busy.start()
+    try:
+        matmul.matmul(*calls[24])
+        time.sleep(0.075)
+        matmul.matmul(*calls[100])
+        matmul.matmul(*calls[200])
+        time.sleep(0.6)
+        assert not plans.planner.busy()
+        assert [plans.direct.kind(*calls[m]) for m in (24, 100, 200)] == ["launch", "launch", None]
+    finally:
+        stop.set()
+        busy.join()
+
+
 # --- on a GPU: python -m pytest -m gpu tests/test_native_entry.py ----------------------------------
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a Hopper or Blackwell GPU")
