@@ -1,11 +1,13 @@
 """CPU stand-ins for the versions' tilus scripts, so that the choice, the launch path and the harness
 run without a GPU."""
 
+import contextlib
 import ctypes
 import json
 import os
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -312,3 +314,26 @@ def forget_builds(monkeypatch, builds) -> None:
     monkeypatch.setattr(builds, "launches", {})
     monkeypatch.setattr(builds, "building", set())
     monkeypatch.setattr(builds, "failed", set())
+
+
+@contextlib.contextmanager
+def caller_never_pausing(every_s: float = 0.002):
+    """A caller that calls every ``every_s`` while the block runs: the process's word of its last call
+    (matmul.call.yielding) stamped from a thread of its own."""
+    from matmul.call import yielding
+
+    assert yielding.shared_fd() is not None
+    stop = threading.Event()
+
+    def caller():
+        while not stop.is_set():
+            yielding.stamp_call()
+            time.sleep(every_s)
+
+    calls = threading.Thread(target=caller)
+    calls.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        calls.join()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from stand_ins import build_here, load_built
+from stand_ins import build_here, caller_never_pausing, load_built
 
 import matmul
 from matmul.call import api, chooser, launch, tuner
@@ -714,23 +714,11 @@ def test_a_busy_caller_gets_one_plan_per_hold_and_its_stale_operands_back(tmp_pa
     import gc
     import weakref
 
-    from matmul.call import yielding
-
     monkeypatch.setenv("MATMUL_PLAN_QUIET_MS", "50")
     monkeypatch.setenv("MATMUL_PLAN_MAX_HOLD_MS", "300")
     choose = make_chooser(tmp_path, shipped={key(128, 64, 32): entry(tuner.VENDOR)})
     path = stand_in_plans(choose)
-    assert yielding.shared_fd() is not None
-    stop = threading.Event()
-
-    def caller():
-        while not stop.is_set():
-            yielding.stamp_call()
-            time.sleep(0.002)
-
-    calls = threading.Thread(target=caller)
-    calls.start()
-    try:
+    with caller_never_pausing():
         rows = [100, 110, 120]
         operands = [random_operands(m, 64, 32, torch.float16, device="cpu") for m in rows]
         keys = [signature(a, w.T, None) for a, w in operands]
@@ -748,9 +736,6 @@ def test_a_busy_caller_gets_one_plan_per_hold_and_its_stale_operands_back(tmp_pa
         assert not path.refused and not path.planner.busy()
         again = random_operands(rows[2], 64, 32, torch.float16, device="cpu")
         assert path.defer(again[0], again[1].T) is True  # queued again by its next call
-    finally:
-        stop.set()
-        calls.join()
     assert path.planner.wait(10) and keys[2] in path.plans  # the caller paused: derived
 
 

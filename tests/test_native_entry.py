@@ -534,23 +534,12 @@ def test_a_dropped_call_leaves_no_pending_route(deferring, monkeypatch):
     """The caller never pauses (longest hold 150 ms): the first bucket's plan is derived after one hold,
     the second's (75 ms old then) after another; the third is older than a hold by its turn and
     dropped, and with it its bucket's pending route."""
-    import threading
-
-    from matmul.call import yielding
+    from stand_ins import caller_never_pausing
 
     monkeypatch.setenv("MATMUL_PLAN_MAX_HOLD_MS", "150")
     plans, offered = deferring(ChosenV4())
     calls = {m: operands(m=m) for m in (24, 100, 200)}
-    stop = threading.Event()
-
-    def caller():
-        while not stop.is_set():
-            yielding.stamp_call()
-            time.sleep(0.002)
-
-    busy = threading.Thread(target=caller)
-    busy.start()
-    try:
+    with caller_never_pausing():
         matmul.matmul(*calls[24])
         time.sleep(0.075)
         matmul.matmul(*calls[100])
@@ -558,9 +547,6 @@ def test_a_dropped_call_leaves_no_pending_route(deferring, monkeypatch):
         time.sleep(0.6)
         assert not plans.planner.busy()
         assert [plans.direct.kind(*calls[m]) for m in (24, 100, 200)] == ["launch", "launch", None]
-    finally:
-        stop.set()
-        busy.join()
 
 
 # --- on a GPU: python -m pytest -m gpu tests/test_native_entry.py ----------------------------------
