@@ -787,13 +787,34 @@ def test_a_process_exits_cleanly_while_a_worker_is_inside_torch():
             x = torch.ones(256, 256)
             while not worker.closing:
                 x @ x  # torch's binding releases the GIL here and takes it back after
-        worker = Worker("test", job)
+        worker = Worker("test", job, exit_join_s=2.0)
         worker.submit("spin", None)
         time.sleep(0.3)
         """
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_worker_waiting_on_a_long_job_does_not_hold_the_process_exit():
+    """The tuning and building workers wait on child processes for minutes: at exit they are closed,
+    not waited for (``exit_join_s`` 0)."""
+    import subprocess
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import time
+        from matmul.call.background import Worker
+        worker = Worker("test", lambda group, payloads: time.sleep(30))
+        worker.submit("long", None)
+        time.sleep(0.2)
+        print(time.time(), flush=True)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert time.time() - float(done.stdout.split()[-1]) < 1.5  # not EXIT_JOIN_S, nor the job's 30 s
 
 
 def test_the_planner_derives_nothing_once_the_process_is_exiting(tmp_path, stand_ins, monkeypatch):

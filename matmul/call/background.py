@@ -15,8 +15,10 @@ A worker's thread is a daemon, so it never holds the caller's process open. But 
 that is inside torch when the interpreter finalizes is ended where torch's binding takes the GIL
 back, from a destructor, and the whole process aborts ("terminate called without an active
 exception"). So at exit, before the interpreter finalizes, every worker is closed (``close``: its
-queue dropped, no new job started) and its thread given ``EXIT_JOIN_S`` to finish the job it is in;
-jobs that can take long look at ``closing`` between their steps.
+queue dropped, no new job started), and a worker whose jobs call torch (``exit_join_s``: the
+planner's) is given up to that long (``EXIT_JOIN_S`` in all) to finish the job it is in; its jobs
+look at ``closing`` between their steps. The tuning and building workers spend their jobs waiting
+on a child process, and are not waited for: the caller's exit is not held for a tuning.
 
 The caller's thread and a worker's share the GIL. By default a thread that wants it waits up to
 the interpreter's switch interval (5 ms) while another runs Python code: a plan's derivation would
@@ -74,12 +76,16 @@ class Worker:
         run: Callable[[Hashable, list[Any]], None],
         linger_s: float = 0.0,
         poll_s: Optional[float] = None,
+        exit_join_s: float = 0.0,
     ):
         self.name = name
         self.run = run
         self.linger_s = linger_s
         # while it lingers, the thread looks at the queue this often for jobs submitted without a wake
         self.poll_s = poll_s
+        # at exit, how long to wait for the job under way: a job that calls torch needs it; one that
+        # waits on a child process (tuning, building) must not hold the caller's exit for minutes
+        self.exit_join_s = exit_join_s
         self.condition = threading.Condition()
         self.queue: collections.OrderedDict[Hashable, tuple[Hashable, Any]] = collections.OrderedDict()
         self.running: set[Hashable] = set()
@@ -170,11 +176,12 @@ _workers: "weakref.WeakSet[Worker]" = weakref.WeakSet()
 
 @atexit.register
 def _close_workers() -> None:
-    """At exit, before the interpreter finalizes (module doc): close every worker, then give their
-    threads ``EXIT_JOIN_S`` in all to finish."""
+    """At exit, before the interpreter finalizes (module doc): close every worker, then give the
+    threads of those that ask for it (``exit_join_s``) ``EXIT_JOIN_S`` in all to finish."""
     workers = list(_workers)
     for worker in workers:
         worker.close()
     deadline = time.monotonic() + EXIT_JOIN_S
     for worker in workers:
-        worker.join(max(deadline - time.monotonic(), 0.0))
+        if worker.exit_join_s > 0:
+            worker.join(max(min(worker.exit_join_s, deadline - time.monotonic()), 0.0))

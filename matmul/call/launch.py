@@ -49,7 +49,7 @@ from ..contract import (
 from ..kernels import device_context, swiglu, versions
 from ..kernels.variant import PLAIN, SWIGLU_GROUP, Variant
 from . import native_entry, tilus_autotune, yielding
-from .background import Worker
+from .background import EXIT_JOIN_S, Worker
 from .chooser import Chooser
 from .tuner import VENDOR, space_config
 
@@ -204,7 +204,13 @@ class Plans:
         self.lock = threading.Lock()
         self.generation = 0  # counts ``forget``: a plan derived in an earlier generation is not kept
         # unseen calls that the native entry ran with torch's ops, their plans derived on this thread
-        self.planner = Worker("matmul-planner", self._derive_deferred, linger_s=PLANNER_LINGER_S, poll_s=PLANNER_POLL_S)
+        self.planner = Worker(
+            "matmul-planner",
+            self._derive_deferred,
+            linger_s=PLANNER_LINGER_S,
+            poll_s=PLANNER_POLL_S,
+            exit_join_s=EXIT_JOIN_S,
+        )
         self.refused: set[tuple] = set()  # signatures whose deferred derivation failed: the Python path names why
         if chooser is not None:
             chooser.on_change(self.forget)
