@@ -222,6 +222,23 @@ def test_alternating_starts_the_libraries_in_turn_each_in_a_fresh_process(monkey
     assert trace.alternating(calls=2, repeats=2) == {"error": {"torch": ["no GPU", "no GPU"], "matmul": []}}
 
 
+def test_alternating_compares_the_processes_that_finished_and_says_which_did_not(monkeypatch):
+    monkeypatch.setattr(trace, "torch_alone", lambda calls: {"rows": _process([1.0] * calls)})
+    ran = []
+
+    def matmul_alone(calls, native_entry=False, settings=None):
+        ran.append(1)
+        return {"error": "terminate called"} if len(ran) == 2 else {"rows": _process([2.0] * calls)}
+
+    monkeypatch.setattr(trace, "matmul_alone", matmul_alone)
+    found = trace.alternating(calls=2, repeats=3)
+    assert found["failed"] == {"matmul": ["terminate called"]} and len(found["rows"]["matmul"]) == 2
+    assert found["across_processes"]["event"]["median_against_median"]["over_1.5x"] == 2
+    ran.clear()
+    found = trace.alternating(calls=2, repeats=2)  # one of two left: no median of the others
+    assert found == {"error": {"torch": [], "matmul": ["terminate called"]}}
+
+
 def test_a_fresh_cache_may_keep_the_native_entry_only(tmp_path, monkeypatch):
     monkeypatch.setattr(trace, "default_dir", lambda: tmp_path)
     (tmp_path / "entry" / "tilus_matmul_entry_x").mkdir(parents=True)

@@ -350,7 +350,8 @@ def alternating(calls: int, repeats: int = REPEATS, ways: Optional[dict[str, dic
     differ by more than 1.5x on 0-35 of the trace's 300 first calls (plots/h100/first-calls/): in
     some processes most of the trace's first uses of a cuBLAS kernel cost 1.5-2x their cost in
     others. One process of each library compares two draws; the median over several processes of
-    each compares the libraries."""
+    each compares the libraries. A process that fails (its stderr's end under ``failed``) is left
+    out of the comparison, which needs two processes of each that finished."""
     ways = ways or {}
     runs = {"torch": [], "matmul": [], **{name: [] for name in ways}}
     for _ in range(repeats):
@@ -359,9 +360,9 @@ def alternating(calls: int, repeats: int = REPEATS, ways: Optional[dict[str, dic
         for name, settings in ways.items():
             runs[name].append(matmul_alone(calls, native_entry=True, settings=settings))
     failed = {lib: [r["error"] for r in found if "error" in r] for lib, found in runs.items()}
-    if any(failed.values()):
+    rows = {lib: [_slim(r["rows"]) for r in found if "error" not in r] for lib, found in runs.items()}
+    if min(len(kept) for kept in rows.values()) < 2:  # a median of the others needs two of each
         return {"error": failed}
-    rows = {lib: [_slim(r["rows"]) for r in found] for lib, found in runs.items()}
 
     def compared(name: str) -> dict:
         return {timing: across_processes(rows[name], rows["torch"], field) for timing, field in TIMINGS.items()}
@@ -371,6 +372,8 @@ def alternating(calls: int, repeats: int = REPEATS, ways: Optional[dict[str, dic
         "rows": {lib: rows[lib] for lib in ("torch", "matmul")},
         "across_processes": compared("matmul"),
     }
+    if any(failed.values()):  # compared over the processes that finished; what the others said, kept
+        found["failed"] = {lib: errors for lib, errors in failed.items() if errors}
     if ways:
         found["ways"] = {
             name: {"settings": settings, "rows": rows[name], "across_processes": compared(name)}
@@ -538,6 +541,8 @@ def alternating_part(out_dir: Path, calls: int, repeats: int, ways: Optional[dic
     """``alternating`` over the trace: alternating.json, and its comparisons printed."""
     found = alternating(calls, repeats, ways)
     (out_dir / "alternating.json").write_text(json.dumps(found))
+    for lib, errors in found.get("failed", {}).items():
+        print(f"alternating: {len(errors)} of the {lib} processes failed, compared without them:", errors, flush=True)
     for timing, compared in found.get("across_processes", found).items():
         print("alternating", timing, json.dumps(compared), flush=True)
     for name, way in found.get("ways", {}).items():
