@@ -8,6 +8,12 @@ added as a partial of its own). The tile's rows are cut into
 ``parts`` partials of that slice and write the result. No global workspace, no atomics, no second
 launch.
 
+A larger cluster may hold several such groups side by side (a cluster that also shares a tile
+between output tiles, Hopper V7 with multicast): the ``parts`` CTAs of one group are then the
+cluster ranks ``rank_base + rank_stride * r``, ``r`` their place in the group, which is the rank
+the methods below take. Each group exchanges with its own CTAs only; by default the group is the
+whole cluster (``rank_base = 0``, ``rank_stride = 1``).
+
 1. ``store``: each consumer warpgroup writes its accumulator into this CTA's ``partial`` tile
    (row-major float32, one slice after another).
 2. ``exchange`` (whole CTA): a fence orders those generic-proxy stores before the copy engine's
@@ -133,10 +139,14 @@ class ClusterSplitKReduce(tilus.Class):
     (module doc), written out transposed: the tiles are tiles of C^T (a kernel that swapped its
     operands), the result goes to C. ``rows`` is a multiple of 64 (one slab per consumer
     warpgroup) and of ``8 * parts``. With ``parts == 1`` there is nothing to exchange: the tile
-    only passes through shared memory on its way out."""
+    only passes through shared memory on its way out. ``rank_base`` (known at run time) and
+    ``rank_stride`` place the group in a larger cluster (module doc)."""
 
-    def __init__(self, parts: int, rows: int, cols: int, layers: int = 1):
+    def __init__(self, parts: int, rows: int, cols: int, layers: int = 1, rank_base: int32 = 0, rank_stride: int = 1):
         self.parts: int = parts
+        # the group's CTA r is cluster rank rank_base + rank_stride * r (module doc)
+        self.rank_base = rank_base
+        self.rank_stride: int = rank_stride
         self.rows: int = rows
         self.cols: int = cols
         self.layers: int = layers
@@ -157,7 +167,8 @@ class ClusterSplitKReduce(tilus.Class):
         self.store_shared(slabs[layer, slab], acc)
 
     def exchange(self, rank: int32):
-        """Whole CTA, after every ``store``: send slice ``p`` of the partial tile to peer ``p``."""
+        """Whole CTA, after every ``store``: send slice ``p`` of the partial tile to peer ``p``
+        (``rank`` and ``p``: places in the group, module doc)."""
         self.fence.proxy_async(space="shared")  # generic-proxy stores -> the copy engine's reads
         self.sync()
         if self.parts > 1:
@@ -174,7 +185,7 @@ class ClusterSplitKReduce(tilus.Class):
                             self.received[first + self.parts - 1 - step],
                             self.partial[layer, peer],
                             self.arrived[0],
-                            peer,
+                            self.rank_base + self.rank_stride * peer,
                         )
 
     def exit_barrier(self):

@@ -43,6 +43,13 @@ The same class serves rings whose producer and consumers sit in different CTAs o
   stage, so both must know it is free). The arrival count of ``empty`` must then count the
   consumers of every CTA that releases to it; with ``elect_release`` one elected thread arrives
   per CTA of ``release_to``.
+* ``release_offset``: a cluster that holds several groups of CTAs side by side, each with a ring
+  of its own shape (Hopper V7 with split-K and multicast: the CTAs that share a K range share the
+  weight's stages), releases to ranks that depend on the CTA's group, known at run time only. The
+  ranks are then ``release_to``'s shifted by ``release_offset`` (an int32, one of
+  ``release_offsets`` values ``0, 1, ...``, at most 4). An arrival's mask is built into the kernel,
+  so the release takes one branch per offset. With ``elect_release`` the ranks reach up to 7 (an
+  8-CTA cluster); without it, up to 3 (``arrive_on_ranks``).
 * ``cluster_fences``: what a cluster-scope barrier costs. On sm_90a and sm_100a a wait that
   acquires at cluster scope is followed by an invalidation of the SM's L1 (``CCTL.IVALL``), and an
   arrival that releases at cluster scope is preceded by ``MEMBAR.ALL.GPU``. Once per K block that
@@ -75,10 +82,15 @@ class Pipeline(tilus.Class):
         elect_release: bool = False,
         cluster_fences: bool = True,
         tcgen05_fences: bool = False,
+        release_offset: int32 = 0,
+        release_offsets: int = 1,
     ):
         self.num_stages: int = num_stages
         self.scope: str = scope
         self.release_to: int = release_to
+        # release_to's ranks shifted by release_offset (a run-time value, below release_offsets)
+        self.release_offset = release_offset
+        self.release_offsets: int = release_offsets
         self.elect_release: bool = elect_release
         self.tcgen05_fences: bool = tcgen05_fences
         # the scope the waits acquire at and cross-CTA arrivals release at (see the module doc)
@@ -142,20 +154,36 @@ class Pipeline(tilus.Class):
         self.release_barrier(self.empty[(self.consumer_stage + (self.num_stages - 1)) % self.num_stages])
 
     def release_barrier(self, barrier: RegisterTensor):
-        """Arrive on an ``empty`` barrier as ``release_to`` and ``elect_release`` say."""
-        if self.elect_release:
-            if self.release_to == 0:
+        """Arrive on an ``empty`` barrier as ``release_to``, ``release_offset`` and ``elect_release`` say."""
+        if self.release_to == 0:
+            if self.elect_release:
                 with self.single_thread():
                     self.mbarrier.arrive(barrier, scope=self.order_scope)
             else:
-                # thread i of the calling group arrives on the barrier of CTA rank i, for each bit i
-                self.mbarrier.arrive_and_expect_tx_multicast(
-                    barrier, transaction_bytes=0, multicast_mask=self.release_to, scope=self.remote_scope
-                )
-        elif self.release_to == 0:
-            self.mbarrier.arrive(barrier, scope=self.order_scope)
+                self.mbarrier.arrive(barrier, scope=self.order_scope)
+        elif self.release_offsets == 1:
+            self.release_to_ranks(barrier, self.release_to)
         else:
-            self.arrive_on_ranks(barrier, self.release_to)
+            # the offset is known at run time only, each branch's ranks when the kernel is built
+            if self.release_offset == 0:
+                self.release_to_ranks(barrier, self.release_to)
+            if self.release_offset == 1:
+                self.release_to_ranks(barrier, self.release_to << 1)
+            if self.release_offsets > 2:
+                if self.release_offset == 2:
+                    self.release_to_ranks(barrier, self.release_to << 2)
+                if self.release_offset == 3:
+                    self.release_to_ranks(barrier, self.release_to << 3)
+
+    def release_to_ranks(self, barrier: RegisterTensor, ranks: int):
+        """Arrive on ``barrier`` in each CTA of the bit mask ``ranks`` (known when the kernel is built)."""
+        if self.elect_release:
+            # thread i of the calling group arrives on the barrier of CTA rank i, for each bit i
+            self.mbarrier.arrive_and_expect_tx_multicast(
+                barrier, transaction_bytes=0, multicast_mask=ranks, scope=self.remote_scope
+            )
+        else:
+            self.arrive_on_ranks(barrier, ranks)
 
     def arrive_on_ranks(self, barrier: RegisterTensor, ranks: int):
         """Arrive on ``barrier`` in each CTA of the bit mask ``ranks``. The mask is known when the

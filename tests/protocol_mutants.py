@@ -40,6 +40,8 @@ class Mutant:
 
 # Hopper V7 with the weight tile multicast to two 64-token tiles (its MULTICAST_REPRESENTATIVE)
 V7_MULTICAST = (("block_m", 64), ("warpgroups", 1), ("split", 1), ("stages", 13), ("multicast", 2))
+# Hopper V7 with both: two 64-token tiles, each split over two CTAs, a cluster of four (COMBINED_REPRESENTATIVE)
+V7_COMBINED = (("block_m", 64), ("warpgroups", 1), ("split", 2), ("stages", 12), ("multicast", 2))
 # Hopper V6 with ping-pong consumer warpgroups (its PINGPONG)
 V6_PINGPONG = (("block_n", 128), ("stages", 6), ("pingpong", True))
 # Hopper V8 with two consumer warpgroups taking a weight slab's K blocks in turn
@@ -263,7 +265,7 @@ MUTANTS = (
         "sm_90a",
         "v7",
         "matmul.kernels.hopper.v7",
-        "release_to=(1 << self.multicast) - 1,",
+        "release_to=self.k0_weight_group,",
         "release_to=0,",
         ("deadlock", "arrivals"),
         config=V7_MULTICAST,
@@ -277,6 +279,36 @@ MUTANTS = (
         "transaction_bytes=s_w[slot].nbytes // self.multicast + s_x[slot].nbytes",
         ("bytes",),
         config=V7_MULTICAST,
+    ),
+    Mutant(
+        "cluster: Hopper V7's split-and-multicast weight tile reaches the CTAs of the other K range too",
+        "sm_90a",
+        "v7",
+        "matmul.kernels.hopper.v7",
+        "weight_group: int32 = self.k0_weight_group << k_rank",
+        "weight_group: int32 = (1 << self.split * self.multicast) - 1",
+        ("bytes", "race", "coverage", "overrun"),
+        config=V7_COMBINED,
+    ),
+    Mutant(
+        "cluster: Hopper V7's split-and-multicast ring releases every stage to the weight group of K range 0",
+        "sm_90a",
+        "v7",
+        "matmul.kernels.hopper.v7",
+        "release_offset=k_rank,",
+        "release_offset=0,",
+        ("deadlock", "overrun", "arrivals", "race"),
+        config=V7_COMBINED,
+    ),
+    Mutant(
+        "cluster: Hopper V7's split-and-multicast exchange sends the partials to token tile 0's split group",
+        "sm_90a",
+        "v7",
+        "matmul.kernels.hopper.v7",
+        "rank_base=m_rank * self.split)",
+        "rank_base=0)",
+        ("bytes", "coverage", "deadlock", "overrun"),
+        config=V7_COMBINED,
     ),
     Mutant(
         "tcgen05.st not waited: Blackwell V8's widening threads hand a TMEM buffer to the MMA warp before "

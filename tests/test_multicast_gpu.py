@@ -1,10 +1,14 @@
 """Hopper V7 with the weight tile multicast to the token tiles of a cluster computes C = A @ B^T right.
 
-Every multicast configuration of V7's space, M from 64 to 256 (64, 100, 128, 200, 256: a cluster's
-last token tile ragged, or wholly past M), weights whose N and K are multiples of no tile (K = 63
-is one K block: only rank 0 loads a weight tile; K = 130 is three, so the turns are uneven), both
-dtypes, both layouts of B; fresh random operands, the output poisoned with NaN first, compared with
-a float32 reference (``test_skinny_gpu`` runs the same configurations at M in {1, 17, 255}).
+Every multicast configuration V7 builds (its space, and the ones that also split K over the cluster,
+in ``EXTRA_CONFIGS`` until they are measured), M
+from 64 to 256 (64, 100, 128, 200, 256: a cluster's last token tile ragged, or wholly past M),
+weights whose N and K are multiples of no tile (K = 63 is one K block: only the first CTA of a
+weight group loads a weight tile, and with a split of 2 the second K range is empty, one block
+wholly past K; K = 130 is three blocks and K = 1087 seventeen, so with a split of 2 the K ranges are
+uneven, 2 and 1 or 9 and 8 blocks, and so are the turns within them), both dtypes, both layouts of
+B; fresh random operands, the output poisoned with NaN first, compared with a float32 reference
+(``test_skinny_gpu`` runs the space's at M in {1, 17, 255}).
 """
 
 import pytest
@@ -16,9 +20,9 @@ from matmul.measure.correctness import TOLERANCE, poisoned_output, random_operan
 
 ARCH = "sm_90a"
 MODULE = versions.load(ARCH, "v7")
-MULTICAST = [c for c in versions.space(MODULE) if c.get("multicast", 1) > 1]
+MULTICAST = [c for c in versions.build_configs(MODULE) if c.get("multicast", 1) > 1]  # the combined ones: EXTRA_CONFIGS
 TOKENS = (64, 100, 128, 200, 256)
-WEIGHTS = ((4095, 1023), (1023, 4095), (31, 63), (200, 130))
+WEIGHTS = ((4095, 1087), (1023, 4095), (31, 63), (200, 130))
 DTYPES = (torch.float16, torch.bfloat16)
 KN = variant.Variant(b_layout="kn")
 
@@ -40,7 +44,8 @@ def check(out, a, b, what):
 
 
 def test_the_space_has_multicast_configurations():
-    assert MULTICAST and all(c["split"] == 1 for c in MULTICAST)
+    # with and without a split of K: both kinds of cluster run below
+    assert {c["split"] > 1 for c in MULTICAST} == {False, True}
 
 
 @pytest.mark.parametrize("config", MULTICAST, ids=config_id)
@@ -70,7 +75,7 @@ def test_multicast_reads_b_kn_in_place(config):
     # the multicast weight tile as MN-major boxes of b [K, N]
     dtype = torch.bfloat16
     kernel = versions.kernel(MODULE, dtype, config, KN)
-    for m, (n, k) in ((100, (1023, 4095)), (256, (200, 130))):
+    for m, (n, k) in ((100, (1023, 4095)), (256, (200, 130)), (128, (4095, 1087))):
         a, b = random_operands(m, n, k, dtype)
         out = poisoned_output(m, n, dtype)
         with torch.cuda.device(a.device):

@@ -40,6 +40,7 @@ def test_every_configuration_fits_in_shared_memory(module):
         ("sm_90a", {"block_m": 64, "warpgroups": 2, "split": 2, "stages": 6}),  # two consumer warpgroups
         ("sm_90a", {"block_m": 16, "warpgroups": 1, "split": 1, "stages": 16}),  # no cluster exchange
         ("sm_90a", HOPPER.MULTICAST_REPRESENTATIVE),  # the weight multicast to two token tiles: 224 KiB
+        ("sm_90a", HOPPER.COMBINED_REPRESENTATIVE),  # both: a cluster of 2 x 2, 216 KiB
         ("sm_100a", BLACKWELL.REPRESENTATIVE),
         ("sm_100a", {"block_m": 128, "split": 2, "stages": 4}),  # the fullest: 226 KiB
     ],
@@ -62,14 +63,18 @@ def test_builds_with_the_shared_memory_it_was_sized_for(arch, config):
 MULTICAST_LOAD = "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
 
 
+EXCHANGE_COPY = "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes"
+
+
 def check_multicast_ptx(ptx: str, config: dict):
     """The weight tile is TMA-multicast (and the token tile loaded plainly), every stage is released
-    in every CTA of the cluster by one arrival per CTA, and nothing is exchanged (no split)."""
+    in every CTA of the weight group by one arrival per CTA, and the partials are exchanged by bulk
+    copies into the cluster peers where K is split, nothing otherwise."""
     assert MULTICAST_LOAD in ptx
     assert "cp.async.bulk.tensor.2d.shared::cta.global" in ptx  # the CTA's own token tile
     assert "mbarrier.arrive.expect_tx.release.cta.shared::cluster.b64" in ptx  # a release into a peer
     assert "mapa.shared::cluster" in ptx
-    assert "cp.async.bulk.shared::cluster.shared::cta" not in ptx  # no split-K exchange
+    assert (EXCHANGE_COPY in ptx) == (config["split"] > 1)  # the split-K exchange
     shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))
     assert shapes == {f"m64n{config['block_m']}k16"}
 
@@ -86,15 +91,68 @@ def test_hopper_multicasts_the_weight_tile():
     assert MULTICAST_LOAD not in representative_build("sm_90a", "v7").ptx()
 
 
-def test_hopper_multicast_is_not_combined_with_split_k():
-    result = build.build_config(HOPPER, "sm_90a", {**HOPPER.MULTICAST_REPRESENTATIVE, "split": 2, "stages": 8})
-    assert not result.ok and "not combined" in result.error
+def release_masks(result) -> set[int]:
+    """The rank masks of the ring's multicast releases (tilus writes each instruction above its code)."""
+    source = (result.program_dir / "module" / "source.cu").read_text()
+    return {int(m) for m in re.findall(r"ArriveExpectTxMulticastBarrier\(.*?multicast=(\d+),", source)}
+
+
+COMBINED = [c for c in versions.build_configs(HOPPER) if c["split"] > 1 and c["multicast"] > 1]
+
+
+@pytest.mark.parametrize(
+    "config, b_layout",
+    [(HOPPER.COMBINED_REPRESENTATIVE, "nk"), (HOPPER.COMBINED_REPRESENTATIVE, "kn")]
+    + [(c, "nk") for c in COMBINED if c != HOPPER.COMBINED_REPRESENTATIVE],
+    ids=lambda x: x if isinstance(x, str) else "/".join(str(v) for v in x.values()),
+)
+def test_hopper_combines_split_k_with_multicast(config, b_layout):
+    # a cluster of split x multicast CTAs: the weight tile multicast within each K range's group,
+    # the partials exchanged within each token tile's group
+    from matmul.kernels.variant import Variant
+
+    split, multicast = config["split"], config["multicast"]
+    result = build.build_config(HOPPER, "sm_90a", config, variant=Variant(b_layout=b_layout))
+    assert result.ok, result.error[-3000:]
+    assert result.spill_bytes == 0
+    assert result.cluster == (split * multicast, 1, 1)
+    assert 0 <= result.shared_bytes - HOPPER.shared_bytes(**config) < 1024
+    check_multicast_ptx(result.ptx(), config)
+    report = (result.program_dir / "module" / "nvcc_output.txt").read_text()
+    assert not re.search(r"C7515|C7520|serialized", report), report
+    # the releases reach the CTAs of one K range, ranks k_rank + split * j: one mask per k_rank
+    group = sum(1 << (split * j) for j in range(multicast))
+    assert release_masks(result) == {group << k_rank for k_rank in range(split)}
+
+
+def test_hopper_builds_but_does_not_tune_the_combined_configurations():
+    # built and checked (EXTRA_CONFIGS), not in the autotune space until they have run on a GPU
+    assert HOPPER.COMBINED_REPRESENTATIVE in COMBINED and COMBINED == [
+        c for c in COMBINED if c["split"] * c["multicast"] <= HOPPER.MAX_CLUSTER
+    ]
+    assert {c["split"] * c["multicast"] for c in COMBINED} == {4, 8}
+    assert not [c for c in versions.space(HOPPER) if c["split"] > 1 and c["multicast"] > 1]
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"split": 4, "multicast": 4}, "at most 8"),  # a cluster of 16 CTAs
+        ({"split": 8, "multicast": 2}, "at most 8"),
+        ({"split": 3, "multicast": 2}, "do not cut into 3 slices"),  # 64 rows: slices of 21 1/3
+        ({"split": 16, "multicast": 1, "warpgroups": 2}, "at most 8"),
+        ({"split": 2, "multicast": 3}, "1, 2 or 4 CTAs"),
+    ],
+    ids=lambda x: x if isinstance(x, str) else "x".join(f"{k}{v}" for k, v in x.items()),
+)
+def test_hopper_refuses_clusters_it_cannot_build(config, message):
+    result = build.build_config(HOPPER, "sm_90a", {**HOPPER.COMBINED_REPRESENTATIVE, "stages": 4, **config})
+    assert not result.ok and message in result.error, result.error[-1000:]
 
 
 def test_hopper_space_covers_64_to_256_tokens_with_multicast():
     # at every M from 64 to 256 some multicast configuration's cluster covers all tokens at once
     multicast = [c for c in versions.space(HOPPER) if c["multicast"] > 1]
-    assert all(c["split"] == 1 for c in multicast)
     for m in range(64, 257):
         assert any(c["block_m"] * c["multicast"] >= m for c in multicast), m
     assert {c["multicast"] for c in multicast} == {2, 4}
@@ -106,11 +164,11 @@ def test_hopper_every_multicast_configuration_builds(b_layout):
     from matmul.kernels.variant import Variant
 
     variant = Variant(b_layout=b_layout)
-    for config in versions.space(HOPPER):
+    for config in versions.build_configs(HOPPER):
         if config["multicast"] > 1:
             result = build.build_config(HOPPER, "sm_90a", config, variant=variant)
             assert result.ok, (config, result.error[-3000:])
-            assert result.spill_bytes == 0 and result.cluster == (config["multicast"], 1, 1)
+            assert result.spill_bytes == 0 and result.cluster == (config["split"] * config["multicast"], 1, 1)
             check_multicast_ptx(result.ptx(), config)
             report = (result.program_dir / "module" / "nvcc_output.txt").read_text()
             assert not re.search(r"C7515|C7520|serialized", report), (config, report)

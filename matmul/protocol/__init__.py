@@ -180,16 +180,22 @@ def problems_for(
 
 
 def cluster_shape(function) -> tuple:
-    """What a configuration's cluster is, for choosing configurations to check: its CTAs, and
-    whether its TMA loads multicast (a cluster of 2 that splits K and one that shares B by multicast
-    keep different protocols)."""
+    """What a configuration's cluster is, for choosing configurations to check: its CTAs, whether
+    its TMA loads multicast (a cluster of 2 that splits K and one that shares B by multicast keep
+    different protocols), and the rank masks of its multicast arrivals (a cluster of 4 that shares
+    B among all four CTAs releases to ranks 0b1111; one of two groups that split K, each sharing B
+    between two CTAs, to 0b0101 or 0b1010)."""
     from tilus.ir.tools.instruction_collector import collect_instructions
 
+    instructions = collect_instructions(function)
     multicasts = any(
         type(inst).__name__ == "CopyAsyncTensorGlobalToSharedInst" and inst.multicast_mask is not None
-        for inst in collect_instructions(function)
+        for inst in instructions
     )
-    return tuple(function.metadata.cluster_blocks), multicasts
+    arrivals = tuple(
+        sorted({inst.multicast for inst in instructions if type(inst).__name__ == "ArriveExpectTxMulticastBarrierInst"})
+    )
+    return tuple(function.metadata.cluster_blocks), multicasts, arrivals
 
 
 def consumers_take_turns(module: ModuleType, config: dict[str, Any]) -> bool:

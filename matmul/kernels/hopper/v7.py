@@ -25,30 +25,39 @@ with zeros: every rank runs the same code.
 
 From 64 tokens on, one weight tile is needed by several token tiles. Without more, each token
 tile takes its own cluster and re-reads its share of the weight from HBM or L2 (the grid is
-clusters x N tiles x M tiles, neighbours in launch order). With ``multicast`` > 1 (instead of a
-split: the two are not combined) the ``multicast`` CTAs of a cluster compute the same weight tile
-for consecutive token tiles over all of K, and receive the weight tile by TMA *multicast*: the
-CTAs take turns, K block ``i``'s weight tile is loaded by CTA ``i % multicast`` and written by
-the TMA unit into the same stage of every CTA of the cluster, its bytes counted on each CTA's
-``full[s]``; each CTA loads its own token tile. Each weight byte is then read (from HBM, or from
-L2 by a neighbouring cluster) once per cluster instead of once per token tile, and a cluster of 2
-with 64 x 64 tiles and no split is the shape cuBLAS's skinny Hopper kernel takes at 128 tokens.
+clusters x N tiles x M tiles, neighbours in launch order). With ``multicast`` > 1 the cluster
+holds ``multicast`` token tiles of the same weight tile, and the CTAs that sum the same K range
+of them receive the weight tile by TMA *multicast*: they take turns, K block ``i``'s weight tile
+is loaded by the group's CTA ``i % multicast`` and written by the TMA unit into the same stage
+of every CTA of the group, its bytes counted on each one's ``full[s]``; each CTA loads its own
+token tile. Each weight byte is then read (from HBM, or from L2 by a neighbouring cluster) once
+per cluster instead of once per token tile, and a cluster of 2 with 64 x 64 tiles and no split is
+the shape cuBLAS's skinny Hopper kernel takes at 128 tokens. At 64 or 128 tokens, though, so few
+token tiles leave fewer CTAs than SMs; the split gives them back, and the two combine: the cluster
+is ``split x multicast`` CTAs (at most 8), rank ``m_rank * split + k_rank`` being CTA ``k_rank``
+of token tile ``m_rank``. Two kinds of group cross in it. The *split group* of a token tile, its
+``split`` CTAs (ranks ``m_rank * split + p``, consecutive), splits K and exchanges its partials
+among itself as above (``ClusterSplitKReduce``'s ``rank_base``). The *weight group* of a K range,
+its ``multicast`` CTAs (ranks ``k_rank + split * j``, every ``split``-th), shares the weight
+tile: its multicast mask is ``0b..0101`` (a bit every ``split`` ranks) shifted by ``k_rank``.
 The price is V6's coupling: a stage is refilled only when the consumers of every CTA of the
-cluster have released it, since the next weight tile lands in all of them. A token tile wholly
+weight group have released it, since the next weight tile lands in all of them. A token tile wholly
 past M (M not a multiple of the cluster's tokens) is loaded as TMA's zeros and stored nowhere: its
 CTA still takes its turns at the weight. The configurations are meant for M <= 256 (``supports``).
 
 Synchronization (this CTA's K block ``i`` uses stage ``s = i % stages``, parity ``p = (i // stages) & 1``;
-the rows marked mc replace the two above them when ``mc = multicast`` > 1, ``wgs = warpgroups``):
+the rows marked mc replace the two above them when ``mc = multicast`` > 1, ``wgs = warpgroups``; the
+weight group is the ``mc`` CTAs of this CTA's K range, the split group the ``split`` CTAs of its token
+tile: the split group is the whole cluster when ``mc`` = 1, the weight group when ``split`` = 1):
 
 | barrier | count | who arrives | who waits | scope |
 | --- | --- | --- | --- | --- |
 | ``full[s]`` | 1 + bytes | the producer's ``expect_tx`` (weight, tokens); its TMA loads | consumers, ``p`` | CTA |
 | ``empty[s]`` | warpgroups | one thread of each consumer warpgroup, after its wgmma wait | producer, ``p ^ 1`` | CTA |
-| mc ``full[s]`` | 1 + bytes | ``expect_tx`` (weight, tokens); tokens; CTA ``i % mc``'s multicast | consumers | CTA |
-| mc ``empty[s]`` | wgs x mc | a thread of each consumer warpgroup of every CTA | producer | CTA, remote |
+| mc ``full[s]`` | 1 + bytes | ``expect_tx`` (weight, tokens); tokens; weight group's CTA ``i % mc`` | consumers | CTA |
+| mc ``empty[s]`` | wgs x mc | a thread of each consumer warpgroup of the weight group | producer | CTA, remote |
 | ``__syncthreads`` | all threads | every warp, once the partials are stored (in ``exchange``) | all | CTA |
-| ``arrived`` | 1 + bytes | this CTA's ``expect_tx`` (split - 1 slices); peers' bulk copies | warps 0-3, 0 | CTA |
+| ``arrived`` | 1 + bytes | this CTA's ``expect_tx`` (split - 1 slices); its split group's copies | warps 0-3, 0 | CTA |
 | ``barrier.cluster`` | the cluster | all: after the mbarriers exist; before exit | all | cluster |
 
 A peer's copy may land on ``arrived`` as soon as the first cluster barrier is passed, so every
@@ -57,12 +66,16 @@ receiver's ``arrived`` completes, so no CTA exits before the last cluster barrie
 used once (``ClusterSplitKReduce``); a fresh ``empty[s]`` read with parity ``p ^ 1`` counts as
 complete, so the ring starts out free (V3).
 
-With multicast the ring is V6's (``release_to`` every CTA, ``elect_release``: thread ``r`` of a
-consumer warpgroup arrives on rank ``r``'s ``empty[s]``; ``cluster_fences=False``, as a stage
-carries only TMA bytes and wgmma reads complete before the release): a producer's wait on its own
-``empty[s]`` sees every CTA's consumers done with the stage, so its multicast overwrites no stage
-that any CTA still reads. A peer's weight bytes may land on ``full[s]`` before this CTA's own
-``expect_tx``: the phase cannot complete without that arrival. A multicast into a peer completes
+With multicast the ring is V6's (``release_to`` every CTA of the weight group, ``elect_release``:
+thread ``r`` of a consumer warpgroup arrives on rank ``r``'s ``empty[s]``; ``cluster_fences=False``,
+as a stage carries only TMA bytes and wgmma reads complete before the release; with a split the
+group's ranks depend on ``k_rank``, ``Pipeline``'s ``release_offset``): a producer's wait on its own
+``empty[s]`` sees every consumer of its weight group done with the stage, so its multicast
+overwrites no stage that any of them still reads. The CTAs of a weight group sum the same K range,
+so they take the same number of turns: no stage waits for a CTA that has stopped loading. The two
+kinds of group share no barrier: a split group's copies land on ``arrived`` only, a weight
+group's loads and releases on the ring only. A peer's weight bytes may land on ``full[s]`` before
+this CTA's own ``expect_tx``: the phase cannot complete without that arrival. A multicast into a peer completes
 before the peer's consumers pass ``full[s]``, and so before the peer reaches the last cluster
 barrier: no CTA exits with a load or a release still on its way into it.
 """
@@ -89,6 +102,19 @@ PTX_MARKERS = (
 REPRESENTATIVE = {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 8, "multicast": 1}
 # the weight multicast to two 64-token tiles (the configuration CI builds for that option)
 MULTICAST_REPRESENTATIVE = {"block_m": 64, "warpgroups": 1, "split": 1, "stages": 13, "multicast": 2}
+# both: two 64-token tiles, each split over two CTAs, a cluster of four (what CI builds for the pair)
+COMBINED_REPRESENTATIVE = {"block_m": 64, "warpgroups": 1, "split": 2, "stages": 12, "multicast": 2}
+MAX_CLUSTER = 8  # the portable cluster size: split x multicast CTAs
+# Split-K and multicast together: each token tile of a multicast cluster split over two CTAs, so
+# that a cluster that shares the weight still gives every SM a CTA at 64 and 128 tokens: 2 x 2 CTAs
+# of 64 tokens (the representative, which the protocol checker takes for that cluster) or 32, and
+# 2 x 4 of 64 tokens for 256. Built and checked, not tuned: they have not run on a GPU yet
+# (plots/h100/skinny/), and the tuner times only what has.
+EXTRA_CONFIGS = (
+    COMBINED_REPRESENTATIVE,
+    {"block_m": 32, "warpgroups": 1, "split": 2, "stages": 17, "multicast": 2},
+    {"block_m": 64, "warpgroups": 1, "split": 2, "stages": 12, "multicast": 4},
+)
 B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)
 FUSED_EPILOGUE = True  # bias and every activation, in the epilogue (pipeline.fused_epilogue)
 # C is written by store_global (ClusterSplitKReduce.write) at int32 element offsets: no operand may
@@ -117,11 +143,11 @@ def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, multica
 # was best at M <= 64 on most weights: 4 or 8 CTAs a cluster were slower (more CTAs reading the
 # same rows at once, a larger exchange), and the ring's depth beyond 8 stages made little
 # difference. From M = 128 on, two 128-token tiles without a split (8 stages: the ring can take the
-# room the exchange leaves) often beat one wider tile. The multicast points (last) follow cuBLAS's
+# room the exchange leaves) often beat one wider tile. The multicast points follow cuBLAS's
 # skinny kernel at 128 tokens (64 x 64 tiles, no split, 2-CTA clusters sharing the weight tile, 13
 # stages; first, so the protocol checker takes it for 2-CTA multicast), two 32-token tiles for 64
-# tokens, four 64-token tiles or two 128-token tiles for 256; each ring as deep as shared memory
-# allows.
+# tokens, four 64-token tiles or two 128-token tiles for 256. Each ring as deep as shared memory
+# allows. The combined points (``EXTRA_CONFIGS``) are not here yet.
 @tilus.autotune(
     "block_m, warpgroups, split, stages, multicast",
     [
@@ -166,10 +192,12 @@ class Kernel(MatmulKernel):
         self.multicast = multicast  # token tiles of a cluster that share each weight tile
         if multicast not in (1, 2, 4):
             raise ValueError(f"the weight tile is multicast to 1, 2 or 4 CTAs, not {multicast}")
-        if multicast > 1 and split > 1:
-            # a cluster would be split x multicast CTAs and the exchange would address its peers by
-            # rank within their token tile: not built; a multicast cluster sums all of K itself
-            raise ValueError("multicast and split-K are not combined: take split=1 with multicast")
+        if split < 1 or split * multicast > MAX_CLUSTER:
+            raise ValueError(
+                f"a cluster of split x multicast = {split} x {multicast} CTAs: at least 1, at most {MAX_CLUSTER}"
+            )
+        # the weight group of K range 0, ranks split * j (a CTA's own: shifted by its k_rank)
+        self.k0_weight_group = sum(1 << (split * j) for j in range(multicast))
         if warpgroups not in (1, 2):
             raise ValueError(f"one or two consumer warpgroups, not {warpgroups}")
         if (64 * warpgroups) % split or (64 * warpgroups // split) % 8:
@@ -179,16 +207,16 @@ class Kernel(MatmulKernel):
         self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32, k_size: int32
     ):
         rows = 64 * self.warpgroups  # weight rows of a CTA (the output tile's N side)
-        ctas = self.split * self.multicast  # one of the two is 1
+        ctas = self.split * self.multicast
         num_n_tiles = cdiv(n_size, rows)
         num_m_groups = cdiv(cdiv(m_size, self.block_m), self.multicast)  # the token tiles of a cluster
         self.attrs.blocks = ctas * num_n_tiles * num_m_groups
         self.attrs.cluster_blocks = ctas
         self.attrs.warps = 4 * self.warpgroups + 1  # consumer warpgroups, then the producer warp
         rank: int32 = self.cluster.blockRank
-        # one of split and multicast is 1 (the cluster is the other's CTAs): the rank is wholly one of the two
-        k_rank: int32 = rank if self.multicast == 1 else 0  # which K range of the tile this CTA sums
-        m_rank: int32 = rank if self.multicast > 1 else 0  # which of the cluster's token tiles it computes
+        # rank = m_rank * split + k_rank: a token tile's split group is consecutive ranks
+        k_rank: int32 = rank % self.split  # which K range of the tile this CTA sums
+        m_rank: int32 = rank // self.split  # which of the cluster's token tiles it computes
         tile: int32 = self.blockIdx.x // ctas
         # the token tiles of one weight tile are neighbours in launch order: they run at the same
         # time, so the weight comes from HBM once and from L2 for the others, in every wave
@@ -200,20 +228,24 @@ class Kernel(MatmulKernel):
         s_w = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.warpgroups, 64, BLOCK_K])
         self.b_tiles_layout(s_w)  # the weight: B's tiles, K-major for "nk", MN-major for "kn"
         s_x = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, BLOCK_K])
+        weight_group: int32 = self.k0_weight_group << k_rank  # the CTAs that share this CTA's weight tiles
         if self.multicast > 1:
-            # any CTA of the cluster may multicast the next weight tile into a stage, so every
-            # consumer warpgroup releases each stage in every CTA (V6's ring)
+            # any CTA of the weight group may multicast the next weight tile into a stage, so every
+            # consumer warpgroup releases each stage in every CTA of the group (V6's ring)
             ring = Pipeline(
                 self.stages,
                 consumer_arrivals=self.warpgroups * self.multicast,
                 scope="cluster",
-                release_to=(1 << self.multicast) - 1,
+                release_to=self.k0_weight_group,
                 elect_release=True,
                 cluster_fences=False,
+                release_offset=k_rank,
+                release_offsets=self.split,
             )
         else:
             ring = Pipeline(self.stages, consumer_arrivals=self.warpgroups, elect_release=True)
-        reduce = ClusterSplitKReduce(self.split, rows, self.block_m)
+        # the exchange among this token tile's split group only
+        reduce = ClusterSplitKReduce(self.split, rows, self.block_m, rank_base=m_rank * self.split)
         self.cluster.sync()  # every barrier of the cluster exists before a peer's copy or load lands on it
 
         with self.single_warp(4 * self.warpgroups):  # producer
@@ -229,8 +261,7 @@ class Kernel(MatmulKernel):
                     self.load_b(g_b, s_w[slot, 0], ring.producer_barrier(), offset_n, offset_k)
                     if self.warpgroups == 2:
                         self.load_b(g_b, s_w[slot, 1], ring.producer_barrier(), offset_n + 64, offset_k)
-                elif i % self.multicast == m_rank:  # the CTAs take turns at the weight tile
-                    every_cta = (1 << self.multicast) - 1
+                elif i % self.multicast == m_rank:  # the weight group's CTAs take turns at the weight tile
                     self.load_b(
                         g_b,
                         s_w[slot, 0],
@@ -238,7 +269,7 @@ class Kernel(MatmulKernel):
                         offset_n,
                         offset_k,
                         multicast=True,
-                        multicast_mask=every_cta,
+                        multicast_mask=weight_group,
                     )
                     if self.warpgroups == 2:
                         self.load_b(
@@ -248,7 +279,7 @@ class Kernel(MatmulKernel):
                             offset_n + 64,
                             offset_k,
                             multicast=True,
-                            multicast_mask=every_cta,
+                            multicast_mask=weight_group,
                         )
                 self.tma.global_to_shared(
                     src=g_a, dst=s_x[slot], offsets=[offset_m, offset_k], mbarrier=ring.producer_barrier()

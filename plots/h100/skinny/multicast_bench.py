@@ -1,8 +1,9 @@
 """Hopper V7 with the weight tile multicast across a cluster against V7 without it and cuBLAS, at
 M in {64, 128, 256} on the five decode weights, both dtypes (H100). Fixed configurations, no
-tuning: per M, the configurations of V7's space the roofline harness would time there
-(``roofline.candidates``), split into those without multicast ("old") and those with it ("mc";
-only where no CTA of a cluster gets a token tile wholly past M). Each configuration is first
+tuning: per M, the configurations of V7 (its space and ``EXTRA_CONFIGS``) the roofline harness would time there
+(``roofline.candidates``), split into those without multicast ("old"), those with it and no split of
+K ("mc") and those with both, a cluster of split x multicast CTAs ("both"; the last two only where
+no CTA of a cluster gets a token tile wholly past M). Each configuration is first
 checked against a float32 reference (fresh random operands, output poisoned with NaN); those that
 fail are reported and left out. Then cuBLAS and every configuration are timed in one window
 (``timing.interleaved_ms``: launched in turn, L2 flushed by reading 256 MiB before each launch).
@@ -33,16 +34,22 @@ def name(config: dict) -> str:
     return "/".join(str(config.get(key, 1)) for key in ("block_m", "warpgroups", "split", "stages", "multicast"))
 
 
-def configs_at(module, m: int) -> tuple[list[dict], list[dict]]:
-    """(old, mc): the configurations worth timing at M without and with multicast."""
+KINDS = ("old", "mc", "both")
+
+
+def configs_at(module, m: int) -> tuple[list[dict], list[dict], list[dict]]:
+    """(old, mc, both): the configurations worth timing at M without multicast, with it alone, and
+    with it and a split of K."""
     found = candidates(module, m)
     old = [c for c in found if c.get("multicast", 1) == 1]
-    mc = [
+    shared = [
         c
-        for c in versions.space(module)
+        for c in versions.build_configs(module)  # the combined configurations are EXTRA_CONFIGS
         if c.get("multicast", 1) > 1 and c["block_m"] * (c["multicast"] - 1) < m  # no idle CTA in a cluster
     ]
-    return old, mc
+    mc = [c for c in shared if c["split"] == 1]
+    both = [c for c in shared if c["split"] > 1]
+    return old, mc, both
 
 
 def measure(module, m, n, k, dtype, label):
@@ -50,9 +57,8 @@ def measure(module, m, n, k, dtype, label):
     ref = reference(a, b)
     cublas_out = torch.empty(m, n, dtype=dtype, device="cuda")
     fns, names = [lambda: torch.matmul(a, b.T, out=cublas_out)], ["cublas"]
-    old, mc = configs_at(module, m)
     kinds, failed = {}, {}
-    for kind, configs in (("old", old), ("mc", mc)):
+    for kind, configs in zip(KINDS, configs_at(module, m)):
         for config in configs:
             out = poisoned_output(m, n, dtype)
             fn = launcher(module, a, b, out, config)
@@ -69,13 +75,14 @@ def measure(module, m, n, k, dtype, label):
     us = dict(zip(names, (ms * 1e3 for ms in interleaved_ms(fns, 20.0, 100.0))))
     row = {"label": label, "m": m, "n": n, "k": k, "dtype": str(dtype).removeprefix("torch."), "us": us}
     row["failed"] = failed
-    for kind in ("old", "mc"):
+    for kind in KINDS:
         mine = [x for x in names[1:] if kinds[x] == kind]
         if mine:
             best = min(mine, key=us.get)
             row[kind] = {"config": best, "us": us[best], "vs_cublas": us["cublas"] / us[best]}
-    if "old" in row and "mc" in row:
-        row["mc_vs_old"] = row["old"]["us"] / row["mc"]["us"]
+    for kind in ("mc", "both"):
+        if "old" in row and kind in row:
+            row[f"{kind}_vs_old"] = row["old"]["us"] / row[kind]["us"]
     return row
 
 
@@ -85,7 +92,8 @@ def line(row) -> str:
         return f"{kind} {r['config']:>14} {r['us']:8.1f} us {r['vs_cublas']:.3f}x" if r else f"{kind} -"
 
     text = f"{row['label']:>12} M={row['m']:<3} {row['dtype']:>8}  cuBLAS {row['us']['cublas']:8.1f} us  "
-    text += f"{part('old')}  {part('mc')}  mc/old {row.get('mc_vs_old', float('nan')):.3f}"
+    text += f"{part('old')}  {part('mc')}  {part('both')}  mc/old {row.get('mc_vs_old', float('nan')):.3f}"
+    text += f"  both/old {row.get('both_vs_old', float('nan')):.3f}"
     if row["failed"]:
         text += f"  FAILED CHECK: {row['failed']}"
     return text
@@ -111,14 +119,19 @@ def main():
                 rows.append(measure(module, m, n, k, dtype, label))
                 print(line(rows[-1]), flush=True)
                 torch.cuda.empty_cache()
-    print("\ngeomean over the five weights (x cuBLAS: old = best V7 without multicast, mc = best with it)")
+    print(
+        "\ngeomean over the five weights (x cuBLAS: old = best V7 without multicast, mc = best with it "
+        "and no split, both = best with it and a split)"
+    )
     for dtype in dtypes:
         for m in TOKENS:
             mine = [r for r in rows if r["m"] == m and r["dtype"] == str(dtype).removeprefix("torch.")]
-            old = geomean(r["old"]["vs_cublas"] for r in mine if "old" in r)
-            mc = geomean(r["mc"]["vs_cublas"] for r in mine if "mc" in r)
-            gain = geomean(r["mc_vs_old"] for r in mine if "mc_vs_old" in r)
-            print(f"{str(dtype):>15} M={m:<3}  old {old:.3f}x  mc {mc:.3f}x  mc/old {gain:.3f}")
+            ratio = {kind: geomean(r[kind]["vs_cublas"] for r in mine if kind in r) for kind in KINDS}
+            gain = {
+                kind: geomean(r[f"{kind}_vs_old"] for r in mine if f"{kind}_vs_old" in r) for kind in ("mc", "both")
+            }
+            text = "  ".join(f"{kind} {ratio[kind]:.3f}x" for kind in KINDS)
+            print(f"{str(dtype):>15} M={m:<3}  {text}  mc/old {gain['mc']:.3f}  both/old {gain['both']:.3f}")
     path = os.path.join(os.environ.get("OUT", "/tmp"), "multicast.json")
     with open(path, "w") as f:
         json.dump(rows, f, indent=1)
