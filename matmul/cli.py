@@ -541,8 +541,9 @@ def main(argv=None) -> int:
     p.add_argument(
         "--all-configs",
         action="store_true",
-        help="every configuration of the autotune spaces (default: the representative and one of each other "
-        "protocol shape: its cluster, multicast, turn-taking and warp count)",
+        help="every configuration of the autotune spaces and EXTRA_CONFIGS (default: the representative and one of "
+        "each other protocol shape: its cluster, multicast and the ranks its releases reach, turn-taking and warp "
+        "count)",
     )
     p.add_argument("--trace", action="store_true", help="print the events before each finding")
     p.add_argument(

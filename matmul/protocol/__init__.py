@@ -207,7 +207,8 @@ def consumers_take_turns(module: ModuleType, config: dict[str, Any]) -> bool:
 
 def configs_to_check(module: ModuleType, arch: Optional[str] = None, all_configs: bool = False) -> list[dict[str, Any]]:
     """The representative configuration, plus the first configuration of every other protocol
-    shape (``cluster_shape``: its CTAs, and whether it multicasts; whether its consumers take
+    shape (``cluster_shape``: its CTAs, whether it multicasts, and the ranks its multicast
+    releases reach; whether its consumers take
     turns; and its warps, the roles that arrive on its barriers (a second consumer warpgroup on
     the same stages, Hopper V8's interleaved ones); in the autotune space, or in the version's
     ``EXTRA_CONFIGS``: built and checked, not tuned), read from what each configuration transpiles
