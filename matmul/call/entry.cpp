@@ -18,9 +18,7 @@
 // a model called at varying token counts reaches its kernel without Python from the second call of
 // a bucket on. An unseen call that the checks would pass is handed to the miss hook, which queues
 // its plan to be derived on a thread of its own, and runs cuBLAS (at::mm) at once, as torch.matmul
-// would: the caller never waits on a derivation, a choice, a tuning or a build. Until the plan is
-// derived the bucket has a pending vendor route (``put_pending``): its later calls run at::mm from
-// the table rather than through the hook again.
+// would: the caller never waits on a derivation, a choice, a tuning or a build.
 //
 // Every other call (not two tensors, out=, keywords, a gradient to record, a tensor subclass or a
 // mode that overrides torch functions, a signature not seen and not deferred) goes to the Python
@@ -185,26 +183,6 @@ class DirectTable {
     if (it == routes_.end()) return nullptr;
     const Route& route = it->second;
     return route.kind == Kind::python && route.rows != a.size(0) ? nullptr : &route;
-  }
-
-  // A vendor route for a bucket whose plan is being derived off the caller's path (Plans.defer), put
-  // only where the bucket has no route: its later calls run at::mm here instead of offering
-  // themselves to the miss hook again, a Python call each. Whether it was put.
-  bool put_pending(const at::Tensor& a, const at::Tensor& b, py::object function) {
-    Signature s;
-    if (!signature_of(a, b, &s)) throw py::value_error("a route needs two strided matrices");
-    return routes_.emplace(s, Route{Kind::vendor, std::move(function), {}, -1}).second;
-  }
-
-  // Drop the bucket's route if it is still the pending one of ``function`` (its plan was not derived:
-  // the next call offers itself to the miss hook again); whether it was dropped.
-  bool drop_pending(const at::Tensor& a, const at::Tensor& b, py::object function) {
-    Signature s;
-    if (!signature_of(a, b, &s)) return false;
-    auto it = routes_.find(s);
-    if (it == routes_.end() || it->second.kind != Kind::vendor || !it->second.function.is(function)) return false;
-    routes_.erase(it);
-    return true;
   }
 
   size_t size() const { return routes_.size(); }
@@ -555,11 +533,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "``align``-byte aligned to ``function(a, b)``")
       .def("get", &DirectTable::get, py::arg("a"), py::arg("b"))
       .def("kind", &DirectTable::kind, py::arg("a"), py::arg("b"))
-      .def("put_pending", &DirectTable::put_pending, py::arg("a"), py::arg("b"), py::arg("function"),
-           "Where this signature's bucket has no route: route its calls to at::mm until its plan is derived; "
-           "whether it was put")
-      .def("drop_pending", &DirectTable::drop_pending, py::arg("a"), py::arg("b"), py::arg("function"),
-           "Drop the bucket's route if it is still the pending route of ``function``; whether it was dropped")
       .def("clear", &DirectTable::clear)
       .def("__len__", &DirectTable::size);
   m.def("route", &route, py::arg("table"), py::arg("fallback"), py::arg("linear_fallback"),

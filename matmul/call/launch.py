@@ -177,13 +177,6 @@ def _current_device() -> int:
     return torch._C._cuda_getDevice()
 
 
-def pending(a, b):
-    """The route of a bucket whose plan the planner has not derived yet (``Plans.defer``): the native
-    entry runs it as a vendor route, at::mm (with the variant's epilogue in a ``linear`` table), as
-    the miss path ran the bucket's first call; this function is its name in the table."""
-    return torch.mm(a, b)
-
-
 class Plans:
     """The process's plans by signature. ``check`` and ``program`` are parameters so that the tests
     can run the path on the CPU with stand-in kernels.
@@ -235,11 +228,8 @@ class Plans:
         if not self._may_defer(a):
             return False
         key = signature(a, b, None)
-        with self.lock:  # a plan kept meanwhile (``keep``, under the lock) puts its route after the pending one
-            if key in self.plans or key in self.refused:
-                return False
-            if self.direct is not None:
-                self.direct.put_pending(a, b, pending)
+        if key in self.plans or key in self.refused:
+            return False
         self.planner.submit(
             key, (a, b, None, PLAIN, time.monotonic_ns()), group=PLAN_GROUP, wake=yielding.plans_at_once()
         )
@@ -263,11 +253,8 @@ class Plans:
         if not self._may_defer(a):
             return False
         key = fused_signature(a, b, None, bias, variant)
-        with self.lock:
-            if key in self.plans or key in self.refused:
-                return False
-            if self.direct is not None:
-                self.direct.variant(bias is not None, variant.activation or "").put_pending(a, b, pending)
+        if key in self.plans or key in self.refused:
+            return False
         self.planner.submit(
             key, (a, b, bias, variant, time.monotonic_ns()), group=PLAN_GROUP, wake=yielding.plans_at_once()
         )
@@ -295,7 +282,6 @@ class Plans:
                 continue
             if gate is not None:
                 if time.monotonic_ns() - queued_ns > gate.max_hold_ns:
-                    self._drop_pending(a, b, bias, variant)
                     continue
                 gate.wait()
                 if self.planner.closing:  # the process is exiting: no torch call from this thread now
@@ -307,21 +293,7 @@ class Plans:
                     self.derive(a, b, None, key)
             except Exception as e:  # later calls of the signature take the Python path, which says what failed
                 self.refused.add(key)
-                self._drop_pending(a, b, bias, variant)
                 log.warning("matmul(): no plan for %s @ %s (%s: %s)", list(a.shape), list(b.shape), type(e).__name__, e)
-                continue
-            if key not in self.plans:  # not kept (the choice changed meanwhile, or a capture's): derived again later
-                self._drop_pending(a, b, bias, variant)
-
-    def _drop_pending(self, a, b, bias, variant: Variant) -> None:
-        """A deferred call's plan was not kept (dropped, refused, derived from a choice that changed
-        meanwhile): its bucket's pending route goes, so that its next call reaches the miss hook
-        (queued again) or the Python path (which says what failed)."""
-        if self.direct is None:
-            return
-        table = self.direct if variant == PLAIN else self.direct.variant(bias is not None, variant.activation or "")
-        with self.lock:
-            table.drop_pending(a, b, pending)
 
     def forget(self) -> None:
         """Drop every plan and every route of the native entry (from any thread: the entry reads
