@@ -287,23 +287,19 @@ def tune(
     vendor = next((c for c in found if c.version == VENDOR), None)
     if vendor is not None and call_ms[best.version] >= call_ms[VENDOR] * (1 - VENDOR_MARGIN):
         best = vendor
+    candidates = {
+        c.version: {
+            "config": c.config,
+            "ms": ms[c.version],
+            "host_ms": host_ms.get(c.version),
+            "call_ms": call_ms[c.version],
+            "error": c.error,
+        }
+        for c in found
+    }
     entry = {
-        "version": best.version,
-        "config": best.config,
-        "ms": ms[best.version],
-        "error": best.error,
-        "call_ms": call_ms[best.version],
-        "fingerprint": fingerprint(arch, best.version),
-        "candidates": {
-            c.version: {
-                "config": c.config,
-                "ms": ms[c.version],
-                "host_ms": host_ms.get(c.version),
-                "call_ms": call_ms[c.version],
-                "error": c.error,
-            }
-            for c in found
-        },
+        **chosen(arch, best.version, candidates[best.version]),
+        "candidates": candidates,
         "rejected": rejected,
         "tuned": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
@@ -313,6 +309,19 @@ def tune(
         except Exception:  # the caller then has it built in a child of its own (``building``)
             pass
     return entry
+
+
+def chosen(arch: str, version: str, timed: dict) -> Entry:
+    """The fields of an entry that say what it chose: ``version``, its configuration and times
+    (``timed``: its row of the entry's ``candidates``), and the fingerprint of its sources."""
+    return {
+        "version": version,
+        "config": timed["config"],
+        "ms": timed["ms"],
+        "error": timed["error"],
+        "call_ms": timed["call_ms"],
+        "fingerprint": fingerprint(arch, version),
+    }
 
 
 def held_across_the_bucket(arch: str, entry: Entry, m: int, tune_at: Callable[[int], Entry]) -> Entry:
@@ -331,19 +340,8 @@ def held_across_the_bucket(arch: str, entry: Entry, m: int, tune_at: Callable[[i
         found = tune_at(edge)
         edges[str(edge)] = {version: timed["call_ms"] for version, timed in found["candidates"].items()}
         if found["version"] == VENDOR:
-            vendor = entry["candidates"][VENDOR]
             kept = {key: value for key, value in entry.items() if key != PROGRAM_DIR}
-            return {
-                **kept,
-                "version": VENDOR,
-                "config": {},
-                "ms": vendor["ms"],
-                "call_ms": vendor["call_ms"],
-                "error": vendor["error"],
-                "fingerprint": fingerprint(arch, VENDOR),
-                "edges": edges,
-                "lost_at": edge,
-            }
+            return {**kept, **chosen(arch, VENDOR, entry["candidates"][VENDOR]), "edges": edges, "lost_at": edge}
     return {**entry, "edges": edges}
 
 
