@@ -227,13 +227,7 @@ class Plans:
         capture (nothing may start there), or where a plan or a failed derivation exists already."""
         if not self._may_defer(a):
             return False
-        key = signature(a, b, None)
-        if key in self.plans or key in self.refused:
-            return False
-        self.planner.submit(
-            key, (a, b, None, PLAIN, time.monotonic_ns()), group=PLAN_GROUP, wake=yielding.plans_at_once()
-        )
-        return True
+        return self._queue(signature(a, b, None), a, b, None, PLAIN)
 
     def defer_linear(self, a, b, bias, activation: Optional[str]) -> bool:
         """``linear``'s miss hook (``entry.cpp``): as ``defer``, for an unseen ``linear`` call seen as
@@ -252,12 +246,15 @@ class Plans:
             return False
         if not self._may_defer(a):
             return False
-        key = fused_signature(a, b, None, bias, variant)
+        return self._queue(fused_signature(a, b, None, bias, variant), a, b, bias, variant)
+
+    def _queue(self, key, a, b, bias, variant: Variant) -> bool:
+        """Queue the plan of ``key`` for the planner (``defer``'s and ``defer_linear``'s last step), or
+        False where a plan or a failed derivation exists already."""
         if key in self.plans or key in self.refused:
             return False
-        self.planner.submit(
-            key, (a, b, bias, variant, time.monotonic_ns()), group=PLAN_GROUP, wake=yielding.plans_at_once()
-        )
+        payload = (a, b, bias, variant, time.monotonic_ns())
+        self.planner.submit(key, payload, group=PLAN_GROUP, wake=yielding.plans_at_once())
         return True
 
     def _may_defer(self, a) -> bool:

@@ -161,20 +161,25 @@ def planner_gate() -> Optional["CallerGate"]:
     the gaps inside one), or for ``MATMUL_PLAN_MAX_HOLD_MS`` (default 1000) however busy it is;
     meanwhile the calls of its signature run cuBLAS through the native entry's miss path, as the
     first did."""
-    quiet = _setting(PLAN_QUIET_ENV, DEFAULT_PLAN_QUIET_MS) / 1e3
-    hold = _setting(PLAN_MAX_HOLD_ENV, DEFAULT_PLAN_MAX_HOLD_MS) / 1e3
-    if quiet <= 0 or hold <= 0 or shared_fd() is None:
+    if plans_at_once() or shared_fd() is None:
         return None
+    quiet, hold = _plan_settings()
     return CallerGate(_last_call.read_ns, quiet, hold)
+
+
+def _plan_settings() -> tuple[float, float]:
+    """The planner's quiet gap and longest hold, in seconds (``planner_gate``)."""
+    return (
+        _setting(PLAN_QUIET_ENV, DEFAULT_PLAN_QUIET_MS) / 1e3,
+        _setting(PLAN_MAX_HOLD_ENV, DEFAULT_PLAN_MAX_HOLD_MS) / 1e3,
+    )
 
 
 def plans_at_once() -> bool:
     """Whether the planner derives each plan as soon as it is deferred (no ``planner_gate``): only
     then is its thread woken for a deferred call (``background.Worker.submit``)."""
-    return (
-        _setting(PLAN_QUIET_ENV, DEFAULT_PLAN_QUIET_MS) <= 0
-        or _setting(PLAN_MAX_HOLD_ENV, DEFAULT_PLAN_MAX_HOLD_MS) <= 0
-    )
+    quiet, hold = _plan_settings()
+    return quiet <= 0 or hold <= 0
 
 
 # --- the child's side ------------------------------------------------------------------------------
