@@ -41,9 +41,15 @@ among itself as above (``ClusterSplitKReduce``'s ``rank_base``). The *weight gro
 its ``multicast`` CTAs (ranks ``k_rank + split * j``, every ``split``-th), shares the weight
 tile: its multicast mask is ``0b..0101`` (a bit every ``split`` ranks) shifted by ``k_rank``.
 The price is V6's coupling: a stage is refilled only when the consumers of every CTA of the
-weight group have released it, since the next weight tile lands in all of them. A token tile wholly
-past M (M not a multiple of the cluster's tokens) is loaded as TMA's zeros and stored nowhere: its
-CTA still takes its turns at the weight. The configurations are meant for M <= 256 (``supports``).
+weight group have released it, since the next weight tile lands in all of them. What the pair costs
+in CTAs: each token tile keeps its own ``split`` CTAs, so the cluster launches ``multicast`` times
+the CTAs of the split alone, and every one of them still takes a whole weight tile per K block
+into its shared memory (the multicast saves L2 reads, not what each SM takes in). Measured on the
+H100 (plots/h100/skinny/), the pair is correct and slower than the split alone at every M it
+was built for, so the tuner does not time it.
+A token tile wholly past M (M not a multiple of the cluster's tokens) is loaded as TMA's zeros
+and stored nowhere: its CTA still takes its turns at the weight. The configurations are meant
+for M <= 256 (``supports``).
 
 Synchronization (this CTA's K block ``i`` uses stage ``s = i % stages``, parity ``p = (i // stages) & 1``;
 the rows marked mc replace the two above them when ``mc = multicast`` > 1, ``wgs = warpgroups``; the
@@ -108,8 +114,8 @@ MAX_CLUSTER = 8  # the portable cluster size: split x multicast CTAs
 # Split-K and multicast together: each token tile of a multicast cluster split over two CTAs, so
 # that a cluster that shares the weight still gives every SM a CTA at 64 and 128 tokens: 2 x 2 CTAs
 # of 64 tokens (the representative, which the protocol checker takes for that cluster) or 32, and
-# 2 x 4 of 64 tokens for 256. Built and checked, not tuned: they have not run on a GPU yet
-# (plots/h100/skinny/), and the tuner times only what has.
+# 2 x 4 of 64 tokens for 256. Built and protocol-checked; on the H100 correct and slower than the
+# split alone everywhere (twice the CTAs: module doc, plots/h100/skinny/), so not in the space.
 EXTRA_CONFIGS = (
     COMBINED_REPRESENTATIVE,
     {"block_m": 32, "warpgroups": 1, "split": 2, "stages": 17, "multicast": 2},
