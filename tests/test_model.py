@@ -121,3 +121,45 @@ def test_the_command_without_a_gpu_says_so(capsys):
     with pytest.raises(SystemExit):
         cli.main(["model"])
     assert "there is none here" in capsys.readouterr().err
+
+
+def test_settle_plans_waits_until_the_planner_has_derived_what_is_queued(monkeypatch):
+    """The windows must time the calls after their plans exist: ``settle_plans`` returns only once
+    the planner's queue is empty and its job has finished."""
+    import threading
+    import time
+
+    from matmul.call import api
+    from matmul.call.background import Worker
+
+    derived = threading.Event()
+
+    def derive(key, payloads):
+        time.sleep(0.2)  # a derivation that takes a while
+        derived.set()
+
+    planner = Worker("stand-in planner", derive)
+    monkeypatch.setattr(api._plans, "planner", planner)
+    planner.submit("a call's signature", object())
+    model.settle_plans(timeout_s=10)
+    assert derived.is_set()
+
+
+def test_the_windows_come_after_the_first_calls_and_their_plans(monkeypatch):
+    """``compare`` and ``host_us`` make each function's first call, wait for the planner, and only
+    then time: a window that timed calls still on cuBLAS (their plan pending) would measure the
+    wrong kernel."""
+    events = []
+    monkeypatch.setattr(model, "settle_plans", lambda *a, **k: events.append("settle"))
+    monkeypatch.setattr(model, "window_ms", lambda fn, calls: events.append("window") or 1.0)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+
+    def call(name):
+        return lambda: events.append(name)
+
+    model.compare(call("ours"), call("theirs"), rounds=2)
+    assert events[:3] == ["ours", "theirs", "settle"] and "window" in events
+    assert events.index("settle") < events.index("window")
+    events.clear()
+    model.host_us(call("ours"), calls=3, repeats=2)
+    assert events[:2] == ["ours", "settle"] and events.count("ours") == 1 + 3 * 2

@@ -166,6 +166,22 @@ def test_runner_fails_on_a_failing_cell(tmp_path):
 
 @pytest.mark.notebook
 @pytest.mark.timeout(600)
+def test_runner_keeps_progress_bars_out_of_the_outputs(tmp_path):
+    """A kernel build's progress bar (tqdm, on stderr) is not part of what a notebook teaches: the
+    committed outputs must not fill up with them."""
+    _runner()
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    path = tmp_path / "bars.ipynb"
+    nbformat.write(new_notebook(cells=[new_code_cell("from tqdm import tqdm\nprint(sum(tqdm(range(3))))")]), path)
+    executed = _executor().execute(path, timeout=120)
+    outputs = executed.cells[0].outputs
+    assert [o.get("name") for o in outputs] == ["stdout"] and "3" in outputs[0]["text"], outputs
+
+
+@pytest.mark.notebook
+@pytest.mark.timeout(600)
 def test_runner_inplace_tar_and_unpack(tmp_path):
     """The GPU run's flow: notebooks executed in place (stamped with the commit that ran them),
     packed into one tar, unpacked into a tutorials folder (only notebooks; nothing else)."""

@@ -74,6 +74,9 @@ def execute(path: Path, out: Path | None = None, timeout: int = CELL_TIMEOUT_S, 
                     "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
                     "display_name": "tutorials",
                     "language": "python",
+                    # no progress bars in the outputs: tilus draws one for every kernel it builds, which
+                    # says how empty this machine's cache was, nothing about the lesson
+                    "env": {"TQDM_DISABLE": "1"},
                 }
             )
         )
