@@ -242,6 +242,24 @@ def kernel_reads_int6(words, n_pad, k):
     return u
 
 
+def test_the_call_runs_v8_only_up_to_its_formats_limit(monkeypatch):
+    """Never a call slower than widening the weight and calling cuBLAS (issue #25): above 128
+    tokens int6's V8 was slower than that on the H100's larger weights, so the call widens int6
+    from 129 tokens on; int4 and fp8 run V8 up to 256. (This CPU is made to look like a Hopper GPU:
+    only the choice of path is checked.)"""
+    monkeypatch.setattr(quant_linear, "runs_here", lambda device: True)
+    for fmt, limit in (("int4", 256), ("fp8_e4m3", 256), ("int6", 128)):
+        qw = matmul.quantize(weight(256, 256), format=fmt)
+        assert quant_linear.max_tokens(fmt) == limit
+        assert [quant_linear.uses_v8(m, qw) for m in (1, 128, 129, 256, 257)] == [
+            True,
+            True,
+            limit > 128,
+            limit > 128,
+            False,
+        ], fmt
+
+
 def test_int6_quantize_and_layout():
     w = weight(100, 256, torch.bfloat16)
     qw = matmul.quantize(w, format="int6")

@@ -162,9 +162,9 @@ def test_other_formats_ragged_shapes(format, dtype, calls_kernels_built):
 @pytest.mark.parametrize("format", ["int4", *OTHER_FORMATS])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_the_call(format, dtype, calls_kernels_built):
-    for m in (1, 16, 300):  # V8 up to 256 tokens, the weight widened on the GPU and cuBLAS above
+    for m in (1, 16, 300):  # V8 up to its format's limit, the weight widened on the GPU and cuBLAS above
         x, qw = operands(m, 1000, 1024, dtype, format)
-        assert quant_linear.uses_v8(m, qw) == (m <= quant_linear.V8_MAX_M)
+        assert quant_linear.uses_v8(m, qw) == (m <= quant_linear.max_tokens(format))
         if quant_linear.uses_v8(m, qw):
             v8_built(x, qw)  # the call's V8, not the widened path that runs while it builds
         ref = reference(x, qw)

@@ -5,8 +5,9 @@ child has built it, until then and elsewhere by torch) and cuBLAS (``matmul.quan
 V8's configuration is picked by token count (for int4 at decode sizes, also by the weight's shape:
 ``config_for``) from what was fastest on the H100 over the bench's weights (``plots/h100/v8/``),
 not tuned per call: the tuner and its cache belong to ``matmul.call``. Up to 256 tokens V8 was
-faster than the widened path on every weight measured there (the widening costs more than the
-product: ``matmul.quant.widen`` says when widen-once pays).
+faster than the widened path on every int4 and fp8 weight measured there (the widening costs more
+than the product: ``matmul.quant.widen`` says when widen-once pays); int6 only up to 128 tokens
+(``max_tokens``).
 
 V8's kernels are built off the caller's path, as the call's other kernels are: by the call's build
 child (``matmul.call.building.v8_in_child``, one kernel per dtype, format and configuration as
@@ -32,7 +33,11 @@ from ..kernels.variant import torch_epilogue
 from . import QuantizedWeight, TransposedWeight
 from . import widen as device_widen
 
-V8_MAX_M = 256
+V8_MAX_M = 256  # the most tokens V8 takes (its widest configuration: two tiles of 128)
+# Formats for which V8 runs fewer tokens: above 128, int6's V8 reads and widens each 6-bit weight
+# tile once per 128-token tile, and on the H100 it was slower than the widened path on the
+# larger weights (plots/h100/v8/formats/); up to 128 it was faster on every one
+MAX_TOKENS = {"int6": 128}
 ARCH = "sm_90a"
 
 log = logging.getLogger(__name__)
@@ -87,9 +92,18 @@ def runs_here(device: torch.device) -> bool:
     return device.type == "cuda" and versions.local_arch() == ARCH
 
 
+def max_tokens(weight_format: str) -> int:
+    """The most tokens for which the call runs V8 on a weight of ``weight_format``."""
+    return MAX_TOKENS.get(weight_format, V8_MAX_M)
+
+
 def uses_v8(m: int, weight: QuantizedWeight) -> bool:
     """Whether ``x @ qw.T`` with M tokens runs V8 here (else: widened once, then cuBLAS)."""
-    return m <= V8_MAX_M and runs_here(weight.device) and v8_module().supports(m, weight.shape[0], weight.shape[1])
+    return (
+        m <= max_tokens(weight.format)
+        and runs_here(weight.device)
+        and v8_module().supports(m, weight.shape[0], weight.shape[1])
+    )
 
 
 # the kernels, keyed ``kernel_key``, built by the call's build child: the call installs its builder

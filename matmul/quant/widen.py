@@ -1,6 +1,6 @@
 """Widening on the device: a packed weight (int4, int6 or fp8_e4m3, ``matmul.quant``) into its 16-bit
 [N, K] weight in HBM, the value ``QuantizedWeight.dequantize()`` gives, bit for bit. The call runs
-it above ``linear.V8_MAX_M`` tokens, then cuBLAS on the widened weight.
+it above ``linear.max_tokens(format)`` tokens, then cuBLAS on the widened weight.
 
 The kernel is built on first use, off the caller's path (by the call's build child,
 ``matmul.call.building.widen_in_child``, one kernel per format and dtype; tilus caches the build on
