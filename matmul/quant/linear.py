@@ -34,9 +34,10 @@ from . import QuantizedWeight, TransposedWeight
 from . import widen as device_widen
 
 V8_MAX_M = 256  # the most tokens V8 takes (its widest configuration: two tiles of 128)
-# Formats for which V8 runs fewer tokens: above 128, int6's V8 reads and widens each 6-bit weight
-# tile once per 128-token tile, and on the H100 it was slower than the widened path on the
-# larger weights (plots/h100/v8/formats/); up to 128 it was faster on every one
+# Formats for which V8 runs fewer tokens. Above 128 tokens V8 reads and widens each weight tile
+# once for each 128-token tile; for int6, whose widening costs the most (its V8 is the slowest
+# of the three at decode too), that was slower than the widened path on the larger weights on the
+# H100 (plots/h100/v8/formats/), and up to 128 tokens faster on every one
 MAX_TOKENS = {"int6": 128}
 ARCH = "sm_90a"
 
