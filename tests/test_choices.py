@@ -225,6 +225,7 @@ class LateTuner:
 
     def __init__(self, fails=False):
         self.finish, self.jobs, self.fails = threading.Event(), [], fails
+        self.winner = "v4"
 
     def __call__(self, arch, dtype, device, jobs, on_entry):
         self.jobs.extend(jobs)
@@ -234,7 +235,7 @@ class LateTuner:
         if self.fails:
             raise tuner.TuningError("the child process died")
         for job in jobs:
-            on_entry(job["key"], {**entry("v4"), "candidates": {}, "rejected": {}})
+            on_entry(job["key"], {**entry(self.winner), "candidates": {}, "rejected": {}})
 
 
 def stand_in_plans(choose):
@@ -289,6 +290,40 @@ def test_a_chosen_kernel_runs_only_once_built(tmp_path, stand_ins):
     assert choose.wait(10) and built == ["v4"]
     path.launch(a, w.T)
     assert isinstance(path.plans[signature(a, w.T, None)], SeriesPlan)
+
+
+def test_a_kernel_built_only_to_be_timed_leaves_every_plan_in_place(tmp_path, stand_ins):
+    """A background tuning builds its candidates first; each build used to drop every plan and
+    native route, sending every bucket back through the Python path (and cuBLAS) until the
+    planner derived it again. Only a kernel that a bucket has chosen may change a plan."""
+    choose = make_chooser(tmp_path, shipped={key(128, 64, 32): entry("v4")})
+    path = stand_in_plans(choose)
+    a, w = random_operands(128, 64, 32, torch.float16, device="cpu")
+    settled(choose, 128, 64, 32)
+    path.launch(a, w.T)
+    plan = path.plans[signature(a, w.T, None)]
+    assert isinstance(plan, SeriesPlan)
+    choose._build_batch(chooser.BUILD_GROUP, [(ARCH, torch.float16, entry("v2"), PLAIN)])  # a candidate
+    assert path.plans.get(signature(a, w.T, None)) is plan
+
+
+def test_a_tuned_result_that_keeps_the_kernel_leaves_every_plan_in_place(tmp_path, stand_ins):
+    """The background tuning confirms the instant choice's kernel (a stale shipped v4, measured
+    again: v4): the plans that run it are kept; a result that changes the kernel drops them."""
+    for winner, kept in (("v4", True), ("v2", False)):
+        late = LateTuner()
+        late.winner = winner
+        choose = make_chooser(tmp_path / winner, shipped={key(128, 64, 32): entry("v4", fresh=False)}, tune_jobs=late)
+        path = stand_in_plans(choose)
+        a, w = random_operands(128, 64, 32, torch.float16, device="cpu")
+        path.launch(a, w.T)  # the instant choice, v4, is built meanwhile: cuBLAS runs
+        assert choose.builder.wait(10)
+        path.launch(a, w.T)
+        plan = path.plans[signature(a, w.T, None)]
+        assert isinstance(plan, SeriesPlan) and plan.launch.version == "v4"
+        late.finish.set()
+        assert choose.wait(10) and choose.get(CPU, torch.float16, 128, 64, 32)[1]["source"] == "measured"
+        assert (path.plans.get(signature(a, w.T, None)) is plan) == kept, winner
 
 
 def test_a_failing_background_tuning_leaves_the_instant_choice(tmp_path, stand_ins, caplog):

@@ -26,10 +26,13 @@ call runs cuBLAS meanwhile, then the version takes over. The kernel is never bui
 (``building``: tilus's transpiler would hold the caller's GIL for seconds): the tuning child reports
 where it built the winner, and any other chosen kernel (shipped, measured earlier, a neighbour's) is
 built by a build child; a background thread here only opens the built library (``program``), and
-launches nothing: the kernel's first launch is the caller's own call. Each change of a bucket's
-choice or of a kernel's readiness is announced to the listeners (``on_change``:
-``launch.Plans.forget``, which drops the plans and the native entry's routes so that the next call
-derives them again).
+launches nothing: the kernel's first launch is the caller's own call. Each change of the kernel a
+bucket runs (a new choice of another kernel, or the chosen kernel built or failed) is announced to
+the listeners (``on_change``: ``launch.Plans.forget``, which drops the plans and the native entry's
+routes so that the next call derives them again). Nothing else is announced: a kernel built only
+to be timed by a tuning, or a measured result that keeps the kernel already running, changes no
+plan, and an announcement sends every bucket's next calls back through the Python path until the
+planner has derived them again (at most one a second while the caller is busy).
 
 Why a shipped entry is checked by its version and configuration rather than by its fingerprint
 alone: the fingerprint changes with every edit of any kernel source, the pipeline or tilus's
@@ -174,8 +177,16 @@ class Chooser:
         self._mode = value
 
     def on_change(self, listener: Callable[[], None]) -> None:
-        """Call ``listener()`` whenever a bucket's choice or a kernel's readiness changes."""
+        """Call ``listener()`` whenever the kernel a bucket runs changes (module doc)."""
         self.listeners.append(listener)
+
+    def _chosen(self, program: tuple) -> bool:
+        """Whether a bucket's choice is ``program``'s kernel: only then does a plan wait for it
+        (``_now``: cuBLAS runs meanwhile)."""
+        with self.lock:
+            return any(
+                program_key(arch, memo[1], entry, memo[5]) == program for memo, (arch, entry) in self.entries.items()
+            )
 
     def _changed(self) -> None:
         for listener in list(self.listeners):
@@ -478,7 +489,7 @@ class Chooser:
             if entry["version"] != VENDOR and self.mode != "blocking" and program not in self.programs:
                 # the tuning child did not say where it built it: a build child does, and it takes over when ready
                 self.builder.submit(program, (arch, dtype, entry, variant), group=BUILD_GROUP)
-            if replaced is not None:
+            if replaced is not None and _kernel(replaced[1]) != _kernel(entry):
                 self._changed()
             if on_entry is not None:
                 on_entry(key, entry)
@@ -491,7 +502,7 @@ class Chooser:
                         replaced = self.entries.get(memos[key])
                         self.entries[memos[key]] = (arch, entry)
                     jobs.pop(key)
-                    if replaced is not None:
+                    if replaced is not None and _kernel(replaced[1]) != _kernel(entry):
                         self._changed()
                     if on_entry is not None:
                         on_entry(key, entry)
@@ -539,7 +550,8 @@ class Chooser:
                 self._load(program, entry, program_dir)
             else:
                 self._failed(program, entry, failure)
-            self._changed()
+            if self._chosen(program):  # a kernel built only to be timed changes no call's plan
+                self._changed()
 
         jobs = [building.job(i, arch, dtype, entry, variant) for i, (_, arch, dtype, entry, variant) in waiting.items()]
         try:
@@ -606,6 +618,11 @@ def narrowed(names: list[str], neighbour: Entry) -> dict:
 def _memo(device, dtype, shape, variant: Variant) -> tuple:
     m, n, k = shape
     return device, dtype, bucket(m), bucket(n), bucket(k), variant
+
+
+def _kernel(entry: Entry) -> tuple:
+    """What of a choice a plan runs: its version and configuration (not where it came from)."""
+    return entry["version"], json.dumps(entry.get("config"), sort_keys=True)
 
 
 def program_key(arch: str, dtype, entry: Entry, variant: Variant) -> tuple:
