@@ -1133,6 +1133,37 @@ def test_the_tuning_childs_winner_is_loaded_where_the_child_built_it(tmp_path, c
     assert caller_builds == []
 
 
+def test_a_tuned_result_that_brings_the_running_kernel_built_hands_it_over(tmp_path, caller_builds):
+    """The instant choice is v4 (a stale shipped entry) and its build has not come back; the tuning
+    measures v4 too and its child built it: the result keeps the kernel, yet the plans that ran
+    cuBLAS while v4 was missing must now run it."""
+    from stand_ins import cpu_build
+
+    first_call_done = threading.Event()
+
+    def tune_jobs(arch, dtype, device, jobs, on_entry):
+        assert first_call_done.wait(10)
+        for job in jobs:
+            built = cpu_build(arch, dtype, "v4", entry("v4")["config"], PLAIN)
+            on_entry(job["key"], {**entry("v4"), "candidates": {}, "rejected": {}, tuner.PROGRAM_DIR: built})
+
+    shipped = {key(128, 64, 32): entry("v4", fresh=False)}
+    never_built = []  # the build child that was asked for v4 never reports
+    choose = make_chooser(
+        tmp_path, shipped=shipped, tune_jobs=tune_jobs, build_jobs=lambda jobs, on_built: never_built.extend(jobs)
+    )
+    path = stand_in_plans(choose)
+    a, w = random_operands(128, 64, 32, torch.float16, device="cpu")
+    path.launch(a, w.T)
+    assert isinstance(path.plans[signature(a, w.T, None)], VendorPlan)  # v4 is not built yet: cuBLAS
+    first_call_done.set()
+    assert choose.wait(10)
+    path.launch(a, w.T)
+    plan = path.plans[signature(a, w.T, None)]
+    assert isinstance(plan, SeriesPlan) and plan.launch.version == "v4"
+    assert caller_builds == []
+
+
 def test_a_kernel_that_does_not_build_leaves_cublas_in_place(tmp_path, monkeypatch, caller_builds, caplog):
     """The build child reports v4 as failed and dies building v5: both buckets keep running cuBLAS,
     each build is tried once, and the caller builds neither itself."""

@@ -481,7 +481,8 @@ class Chooser:
             self.cache.store(key, entry)
             variant = memos[key][5]
             program = program_key(arch, dtype, entry, variant)
-            if entry["version"] != VENDOR and built is not None and program not in self.programs:
+            loaded = entry["version"] != VENDOR and built is not None and program not in self.programs
+            if loaded:
                 self._load(program, entry, built)  # before the entry: no call asks for a build meanwhile
             with self.lock:
                 replaced = self.entries.get(memos[key])  # an instant choice that plans may run
@@ -489,7 +490,8 @@ class Chooser:
             if entry["version"] != VENDOR and self.mode != "blocking" and program not in self.programs:
                 # the tuning child did not say where it built it: a build child does, and it takes over when ready
                 self.builder.submit(program, (arch, dtype, entry, variant), group=BUILD_GROUP)
-            if replaced is not None and _kernel(replaced[1]) != _kernel(entry):
+            # the plans change if the kernel does, or if the same kernel is now loaded (they ran cuBLAS)
+            if replaced is not None and (loaded or _kernel(replaced[1]) != _kernel(entry)):
                 self._changed()
             if on_entry is not None:
                 on_entry(key, entry)
