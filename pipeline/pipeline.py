@@ -89,6 +89,8 @@ class Pipeline(tilus.Class):
         self.scope: str = scope
         self.release_to: int = release_to
         # release_to's ranks shifted by release_offset (a run-time value, below release_offsets)
+        if not 1 <= release_offsets <= 4:  # release_barrier has a branch for offsets 0-3 only
+            raise ValueError(f"release_offsets is 1 to 4, not {release_offsets}")
         self.release_offset = release_offset
         self.release_offsets: int = release_offsets
         self.elect_release: bool = elect_release

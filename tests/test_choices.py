@@ -221,11 +221,10 @@ def route():
 
 
 class LateTuner:
-    """A background tuner that measures v4 as the winner once ``finish`` is set (or fails)."""
+    """A background tuner that measures ``winner`` (v4) as the winner once ``finish`` is set (or fails)."""
 
-    def __init__(self, fails=False):
-        self.finish, self.jobs, self.fails = threading.Event(), [], fails
-        self.winner = "v4"
+    def __init__(self, fails=False, winner="v4"):
+        self.finish, self.jobs, self.fails, self.winner = threading.Event(), [], fails, winner
 
     def __call__(self, arch, dtype, device, jobs, on_entry):
         self.jobs.extend(jobs)
@@ -311,8 +310,7 @@ def test_a_tuned_result_that_keeps_the_kernel_leaves_every_plan_in_place(tmp_pat
     """The background tuning confirms the instant choice's kernel (a stale shipped v4, measured
     again: v4): the plans that run it are kept; a result that changes the kernel drops them."""
     for winner, kept in (("v4", True), ("v2", False)):
-        late = LateTuner()
-        late.winner = winner
+        late = LateTuner(winner=winner)
         choose = make_chooser(tmp_path / winner, shipped={key(128, 64, 32): entry("v4", fresh=False)}, tune_jobs=late)
         path = stand_in_plans(choose)
         a, w = random_operands(128, 64, 32, torch.float16, device="cpu")

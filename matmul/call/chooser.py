@@ -629,7 +629,7 @@ def _kernel(entry: Entry) -> tuple:
 
 def program_key(arch: str, dtype, entry: Entry, variant: Variant) -> tuple:
     """What names a built kernel: the version, its configuration, the dtype and the variant."""
-    return arch, entry["version"], json.dumps(entry.get("config"), sort_keys=True), dtype, variant
+    return (arch, *_kernel(entry), dtype, variant)
 
 
 RELATED_DTYPES = {"float16": ("bfloat16",), "bfloat16": ("float16",)}
