@@ -324,6 +324,36 @@ def test_a_tuned_result_that_keeps_the_kernel_leaves_every_plan_in_place(tmp_pat
         assert (path.plans.get(signature(a, w.T, None)) is plan) == kept, winner
 
 
+def test_a_new_kernel_for_one_bucket_leaves_the_other_buckets_plans_in_place(tmp_path, stand_ins):
+    """The tuning of one bucket (a stale shipped v4) picks another kernel (v2): that bucket's plan
+    and native route go, to be derived again from v2; a bucket whose choice did not change keeps
+    its plan and route. Dropping every bucket's sent all their calls back through the Python path."""
+    late = LateTuner(winner="v2")
+    shipped = {key(128, 64, 32): entry("v4", fresh=False), key(128, 96, 32): entry("v4")}
+    choose = make_chooser(tmp_path, shipped=shipped, tune_jobs=late)
+    path = stand_in_plans(choose)
+    (a, w), (a2, w2) = (random_operands(128, n, 32, torch.float16, device="cpu") for n in (64, 96))
+    for operands in ((a, w), (a2, w2)):
+        path.launch(operands[0], operands[1].T)  # v4 is built meanwhile: cuBLAS runs
+    assert choose.builder.wait(10)
+    plans = {}
+    for x, y in ((a, w), (a2, w2)):
+        path.launch(x, y.T)
+        plans[y.shape[0]] = path.plans[signature(x, y.T, None)]
+        assert isinstance(plans[y.shape[0]], SeriesPlan) and plans[y.shape[0]].launch.version == "v4"
+        if path.direct is not None:
+            path.keep(plans[y.shape[0]], x, y.T)  # as the planner keeps an unseen call's plan: with its route
+            assert path.direct.kind(x, y.T) == "launch"
+    late.finish.set()
+    assert choose.wait(10) and choose.get(CPU, torch.float16, 128, 64, 32)[1]["version"] == "v2"
+    assert signature(a, w.T, None) not in path.plans
+    assert path.plans.get(signature(a2, w2.T, None)) is plans[96]
+    if path.direct is not None:
+        assert path.direct.kind(a, w.T) is None and path.direct.kind(a2, w2.T) == "launch"
+    assert relative_error(path.launch(a, w.T), reference(a, w)) <= TOLERANCE[torch.float16]
+    assert path.plans[signature(a, w.T, None)].launch.version == "v2"
+
+
 def test_a_failing_background_tuning_leaves_the_instant_choice(tmp_path, stand_ins, caplog):
     late = LateTuner(fails=True)
     measured = {key(256, 64, 32): entry(tuner.VENDOR)}

@@ -73,6 +73,24 @@ def test_routes_are_kept_by_the_whole_signature():
 
 
 @built
+def test_drop_removes_the_routes_of_its_tags_only_in_every_variants_table():
+    table = native.DirectTable()
+    (a, b), (a2, b2), (a3, b3) = operands(), operands(n=24), operands(n=32)
+    silu = table.variant(True, "silu")
+    table.put(a, b, Recorder("one"), tag=1)
+    table.put_vendor(a2, b2, Recorder("two"), tag=2)
+    table.put(a3, b3, Recorder("untagged"))
+    silu.put(a, b, Recorder("one, silu"), tag=1)
+    silu.put(a2, b2, Recorder("two, silu"), tag=2)
+    table.drop([1, 7])
+    assert table.get(a, b) is None and silu.get(a, b) is None
+    assert table.kind(a2, b2) == "vendor" and silu.get(a2, b2).name == "two, silu"
+    assert table.get(a3, b3).name == "untagged" and len(table) == 2 and len(silu) == 1
+    table.drop([2])
+    assert len(table) == 1 and len(silu) == 0
+
+
+@built
 def test_a_seen_call_runs_its_route_and_every_other_call_goes_to_python(routed):
     table, fallback = routed
     a, b = operands()

@@ -28,11 +28,12 @@ where it built the winner, and any other chosen kernel (shipped, measured earlie
 built by a build child; a background thread here only opens the built library (``program``), and
 launches nothing: the kernel's first launch is the caller's own call. Each change of the kernel a
 bucket runs (a new choice of another kernel, or the chosen kernel built or failed) is announced to
-the listeners (``on_change``: ``launch.Plans.forget``, which drops the plans and the native entry's
-routes so that the next call derives them again). Nothing else is announced: a kernel built only
-to be timed by a tuning, or a measured result that keeps the kernel already running, changes no
-plan, and an announcement sends every bucket's next calls back through the Python path until the
-planner has derived them again (at most one a second while the caller is busy).
+the listeners with the buckets it concerns (``on_change``: ``launch.Plans.forget``, which drops
+those buckets' plans and native routes so that their next calls derive them again). Nothing else
+is announced, and no other bucket is named: a dropped plan sends its calls back through the Python
+path until the planner has derived it again (at most one a second while the caller is busy), so a
+kernel built only to be timed by a tuning, or a measured result that keeps the kernel already
+running, changes no plan, and one bucket's new kernel leaves every other bucket's plans in place.
 
 Why a shipped entry is checked by its version and configuration rather than by its fingerprint
 alone: the fingerprint changes with every edit of any kernel source, the pipeline or tilus's
@@ -176,22 +177,25 @@ class Chooser:
             raise ValueError(f"the tuning mode must be one of {', '.join(MODES)}, got {value!r}")
         self._mode = value
 
-    def on_change(self, listener: Callable[[], None]) -> None:
-        """Call ``listener()`` whenever the kernel a bucket runs changes (module doc)."""
+    def on_change(self, listener: Callable[[Optional[set]], None]) -> None:
+        """Call ``listener(memos)`` whenever the kernel a bucket runs changes (module doc): ``memos``
+        the set of the buckets whose kernel changed (``bucket_memo``), or None for every bucket."""
         self.listeners.append(listener)
 
-    def _chosen(self, program: tuple) -> bool:
-        """Whether a bucket's choice is ``program``'s kernel: only then does a plan wait for it
-        (``_now``: cuBLAS runs meanwhile)."""
+    def _choosing(self, program: tuple) -> set:
+        """The buckets whose choice is ``program``'s kernel: only their plans wait for it (``_now``:
+        cuBLAS runs meanwhile)."""
         with self.lock:
-            return any(
-                program_key(arch, memo[1], entry, memo[5]) == program for memo, (arch, entry) in self.entries.items()
-            )
+            return {
+                memo
+                for memo, (arch, entry) in self.entries.items()
+                if program_key(arch, memo[1], entry, memo[5]) == program
+            }
 
-    def _changed(self) -> None:
+    def _changed(self, memos: Optional[set] = None) -> None:
         for listener in list(self.listeners):
             try:
-                listener()
+                listener(memos)
             except Exception:
                 log.exception("matmul(): a listener of the choices failed")
 
@@ -215,7 +219,7 @@ class Chooser:
         while cuBLAS runs), ``transient`` (chosen inside a CUDA graph capture: not to be kept).
         A version's kernel is loaded by then (``program``), except in ``blocking`` mode, where the
         caller may build it itself."""
-        memo = _memo(device, dtype, (m, n, k), variant)
+        memo = bucket_memo(device, dtype, (m, n, k), variant)
         found = self.entries.get(memo)
         if found is None:
             found = self._choose(device, dtype, m, n, k, variant, memo)
@@ -327,7 +331,7 @@ class Chooser:
             bar.close()
         unbuilt = {}
         for shape in shapes:
-            arch, entry = self.entries[_memo(device, dtype, shape, variant)]
+            arch, entry = self.entries[bucket_memo(device, dtype, shape, variant)]
             program = program_key(arch, dtype, entry, variant)
             if entry["version"] != VENDOR and program not in self.programs and program not in self.failed:
                 unbuilt[program] = (arch, dtype, entry, variant)
@@ -420,15 +424,16 @@ class Chooser:
             self.cache = ChoiceCache()
         arch = self.arch_of(device)
         gpu = self.gpu_name(device)
-        changed = False
+        changed = set()
         with self.lock:
             jobs, memos = {}, {}
             for m, n, k in shapes:
-                memo = _memo(device, dtype, (m, n, k), variant)
+                memo = bucket_memo(device, dtype, (m, n, k), variant)
                 key = choice_key(arch, gpu, dtype, m, n, k, variant)
                 entry = self.fresh(arch, key, use_shipped)
                 if entry is not None:
-                    changed |= self.entries.get(memo) != (arch, entry)  # an instant choice gives way
+                    if self.entries.get(memo) != (arch, entry):  # an instant choice gives way
+                        changed.add(memo)
                     self.entries[memo] = (arch, entry)
                 elif key not in jobs:
                     jobs[key] = tuning_job(key, arch, m, n, k, variant)
@@ -442,7 +447,7 @@ class Chooser:
                     "captured; call matmul() on these shapes once before capturing (or matmul.tune(...))"
                 )
         if changed:
-            self._changed()
+            self._changed(changed)
         if jobs:
             if narrow:
                 self._prebuild(arch, dtype, [(job, variant) for job in jobs.values()])
@@ -492,7 +497,7 @@ class Chooser:
                 self.builder.submit(program, (arch, dtype, entry, variant), group=BUILD_GROUP)
             # the plans change if the kernel does, or if the same kernel is now loaded (they ran cuBLAS)
             if replaced is not None and (loaded or _kernel(replaced[1]) != _kernel(entry)):
-                self._changed()
+                self._changed({memos[key]})
             if on_entry is not None:
                 on_entry(key, entry)
 
@@ -505,7 +510,7 @@ class Chooser:
                         self.entries[memos[key]] = (arch, entry)
                     jobs.pop(key)
                     if replaced is not None and _kernel(replaced[1]) != _kernel(entry):
-                        self._changed()
+                        self._changed({memos[key]})
                     if on_entry is not None:
                         on_entry(key, entry)
             if jobs:
@@ -531,7 +536,7 @@ class Chooser:
                 type(e).__name__,
                 str(e)[-400:],
             )
-            self._changed()
+            self._changed(set(memos.values()))
 
     # --- building ----------------------------------------------------------------------------------
 
@@ -552,8 +557,9 @@ class Chooser:
                 self._load(program, entry, program_dir)
             else:
                 self._failed(program, entry, failure)
-            if self._chosen(program):  # a kernel built only to be timed changes no call's plan
-                self._changed()
+            choosing = self._choosing(program)
+            if choosing:  # a kernel built only to be timed changes no call's plan
+                self._changed(choosing)
 
         jobs = [building.job(i, arch, dtype, entry, variant) for i, (_, arch, dtype, entry, variant) in waiting.items()]
         try:
@@ -617,7 +623,8 @@ def narrowed(names: list[str], neighbour: Entry) -> dict:
     }
 
 
-def _memo(device, dtype, shape, variant: Variant) -> tuple:
+def bucket_memo(device, dtype, shape, variant: Variant) -> tuple:
+    """The bucket a call of ``shape`` falls in, as the chooser keeps its choice and names its changes."""
     m, n, k = shape
     return device, dtype, bucket(m), bucket(n), bucket(k), variant
 

@@ -46,6 +46,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <algorithm>
 #include <cstring>
 #include <ctime>
 #include <map>
@@ -123,6 +124,7 @@ struct Route {
   py::object function;  // the Python function of (a, b) that computes the call (the plan)
   Launch launch;        // Kind::launch only
   int64_t rows;         // Kind::python only: the one M it was derived for (a plan of Python may fix M)
+  int64_t tag;          // the caller's name for the choice it came from (``drop``), -1 for none
 };
 
 class DirectTable {
@@ -147,20 +149,20 @@ class DirectTable {
 
   const std::string& activation() const { return activation_; }
 
-  void put(const at::Tensor& a, const at::Tensor& b, py::object function) {
-    insert(a, b, Route{Kind::python, std::move(function), {}, a.dim() == 2 ? a.size(0) : -1});
+  void put(const at::Tensor& a, const at::Tensor& b, py::object function, int64_t tag) {
+    insert(a, b, Route{Kind::python, std::move(function), {}, a.dim() == 2 ? a.size(0) : -1, tag});
   }
 
-  void put_vendor(const at::Tensor& a, const at::Tensor& b, py::object function) {
-    insert(a, b, Route{Kind::vendor, std::move(function), {}, -1});
+  void put_vendor(const at::Tensor& a, const at::Tensor& b, py::object function, int64_t tag) {
+    insert(a, b, Route{Kind::vendor, std::move(function), {}, -1, tag});
   }
 
   void put_launch(const at::Tensor& a, const at::Tensor& b, py::object function, py::object program, int64_t n,
                   int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t row_length, int64_t align,
-                  int64_t columns) {
+                  int64_t columns, int64_t tag) {
     Launch launch{std::move(program), py::int_(n), py::int_(k),   py::int_(lda),          py::int_(ldb),
                   py::int_(ldc),      py::int_(0), columns < 0 ? n : columns, row_length, align};
-    insert(a, b, Route{Kind::launch, std::move(function), std::move(launch), -1});
+    insert(a, b, Route{Kind::launch, std::move(function), std::move(launch), -1, tag});
   }
 
   // the route's function, or None
@@ -189,6 +191,19 @@ class DirectTable {
   void clear() {  // the variants' tables are emptied, not dropped: Python may hold them
     routes_.clear();
     for (auto& entry : variants_) entry.second->clear();
+  }
+
+  // remove the routes put with one of ``tags``, here and in the variants' tables: one bucket's
+  // choice changed, the other buckets' routes stay
+  void drop(const std::vector<int64_t>& tags) {
+    for (auto it = routes_.begin(); it != routes_.end();) {
+      if (std::find(tags.begin(), tags.end(), it->second.tag) != tags.end()) {
+        it = routes_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto& entry : variants_) entry.second->drop(tags);
   }
 
  private:
@@ -521,19 +536,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("variant", &DirectTable::variant, py::arg("bias"), py::arg("activation"),
            py::return_value_policy::reference_internal,
            "The table of linear()'s calls with (or without) a bias and this activation ('' for none)")
-      .def("put", &DirectTable::put, py::arg("a"), py::arg("b"), py::arg("function"),
-           "Route calls of this signature to ``function(a, b)``")
+      .def("put", &DirectTable::put, py::arg("a"), py::arg("b"), py::arg("function"), py::arg("tag") = -1,
+           "Route calls of this signature to ``function(a, b)`` (``tag``: see ``drop``)")
       .def("put_vendor", &DirectTable::put_vendor, py::arg("a"), py::arg("b"), py::arg("function"),
-           "Route calls of this signature to at::mm (``function`` is what ``get`` returns)")
+           py::arg("tag") = -1, "Route calls of this signature to at::mm (``function`` is what ``get`` returns)")
       .def("put_launch", &DirectTable::put_launch, py::arg("a"), py::arg("b"), py::arg("function"),
            py::arg("program"), py::arg("n"), py::arg("k"), py::arg("lda"), py::arg("ldb"),
-           py::arg("ldc"), py::arg("row_length"), py::arg("align"), py::arg("columns") = -1,
+           py::arg("ldc"), py::arg("row_length"), py::arg("align"), py::arg("columns") = -1, py::arg("tag") = -1,
            "Route calls of this signature (any M of its bucket) to ``program(m, n, k, a_ptr, b_ptr, c, lda, ldb, "
            "ldc, bias_ptr)`` on a new [m, row_length] c of ``columns`` (default n) columns; calls whose pointers are not "
            "``align``-byte aligned to ``function(a, b)``")
       .def("get", &DirectTable::get, py::arg("a"), py::arg("b"))
       .def("kind", &DirectTable::kind, py::arg("a"), py::arg("b"))
       .def("clear", &DirectTable::clear)
+      .def("drop", &DirectTable::drop, py::arg("tags"),
+           "Remove the routes put with one of ``tags`` (an int each), here and in the variants' tables")
       .def("__len__", &DirectTable::size);
   m.def("route", &route, py::arg("table"), py::arg("fallback"), py::arg("linear_fallback"),
         py::arg("miss") = py::none(), py::arg("linear_miss") = py::none(), py::arg("deferred_device") = "cuda",

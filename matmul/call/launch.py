@@ -50,7 +50,7 @@ from ..kernels import device_context, swiglu, versions
 from ..kernels.variant import PLAIN, SWIGLU_GROUP, Variant
 from . import native_entry, tilus_autotune, yielding
 from .background import EXIT_JOIN_S, Worker
-from .chooser import Chooser
+from .chooser import Chooser, bucket_memo
 from .tuner import VENDOR, space_config
 
 log = logging.getLogger(__name__)
@@ -96,9 +96,10 @@ class VendorPlan:
         self.out_contiguous = out is not None and out.is_contiguous()
         self.activation = variant.activation
 
-    def add_route(self, table, a, b) -> None:
-        """Calls without ``out`` of the signature of ``a`` and ``b``: at::mm, from the native entry."""
-        table.put_vendor(a, b, self.__call__)
+    def add_route(self, table, a, b, tag: int = -1) -> None:
+        """Calls without ``out`` of the signature of ``a`` and ``b``: at::mm, from the native entry
+        (``tag``: the choice's, which ``DirectTable.drop`` names)."""
+        table.put_vendor(a, b, self.__call__, tag=tag)
 
     def product(self, a, b, bias):
         y = torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
@@ -140,11 +141,11 @@ class SeriesPlan:
         self.out_row = aligned_row_length(self.columns, a.dtype)  # an allocated output's row, padded to 16 bytes
         self.layouts = (layout(a), layout(b), None if out is None else layout(out))
 
-    def add_route(self, table, a, b) -> None:
+    def add_route(self, table, a, b, tag: int = -1) -> None:
         """Calls without ``out`` of the signature of ``a`` and ``b``: the native entry allocates the
-        output and calls the program itself."""
+        output and calls the program itself (``tag``: the choice's, which ``DirectTable.drop`` names)."""
         args = (self.launch, self.n, self.k, self.lda, self.ldb, self.ldc, self.out_row, TMA_ALIGN_BYTES)
-        table.put_launch(a, b, self.__call__, *args, columns=self.columns)
+        table.put_launch(a, b, self.__call__, *args, columns=self.columns, tag=tag)
 
     def __call__(self, a, b, out=None, bias=None):
         # on the path of every call: each step here is paid per launch, so it is kept short
@@ -182,10 +183,11 @@ class Plans:
     can run the path on the CPU with stand-in kernels.
 
     A bucket's choice can change after its plans were derived (a background tuning finished, the
-    chosen kernel got built: ``chooser``): the chooser then calls ``forget``, which drops every
-    plan and route, and the next call of each signature derives its plan again from the new
-    choice. A plan derived from a choice that changed while it was derived, or chosen inside a
-    CUDA graph capture (``transient``), runs its call but is not kept."""
+    chosen kernel got built: ``chooser``): the chooser then calls ``forget`` with that bucket, which
+    drops the plans derived from its choice and their routes (each route tagged with its bucket's
+    number, ``tags``), and the next call of each of those signatures derives its plan again from the
+    new choice; other buckets' plans stay. A plan derived while any choice changed, or chosen inside
+    a CUDA graph capture (``transient``), runs its call but is not kept."""
 
     def __init__(self, chooser: Chooser, check=contract.check_call, program=None):
         self.chooser = chooser
@@ -196,6 +198,7 @@ class Plans:
         self.direct = native_entry.new_table()
         self.lock = threading.Lock()
         self.generation = 0  # counts ``forget``: a plan derived in an earlier generation is not kept
+        self.tags: dict[tuple, int] = {}  # a bucket's (``bucket_memo``) number on its native routes
         # unseen calls that the native entry ran with torch's ops, their plans derived on this thread
         self.planner = Worker(
             "matmul-planner",
@@ -292,14 +295,29 @@ class Plans:
                 self.refused.add(key)
                 log.warning("matmul(): no plan for %s @ %s (%s: %s)", list(a.shape), list(b.shape), type(e).__name__, e)
 
-    def forget(self) -> None:
-        """Drop every plan and every route of the native entry (from any thread: the entry reads
-        its table under the GIL, and a route it runs holds its own references)."""
+    def forget(self, memos: Optional[set] = None) -> None:
+        """Drop the plans derived from the choices of ``memos`` (buckets, as ``bucket_memo`` names
+        them; None: every plan), and their routes in the native entry (from any thread: the entry
+        reads its table under the GIL, and a route it runs holds its own references)."""
         with self.lock:
             self.generation += 1
-            self.plans = {}
-            if self.direct is not None:
-                self.direct.clear()
+            if memos is None:
+                self.plans = {}
+                if self.direct is not None:
+                    self.direct.clear()
+                return
+            self.plans = {key: plan for key, plan in self.plans.items() if getattr(plan, "memo", None) not in memos}
+            tags = [self.tags[memo] for memo in memos if memo in self.tags]
+            if self.direct is not None and tags:
+                self.direct.drop(tags)
+
+    def _tag(self, plan) -> int:
+        """The number of the bucket ``plan`` was chosen for, on its routes (-1: none, a plan no choice
+        made; only ``forget(None)`` drops it). Under ``lock``."""
+        memo = getattr(plan, "memo", None)
+        if memo is None:
+            return -1
+        return self.tags.setdefault(memo, len(self.tags))
 
     def keep(self, plan, a, b, out=None) -> None:
         """Keep ``plan`` for calls with the signature of these operands, and for calls without ``out``
@@ -309,7 +327,7 @@ class Plans:
                 return
             self.plans[signature(a, b, out)] = plan
             if out is None and self.direct is not None:
-                plan.add_route(self.direct, a, b)
+                plan.add_route(self.direct, a, b, self._tag(plan))
 
     def remember(self, key, plan, a=None, b=None, bias=None, variant: Variant = PLAIN) -> None:
         """Keep ``plan`` under ``key`` (as ``keep`` decides whether), and given the operands of a call
@@ -318,7 +336,8 @@ class Plans:
             if getattr(plan, "generation", self.generation) == self.generation:
                 self.plans[key] = plan
                 if a is not None and self.direct is not None:
-                    plan.add_route(self.direct.variant(bias is not None, variant.activation or ""), a, b)
+                    table = self.direct.variant(bias is not None, variant.activation or "")
+                    plan.add_route(table, a, b, self._tag(plan))
 
     def launch(self, a, b, out=None):
         """``a @ b`` into ``out`` (allocated if None); the result."""
@@ -355,8 +374,9 @@ class Plans:
         variant = dataclasses.replace(variant, b_layout=b_layout)
         m, k = a.shape
         n = operand.shape[0] if b_layout == "nk" else operand.shape[1]
-        plan = None
+        plan, memo = None, None
         if b_layout == "nk" or tma_readable(operand):  # else b's rows are not TMA-aligned: only cuBLAS reads it
+            memo = bucket_memo(a.device, a.dtype, (m, n, k), variant)
             while True:  # the choice and the generation it belongs to, read together
                 generation = self.generation
                 arch, entry = self.chooser.get(a.device, a.dtype, m, n, k, variant=variant)
@@ -376,6 +396,7 @@ class Plans:
         if plan is None:
             plan = VendorPlan(a, b, out, variant)
         plan.generation = None if transient else generation
+        plan.memo = memo  # the bucket whose choice it runs: ``forget`` drops it when that choice changes
         if key is not None:
             self.keep(plan, a, b, out)
         return plan
