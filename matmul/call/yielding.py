@@ -5,9 +5,9 @@ Two processes on one GPU are time-sliced: while the tuning child (``tuner.tune_i
 timing window, a call of the caller's can wait for its slice, milliseconds on a call that takes
 microseconds. Instant choices are never slower than cuBLAS, so holding the tuning back costs the
 caller nothing but the later speed-up; a call that waits on the tuner's kernels costs it at once.
-(This guards against that contention. The child still costs the caller something it does not
-reach: with no tuning child at all the H100 trace's first calls were faster, and holding the
-child's steps back harder did not make up the difference: ``plots/h100/first-calls/``.)
+(This guards against that contention. Most of what a tuning child cost the H100 trace's first
+calls was not the child's GPU steps but the plans its results dropped in the caller, until the
+chooser dropped only the plans of a bucket whose kernel changed: ``plots/h100/first-calls/``.)
 
 So the caller's process keeps the time of its last call in one word of memory shared with the
 child (``LastCall``): every path that launches for the user stamps it, the native entry
