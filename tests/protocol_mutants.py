@@ -372,6 +372,16 @@ MUTANTS = (
         config=V8_INTERLEAVED,
     ),
     Mutant(
+        "no exit barrier: a Hopper V7 CTA may exit while its split-K partial is still being copied out of its "
+        "shared memory to a peer",
+        "sm_90a",
+        "v7",
+        "matmul.kernels.hopper.v7",
+        "            reduce.exit_barrier()  # no CTA leaves while a peer's copy may still read its partial tile\n",
+        "            pass\n",
+        ("exit",),
+    ),
+    Mutant(
         "no exit barrier: a Hopper V8 CTA may exit while its split-K partial is still being copied out of its "
         "shared memory to a peer",
         "sm_90a",

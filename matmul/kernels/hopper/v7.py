@@ -64,11 +64,16 @@ tile: the split group is the whole cluster when ``mc`` = 1, the weight group whe
 | mc ``empty[s]`` | wgs x mc | a thread of each consumer warpgroup of the weight group | producer | CTA, remote |
 | ``__syncthreads`` | all threads | every warp, once the partials are stored (in ``exchange``) | all | CTA |
 | ``arrived`` | 1 + bytes | this CTA's ``expect_tx`` (split - 1 slices); its split group's copies | warps 0-3, 0 | CTA |
-| ``barrier.cluster`` | the cluster | all: after the mbarriers exist; before exit | all | cluster |
+| ``barrier.cluster`` | the cluster | all: after the mbarriers exist; before exit (relaxed, mc = 1) | all | cluster |
 
 A peer's copy may land on ``arrived`` as soon as the first cluster barrier is passed, so every
 mbarrier is initialized before it. A sender's shared memory is read by its bulk copies until the
-receiver's ``arrived`` completes, so no CTA exits before the last cluster barrier. ``arrived`` is
+receiver's ``arrived`` completes, so no CTA exits before the last cluster barrier. Without
+multicast that barrier orders no memory and arrives relaxed (``ClusterSplitKReduce.exit_barrier``;
+with no split there is no peer and no barrier): an arrival with release semantics would first wait
+until the CTA's own stores of C are performed (``MEMBAR.ALL.GPU``), a fixed cost on every CTA. With
+multicast it keeps its release: a peer's consumers arrive on this CTA's ring remotely up to their
+last stage, and those arrivals must have landed before this CTA leaves. ``arrived`` is
 used once (``ClusterSplitKReduce``); a fresh ``empty[s]`` read with parity ``p ^ 1`` counts as
 complete, so the ring starts out free (V3).
 
@@ -104,6 +109,7 @@ PTX_MARKERS = (
     "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes",
     "mapa.shared::cluster",
     "barrier.cluster",
+    "barrier.cluster.arrive.relaxed.aligned",  # the exit barrier orders no memory (ClusterSplitKReduce.exit_barrier)
 )
 REPRESENTATIVE = {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 8, "multicast": 1}
 # the weight multicast to two 64-token tiles (the configuration CI builds for that option)
@@ -263,30 +269,9 @@ class Kernel(MatmulKernel):
                         ring.producer_barrier(), transaction_bytes=s_w[slot].nbytes + s_x[slot].nbytes
                     )
                 offset_k = (k_blocks.first + i) * BLOCK_K
-                if self.multicast == 1:
-                    self.load_b(g_b, s_w[slot, 0], ring.producer_barrier(), offset_n, offset_k)
-                    if self.warpgroups == 2:
-                        self.load_b(g_b, s_w[slot, 1], ring.producer_barrier(), offset_n + 64, offset_k)
-                elif i % self.multicast == m_rank:  # the weight group's CTAs take turns at the weight tile
-                    self.load_b(
-                        g_b,
-                        s_w[slot, 0],
-                        ring.producer_barrier(),
-                        offset_n,
-                        offset_k,
-                        multicast=True,
-                        multicast_mask=weight_group,
-                    )
-                    if self.warpgroups == 2:
-                        self.load_b(
-                            g_b,
-                            s_w[slot, 1],
-                            ring.producer_barrier(),
-                            offset_n + 64,
-                            offset_k,
-                            multicast=True,
-                            multicast_mask=weight_group,
-                        )
+                self.load_weight(g_b, s_w[slot, 0], ring, offset_n, offset_k, i, m_rank, weight_group)
+                if self.warpgroups == 2:
+                    self.load_weight(g_b, s_w[slot, 1], ring, offset_n + 64, offset_k, i, m_rank, weight_group)
                 self.tma.global_to_shared(
                     src=g_a, dst=s_x[slot], offsets=[offset_m, offset_k], mbarrier=ring.producer_barrier()
                 )
@@ -299,7 +284,43 @@ class Kernel(MatmulKernel):
         reduce.exchange(k_rank)
         with self.warp_group(warp_begin=0, num_warps=4):
             reduce.write(k_rank, g_c, offset_m, offset_n, self.epilogue)  # with the variant's bias, activation
-        self.cluster.sync()  # no CTA leaves while a peer's copy may still read its partial tile, or arrive on its ring
+        self.exit_barrier(reduce)
+
+    def exit_barrier(self, reduce: ClusterSplitKReduce):
+        """Whole CTA, last: no CTA of the cluster leaves while a peer may still touch its shared
+        memory (module doc)."""
+        if self.multicast > 1:
+            # a peer's consumers may still arrive on this CTA's ring: their remote arrivals are
+            # ordered before the peer's arrival here (release), so they have landed
+            self.cluster.sync()
+        else:
+            reduce.exit_barrier()  # no CTA leaves while a peer's copy may still read its partial tile
+
+    def load_weight(
+        self,
+        g_b: GlobalTensor,
+        s_tile: SharedTensor,
+        ring: Pipeline,
+        offset_n: int32,
+        offset_k: int32,
+        i: int32,
+        m_rank: int32,
+        weight_group: int32,
+    ):
+        """Producer: K block ``i``'s weight tile of one warpgroup (64 rows at ``offset_n``) into
+        ``s_tile``: loaded by this CTA, or with multicast by the weight group's CTAs in turn."""
+        if self.multicast == 1:
+            self.load_b(g_b, s_tile, ring.producer_barrier(), offset_n, offset_k)
+        elif i % self.multicast == m_rank:  # the weight group's CTAs take turns at the weight tile
+            self.load_b(
+                g_b,
+                s_tile,
+                ring.producer_barrier(),
+                offset_n,
+                offset_k,
+                multicast=True,
+                multicast_mask=weight_group,
+            )
 
     def consumer(
         self, wg: int, ring: Pipeline, s_w: SharedTensor, s_x: SharedTensor, reduce: ClusterSplitKReduce, count: int32

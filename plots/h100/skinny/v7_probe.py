@@ -1,0 +1,153 @@
+"""Hopper V7 against variants of itself with one step changed, timed in one window with cuBLAS
+(L2 flushed by reading, ``timing.interleaved_ms``), each output checked against a float32 reference
+first (NaN-poisoned). B [N, K] as ``x @ w.T`` gives it.
+
+* ``slices`` (the weight multicast): V7 with ``multicast`` > 1 has the weight group's CTAs load whole
+  weight tiles in turn (K block ``i`` by CTA ``i % multicast``); here every CTA of the group loads its
+  own slice of every weight tile (``64 / multicast`` rows, whole 128-byte swizzled rows, so each lands
+  where the whole tile's box would put it) and multicasts that, as CUTLASS-style kernels do.
+* ``release_exit`` (the last cluster barrier): V7 before its exit barrier arrived relaxed, the
+  barrier with release semantics (``this_cluster.sync()``), whose arrival waits for the CTA's stores
+  of C to be performed (``MEMBAR.ALL.GPU``).
+
+    MATMUL_CACHE_DIR=.cache/probe python plots/h100/skinny/v7_probe.py OUT --build-only   # on the CPU machine
+    MATMUL_CACHE_DIR=$PWD/.cache/probe python plots/h100/skinny/v7_probe.py OUT            # v7_probe.json
+        [--variants v7,slices,release_exit] [--configs multicast|split] [--shapes 64x4096x4096,...]
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from tilus import GlobalTensor, SharedTensor, int32
+
+from matmul.build.compiler import target
+from matmul.call import tilus_autotune
+from matmul.kernels import versions
+from matmul.measure.correctness import relative_error
+from matmul.measure.timing import interleaved_ms
+from pipeline import Pipeline
+from pipeline.cluster_reduce import ClusterSplitKReduce
+
+V7 = versions.load("sm_90a", "v7")
+CONFIGS = {
+    # cuBLAS's tiling at 64 and 128 tokens (COMMAND.md), four token tiles a cluster, and the space's
+    # best without multicast at those sizes
+    "multicast": (
+        {"block_m": 32, "warpgroups": 1, "split": 1, "stages": 16, "multicast": 2},
+        {"block_m": 64, "warpgroups": 1, "split": 1, "stages": 13, "multicast": 2},
+        {"block_m": 64, "warpgroups": 1, "split": 1, "stages": 13, "multicast": 4},
+        {"block_m": 64, "warpgroups": 1, "split": 2, "stages": 10, "multicast": 1},
+        {"block_m": 128, "warpgroups": 1, "split": 2, "stages": 6, "multicast": 1},
+    ),
+    # what the tuner picks at decode sizes (plots/h100/skinny/), with and without a split
+    "split": (
+        {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 8, "multicast": 1},
+        {"block_m": 16, "warpgroups": 1, "split": 1, "stages": 16, "multicast": 1},
+        {"block_m": 64, "warpgroups": 1, "split": 2, "stages": 10, "multicast": 1},
+        {"block_m": 128, "warpgroups": 1, "split": 2, "stages": 6, "multicast": 1},
+        {"block_m": 128, "warpgroups": 1, "split": 1, "stages": 8, "multicast": 1},
+    ),
+}
+SHAPES = {
+    "multicast": "64x4096x4096,128x4096x4096,128x28672x4096,256x4096x4096,128x4096x14336",
+    "split": "1x4096x4096,16x4096x4096,16x1024x4096,16x28672x4096,16x4096x14336,64x4096x4096,128x4096x4096",
+}
+
+
+# (tilus reads the annotations of a kernel's methods)
+class Slices(V7.Kernel):
+    def load_weight(
+        self,
+        g_b: GlobalTensor,
+        s_tile: SharedTensor,
+        ring: Pipeline,
+        offset_n: int32,
+        offset_k: int32,
+        i: int32,
+        m_rank: int32,
+        weight_group: int32,
+    ):
+        if self.multicast == 1:
+            self.load_b(g_b, s_tile, ring.producer_barrier(), offset_n, offset_k)
+        else:  # every CTA of the weight group: its slice of the rows, every K block
+            rows = 64 // self.multicast
+            slices = self.reshape_shared(s_tile, [self.multicast, rows, V7.BLOCK_K])
+            self.load_b(
+                g_b,
+                slices[m_rank],
+                ring.producer_barrier(),
+                offset_n + m_rank * rows,
+                offset_k,
+                multicast=True,
+                multicast_mask=weight_group,
+            )
+
+
+class ReleaseExit(V7.Kernel):
+    def exit_barrier(self, reduce: ClusterSplitKReduce):
+        self.cluster.sync()
+
+
+VARIANTS = {"v7": V7.Kernel, "slices": Slices, "release_exit": ReleaseExit}
+
+
+def script(cls, config):
+    fixed = versions._fixed_kernel_class(cls, tuple(sorted(config.items())))
+    fixed.__name__ = f"{cls.__name__}_probe"
+    return fixed(dtype=versions.TILUS_DTYPES[torch.float16])
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--build-only", action="store_true")
+    parser.add_argument("--variants", default="v7,slices")
+    parser.add_argument("--configs", default="multicast", choices=sorted(CONFIGS))
+    parser.add_argument("--shapes", default=None, help="MxNxK,... (default: the configurations' own)")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    programs = {}
+    for name in args.variants.split(","):
+        for config in CONFIGS[args.configs]:
+            if name == "slices" and config["multicast"] == 1:
+                continue  # the same kernel as V7's
+            if name == "release_exit" and config["multicast"] > 1:
+                continue  # V7 keeps the release there (module doc)
+            with target("sm_90a"):  # built here, or found in tilus's cache
+                programs[name, str(config)] = tilus_autotune.load(tilus_autotune.build(script(VARIANTS[name], config)))
+            print(f"built {name} {config}", flush=True)
+    if args.build_only:
+        return
+    rows = []
+    for shape in (args.shapes or SHAPES[args.configs]).split(","):
+        m, n, k = map(int, shape.split("x"))
+        gen = torch.Generator().manual_seed(0)
+        w = (torch.randn(n, k, generator=gen) / k**0.5).half().cuda()
+        x = torch.randn(m, k, generator=gen).half().cuda()
+        reference = x.float() @ w.float().T
+        fns, names = [lambda x=x, w=w: torch.matmul(x, w.T)], ["cublas"]
+        for (name, config), program in programs.items():
+            out = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
+            operands = (m, n, k, x, w, out, x.stride(0), w.stride(0), out.stride(0), 0)
+
+            def launch(program=program, operands=operands):
+                program(*operands)
+
+            launch()
+            error = relative_error(out, reference)
+            assert error < 1e-2, f"{name} {config} {m}x{n}x{k}: error {error:.3g}"
+            fns.append(launch)
+            names.append(f"{name} {config}")
+        times = interleaved_ms(fns, 50, 300)
+        for name, ms in zip(names, times):
+            row = dict(m=m, n=n, k=k, kernel=name, us=ms * 1e3, x_cublas=times[0] / ms)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    (args.out / "v7_probe.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
