@@ -128,6 +128,16 @@ def _fixed_kernel_class(kernel_cls: type, config_items: tuple) -> type:
     )
 
 
+def fixed_script(kernel_cls: type, config: dict[str, Any], dtype: torch.dtype, name: Optional[str] = None):
+    """The launchable script of ``kernel_cls`` (a version's ``Kernel``, or a subclass with one step
+    changed, as the probes under ``plots/`` build them) fixed to ``config``, named ``name`` in
+    tilus's cache (default: the class's name)."""
+    fixed = _fixed_kernel_class(kernel_cls, tuple(sorted(config.items())))
+    if name is not None:
+        fixed.__name__ = name
+    return fixed(dtype=TILUS_DTYPES[dtype])
+
+
 def kernel(module: ModuleType, dtype: torch.dtype, config: Optional[dict[str, Any]] = None, variant: Variant = PLAIN):
     """The launchable tilus script of a version for ``dtype``: autotuned, or fixed to ``config``; for
     ``variant`` (B's layout, the epilogue), which the version must support (``variant.supported``)."""

@@ -70,20 +70,18 @@ class Slices(V7.Kernel):
         m_rank: int32,
         weight_group: int32,
     ):
-        if self.multicast == 1:
-            self.load_b(g_b, s_tile, ring.producer_barrier(), offset_n, offset_k)
-        else:  # every CTA of the weight group: its slice of the rows, every K block
-            rows = 64 // self.multicast
-            slices = self.reshape_shared(s_tile, [self.multicast, rows, V7.BLOCK_K])
-            self.load_b(
-                g_b,
-                slices[m_rank],
-                ring.producer_barrier(),
-                offset_n + m_rank * rows,
-                offset_k,
-                multicast=True,
-                multicast_mask=weight_group,
-            )
+        # built with multicast only: every CTA of the weight group loads its slice of the rows, every K block
+        rows = 64 // self.multicast
+        slices = self.reshape_shared(s_tile, [self.multicast, rows, V7.BLOCK_K])
+        self.load_b(
+            g_b,
+            slices[m_rank],
+            ring.producer_barrier(),
+            offset_n + m_rank * rows,
+            offset_k,
+            multicast=True,
+            multicast_mask=weight_group,
+        )
 
 
 class ReleaseExit(V7.Kernel):
@@ -95,9 +93,7 @@ VARIANTS = {"v7": V7.Kernel, "slices": Slices, "release_exit": ReleaseExit}
 
 
 def script(cls, config):
-    fixed = versions._fixed_kernel_class(cls, tuple(sorted(config.items())))
-    fixed.__name__ = f"{cls.__name__}_probe"
-    return fixed(dtype=versions.TILUS_DTYPES[torch.float16])
+    return versions.fixed_script(cls, config, torch.float16, name=f"{cls.__name__}_probe")
 
 
 def main(argv=None) -> None:

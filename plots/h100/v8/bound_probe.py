@@ -98,9 +98,7 @@ VARIANTS = {"v8": V8.Kernel, "no_widen": NoWiden, "one_wgmma": OneWgmma, "ring_o
 
 
 def script(cls, config):
-    fixed = versions._fixed_kernel_class(cls, tuple(sorted(config.items())))
-    fixed.__name__ = f"{cls.__name__}_probe"
-    return fixed(dtype=versions.TILUS_DTYPES[torch.float16])
+    return versions.fixed_script(cls, config, torch.float16, name=f"{cls.__name__}_probe")
 
 
 def main(argv=None) -> None:
