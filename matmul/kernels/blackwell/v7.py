@@ -25,10 +25,12 @@ Synchronization (this CTA's K block ``i`` uses slot ``s = i % stages``, parity `
 | ``empty[s]`` | 1 | MMA warp's ``tcgen05.commit`` after the MMA that read ``s`` | TMA warp, parity ``p ^ 1`` | CTA |
 | ``acc_ready`` | 1 | MMA warp's ``tcgen05.commit`` after its last MMA | warps 0-3, parity 0 | CTA |
 | ``arrived`` (exchange) | 1 + bytes | this CTA's ``expect_tx``; the peers' bulk copies | warps 0-3, parity 0 | CTA |
-| ``barrier.cluster`` | every thread of the cluster | after the barriers are initialized; before exit | all | cluster |
+| ``barrier.cluster`` | all threads | after the barriers are initialized; before exit (relaxed) | all | cluster |
 
 The exchange's ``__syncthreads`` also orders the last ``tcgen05.ld`` before TMEM is freed (with the
-tcgen05 fences on either side, as in V3).
+tcgen05 fences on either side, as in V3). The last cluster barrier orders no memory and arrives
+relaxed, as Hopper V7's (``ClusterSplitKReduce.exit_barrier``; none with no split): no CTA first
+waits for its own stores of C to be performed.
 """
 
 import tilus
@@ -48,6 +50,7 @@ PTX_MARKERS = (
     "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes",
     "mapa.shared::cluster",
     "barrier.cluster",
+    "barrier.cluster.arrive.relaxed.aligned",  # the exit barrier orders no memory (ClusterSplitKReduce.exit_barrier)
 )
 REPRESENTATIVE = {"block_m": 32, "split": 2, "stages": 8}
 B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)
@@ -171,4 +174,4 @@ class Kernel(MatmulKernel):
         self.tcgen05.dealloc(t_acc)
         with self.warp_group(warp_begin=0, num_warps=4):
             reduce.write(rank, g_c, offset_m, offset_n, self.epilogue)  # with the variant's bias, activation
-        self.cluster.sync()  # no CTA leaves while a peer's copy may still read its partial tile
+        reduce.exit_barrier()  # no CTA leaves while a peer's copy may still read its partial tile
