@@ -281,10 +281,17 @@ class Kernel(MatmulKernel):
         if self.warpgroups == 2:
             self.consumer(1, ring, s_w, s_x, reduce, k_blocks.count)
 
+        self.write_out(reduce, k_rank, g_c, offset_m, offset_n)
+        self.exit_barrier(reduce)
+
+    def write_out(
+        self, reduce: ClusterSplitKReduce, k_rank: int32, g_c: GlobalTensor, offset_m: int32, offset_n: int32
+    ):
+        """Whole CTA, after the consumers stored their partials: the split group's exchange, then this
+        CTA's slice of the tile summed and written into C."""
         reduce.exchange(k_rank)
         with self.warp_group(warp_begin=0, num_warps=4):
             reduce.write(k_rank, g_c, offset_m, offset_n, self.epilogue)  # with the variant's bias, activation
-        self.exit_barrier(reduce)
 
     def exit_barrier(self, reduce: ClusterSplitKReduce):
         """Whole CTA, last: no CTA of the cluster leaves while a peer may still touch its shared
