@@ -277,6 +277,58 @@ def test_an_unseen_call_runs_cublas_at_once_and_its_bucket_gets_a_native_route(t
     assert done.returncode == 0 and "route" in done.stdout, done.stderr[-3000:]
 
 
+# An unseen bucket with nothing shipped or measured near it: its first calls run the instant choice
+# (cuBLAS) while the bucket is tuned in the background, on this GPU, in a child process; then the
+# measured result takes over (its plan and native route derived again), or, where the tuning fails,
+# the instant choice stays, with the failure on the choice and every result still correct.
+BACKGROUND_CHILD = """
+import sys
+import torch
+import matmul
+from matmul.call import api, tuner
+from matmul.call.choice_cache import ShippedTable
+from matmul.measure.correctness import TOLERANCE, random_operands, reference, relative_error
+
+fails = sys.argv[1] == "fails"
+api._chooser.shipped = ShippedTable([])  # no shipped choice, so no neighbour: the fallback
+if fails:
+    def died(arch, dtype, device, jobs, on_entry=None):
+        raise tuner.TuningError("the tuning child died (the test's stand-in)")
+    api._chooser.tune_jobs = died
+m, n, k = 16, 4096, 4096  # a bucket where V7 beats cuBLAS on the H100 (plots/h100/skinny/)
+a, w = random_operands(m, n, k, torch.float16)
+first = api.choice(a, w.T)
+assert (first["source"], first["version"], first["pending"]) == ("fallback", tuner.VENDOR, True), first
+for _ in range(3):  # the instant choice, at once, while the bucket is tuned
+    assert relative_error(matmul.matmul(a, w.T), reference(a, w)) <= TOLERANCE[torch.float16]
+assert api._plans.wait_for_background(900)
+after = api.choice(a, w.T)
+assert not after["pending"], after
+if fails:
+    assert after["source"] == "fallback" and "TuningError" in after["tuning_failed"], after
+else:
+    assert after["source"] == "measured" and "candidates" in after, after
+matmul.matmul(a, w.T)  # the plan derived again from the choice it has now, on the planner's thread
+assert api._plans.planner.wait(60)
+kind = api._plans.direct.kind(a, w.T)
+assert kind == ("vendor" if after["version"] == tuner.VENDOR else "launch"), (kind, after)
+a2 = random_operands(m, n, k, torch.float16)[0]
+assert relative_error(matmul.matmul(a2, w.T), reference(a2, w)) <= TOLERANCE[torch.float16]
+print("choice", after["source"], after["version"])
+"""
+
+
+@pytest.mark.parametrize("tuning", ["finishes", "fails"])
+def test_a_background_tuning_takes_over_from_the_instant_choice_or_leaves_it(tmp_path, tuning):
+    env = dict(os.environ, MATMUL_CACHE_DIR=str(tmp_path), MATMUL_TUNE="background")
+    done = subprocess.run(
+        [sys.executable, "-c", BACKGROUND_CHILD, tuning], env=env, capture_output=True, text=True, timeout=1000
+    )
+    assert done.returncode == 0 and "choice" in done.stdout, done.stderr[-3000:]
+    source = done.stdout.split("choice")[-1].split()[0]
+    assert source == ("fallback" if tuning == "fails" else "measured"), done.stdout
+
+
 def test_a_candidate_that_faults_while_tuning_leaves_this_process_usable():
     m, n, k = LARGE["A"]  # V0 addresses A with int32 offsets: past 2^31 elements it faults
     job = {"key": f"{ARCH}/fault test/float16/{m}x{n}x{k}", "m": m, "n": n, "k": k, "names": ["v0", tuner.VENDOR]}
