@@ -372,6 +372,16 @@ MUTANTS = (
         config=V8_INTERLEAVED,
     ),
     Mutant(
+        "no exit barrier: a Blackwell V8 CTA may exit while its split-K partial is still being copied out of "
+        "its shared memory to a peer",
+        "sm_100a",
+        "v8",
+        "matmul.kernels.blackwell.v8",
+        "        reduce.exit_barrier()  # no CTA leaves while a peer's copy may still read its partial tile\n",
+        "",
+        ("exit",),
+    ),
+    Mutant(
         "no exit barrier: a Blackwell V7 CTA may exit while its split-K partial is still being copied out of "
         "its shared memory to a peer",
         "sm_100a",

@@ -65,7 +65,7 @@ stages) & 1`` and TMEM buffer ``b = i % wide_stages`` at parity ``q = (i // wide
 | ``wide.empty[b]`` | 1 | MMA warp's commit after the MMAs that read ``b`` | warps 0-3, ``q ^ 1`` | CTA |
 | ``acc_ready`` | 1 | MMA warp's commit after its last MMA | warps 0-3, parity 0 | CTA |
 | ``arrived`` (exchange) | 1 + bytes | this CTA's ``expect_tx``; the peers' bulk copies | warps 0-3, 0 | CTA |
-| ``barrier.cluster`` | the cluster | all: after the barriers exist; before exit | all | cluster |
+| ``barrier.cluster`` | the cluster | all: after the barriers exist; before exit (relaxed) | all | cluster |
 
 ``ring.empty[s]``: a widening thread arrives once its packed words and scales of ``s`` are in
 registers; the MMA warp's ``tcgen05.commit`` once the MMAs that read the tokens of ``s`` completed.
@@ -105,6 +105,7 @@ PTX_MARKERS = (
     "cp.async.bulk.tensor.2d.shared::cta.global",
     "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes",
     "barrier.cluster",
+    "barrier.cluster.arrive.relaxed.aligned",  # the exit barrier orders no memory (ClusterSplitKReduce.exit_barrier)
 )
 REPRESENTATIVE = {"block_m": 32, "split": 2, "stages": 4, "wide_stages": 2}
 B_LAYOUTS = ("nk",)  # the packed weight has one layout (matmul.quant)
@@ -324,7 +325,7 @@ class Kernel(MatmulKernel):
         self.tcgen05.dealloc(t_acc)
         with self.warp_group(warp_begin=0, num_warps=4):
             reduce.write(rank, g_c, offset_m, offset_n, self.epilogue)
-        self.cluster.sync()
+        reduce.exit_barrier()  # no CTA leaves while a peer's copy may still read its partial tile
 
     def widen(self, words: RegisterTensor, scale: RegisterTensor) -> RegisterTensor:
         """A thread's 16 packed words (128 int4 values) as the 16-bit tile ``WIDE``, times its rows' scales."""
