@@ -297,8 +297,8 @@ if fails:
     api._chooser.tune_jobs = died
 m, n, k = 16, 4096, 4096  # a bucket where V7 beats cuBLAS on the H100 (plots/h100/skinny/)
 a, w = random_operands(m, n, k, torch.float16)
-first = api.choice(a, w.T)
-assert (first["source"], first["version"], first["pending"]) == ("fallback", tuner.VENDOR, True), first
+first = api.choice(a, w.T)  # (a stand-in that fails at once may be done by the time this returns)
+assert (first["source"], first["version"]) == ("fallback", tuner.VENDOR) and (first["pending"] or fails), first
 for _ in range(3):  # the instant choice, at once, while the bucket is tuned
     assert relative_error(matmul.matmul(a, w.T), reference(a, w)) <= TOLERANCE[torch.float16]
 assert api._plans.wait_for_background(900)
