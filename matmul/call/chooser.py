@@ -177,9 +177,9 @@ class Chooser:
             raise ValueError(f"the tuning mode must be one of {', '.join(MODES)}, got {value!r}")
         self._mode = value
 
-    def on_change(self, listener: Callable[[Optional[set]], None]) -> None:
+    def on_change(self, listener: Callable[[set], None]) -> None:
         """Call ``listener(memos)`` whenever the kernel a bucket runs changes (module doc): ``memos``
-        the set of the buckets whose kernel changed (``bucket_memo``), or None for every bucket."""
+        the set of the buckets whose kernel changed (``bucket_memo``)."""
         self.listeners.append(listener)
 
     def _choosing(self, program: tuple) -> set:
@@ -192,7 +192,7 @@ class Chooser:
                 if program_key(arch, memo[1], entry, memo[5]) == program
             }
 
-    def _changed(self, memos: Optional[set] = None) -> None:
+    def _changed(self, memos: set) -> None:
         for listener in list(self.listeners):
             try:
                 listener(memos)

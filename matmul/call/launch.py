@@ -295,17 +295,12 @@ class Plans:
                 self.refused.add(key)
                 log.warning("matmul(): no plan for %s @ %s (%s: %s)", list(a.shape), list(b.shape), type(e).__name__, e)
 
-    def forget(self, memos: Optional[set] = None) -> None:
+    def forget(self, memos: set) -> None:
         """Drop the plans derived from the choices of ``memos`` (buckets, as ``bucket_memo`` names
-        them; None: every plan), and their routes in the native entry (from any thread: the entry
-        reads its table under the GIL, and a route it runs holds its own references)."""
+        them), and their routes in the native entry (from any thread: the entry reads its table
+        under the GIL, and a route it runs holds its own references)."""
         with self.lock:
             self.generation += 1
-            if memos is None:
-                self.plans = {}
-                if self.direct is not None:
-                    self.direct.clear()
-                return
             self.plans = {key: plan for key, plan in self.plans.items() if getattr(plan, "memo", None) not in memos}
             tags = [self.tags[memo] for memo in memos if memo in self.tags]
             if self.direct is not None and tags:
@@ -313,7 +308,7 @@ class Plans:
 
     def _tag(self, plan) -> int:
         """The number of the bucket ``plan`` was chosen for, on its routes (-1: none, a plan no choice
-        made; only ``forget(None)`` drops it). Under ``lock``."""
+        made, which no change of a choice drops). Under ``lock``."""
         memo = getattr(plan, "memo", None)
         if memo is None:
             return -1
