@@ -15,7 +15,7 @@ the methods below take. Each group exchanges with its own CTAs only; by default 
 whole cluster (``rank_base = 0``, ``rank_stride = 1``).
 
 1. ``store``: each consumer warpgroup writes its accumulator into this CTA's ``partial`` tile
-   (row-major float32, one slice after another).
+   (float32, one slice after another, each swizzled against bank conflicts: ``partial_layout``).
 2. ``exchange`` (whole CTA): a fence orders those generic-proxy stores before the copy engine's
    reads, then one thread announces on this CTA's ``arrived`` barrier the bytes it will receive
    (``parts - 1`` slices) and sends slice ``p`` of its partial to every peer ``p`` with one bulk
@@ -49,7 +49,7 @@ from tilus.hidet.ir.primitives.func import (
 )
 from tilus.hidet.ir.stmt import asm
 from tilus.hidet.lang import attrs, script
-from tilus.ir.layout.ops.shared_ops import shared_row_major
+from tilus.ir.layout.ops.shared_ops import shared_row_major_swizzle
 from tilus.lang.instructions import base
 
 from .fused_epilogue import FusedEpilogue, split_k_layout
@@ -91,6 +91,17 @@ def _register() -> None:
 
 
 _register()
+
+
+def partial_layout(shape):
+    """The shared layout of the partial and received tiles, ``[..., rows, cols]`` float32: each
+    ``rows x cols`` slice contiguous (one bulk copy sends it, and the receiver reads it in the
+    sender's layout), cut into blocks of 32 columns (128 bytes), whose 16-byte groups are permuted
+    row by row (``shared_row_major_swizzle``). Row-major, the rows of a 128-column slice lie 512
+    bytes apart, in the same banks: a warp storing its accumulator (8 rows at a time from a wgmma
+    fragment, 32 from a tcgen05 one) or loading 8 rows with ``ldmatrix`` met 8-way conflicts
+    or worse. Swizzled, the 8 rows of a block use different banks."""
+    return shared_row_major_swizzle(shape, 4)
 
 
 def bulk_copy_to_rank(dst, src, barrier, rank) -> None:
@@ -151,11 +162,11 @@ class ClusterSplitKReduce(tilus.Class):
         self.cols: int = cols
         self.layers: int = layers
         self.partial = self.shared_tensor(dtype=float32, shape=[layers, parts, rows // parts, cols])
-        self.annotate_layout(self.partial, shared_row_major(layers, parts, rows // parts, cols))
+        self.annotate_layout(self.partial, partial_layout([layers, parts, rows // parts, cols]))
         if parts > 1:
             slots = layers * (parts - 1)  # layer l of peer p's slice in slot l * (parts - 1) + ...
             self.received = self.shared_tensor(dtype=float32, shape=[slots, rows // parts, cols])
-            self.annotate_layout(self.received, shared_row_major(slots, rows // parts, cols))
+            self.annotate_layout(self.received, partial_layout([slots, rows // parts, cols]))
             self.arrived = self.mbarrier.alloc([1])
 
     def store(self, acc: RegisterTensor, slab: int, layer: int = 0):

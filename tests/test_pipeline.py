@@ -138,3 +138,35 @@ def test_pipeline_ring_delivers_every_stage_in_order(stages, cluster):
     dst = torch.full_like(src, float("nan"))
     RingCopy(stages=stages, cluster=cluster)(rows, src, dst)
     torch.testing.assert_close(dst, src, rtol=0, atol=0)
+
+
+def _wavefronts(words) -> int:
+    """Shared-memory wavefronts one warp's access takes: the most distinct 4-byte words that fall
+    in one of the 32 banks (a word read or written by several lanes is one)."""
+    per_bank = {}
+    for word in set(int(w) for w in words):
+        per_bank.setdefault(word % 32, set()).add(word)
+    return max(len(ws) for ws in per_bank.values())
+
+
+@pytest.mark.parametrize("slice_rows, cols", [(64, 128), (32, 128), (32, 64), (64, 16), (8, 8)])
+def test_split_k_exchange_tiles_keep_a_warps_stores_and_loads_free_of_bank_conflicts(slice_rows, cols):
+    """``ClusterSplitKReduce``'s partial tile, float32 (one element a 4-byte word), as the kernels
+    touch it: a wgmma accumulator stored 8 bytes a lane (8 rows x 4 column pairs a warp), read
+    back by ``ldmatrix`` (8 rows x 16 bytes a matrix), and a tcgen05 accumulator (a row a lane).
+    Row-major, the rows of a 128-column tile share their banks and every such access takes 8
+    wavefronts or more."""
+    from pipeline.cluster_reduce import partial_layout
+
+    grid = partial_layout([1, 2, slice_rows, cols]).as_numpy_grid()[0, 1]  # the second slice
+    for row in range(0, slice_rows, 8):
+        for col in range(0, cols, 8):  # wgmma fragment: lane l at row l // 4, columns 2 (l % 4) + {0, 1}
+            words = [grid[row + lane // 4, col + 2 * (lane % 4) + e] for lane in range(32) for e in (0, 1)]
+            assert _wavefronts(words) <= 2  # 256 bytes: two wavefronts at best
+        for col in range(0, cols, 4):  # ldmatrix: 8 rows of 16 bytes
+            words = [grid[row + r, col + e] for r in range(8) for e in range(4)]
+            assert _wavefronts(words) == 1
+    for row in range(0, slice_rows - 31, 32):  # tcgen05: lane l holds row l, 16 bytes a store
+        for col in range(0, cols, 4):
+            words = [grid[row + lane, col + e] for lane in range(32) for e in range(4)]
+            assert _wavefronts(words) <= 4  # 512 bytes: four at best

@@ -9,6 +9,10 @@ first (NaN-poisoned). B [N, K] as ``x @ w.T`` gives it.
 * ``release_exit`` (the last cluster barrier): V7 before its exit barrier arrived relaxed, the
   barrier with release semantics (``this_cluster.sync()``), whose arrival waits for the CTA's stores
   of C to be performed (``MEMBAR.ALL.GPU``).
+* ``row_major_partial`` (the split-K exchange tiles): V7 with the partial and received tiles of
+  ``ClusterSplitKReduce`` row-major in shared memory, as they were before ``partial_layout`` swizzled
+  them: the accumulator's stores and the ``ldmatrix`` loads of the write-out met 8-way bank
+  conflicts there (the rows of a 128-column tile lie 512 bytes apart).
 * ``no_epilogue`` and ``ring_only`` (where V7's time goes; their outputs are wrong by design and not
   checked): V7 without its write-out (no exchange of partials, nothing stored into C), and that
   without the wgmma too (the consumers take each stage and release it: the ring, its TMA traffic
@@ -17,23 +21,25 @@ first (NaN-poisoned). B [N, K] as ``x @ w.T`` gives it.
 
     MATMUL_CACHE_DIR=.cache/probe python plots/h100/skinny/v7_probe.py OUT --build-only   # on the CPU machine
     MATMUL_CACHE_DIR=$PWD/.cache/probe python plots/h100/skinny/v7_probe.py OUT            # v7_probe.json
-        [--variants v7,slices,release_exit] [--configs multicast|split] [--shapes 64x4096x4096,...]
+        [--variants v7,slices,release_exit,row_major_partial] [--configs multicast|split] [--shapes 64x4096x4096,...]
 """
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
 
 import torch
 from tilus import GlobalTensor, SharedTensor, int32
+from tilus.ir.layout.ops.shared_ops import shared_row_major
 
 from matmul.build.compiler import target
 from matmul.call import tilus_autotune
 from matmul.kernels import versions
 from matmul.measure.correctness import relative_error
 from matmul.measure.timing import interleaved_ms
-from pipeline import Pipeline
+from pipeline import Pipeline, cluster_reduce
 from pipeline.cluster_reduce import ClusterSplitKReduce
 
 V7 = versions.load("sm_90a", "v7")
@@ -94,6 +100,21 @@ class ReleaseExit(V7.Kernel):
         self.cluster.sync()
 
 
+class RowMajorPartial(V7.Kernel):
+    pass  # V7 itself, transpiled with the row-major exchange tiles (row_major_partials)
+
+
+@contextlib.contextmanager
+def row_major_partials():
+    """While a script is transpiled: ``ClusterSplitKReduce``'s tiles row-major, not swizzled."""
+    swizzled = cluster_reduce.partial_layout
+    cluster_reduce.partial_layout = lambda shape: shared_row_major(*shape)
+    try:
+        yield
+    finally:
+        cluster_reduce.partial_layout = swizzled
+
+
 class NoEpilogue(V7.Kernel):
     def write_out(
         self, reduce: ClusterSplitKReduce, k_rank: int32, g_c: GlobalTensor, offset_m: int32, offset_n: int32
@@ -116,6 +137,7 @@ VARIANTS = {
     "v7": V7.Kernel,
     "slices": Slices,
     "release_exit": ReleaseExit,
+    "row_major_partial": RowMajorPartial,
     "no_epilogue": NoEpilogue,
     "ring_only": RingOnly,
 }
@@ -142,7 +164,8 @@ def main(argv=None) -> None:
                 continue  # the same kernel as V7's
             if name == "release_exit" and config["multicast"] > 1:
                 continue  # V7 keeps the release there (module doc)
-            with target("sm_90a"):  # built here, or found in tilus's cache
+            layouts = row_major_partials() if name == "row_major_partial" else contextlib.nullcontext()
+            with target("sm_90a"), layouts:  # built here, or found in tilus's cache
                 programs[name, str(config)] = tilus_autotune.load(tilus_autotune.build(script(VARIANTS[name], config)))
             print(f"built {name} {config}", flush=True)
     if args.build_only:
