@@ -13,6 +13,9 @@ first (NaN-poisoned). B [N, K] as ``x @ w.T`` gives it.
   ``ClusterSplitKReduce`` row-major in shared memory, as they were before ``partial_layout`` swizzled
   them: the accumulator's stores and the ``ldmatrix`` loads of the write-out met 8-way bank
   conflicts there (the rows of a 128-column tile lie 512 bytes apart).
+* ``direct_store`` (split 1, no multicast: the write-out without shared memory): each consumer
+  warpgroup converts its accumulator and stores it into C straight from its registers, where V7
+  passes it through the partial tile (a store, a fence, a barrier, an ``ldmatrix`` load) first.
 * ``no_epilogue`` and ``ring_only`` (where V7's time goes; their outputs are wrong by design and not
   checked): V7 without its write-out (no exchange of partials, nothing stored into C), and that
   without the wgmma too (the consumers take each stage and release it: the ring, its TMA traffic
@@ -31,8 +34,9 @@ import sys
 from pathlib import Path
 
 import torch
-from tilus import GlobalTensor, SharedTensor, int32
+from tilus import GlobalTensor, SharedTensor, float32, int32
 from tilus.ir.layout.ops.shared_ops import shared_row_major
+from tilus.utils import cdiv
 
 from matmul.build.compiler import target
 from matmul.call import tilus_autotune
@@ -41,6 +45,8 @@ from matmul.measure.correctness import relative_error
 from matmul.measure.timing import interleaved_ms
 from pipeline import Pipeline, cluster_reduce
 from pipeline.cluster_reduce import ClusterSplitKReduce
+from pipeline.epilogue import wgmma_fragment
+from pipeline.mainloop import WgmmaMainloop
 
 V7 = versions.load("sm_90a", "v7")
 CONFIGS = {
@@ -61,10 +67,27 @@ CONFIGS = {
         {"block_m": 128, "warpgroups": 1, "split": 2, "stages": 6, "multicast": 1},
         {"block_m": 128, "warpgroups": 1, "split": 1, "stages": 8, "multicast": 1},
     ),
+    # the direct write-out: V7's configurations without a split, and rings that fit only without
+    # the partial tile (9 stages of 128 tokens; 128 weight rows a CTA, 7 stages)
+    "direct": (
+        {"block_m": 16, "warpgroups": 1, "split": 1, "stages": 16, "multicast": 1},
+        {"block_m": 128, "warpgroups": 1, "split": 1, "stages": 8, "multicast": 1},
+        {"block_m": 128, "warpgroups": 1, "split": 1, "stages": 9, "multicast": 1},
+        {"block_m": 128, "warpgroups": 2, "split": 1, "stages": 4, "multicast": 1},
+        {"block_m": 128, "warpgroups": 2, "split": 1, "stages": 7, "multicast": 1},
+        {"block_m": 64, "warpgroups": 2, "split": 1, "stages": 9, "multicast": 1},
+        # the space's best at 64-256 tokens (plots/h100/skinny/m64-256/), for V7 in the same window
+        {"block_m": 64, "warpgroups": 1, "split": 2, "stages": 10, "multicast": 1},
+        {"block_m": 128, "warpgroups": 1, "split": 2, "stages": 6, "multicast": 1},
+        {"block_m": 128, "warpgroups": 1, "split": 1, "stages": 8, "multicast": 2},
+    ),
 }
+SHARED_LIMIT = 227 * 1024  # the H100's shared memory a block, less room for the barriers
 SHAPES = {
     "multicast": "64x4096x4096,128x4096x4096,128x28672x4096,256x4096x4096,128x4096x14336",
     "split": "1x4096x4096,16x4096x4096,16x1024x4096,16x28672x4096,16x4096x14336,64x4096x4096,128x4096x4096",
+    "direct": "16x4096x4096,64x4096x4096,128x4096x4096,256x4096x4096,128x28672x4096,256x28672x4096,"
+    "128x4096x14336,256x4096x14336",
 }
 
 
@@ -115,6 +138,60 @@ def row_major_partials():
         cluster_reduce.partial_layout = swizzled
 
 
+class DirectStore(V7.Kernel):
+    def matmul(
+        self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32, k_size: int32
+    ):
+        # V7's matmul with split 1 and no multicast (built for those only): one CTA a tile, no cluster
+        rows = 64 * self.warpgroups
+        num_m_tiles = cdiv(m_size, self.block_m)
+        self.attrs.blocks = cdiv(n_size, rows) * num_m_tiles
+        self.attrs.warps = 4 * self.warpgroups + 1
+        offset_m: int32 = (self.blockIdx.x % num_m_tiles) * self.block_m
+        offset_n: int32 = (self.blockIdx.x // num_m_tiles) * rows
+        k_blocks: int32 = cdiv(k_size, V7.BLOCK_K)
+        s_w = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.warpgroups, 64, V7.BLOCK_K])
+        self.b_tiles_layout(s_w)
+        s_x = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, V7.BLOCK_K])
+        ring = Pipeline(self.stages, consumer_arrivals=self.warpgroups, elect_release=True)
+        self.sync()
+        with self.single_warp(4 * self.warpgroups):
+            for i in range(k_blocks):
+                ring.producer_acquire()
+                slot = ring.producer_stage
+                with self.single_thread():
+                    self.mbarrier.arrive_and_expect_tx(
+                        ring.producer_barrier(), transaction_bytes=s_w[slot].nbytes + s_x[slot].nbytes
+                    )
+                self.load_b(g_b, s_w[slot, 0], ring.producer_barrier(), offset_n, i * V7.BLOCK_K)
+                if self.warpgroups == 2:
+                    self.load_b(g_b, s_w[slot, 1], ring.producer_barrier(), offset_n + 64, i * V7.BLOCK_K)
+                self.tma.global_to_shared(
+                    src=g_a, dst=s_x[slot], offsets=[offset_m, i * V7.BLOCK_K], mbarrier=ring.producer_barrier()
+                )
+                ring.producer_advance()
+        self.consume_and_store(0, ring, s_w, s_x, k_blocks, g_c, offset_m, offset_n)
+        if self.warpgroups == 2:
+            self.consume_and_store(1, ring, s_w, s_x, k_blocks, g_c, offset_m, offset_n)
+
+    def consume_and_store(
+        self,
+        wg: int,
+        ring: Pipeline,
+        s_w: SharedTensor,
+        s_x: SharedTensor,
+        k_blocks: int32,
+        g_c: GlobalTensor,
+        offset_m: int32,
+        offset_n: int32,
+    ):
+        with self.warp_group(warp_begin=4 * wg, num_warps=4):
+            acc = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
+            self.annotate_layout(acc, wgmma_fragment(64, self.block_m))
+            WgmmaMainloop(ring).run(s_w, s_x, wg, acc, k_blocks)
+            self.store_global(g_c, self.transpose(acc.to(g_c.dtype)), offsets=[offset_m, offset_n + 64 * wg])
+
+
 class NoEpilogue(V7.Kernel):
     def write_out(
         self, reduce: ClusterSplitKReduce, k_rank: int32, g_c: GlobalTensor, offset_m: int32, offset_n: int32
@@ -138,6 +215,7 @@ VARIANTS = {
     "slices": Slices,
     "release_exit": ReleaseExit,
     "row_major_partial": RowMajorPartial,
+    "direct_store": DirectStore,
     "no_epilogue": NoEpilogue,
     "ring_only": RingOnly,
 }
@@ -164,6 +242,10 @@ def main(argv=None) -> None:
                 continue  # the same kernel as V7's
             if name == "release_exit" and config["multicast"] > 1:
                 continue  # V7 keeps the release there (module doc)
+            if name == "direct_store" and (config["split"], config["multicast"]) != (1, 1):
+                continue  # built for one CTA a tile only
+            if name != "direct_store" and V7.shared_bytes(**config) > SHARED_LIMIT:
+                continue  # fits only without the partial tile
             layouts = row_major_partials() if name == "row_major_partial" else contextlib.nullcontext()
             with target("sm_90a"), layouts:  # built here, or found in tilus's cache
                 programs[name, str(config)] = tilus_autotune.load(tilus_autotune.build(script(VARIANTS[name], config)))
