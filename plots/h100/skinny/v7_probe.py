@@ -49,37 +49,45 @@ from pipeline.epilogue import wgmma_fragment
 from pipeline.mainloop import WgmmaMainloop
 
 V7 = versions.load("sm_90a", "v7")
+KEYS = ("block_m", "warpgroups", "split", "stages", "multicast")
+
+
+def configs(*names: str) -> tuple[dict, ...]:
+    """Configurations written block_m/warpgroups/split/stages/multicast."""
+    return tuple(dict(zip(KEYS, map(int, name.split("/")))) for name in names)
+
+
 CONFIGS = {
     # cuBLAS's tiling at 64 and 128 tokens (COMMAND.md), four token tiles a cluster, and the space's
     # best without multicast at those sizes
-    "multicast": (
-        {"block_m": 32, "warpgroups": 1, "split": 1, "stages": 16, "multicast": 2},
-        {"block_m": 64, "warpgroups": 1, "split": 1, "stages": 13, "multicast": 2},
-        {"block_m": 64, "warpgroups": 1, "split": 1, "stages": 13, "multicast": 4},
-        {"block_m": 64, "warpgroups": 1, "split": 2, "stages": 10, "multicast": 1},
-        {"block_m": 128, "warpgroups": 1, "split": 2, "stages": 6, "multicast": 1},
+    "multicast": configs(
+        "32/1/1/16/2",
+        "64/1/1/13/2",
+        "64/1/1/13/4",
+        "64/1/2/10/1",
+        "128/1/2/6/1",
     ),
     # what the tuner picks at decode sizes (plots/h100/skinny/), with and without a split
-    "split": (
-        {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 8, "multicast": 1},
-        {"block_m": 16, "warpgroups": 1, "split": 1, "stages": 16, "multicast": 1},
-        {"block_m": 64, "warpgroups": 1, "split": 2, "stages": 10, "multicast": 1},
-        {"block_m": 128, "warpgroups": 1, "split": 2, "stages": 6, "multicast": 1},
-        {"block_m": 128, "warpgroups": 1, "split": 1, "stages": 8, "multicast": 1},
+    "split": configs(
+        "16/1/2/8/1",
+        "16/1/1/16/1",
+        "64/1/2/10/1",
+        "128/1/2/6/1",
+        "128/1/1/8/1",
     ),
     # the direct write-out: V7's configurations without a split, and rings that fit only without
     # the partial tile (9 stages of 128 tokens; 128 weight rows a CTA, 7 stages)
-    "direct": (
-        {"block_m": 16, "warpgroups": 1, "split": 1, "stages": 16, "multicast": 1},
-        {"block_m": 128, "warpgroups": 1, "split": 1, "stages": 8, "multicast": 1},
-        {"block_m": 128, "warpgroups": 1, "split": 1, "stages": 9, "multicast": 1},
-        {"block_m": 128, "warpgroups": 2, "split": 1, "stages": 4, "multicast": 1},
-        {"block_m": 128, "warpgroups": 2, "split": 1, "stages": 7, "multicast": 1},
-        {"block_m": 64, "warpgroups": 2, "split": 1, "stages": 9, "multicast": 1},
+    "direct": configs(
+        "16/1/1/16/1",
+        "128/1/1/8/1",
+        "128/1/1/9/1",
+        "128/2/1/4/1",
+        "128/2/1/7/1",
+        "64/2/1/9/1",
         # the space's best at 64-256 tokens (plots/h100/skinny/m64-256/), for V7 in the same window
-        {"block_m": 64, "warpgroups": 1, "split": 2, "stages": 10, "multicast": 1},
-        {"block_m": 128, "warpgroups": 1, "split": 2, "stages": 6, "multicast": 1},
-        {"block_m": 128, "warpgroups": 1, "split": 1, "stages": 8, "multicast": 2},
+        "64/1/2/10/1",
+        "128/1/2/6/1",
+        "128/1/1/8/2",
     ),
 }
 SHARED_LIMIT = 227 * 1024  # the H100's shared memory a block, less room for the barriers
