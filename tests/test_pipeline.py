@@ -9,6 +9,7 @@ from tilus import int32, void_p
 
 from matmul import build
 from pipeline import Pipeline, TileRasterizer, grouped_tile, grouped_tile_order
+from pipeline.cluster_reduce import partial_layout
 
 GRIDS = [(1, 1, 8), (7, 5, 8), (8, 8, 8), (13, 3, 4), (3, 13, 4), (9, 17, 16), (33, 1, 8), (1, 33, 8), (16, 16, 1)]
 
@@ -156,8 +157,6 @@ def test_split_k_exchange_tiles_keep_a_warps_stores_and_loads_free_of_bank_confl
     back by ``ldmatrix`` (8 rows x 16 bytes a matrix), and a tcgen05 accumulator (a row a lane).
     Row-major, the rows of a 128-column tile share their banks and every such access takes 8
     wavefronts or more."""
-    from pipeline.cluster_reduce import partial_layout
-
     grid = partial_layout([1, 2, slice_rows, cols]).as_numpy_grid()[0, 1]  # the second slice
     for row in range(0, slice_rows, 8):
         for col in range(0, cols, 8):  # wgmma fragment: lane l at row l // 4, columns 2 (l % 4) + {0, 1}
