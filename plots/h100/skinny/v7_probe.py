@@ -16,6 +16,11 @@ first (NaN-poisoned). B [N, K] as ``x @ w.T`` gives it.
 * ``direct_store`` (split 1, no multicast: the write-out without shared memory): each consumer
   warpgroup converts its accumulator and stores it into C straight from its registers, where V7
   passes it through the partial tile (a store, a fence, a barrier, an ``ldmatrix`` load) first.
+* ``tma_store`` and ``no_exchange`` (what is left of the write-out; prepared, not yet run): V7 whose
+  write-out stages its slice of C in a shared tile of C's dtype and writes it with a TMA store
+  (wide, clipped by the copy engine, no masked one-element stores; where that tile fits beside the
+  ring), and V7 whose write-out skips the split-K exchange (each CTA stores its own partial: wrong
+  by design for a split, not checked).
 * ``no_epilogue`` and ``ring_only`` (where V7's time goes; their outputs are wrong by design and not
   checked): V7 without its write-out (no exchange of partials, nothing stored into C), and that
   without the wgmma too (the consumers take each stage and release it: the ring, its TMA traffic
@@ -47,6 +52,7 @@ from pipeline import Pipeline, cluster_reduce
 from pipeline.cluster_reduce import ClusterSplitKReduce
 from pipeline.epilogue import wgmma_fragment
 from pipeline.mainloop import WgmmaMainloop
+from pipeline.tma_store import StagedTmaStore
 
 V7 = versions.load("sm_90a", "v7")
 KEYS = ("block_m", "warpgroups", "split", "stages", "multicast")
@@ -200,6 +206,37 @@ class DirectStore(V7.Kernel):
             self.store_global(g_c, self.transpose(acc.to(g_c.dtype)), offsets=[offset_m, offset_n + 64 * wg])
 
 
+class TmaStore(V7.Kernel):
+    def write_out(
+        self, reduce: ClusterSplitKReduce, k_rank: int32, g_c: GlobalTensor, offset_m: int32, offset_n: int32
+    ):
+        slice_rows = reduce.rows // reduce.parts
+        staging = self.shared_tensor(dtype=self.dtype, shape=[1, self.block_m, slice_rows])
+        reduce.exchange(k_rank)
+        with self.warp_group(warp_begin=0, num_warps=4):
+            acc = self.load_shared(reduce.partial[0, k_rank])
+            if reduce.parts > 1:
+                self.mbarrier.wait(reduce.arrived[0], phase=0)
+                for slot in self.range(0, reduce.parts - 1, 1, unroll="all"):
+                    self.add(acc, self.load_shared(reduce.received[slot]), out=acc)
+            out = StagedTmaStore(staging)
+            out.put(self.transpose(acc), g_c, offset_m, offset_n + k_rank * slice_rows)
+            out.finish()
+
+
+class NoExchange(V7.Kernel):
+    def write_out(
+        self, reduce: ClusterSplitKReduce, k_rank: int32, g_c: GlobalTensor, offset_m: int32, offset_n: int32
+    ):
+        self.sync()  # the consumers' partials stored
+        slice_rows = reduce.rows // reduce.parts
+        with self.warp_group(warp_begin=0, num_warps=4):
+            acc = self.load_shared(reduce.partial[0, k_rank])
+            self.store_global(
+                g_c, self.transpose(acc.to(g_c.dtype)), offsets=[offset_m, offset_n + k_rank * slice_rows]
+            )
+
+
 class NoEpilogue(V7.Kernel):
     def write_out(
         self, reduce: ClusterSplitKReduce, k_rank: int32, g_c: GlobalTensor, offset_m: int32, offset_n: int32
@@ -224,10 +261,12 @@ VARIANTS = {
     "release_exit": ReleaseExit,
     "row_major_partial": RowMajorPartial,
     "direct_store": DirectStore,
+    "tma_store": TmaStore,
+    "no_exchange": NoExchange,
     "no_epilogue": NoEpilogue,
     "ring_only": RingOnly,
 }
-CUT = ("no_epilogue", "ring_only")  # wrong by design: not checked
+CUT = ("no_epilogue", "ring_only", "no_exchange")  # wrong by design: not checked
 
 
 def script(cls, config):
@@ -254,6 +293,9 @@ def main(argv=None) -> None:
                 continue  # built for one CTA a tile only
             if name != "direct_store" and V7.shared_bytes(**config) > SHARED_LIMIT:
                 continue  # fits only without the partial tile
+            staging = config["block_m"] * 64 * config["warpgroups"] // config["split"] * 2  # C's slice, 16 bits
+            if name == "tma_store" and V7.shared_bytes(**config) + staging > SHARED_LIMIT:
+                continue  # no room for C's staging tile beside the ring
             layouts = row_major_partials() if name == "row_major_partial" else contextlib.nullcontext()
             with target("sm_90a"), layouts:  # built here, or found in tilus's cache
                 programs[name, str(config)] = tilus_autotune.load(tilus_autotune.build(script(VARIANTS[name], config)))
