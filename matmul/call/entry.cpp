@@ -188,13 +188,9 @@ class DirectTable {
   }
 
   size_t size() const { return routes_.size(); }
-  void clear() {  // the variants' tables are emptied, not dropped: Python may hold them
-    routes_.clear();
-    for (auto& entry : variants_) entry.second->clear();
-  }
 
-  // remove the routes put with one of ``tags``, here and in the variants' tables: one bucket's
-  // choice changed, the other buckets' routes stay
+  // remove the routes put with one of ``tags``, here and in the variants' tables (emptied, never
+  // dropped: Python may hold them): one bucket's choice changed, the other buckets' routes stay
   void drop(const std::vector<int64_t>& tags) {
     for (auto it = routes_.begin(); it != routes_.end();) {
       if (std::find(tags.begin(), tags.end(), it->second.tag) != tags.end()) {
@@ -244,7 +240,7 @@ inline void stamp_call() {
 // a torch.Tensor or nn.Parameter, not a subclass: a subclass may override what torch functions do
 bool plain_tensor(PyObject* obj) { return THPVariable_CheckExact(obj); }
 
-// a call that holds its own reference to ``function``: the call may re-route or clear the table
+// a call that holds its own reference to ``function``: the call may re-route or drop routes of the table
 PyObject* call_held(PyObject* function, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   Py_INCREF(function);
   PyObject* result = PyObject_Vectorcall(function, args, nargsf, kwnames);
@@ -274,7 +270,7 @@ bool context_current_on_this_thread(const at::Tensor& a) {
 
 // a @ b through a version's program: the output allocated, the program called with the pointers
 PyObject* run_launch(const Launch& route, const at::Tensor& a, const at::Tensor& b, PyObject* bias_ptr = nullptr) {
-  Launch launch = route;  // its own references: the program may re-route or clear the table
+  Launch launch = route;  // its own references: the program may re-route or drop routes of the table
   c10::OptionalDeviceGuard device_guard;
   if (a.is_cuda()) device_guard.reset_device(a.device());  // the program launches on the current device
   if (!context_current_on_this_thread(a)) return nullptr;
@@ -548,7 +544,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "``align``-byte aligned to ``function(a, b)``")
       .def("get", &DirectTable::get, py::arg("a"), py::arg("b"))
       .def("kind", &DirectTable::kind, py::arg("a"), py::arg("b"))
-      .def("clear", &DirectTable::clear)
       .def("drop", &DirectTable::drop, py::arg("tags"),
            "Remove the routes put with one of ``tags`` (an int each), here and in the variants' tables")
       .def("__len__", &DirectTable::size);
