@@ -1,7 +1,9 @@
 """The Hopper epilogues. ``SlotTileStore`` (V2-V4) stages the output tile in the idle ring's A slots
 and stores it synchronously. ``WgmmaTileStore`` (the persistent V5-V6) writes a warpgroup's wgmma
 accumulator out in column blocks through ``pipeline.tma_store.StagedTmaStore`` (two swizzled staging buffers, TMA stores
-that run on while the warpgroup goes back to its main loop).
+that run on while the warpgroup goes back to its main loop). ``SwappedSlabStore`` (the swap-AB V7
+without a split of K) writes each warpgroup's slab of C^T into C, transposed on its way into the
+staging buffer.
 
 A block is ``SUB_COLS`` = 64 fp16 columns (128 bytes: the widest tile a 128-byte-swizzled TMA box
 holds), written with ``stmatrix`` into the swizzled buffer without bank conflicts (a row-major
@@ -150,3 +152,30 @@ class SlotTileStore(tilus.Class):
                 self.tma.shared_to_global(slot, g_c, offsets=[offset_m, column + j * sub_cols])
             self.tma.commit_group()
             self.tma.wait_group(0)
+
+
+class SwappedSlabStore(tilus.Class):
+    """The write-out of a swap-AB kernel whose CTA owns its output tile whole (Hopper V7 with no
+    split of K): each consumer warpgroup's accumulator is a slab of C^T, 64 weight rows (C's
+    columns) by ``cols`` tokens (C's rows), and goes into C as the ``cols x 64`` block at
+    (``offset_m``, ``offset_n + 64 * slab``) through a TMA store, straight after the warpgroup's
+    main loop, in parallel with the other warpgroups' and with no float32 tile in between.
+    ``staging`` is ``[slabs, 1, cols, 64]`` in C's dtype, one buffer a warpgroup: 64 columns of
+    16 bits are 128 bytes, tilus gives the buffer the 128-byte swizzle, and it writes the
+    transposed accumulator into it with ``stmatrix.trans`` (``STSM.MT88``), bank-conflict free.
+    The TMA store clips C's edges, so the accumulator is never read under a branch: a store
+    masked element by element would make ptxas serialize every wgmma of the kernel (its note
+    C7514; plots/h100/skinny/COMMAND.md)."""
+
+    def __init__(self, staging: SharedTensor, g_c: GlobalTensor, offset_m: int32, offset_n: int32):
+        self.staging: SharedTensor = staging
+        self.g_c: GlobalTensor = g_c
+        self.offset_m: int32 = offset_m
+        self.offset_n: int32 = offset_n
+
+    def store(self, acc: RegisterTensor, slab: int):
+        """Warpgroup ``slab``'s accumulator (``64 x cols`` float32, a wgmma fragment) into C, converted
+        to C's dtype; returns once the TMA store has completed. Called by that warpgroup."""
+        out = StagedTmaStore(self.staging[slab])
+        out.put(self.transpose(acc), self.g_c, self.offset_m, self.offset_n + 64 * slab)
+        out.finish()

@@ -13,7 +13,16 @@ warpgroup in flight: HBM's latency is covered only by many bytes in flight on ev
 Swap A and B: the weight's rows are the wgmma's M side (64 rows per instruction) and the tokens
 its N side (``block_m``, 16 to 256), so at M = 1 or 16 no tensor-core row is padding. The
 accumulator is a tile of C^T ([weight rows, tokens]); it is written transposed, clipped to
-the matrix (``store_global`` masks what lies outside).
+the matrix (by the TMA store, or ``store_global``'s masks).
+
+Without a split (``split`` = 1) a CTA owns its output tile whole, and each consumer warpgroup
+writes its slab of C as soon as its main loop is done: its accumulator transposed into a staging
+buffer of C's dtype and written by a TMA store, which clips C's edges
+(``pipeline.epilogue.SwappedSlabStore``). The buffers take a quarter of the room a float32 tile
+of the CTA's output would, and that room goes to the ring: 128 weight rows a CTA (two warpgroups)
+with six stages fit, where cuBLAS's skinny kernels keep 112-128 and read each token tile half as
+often as 64-row CTAs do (plots/h100/skinny/). A fused variant (bias, activation) writes through
+the float32 tile below, as a split does: its epilogue is applied to that tile.
 
 Split-K without a workspace: the ``split`` CTAs of one cluster compute the same output tile over
 consecutive ranges of K blocks and reduce their float32 partial tiles through distributed shared
@@ -62,9 +71,14 @@ tile: the split group is the whole cluster when ``mc`` = 1, the weight group whe
 | ``empty[s]`` | warpgroups | one thread of each consumer warpgroup, after its wgmma wait | producer, ``p ^ 1`` | CTA |
 | mc ``full[s]`` | 1 + bytes | ``expect_tx`` (weight, tokens); tokens; weight group's CTA ``i % mc`` | consumers | CTA |
 | mc ``empty[s]`` | wgs x mc | a thread of each consumer warpgroup of the weight group | producer | CTA, remote |
-| ``__syncthreads`` | all threads | every warp, once the partials are stored (in ``exchange``) | all | CTA |
+| ``__syncthreads`` | all threads | every warp, once the partials are stored (in ``exchange``; split or fused) | all | CTA |
 | ``arrived`` | 1 + bytes | this CTA's ``expect_tx`` (split - 1 slices); its split group's copies | warps 0-3, 0 | CTA |
 | ``barrier.cluster`` | the cluster | all: after the mbarriers exist; before exit (relaxed, mc = 1) | all | cluster |
+
+Without a split and with a plain epilogue there is no exchange: each warpgroup writes its staging
+buffer, orders those writes before the TMA unit's reads (``fence.proxy.async``, then a barrier of
+its own 128 threads) and waits for its store to complete before it leaves
+(``pipeline.tma_store.StagedTmaStore``); no buffer is shared between warpgroups.
 
 A peer's copy may land on ``arrived`` as soon as the first cluster barrier is passed, so every
 mbarrier is initialized before it. A sender's shared memory is read by its bulk copies until the
@@ -97,7 +111,8 @@ from tilus.utils import cdiv
 
 from pipeline import Pipeline
 from pipeline.cluster_reduce import ClusterSplitKReduce, SplitKRange
-from pipeline.epilogue import wgmma_fragment
+from pipeline.epilogue import SwappedSlabStore, wgmma_fragment
+from pipeline.fused_epilogue import is_fused
 from pipeline.mainloop import WgmmaMainloop
 
 from ..entry import MatmulKernel
@@ -129,7 +144,7 @@ EXTRA_CONFIGS = (
 )
 B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)
 FUSED_EPILOGUE = True  # bias and every activation, in the epilogue (pipeline.fused_epilogue)
-# C is written by store_global (ClusterSplitKReduce.write) at int32 element offsets: no operand may
+# C is written by store_global (ClusterSplitKReduce.write: a split, or a fused epilogue) at int32 element offsets: no operand may
 # reach past 2^31 - 1 elements (A and B, read by TMA, could; the limit keeps to one rule per version)
 MAX_ELEMENTS = 2**31 - 1
 
@@ -142,10 +157,19 @@ def supports(m: int, n: int, k: int) -> bool:
     return 1 <= m <= MAX_M and n >= 1 and k >= 1
 
 
-def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, multicast: int = 1) -> int:
-    """Shared memory of a configuration: the ring plus the split-K exchange tiles (a multicast
-    weight tile lands in the same ring stage in every CTA: the ring is the same size)."""
+def writes_slabs(split: int, fused: bool) -> bool:
+    """Whether each consumer warpgroup writes its own slab of C by TMA store (no split of K, a plain
+    epilogue), rather than the CTA through the float32 exchange tiles (module doc)."""
+    return split == 1 and not fused
+
+
+def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, multicast: int = 1, fused: bool = False) -> int:
+    """Shared memory of a configuration: the ring plus the write-out's tiles (a multicast weight
+    tile lands in the same ring stage in every CTA: the ring is the same size), for a plain
+    variant or a ``fused`` one (bias, activation)."""
     ring = stages * (warpgroups * 64 + block_m) * BLOCK_K * 2
+    if writes_slabs(split, fused):
+        return ring + warpgroups * block_m * 64 * 2  # a staging buffer of 16-bit C a warpgroup
     exchange = (2 * split - 1) * (64 * warpgroups // split) * block_m * 4  # partial + received
     return ring + exchange
 
@@ -159,7 +183,11 @@ def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, multica
 # skinny kernel at 128 tokens (64 x 64 tiles, no split, 2-CTA clusters sharing the weight tile, 13
 # stages; first, so the protocol checker takes it for 2-CTA multicast), two 32-token tiles for 64
 # tokens, four 64-token tiles or two 128-token tiles for 256. Each ring as deep as shared memory
-# allows. The combined points (``EXTRA_CONFIGS``) are not here yet.
+# allows. The combined points (``EXTRA_CONFIGS``) are not here yet. Two warpgroups without a split
+# (128 weight rows a CTA: each token tile read half as often) at 64 and 128 tokens, with the
+# deepest rings that fit beside the float32 tile a fused variant still writes through: since the
+# warpgroups write their own slabs (module doc) they were the fastest at 256 tokens and on the
+# wide weights at 64.
 @tilus.autotune(
     "block_m, warpgroups, split, stages, multicast",
     [
@@ -175,6 +203,8 @@ def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, multica
         (128, 1, 2, 6, 1),
         (128, 2, 2, 3, 1),
         (128, 1, 1, 8, 1),
+        (64, 2, 1, 8, 1),
+        (128, 2, 1, 5, 1),
         (256, 1, 1, 3, 1),
         (256, 1, 2, 3, 1),
         (64, 1, 1, 13, 2),
@@ -214,6 +244,7 @@ class Kernel(MatmulKernel):
             raise ValueError(f"one or two consumer warpgroups, not {warpgroups}")
         if (64 * warpgroups) % split or (64 * warpgroups // split) % 8:
             raise ValueError(f"{64 * warpgroups} weight rows do not cut into {split} slices of a multiple of 8")
+        self.writes_slabs = writes_slabs(split, is_fused(bias, activation))
 
     def matmul(
         self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32, k_size: int32
@@ -256,8 +287,11 @@ class Kernel(MatmulKernel):
             )
         else:
             ring = Pipeline(self.stages, consumer_arrivals=self.warpgroups, elect_release=True)
-        # the exchange among this token tile's split group only
-        reduce = ClusterSplitKReduce(self.split, rows, self.block_m, rank_base=m_rank * self.split)
+        if self.writes_slabs:  # each warpgroup writes its own slab of C (module doc)
+            staging = self.shared_tensor(dtype=self.dtype, shape=[self.warpgroups, 1, self.block_m, 64])
+            tile_out = SwappedSlabStore(staging, g_c, offset_m, offset_n)
+        else:  # the exchange among this token tile's split group only
+            tile_out = ClusterSplitKReduce(self.split, rows, self.block_m, rank_base=m_rank * self.split)
         self.cluster.sync()  # every barrier of the cluster exists before a peer's copy or load lands on it
 
         with self.single_warp(4 * self.warpgroups):  # producer
@@ -277,12 +311,13 @@ class Kernel(MatmulKernel):
                 )
                 ring.producer_advance()
 
-        self.consumer(0, ring, s_w, s_x, reduce, k_blocks.count)
+        self.consumer(0, ring, s_w, s_x, tile_out, k_blocks.count)
         if self.warpgroups == 2:
-            self.consumer(1, ring, s_w, s_x, reduce, k_blocks.count)
+            self.consumer(1, ring, s_w, s_x, tile_out, k_blocks.count)
 
-        self.write_out(reduce, k_rank, g_c, offset_m, offset_n)
-        self.exit_barrier(reduce)
+        if not self.writes_slabs:  # (each warpgroup wrote its slab already)
+            self.write_out(tile_out, k_rank, g_c, offset_m, offset_n)
+        self.exit_barrier(tile_out)
 
     def write_out(
         self, reduce: ClusterSplitKReduce, k_rank: int32, g_c: GlobalTensor, offset_m: int32, offset_n: int32
@@ -293,15 +328,15 @@ class Kernel(MatmulKernel):
         with self.warp_group(warp_begin=0, num_warps=4):
             reduce.write(k_rank, g_c, offset_m, offset_n, self.epilogue)  # with the variant's bias, activation
 
-    def exit_barrier(self, reduce: ClusterSplitKReduce):
+    def exit_barrier(self, tile_out: tilus.Class):
         """Whole CTA, last: no CTA of the cluster leaves while a peer may still touch its shared
         memory (module doc)."""
         if self.multicast > 1:
             # a peer's consumers may still arrive on this CTA's ring: their remote arrivals are
             # ordered before the peer's arrival here (release), so they have landed
             self.cluster.sync()
-        else:
-            reduce.exit_barrier()  # no CTA leaves while a peer's copy may still read its partial tile
+        elif not self.writes_slabs:
+            tile_out.exit_barrier()  # no CTA leaves while a peer's copy may still read its partial tile
 
     def load_weight(
         self,
@@ -330,12 +365,12 @@ class Kernel(MatmulKernel):
             )
 
     def consumer(
-        self, wg: int, ring: Pipeline, s_w: SharedTensor, s_x: SharedTensor, reduce: ClusterSplitKReduce, count: int32
+        self, wg: int, ring: Pipeline, s_w: SharedTensor, s_x: SharedTensor, tile_out: tilus.Class, count: int32
     ):
         """Consumer warpgroup ``wg``: weight rows ``64 * wg ...`` of the tile times every token, over
-        this CTA's K blocks, into the partial tile."""
+        this CTA's K blocks, into C (``SwappedSlabStore``) or the partial tile (``ClusterSplitKReduce``)."""
         with self.warp_group(warp_begin=4 * wg, num_warps=4):
             acc = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
             self.annotate_layout(acc, wgmma_fragment(64, self.block_m))
             WgmmaMainloop(ring).run(s_w, s_x, wg, acc, count)
-            reduce.store(acc, wg)
+            tile_out.store(acc, wg)

@@ -39,12 +39,13 @@ import sys
 from pathlib import Path
 
 import torch
-from tilus import GlobalTensor, SharedTensor, float32, int32
+from tilus import GlobalTensor, RegisterTensor, SharedTensor, float32, int32
 from tilus.ir.layout.ops.shared_ops import shared_row_major
 from tilus.utils import cdiv
 
 from matmul.build.compiler import target
 from matmul.call import tilus_autotune
+from matmul.harness import presets
 from matmul.kernels import versions
 from matmul.measure.correctness import relative_error
 from matmul.measure.timing import interleaved_ms
@@ -96,10 +97,24 @@ CONFIGS = {
         "128/1/1/8/2",
     ),
 }
+CONFIGS["tma_direct"] = configs(
+    # V7's best at 64-256 tokens (plots/h100/skinny/m64-256/), then the same ring written by TMA
+    # stores, and 128 weight rows a CTA with the ring the float32 partial tile left no room for
+    "64/1/2/10/1",
+    "128/1/2/6/1",
+    "128/1/1/8/1",
+    "128/1/1/8/2",
+    "256/1/1/3/1",
+    "128/2/1/6/1",
+    "64/2/1/8/1",
+    "256/1/1/4/1",
+    "256/2/1/3/1",
+)
 SHARED_LIMIT = 227 * 1024  # the H100's shared memory a block, less room for the barriers
 SHAPES = {
     "multicast": "64x4096x4096,128x4096x4096,128x28672x4096,256x4096x4096,128x4096x14336",
     "split": "1x4096x4096,16x4096x4096,16x1024x4096,16x28672x4096,16x4096x14336,64x4096x4096,128x4096x4096",
+    "tma_direct": ",".join(f"{m}x{n}x{k}" for n, k in presets.DECODE_PROJECTIONS.values() for m in (64, 128, 256)),
     "direct": "16x4096x4096,64x4096x4096,128x4096x4096,256x4096x4096,128x28672x4096,256x28672x4096,"
     "128x4096x14336,256x4096x14336",
 }
@@ -167,6 +182,7 @@ class DirectStore(V7.Kernel):
         s_w = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.warpgroups, 64, V7.BLOCK_K])
         self.b_tiles_layout(s_w)
         s_x = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_m, V7.BLOCK_K])
+        self.staging_tiles()
         ring = Pipeline(self.stages, consumer_arrivals=self.warpgroups, elect_release=True)
         self.sync()
         with self.single_warp(4 * self.warpgroups):
@@ -188,6 +204,9 @@ class DirectStore(V7.Kernel):
         if self.warpgroups == 2:
             self.consume_and_store(1, ring, s_w, s_x, k_blocks, g_c, offset_m, offset_n)
 
+    def staging_tiles(self):
+        pass  # C goes out from the registers
+
     def consume_and_store(
         self,
         wg: int,
@@ -203,7 +222,21 @@ class DirectStore(V7.Kernel):
             acc = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
             self.annotate_layout(acc, wgmma_fragment(64, self.block_m))
             WgmmaMainloop(ring).run(s_w, s_x, wg, acc, k_blocks)
-            self.store_global(g_c, self.transpose(acc.to(g_c.dtype)), offsets=[offset_m, offset_n + 64 * wg])
+            self.write_slab(acc, wg, g_c, offset_m, offset_n)
+
+    def write_slab(self, acc: RegisterTensor, wg: int, g_c: GlobalTensor, offset_m: int32, offset_n: int32):
+        self.store_global(g_c, self.transpose(acc.to(g_c.dtype)), offsets=[offset_m, offset_n + 64 * wg])
+
+
+class TmaDirect(DirectStore):
+    def staging_tiles(self):
+        # one [block_m, 64] tile of C's dtype a consumer warpgroup, in place of V7's float32 partial tile
+        self.staging = self.shared_tensor(dtype=self.dtype, shape=[self.warpgroups, 1, self.block_m, 64])
+
+    def write_slab(self, acc: RegisterTensor, wg: int, g_c: GlobalTensor, offset_m: int32, offset_n: int32):
+        out = StagedTmaStore(self.staging[wg])
+        out.put(self.transpose(acc), g_c, offset_m, offset_n + 64 * wg)
+        out.finish()
 
 
 class TmaStore(V7.Kernel):
@@ -261,6 +294,7 @@ VARIANTS = {
     "release_exit": ReleaseExit,
     "row_major_partial": RowMajorPartial,
     "direct_store": DirectStore,
+    "tma_direct": TmaDirect,
     "tma_store": TmaStore,
     "no_exchange": NoExchange,
     "no_epilogue": NoEpilogue,
@@ -289,10 +323,14 @@ def main(argv=None) -> None:
                 continue  # the same kernel as V7's
             if name == "release_exit" and config["multicast"] > 1:
                 continue  # V7 keeps the release there (module doc)
-            if name == "direct_store" and (config["split"], config["multicast"]) != (1, 1):
+            direct = name in ("direct_store", "tma_direct")
+            if direct and (config["split"], config["multicast"]) != (1, 1):
                 continue  # built for one CTA a tile only
-            if name != "direct_store" and V7.shared_bytes(**config) > SHARED_LIMIT:
+            if not direct and V7.shared_bytes(**config) > SHARED_LIMIT:
                 continue  # fits only without the partial tile
+            ring = config["stages"] * (config["warpgroups"] * 64 + config["block_m"]) * V7.BLOCK_K * 2
+            if name == "tma_direct" and ring + config["warpgroups"] * config["block_m"] * 64 * 2 > SHARED_LIMIT:
+                continue  # no room for C's staging tiles beside the ring
             staging = config["block_m"] * 64 * config["warpgroups"] // config["split"] * 2  # C's slice, 16 bits
             if name == "tma_store" and V7.shared_bytes(**config) + staging > SHARED_LIMIT:
                 continue  # no room for C's staging tile beside the ring
