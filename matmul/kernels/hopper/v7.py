@@ -71,7 +71,7 @@ tile: the split group is the whole cluster when ``mc`` = 1, the weight group whe
 | ``empty[s]`` | warpgroups | one thread of each consumer warpgroup, after its wgmma wait | producer, ``p ^ 1`` | CTA |
 | mc ``full[s]`` | 1 + bytes | ``expect_tx`` (weight, tokens); tokens; weight group's CTA ``i % mc`` | consumers | CTA |
 | mc ``empty[s]`` | wgs x mc | a thread of each consumer warpgroup of the weight group | producer | CTA, remote |
-| ``__syncthreads`` | all threads | every warp, once the partials are stored (in ``exchange``; split or fused) | all | CTA |
+| ``__syncthreads`` | all threads | every warp, its partial stored (``exchange``; split or fused) | all | CTA |
 | ``arrived`` | 1 + bytes | this CTA's ``expect_tx`` (split - 1 slices); its split group's copies | warps 0-3, 0 | CTA |
 | ``barrier.cluster`` | the cluster | all: after the mbarriers exist; before exit (relaxed, mc = 1) | all | cluster |
 
@@ -144,8 +144,9 @@ EXTRA_CONFIGS = (
 )
 B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)
 FUSED_EPILOGUE = True  # bias and every activation, in the epilogue (pipeline.fused_epilogue)
-# C is written by store_global (ClusterSplitKReduce.write: a split, or a fused epilogue) at int32 element offsets: no operand may
-# reach past 2^31 - 1 elements (A and B, read by TMA, could; the limit keeps to one rule per version)
+# C is written by store_global (ClusterSplitKReduce.write: a split, or a fused epilogue) at int32
+# element offsets: no operand may reach past 2^31 - 1 elements (A and B, read by TMA, could; the
+# limit keeps to one rule per version)
 MAX_ELEMENTS = 2**31 - 1
 
 BLOCK_K = 64  # one 128-byte swizzled row of fp16/bf16 per TMA box
@@ -163,7 +164,9 @@ def writes_slabs(split: int, fused: bool) -> bool:
     return split == 1 and not fused
 
 
-def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, multicast: int = 1, fused: bool = False) -> int:
+def shared_bytes(
+    block_m: int, warpgroups: int, split: int, stages: int, multicast: int = 1, fused: bool = False
+) -> int:
     """Shared memory of a configuration: the ring plus the write-out's tiles (a multicast weight
     tile lands in the same ring stage in every CTA: the ring is the same size), for a plain
     variant or a ``fused`` one (bias, activation)."""
