@@ -61,3 +61,42 @@ def test_every_configuration(config, dtype):
 def test_a_tile_of_tokens_narrower_than_m():
     # M beyond the token tile takes further clusters, each re-reading the weight: slow, but right
     check(100, 1023, 4095, torch.float16, {"block_m": 16, "warpgroups": 1, "split": 4, "stages": 12})
+
+
+# Without a split a plain variant's warpgroups write their own slabs by TMA store and a fused one goes
+# through the float32 tile (the module's writes_slabs): both write-outs, with one and two warpgroups
+# and with the weight multicast (every configuration's plain write-out: test_every_configuration)
+SPLIT_1 = [
+    c
+    for c in versions.space(versions.load(ARCH, "v7"))
+    if c["split"] == 1 and (c["warpgroups"] == 2 or c["block_m"] == 128 or c["multicast"] == 2) and c["block_m"] >= 64
+]
+
+
+@pytest.mark.parametrize("config", SPLIT_1, ids=lambda c: "-".join(f"{v}" for v in c.values()))
+@pytest.mark.parametrize("key", ("kn", "bias+gelu_tanh", "swiglu"))
+def test_both_write_outs_without_a_split(config, key):
+    from matmul.kernels import variant as variants
+
+    module = versions.load(ARCH, "v7")
+    var = variants.Variant.parse(key)
+    assert module.writes_slabs(config["split"], fused=var.bias or bool(var.activation)) == (key == "kn")
+    dtype = torch.bfloat16
+    kernel = versions.kernel(module, dtype, config, var)
+    for m, n, k in ((1, 1000, 1000), (255, 4095, 1024)):  # C's edges ragged (K's are the main loop's)
+        a = torch.randn(m, k, dtype=dtype, device="cuda")
+        weight = torch.randn(n, k, dtype=dtype, device="cuda") / k**0.5
+        if var.activation == "swiglu":  # gate and up rows interleaved in groups (variant.gate_up)
+            weight = variants.gate_up(weight[: n // 2], weight[n // 2 : 2 * (n // 2)])
+        bias = torch.randn(weight.shape[0], dtype=dtype, device="cuda") if var.bias else None
+        out = poisoned_output(m, var.out_columns(weight.shape[0]), dtype)
+        if key == "kn":  # torch's b [K, N] (rows padded to 16 bytes), read in place
+            b = torch.empty(k, n + (-n) % 8, dtype=dtype, device="cuda")[:, :n]
+            b.copy_(weight.T)
+            kernel(*versions.launch_args(a, b, out, b_layout="kn"))
+        else:
+            kernel(*versions.launch_args(a, weight, out, bias))
+        product = a.float() @ weight.float().T
+        expected = variants.torch_epilogue(product, None if bias is None else bias.float(), var.activation)
+        error = relative_error(out, expected)
+        assert error <= TOLERANCE[dtype], f"V7 {config} {key} {m}x{n}x{k}: relative error {error:.3g}"
