@@ -40,6 +40,8 @@ class Mutant:
 
 # Hopper V7 with the weight tile multicast to two 64-token tiles (its MULTICAST_REPRESENTATIVE)
 V7_MULTICAST = (("block_m", 64), ("warpgroups", 1), ("split", 1), ("stages", 13), ("multicast", 2))
+# Hopper V7 without a split, two consumer warpgroups, each writing its own slab of C by TMA store
+V7_SLABS = (("block_m", 128), ("warpgroups", 2), ("split", 1), ("stages", 5), ("multicast", 1))
 # Hopper V7 with both: two 64-token tiles, each split over two CTAs, a cluster of four (COMBINED_REPRESENTATIVE)
 V7_COMBINED = (("block_m", 64), ("warpgroups", 1), ("split", 2), ("stages", 12), ("multicast", 2))
 # Hopper V6 with ping-pong consumer warpgroups (its PINGPONG)
@@ -271,6 +273,26 @@ MUTANTS = (
         config=V7_MULTICAST,
     ),
     Mutant(
+        "store left behind: Hopper V7's warpgroup leaves before the TMA store of its slab has read the staging buffer",
+        "sm_90a",
+        "v7",
+        "pipeline.epilogue",
+        "        out.finish()\n",
+        "",
+        ("exit",),
+        config=V7_SLABS,
+    ),
+    Mutant(
+        "wrong slab: Hopper V7's warpgroups all write their slabs at the first warpgroup's columns of C",
+        "sm_90a",
+        "v7",
+        "pipeline.epilogue",
+        "self.offset_m, self.offset_n + 64 * slab)",
+        "self.offset_m, self.offset_n)",
+        ("coverage",),
+        config=V7_SLABS,
+    ),
+    Mutant(
         "wrong byte count: Hopper V7's multicast CTA announces only its share of the weight tile",
         "sm_90a",
         "v7",
@@ -397,7 +419,7 @@ MUTANTS = (
         "sm_90a",
         "v7",
         "matmul.kernels.hopper.v7",
-        "            reduce.exit_barrier()  # no CTA leaves while a peer's copy may still read its partial tile\n",
+        "            tile_out.exit_barrier()  # no CTA leaves while a peer's copy may still read its partial tile\n",
         "            pass\n",
         ("exit",),
     ),

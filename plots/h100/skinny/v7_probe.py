@@ -16,7 +16,13 @@ first (NaN-poisoned). B [N, K] as ``x @ w.T`` gives it.
 * ``direct_store`` (split 1, no multicast: the write-out without shared memory): each consumer
   warpgroup converts its accumulator and stores it into C straight from its registers, where V7
   passes it through the partial tile (a store, a fence, a barrier, an ``ldmatrix`` load) first.
-* ``tma_store`` and ``no_exchange`` (what is left of the write-out; prepared, not yet run): V7 whose
+* ``tma_direct`` (split 1, no multicast): ``direct_store`` whose warpgroups write their slabs of C
+  through a staging buffer of C's dtype and a TMA store instead (tilus writes the transposed
+  accumulator with ``stmatrix.trans``; no masked stores, no serialized wgmma); with the float32
+  tile's room given to the ring, 128 weight rows a CTA fit with 6 stages. V7 writes this way since
+  (``pipeline.epilogue.SwappedSlabStore``), so ``v7`` rows without a split measured after that
+  change are this write-out too.
+* ``tma_store`` and ``no_exchange`` (what is left of the write-out with a split): V7 whose
   write-out stages its slice of C in a shared tile of C's dtype and writes it with a TMA store
   (wide, clipped by the copy engine, no masked one-element stores; where that tile fits beside the
   ring), and V7 whose write-out skips the split-K exchange (each CTA stores its own partial: wrong
@@ -29,7 +35,8 @@ first (NaN-poisoned). B [N, K] as ``x @ w.T`` gives it.
 
     MATMUL_CACHE_DIR=.cache/probe python plots/h100/skinny/v7_probe.py OUT --build-only   # on the CPU machine
     MATMUL_CACHE_DIR=$PWD/.cache/probe python plots/h100/skinny/v7_probe.py OUT            # v7_probe.json
-        [--variants v7,slices,release_exit,row_major_partial] [--configs multicast|split] [--shapes 64x4096x4096,...]
+        [--variants v7,slices,release_exit,row_major_partial] [--configs multicast|split|direct|tma_direct]
+        [--shapes 64x4096x4096,...]
 """
 
 import argparse
@@ -38,6 +45,7 @@ import json
 import sys
 from pathlib import Path
 
+import tilus
 import torch
 from tilus import GlobalTensor, RegisterTensor, SharedTensor, float32, int32
 from tilus.ir.layout.ops.shared_ops import shared_row_major
@@ -148,7 +156,7 @@ class Slices(V7.Kernel):
 
 
 class ReleaseExit(V7.Kernel):
-    def exit_barrier(self, reduce: ClusterSplitKReduce):
+    def exit_barrier(self, tile_out: tilus.Class):
         self.cluster.sync()
 
 
@@ -271,6 +279,12 @@ class NoExchange(V7.Kernel):
 
 
 class NoEpilogue(V7.Kernel):
+    def __init__(self, dtype, block_m: int, warpgroups: int, split: int, stages: int, multicast: int = 1):
+        super().__init__(dtype, block_m, warpgroups, split, stages, multicast)
+        # the accumulators stored into the float32 tile and nothing written from it, with a split or
+        # without (V7 without a split writes its slabs of C from the consumers: not here)
+        self.writes_slabs = False
+
     def write_out(
         self, reduce: ClusterSplitKReduce, k_rank: int32, g_c: GlobalTensor, offset_m: int32, offset_n: int32
     ):
@@ -326,7 +340,8 @@ def main(argv=None) -> None:
             direct = name in ("direct_store", "tma_direct")
             if direct and (config["split"], config["multicast"]) != (1, 1):
                 continue  # built for one CTA a tile only
-            if not direct and V7.shared_bytes(**config) > SHARED_LIMIT:
+            float32_tile = name in ("no_epilogue", "ring_only")  # (NoEpilogue)
+            if not direct and V7.shared_bytes(**config, fused=float32_tile) > SHARED_LIMIT:
                 continue  # fits only without the partial tile
             ring = config["stages"] * (config["warpgroups"] * 64 + config["block_m"]) * V7.BLOCK_K * 2
             if name == "tma_direct" and ring + config["warpgroups"] * config["block_m"] * 64 * 2 > SHARED_LIMIT:
