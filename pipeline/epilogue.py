@@ -157,25 +157,31 @@ class SlotTileStore(tilus.Class):
 class SwappedSlabStore(tilus.Class):
     """The write-out of a swap-AB kernel whose CTA owns its output tile whole (Hopper V7 with no
     split of K): each consumer warpgroup's accumulator is a slab of C^T, 64 weight rows (C's
-    columns) by ``cols`` tokens (C's rows), and goes into C as the ``cols x 64`` block at
-    (``offset_m``, ``offset_n + 64 * slab``) through a TMA store, straight after the warpgroup's
-    main loop, in parallel with the other warpgroups' and with no float32 tile in between.
-    ``staging`` is ``[slabs, 1, cols, 64]`` in C's dtype, one buffer a warpgroup: 64 columns of
-    16 bits are 128 bytes, tilus gives the buffer the 128-byte swizzle, and it writes the
-    transposed accumulator into it with ``stmatrix.trans`` (``STSM.MT88``), bank-conflict free.
-    The TMA store clips C's edges, so the accumulator is never read under a branch: a store
-    masked element by element would make ptxas serialize every wgmma of the kernel (its note
-    C7514; plots/h100/skinny/COMMAND.md)."""
+    columns) by ``cols`` tokens (C's rows); seen transposed (``cols x 64``, the ``"wgmma_t"``
+    fragment) it goes through ``epilogue`` (bias, activation; swiglu makes 32 columns of C of it)
+    and into C at (``offset_m``, the slab's first column) by a TMA store, straight after the
+    warpgroup's main loop, in parallel with the other warpgroups' and with no float32 tile in
+    between. ``staging`` is ``[slabs, 1, cols, 64]`` (``[..., 32]`` for swiglu) in C's dtype, one
+    buffer a warpgroup: 64 columns of 16 bits are 128 bytes, tilus gives the buffer the 128-byte
+    swizzle, and it writes the transposed accumulator into it with ``stmatrix.trans``
+    (``STSM.MT88``), bank-conflict free. The TMA store clips C's edges, so the accumulator is
+    never read under a branch: a store masked element by element would make ptxas serialize
+    every wgmma of the kernel (its note C7514; plots/h100/skinny/COMMAND.md)."""
 
-    def __init__(self, staging: SharedTensor, g_c: GlobalTensor, offset_m: int32, offset_n: int32):
+    def __init__(
+        self, staging: SharedTensor, g_c: GlobalTensor, offset_m: int32, offset_n: int32, epilogue: FusedEpilogue
+    ):
         self.staging: SharedTensor = staging
         self.g_c: GlobalTensor = g_c
         self.offset_m: int32 = offset_m
         self.offset_n: int32 = offset_n
+        self.epilogue: FusedEpilogue = epilogue
 
     def store(self, acc: RegisterTensor, slab: int):
-        """Warpgroup ``slab``'s accumulator (``64 x cols`` float32, a wgmma fragment) into C, converted
-        to C's dtype; returns once the TMA store has completed. Called by that warpgroup."""
+        """Warpgroup ``slab``'s accumulator (``64 x cols`` float32, a wgmma fragment) into C, through
+        the epilogue and converted to C's dtype; returns once the TMA store has completed. Called by
+        that warpgroup."""
+        block, column = self.epilogue.apply(self.transpose(acc), self.offset_n + 64 * slab, "wgmma_t")
         out = StagedTmaStore(self.staging[slab])
-        out.put(self.transpose(acc), self.g_c, self.offset_m, self.offset_n + 64 * slab)
+        out.put(block, self.g_c, self.offset_m, column)
         out.finish()

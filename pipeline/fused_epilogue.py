@@ -29,6 +29,13 @@ so the gate and up halves of a group of 16 columns are two register ranges of th
   V7: C^T's rows are C's columns), loaded from shared memory in ``split_k_layout`` so that its
   transpose has that form too.
 
+One fragment is not in column groups: ``"wgmma_t"``, a 64-row wgmma accumulator of C^T seen
+transposed (``epilogue.SwappedSlabStore``: the swap-AB V7 writing its slabs straight from the
+registers), ``tokens x 64``. Its 64 columns are spread over the warpgroup's threads, not over a
+thread's registers: thread ``(w, g)`` holds columns ``16 w + g`` and ``16 w + 8 + g``. Those are
+exactly a gate-up pair (``q = w``, ``i = g``), so swiglu needs no data moved here either; it takes
+the pair from a register view that splits the columns into their two halves (``swiglu_halves``).
+
 A plain variant (no bias, no activation) gets the tile and column back untouched: ``apply``
 emits nothing, and the kernel is the one it was before the variant existed.
 """
@@ -40,7 +47,7 @@ from tilus import GlobalTensor, RegisterTensor, float32, int32
 from tilus.ir.layout import RegisterLayout
 from tilus.ir.layout.inference.inference_rules.tcgen05.ldst import Tcgen05LdstRule
 from tilus.ir.layout.inference.inference_rules.wgmma import generate_wgmma_register_layout
-from tilus.ir.layout.ops.register_ops import column_spatial, compose, local, permute, reduce, unsqueeze
+from tilus.ir.layout.ops.register_ops import column_spatial, compose, local, permute, reduce, reshape, unsqueeze
 
 GROUP = 8  # variant.SWIGLU_GROUP: gate and up columns interleave in groups of 8
 SQRT_2_OVER_PI = 0.7978845608028654
@@ -109,11 +116,22 @@ def fragment_layout(fragment: str, rows: int, cols: int) -> RegisterLayout:
     """The register layout of a ``rows x cols`` ``fragment`` tile, as tilus gives it."""
     if fragment == "wgmma":  # epilogue.wgmma_fragment (a 64-row wgmma accumulator)
         return generate_wgmma_register_layout(rows, cols, 64, cols, 16)
+    if fragment == "wgmma_t":  # the transpose of a cols x rows one (cols = 64)
+        return permute(generate_wgmma_register_layout(cols, rows, 64, rows, 16), [1, 0])
     if fragment == "tcgen05":
         return tcgen05_fragment(rows, cols)
     if fragment == "split_k":
         return permute(split_k_layout(cols, rows), [1, 0])
-    raise ValueError(f"unknown fragment {fragment!r}: wgmma, tcgen05 or split_k")
+    raise ValueError(f"unknown fragment {fragment!r}: wgmma, wgmma_t, tcgen05 or split_k")
+
+
+def swiglu_halves(rows: int, cols: int) -> RegisterLayout:
+    """``fragment_layout("wgmma_t", rows, cols)``'s registers seen as ``[2, rows, cols / 2]``: view
+    ``[0, r, 8 q + i]`` is column ``16 q + i`` (gate), ``[1, r, 8 q + i]`` column ``16 q + 8 + i`` (up),
+    each in the register it already has (module doc)."""
+    pairs = swiglu_pairs(cols)
+    split = reshape(fragment_layout("wgmma_t", rows, cols), [rows, pairs, 2, GROUP])  # column 16 q + 8 h + i
+    return reshape(permute(split, [2, 0, 1, 3]), [2, rows, cols // 2])
 
 
 def in_column_groups(fragment: str, rows: int, cols: int) -> bool:
@@ -176,18 +194,24 @@ class FusedEpilogue(tilus.Class):
         """``silu(gate) * up`` of ``tile``'s interleaved column groups: ``rows x W`` -> ``rows x W / 2``.
         Groups ``2 q`` (gate) and ``2 q + 1`` (up) of 8 columns are register ranges ``2 q`` and
         ``2 q + 1`` of every thread, and output group ``q`` is range ``q`` of the output: register
-        views and constant register indices (the loop is unrolled), no data moved between threads."""
+        views and constant register indices (the loop is unrolled), no data moved between threads.
+        A ``"wgmma_t"`` tile holds its pairs across threads instead (``swiglu_halves``)."""
         rows, cols = tile.shape
-        pairs = swiglu_pairs(cols)
-        group = column_groups(fragment, rows)
-        halves = self.view(tile, layout=compose(local(pairs, 2, 1, 1), unsqueeze(group, [0, 1])))
-        out_groups = self.register_tensor(dtype=float32, shape=[pairs, rows, GROUP])
-        self.annotate_layout(out_groups, compose(local(pairs, 1, 1), unsqueeze(group, [0])))
-        for q in self.range(pairs, unroll="all"):
-            product = self.unsqueeze(self.silu(halves[q, 0]) * halves[q, 1], dim=0)
-            self.annotate_layout(product, unsqueeze(group, [0]))
-            out_groups[q : q + 1] = product
-        return self.view(out_groups, layout=fragment_layout(fragment, rows, cols // 2))
+        if fragment == "wgmma_t":  # each thread's pairs are its two columns (module doc)
+            halves = self.view(tile, layout=swiglu_halves(rows, cols))
+            out = self.silu(halves[0]) * halves[1]
+        else:
+            pairs = swiglu_pairs(cols)
+            group = column_groups(fragment, rows)
+            halves = self.view(tile, layout=compose(local(pairs, 2, 1, 1), unsqueeze(group, [0, 1])))
+            out_groups = self.register_tensor(dtype=float32, shape=[pairs, rows, GROUP])
+            self.annotate_layout(out_groups, compose(local(pairs, 1, 1), unsqueeze(group, [0])))
+            for q in self.range(pairs, unroll="all"):
+                product = self.unsqueeze(self.silu(halves[q, 0]) * halves[q, 1], dim=0)
+                self.annotate_layout(product, unsqueeze(group, [0]))
+                out_groups[q : q + 1] = product
+            out = self.view(out_groups, layout=fragment_layout(fragment, rows, cols // 2))
+        return out
 
     def activate(self, x: RegisterTensor) -> RegisterTensor:
         """``self.activation`` of a float32 tile, elementwise (module doc)."""

@@ -41,7 +41,7 @@ class Mutant:
 # Hopper V7 with the weight tile multicast to two 64-token tiles (its MULTICAST_REPRESENTATIVE)
 V7_MULTICAST = (("block_m", 64), ("warpgroups", 1), ("split", 1), ("stages", 13), ("multicast", 2))
 # Hopper V7 without a split, two consumer warpgroups, each writing its own slab of C by TMA store
-V7_SLABS = (("block_m", 128), ("warpgroups", 2), ("split", 1), ("stages", 5), ("multicast", 1))
+V7_SLABS = (("block_m", 128), ("warpgroups", 2), ("split", 1), ("stages", 6), ("multicast", 1))
 # Hopper V7 with both: two 64-token tiles, each split over two CTAs, a cluster of four (COMBINED_REPRESENTATIVE)
 V7_COMBINED = (("block_m", 64), ("warpgroups", 1), ("split", 2), ("stages", 12), ("multicast", 2))
 # Hopper V6 with ping-pong consumer warpgroups (its PINGPONG)
@@ -287,8 +287,8 @@ MUTANTS = (
         "sm_90a",
         "v7",
         "pipeline.epilogue",
-        "self.offset_m, self.offset_n + 64 * slab)",
-        "self.offset_m, self.offset_n)",
+        'self.offset_n + 64 * slab, "wgmma_t")',
+        'self.offset_n, "wgmma_t")',
         ("coverage",),
         config=V7_SLABS,
     ),

@@ -15,6 +15,7 @@ import pytest
 from matmul.build import compiler
 from matmul.kernels import variant as variants
 from matmul.kernels import versions
+from pipeline import fused_epilogue
 from pipeline.fused_epilogue import in_column_groups
 
 ARCHS = ("sm_90a", "sm_100a")
@@ -38,6 +39,28 @@ def test_every_tile_the_versions_fuse_is_its_column_groups_one_after_the_other()
     assert all(in_column_groups("tcgen05", 128, cols) for cols in (16, 32, 64, 128))
     # V7: the transposed split-K slice, tokens x (weight rows / split)
     assert all(in_column_groups("split_k", tokens, rows) for tokens in (16, 32, 64, 128, 256) for rows in (16, 32, 64))
+
+
+@pytest.mark.parametrize("tokens", (8, 16, 32, 64, 128, 256))
+def test_a_transposed_wgmma_slab_holds_each_gate_up_pair_in_one_thread(tokens):
+    # V7 without a split (epilogue.SwappedSlabStore): the slab's 64 columns lie across threads, and
+    # swiglu reads its pairs through swiglu_halves: [h, r, 8 q + i] must be column 16 q + 8 h + i
+    tile = fused_epilogue.fragment_layout("wgmma_t", tokens, 64)
+    halves = fused_epilogue.swiglu_halves(tokens, 64)
+    assert (halves.spatial_size, halves.local_size) == (tile.spatial_size, tile.local_size)
+    for thread in range(tile.spatial_size):
+        for i in range(tile.local_size):
+            h, r, c = (int(x) for x in halves.get_global(spatial_index=thread, local_index=i))
+            assert tuple(int(x) for x in tile.get_global(spatial_index=thread, local_index=i)) == (
+                r,
+                16 * (c // 8) + 8 * h + c % 8,
+            )
+    # the tile is the transpose of the accumulator's own layout, as SwappedSlabStore sees it
+    acc = fused_epilogue.fragment_layout("wgmma", 64, tokens)
+    for thread in range(acc.spatial_size):
+        for i in range(acc.local_size):
+            r, c = (int(x) for x in acc.get_global(spatial_index=thread, local_index=i))
+            assert tuple(int(x) for x in tile.get_global(spatial_index=thread, local_index=i)) == (c, r)
 
 
 def test_v3_to_v7_declare_the_fused_epilogue_and_earlier_versions_do_not():

@@ -18,11 +18,11 @@ the matrix (by the TMA store, or ``store_global``'s masks).
 Without a split (``split`` = 1) a CTA owns its output tile whole, and each consumer warpgroup
 writes its slab of C as soon as its main loop is done: its accumulator transposed into a staging
 buffer of C's dtype and written by a TMA store, which clips C's edges
-(``pipeline.epilogue.SwappedSlabStore``). The buffers take a quarter of the room a float32 tile
-of the CTA's output would, and that room goes to the ring: 128 weight rows a CTA (two warpgroups)
-with six stages fit, where cuBLAS's skinny kernels keep 112-128 and read each token tile half as
-often as 64-row CTAs do (plots/h100/skinny/). A fused variant (bias, activation) writes through
-the float32 tile below, as a split does: its epilogue is applied to that tile.
+(``pipeline.epilogue.SwappedSlabStore``; a fused variant's bias and activation are applied to the
+transposed accumulator on its way, ``pipeline.fused_epilogue``'s ``"wgmma_t"`` fragment). The
+buffers take a quarter of the room a float32 tile of the CTA's output would, and that room goes to
+the ring: 128 weight rows a CTA (two warpgroups) with six stages fit, where cuBLAS's skinny kernels
+keep 112-128 and read each token tile half as often as 64-row CTAs do (plots/h100/skinny/).
 
 Split-K without a workspace: the ``split`` CTAs of one cluster compute the same output tile over
 consecutive ranges of K blocks and reduce their float32 partial tiles through distributed shared
@@ -71,11 +71,11 @@ tile: the split group is the whole cluster when ``mc`` = 1, the weight group whe
 | ``empty[s]`` | warpgroups | one thread of each consumer warpgroup, after its wgmma wait | producer, ``p ^ 1`` | CTA |
 | mc ``full[s]`` | 1 + bytes | ``expect_tx`` (weight, tokens); tokens; weight group's CTA ``i % mc`` | consumers | CTA |
 | mc ``empty[s]`` | wgs x mc | a thread of each consumer warpgroup of the weight group | producer | CTA, remote |
-| ``__syncthreads`` | all threads | every warp, its partial stored (``exchange``; split or fused) | all | CTA |
+| ``__syncthreads`` | all threads | every warp, its partial stored (``exchange``, with a split) | all | CTA |
 | ``arrived`` | 1 + bytes | this CTA's ``expect_tx`` (split - 1 slices); its split group's copies | warps 0-3, 0 | CTA |
 | ``barrier.cluster`` | the cluster | all: after the mbarriers exist; before exit (relaxed, mc = 1) | all | cluster |
 
-Without a split and with a plain epilogue there is no exchange: each warpgroup writes its staging
+Without a split there is no exchange: each warpgroup writes its staging
 buffer, orders those writes before the TMA unit's reads (``fence.proxy.async``, then a barrier of
 its own 128 threads) and waits for its store to complete before it leaves
 (``pipeline.tma_store.StagedTmaStore``); no buffer is shared between warpgroups.
@@ -112,7 +112,7 @@ from tilus.utils import cdiv
 from pipeline import Pipeline
 from pipeline.cluster_reduce import ClusterSplitKReduce, SplitKRange
 from pipeline.epilogue import SwappedSlabStore, wgmma_fragment
-from pipeline.fused_epilogue import is_fused
+from pipeline.fused_epilogue import output_columns
 from pipeline.mainloop import WgmmaMainloop
 
 from ..entry import MatmulKernel
@@ -144,7 +144,7 @@ EXTRA_CONFIGS = (
 )
 B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)
 FUSED_EPILOGUE = True  # bias and every activation, in the epilogue (pipeline.fused_epilogue)
-# C is written by store_global (ClusterSplitKReduce.write: a split, or a fused epilogue) at int32
+# C is written by store_global (ClusterSplitKReduce.write, with a split) at int32
 # element offsets: no operand may reach past 2^31 - 1 elements (A and B, read by TMA, could; the
 # limit keeps to one rule per version)
 MAX_ELEMENTS = 2**31 - 1
@@ -158,20 +158,12 @@ def supports(m: int, n: int, k: int) -> bool:
     return 1 <= m <= MAX_M and n >= 1 and k >= 1
 
 
-def writes_slabs(split: int, fused: bool) -> bool:
-    """Whether each consumer warpgroup writes its own slab of C by TMA store (no split of K, a plain
-    epilogue), rather than the CTA through the float32 exchange tiles (module doc)."""
-    return split == 1 and not fused
-
-
-def shared_bytes(
-    block_m: int, warpgroups: int, split: int, stages: int, multicast: int = 1, fused: bool = False
-) -> int:
+def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, multicast: int = 1) -> int:
     """Shared memory of a configuration: the ring plus the write-out's tiles (a multicast weight
-    tile lands in the same ring stage in every CTA: the ring is the same size), for a plain
-    variant or a ``fused`` one (bias, activation)."""
+    tile lands in the same ring stage in every CTA: the ring is the same size); swiglu's staging
+    buffers are half as wide."""
     ring = stages * (warpgroups * 64 + block_m) * BLOCK_K * 2
-    if writes_slabs(split, fused):
+    if split == 1:
         return ring + warpgroups * block_m * 64 * 2  # a staging buffer of 16-bit C a warpgroup
     exchange = (2 * split - 1) * (64 * warpgroups // split) * block_m * 4  # partial + received
     return ring + exchange
@@ -188,9 +180,8 @@ def shared_bytes(
 # tokens, four 64-token tiles or two 128-token tiles for 256. Each ring as deep as shared memory
 # allows. The combined points (``EXTRA_CONFIGS``) are not here yet. Two warpgroups without a split
 # (128 weight rows a CTA: each token tile read half as often) at 64 and 128 tokens, with the
-# deepest rings that fit beside the float32 tile a fused variant still writes through: since the
-# warpgroups write their own slabs (module doc) they were the fastest at 256 tokens and on the
-# wide weights at 64.
+# deepest rings that fit beside their staging buffers (module doc): the fastest V7 at 256 tokens
+# on qkv, gate-up and the lm_head, and on qkv and gate-up at 64.
 @tilus.autotune(
     "block_m, warpgroups, split, stages, multicast",
     [
@@ -207,7 +198,7 @@ def shared_bytes(
         (128, 2, 2, 3, 1),
         (128, 1, 1, 8, 1),
         (64, 2, 1, 8, 1),
-        (128, 2, 1, 5, 1),
+        (128, 2, 1, 6, 1),
         (256, 1, 1, 3, 1),
         (256, 1, 2, 3, 1),
         (64, 1, 1, 13, 2),
@@ -247,7 +238,7 @@ class Kernel(MatmulKernel):
             raise ValueError(f"one or two consumer warpgroups, not {warpgroups}")
         if (64 * warpgroups) % split or (64 * warpgroups // split) % 8:
             raise ValueError(f"{64 * warpgroups} weight rows do not cut into {split} slices of a multiple of 8")
-        self.writes_slabs = writes_slabs(split, is_fused(bias, activation))
+        self.writes_slabs = split == 1  # each warpgroup writes its slab of C (module doc)
 
     def matmul(
         self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32, k_size: int32
@@ -291,8 +282,9 @@ class Kernel(MatmulKernel):
         else:
             ring = Pipeline(self.stages, consumer_arrivals=self.warpgroups, elect_release=True)
         if self.writes_slabs:  # each warpgroup writes its own slab of C (module doc)
-            staging = self.shared_tensor(dtype=self.dtype, shape=[self.warpgroups, 1, self.block_m, 64])
-            tile_out = SwappedSlabStore(staging, g_c, offset_m, offset_n)
+            columns = output_columns(64, self.activation)  # of C a slab makes (swiglu: half)
+            staging = self.shared_tensor(dtype=self.dtype, shape=[self.warpgroups, 1, self.block_m, columns])
+            tile_out = SwappedSlabStore(staging, g_c, offset_m, offset_n, self.epilogue)
         else:  # the exchange among this token tile's split group only
             tile_out = ClusterSplitKReduce(self.split, rows, self.block_m, rank_base=m_rank * self.split)
         self.cluster.sync()  # every barrier of the cluster exists before a peer's copy or load lands on it

@@ -340,8 +340,10 @@ def main(argv=None) -> None:
             direct = name in ("direct_store", "tma_direct")
             if direct and (config["split"], config["multicast"]) != (1, 1):
                 continue  # built for one CTA a tile only
-            float32_tile = name in ("no_epilogue", "ring_only")  # (NoEpilogue)
-            if not direct and V7.shared_bytes(**config, fused=float32_tile) > SHARED_LIMIT:
+            float32_tile = name in ("no_epilogue", "ring_only") and config["split"] == 1  # (NoEpilogue)
+            rows = 64 * config["warpgroups"]
+            shared = V7.shared_bytes(**config) + (rows * config["block_m"] * (4 - 2) if float32_tile else 0)
+            if not direct and shared > SHARED_LIMIT:
                 continue  # fits only without the partial tile
             ring = config["stages"] * (config["warpgroups"] * 64 + config["block_m"]) * V7.BLOCK_K * 2
             if name == "tma_direct" and ring + config["warpgroups"] * config["block_m"] * 64 * 2 > SHARED_LIMIT:
