@@ -34,7 +34,7 @@ transposed (``epilogue.SwappedSlabStore``: the swap-AB V7 writing its slabs stra
 registers), ``tokens x 64``. Its 64 columns are spread over the warpgroup's threads, not over a
 thread's registers: thread ``(w, g)`` holds columns ``16 w + g`` and ``16 w + 8 + g``. Those are
 exactly a gate-up pair (``q = w``, ``i = g``), so swiglu needs no data moved here either; it takes
-the pair from a register view that splits the columns into their two halves (``swiglu_halves``).
+the pairs from a register view of the tile by blocks of 8 rows and halves (``swiglu_blocks``).
 
 A plain variant (no bias, no activation) gets the tile and column back untouched: ``apply``
 emits nothing, and the kernel is the one it was before the variant existed.
@@ -47,7 +47,17 @@ from tilus import GlobalTensor, RegisterTensor, float32, int32
 from tilus.ir.layout import RegisterLayout
 from tilus.ir.layout.inference.inference_rules.tcgen05.ldst import Tcgen05LdstRule
 from tilus.ir.layout.inference.inference_rules.wgmma import generate_wgmma_register_layout
-from tilus.ir.layout.ops.register_ops import column_spatial, compose, local, permute, reduce, reshape, unsqueeze
+from tilus.ir.layout.ops.register_ops import (
+    column_spatial,
+    compose,
+    left_divide,
+    local,
+    permute,
+    reduce,
+    reshape,
+    squeeze,
+    unsqueeze,
+)
 
 GROUP = 8  # variant.SWIGLU_GROUP: gate and up columns interleave in groups of 8
 SQRT_2_OVER_PI = 0.7978845608028654
@@ -125,13 +135,17 @@ def fragment_layout(fragment: str, rows: int, cols: int) -> RegisterLayout:
     raise ValueError(f"unknown fragment {fragment!r}: wgmma, wgmma_t, tcgen05 or split_k")
 
 
-def swiglu_halves(rows: int, cols: int) -> RegisterLayout:
-    """``fragment_layout("wgmma_t", rows, cols)``'s registers seen as ``[2, rows, cols / 2]``: view
-    ``[0, r, 8 q + i]`` is column ``16 q + i`` (gate), ``[1, r, 8 q + i]`` column ``16 q + 8 + i`` (up),
-    each in the register it already has (module doc)."""
-    pairs = swiglu_pairs(cols)
-    split = reshape(fragment_layout("wgmma_t", rows, cols), [rows, pairs, 2, GROUP])  # column 16 q + 8 h + i
-    return reshape(permute(split, [2, 0, 1, 3]), [2, rows, cols // 2])
+def swiglu_blocks(rows: int, cols: int) -> tuple[RegisterLayout, RegisterLayout]:
+    """``fragment_layout("wgmma_t", rows, cols)``'s registers seen as ``[rows / 8, 2, 8, cols / 2]``
+    (view ``[j, h, t, 8 q + i]`` is row ``8 j + t``, column ``16 q + 8 h + i``: ``h`` = 0 the gate,
+    1 the up column of a pair), and the layout of one ``[8, cols / 2]`` block of it. In the
+    accumulator's registers the block of 8 rows and the half are a thread's two outermost
+    register ranges, so ``view[j, h]`` is a block of constant registers, as the other fragments'
+    column groups are (module doc)."""
+    pairs, blocks = swiglu_pairs(cols), rows // GROUP
+    split = reshape(fragment_layout("wgmma_t", rows, cols), [blocks, GROUP, pairs, 2, GROUP])
+    view = reshape(permute(split, [0, 3, 1, 2, 4]), [blocks, 2, GROUP, cols // 2])
+    return view, squeeze(left_divide(view, local(blocks, 2, 1, 1)), [0, 1])
 
 
 def in_column_groups(fragment: str, rows: int, cols: int) -> bool:
@@ -195,11 +209,20 @@ class FusedEpilogue(tilus.Class):
         Groups ``2 q`` (gate) and ``2 q + 1`` (up) of 8 columns are register ranges ``2 q`` and
         ``2 q + 1`` of every thread, and output group ``q`` is range ``q`` of the output: register
         views and constant register indices (the loop is unrolled), no data moved between threads.
-        A ``"wgmma_t"`` tile holds its pairs across threads instead (``swiglu_halves``)."""
+        A ``"wgmma_t"`` tile holds its pairs across threads instead (``swiglu_blocks``)."""
         rows, cols = tile.shape
         if fragment == "wgmma_t":  # each thread's pairs are its two columns (module doc)
-            halves = self.view(tile, layout=swiglu_halves(rows, cols))
-            out = self.silu(halves[0]) * halves[1]
+            view, block = swiglu_blocks(rows, cols)
+            blocks = rows // GROUP
+            halves = self.view(tile, layout=view)
+            out_blocks = self.register_tensor(dtype=float32, shape=[blocks, GROUP, cols // 2])
+            out_layout = compose(local(blocks, 1, 1), unsqueeze(block, [0]))
+            self.annotate_layout(out_blocks, out_layout)
+            for j in self.range(blocks, unroll="all"):
+                product = self.unsqueeze(self.silu(halves[j, 0]) * halves[j, 1], dim=0)
+                self.annotate_layout(product, unsqueeze(block, [0]))
+                out_blocks[j : j + 1] = product
+            out = self.view(out_blocks, layout=reshape(out_layout, [rows, cols // 2]))
         else:
             pairs = swiglu_pairs(cols)
             group = column_groups(fragment, rows)

@@ -11,6 +11,7 @@ import itertools
 import re
 
 import pytest
+from tilus.ir.layout.ops.register_ops import compose, local, reshape, unsqueeze
 
 from matmul.build import compiler
 from matmul.kernels import variant as variants
@@ -44,17 +45,28 @@ def test_every_tile_the_versions_fuse_is_its_column_groups_one_after_the_other()
 @pytest.mark.parametrize("tokens", (8, 16, 32, 64, 128, 256))
 def test_a_transposed_wgmma_slab_holds_each_gate_up_pair_in_one_thread(tokens):
     # V7 without a split (epilogue.SwappedSlabStore): the slab's 64 columns lie across threads, and
-    # swiglu reads its pairs through swiglu_halves: [h, r, 8 q + i] must be column 16 q + 8 h + i
+    # swiglu reads its pairs through swiglu_blocks: [j, h, t, 8 q + i] must be row 8 j + t and
+    # column 16 q + 8 h + i, (j, h) a thread's outermost registers, and each output element in the
+    # thread that holds its pair
     tile = fused_epilogue.fragment_layout("wgmma_t", tokens, 64)
-    halves = fused_epilogue.swiglu_halves(tokens, 64)
-    assert (halves.spatial_size, halves.local_size) == (tile.spatial_size, tile.local_size)
+    view, block = fused_epilogue.swiglu_blocks(tokens, 64)
+    blocks = tokens // 8
+    outermost = compose(local(blocks, 2, 1, 1), unsqueeze(block, [0, 1]))
+    out = reshape(compose(local(blocks, 1, 1), unsqueeze(block, [0])), [tokens, 32])
+    for layout in (view, outermost, out):
+        assert (layout.spatial_size, layout.local_size * (2 if layout is out else 1)) == (
+            tile.spatial_size,
+            tile.local_size,
+        )
     for thread in range(tile.spatial_size):
         for i in range(tile.local_size):
-            h, r, c = (int(x) for x in halves.get_global(spatial_index=thread, local_index=i))
-            assert tuple(int(x) for x in tile.get_global(spatial_index=thread, local_index=i)) == (
-                r,
-                16 * (c // 8) + 8 * h + c % 8,
-            )
+            j, h, t, c = (int(x) for x in view.get_global(spatial_index=thread, local_index=i))
+            assert tuple(int(x) for x in outermost.get_global(spatial_index=thread, local_index=i)) == (j, h, t, c)
+            expected = (8 * j + t, 16 * (c // 8) + 8 * h + c % 8)
+            assert tuple(int(x) for x in tile.get_global(spatial_index=thread, local_index=i)) == expected
+            if h == 0:  # the output element of this pair: its row, column 8 q + i, in this thread
+                k = i % block.local_size + j * block.local_size
+                assert tuple(int(x) for x in out.get_global(spatial_index=thread, local_index=k)) == (8 * j + t, c)
     # the tile is the transpose of the accumulator's own layout, as SwappedSlabStore sees it
     acc = fused_epilogue.fragment_layout("wgmma", 64, tokens)
     for thread in range(acc.spatial_size):
