@@ -75,10 +75,10 @@ tile: the split group is the whole cluster when ``mc`` = 1, the weight group whe
 | ``arrived`` | 1 + bytes | this CTA's ``expect_tx`` (split - 1 slices); its split group's copies | warps 0-3, 0 | CTA |
 | ``barrier.cluster`` | the cluster | all: after the mbarriers exist; before exit (relaxed, mc = 1) | all | cluster |
 
-Without a split there is no exchange: each warpgroup writes its staging
-buffer, orders those writes before the TMA unit's reads (``fence.proxy.async``, then a barrier of
-its own 128 threads) and waits for its store to complete before it leaves
-(``pipeline.tma_store.StagedTmaStore``); no buffer is shared between warpgroups.
+Without a split there is no exchange: each warpgroup writes its staging buffer, orders those
+writes before the TMA unit's reads (``fence.proxy.async``, then a barrier of its own 128 threads)
+and waits for its store to complete before it leaves (``pipeline.tma_store.StagedTmaStore``); no
+buffer is shared between warpgroups.
 
 A peer's copy may land on ``arrived`` as soon as the first cluster barrier is passed, so every
 mbarrier is initialized before it. A sender's shared memory is read by its bulk copies until the
