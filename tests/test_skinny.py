@@ -325,3 +325,23 @@ def test_the_flush_methods_are_named():
 
     with pytest.raises(ValueError, match="read, write"):
         L2Flush("clean")
+
+
+@pytest.mark.parametrize("key", ["", "bias+gelu_tanh", "bias+swiglu"], ids=["plain", "bias+gelu_tanh", "bias+swiglu"])
+def test_hopper_slabs_go_out_by_tma_store_without_serializing_the_wgmma(key):
+    # without a split each warpgroup writes its slab (pipeline.epilogue.SwappedSlabStore): a TMA
+    # store from a staging buffer written with stmatrix.trans, no float32 tile, no exchange; the
+    # accumulator never read under a branch, so ptxas serializes no wgmma (its note C7514)
+    from matmul.kernels.variant import Variant
+
+    config = {"block_m": 128, "warpgroups": 2, "split": 1, "stages": 6, "multicast": 1}
+    result = build.build_config(HOPPER, "sm_90a", config, variant=Variant.parse(key))
+    assert result.ok, result.error[-3000:]
+    assert result.spill_bytes == 0
+    assert result.shared_bytes - HOPPER.shared_bytes(**config) < 1024  # swiglu's buffers are half as wide
+    ptx = result.ptx()
+    assert "cp.async.bulk.tensor.2d.global.shared::cta" in ptx  # the TMA store of C
+    assert "stmatrix.sync.aligned" in ptx and ".trans" in ptx
+    assert "cp.async.bulk.shared::cluster" not in ptx and "st.global" not in ptx
+    report = (result.program_dir / "module" / "nvcc_output.txt").read_text()
+    assert not re.search(r"C7514|C7515|C7520|serialized", report), report
