@@ -148,6 +148,20 @@ def swiglu_blocks(rows: int, cols: int) -> tuple[RegisterLayout, RegisterLayout]
     return view, squeeze(left_divide(view, local(blocks, 2, 1, 1)), [0, 1])
 
 
+def swiglu_layouts(fragment: str, rows: int, cols: int) -> tuple[RegisterLayout, RegisterLayout, RegisterLayout]:
+    """For ``FusedEpilogue.swiglu`` on a ``rows x cols`` ``fragment`` tile: its registers seen as
+    ``[blocks, 2, ...]`` (``[k, 0]`` the gates, ``[k, 1]`` the ups of output block ``k``, each a
+    thread's constant register range), the layout of one output block, and the output tile's
+    layout (``rows x cols / 2``). Column-group fragments: a block is a group of 8 columns
+    (``column_groups``); ``"wgmma_t"``: 8 rows of every pair (``swiglu_blocks``)."""
+    if fragment == "wgmma_t":
+        view, block = swiglu_blocks(rows, cols)
+        return view, block, reshape(compose(local(rows // GROUP, 1, 1), unsqueeze(block, [0])), [rows, cols // 2])
+    group = column_groups(fragment, rows)
+    view = compose(local(swiglu_pairs(cols), 2, 1, 1), unsqueeze(group, [0, 1]))
+    return view, group, fragment_layout(fragment, rows, cols // 2)
+
+
 def in_column_groups(fragment: str, rows: int, cols: int) -> bool:
     """Whether a ``rows x cols`` ``fragment`` tile is, register for register, its groups of 8 columns
     one after the other in ``column_groups``'s layout: what ``FusedEpilogue.swiglu``'s register views
@@ -209,32 +223,19 @@ class FusedEpilogue(tilus.Class):
         Groups ``2 q`` (gate) and ``2 q + 1`` (up) of 8 columns are register ranges ``2 q`` and
         ``2 q + 1`` of every thread, and output group ``q`` is range ``q`` of the output: register
         views and constant register indices (the loop is unrolled), no data moved between threads.
-        A ``"wgmma_t"`` tile holds its pairs across threads instead (``swiglu_blocks``)."""
+        A ``"wgmma_t"`` tile holds its pairs across threads instead: its blocks are 8 rows of every
+        pair (``swiglu_layouts``)."""
         rows, cols = tile.shape
-        if fragment == "wgmma_t":  # each thread's pairs are its two columns (module doc)
-            view, block = swiglu_blocks(rows, cols)
-            blocks = rows // GROUP
-            halves = self.view(tile, layout=view)
-            out_blocks = self.register_tensor(dtype=float32, shape=[blocks, GROUP, cols // 2])
-            out_layout = compose(local(blocks, 1, 1), unsqueeze(block, [0]))
-            self.annotate_layout(out_blocks, out_layout)
-            for j in self.range(blocks, unroll="all"):
-                product = self.unsqueeze(self.silu(halves[j, 0]) * halves[j, 1], dim=0)
-                self.annotate_layout(product, unsqueeze(block, [0]))
-                out_blocks[j : j + 1] = product
-            out = self.view(out_blocks, layout=reshape(out_layout, [rows, cols // 2]))
-        else:
-            pairs = swiglu_pairs(cols)
-            group = column_groups(fragment, rows)
-            halves = self.view(tile, layout=compose(local(pairs, 2, 1, 1), unsqueeze(group, [0, 1])))
-            out_groups = self.register_tensor(dtype=float32, shape=[pairs, rows, GROUP])
-            self.annotate_layout(out_groups, compose(local(pairs, 1, 1), unsqueeze(group, [0])))
-            for q in self.range(pairs, unroll="all"):
-                product = self.unsqueeze(self.silu(halves[q, 0]) * halves[q, 1], dim=0)
-                self.annotate_layout(product, unsqueeze(group, [0]))
-                out_groups[q : q + 1] = product
-            out = self.view(out_groups, layout=fragment_layout(fragment, rows, cols // 2))
-        return out
+        view, block, out_layout = swiglu_layouts(fragment, rows, cols)
+        count = view.shape[0]
+        halves = self.view(tile, layout=view)  # [k, 0] and [k, 1]: the gates and ups of output block k
+        out_blocks = self.register_tensor(dtype=float32, shape=[count, block.shape[0], block.shape[1]])
+        self.annotate_layout(out_blocks, compose(local(count, 1, 1), unsqueeze(block, [0])))
+        for k in self.range(count, unroll="all"):
+            product = self.unsqueeze(self.silu(halves[k, 0]) * halves[k, 1], dim=0)
+            self.annotate_layout(product, unsqueeze(block, [0]))
+            out_blocks[k : k + 1] = product
+        return self.view(out_blocks, layout=out_layout)
 
     def activate(self, x: RegisterTensor) -> RegisterTensor:
         """``self.activation`` of a float32 tile, elementwise (module doc)."""
