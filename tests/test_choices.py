@@ -1233,3 +1233,50 @@ def test_a_stored_choice_goes_stale_only_with_the_sources_its_version_is_built_f
     assert tuner.fingerprint.__wrapped__(ARCH, "v6") == before["v6"]
     monkeypatch.setattr(Path, "read_bytes", edited("pipeline.py"))
     assert all(tuner.fingerprint.__wrapped__(ARCH, v) != before[v] for v in ("v6", "v7"))
+
+
+# --- what a recorded configuration is -------------------------------------------------------------
+
+
+def test_the_tuned_configuration_is_a_point_of_the_space_without_the_kernels_other_parameters(monkeypatch):
+    """tilus's schedule names every parameter of the kernel, its dtype, its variant and a default
+    such as V6's ``pingpong``; the configuration recorded for a choice is the autotune space's point
+    only (with ``pingpong`` in it, V6's choices matched no point: each was refused, and the call ran
+    cuBLAS instead of the V6 it had chosen)."""
+    from types import SimpleNamespace
+
+    from tilus.lang import instantiated_script
+
+    from matmul.call import tilus_autotune
+
+    v6 = versions.load("sm_90a", "v6")
+    point = dict(versions.space(v6)[-1])
+    schedule = {"dtype": "float16", **point, "pingpong": False, "b_layout": "nk", "bias": False, "activation": ""}
+    script = SimpleNamespace(
+        space=v6.Kernel._autotune_space,
+        const_params=(),
+        tuning_params=(),
+        jit_instances={"jit": SimpleNamespace(schedules=[schedule], valid_schedules=[0], dispatch_table={"bucket": 0})},
+    )
+    monkeypatch.setattr(instantiated_script, "extract_keys", lambda args, const, tuning: ("jit", "bucket"))
+    config = tilus_autotune.tuned_config(script, ())
+    assert config == point and tuner.space_config(v6, config) == point
+
+
+def test_a_choice_recorded_with_a_parameters_default_is_still_its_point_of_the_space():
+    """Choices tuned before the configuration left the kernel's other parameters out (a choice cache
+    on disk, the shipped table's candidates) name V6's ``"pingpong": false``: the same point, which
+    must build and be valid. A value other than the default, or a value off the space, is no point."""
+    v6 = versions.load("sm_90a", "v6")
+    point = dict(versions.space(v6)[0])
+    assert tuner.space_config(v6, {**point, "pingpong": False}) == point
+    stored = {
+        "version": "v6",
+        "config": {**point, "pingpong": False},
+        "ms": 1.0,
+        "fingerprint": tuner.fingerprint("sm_90a", "v6"),
+    }
+    assert tuner.entry_is_valid("sm_90a", stored) and tuner.entry_is_usable("sm_90a", stored)
+    assert tuner.space_config(v6, {**point, "pingpong": True}) is None  # built and checked, never tuned
+    assert tuner.space_config(v6, {**point, "stages": 5}) is None
+    assert tuner.space_config(v6, {**point, "unknown": 1}) is None

@@ -39,15 +39,17 @@ def jit_instance(script, args):
 
 
 def tuned_config(script, args) -> dict[str, Any]:
-    """The configuration tilus's autotuner picked for ``args`` (after a call with them)."""
+    """The configuration tilus's autotuner picked for ``args`` (after a call with them): the point of
+    the script's autotune space, as ``versions.space`` names it. tilus's schedule also names every
+    other parameter of the kernel (its dtype, its variant, a default such as V6's ``pingpong``), which
+    is no part of the configuration: a choice recorded with them matches no point of the space."""
     from tilus.lang.instantiated_script import extract_keys
 
     jit_key, tuning_key = extract_keys(args, script.const_params, script.tuning_params)
     instance = script.jit_instances[jit_key]
-    schedule = dict(instance.schedules[instance.valid_schedules[instance.dispatch_table[tuning_key]]])
-    for fixed in ("dtype", "b_layout", "bias", "activation"):  # the kernel's variant, not its configuration
-        schedule.pop(fixed, None)
-    return schedule
+    schedule = instance.schedules[instance.valid_schedules[instance.dispatch_table[tuning_key]]]
+    tuned = {name.strip() for names in script.space for name in names.split(",")}
+    return {name: value for name, value in schedule.items() if name in tuned}
 
 
 def check_dispatch_table(cache_dir: Path, programs: int) -> bool:

@@ -186,11 +186,22 @@ def _pipeline_imports(sources: list[Path]) -> list[Path]:
 
 
 def space_config(module, config: Any) -> Optional[dict]:
-    """The point of the version's autotune space equal to ``config`` (as stored in JSON), or None."""
+    """The point of the version's autotune space equal to ``config`` (as stored in JSON), or None.
+    A parameter outside the space that ``config`` gives its default value is no part of it: until
+    ``tilus_autotune.tuned_config`` left them out, tuned choices were recorded with them (V6's
+    ``"pingpong": false``), and a choice cache or a shipped table may still hold such entries."""
     if not isinstance(config, dict):
         return None
+    space = versions.space(module)
+    named = {name for point in space for name in point}
+    defaults = inspect.signature(module.Kernel.__init__).parameters
+    config = {
+        name: value
+        for name, value in config.items()
+        if name in named or name not in defaults or defaults[name].default != value
+    }
     normal = json.loads(json.dumps(config))
-    return next((c for c in versions.space(module) if json.loads(json.dumps(c)) == normal), None)
+    return next((c for c in space if json.loads(json.dumps(c)) == normal), None)
 
 
 def entry_is_valid(arch: str, entry: Entry) -> bool:
