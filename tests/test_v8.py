@@ -3,6 +3,7 @@ against the kernel's reading of it (thread, word, nibble -> row, column), the er
 representative build with its PTX markers; the same for the fp8 e4m3 and int6 formats; the widening
 kernel (``matmul.quant.widen``) built for sm_90a (tests/test_v8_gpu.py runs all of them)."""
 
+import functools
 import re
 
 import pytest
@@ -133,7 +134,14 @@ def test_supports_and_configs():
     assert quant_linear.config_for(1, 4096, 14336, "int4")["interleave"] == 2  # a down projection's long K
     assert quant_linear.config_for(16, 4096, 14336, "int4")["interleave"] == 4
     assert quant_linear.config_for(1, 14336, 4096, "int4")["interleave"] == 1
-    assert quant_linear.config_for(1, 4096, 4096, "fp8_e4m3") == quant_linear.config_for(16)
+    for weight_format in ("fp8_e4m3", "int6"):
+        for config in quant_linear.configs(weight_format):
+            assert {**config, "chunk": 64} in versions.space(V8) or config in versions.space(V8), config
+    fp8 = functools.partial(quant_linear.config_for, weight_format="fp8_e4m3")
+    assert fp8(16, 4096, 4096) == quant_linear.config_for(16) and fp8(1, 4096, 4096)["block_m"] == 8
+    assert fp8(1, 4096, 14336)["interleave"] == fp8(16, 4096, 14336)["interleave"] == 2  # a long K
+    assert fp8(1, 28672, 4096)["interleave"] == 2 and fp8(16, 28672, 4096)["split"] == 4  # a wide weight
+    assert quant_linear.config_for(1, 4096, 4096, "int6") == quant_linear.config_for(16)
     for config in versions.space(V8):
         assert V8.shared_bytes(**config) <= build.SHARED_MEMORY_LIMIT["sm_90a"] - 1024, config
 

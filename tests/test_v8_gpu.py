@@ -47,6 +47,17 @@ SMALL = quant_linear.config_for(16)
 WIDE = {"block_m": 64, "warpgroups": 2, "split": 2, "stages": 4, "chunk": 64}
 
 
+# and a weight 4 times wider than deep, for which fp8's call cuts the K range finer, at 12 tokens too
+# (a tile of 16: ``config_for``)
+FORMAT_WEIGHTS = (*WEIGHTS, (4097, 1024))
+FORMAT_TOKENS = (*TOKENS, 12)
+
+
+def call_config(m, n, k, format):
+    """The call's configuration up to 16 tokens (shape-aware for fp8), else two warpgroups of 64 tokens."""
+    return quant_linear.config_for(m, n, k, format) if m <= 16 else WIDE
+
+
 def the_calls_kernels() -> list[tuple]:
     """The V8 kernels (dtype, format, configuration) the tests of the call's configurations check,
     but the one the CUDA graph test must find unbuilt."""
@@ -54,6 +65,9 @@ def the_calls_kernels() -> list[tuple]:
     for dtype in DTYPES:
         kernels += [(dtype, "int4", quant_linear.config_for(m, n, k, "int4")) for m in TOKENS for n, k in WEIGHTS]
         kernels += [(dtype, f, c) for f in OTHER_FORMATS for c in (SMALL, WIDE)]
+        kernels += [
+            (dtype, f, call_config(m, n, k, f)) for f in OTHER_FORMATS for m in FORMAT_TOKENS for n, k in FORMAT_WEIGHTS
+        ]
         kernels += [(dtype, f, quant_linear.config_for(m, 1000, 1024, f)) for f in BUGS.values() for m in (1, 16)]
     return list({quant_linear.kernel_key(*kernel): kernel for kernel in kernels}.values())
 
@@ -151,9 +165,9 @@ def test_interleaved_consumers(format, config, dtype, interleaved_built):
 @pytest.mark.parametrize("format", OTHER_FORMATS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_other_formats_ragged_shapes(format, dtype, calls_kernels_built):
-    for m in TOKENS:
-        config = SMALL if m <= 16 else WIDE
-        for n, k in WEIGHTS:
+    for m in FORMAT_TOKENS:
+        for n, k in FORMAT_WEIGHTS:
+            config = call_config(m, n, k, format)
             x, qw = operands(m, n, k, dtype, format)
             error = v8_error(x, qw, config)
             assert error <= TOLERANCE[dtype], f"V8 {format} {config} {m}x{n}x{k} {dtype}: relative error {error:.3g}"

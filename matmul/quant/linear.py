@@ -57,6 +57,11 @@ CONFIGS = (
 # in 8, plots/h100/v8/interleave/)
 NARROW_M = 8
 LONG_K = 3  # K >= LONG_K * N
+# fp8 at decode sizes (plots/h100/v8/fp8-configs/): its 8 KiB tiles want a long K range interleaved
+# over two consumer warpgroups, as int4's, and a wide weight (an MLP's gate-up) more CTAs: up to 8
+# tokens two consumers a slab (50.0 against 53.4 us at 1 x 28672 x 4096), at 16 the K range cut in 4
+# (49.7 against 50.4)
+WIDE_N = 4  # N >= WIDE_N * K
 
 
 def v8_module():
@@ -64,19 +69,26 @@ def v8_module():
 
 
 def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
-    """V8's configuration for M tokens (and, for int4 at up to 16 tokens, the weight's N x K)."""
+    """V8's configuration for M tokens (and, for int4 and fp8 at up to 16 tokens, the weight's N x K)."""
     config = next(dict(config) for limit, config in CONFIGS if m <= limit)
     if weight_format == "int4" and m <= 16:
         if m <= NARROW_M:
             config["block_m"] = NARROW_M
         if n and k >= LONG_K * n:
             config["interleave"] = 2 if m <= NARROW_M else 4
+    if weight_format == "fp8_e4m3" and m <= 16 and n:
+        if m <= NARROW_M:
+            config["block_m"] = NARROW_M
+        if k >= LONG_K * n or (m <= NARROW_M and n >= WIDE_N * k):
+            config["interleave"] = 2
+        elif n >= WIDE_N * k:
+            config["split"] = 4
     return config
 
 
 def configs(weight_format: str) -> list[dict]:
     """Every configuration the call may build for a format (``config_for``'s, as ``kernel_config`` builds them)."""
-    shapes = [(m, n, k) for m in (1, *(limit for limit, _ in CONFIGS)) for n, k in ((1, 1), (1, LONG_K))]
+    shapes = [(m, n, k) for m in (1, *(limit for limit, _ in CONFIGS)) for n, k in ((1, 1), (1, LONG_K), (WIDE_N, 1))]
     chosen = (kernel_config(weight_format, config_for(m, n, k, weight_format)) for m, n, k in shapes)
     return list({tuple(sorted(c.items())): c for c in chosen}.values())
 

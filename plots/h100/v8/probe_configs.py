@@ -3,7 +3,8 @@
 configuration) for Nsight Compute to profile (no other kernel runs in that process: the operands
 are made on the host and copied, the output is ``torch.empty``).
 
-    python plots/h100/v8/probe_configs.py OUT_DIR [--configs all|chosen] [--shapes 1x4096x4096,...]
+    python plots/h100/v8/probe_configs.py OUT_DIR [--configs all|chosen] [--shapes 1x4096x4096,...] [--format fp8_e4m3]
+    MATMUL_CACHE_DIR=DIR python plots/h100/v8/probe_configs.py OUT_DIR --build-only ...   # on a CPU machine first
     ncu --nvtx --nvtx-include "probe/" --csv --section SpeedOfLight --section WarpStateStats ... \
         python plots/h100/v8/probe_configs.py OUT_DIR --ncu --configs chosen
 """
@@ -45,6 +46,10 @@ def main(argv=None) -> None:
     parser.add_argument("--ncu", action="store_true", help="one launch each, nothing else on the GPU")
     parser.add_argument("--no-prebuild", action="store_true")
     parser.add_argument("--dtype", default="float16")
+    parser.add_argument("--format", default="int4", help="the weight format: int4, int6 or fp8_e4m3")
+    parser.add_argument(
+        "--build-only", action="store_true", help="build the kernels into the tilus cache (no GPU needed), time nothing"
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     dtype = getattr(torch, args.dtype)
@@ -53,7 +58,10 @@ def main(argv=None) -> None:
     if args.configs not in ("all", "chosen"):  # named configurations
         space = [{"interleave": 1, **dict(zip(CONFIG_KEYS, map(int, c.split("/"))))} for c in args.configs.split(",")]
         args.configs = "all"
-    if not args.no_prebuild:
+    if args.build_only:
+        build_all(dtype, args.format, args.shapes, space if args.configs == "all" else None)
+        return
+    if not args.no_prebuild and args.format == "int4":
         chosen = {str(quant_linear.config_for(m)): quant_linear.config_for(m) for m, _, _ in args.shapes}
         roofline.prebuild(module, space if args.configs == "all" else list(chosen.values()), [dtype])
     rows = []
@@ -61,15 +69,11 @@ def main(argv=None) -> None:
         gen = torch.Generator().manual_seed(0)
         w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype)
         x = torch.randn(m, k, generator=gen).to(dtype).cuda()
-        qw = matmul.quantize(w.cuda(), format="int4")
-        configs = space if args.configs == "all" else [quant_linear.config_for(m)]
-        configs = [
-            c
-            for c in configs
-            if c["block_m"] >= min(m, 8) and (c["block_m"] <= 16 or c["block_m"] < 2 * m) and k // 128 >= c["split"]
-        ]
+        qw = matmul.quantize(w.cuda(), format=args.format)
+        configs = space if args.configs == "all" else [quant_linear.config_for(m, n, k, args.format)]
+        configs = fitting(configs, m, k)
         # each built by the call's build child, in parallel (v8() runs the widened path until then)
-        built = quant_linear.wait_until_all_built((dtype, "int4", c) for c in configs)
+        built = quant_linear.wait_until_all_built((dtype, args.format, c) for c in configs)
         for config in (c for c, ok in zip(configs, built) if not ok):
             print(f"{m}x{n}x{k} {config}: V8 did not build, skipped", flush=True)
         configs = [c for c, ok in zip(configs, built) if ok]
@@ -103,6 +107,40 @@ def main(argv=None) -> None:
             print(json.dumps(row), flush=True)
     if not args.ncu:
         (args.out / "probe_configs.json").write_text(json.dumps(rows, indent=1))
+
+
+def fitting(configs: list[dict], m: int, k: int) -> list[dict]:
+    """The configurations worth timing at M tokens and K: token tiles that hold M (at most twice), a split no
+    larger than K's blocks."""
+    return [
+        c
+        for c in configs
+        if c["block_m"] >= min(m, 8) and (c["block_m"] <= 16 or c["block_m"] < 2 * m) and k // 128 >= c["split"]
+    ]
+
+
+def build_all(dtype: torch.dtype, weight_format: str, shapes, space) -> None:
+    """Build, as the call's build child does (``matmul.call.building.build_v8``), every kernel the probe
+    times, in parallel processes: tilus caches each under ``$MATMUL_CACHE_DIR``."""
+    from matmul.build import parallel
+
+    configs = space or [quant_linear.config_for(m, n, k, weight_format) for m, n, k in shapes]
+    configs = [c for m, _, k in shapes for c in fitting(configs, m, k)]
+    unique = {str(quant_linear.kernel_key(dtype, weight_format, c)): c for c in configs}
+    jobs = [(str(dtype).removeprefix("torch."), weight_format, c) for c in unique.values()]
+    errors = parallel.in_forked_processes(_build, jobs, report_built=True)
+    print(f"{len(jobs) - sum(map(bool, errors))} of {len(jobs)} built", flush=True)
+
+
+def _build(dtype: str, weight_format: str, config: dict) -> str:
+    from matmul.call import building
+
+    try:
+        key = {"weight": weight_format, **quant_linear.kernel_config(weight_format, config)}
+        building.build_v8(quant_linear.ARCH, getattr(torch, dtype), "v8", key, None)
+    except Exception as error:  # noqa: BLE001 (reported with its job)
+        return repr(error)
+    return ""
 
 
 if __name__ == "__main__":
