@@ -313,12 +313,7 @@ class Kernel(MatmulKernel):
                     block = k_blocks.first + i * self.interleave + turn
                     for wg in range(self.warpgroups):
                         c = wg * self.interleave + turn  # the consumer warpgroup that takes this block
-                        self.tma.global_to_shared(
-                            src=g_w,
-                            dst=s_w[slot, c],
-                            offsets=[(offset_n + 64 * wg) // TILE_ROWS * self.word_rows, block * self.word_cols],
-                            mbarrier=ring.producer_barrier(),
-                        )
+                        self.load_weight_tile(g_w, s_w[slot, c], (offset_n + 64 * wg) // TILE_ROWS, block, ring)
                         if self.weight != "fp8_e4m3":
                             self.tma.global_to_shared(
                                 src=g_s,
@@ -348,6 +343,15 @@ class Kernel(MatmulKernel):
         with self.warp_group(warp_begin=0, num_warps=4):
             reduce.write(rank, g_c, offset_m, offset_n, self.epilogue)
         reduce.exit_barrier()  # no CTA leaves while a peer's copy may still read its partial tile
+
+    def load_weight_tile(self, g_w: GlobalTensor, dst: SharedTensor, row_tile: int32, block: int32, ring: Pipeline):
+        """The packed tile of weight row tile ``row_tile`` and K block ``block``: one TMA box (module doc)."""
+        self.tma.global_to_shared(
+            src=g_w,
+            dst=dst,
+            offsets=[row_tile * self.word_rows, block * self.word_cols],
+            mbarrier=ring.producer_barrier(),
+        )
 
     def consumer_group(
         self,
