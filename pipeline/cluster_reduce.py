@@ -27,7 +27,10 @@ whole cluster (``rank_base = 0``, ``rank_stride = 1``).
 
 Synchronization: ``arrived`` (each CTA, 1 arrival: its own ``expect_tx``, plus the bytes of every
 peer's copy, which may land before that arrival; the phase cannot complete without it). The
-cluster must be synchronized (``self.cluster.sync()``) after the barriers are initialized, and
+cluster must be synchronized after the barriers are initialized and before the first copy into a
+peer (``self.cluster.sync()`` at the start, or, where nothing before the exchange reaches a peer,
+a relaxed arrival at the start, ``arrive_after_init``, and its wait just before the exchange,
+``wait_for_peers``, so that the main loop does not wait for the cluster's slowest CTA), and
 before any CTA exits (``exit_barrier``): a CTA's outgoing copies read its shared memory until the
 *receiver's* barrier completes, so a sender may leave only once every receiver has seen its bytes.
 That last barrier orders no memory: each receiver arrives on it after its own wait on ``arrived``
@@ -56,6 +59,8 @@ from .fused_epilogue import FusedEpilogue, split_k_layout
 
 _COPY = "bulk_copy_to_rank"
 _EXIT = "cluster_sync_relaxed"
+_ARRIVE = "cluster_arrive_after_init"  # (tilus has a cluster_arrive_relaxed and a cluster_wait of its own: other names)
+_WAIT = "cluster_wait_for_peers"
 
 
 def _register() -> None:
@@ -71,6 +76,24 @@ def _register() -> None:
         asm(template="barrier.cluster.wait.aligned;", outputs=[], inputs=[], is_volatile=True)
 
     register_primitive_function(name=cuda_cluster_sync_relaxed.name, func_or_type=cuda_cluster_sync_relaxed)
+
+    @no_type_check
+    @script
+    def cuda_cluster_arrive_after_init():
+        attrs.func_name = "cuda_" + _ARRIVE
+        attrs.func_kind = "cuda_internal"
+        asm(template="barrier.cluster.arrive.relaxed.aligned;", outputs=[], inputs=[], is_volatile=True)
+
+    register_primitive_function(name=cuda_cluster_arrive_after_init.name, func_or_type=cuda_cluster_arrive_after_init)
+
+    @no_type_check
+    @script
+    def cuda_cluster_wait_for_peers():
+        attrs.func_name = "cuda_" + _WAIT
+        attrs.func_kind = "cuda_internal"
+        asm(template="barrier.cluster.wait.aligned;", outputs=[], inputs=[], is_volatile=True, memory_fence=True)
+
+    register_primitive_function(name=cuda_cluster_wait_for_peers.name, func_or_type=cuda_cluster_wait_for_peers)
 
     @no_type_check
     @script
@@ -119,6 +142,25 @@ def bulk_copy_to_rank(dst, src, barrier, rank) -> None:
         None,
         call_cuda(_COPY, [uint32(dst_addr), uint32(src_addr), uint32(src.nbytes), uint32(barrier_addr), uint32(rank)]),
     )
+
+
+def _cluster_call(name: str) -> None:
+    builder = base._current_builder
+    if builder is None:
+        raise RuntimeError(f"{name} is called from kernel code only")
+    builder.evaluate(None, call_cuda(name, []))
+
+
+def cluster_arrive_relaxed() -> None:
+    """In kernel code (every thread of the CTA): arrive on the cluster barrier without waiting,
+    relaxed (``ClusterSplitKReduce.arrive_after_init``)."""
+    _cluster_call(_ARRIVE)
+
+
+def cluster_wait() -> None:
+    """In kernel code (every thread of the CTA, after ``cluster_arrive_relaxed``): wait until every
+    thread of the cluster has arrived (acquire: what the peers did before arriving is visible)."""
+    _cluster_call(_WAIT)
 
 
 def cluster_sync_relaxed() -> None:
@@ -198,6 +240,22 @@ class ClusterSplitKReduce(tilus.Class):
                             self.arrived[0],
                             self.rank_base + self.rank_stride * peer,
                         )
+
+    def arrive_after_init(self):
+        """Whole CTA, first, in place of a full cluster barrier: announce to the peers that this
+        CTA's mbarriers exist (tilus fences their initialization for the cluster,
+        ``fence.mbarrier_init.release.cluster``, at the kernel's start) with a relaxed arrival, and
+        go on at once: nothing of the main loop reaches a peer, so its TMA loads start without
+        waiting for the slowest CTA of the cluster to begin. ``wait_for_peers`` completes the
+        barrier before the first copy into a peer (with ``parts == 1``: no peer, no barrier)."""
+        if self.parts > 1:
+            cluster_arrive_relaxed()
+
+    def wait_for_peers(self):
+        """Whole CTA, before ``exchange``, after ``arrive_after_init``: wait until every CTA of the
+        cluster has arrived, so every peer's ``arrived`` barrier exists before a copy lands on it."""
+        if self.parts > 1:
+            cluster_wait()
 
     def exit_barrier(self):
         """Whole CTA, last: no CTA of the cluster exits while a peer's copy may still read its

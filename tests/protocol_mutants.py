@@ -378,8 +378,8 @@ MUTANTS = (
         "sm_90a",
         "v8",
         "matmul.kernels.hopper.v8",
-        "offsets=[(offset_n + 64 * wg) // TILE_ROWS * self.word_rows, block * self.word_cols],",
-        "offsets=[(offset_n + 64 * wg) // TILE_ROWS * self.word_rows, k_blocks.first * self.word_cols],",
+        "self.load_weight_tile(g_w, s_w[slot, c], (offset_n + 64 * wg) // TILE_ROWS, block, ring)",
+        "self.load_weight_tile(g_w, s_w[slot, c], (offset_n + 64 * wg) // TILE_ROWS, k_blocks.first, ring)",
         ("coverage",),
     ),
     Mutant(
@@ -432,6 +432,26 @@ MUTANTS = (
         "        reduce.exit_barrier()  # no CTA leaves while a peer's copy may still read its partial tile\n",
         "",
         ("exit",),
+    ),
+    Mutant(
+        "no wait for the peers: Hopper V8 arrives at the cluster barrier once its mbarriers exist but never "
+        "waits there, so its first split-K copy may land on a peer that has not initialized its barriers",
+        "sm_90a",
+        "v8",
+        "matmul.kernels.hopper.v8",
+        "        reduce.wait_for_peers()\n",
+        "",
+        ("init", "overrun"),  # or an arrival at the exit barrier before the first one was waited for
+    ),
+    Mutant(
+        "no opening cluster barrier: Hopper V7's CTAs start without the cluster barrier, so a split-K copy "
+        "may land on a peer that has not initialized its barriers",
+        "sm_90a",
+        "v7",
+        "matmul.kernels.hopper.v7",
+        "        self.cluster.sync()  # every barrier of the cluster exists before a peer's copy or load lands on it\n",
+        "",
+        ("init",),
     ),
     Mutant(
         "one warp, two roles: Hopper V8's producer is the first warp of its second interleaved consumer "

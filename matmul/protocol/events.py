@@ -116,6 +116,13 @@ class SyncEvents:
         self._arrivals(b, 1)
 
     def group_sync(self, role, bar: GroupBarrier, threads: int) -> Iterator:
+        generation = self.group_arrive(role, bar, threads)
+        role.wait_barrier = None
+        yield (lambda: bar.generation > generation), None, bar.name
+
+    def group_arrive(self, role, bar: GroupBarrier, threads: int) -> int:
+        """``threads`` of ``role`` arrive at ``bar``; the generation they arrived in (the barrier has
+        opened for them once its generation is past it)."""
         generation = bar.generation
         bar.arrived += threads
         self.log(f"{role.name}: arrives at {bar.name} ({bar.arrived}/{bar.expected})")
@@ -125,8 +132,18 @@ class SyncEvents:
             bar.arrived = 0
             bar.generation += 1
             self.log(f"{bar.name} opens")
-        role.wait_barrier = None
-        yield (lambda: bar.generation > generation), None, bar.name
+        return generation
+
+    def check_peer_ready(self, role, target, what: str) -> None:
+        """A write into the shared memory or barriers of another CTA (``target``) of the cluster is
+        safe only once ``role`` has passed a cluster barrier: each CTA initializes its mbarriers
+        before it first arrives there, and a peer may not have started before that."""
+        if target is not role.cta and not role.cluster_synced:
+            self.fail(
+                "init",
+                f"{role.name}: {what} into cta{target.index} before any cluster barrier: the peer's "
+                "mbarriers may not exist yet",
+            )
 
     def check_write(self, cta: Cta, alloc: int, start: int, end: int, what: str) -> None:
         reader = cta.pending_reader(alloc, start, end)

@@ -29,6 +29,8 @@ KINDS = {
     "coverage": "an output tile not stored exactly once, or stored from an accumulator that did not "
     "consume every K block of its rows and columns exactly once",
     "clc": "a try_cancel issued after the cluster was answered 'no work left'",
+    "init": "a write into a peer CTA's shared memory or barriers before a cluster barrier has shown "
+    "that the peer's mbarriers exist",
     "race": "shared memory overwritten (TMA load, store, copy) while an MMA or a TMA store issued before "
     "may still read it",
     "livelock": "the run did not end within its step budget",

@@ -52,7 +52,7 @@ class _Return(Exception):
     pass
 
 
-BLOCKING_CALLS = ("this_cluster.sync",)
+BLOCKING_CALLS = ("this_cluster.sync", "cuda_cluster_sync_relaxed", "cuda_cluster_wait_for_peers")
 
 
 def _blocks(stmt) -> bool:

@@ -183,6 +183,11 @@ class Role:
         self.tmem_loads: list[Reader] = []  # tcgen05.ld issued by this role, until tcgen05.wait::ld
         self.tmem_stores: list[Reader] = []  # tcgen05.st issued by this role, until tcgen05.wait::st
         self.wait_barrier: Optional[Barrier] = None  # the mbarrier it waits on, if any
+        # the cluster barrier's generation this role arrived in without waiting yet (a split
+        # arrive / wait), and whether it has passed a cluster barrier: only then do its peers'
+        # mbarriers exist for it (each CTA initializes its own before it first arrives)
+        self.cluster_arrival: Optional[int] = None
+        self.cluster_synced = False
 
     def ready(self) -> bool:
         return not self.finished and (self.block is None or self.block())

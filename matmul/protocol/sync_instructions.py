@@ -49,10 +49,27 @@ class SyncInstructions:
         # the relaxed form (pipeline.cluster_reduce's exit barrier) orders no memory; nothing is read after it
         if fname in ("this_cluster.sync", "cuda_cluster_sync_relaxed"):
             bar = self.cluster_bars[role.cta.cluster]
+            if role.cluster_arrival is not None:
+                self.fail("overrun", f"{role.name}: a cluster barrier while its earlier arrival was not waited for")
             yield from self.group_sync(role, bar, active[1] - active[0])
+            role.cluster_synced = True
+        elif fname == "cuda_cluster_arrive_after_init":  # a split cluster barrier's arrival
+            if role.cluster_arrival is not None:
+                self.fail("overrun", f"{role.name}: arrives at the cluster barrier twice without waiting")
+            role.cluster_arrival = self.group_arrive(role, self.cluster_bars[role.cta.cluster], active[1] - active[0])
+            yield None
+        elif fname == "cuda_cluster_wait_for_peers":  # ... and its wait
+            bar = self.cluster_bars[role.cta.cluster]
+            generation = role.cluster_arrival
+            if generation is None:
+                self.fail("unsupported", f"{role.name}: waits at the cluster barrier without arriving first")
+            role.cluster_arrival = None
+            yield (lambda: bar.generation > generation), None, bar.name
+            role.cluster_synced = True
         elif fname == "cuda_st_async_cluster_b32":
             local_addr, local_bar, rank, value = [self.eval(a, env, role) for a in e.args]
             target = self.cta_of(role.cta, rank)
+            self.check_peer_ready(role, target, "st.async")
             slot = SharedAddr(target.index, local_addr.alloc, local_addr.start)
             bar = BarrierAddr(target.index, local_bar.alloc, local_bar.index)
 
@@ -66,6 +83,7 @@ class SyncInstructions:
         elif fname == "cuda_bulk_copy_to_rank":
             local_dst, src, size, local_bar, rank = [self.eval(a, env, role) for a in e.args]
             target = self.cta_of(role.cta, rank)
+            self.check_peer_ready(role, target, "a bulk copy")
             bar = BarrierAddr(target.index, local_bar.alloc, local_bar.index)
             # the source's tags travel with the bytes, over the elements the copy covers
             length = int(size / role.cta.allocs[src.alloc].elem_bytes)

@@ -61,14 +61,16 @@ Synchronization (this CTA's K block ``i`` uses stage ``s = i % stages``, parity 
 | ``empty[s]`` | consumers | one thread of each consumer warpgroup, after its wgmma wait | producer, ``p ^ 1`` | CTA |
 | ``__syncthreads`` | all threads | every warp, once the partials are stored (in ``exchange``) | all | CTA |
 | ``arrived`` | 1 + bytes | this CTA's ``expect_tx`` (split - 1 slices); peers' bulk copies | warps 0-3, 0 | CTA |
-| ``barrier.cluster`` | the cluster | all: after the mbarriers exist; before exit (relaxed) | all | cluster |
+| ``barrier.cluster`` | the cluster | all: once the mbarriers exist; before exit (relaxed) | all | cluster |
 
 Consumer warpgroups are ``warpgroups x interleave``: with ``interleave`` > 1 (a tuning knob, see
 ``Kernel``) a stage holds that many K blocks and each consumer of a slab takes one of them, its
 partial a layer of its own in the split-K reduction. A stage is released only after the wgmma
 that read its token tile completed and its packed words and scales were loaded into registers
 (``wait_group 0`` precedes the release). The rest is V7's:
-every mbarrier is initialized before the first cluster barrier, no CTA exits before the last one
+every mbarrier is initialized before the first cluster barrier (whose arrival is relaxed and made
+at the start, and which is waited for only before the exchange, the first copy into a peer:
+``ClusterSplitKReduce.arrive_after_init``), no CTA exits before the last one
 (whose arrival is relaxed: ``ClusterSplitKReduce.exit_barrier`` says why no memory needs ordering there),
 ``arrived`` is used once, a fresh ``empty[s]`` read with parity ``p ^ 1`` counts as complete.
 """
@@ -297,7 +299,9 @@ class Kernel(MatmulKernel):
         )
         ring = Pipeline(self.stages, consumer_arrivals=consumers, elect_release=True)
         reduce = ClusterSplitKReduce(self.split, rows, self.block_m, layers=self.interleave)
-        self.cluster.sync()  # every barrier of the cluster exists before a peer's copy lands on it
+        # every barrier of the cluster exists before a peer's copy lands on it: announced now, waited
+        # for before the exchange (nothing before it reaches a peer: the main loop starts at once)
+        reduce.arrive_after_init()
 
         with self.single_warp(4 * consumers):  # producer
             for i in range(turns):
@@ -339,6 +343,7 @@ class Kernel(MatmulKernel):
             self.consumer_group(2, ring, s_w, s_s, g_s, offset_n, s_x, reduce, turns)
             self.consumer_group(3, ring, s_w, s_s, g_s, offset_n, s_x, reduce, turns)
 
+        reduce.wait_for_peers()
         reduce.exchange(rank)
         with self.warp_group(warp_begin=0, num_warps=4):
             reduce.write(rank, g_c, offset_m, offset_n, self.epilogue)
