@@ -444,6 +444,16 @@ MUTANTS = (
         ("init", "overrun"),  # or an arrival at the exit barrier before the first one was waited for
     ),
     Mutant(
+        "no wait for the peers: Blackwell V8 arrives at the cluster barrier once its mbarriers exist but "
+        "never waits there, so its first split-K copy may land on a peer that has not initialized its barriers",
+        "sm_100a",
+        "v8",
+        "matmul.kernels.blackwell.v8",
+        "        reduce.wait_for_peers()\n",
+        "",
+        ("init", "overrun"),
+    ),
+    Mutant(
         "no opening cluster barrier: Hopper V7's CTAs start without the cluster barrier, so a split-K copy "
         "may land on a peer that has not initialized its barriers",
         "sm_90a",

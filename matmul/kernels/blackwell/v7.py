@@ -25,8 +25,11 @@ Synchronization (this CTA's K block ``i`` uses slot ``s = i % stages``, parity `
 | ``empty[s]`` | 1 | MMA warp's ``tcgen05.commit`` after the MMA that read ``s`` | TMA warp, parity ``p ^ 1`` | CTA |
 | ``acc_ready`` | 1 | MMA warp's ``tcgen05.commit`` after its last MMA | warps 0-3, parity 0 | CTA |
 | ``arrived`` (exchange) | 1 + bytes | this CTA's ``expect_tx``; the peers' bulk copies | warps 0-3, parity 0 | CTA |
-| ``barrier.cluster`` | all threads | after the barriers are initialized; before exit (relaxed) | all | cluster |
+| ``barrier.cluster`` | all threads | once the barriers exist; before exit (relaxed) | all | cluster |
 
+The first cluster barrier is split as Hopper V8's (``ClusterSplitKReduce.arrive_after_init``): each
+CTA arrives, relaxed, once its barriers exist, and waits only before the exchange, its first write
+into a peer, so the main loop does not wait for the cluster's slowest CTA to begin.
 The exchange's ``__syncthreads`` also orders the last ``tcgen05.ld`` before TMEM is freed (with the
 tcgen05 fences on either side, as in V3). The last cluster barrier orders no memory and arrives
 relaxed, as Hopper V7's (``ClusterSplitKReduce.exit_barrier``; none with no split): no CTA first
@@ -125,7 +128,9 @@ class Kernel(MatmulKernel):
         empty = self.mbarrier.alloc(counts=[1 for _ in range(stages)])
         acc_ready = self.mbarrier.alloc(counts=[1])
         reduce = ClusterSplitKReduce(self.split, ROWS, self.block_m)
-        self.cluster.sync()  # every barrier of the cluster exists before a peer's copy lands on it
+        # every barrier of the cluster exists before a peer's copy lands on it: announced now, waited
+        # for before the exchange (nothing before it reaches a peer: the main loop starts at once)
+        reduce.arrive_after_init()
 
         with self.single_warp(TMA_WARP):  # producer: this CTA's share of the weight, and the tokens
             for i in range(k_blocks.count):
@@ -168,6 +173,7 @@ class Kernel(MatmulKernel):
             self.tcgen05.wait_load()
             reduce.store(partial, 0)
 
+        reduce.wait_for_peers()
         fence_before_thread_sync()  # every tcgen05.ld, before the barrier after which TMEM is freed
         reduce.exchange(rank)
         fence_after_thread_sync()

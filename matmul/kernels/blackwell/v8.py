@@ -65,7 +65,7 @@ stages) & 1`` and TMEM buffer ``b = i % wide_stages`` at parity ``q = (i // wide
 | ``wide.empty[b]`` | 1 | MMA warp's commit after the MMAs that read ``b`` | warps 0-3, ``q ^ 1`` | CTA |
 | ``acc_ready`` | 1 | MMA warp's commit after its last MMA | warps 0-3, parity 0 | CTA |
 | ``arrived`` (exchange) | 1 + bytes | this CTA's ``expect_tx``; the peers' bulk copies | warps 0-3, 0 | CTA |
-| ``barrier.cluster`` | the cluster | all: after the barriers exist; before exit (relaxed) | all | cluster |
+| ``barrier.cluster`` | the cluster | all: once the barriers exist; before exit (relaxed) | all | cluster |
 
 ``ring.empty[s]``: a widening thread arrives once its packed words and scales of ``s`` are in
 registers; the MMA warp's ``tcgen05.commit`` once the MMAs that read the tokens of ``s`` completed.
@@ -78,7 +78,8 @@ Two consumers share ``ring.full[s]``: its next phase cannot complete before both
 slot as soon as its loads are issued (an arrival orders the thread's earlier shared-memory reads);
 the MMA warp's two commits of a K block track the same MMAs. The rest is V7's: the exchange's
 ``__syncthreads`` orders the last ``tcgen05.ld`` before TMEM is freed, every barrier exists before
-the first cluster barrier, and no CTA exits before the last one.
+the first cluster barrier (split: arrived at the start, waited for before the exchange), and no CTA
+exits before the last one.
 """
 
 import tilus
@@ -247,7 +248,9 @@ class Kernel(MatmulKernel):
         wide = Pipeline(self.wide_stages, producer_arrivals=128, tcgen05_fences=True)
         acc_ready = self.mbarrier.alloc(counts=[1])
         reduce = ClusterSplitKReduce(self.split, ROWS, self.block_m)
-        self.cluster.sync()
+        # every barrier of the cluster exists before a peer's copy lands on it: announced now, waited
+        # for before the exchange (nothing before it reaches a peer: the main loop starts at once)
+        reduce.arrive_after_init()
 
         with self.single_warp(TMA_WARP):  # producer: the packed tile, its scales, the tokens
             for i in range(k_blocks.count):
@@ -318,6 +321,7 @@ class Kernel(MatmulKernel):
             self.tcgen05.wait_load()
             reduce.store(partial, 0)
 
+        reduce.wait_for_peers()
         fence_before_thread_sync()
         reduce.exchange(rank)
         fence_after_thread_sync()
