@@ -243,12 +243,7 @@ class Kernel(MatmulKernel):
         # [N_pad / 2, K / 2] and float32 scales [N_pad], one a row
         n_pad = cdiv(n_size, TILE_ROWS) * TILE_ROWS
         g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size], strides=[lda, 1])
-        g_w = self.global_view(
-            b_ptr,
-            dtype=int32,
-            shape=[n_pad // TILE_ROWS * self.word_rows, k_size // BLOCK_K * self.word_cols],
-            strides=[ldb, 1],
-        )
+        g_w = self.weight_view(b_ptr, ldb, n_pad, k_size)
         if self.weight != "fp8_e4m3":
             g_s = self.global_view(scales_ptr, dtype=self.dtype, shape=[k_size // GROUP, n_pad], strides=[n_pad, 1])
         else:
@@ -348,6 +343,15 @@ class Kernel(MatmulKernel):
         with self.warp_group(warp_begin=0, num_warps=4):
             reduce.write(rank, g_c, offset_m, offset_n, self.epilogue)
         reduce.exit_barrier()  # no CTA leaves while a peer's copy may still read its partial tile
+
+    def weight_view(self, b_ptr: void_p, ldb: int32, n_pad: int32, k_size: int32) -> GlobalTensor:
+        """The packed weight as the int32 matrix whose [word_rows, word_cols] boxes are its tiles (module doc)."""
+        return self.global_view(
+            b_ptr,
+            dtype=int32,
+            shape=[n_pad // TILE_ROWS * self.word_rows, k_size // BLOCK_K * self.word_cols],
+            strides=[ldb, 1],
+        )
 
     def load_weight_tile(self, g_w: GlobalTensor, dst: SharedTensor, row_tile: int32, block: int32, ring: Pipeline):
         """The packed tile of weight row tile ``row_tile`` and K block ``block``: one TMA box (module doc)."""

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import torch
+from bench_v8 import DECODE_SHAPES  # (this script's folder)
 
 import matmul
 from matmul.build.compiler import target
@@ -28,16 +29,7 @@ from matmul.measure.timing import interleaved_ms
 from matmul.quant import linear as quant_linear
 
 SOURCE = "matmul/kernels/hopper/v8.py"
-SHAPES = (
-    (1, 4096, 4096),
-    (16, 4096, 4096),
-    (1, 6144, 4096),
-    (16, 6144, 4096),
-    (1, 28672, 4096),
-    (16, 28672, 4096),
-    (1, 4096, 14336),
-    (16, 4096, 14336),
-)
+SHAPES = DECODE_SHAPES
 FORMATS = ("int4", "fp8_e4m3")
 
 

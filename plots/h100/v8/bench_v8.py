@@ -53,6 +53,8 @@ from matmul.quant import widen as device_widen
 
 WEIGHTS = ((4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336))
 TOKENS = (1, 16, 64, 128, 256, 1024, 4096)
+# M x N x K at decode sizes, as the probes beside this script time them
+DECODE_SHAPES = tuple((m, n, k) for n, k in WEIGHTS for m in (1, 16))
 # "int4_channel" (one scale per row) is named so that the table says it is not supported
 BENCH_FORMATS = ("int4", "int4_channel", "fp8_e4m3", "int6")
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}

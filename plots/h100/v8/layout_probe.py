@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 
 import torch
+from bench_v8 import DECODE_SHAPES  # (this script's folder)
 from tilus import GlobalTensor, SharedTensor, int32, void_p
-from tilus.utils import cdiv
 
 import matmul
 from matmul.build.compiler import target
@@ -33,7 +33,6 @@ from matmul.kernels import versions
 from matmul.measure.correctness import relative_error
 from matmul.measure.timing import interleaved_ms
 from pipeline import Pipeline
-from pipeline.fused_epilogue import FusedEpilogue
 
 V8 = versions.load("sm_90a", "v8")
 # the call's int4 configurations at 1 and 16 tokens (``matmul.quant.linear.config_for``)
@@ -43,48 +42,19 @@ CONFIGS = (
     {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 64, "interleave": 1},
     {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 64, "interleave": 4},
 )
-SHAPES = (
-    (1, 4096, 4096),
-    (16, 4096, 4096),
-    (1, 6144, 4096),
-    (16, 6144, 4096),
-    (1, 28672, 4096),
-    (16, 28672, 4096),
-    (1, 4096, 14336),
-    (16, 4096, 14336),
-)
+SHAPES = DECODE_SHAPES
 
 
 # (tilus reads the annotations of a kernel's methods)
 class Contiguous(V8.Kernel):
-    def __call__(
-        self,
-        m_size: int32,
-        n_size: int32,
-        k_size: int32,
-        a_ptr: void_p,
-        b_ptr: void_p,
-        c_ptr: void_p,
-        lda: int32,
-        ldb: int32,
-        ldc: int32,
-        bias_ptr: void_p,
-        scales_ptr: void_p,
-    ):
-        n_pad = cdiv(n_size, V8.TILE_ROWS) * V8.TILE_ROWS
+    def weight_view(self, b_ptr: void_p, ldb: int32, n_pad: int32, k_size: int32) -> GlobalTensor:
         self.k_blocks = k_size // V8.BLOCK_K
-        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size], strides=[lda, 1])
-        g_w = self.global_view(
+        return self.global_view(
             b_ptr,
             dtype=int32,
             shape=[n_pad // V8.TILE_ROWS * self.k_blocks * self.word_rows, self.word_cols],
             strides=[self.word_cols, 1],
         )
-        g_s = self.global_view(scales_ptr, dtype=self.dtype, shape=[k_size // V8.GROUP, n_pad], strides=[n_pad, 1])
-        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size], strides=[ldc, 1])
-        g_bias = self.global_view(bias_ptr, dtype=self.dtype, shape=[1, n_size])
-        self.epilogue = FusedEpilogue(g_bias, False, "")
-        self.matmul(g_a, g_w, g_s, g_c, m_size, n_size, k_size)
 
     def load_weight_tile(self, g_w: GlobalTensor, dst: SharedTensor, row_tile: int32, block: int32, ring: Pipeline):
         self.tma.global_to_shared(
