@@ -444,6 +444,28 @@ MUTANTS = (
         ("init", "overrun"),  # or an arrival at the exit barrier before the first one was waited for
     ),
     Mutant(
+        "widened over a stage still read: Hopper V8's prefill widening warpgroup stores its B tile into a "
+        "main stage without waiting for the consumers to release it",
+        "sm_90a",
+        "v8_prefill",
+        "matmul.kernels.hopper.v8_prefill",
+        "        main.producer_acquire()\n        stage = main.producer_stage\n",
+        "        stage = main.producer_stage\n",
+        ("race", "overrun", "coverage"),
+    ),
+    Mutant(
+        "packed stage released early: Hopper V8's prefill widening warpgroup hands a packed stage back after "
+        "its first half, and the producer refills it before the second half is widened",
+        "sm_90a",
+        "v8_prefill",
+        "matmul.kernels.hopper.v8_prefill",
+        "                    self.widen_half(widen, main, s_words, s_scale, s_rows, slot, 1)\n"
+        "                    packed.consumer_release()",
+        "                    packed.consumer_release()\n"
+        "                    self.widen_half(widen, main, s_words, s_scale, s_rows, slot, 1)",
+        ("coverage", "race"),
+    ),
+    Mutant(
         "no wait for the peers: Blackwell V8 arrives at the cluster barrier once its mbarriers exist but "
         "never waits there, so its first split-K copy may land on a peer that has not initialized its barriers",
         "sm_100a",

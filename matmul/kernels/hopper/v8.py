@@ -41,6 +41,10 @@ widened by tilus's fp8 casts in parts of 32 K columns, and one float32 scale per
 the float32 partial tile after the last K block instead of a group scale per value (no scales
 come through the ring).
 
+For many tokens, ``v8_prefill.py`` is V5 whose B tiles arrive packed and are widened into shared
+memory by a warpgroup of their own (compiled and protocol-checked; not run on a GPU yet, and not
+the call's: above 256 tokens the call still widens the weight once for cuBLAS).
+
 Why A in registers and not a widened tile in shared memory: the widened tile is used by exactly
 one wgmma, in exactly the fragment the thread that widened it holds; writing it to shared memory
 would add 16 KiB of stores and a warpgroup barrier per K block, where the register path adds
