@@ -145,6 +145,7 @@ def bulk_copy_to_rank(dst, src, barrier, rank) -> None:
 
 
 def _cluster_call(name: str) -> None:
+    """In kernel code: call the registered cluster-barrier primitive ``name`` (no arguments)."""
     builder = base._current_builder
     if builder is None:
         raise RuntimeError(f"{name} is called from kernel code only")
@@ -166,10 +167,7 @@ def cluster_wait() -> None:
 def cluster_sync_relaxed() -> None:
     """In kernel code (every thread of the CTA): ``barrier.cluster`` with a relaxed arrival, an
     execution barrier of the cluster that orders no memory (``ClusterSplitKReduce.exit_barrier``)."""
-    builder = base._current_builder
-    if builder is None:
-        raise RuntimeError("cluster_sync_relaxed is called from kernel code only")
-    builder.evaluate(None, call_cuda(_EXIT, []))
+    _cluster_call(_EXIT)
 
 
 class SplitKRange(tilus.Class):
