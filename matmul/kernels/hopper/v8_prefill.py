@@ -32,18 +32,17 @@ bytes have landed. K must be a multiple of 128 (one scale group), as for V8.
 """
 
 import tilus
-from tilus import GlobalTensor, SharedTensor, float32, int32, void_p
+from tilus import GlobalTensor, SharedTensor, int32, void_p
 from tilus.ir.layout.ops import shared_row_major
 from tilus.utils import cdiv
 
 from pipeline import Pipeline
-from pipeline.epilogue import SUB_COLS, WgmmaTileStore, wgmma_fragment
+from pipeline.epilogue import SUB_COLS
 from pipeline.fused_epilogue import FusedEpilogue
-from pipeline.mainloop import WgmmaMainloop
-from pipeline.schedulers import StaticTileScheduler, sm_count
+from pipeline.schedulers import StaticTileScheduler
 from pipeline.widen import HALF_K, WORDS, Int4Widen
 
-from ..entry import MatmulKernel
+from . import v5
 
 IDEA = "int4 weights widened by a warpgroup of their own into V5's shared B tiles: V8 for many tokens"
 PTX_MARKERS = (
@@ -76,9 +75,12 @@ def shared_bytes(block_n: int, stages: int, packed_stages: int, group: int = 16)
     return main + packed + 2 * 2 * 64 * SUB_COLS * 2
 
 
+# V5's kernel, its consumer warpgroups (``v5.Kernel.consumer``) unchanged; a space of its own
 @tilus.autotune("block_n, stages, packed_stages", [(128, 4, 2)])
 @tilus.autotune("group", [16])
-class Kernel(MatmulKernel):
+class Kernel(v5.Kernel):
+    _autotune_space = {}  # (tilus's decorators would otherwise add to V5's)
+
     def __init__(
         self,
         dtype,
@@ -90,17 +92,13 @@ class Kernel(MatmulKernel):
         bias: bool = False,
         activation: str = "",
     ):
-        super().__init__(dtype, b_layout=b_layout, bias=bias, activation=activation)
+        super().__init__(dtype, BLOCK_M, block_n, HALF_K, stages, group, b_layout, bias, activation)
         if b_layout != "nk" or bias or activation:
             raise ValueError("V8 reads its packed weight in one layout, with a plain epilogue")
         if block_n not in (64, 128, 256):
             raise ValueError(f"block_n is 64, 128 or 256 weight rows (one, two or four packed tiles), not {block_n}")
-        self.block_n = block_n
         self.tiles = block_n // TILE_ROWS  # packed tiles a K group of the CTA's weight rows
-        self.stages = stages
         self.packed_stages = packed_stages
-        self.group = group
-        self.num_sms = sm_count()
 
     def __call__(
         self,
@@ -274,27 +272,3 @@ class Kernel(MatmulKernel):
         scale = widen.scales(s_scale[slot, tile])
         wide = widen.operand(widen.words(s_words[slot, tile, half]), scale, 0)
         self.store_shared(s_rows[stage, tile], wide)
-
-    def consumer(
-        self,
-        wg: int,
-        main: Pipeline,
-        tiles: StaticTileScheduler,
-        s_a: SharedTensor,
-        s_b: SharedTensor,
-        s_c: SharedTensor,
-        g_c: GlobalTensor,
-        num_k_blocks: int32,
-    ):
-        """Consumer warpgroup ``wg``: V5's, rows ``wg * 64 ...`` of every tile of this CTA."""
-        half_m = BLOCK_M // 2
-        with self.warp_group(warp_begin=4 * wg, num_warps=4):
-            mainloop = WgmmaMainloop(main)
-            out = WgmmaTileStore(s_c[wg], half_m, self.block_n)
-            for i in range(tiles.count()):
-                m_tile, n_tile = tiles.tile(i)
-                acc = self.register_tensor(dtype=float32, shape=[half_m, self.block_n], init=0.0)
-                self.annotate_layout(acc, wgmma_fragment(half_m, self.block_n))
-                mainloop.run(s_a, s_b, wg, acc, num_k_blocks)
-                out.store(acc, g_c, m_tile * BLOCK_M + wg * half_m, n_tile * self.block_n, self.epilogue)
-            out.finish()
