@@ -1,6 +1,7 @@
 """Hopper V8 for many tokens (``matmul/kernels/hopper/v8_prefill.py``) on the CPU: its build for
-sm_90a (no spill, the shared memory its docstring counts, the instructions of its idea) and its
-synchronization under the protocol checker, with two planted bugs caught. Its results are checked on
+sm_90a (no spill, the shared memory its docstring counts, the instructions of its idea) and that
+the protocol checker runs it (``tests/test_protocol.py`` checks its synchronization, and two planted
+bugs in ``tests/protocol_mutants.py``). Its results are checked on
 the H100 by ``tests/test_v8_prefill_gpu.py``."""
 
 import importlib
@@ -25,11 +26,11 @@ def test_the_representative_builds_with_its_markers(dtype):
     assert "stmatrix" in result.ptx()  # the widened halves go into the B tile by stmatrix
 
 
-def test_the_protocol_holds():
-    report = protocol.check("sm_90a", "v8_prefill", dict(PREFILL.REPRESENTATIVE), module=PREFILL)
-    assert report.finding is None, report.finding
-
-
 def test_the_shapes_it_takes():
     assert PREFILL.supports(1000, 4095, 4096) and PREFILL.supports(1, 1, 128)
     assert not PREFILL.supports(1000, 4096, 4000)  # K: whole scale groups
+
+
+def test_the_protocol_checker_runs_it():
+    assert "v8_prefill" in protocol.versions_to_check("sm_90a")
+    assert "v8_prefill" not in protocol.versions_to_check("sm_100a")  # Hopper only

@@ -73,7 +73,7 @@ from .machine import Problem
 
 SMS = 4  # the GPU a persistent kernel is built for here: a few SMs, so CTAs get several tiles each
 # quantized-weight versions (versions.quantized) the model runs
-QUANTIZED_CHECKED = {"sm_100a": ("v8",), "sm_90a": ("v8",)}
+QUANTIZED_CHECKED = {"sm_100a": ("v8",), "sm_90a": ("v8", "v8_prefill")}
 
 __all__ = [
     "KINDS",
