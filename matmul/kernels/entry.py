@@ -28,9 +28,12 @@ from tilus import GlobalTensor, RegisterTensor, SharedTensor, int32, int64, void
 from tilus.ir.layout import SharedLayout
 from tilus.ir.layout.cuda.tcgen05.smem import Tcgen05SwizzleMode, generate_canonical_layout
 from tilus.ir.layout.ops import shared_compose, shared_row_major
+from tilus.utils import cdiv
 
 from pipeline.fused_epilogue import FusedEpilogue, output_columns
 
+PACKED_ROWS = 64  # a packed weight's N is padded to this (matmul.quant)
+PACKED_GROUP = 128  # K columns a scale covers (matmul.quant.int4)
 SWIZZLE_BYTES = 128  # the widest swizzled TMA box, and the swizzle the MMA reads: one box is 128 bytes wide
 
 
@@ -212,6 +215,47 @@ class MatmulKernel(tilus.Script):
             self.tma.shared_to_global(s_c, g_c, offsets=[offset_m, offset_n])
             self.tma.commit_group()
             self.tma.wait_group(0)
+
+
+class PackedWeightKernel(MatmulKernel):
+    """The entry point of the versions whose weight comes packed (V8 of each architecture, and
+    Hopper V8 for many tokens): the sizes, pointers and row strides of every version, then the
+    pointer to the weight's scales. ``weight_view`` and ``scale_view`` wrap the packed weight and
+    its scales (``matmul.quant.int4``'s by default: int32 [N_pad / 4, K / 2], ``ldb`` its row
+    stride in words, and the activations' dtype [K / 128, N_pad]), and the version's ``matmul``
+    takes them beside A and C. The epilogue is plain."""
+
+    def __call__(
+        self,
+        m_size: int32,
+        n_size: int32,
+        k_size: int32,
+        a_ptr: void_p,
+        b_ptr: void_p,
+        c_ptr: void_p,
+        lda: int32,
+        ldb: int32,
+        ldc: int32,
+        bias_ptr: void_p,
+        scales_ptr: void_p,
+    ):
+        self.batches = 1  # one product, as MatmulKernel's entry
+        n_pad = cdiv(n_size, PACKED_ROWS) * PACKED_ROWS
+        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size], strides=[lda, 1])
+        g_w = self.weight_view(b_ptr, ldb, n_pad, k_size)
+        g_s = self.scale_view(scales_ptr, n_pad, k_size)
+        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size], strides=[ldc, 1])
+        g_bias = self.global_view(bias_ptr, dtype=self.dtype, shape=[1, n_size])
+        self.epilogue = FusedEpilogue(g_bias, False, "")
+        self.matmul(g_a, g_w, g_s, g_c, m_size, n_size, k_size)
+
+    def weight_view(self, b_ptr: void_p, ldb: int32, n_pad: int32, k_size: int32) -> GlobalTensor:
+        """The packed int4 weight: int32 [N_pad / 4, K / 2] (eight values a word)."""
+        return self.global_view(b_ptr, dtype=int32, shape=[n_pad // 4, k_size // 2], strides=[ldb, 1])
+
+    def scale_view(self, scales_ptr: void_p, n_pad: int32, k_size: int32) -> GlobalTensor:
+        """One scale a row and group of ``PACKED_GROUP`` along K, in the activations' dtype: [K / 128, N_pad]."""
+        return self.global_view(scales_ptr, dtype=self.dtype, shape=[k_size // PACKED_GROUP, n_pad], strides=[n_pad, 1])
 
 
 def unit_batch(script, tile: SharedTensor) -> SharedTensor:

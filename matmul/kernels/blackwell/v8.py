@@ -83,7 +83,7 @@ exits before the last one.
 """
 
 import tilus
-from tilus import GlobalTensor, RegisterTensor, float32, int4b, int32, void_p
+from tilus import GlobalTensor, RegisterTensor, float32, int4b, int32
 from tilus.ir.layout.ops import shared_row_major
 from tilus.ir.layout.ops.register_ops import local, spatial
 from tilus.ir.layout.ops.register_ops import reduce as reduce_layout
@@ -91,10 +91,9 @@ from tilus.utils import cdiv
 
 from pipeline import Pipeline
 from pipeline.cluster_reduce import ClusterSplitKReduce, SplitKRange
-from pipeline.fused_epilogue import FusedEpilogue
 from pipeline.tcgen05_fence import fence_after_thread_sync, fence_before_thread_sync
 
-from ..entry import MatmulKernel
+from ..entry import PackedWeightKernel
 
 IDEA = "int4 weights (a scale per 128 along K) widened by a warpgroup into tensor memory, the MMA's A operand"
 PTX_MARKERS = (
@@ -116,7 +115,6 @@ MAX_ELEMENTS = 2**31 - 1  # C is written by store_global at int32 element offset
 BLOCK_K = 128  # one scale group
 GROUP = 128  # K columns that share a scale; K must be a multiple of it
 ROWS = 128  # weight rows of a CTA: the MMA's M, one per TMEM lane
-QUANT_ROWS = 64  # the quantizer pads N to a multiple of 64 (matmul.quant.int4)
 B_UNITS = (4, 2)  # weight rows and K columns per int32 word of the packed weight (matmul.protocol)
 PACKED_BOX = (32, 64)  # one 128 x 128 packed tile as int32 [rows, columns]: two of Hopper's [16, 64] tiles
 # a stage's packed tile as [tile, half, wpar, r, lane, word] (Hopper's thread 32 (2 wpar + r) + lane of
@@ -163,7 +161,7 @@ def tmem_columns(block_m: int, wide_stages: int) -> int:
     "block_m, split, stages, wide_stages",
     [(32, 2, 4, 2), (32, 4, 4, 2), (64, 2, 4, 2), (128, 2, 3, 2), (128, 1, 3, 2)],
 )
-class Kernel(MatmulKernel):
+class Kernel(PackedWeightKernel):  # Hopper V8's arguments (entry.PackedWeightKernel)
     def __init__(
         self,
         dtype,
@@ -184,31 +182,6 @@ class Kernel(MatmulKernel):
             raise ValueError(f"{ROWS} weight rows do not cut into {split} slices of a multiple of 8")
         if b_layout != "nk" or bias or activation:
             raise ValueError("V8 reads its packed weight in one layout, with a plain epilogue")
-
-    def __call__(
-        self,
-        m_size: int32,
-        n_size: int32,
-        k_size: int32,
-        a_ptr: void_p,
-        b_ptr: void_p,
-        c_ptr: void_p,
-        lda: int32,
-        ldb: int32,
-        ldc: int32,
-        bias_ptr: void_p,
-        scales_ptr: void_p,
-    ):
-        # Hopper V8's arguments: B is the packed weight (int32 [N_pad / 4, K / 2], ldb its row stride
-        # in words), the scales [K / 128, N_pad] (matmul.quant.int4)
-        n_pad = cdiv(n_size, QUANT_ROWS) * QUANT_ROWS
-        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size], strides=[lda, 1])
-        g_w = self.global_view(b_ptr, dtype=int32, shape=[n_pad // 4, k_size // 2], strides=[ldb, 1])
-        g_s = self.global_view(scales_ptr, dtype=self.dtype, shape=[k_size // GROUP, n_pad], strides=[n_pad, 1])
-        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size], strides=[ldc, 1])
-        g_bias = self.global_view(bias_ptr, dtype=self.dtype, shape=[1, n_size])
-        self.epilogue = FusedEpilogue(g_bias, False, "")
-        self.matmul(g_a, g_w, g_s, g_c, m_size, n_size, k_size)
 
     def matmul(
         self,

@@ -87,10 +87,9 @@ from tilus.utils import cdiv
 from pipeline import Pipeline
 from pipeline.cluster_reduce import ClusterSplitKReduce, SplitKRange
 from pipeline.epilogue import wgmma_fragment
-from pipeline.fused_epilogue import FusedEpilogue
 from pipeline.widen import HALF_K, WORDS, Fp8Widen, Int4Widen, Int6Widen, reduce_layout
 
-from ..entry import MatmulKernel
+from ..entry import PackedWeightKernel
 
 IDEA = "int4 weights (a scale per 128 along K) widened in registers into the wgmma's A operand: a quarter of V7's bytes"
 PTX_MARKERS = (
@@ -185,7 +184,7 @@ def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, chunk: 
         (256, 1, 1, 2, 1),
     ],
 )
-class Kernel(MatmulKernel):
+class Kernel(PackedWeightKernel):
     def __init__(
         self,
         dtype,
@@ -227,35 +226,6 @@ class Kernel(MatmulKernel):
             self.chunk = 32  # a thread's 16 bytes of fp8 are 32 K columns of the fragment
         if weight == "int6":
             self.chunk = 64  # a half tile's 24 bytes of a thread, widened at once
-
-    def __call__(
-        self,
-        m_size: int32,
-        n_size: int32,
-        k_size: int32,
-        a_ptr: void_p,
-        b_ptr: void_p,
-        c_ptr: void_p,
-        lda: int32,
-        ldb: int32,
-        ldc: int32,
-        bias_ptr: void_p,
-        scales_ptr: void_p,
-    ):
-        # A [M, K] and C [M, N] as in every version; B is the packed weight (int32 [N_pad / 4, K / 2],
-        # ldb its row stride in words) and its scales [K / 128, N_pad] (module doc); fp8: int32
-        # [N_pad / 2, K / 2] and float32 scales [N_pad], one a row
-        n_pad = cdiv(n_size, TILE_ROWS) * TILE_ROWS
-        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size], strides=[lda, 1])
-        g_w = self.weight_view(b_ptr, ldb, n_pad, k_size)
-        if self.weight != "fp8_e4m3":
-            g_s = self.global_view(scales_ptr, dtype=self.dtype, shape=[k_size // GROUP, n_pad], strides=[n_pad, 1])
-        else:
-            g_s = self.global_view(scales_ptr, dtype=float32, shape=[n_pad, 1], strides=[1, 1])
-        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size], strides=[ldc, 1])
-        g_bias = self.global_view(bias_ptr, dtype=self.dtype, shape=[1, n_size])
-        self.epilogue = FusedEpilogue(g_bias, False, "")
-        self.matmul(g_a, g_w, g_s, g_c, m_size, n_size, k_size)
 
     def matmul(
         self,
@@ -349,13 +319,22 @@ class Kernel(MatmulKernel):
         reduce.exit_barrier()  # no CTA leaves while a peer's copy may still read its partial tile
 
     def weight_view(self, b_ptr: void_p, ldb: int32, n_pad: int32, k_size: int32) -> GlobalTensor:
-        """The packed weight as the int32 matrix whose [word_rows, word_cols] boxes are its tiles (module doc)."""
+        """The packed weight as the int32 matrix whose [word_rows, word_cols] boxes are its tiles (module
+        doc): int4's [N_pad / 4, K / 2]; fp8: [N_pad / 2, K / 2] (``ldb`` its row stride in words)."""
         return self.global_view(
             b_ptr,
             dtype=int32,
             shape=[n_pad // TILE_ROWS * self.word_rows, k_size // BLOCK_K * self.word_cols],
             strides=[ldb, 1],
         )
+
+    def scale_view(self, scales_ptr: void_p, n_pad: int32, k_size: int32) -> GlobalTensor:
+        """The scales: [K / 128, N_pad] in the activations' dtype (int4, int6); fp8: float32 [N_pad], one a row."""
+        if self.weight == "fp8_e4m3":
+            g_s = self.global_view(scales_ptr, dtype=float32, shape=[n_pad, 1], strides=[1, 1])
+        else:
+            g_s = self.global_view(scales_ptr, dtype=self.dtype, shape=[k_size // GROUP, n_pad], strides=[n_pad, 1])
+        return g_s
 
     def load_weight_tile(self, g_w: GlobalTensor, dst: SharedTensor, row_tile: int32, block: int32, ring: Pipeline):
         """The packed tile of weight row tile ``row_tile`` and K block ``block``: one TMA box (module doc)."""

@@ -32,16 +32,16 @@ bytes have landed. K must be a multiple of 128 (one scale group), as for V8.
 """
 
 import tilus
-from tilus import GlobalTensor, SharedTensor, int32, void_p
+from tilus import GlobalTensor, SharedTensor, int32
 from tilus.ir.layout.ops import shared_row_major
 from tilus.utils import cdiv
 
 from pipeline import Pipeline
 from pipeline.epilogue import SUB_COLS
-from pipeline.fused_epilogue import FusedEpilogue
 from pipeline.schedulers import StaticTileScheduler
 from pipeline.widen import HALF_K, WORDS, Int4Widen
 
+from ..entry import PackedWeightKernel
 from . import v5
 
 IDEA = "int4 weights widened by a warpgroup of their own into V5's shared B tiles: V8 for many tokens"
@@ -78,7 +78,7 @@ def shared_bytes(block_n: int, stages: int, packed_stages: int, group: int = 16)
 # V5's kernel, its consumer warpgroups (``v5.Kernel.consumer``) unchanged; a space of its own
 @tilus.autotune("block_n, stages, packed_stages", [(128, 4, 2)])
 @tilus.autotune("group", [16])
-class Kernel(v5.Kernel):
+class Kernel(PackedWeightKernel, v5.Kernel):
     _autotune_space = {}  # (tilus's decorators would otherwise add to V5's)
 
     def __init__(
@@ -100,37 +100,7 @@ class Kernel(v5.Kernel):
         self.tiles = block_n // TILE_ROWS  # packed tiles a K group of the CTA's weight rows
         self.packed_stages = packed_stages
 
-    def __call__(
-        self,
-        m_size: int32,
-        n_size: int32,
-        k_size: int32,
-        a_ptr: void_p,
-        b_ptr: void_p,
-        c_ptr: void_p,
-        lda: int32,
-        ldb: int32,
-        ldc: int32,
-        bias_ptr: void_p,
-        scales_ptr: void_p,
-    ):
-        # V8's operands: the packed weight int32 [N_pad / 4, K / 2] and its scales [K / 128, N_pad]
-        self.batches = 1
-        n_pad = cdiv(n_size, TILE_ROWS) * TILE_ROWS
-        g_a = self.global_view(a_ptr, dtype=self.dtype, shape=[m_size, k_size], strides=[lda, 1])
-        g_w = self.global_view(
-            b_ptr,
-            dtype=int32,
-            shape=[n_pad // TILE_ROWS * WEIGHT_BOX[0], k_size // GROUP * WEIGHT_BOX[1]],
-            strides=[ldb, 1],
-        )
-        g_s = self.global_view(scales_ptr, dtype=self.dtype, shape=[k_size // GROUP, n_pad], strides=[n_pad, 1])
-        g_c = self.global_view(c_ptr, dtype=self.dtype, shape=[m_size, n_size], strides=[ldc, 1])
-        g_bias = self.global_view(bias_ptr, dtype=self.dtype, shape=[1, n_size])
-        self.epilogue = FusedEpilogue(g_bias, False, "")
-        self.prefill(g_a, g_w, g_s, g_c, m_size, n_size, k_size)
-
-    def prefill(
+    def matmul(
         self,
         g_a: GlobalTensor,
         g_w: GlobalTensor,
