@@ -476,14 +476,15 @@ MUTANTS = (
         ("init", "overrun"),
     ),
     Mutant(
-        "no opening cluster barrier: Hopper V7's CTAs start without the cluster barrier, so a split-K copy "
-        "may land on a peer that has not initialized its barriers",
+        "no wait for the peers: Hopper V7's split group arrives at the cluster barrier once its mbarriers "
+        "exist but never waits there, so its first split-K copy may land on a peer that has not initialized "
+        "its barriers",
         "sm_90a",
         "v7",
         "matmul.kernels.hopper.v7",
-        "        self.cluster.sync()  # every barrier of the cluster exists before a peer's copy or load lands on it\n",
-        "",
-        ("init",),
+        "            reduce.wait_for_peers()\n",
+        "            pass\n",
+        ("init", "overrun"),
     ),
     Mutant(
         "one warp, two roles: Hopper V8's producer is the first warp of its second interleaved consumer "

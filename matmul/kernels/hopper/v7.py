@@ -73,7 +73,7 @@ tile: the split group is the whole cluster when ``mc`` = 1, the weight group whe
 | mc ``empty[s]`` | wgs x mc | a thread of each consumer warpgroup of the weight group | producer | CTA, remote |
 | ``__syncthreads`` | all threads | every warp, its partial stored (``exchange``, with a split) | all | CTA |
 | ``arrived`` | 1 + bytes | this CTA's ``expect_tx`` (split - 1 slices); its split group's copies | warps 0-3, 0 | CTA |
-| ``barrier.cluster`` | the cluster | all: after the mbarriers exist; before exit (relaxed, mc = 1) | all | cluster |
+| ``barrier.cluster`` | the cluster | all: once the mbarriers exist; before exit (relaxed, mc = 1) | all | cluster |
 
 Without a split there is no exchange: each warpgroup writes its staging buffer, orders those
 writes before the TMA unit's reads (``fence.proxy.async``, then a barrier of its own 128 threads)
@@ -81,7 +81,10 @@ and waits for its store to complete before it leaves (``pipeline.tma_store.Stage
 buffer is shared between warpgroups.
 
 A peer's copy may land on ``arrived`` as soon as the first cluster barrier is passed, so every
-mbarrier is initialized before it. A sender's shared memory is read by its bulk copies until the
+mbarrier is initialized before it. Without multicast nothing reaches a peer before the exchange, so
+that barrier is split (``ClusterSplitKReduce.arrive_after_init``): a relaxed arrival at the start,
+its wait just before the exchange, and the main loop does not wait for the cluster. A sender's
+shared memory is read by its bulk copies until the
 receiver's ``arrived`` completes, so no CTA exits before the last cluster barrier. Without
 multicast that barrier orders no memory and arrives relaxed (``ClusterSplitKReduce.exit_barrier``;
 with no split there is no peer and no barrier): an arrival with release semantics would first wait
@@ -287,7 +290,7 @@ class Kernel(MatmulKernel):
             tile_out = SwappedSlabStore(staging, g_c, offset_m, offset_n, self.epilogue)
         else:  # the exchange among this token tile's split group only
             tile_out = ClusterSplitKReduce(self.split, rows, self.block_m, rank_base=m_rank * self.split)
-        self.cluster.sync()  # every barrier of the cluster exists before a peer's copy or load lands on it
+        self.opening_barrier(tile_out)
 
         with self.single_warp(4 * self.warpgroups):  # producer
             for i in range(k_blocks.count):
@@ -319,9 +322,25 @@ class Kernel(MatmulKernel):
     ):
         """Whole CTA, after the consumers stored their partials: the split group's exchange, then this
         CTA's slice of the tile summed and written into C."""
+        self.peers_ready(reduce)
         reduce.exchange(k_rank)
         with self.warp_group(warp_begin=0, num_warps=4):
             reduce.write(k_rank, g_c, offset_m, offset_n, self.epilogue)  # with the variant's bias, activation
+
+    def opening_barrier(self, tile_out: tilus.Class):
+        """Whole CTA, once its mbarriers exist: every barrier of the cluster exists before a peer's
+        copy or load lands on it. With multicast the first loads reach the peers, so the whole
+        cluster waits now; a split group's first write into a peer is its exchange, so it only
+        announces now (a relaxed arrival) and waits in ``peers_ready``: the main loop starts at once."""
+        if self.multicast > 1 or self.writes_slabs:
+            self.cluster.sync()
+        else:
+            tile_out.arrive_after_init()
+
+    def peers_ready(self, reduce: tilus.Class):
+        """Whole CTA, just before the exchange: the wait of ``opening_barrier``'s split barrier."""
+        if self.multicast == 1:
+            reduce.wait_for_peers()
 
     def exit_barrier(self, tile_out: tilus.Class):
         """Whole CTA, last: no CTA of the cluster leaves while a peer may still touch its shared

@@ -9,6 +9,9 @@ first (NaN-poisoned). B [N, K] as ``x @ w.T`` gives it.
 * ``release_exit`` (the last cluster barrier): V7 before its exit barrier arrived relaxed, the
   barrier with release semantics (``this_cluster.sync()``), whose arrival waits for the CTA's stores
   of C to be performed (``MEMBAR.ALL.GPU``).
+* ``whole_opening`` (the first cluster barrier, without multicast): V7 before that barrier was split
+  (``ClusterSplitKReduce.arrive_after_init``, then ``wait_for_peers`` just before the exchange), the
+  whole cluster waiting at the start before any CTA begins its main loop.
 * ``row_major_partial`` (the split-K exchange tiles): V7 with the partial and received tiles of
   ``ClusterSplitKReduce`` row-major in shared memory, as they were before ``partial_layout`` swizzled
   them: the accumulator's stores and the ``ldmatrix`` loads of the write-out met 8-way bank
@@ -160,6 +163,14 @@ class ReleaseExit(V7.Kernel):
         self.cluster.sync()
 
 
+class WholeOpening(V7.Kernel):
+    def opening_barrier(self, tile_out: tilus.Class):
+        self.cluster.sync()
+
+    def peers_ready(self, reduce: tilus.Class):
+        pass  # the whole cluster waited at the start
+
+
 class RowMajorPartial(V7.Kernel):
     pass  # V7 itself, transpiled with the row-major exchange tiles (row_major_partials)
 
@@ -306,6 +317,7 @@ VARIANTS = {
     "v7": V7.Kernel,
     "slices": Slices,
     "release_exit": ReleaseExit,
+    "whole_opening": WholeOpening,
     "row_major_partial": RowMajorPartial,
     "direct_store": DirectStore,
     "tma_direct": TmaDirect,
@@ -335,8 +347,8 @@ def main(argv=None) -> None:
         for config in CONFIGS[args.configs]:
             if name == "slices" and config["multicast"] == 1:
                 continue  # the same kernel as V7's
-            if name == "release_exit" and config["multicast"] > 1:
-                continue  # V7 keeps the release there (module doc)
+            if name in ("release_exit", "whole_opening") and config["multicast"] > 1:
+                continue  # V7 keeps the release there, and the whole opening barrier (module doc)
             direct = name in ("direct_store", "tma_direct")
             if direct and (config["split"], config["multicast"]) != (1, 1):
                 continue  # built for one CTA a tile only
