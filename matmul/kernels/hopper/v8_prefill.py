@@ -13,27 +13,22 @@ magic-number conversion and the group scale, the same values as ``QuantizedWeigh
 where the wgmma reads it as it reads V5's. The weight comes from HBM in a quarter of the bytes, and
 the widening overlaps the tensor core's work on the stage before.
 
-Roles: warps 0-7 the consumer warpgroups (V5's), warps 8-11 the loading warpgroup: its first warp
-loads the packed tiles and the token tiles by TMA, and the whole warpgroup widens. Twelve warps, not
-a producer warp of its own beside a widening warpgroup: with 13 warps one of the SM's four
-schedulers holds four of them, and its quarter of the register file leaves 128 registers a
-thread, too few for a 64 x 256 float32 accumulator; with 12, 168. Rings (this CTA's 64-column K
-block ``i`` uses main stage ``s = i % stages``; its 128-column group ``g = i // 2`` packed stage
-``g % packed_stages``):
+Roles: warps 0-7 the consumer warpgroups (V5's), warps 8-11 the widening warpgroup, warp 12 the
+producer. Rings (this CTA's 64-column K block ``i`` uses main stage ``s = i % stages``; its
+128-column group ``g = i // 2`` packed stage ``g % packed_stages``):
 
 | barrier | count | who arrives | who waits | scope |
 | --- | --- | --- | --- | --- |
-| ``packed.full[t]`` | 1 + bytes | first loading warp's ``expect_tx``; its packed-tile and scale loads | loading WG | CTA |
-| ``packed.empty[t]`` | 128 | each loading thread, its words and scales loaded | first loading warp | CTA |
-| ``main.full[s]`` | 129 + bytes | first loading thread's ``expect_tx``, token loads; each loading thread | consumer WGs | CTA |
-| ``main.empty[s]`` | 2 | one thread of each consumer WG, after ``wgmma.wait_group`` | loading WG | CTA |
+| ``packed.full[t]`` | 1 + bytes | producer's ``expect_tx``; its packed-tile and scale loads | widening WG | CTA |
+| ``packed.empty[t]`` | 128 | each widening thread, its words and scales loaded | producer | CTA |
+| ``main.full[s]`` | 129 + bytes | producer's ``expect_tx``, token loads; each widening thread | consumer WGs | CTA |
+| ``main.empty[s]`` | 2 | one thread of each consumer WG, after ``wgmma.wait_group`` | producer, widening WG | CTA |
 
-The loading warpgroup fills a main stage twice over: its first warp issues the token tile's TMA
-load as soon as the stage is free, and the whole warpgroup stores the widened weight by plain
-stores, made visible to the wgmma's async proxy by ``fence.proxy.async`` before each thread's
-arrival; ``full`` completes only when all have arrived and the token bytes have landed. The packed
-ring runs ``packed_stages - 1`` groups ahead of the widening, the main ring ``stages - 1`` K blocks
-ahead of the consumers. K must be a multiple of 128 (one scale group), as for V8.
+Two producers fill a main stage: the producer warp (tokens, by TMA) and the widening warpgroup
+(WG: the weight, by plain stores, made visible to the wgmma's async proxy by ``fence.proxy.async``
+before each widening thread's arrival). Both wait on the stage's ``empty`` barrier before refilling it, each
+keeping its own position in the ring; ``full`` completes only when both have arrived and the token
+bytes have landed. K must be a multiple of 128 (one scale group), as for V8.
 """
 
 import tilus
@@ -120,7 +115,7 @@ class Kernel(PackedWeightKernel, v5.Kernel):
         num_n_tiles = cdiv(n_size, self.block_n)
         num_tiles = num_m_tiles * num_n_tiles
         self.attrs.blocks = num_tiles if num_tiles < self.num_sms else self.num_sms
-        self.attrs.warps = 12  # consumer warpgroups (warps 0-7), the loading warpgroup (8-11)
+        self.attrs.warps = 13  # consumer warpgroups (warps 0-7), the widening warpgroup (8-11), the producer (12)
         num_groups: int32 = k_size // GROUP  # packed stages a tile: one a scale group
         num_k_blocks: int32 = num_groups * 2  # main stages a tile: 64 K columns each
 
@@ -137,111 +132,88 @@ class Kernel(PackedWeightKernel, v5.Kernel):
         tiles = StaticTileScheduler(num_m_tiles, num_n_tiles, self.group, self.blockIdx.x, self.gridDim.x, 1)
         self.sync()  # the barriers are initialized before anyone uses them
 
-        self.loader(g_a, g_w, g_s, main, packed, tiles, s_a, s_w, s_s, s_b, num_groups)
+        with self.single_warp(12):  # producer: per scale group its packed tiles, then two token tiles
+            for i in range(tiles.count()):
+                m_tile, n_tile = tiles.tile(i)
+                offset_m = m_tile * BLOCK_M
+                offset_n = n_tile * self.block_n
+                for g in range(num_groups):
+                    packed.producer_acquire()
+                    slot = packed.producer_stage
+                    with self.single_thread():
+                        self.mbarrier.arrive_and_expect_tx(
+                            packed.producer_barrier(), transaction_bytes=s_w[slot].nbytes + s_s[slot].nbytes
+                        )
+                    for t in range(self.tiles):
+                        self.tma.global_to_shared(
+                            src=g_w,
+                            dst=s_w[slot, t],
+                            offsets=[(offset_n // TILE_ROWS + t) * WEIGHT_BOX[0], g * WEIGHT_BOX[1]],
+                            mbarrier=packed.producer_barrier(),
+                        )
+                        self.tma.global_to_shared(
+                            src=g_s,
+                            dst=s_s[slot, t],
+                            offsets=[g, offset_n + t * TILE_ROWS],
+                            mbarrier=packed.producer_barrier(),
+                        )
+                    packed.producer_advance()
+                    for h in range(2):
+                        main.producer_acquire()
+                        stage = main.producer_stage
+                        with self.single_thread():
+                            self.mbarrier.arrive_and_expect_tx(
+                                main.producer_barrier(), transaction_bytes=s_a[stage].nbytes
+                            )
+                        offset_k = g * GROUP + h * HALF_K
+                        self.load_a(g_a, s_a[stage, 0], main.producer_barrier(), offset_m, offset_k)
+                        self.load_a(g_a, s_a[stage, 1], main.producer_barrier(), offset_m + half_m, offset_k)
+                        main.producer_advance()
+
+        self.widener(main, packed, tiles, s_w, s_s, s_b, num_groups)
         self.consumer(0, main, tiles, s_a, s_b, s_c, g_c, num_k_blocks)
         self.consumer(1, main, tiles, s_a, s_b, s_c, g_c, num_k_blocks)
 
-    def loader(
+    def widener(
         self,
-        g_a: GlobalTensor,
-        g_w: GlobalTensor,
-        g_s: GlobalTensor,
         main: Pipeline,
         packed: Pipeline,
         tiles: StaticTileScheduler,
-        s_a: SharedTensor,
         s_w: SharedTensor,
         s_s: SharedTensor,
         s_b: SharedTensor,
         num_groups: int32,
     ):
-        """The loading warpgroup: its first warp keeps the packed ring ``packed_stages - 1`` groups
-        ahead; the whole warpgroup widens each packed stage, half by half, into two main stages'
-        B tiles, its first warp loading those stages' token tiles as it takes them."""
+        """The widening warpgroup: each packed stage's tiles, half by half, into two main stages'
+        B tiles (64 weight rows of a packed tile at a time)."""
         with self.warp_group(warp_begin=8, num_warps=4):
             widen = Int4Widen(HALF_K)
             s_words = self.reshape_shared(s_w, [self.packed_stages, self.tiles, 2, 128, WORDS])
             s_scale = self.reshape_shared(s_s, [self.packed_stages, self.tiles, TILE_ROWS, 1])
             s_rows = self.reshape_shared(s_b, [self.stages, self.tiles, TILE_ROWS, HALF_K])
-            steps: int32 = tiles.count() * num_groups  # (tile, group) pairs, in order
-            with self.single_warp(0):
-                for j in range(self.packed_stages - 1):
-                    if j < steps:
-                        self.load_packed(g_w, g_s, packed, tiles, s_w, s_s, j, num_groups)
-            for j in range(steps):
-                with self.single_warp(0):
-                    if j + self.packed_stages - 1 < steps:
-                        self.load_packed(g_w, g_s, packed, tiles, s_w, s_s, j + self.packed_stages - 1, num_groups)
-                m_tile, n_tile = tiles.tile(j // num_groups)  # noqa: B007 (n_tile: the packed loads')
-                offset_k = (j % num_groups) * GROUP
-                packed.consumer_acquire()
-                slot = packed.consumer_stage
-                self.widen_half(widen, g_a, main, s_a, s_words, s_scale, s_rows, slot, m_tile * BLOCK_M, offset_k, 0)
-                self.widen_half(widen, g_a, main, s_a, s_words, s_scale, s_rows, slot, m_tile * BLOCK_M, offset_k, 1)
-                packed.consumer_release()  # every word and scale of the stage is in registers or stored
-                packed.consumer_advance()
-
-    def load_packed(
-        self,
-        g_w: GlobalTensor,
-        g_s: GlobalTensor,
-        packed: Pipeline,
-        tiles: StaticTileScheduler,
-        s_w: SharedTensor,
-        s_s: SharedTensor,
-        j: int32,
-        num_groups: int32,
-    ):
-        """One warp: step ``j``'s packed tiles and scales (its tile's weight rows, its scale group)
-        into the next packed stage, once the widening warpgroup has released it."""
-        m_tile, n_tile = tiles.tile(j // num_groups)  # noqa: B007 (m_tile: the token loads')
-        offset_n = n_tile * self.block_n
-        g = j % num_groups
-        packed.producer_acquire()
-        slot = packed.producer_stage
-        with self.single_thread():
-            self.mbarrier.arrive_and_expect_tx(
-                packed.producer_barrier(), transaction_bytes=s_w[slot].nbytes + s_s[slot].nbytes
-            )
-        for t in range(self.tiles):
-            self.tma.global_to_shared(
-                src=g_w,
-                dst=s_w[slot, t],
-                offsets=[(offset_n // TILE_ROWS + t) * WEIGHT_BOX[0], g * WEIGHT_BOX[1]],
-                mbarrier=packed.producer_barrier(),
-            )
-            self.tma.global_to_shared(
-                src=g_s,
-                dst=s_s[slot, t],
-                offsets=[g, offset_n + t * TILE_ROWS],
-                mbarrier=packed.producer_barrier(),
-            )
-        packed.producer_advance()
+            for i in range(tiles.count()):  # noqa: B007 (every tile: the same number of groups)
+                for g in range(num_groups):  # noqa: B007
+                    packed.consumer_acquire()
+                    slot = packed.consumer_stage
+                    self.widen_half(widen, main, s_words, s_scale, s_rows, slot, 0)
+                    self.widen_half(widen, main, s_words, s_scale, s_rows, slot, 1)
+                    packed.consumer_release()  # every word and scale of the stage is in registers or stored
+                    packed.consumer_advance()
 
     def widen_half(
         self,
         widen: Int4Widen,
-        g_a: GlobalTensor,
         main: Pipeline,
-        s_a: SharedTensor,
         s_words: SharedTensor,
         s_scale: SharedTensor,
         s_rows: SharedTensor,
         slot: int32,
-        offset_m: int32,
-        offset_k: int32,
         half: int,
     ):
-        """Half ``half`` (64 K columns) of the packed stage ``slot``: the next main stage taken, its
-        token tile loaded (the first warp), every packed tile's rows widened, scaled and stored into
-        its B tile, which is then handed to the consumers."""
+        """Half ``half`` (64 K columns) of the packed stage ``slot``: every packed tile's rows widened,
+        scaled and stored into the next main stage's B tile, which is then handed to the consumers."""
         main.producer_acquire()
         stage = main.producer_stage
-        with self.single_warp(0):  # the token tile, by TMA, while the warpgroup widens
-            with self.single_thread():
-                self.mbarrier.arrive_and_expect_tx(main.producer_barrier(), transaction_bytes=s_a[stage].nbytes)
-            self.load_a(g_a, s_a[stage, 0], main.producer_barrier(), offset_m, offset_k + half * HALF_K)
-            self.load_a(g_a, s_a[stage, 1], main.producer_barrier(), offset_m + BLOCK_M // 2, offset_k + half * HALF_K)
         # the packed tiles written out (a store into a tile indexed by a device loop's variable does
         # not build in tilus 0.2.0); block_n is at most 256: four tiles
         self.widen_tile(widen, s_words, s_scale, s_rows, slot, half, stage, 0)
@@ -251,7 +223,7 @@ class Kernel(PackedWeightKernel, v5.Kernel):
             self.widen_tile(widen, s_words, s_scale, s_rows, slot, half, stage, 2)
             self.widen_tile(widen, s_words, s_scale, s_rows, slot, half, stage, 3)
         self.fence.proxy_async(space="shared")  # the generic-proxy stores, before the wgmma reads them
-        main.producer_release()  # each of the 128 threads (with the first thread's expect_tx: 1 + 128 arrivals)
+        main.producer_release()  # each of the 128 threads
         main.producer_advance()
 
     def widen_tile(
