@@ -4,7 +4,7 @@ to several tiles of 128 (none a multiple of it but 256), N a multiple of no tile
 group (128), both dtypes, against a float32 reference from ``qw.dequantize()``; two planted bugs (the
 nibbles of the wrong rows, the scales of the wrong group) are shown caught by the same check.
 
-The kernel is not the call's yet (``matmul.quant.linear`` widens the weight for cuBLAS above 256
+The kernel is not the call's (``matmul.quant.linear`` widens the weight for cuBLAS above 256
 tokens): it is launched here directly, built once per dtype (or found in tilus's cache)."""
 
 import functools

@@ -42,8 +42,11 @@ work: each weight tile is widened once per token tile that uses it, ``M / block_
 (8 times at M = 1024 with 128-token tiles), ~1 conversion instruction a weight per widening. At
 M = 1024 that is ~8 N K / 2 instructions against ``2 M N K / 4096`` MMA issue slots per SM
 quadrant: hidden behind the tensor core if a spare warpgroup does it, and growing with M / tile
-only as the product itself does, where widen-once's share shrinks as 1 / M. That kernel is not
-built here.
+only as the product itself does, where widen-once's share shrinks as 1 / M. That kernel is
+``matmul/kernels/hopper/v8_prefill.py``: correct on the H100 but 0.58-0.65x cuBLAS at M >= 1024, below
+this path, as was V8 itself run past 256 tokens (``plots/h100/v8/prefill/``: their 128 x 128 output
+tiles, where cuBLAS uses 128 x 256, and the shared memory bandwidth a widened B tile takes); the
+call keeps widening once.
 """
 
 import logging

@@ -29,6 +29,11 @@ Two producers fill a main stage: the producer warp (tokens, by TMA) and the wide
 before each widening thread's arrival). Both wait on the stage's ``empty`` barrier before refilling it, each
 keeping its own position in the ring; ``full`` completes only when both have arrived and the token
 bytes have landed. K must be a multiple of 128 (one scale group), as for V8.
+
+On the H100 this kernel is correct and slower than what the call runs above 256 tokens (the weight
+widened once, then cuBLAS): 0.58-0.65x cuBLAS fp16 at 1024 to 4096 tokens against 0.74-0.92x
+(``plots/h100/v8/prefill/``, which says why), so it is not the call's. It stays as the series'
+worked example of widening into shared memory, and the base the next attempt is measured against.
 """
 
 import tilus
