@@ -46,7 +46,7 @@ VERSIONS = tuple(f"v{i}" for i in range(8))
 # The versions past the series that multiply by a quantized weight (``matmul.quant``: packed words and
 # scales, not a 16-bit B), V8 of each architecture: launched through ``matmul.quant``, never by the
 # tuner, the bench or ``matmul()``, so they are not in VERSIONS.
-QUANTIZED_VERSIONS = ("v8", "v8_prefill")  # v8_prefill: Hopper only, not run on a GPU yet
+QUANTIZED_VERSIONS = ("v8", "v8_prefill")  # v8_prefill: Hopper only, correct on the H100, not the call's (slower)
 # The candidate that is not a version of the series: the vendor library, through torch.matmul. The
 # tuner, its stored choices and the harness's results all call it by this one name.
 CUBLAS = "cuBLAS"
