@@ -186,6 +186,18 @@ def test_hopper_wgmma_is_not_serialized():
     assert not re.search(r"C7515|C7520|serialized", report), report
 
 
+def test_hopper_split_group_does_not_wait_for_the_cluster_before_its_main_loop():
+    # without multicast the opening cluster barrier is split: a relaxed arrival at the start, its
+    # wait only before the exchange, so the first wgmma comes before any barrier.cluster.wait; and
+    # no arrival has release semantics (the exit barrier is relaxed too)
+    ptx = representative_build("sm_90a", "v7").ptx()
+    assert HOPPER.REPRESENTATIVE["split"] > 1 and HOPPER.REPRESENTATIVE["multicast"] == 1
+    arrivals = re.findall(r"barrier\.cluster\.arrive\S*", ptx)
+    assert arrivals and all(".relaxed" in a for a in arrivals), arrivals
+    assert ptx.index("wgmma.mma_async") < ptx.index("barrier.cluster.wait")
+    assert ptx.index("barrier.cluster.arrive") < ptx.index("wgmma.mma_async")
+
+
 def test_blackwell_swaps_a_and_b():
     # the accumulator is 128 weight rows (TMEM lanes) x the 32 tokens of the tile: 32 TMEM columns
     result = representative_build("sm_100a", "v7")
