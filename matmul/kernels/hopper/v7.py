@@ -242,6 +242,9 @@ class Kernel(MatmulKernel):
         if (64 * warpgroups) % split or (64 * warpgroups // split) % 8:
             raise ValueError(f"{64 * warpgroups} weight rows do not cut into {split} slices of a multiple of 8")
         self.writes_slabs = split == 1  # each warpgroup writes its slab of C (module doc)
+        # a split group with no multicast reaches no peer before its exchange: its opening cluster
+        # barrier is split (opening_barrier, peers_ready)
+        self.splits_opening = split > 1 and multicast == 1
 
     def matmul(
         self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32, k_size: int32
@@ -332,14 +335,14 @@ class Kernel(MatmulKernel):
         copy or load lands on it. With multicast the first loads reach the peers, so the whole
         cluster waits now; a split group's first write into a peer is its exchange, so it only
         announces now (a relaxed arrival) and waits in ``peers_ready``: the main loop starts at once."""
-        if self.multicast > 1 or self.writes_slabs:
-            self.cluster.sync()
-        else:
+        if self.splits_opening:
             tile_out.arrive_after_init()
+        else:
+            self.cluster.sync()
 
     def peers_ready(self, reduce: tilus.Class):
         """Whole CTA, just before the exchange: the wait of ``opening_barrier``'s split barrier."""
-        if self.multicast == 1:
+        if self.splits_opening:
             reduce.wait_for_peers()
 
     def exit_barrier(self, tile_out: tilus.Class):

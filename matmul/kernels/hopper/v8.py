@@ -42,8 +42,8 @@ the float32 partial tile after the last K block instead of a group scale per val
 come through the ring).
 
 For many tokens, ``v8_prefill.py`` is V5 whose B tiles arrive packed and are widened into shared
-memory by a warpgroup of their own (compiled and protocol-checked; not run on a GPU yet, and not
-the call's: above 256 tokens the call still widens the weight once for cuBLAS).
+memory by a warpgroup of their own: correct on the H100 and slower than what the call runs above
+256 tokens, the weight widened once for cuBLAS (``plots/h100/v8/prefill/``), so not the call's.
 
 Why A in registers and not a widened tile in shared memory: the widened tile is used by exactly
 one wgmma, in exactly the fragment the thread that widened it holds; writing it to shared memory

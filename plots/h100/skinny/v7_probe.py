@@ -295,6 +295,7 @@ class NoEpilogue(V7.Kernel):
         # the accumulators stored into the float32 tile and nothing written from it, with a split or
         # without (V7 without a split writes its slabs of C from the consumers: not here)
         self.writes_slabs = False
+        self.splits_opening = multicast == 1  # (with split 1: no peer, no opening barrier)
 
     def write_out(
         self, reduce: ClusterSplitKReduce, k_rank: int32, g_c: GlobalTensor, offset_m: int32, offset_n: int32
