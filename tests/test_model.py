@@ -163,3 +163,16 @@ def test_the_windows_come_after_the_first_calls_and_their_plans(monkeypatch):
     events.clear()
     model.host_us(call("ours"), calls=3, repeats=2)
     assert events[:2] == ["ours", "settle"] and events.count("ours") == 1 + 3 * 2
+
+
+def test_a_checked_result_comes_from_the_calls_after_their_plans(monkeypatch):
+    """A benchmark checks the kernel it times: ``settled_result`` makes the first call (which runs
+    torch's ops while its plan is derived), waits for the planner, and returns a later call's
+    result. Checking the first call's result would compare cuBLAS with cuBLAS."""
+    settled = []
+    monkeypatch.setattr(model, "settle_plans", lambda *a, **k: settled.append(True))
+
+    def call():  # stands for a model whose calls run the chosen kernels once their plans exist
+        return "the chosen kernel's" if settled else "torch's"
+
+    assert model.settled_result(call) == "the chosen kernel's"
