@@ -144,6 +144,10 @@ EXTRA_CONFIGS = (
     COMBINED_REPRESENTATIVE,
     {"block_m": 32, "warpgroups": 1, "split": 2, "stages": 17, "multicast": 2},
     {"block_m": 64, "warpgroups": 1, "split": 2, "stages": 12, "multicast": 4},
+    {"block_m": 32, "warpgroups": 2, "split": 1, "stages": 10, "multicast": 2},
+    {"block_m": 64, "warpgroups": 2, "split": 1, "stages": 8, "multicast": 2},
+    {"block_m": 64, "warpgroups": 2, "split": 1, "stages": 8, "multicast": 4},
+    {"block_m": 128, "warpgroups": 2, "split": 1, "stages": 6, "multicast": 2},
 )
 B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)
 FUSED_EPILOGUE = True  # bias and every activation, in the epilogue (pipeline.fused_epilogue)
