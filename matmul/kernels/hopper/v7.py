@@ -144,10 +144,6 @@ EXTRA_CONFIGS = (
     COMBINED_REPRESENTATIVE,
     {"block_m": 32, "warpgroups": 1, "split": 2, "stages": 17, "multicast": 2},
     {"block_m": 64, "warpgroups": 1, "split": 2, "stages": 12, "multicast": 4},
-    {"block_m": 32, "warpgroups": 2, "split": 1, "stages": 10, "multicast": 2},
-    {"block_m": 64, "warpgroups": 2, "split": 1, "stages": 8, "multicast": 2},
-    {"block_m": 64, "warpgroups": 2, "split": 1, "stages": 8, "multicast": 4},
-    {"block_m": 128, "warpgroups": 2, "split": 1, "stages": 6, "multicast": 2},
 )
 B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)
 FUSED_EPILOGUE = True  # bias and every activation, in the epilogue (pipeline.fused_epilogue)
@@ -188,7 +184,9 @@ def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, multica
 # allows. The combined points (``EXTRA_CONFIGS``) are not here yet. Two warpgroups without a split
 # (128 weight rows a CTA: each token tile read half as often) at 64 and 128 tokens, with the
 # deepest rings that fit beside their staging buffers (module doc): the fastest V7 at 256 tokens
-# on qkv, gate-up and the lm_head, and on qkv and gate-up at 64.
+# on qkv, gate-up and the lm_head, and on qkv and gate-up at 64. The last point is such a CTA in a
+# multicast pair (two 128-token tiles share each 128-row weight tile): faster again on gate-up and
+# the lm_head at 256 tokens; with 32 or 64 tokens a CTA it lost everywhere (plots/h100/skinny/).
 @tilus.autotune(
     "block_m, warpgroups, split, stages, multicast",
     [
@@ -212,6 +210,7 @@ def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, multica
         (32, 1, 1, 16, 2),
         (64, 1, 1, 13, 4),
         (128, 1, 1, 8, 2),
+        (128, 2, 1, 6, 2),
     ],
 )
 class Kernel(MatmulKernel):
