@@ -172,8 +172,9 @@ def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, multica
     return ring + exchange
 
 
-# Token tiles of 16, 64, 128 and 256 columns; per tile, the configurations that were fastest
-# somewhere on the decode preset on the H100 (plots/h100/skinny/). A split of 2 with 64-row CTAs
+# Token tiles of 16, 32, 64, 128 and 256 columns; per tile, the configurations that were fastest
+# somewhere on the decode preset on the H100 (plots/h100/skinny/); the 32-token tile at 32 tokens,
+# where two 16-token tiles each re-read the weight (a batch of 32 sequences decoding). A split of 2 with 64-row CTAs
 # was best at M <= 64 on most weights: 4 or 8 CTAs a cluster were slower (more CTAs reading the
 # same rows at once, a larger exchange), and the ring's depth beyond 8 stages made little
 # difference. From M = 128 on, two 128-token tiles without a split (8 stages: the ring can take the
@@ -195,6 +196,7 @@ def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, multica
         (16, 1, 1, 16, 1),
         (16, 2, 2, 8, 1),
         (16, 2, 4, 5, 1),
+        (32, 1, 2, 12, 1),
         (64, 1, 2, 10, 1),
         (64, 1, 2, 12, 1),
         (64, 1, 2, 5, 1),
