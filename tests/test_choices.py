@@ -630,6 +630,31 @@ def test_a_bucket_near_a_measured_one_is_tuned_among_the_candidates_that_came_cl
     assert "configs" not in alone and alone["names"] == tuner.candidates(ARCH, 1500, 8192, 4096)
 
 
+def test_a_narrowed_tuning_at_another_m_times_v7_at_the_token_tile_of_this_m(tmp_path):
+    """V7's configuration from a neighbouring M bucket is carried to this bucket's M (``refit``): a
+    32-token bucket narrowed from the 16-token one times the 32-token tile, which a full tuning
+    would find and which the 16-token configuration, timed as it was, would never be. The same
+    bucket's measurement in the other dtype keeps its configuration."""
+    late = LateTuner()
+    v7 = versions.load(ARCH, "v7")
+    sixteen = {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 8, "multicast": 1}
+    timed = {"v7": {"config": sixteen, "call_ms": 1.0}, tuner.VENDOR: {"config": {}, "call_ms": 1.05}}
+    measured = {
+        key(16, 4096, 4096): {**entry("v7"), "config": sixteen, "candidates": timed},
+        key(64, 4096, 14336, torch.bfloat16): {**entry("v7"), "config": sixteen, "candidates": timed},
+    }
+    choose = make_chooser(tmp_path, measured, tune_jobs=late)
+    choose.get(CPU, torch.float16, 32, 4096, 4096)
+    choose.get(CPU, torch.float16, 64, 4096, 14336)  # the bfloat16 bucket of the same M: as it was
+    late.finish.set()
+    assert choose.wait(10)
+    other_m, same_m = sorted(late.jobs, key=lambda job: job["k"])
+    assert other_m["narrowed_from"] == key(16, 4096, 4096)
+    assert other_m["configs"]["v7"] == {"block_m": 32, "warpgroups": 1, "split": 2, "stages": 12, "multicast": 1}
+    assert other_m["configs"]["v7"] in versions.space(v7)
+    assert same_m["configs"]["v7"] == sixteen
+
+
 def test_a_stale_buckets_background_tuning_is_narrowed_by_its_own_times(tmp_path):
     """As ``tune(narrow=True)`` (``Chooser.hint``): a bucket measured with other kernel sources is
     timed again among the candidates that came close in its own measurement, not its relative's."""

@@ -357,3 +357,25 @@ def test_hopper_slabs_go_out_by_tma_store_without_serializing_the_wgmma(key):
     assert "cp.async.bulk.shared::cluster" not in ptx and "st.global" not in ptx
     report = (result.program_dir / "module" / "nvcc_output.txt").read_text()
     assert not re.search(r"C7514|C7515|C7520|serialized", report), report
+
+
+def test_refit_carries_a_configuration_to_the_token_tile_that_holds_m():
+    """A narrowed tuning times V7 at one configuration, taken from a neighbouring M bucket
+    (``chooser.narrowed``): ``refit`` gives the point with the same warpgroups, split and multicast
+    whose cluster holds M tokens with the fewest to spare, so that 32 tokens are timed with the
+    32-token tile, not as two 16-token tiles."""
+    space = versions.space(HOPPER)
+
+    def point(block_m, warpgroups, split, stages, multicast):
+        config = dict(block_m=block_m, warpgroups=warpgroups, split=split, stages=stages, multicast=multicast)
+        assert config in space
+        return config
+
+    sixteen = point(16, 1, 2, 8, 1)
+    assert HOPPER.refit(space, sixteen, 32) == point(32, 1, 2, 12, 1)
+    assert HOPPER.refit(space, sixteen, 1) == sixteen and HOPPER.refit(space, sixteen, 16) == sixteen
+    assert HOPPER.refit(space, sixteen, 64) == point(64, 1, 2, 10, 1)  # the first such point of the space
+    assert HOPPER.refit(space, point(64, 1, 2, 10, 1), 16) == sixteen  # down as well as up
+    # a multicast cluster's tokens are its tiles together; no point holds 256 with two warpgroups, no split
+    assert HOPPER.refit(space, point(64, 1, 1, 13, 2), 256) == point(128, 1, 1, 8, 2)
+    assert HOPPER.refit(space, point(128, 2, 1, 6, 1), 256) == point(128, 2, 1, 6, 1)

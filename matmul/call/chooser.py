@@ -251,7 +251,7 @@ class Chooser:
                 if mode == "background":  # narrowed as ``tune(narrow=True)`` narrows
                     job = tuning_job(key, arch, m, n, k, variant)
                     if hint is not None:
-                        job.update(narrowed(job["names"], hint))
+                        job.update(narrowed(job["names"], hint, arch, m))
                     self.tuner.submit(key, (memo, job), group=(arch, device, dtype))
                 return self.entries[memo]
         if in_capture:
@@ -440,7 +440,7 @@ class Chooser:
                     memos[key] = memo
                     hint = self.hint(arch, key, m, n, k, variant) if narrow else None
                     if hint is not None:
-                        jobs[key].update(narrowed(jobs[key]["names"], hint))
+                        jobs[key].update(narrowed(jobs[key]["names"], hint, arch, m))
             if jobs and capturing(device):
                 raise NotTunedError(
                     f"matmul() has no choice for {', '.join(jobs)} and cannot tune while a CUDA graph is being "
@@ -600,13 +600,16 @@ def tuning_job(key: str, arch: str, m: int, n: int, k: int, variant: Variant) ->
     return job
 
 
-def narrowed(names: list[str], neighbour: Entry) -> dict:
+def narrowed(names: list[str], neighbour: Entry, arch: Optional[str] = None, m: Optional[int] = None) -> dict:
     """The candidates worth timing on a bucket whose neighbour of the same N x K was measured: those
     of ``names`` that ran within ``tuner.PRUNE`` of the fastest there, each with the configuration
     it had there (tilus's search over its space is skipped), and cuBLAS always. A version that
     lost by more at M = 1024 is not expected to win at M = 1500; timing the few that came close
-    takes a second where searching every space takes several. Nothing to narrow (the neighbour
-    names no candidates): ``{}``, a full tuning."""
+    takes a second where searching every space takes several. Where the neighbour is another M
+    bucket, a version whose tile depends on M (one that defines ``refit``: Hopper V7's token tile)
+    is timed at what its configuration there stands for at this bucket's ``m`` (given ``arch``):
+    else a 32-token bucket narrowed from the 16-token one would only ever time two 16-token
+    tiles. Nothing to narrow (the neighbour names no candidates): ``{}``, a full tuning."""
     timed = neighbour.get("candidates")
     if not isinstance(timed, dict) or not timed:
         return {}
@@ -616,11 +619,18 @@ def narrowed(names: list[str], neighbour: Entry) -> dict:
         return {}
     best = min(costs.values())
     close = [v for v in names if v != VENDOR and v in costs and costs[v] <= best * PRUNE]
-    return {
-        "names": [*close, VENDOR],
-        "configs": {v: timed[v].get("config") for v in close},
-        "narrowed_from": neighbour.get("nearest"),
-    }
+    configs = {v: timed[v].get("config") for v in close}
+    nearest = neighbour.get("nearest")
+    if arch is not None and m is not None and nearest and int(_key_parts(nearest)[2]) != bucket(m):
+        configs = {v: _refit(arch, v, config, m) for v, config in configs.items()}
+    return {"names": [*close, VENDOR], "configs": configs, "narrowed_from": nearest}
+
+
+def _refit(arch: str, version: str, config, m: int):
+    """``config`` of ``version`` as its module's ``refit`` carries it to ``m`` tokens (``narrowed``)."""
+    module = versions.load(arch, version)
+    refit = getattr(module, "refit", None)
+    return config if refit is None or not isinstance(config, dict) else refit(versions.space(module), config, m)
 
 
 def bucket_memo(device, dtype, shape, variant: Variant) -> tuple:

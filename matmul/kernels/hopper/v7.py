@@ -161,6 +161,26 @@ def supports(m: int, n: int, k: int) -> bool:
     return 1 <= m <= MAX_M and n >= 1 and k >= 1
 
 
+def refit(space: list[dict], config: dict, m: int) -> dict:
+    """What a configuration that came close at another M stands for at ``m`` tokens, for the
+    tuner's narrowed tuning (``matmul.call.chooser.narrowed``, which times each close version at
+    one configuration). The token tile is what depends on M: at 32 tokens two 16-token tiles each
+    read the whole weight, where one 32-token tile reads it once. So: the point of ``space`` with
+    the same warpgroups, split and multicast whose cluster holds all ``m`` tokens (``block_m x
+    multicast``) with the fewest to spare, the first of the space's order; ``config`` itself where
+    its cluster is that one already, or where no point of the space holds ``m``."""
+
+    def tokens(c: dict) -> int:
+        return c["block_m"] * c.get("multicast", 1)
+
+    kind = ("warpgroups", "split", "multicast")
+    holding = [c for c in space if tokens(c) >= m and all(c.get(k, 1) == config.get(k, 1) for k in kind)]
+    if not holding:
+        return config
+    narrowest = min(tokens(c) for c in holding)
+    return config if tokens(config) == narrowest else next(c for c in holding if tokens(c) == narrowest)
+
+
 def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, multicast: int = 1) -> int:
     """Shared memory of a configuration: the ring plus the write-out's tiles (a multicast weight
     tile lands in the same ring stage in every CTA: the ring is the same size); swiglu's staging
