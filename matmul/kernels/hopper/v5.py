@@ -58,12 +58,6 @@ BATCHED = True  # a batch index in the tile schedule (entry.batched_class)
 
 # shared memory: stages * (block_m + block_n) * block_k * 2 bytes + 2 warpgroups * 2 staging
 # buffers * 64 x 64 * 2 bytes (32 KiB): 4 stages of 64 K columns for 128 x 256. Groups as V4's.
-def staging_columns(block_n: int) -> int:
-    """The columns of C a staging buffer holds: ``SUB_COLS``, or for a tile narrower than a multiple of
-    it (96, 48 columns) the widest of 32, 16 and 8 that divides the tile's width."""
-    return next(c for c in (SUB_COLS, 32, 16, 8) if block_n % c == 0)
-
-
 @tilus.autotune("block_m, block_n, block_k, stages", [(128, 256, 64, 4)])
 @tilus.autotune("group", [16, 32])
 class Kernel(MatmulKernel):
@@ -101,7 +95,7 @@ class Kernel(MatmulKernel):
         s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, half_m, self.block_k])
         s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
         self.b_tiles_layout(s_b)  # K-major for "nk", MN-major for "kn" (entry.load_b)
-        s_c = self.shared_tensor(dtype=self.dtype, shape=[2, 2, half_m, staging_columns(self.block_n)])
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[2, 2, half_m, SUB_COLS])  # [warpgroup, buffer]
 
         ring = Pipeline(self.stages, consumer_arrivals=2, elect_release=True)
         tiles = StaticTileScheduler(num_m_tiles, num_n_tiles, self.group, self.blockIdx.x, self.gridDim.x, self.batches)
