@@ -88,7 +88,8 @@ class WgmmaTileStore(tilus.Class):
         """The accumulator whose first column is the product's ``offset_n``, through ``epilogue`` (the
         variant's bias and activation, block by block) into C (into its matrix ``batch`` where C is
         a batched kernel's [batches, M, N])."""
-        sub_cols = product_columns(SUB_COLS, epilogue.activation)  # makes SUB_COLS columns of C
+        # a staging buffer's columns of C (SUB_COLS, or narrower for a tile that is no multiple of it)
+        sub_cols = product_columns(self.out.staging.shape[-1], epilogue.activation)
         if self.rows == 64:  # one row of wgmma instructions (decided when the kernel is built)
             blocks = self.view(acc, layout=wgmma_fragment_blocks(self.rows, self.cols, sub_cols))
             for j in self.range(self.cols // sub_cols, unroll="all"):

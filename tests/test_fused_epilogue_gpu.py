@@ -30,6 +30,9 @@ DTYPES = (torch.float16, torch.bfloat16)
 # (M, N, K): N weight rows; swiglu: gate and up of N / 2 = 500 rows each (C: 504 columns, I rounded up to 8)
 SHAPES = {"v7": ((1, 1000, 1000), (17, 1000, 1000), (100, 1000, 1000))}  # V7: M <= 256 (its supports())
 DEFAULT_SHAPES = ((1000, 1000, 1000),)
+# configurations beside the representative: V5's narrow tiles (EXTRA_CONFIGS), whose widths are no
+# multiple of the 64-column blocks its epilogue stages (swiglu's gate-up pairs cross them)
+EXTRA = {"v5": ("bias+gelu_tanh", "swiglu", "bias+swiglu")}
 
 pytestmark = [
     pytest.mark.gpu,
@@ -60,7 +63,17 @@ def cases():
         for dtype in DTYPES:
             for key in KEYS:
                 for shape in SHAPES.get(version, DEFAULT_SHAPES):
-                    yield version, dtype, key, shape
+                    yield version, dtype, key, shape, None
+    for version, keys in EXTRA.items():
+        for config in versions.load(ARCH, version).EXTRA_CONFIGS:
+            for key in keys:
+                yield version, torch.bfloat16, key, DEFAULT_SHAPES[0], tuple(sorted(config.items()))
+
+
+def case_id(case) -> str:
+    version, dtype, key, shape, config = case
+    named = f"{version}-{str(dtype)[6:]}-{key}-{'x'.join(map(str, shape))}"
+    return named + (f"-block_n{dict(config)['block_n']}" if config else "")
 
 
 def seed_of(case) -> int:
@@ -69,14 +82,14 @@ def seed_of(case) -> int:
 
 def run_case(case):
     """In a pool process: the kernel's output for ``case`` (on the CPU), or the error it raised."""
-    version, dtype, key, (m, n, k) = case
+    version, dtype, key, (m, n, k), config = case
     try:
         module = versions.load(ARCH, version)
         var = variants.Variant.parse(key)
         assert variants.supported(module, var)
         a, weight, bias = operands(m, n, k, dtype, var, seed_of(case))
         out = poisoned_output(m, var.out_columns(weight.shape[0]), dtype)
-        kernel = versions.kernel(module, dtype, module.REPRESENTATIVE, var)
+        kernel = versions.kernel(module, dtype, dict(config) if config else module.REPRESENTATIVE, var)
         kernel(*versions.launch_args(a, weight, out, bias))
         torch.cuda.synchronize()
         return out.cpu()
@@ -95,11 +108,9 @@ def outputs(request):
         return dict(zip(selected, pool.map(run_case, selected)))
 
 
-@pytest.mark.parametrize(
-    "case", list(cases()), ids=lambda c: f"{c[0]}-{str(c[1])[6:]}-{c[2]}-{'x'.join(map(str, c[3]))}"
-)
+@pytest.mark.parametrize("case", list(cases()), ids=case_id)
 def test_fused_epilogue(outputs, case):
-    version, dtype, key, (m, n, k) = case
+    version, dtype, key, (m, n, k), _ = case
     out = outputs[case]
     assert not isinstance(out, str), out
     var = variants.Variant.parse(key)

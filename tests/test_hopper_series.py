@@ -99,6 +99,27 @@ def test_v5_is_persistent_with_an_asynchronous_subtiled_epilogue():
     assert "barrier.cluster" not in text
 
 
+def test_v5_narrow_tiles_stage_c_in_blocks_their_width_divides():
+    """V5's EXTRA_CONFIGS (96 and 224 columns) stage C in the widest block of 64, 32, 16, 8 columns
+    whose product columns divide the tile (swiglu: two product columns a column of C), and refuse
+    torch's b [K, N], whose MN-major tiles come in boxes of 64 columns."""
+    module = versions.load("sm_90a", "v5")
+    assert [c["block_n"] for c in module.EXTRA_CONFIGS] == [96, 224]
+    widths = {(n, act): module.staging_columns(n, act) for n in (256, 96, 224) for act in ("", "swiglu")}
+    assert widths == {
+        (256, ""): 64,
+        (256, "swiglu"): 64,
+        (96, ""): 32,
+        (96, "swiglu"): 16,
+        (224, ""): 32,
+        (224, "swiglu"): 16,
+    }
+    from matmul import build
+
+    refused = build.build_config(module, "sm_90a", module.EXTRA_CONFIGS[0], variant=versions.Variant(b_layout="kn"))
+    assert not refused.ok and "block_n 96 is no multiple of 64" in refused.error
+
+
 def test_v6_multicasts_b_within_a_2cta_cluster_and_the_leader_sends_the_tiles():
     result = representative_build(ARCH, "v6")
     assert result.cluster == (2, 1, 1)

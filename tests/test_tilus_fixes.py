@@ -52,6 +52,7 @@ def test_fixes_are_applied_for_tilus_0_2_0():
         "wgmma_register_a",
         "int4_bf16_cast",
         "tcgen05_tmem_a",
+        "wgmma_instruction_width",
     }
     assert all(fix.applied for fix in tilus_fixes.FIXES.values())
 
@@ -209,3 +210,17 @@ def test_int4_widens_to_bfloat16_eight_values_at_a_time_only_with_the_fix(fresh_
     magic = "1124090624"  # 0x43004300: 128.0 in both halves, the bfloat16 magic number
     assert magic in (fixed.program_dir / "module" / "source.cu").read_text()
     assert magic not in (slow.program_dir / "module" / "source.cu").read_text()
+
+
+def test_a_96_column_tile_is_one_wgmma_wide_only_with_the_fix(fresh_cache):
+    """Hopper V5 with 128 x 96 tiles: one ``m64n96k16`` per warpgroup and K step, where tilus alone
+    issues three ``m64n32k16`` (``gcd(96, 256)``); a 256-column tile is the same program either way."""
+    module = versions.load("sm_90a", "v5")
+    narrow = dict(module.REPRESENTATIVE, block_n=96, stages=7)
+    fixed, faulty = build_with_and_without("wgmma_instruction_width", module, narrow, fresh_cache / "narrow")
+    shapes = [set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", r.ptx())) for r in (fixed, faulty)]
+    assert shapes == [{"m64n96k16"}, {"m64n32k16"}]
+    assert [r.ptx().count("wgmma.mma_async") for r in (fixed, faulty)] == [16, 48]
+    wide = build_with_and_without("wgmma_instruction_width", module, module.REPRESENTATIVE, fresh_cache / "wide")
+    sources = [(result.program_dir / "module" / "source.cu").read_text() for result in wide]
+    assert sources[0] == sources[1] and "m64n256k16" in sources[0]

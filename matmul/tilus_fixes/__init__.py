@@ -22,7 +22,9 @@ around, is guarded to the tilus release that has it, and can be taken out again
 * ``int4_bf16_cast``: a register cast from int4 to bfloat16 converts one value at a time (the
   float16 cast converts eight at once);
 * ``tcgen05_tmem_a``: ``tcgen05.mma`` with its A operand in tensor memory has no emitter
-  (Blackwell V8 widens its int4 weight into that operand).
+  (Blackwell V8 widens its int4 weight into that operand);
+* ``wgmma_instruction_width``: a wgmma tile is issued in instructions only as wide as the greatest
+  power of two dividing its N (a 96-column tile as three ``m64n32k16``).
 
 Each module's docstring describes its fault and the work-around in full.
 """
@@ -43,6 +45,7 @@ from . import (
     serial_transpile,
     tcgen05_tmem_a,
     tma_sm90,
+    wgmma_instruction_width,
     wgmma_register_a,
     workspace_in_shared_memory,
 )
@@ -62,6 +65,7 @@ MODULES = (
     wgmma_register_a,
     int4_bf16_cast,
     tcgen05_tmem_a,
+    wgmma_instruction_width,
 )
 
 FIXES: dict[str, Fix] = {}

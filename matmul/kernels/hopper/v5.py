@@ -38,6 +38,7 @@ from tilus.utils import cdiv
 
 from pipeline import Pipeline
 from pipeline.epilogue import SUB_COLS, WgmmaTileStore, wgmma_fragment
+from pipeline.fused_epilogue import product_columns
 from pipeline.mainloop import WgmmaMainloop
 from pipeline.schedulers import StaticTileScheduler, sm_count
 
@@ -54,6 +55,24 @@ REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, group=16)
 B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)
 FUSED_EPILOGUE = True  # bias and every activation, in the epilogue (pipeline.fused_epilogue)
 BATCHED = True  # a batch index in the tile schedule (entry.batched_class)
+
+
+def staging_columns(block_n: int, activation: str) -> int:
+    """The columns of C a staging buffer holds: ``SUB_COLS``, or for a tile that is no multiple of the
+    product columns they take (96, 224; swiglu: twice as many) the widest of 32, 16 and 8 that is."""
+    return next(c for c in (SUB_COLS, 32, 16, 8) if block_n % product_columns(c, activation) == 0)
+
+
+# Narrow tiles for 128-256 tokens, where 128 x 256 tiles leave most SMs idle (qkv, 6144 columns at
+# 256 tokens: 48 tiles on 132 SMs): 96 columns give qkv 128 tiles, 224 the gate-up weight (28672)
+# 128 a token tile; each ring as deep as shared memory allows. A width that is no multiple of 64
+# goes out in narrower blocks (``staging_columns``) and cannot read torch's b [K, N] in place (its
+# MN-major tiles are boxes of 64 columns). Built and checked on the H100, faster than the space's
+# tile on the skinny table's widest weights (plots/h100/skinny/); not in the autotune space yet.
+EXTRA_CONFIGS = (
+    dict(block_m=128, block_n=96, block_k=64, stages=7, group=16),
+    dict(block_m=128, block_n=224, block_k=64, stages=4, group=16),
+)
 
 
 # shared memory: stages * (block_m + block_n) * block_k * 2 bytes + 2 warpgroups * 2 staging
@@ -75,6 +94,8 @@ class Kernel(MatmulKernel):
     ):
         super().__init__(dtype, b_layout=b_layout, bias=bias, activation=activation)
         self.block_m = block_m
+        if b_layout == "kn" and block_n % 64:
+            raise ValueError(f"b [K, N] is read in boxes of 64 columns: block_n {block_n} is no multiple of 64")
         self.block_n = block_n
         self.block_k = block_k
         self.stages = stages
@@ -95,7 +116,7 @@ class Kernel(MatmulKernel):
         s_a = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, half_m, self.block_k])
         s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.block_n, self.block_k])
         self.b_tiles_layout(s_b)  # K-major for "nk", MN-major for "kn" (entry.load_b)
-        s_c = self.shared_tensor(dtype=self.dtype, shape=[2, 2, half_m, SUB_COLS])  # [warpgroup, buffer]
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[2, 2, half_m, staging_columns(self.block_n, self.activation)])
 
         ring = Pipeline(self.stages, consumer_arrivals=2, elect_release=True)
         tiles = StaticTileScheduler(num_m_tiles, num_n_tiles, self.group, self.blockIdx.x, self.gridDim.x, self.batches)
