@@ -100,11 +100,27 @@ def test_v5_is_persistent_with_an_asynchronous_subtiled_epilogue():
 
 
 def test_v5_narrow_tiles_stage_c_in_blocks_their_width_divides():
-    """V5's EXTRA_CONFIGS (96 and 224 columns) stage C in the widest block of 64, 32, 16, 8 columns
+    """V5's narrow tiles (96 and 224 columns) stage C in the widest block of 64, 32, 16, 8 columns
     whose product columns divide the tile (swiglu: two product columns a column of C), and refuse
-    torch's b [K, N], whose MN-major tiles come in boxes of 64 columns."""
+    torch's b [K, N], whose MN-major tiles come in boxes of 64 columns: for that variant, and for a
+    batch of products, they are no points of the space (``takes``), and the autotuned kernel searches
+    the others only."""
+    import torch
+
+    from matmul.call.tuner import space_config
+
     module = versions.load("sm_90a", "v5")
-    assert [c["block_n"] for c in module.EXTRA_CONFIGS] == [96, 224]
+    narrow = [c for c in versions.space(module) if c["block_n"] % 64]
+    assert sorted(c["block_n"] for c in narrow) == [96, 96, 224, 224]  # x the two groups
+    kn, batched = versions.Variant(b_layout="kn"), versions.Variant(batches=4)
+    for variant in (kn, batched):
+        assert versions.space(module, variant) == [c for c in versions.space(module) if c not in narrow]
+        assert space_config(module, narrow[0], variant) is None
+        ((names, points),) = versions.kernel(module, torch.float16, None, variant).space.items()
+        searched = [dict(zip((n.strip() for n in names.split(",")), point)) for point in points]
+        assert sorted(point["block_n"] for point in searched) == [256, 256]  # what tilus searches
+    assert space_config(module, narrow[0], versions.Variant.parse("swiglu")) == narrow[0]
+    assert versions.kernel(module, torch.float16).space == module.Kernel._autotune_space
     widths = {(n, act): module.staging_columns(n, act) for n in (256, 96, 224) for act in ("", "swiglu")}
     assert widths == {
         (256, ""): 64,
@@ -116,7 +132,7 @@ def test_v5_narrow_tiles_stage_c_in_blocks_their_width_divides():
     }
     from matmul import build
 
-    refused = build.build_config(module, "sm_90a", module.EXTRA_CONFIGS[0], variant=versions.Variant(b_layout="kn"))
+    refused = build.build_config(module, "sm_90a", narrow[0], variant=kn)
     assert not refused.ok and "block_n 96 is no multiple of 64" in refused.error
 
 

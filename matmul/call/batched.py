@@ -174,7 +174,7 @@ def choose(chooser, f: Form):
     if entry["version"] == VENDOR:
         return None, entry
     module = versions.load(arch, entry["version"])
-    config = space_config(module, entry["config"])
+    config = space_config(module, entry["config"], f.variant())
     if config is None or not versions.fits(module, m, n, k, variant=f.variant()):
         return None, entry
     return (module, config, arch), entry

@@ -54,9 +54,9 @@ def build_kernel(arch: str, dtype: torch.dtype, version: str, config: dict, vari
     from ..build.compiler import target
 
     module = versions.load(arch, version)
-    fixed = space_config(module, config)
+    fixed = space_config(module, config, variant)
     if fixed is None:
-        raise ValueError(f"{version}'s space has no configuration {config}")
+        raise ValueError(f"{version}'s space has no configuration {config} for {variant.key() or 'plain'}")
     with target(arch):
         return tilus_autotune.build(versions.kernel(module, dtype, fixed, variant))
 

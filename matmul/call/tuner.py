@@ -185,15 +185,16 @@ def _pipeline_imports(sources: list[Path]) -> list[Path]:
     return sorted(found)
 
 
-def space_config(module, config: Any) -> Optional[dict]:
-    """The point of the version's autotune space equal to ``config`` (as stored in JSON), or None.
+def space_config(module, config: Any, variant: Optional[Variant] = None) -> Optional[dict]:
+    """The point of the version's autotune space (those that build for ``variant``, given one: a
+    narrow V5 tile is no point of it for torch's b [K, N]) equal to ``config`` (as stored in JSON), or None.
     A parameter outside the space that ``config`` gives its default value is no part of it: until
     ``tilus_autotune.tuned_config`` left them out, tuned choices were recorded with them (V6's
     ``"pingpong": false``), and a choice cache or a shipped table may still hold such entries."""
     if not isinstance(config, dict):
         return None
-    space = versions.space(module)
-    named = {name for point in space for name in point}
+    space = versions.space(module, variant)
+    named = {name for point in versions.space(module) for name in point}
     defaults = inspect.signature(module.Kernel.__init__).parameters
     config = {
         name: value
@@ -234,7 +235,7 @@ def entry_is_usable(arch: str, entry: Entry, variant: Variant = PLAIN) -> bool:
         module = versions.load(arch, version)
     except ModuleNotFoundError:
         return False
-    return variants.supported(module, variant) and space_config(module, entry.get("config")) is not None
+    return variants.supported(module, variant) and space_config(module, entry.get("config"), variant) is not None
 
 
 # --- tuning one bucket ---------------------------------------------------------------------------
@@ -445,7 +446,10 @@ def gpu_worker(
                 version, {}, relative_error(out if result is None else result, ref), vendor, vendor, vendor_ms, host
             )
         module = versions.load(arch, version)
-        config, fixed = tuned_kernel(module, dtype, variant, args, space_config(module, (configs or {}).get(version)))
+        # None where this variant cannot take the neighbour's configuration (a narrow V5 tile for b [K, N]):
+        # the variant's space is searched
+        given = space_config(module, (configs or {}).get(version), variant)
+        config, fixed = tuned_kernel(module, dtype, variant, args, given)
         out.fill_(float("nan"))
         fixed(*args)
         error = relative_error(out, ref)

@@ -101,13 +101,18 @@ def load(arch: str, version: str) -> ModuleType:
     return importlib.import_module(module_name(arch, version))
 
 
-def space(module: ModuleType) -> list[dict[str, Any]]:
-    """Every configuration of the version's autotune space, as keyword dicts."""
+def space(module: ModuleType, variant: Optional[Variant] = None) -> list[dict[str, Any]]:
+    """Every configuration of the version's autotune space, as keyword dicts; given ``variant``, those
+    that build for it (a version may leave some out for a variant: its ``takes(config, variant)``)."""
     items = []
     for names, values in getattr(module.Kernel, "_autotune_space", {}).items():
         keys = [n.strip() for n in names.split(",")]
         items.append([dict(zip(keys, v if len(keys) > 1 else [v])) for v in values])
-    return [functools.reduce(lambda x, y: x | y, combo, {}) for combo in itertools.product(*items)]
+    points = [functools.reduce(lambda x, y: x | y, combo, {}) for combo in itertools.product(*items)]
+    takes = getattr(module, "takes", None)
+    if variant is not None and takes is not None:
+        points = [point for point in points if takes(point, variant)]
+    return points
 
 
 def build_configs(module: ModuleType) -> list[dict[str, Any]]:
@@ -128,6 +133,29 @@ def _fixed_kernel_class(kernel_cls: type, config_items: tuple) -> type:
     )
 
 
+def _variant_space_class(module: ModuleType, variant: Variant) -> type:
+    """The version's ``Kernel``, or where it leaves points of its space out for ``variant``
+    (``space``), the same kernel autotuned over the others only."""
+    points = space(module, variant)
+    if len(points) == len(space(module)):
+        return module.Kernel
+    return _points_kernel_class(module.Kernel, tuple(tuple(point.items()) for point in points))
+
+
+@functools.cache
+def _points_kernel_class(kernel_cls: type, points: tuple) -> type:
+    # Same kernel, an autotune space of these points (each a tuple of (name, value), one order)
+    names = ", ".join(name for name, _ in points[0])
+    return type(
+        kernel_cls.__name__,
+        (kernel_cls,),
+        {
+            "_autotune_space": {names: [tuple(value for _, value in point) for point in points]},
+            "__module__": kernel_cls.__module__,
+        },
+    )
+
+
 def fixed_script(kernel_cls: type, config: dict[str, Any], dtype: torch.dtype, name: Optional[str] = None):
     """The launchable script of ``kernel_cls`` (a version's ``Kernel``, or a subclass with one step
     changed, as the probes under ``plots/`` build them) fixed to ``config``, named ``name`` in
@@ -141,7 +169,10 @@ def fixed_script(kernel_cls: type, config: dict[str, Any], dtype: torch.dtype, n
 def kernel(module: ModuleType, dtype: torch.dtype, config: Optional[dict[str, Any]] = None, variant: Variant = PLAIN):
     """The launchable tilus script of a version for ``dtype``: autotuned, or fixed to ``config``; for
     ``variant`` (B's layout, the epilogue), which the version must support (``variant.supported``)."""
-    cls = module.Kernel if config is None else _fixed_kernel_class(module.Kernel, tuple(sorted(config.items())))
+    if config is None:
+        cls = _variant_space_class(module, variant)
+    else:
+        cls = _fixed_kernel_class(module.Kernel, tuple(sorted(config.items())))
     if variant.batched:  # the same kernel behind the batched entry point (launched with batched_launch_args)
         cls = batched_class(cls)
     if variant == PLAIN:

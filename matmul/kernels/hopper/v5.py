@@ -63,21 +63,21 @@ def staging_columns(block_n: int, activation: str) -> int:
     return next(c for c in (SUB_COLS, 32, 16, 8) if block_n % product_columns(c, activation) == 0)
 
 
-# Narrow tiles for 128-256 tokens, where 128 x 256 tiles leave most SMs idle (qkv, 6144 columns at
-# 256 tokens: 48 tiles on 132 SMs): 96 columns give qkv 128 tiles, 224 the gate-up weight (28672)
-# 128 a token tile; each ring as deep as shared memory allows. A width that is no multiple of 64
-# goes out in narrower blocks (``staging_columns``) and cannot read torch's b [K, N] in place (its
-# MN-major tiles are boxes of 64 columns). Built and checked on the H100, faster than the space's
-# tile on the skinny table's widest weights (plots/h100/skinny/); not in the autotune space yet.
-EXTRA_CONFIGS = (
-    dict(block_m=128, block_n=96, block_k=64, stages=7, group=16),
-    dict(block_m=128, block_n=224, block_k=64, stages=4, group=16),
-)
+def takes(config: dict, variant) -> bool:
+    """Whether a point of the space builds for ``variant`` (``versions.space``): a narrow tile (a width
+    that is no multiple of 64) reads only B [N, K], since torch's b [K, N] comes in MN-major boxes of
+    64 columns, and computes one product (the batched entry was not checked with it)."""
+    return config["block_n"] % 64 == 0 or (variant.b_layout == "nk" and not variant.batched)
 
 
 # shared memory: stages * (block_m + block_n) * block_k * 2 bytes + 2 warpgroups * 2 staging
 # buffers * 64 x 64 * 2 bytes (32 KiB): 4 stages of 64 K columns for 128 x 256. Groups as V4's.
-@tilus.autotune("block_m, block_n, block_k, stages", [(128, 256, 64, 4)])
+# Narrow tiles for 128-256 tokens, where 128 x 256 tiles leave most SMs idle (qkv, 6144 columns at
+# 256 tokens: 48 tiles on 132 SMs): 96 columns give qkv 128 tiles, 224 the gate-up weight (28672)
+# 128 a token tile, each ring as deep as shared memory allows; on the H100 the fastest kernel of the
+# series on those two at 256 tokens (plots/h100/skinny/). A width that is no multiple of 64 goes out
+# in narrower blocks (``staging_columns``) and is left out for torch's b [K, N] (``takes``).
+@tilus.autotune("block_m, block_n, block_k, stages", [(128, 256, 64, 4), (128, 96, 64, 7), (128, 224, 64, 4)])
 @tilus.autotune("group", [16, 32])
 class Kernel(MatmulKernel):
     def __init__(
