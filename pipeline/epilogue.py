@@ -68,9 +68,10 @@ class WgmmaTileStore(tilus.Class):
     """Writes a warpgroup's ``rows x cols`` accumulator to global memory, as many columns of C at a
     time as a staging buffer holds (module doc). ``staging``: ``[2, 64, SUB_COLS]`` in the output
     dtype, private to the warpgroup, or narrower where ``cols`` is no multiple of the product columns
-    ``SUB_COLS`` take (Hopper V5's 96- and 224-column tiles: ``v5.staging_columns``); a tile taller than 64 rows (a ping-pong warpgroup's 128 rows) goes out one 64-row
-    block at a time, each staged and stored exactly as a one-row tile's. Call ``store`` and
-    ``finish`` from the warpgroup (128 threads)."""
+    ``SUB_COLS`` take (Hopper V5's 96- and 224-column tiles: ``v5.staging_columns``); a tile taller
+    than 64 rows (a ping-pong warpgroup's 128 rows) goes out one 64-row block at a time, each staged
+    and stored exactly as a one-row tile's. Call ``store`` and ``finish`` from the warpgroup (128
+    threads)."""
 
     def __init__(self, staging: SharedTensor, rows: int, cols: int):
         self.out = StagedTmaStore(staging)
