@@ -194,7 +194,7 @@ def space_config(module, config: Any, variant: Optional[Variant] = None) -> Opti
     if not isinstance(config, dict):
         return None
     space = versions.space(module, variant)
-    named = {name for point in versions.space(module) for name in point}
+    named = {name for point in space for name in point}  # every point names the same parameters
     defaults = inspect.signature(module.Kernel.__init__).parameters
     config = {
         name: value
