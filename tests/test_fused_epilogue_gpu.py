@@ -30,9 +30,9 @@ DTYPES = (torch.float16, torch.bfloat16)
 # (M, N, K): N weight rows; swiglu: gate and up of N / 2 = 500 rows each (C: 504 columns, I rounded up to 8)
 SHAPES = {"v7": ((1, 1000, 1000), (17, 1000, 1000), (100, 1000, 1000))}  # V7: M <= 256 (its supports())
 DEFAULT_SHAPES = ((1000, 1000, 1000),)
-# configurations beside the representative: V5's narrow tiles, whose widths are no multiple of the
-# 64-column blocks its epilogue stages (swiglu's gate-up pairs cross them)
-EXTRA = {"v5": ("bias+gelu_tanh", "swiglu", "bias+swiglu")}
+# configurations beside the representative: V5's and V6's narrow tiles, whose widths are no multiple
+# of the 64-column blocks their epilogue stages (swiglu's gate-up pairs cross them)
+EXTRA = {version: ("bias+gelu_tanh", "swiglu", "bias+swiglu") for version in ("v5", "v6")}
 
 pytestmark = [
     pytest.mark.gpu,

@@ -99,17 +99,18 @@ def test_v5_is_persistent_with_an_asynchronous_subtiled_epilogue():
     assert "barrier.cluster" not in text
 
 
-def test_v5_narrow_tiles_stage_c_in_blocks_their_width_divides():
-    """V5's narrow tiles (96 and 224 columns) stage C in the widest block of 64, 32, 16, 8 columns
-    whose product columns divide the tile (swiglu: two product columns a column of C), and refuse
-    torch's b [K, N], whose MN-major tiles come in boxes of 64 columns: for that variant, and for a
-    batch of products, they are no points of the space (``takes``), and the autotuned kernel searches
-    the others only."""
+@pytest.mark.parametrize("version", ("v5", "v6"))
+def test_narrow_tiles_stage_c_in_blocks_their_width_divides(version):
+    """V5's and V6's narrow tiles (96 and 224 columns) stage C in the widest block of 64, 32, 16, 8
+    columns whose product columns divide the tile (swiglu: two product columns a column of C), and
+    refuse torch's b [K, N], whose MN-major tiles come in boxes of 64 columns (V6: each CTA loads half
+    the tile, 48 or 112 rows): for that variant, and for a batch of products, they are no points of
+    the space (``takes``), and the autotuned kernel searches the others only."""
     import torch
 
     from matmul.call.tuner import space_config
 
-    module = versions.load("sm_90a", "v5")
+    module = versions.load("sm_90a", version)
     narrow = [c for c in versions.space(module) if c["block_n"] % 64]
     assert sorted(c["block_n"] for c in narrow) == [96, 96, 224, 224]  # x the two groups
     kn, batched = versions.Variant(b_layout="kn"), versions.Variant(batches=4)
@@ -133,7 +134,8 @@ def test_v5_narrow_tiles_stage_c_in_blocks_their_width_divides():
     from matmul import build
 
     refused = build.build_config(module, "sm_90a", narrow[0], variant=kn)
-    assert not refused.ok and "block_n 96 is no multiple of 64" in refused.error
+    rows = 96 if version == "v5" else 48
+    assert not refused.ok and f"a B tile of {rows} rows is no multiple of 64" in refused.error
 
 
 def test_v6_multicasts_b_within_a_2cta_cluster_and_the_leader_sends_the_tiles():

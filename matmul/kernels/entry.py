@@ -60,6 +60,15 @@ class MatmulKernel(tilus.Script):
         self.bias = bias
         self.activation = activation
 
+    def require_whole_b_boxes(self, rows: int):
+        """Refuse, when the kernel is built, a B tile of ``rows`` rows that torch's b [K, N] cannot give:
+        its MN-major tiles are read in boxes of 64 columns (``mn_major_tiles``)."""
+        if self.b_layout == "kn" and rows % 64:
+            raise ValueError(
+                f"b [K, N] is read in boxes of 64 columns: a B tile of {rows} rows is no multiple of 64; "
+                "pass B as [N, K] (w, not w.T) or pick a tile a multiple of 64 wide"
+            )
+
     def __call__(
         self,
         m_size: int32,

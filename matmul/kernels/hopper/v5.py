@@ -94,8 +94,7 @@ class Kernel(MatmulKernel):
     ):
         super().__init__(dtype, b_layout=b_layout, bias=bias, activation=activation)
         self.block_m = block_m
-        if b_layout == "kn" and block_n % 64:
-            raise ValueError(f"b [K, N] is read in boxes of 64 columns: block_n {block_n} is no multiple of 64")
+        self.require_whole_b_boxes(block_n)
         self.block_n = block_n
         self.block_k = block_k
         self.stages = stages

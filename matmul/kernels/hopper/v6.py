@@ -8,7 +8,9 @@ Instead of both fetching it from L2, each CTA loads one half of it (128 rows) wi
 CTAs' shared memory and completes the bytes on the same-offset barrier of each. Per K block a
 CTA now brings in 16 KiB of A and 16 KiB of B instead of 16 + 32 KiB: a third less L2 -> SM
 traffic. The price is coupling: a CTA may refill a stage only when the consumers of *both* CTAs
-have released it, because its B half lands in both.
+have released it, because its B half lands in both. V5's narrow tiles (128 x 96, 128 x 224, for
+B [N, K]) pair the same way, each CTA loading 48 or 112 rows of B: at 256 tokens the pair holds
+every token, and the gate-up weight in 128 x 224 pairs is the fastest kernel of the series there.
 
 Which tile the pair computes next is decided in one place. Its first tile is the one the cluster
 was launched for (``blockIdx.x / 2``), as with cluster launch control; every later one is picked
@@ -101,12 +103,13 @@ from tilus.utils import cdiv
 
 from pipeline import Pipeline, TileRasterizer
 from pipeline.broadcast import LeaderTileBroadcast
-from pipeline.epilogue import SUB_COLS, WgmmaTileStore, wgmma_fragment
+from pipeline.epilogue import WgmmaTileStore, wgmma_fragment
 from pipeline.mainloop import WHOLE_TILE, WgmmaMainloop
 from pipeline.schedulers import sm_count
 from pipeline.turns import OrderedTurns
 
 from ..entry import MatmulKernel
+from .v5 import staging_columns, takes  # noqa: F401 (takes: read by versions.space)
 
 IDEA = "2-CTA clusters: B multicast to both CTAs, stages released across the pair, leader-decided tiles"
 PTX_MARKERS = (
@@ -137,8 +140,11 @@ def consumers_take_turns(config: dict) -> bool:
 # per CTA: stages * (block_m + block_n) * block_k * 2 bytes of ring (the whole B tile lands in
 # each CTA) + 32 KiB of epilogue staging: V5's budget (ping-pong's 128 x 128 tiles take 32 KiB a
 # stage, so six fit; its 64 x 256 ones 40 KiB, four). The group counts cluster tiles (two tiles
-# stacked along M): group 8 covers the rows V5's group 16 does.
-@tilus.autotune("block_m, block_n, block_k, stages", [(128, 256, 64, 4)])
+# stacked along M): group 8 covers the rows V5's group 16 does. V5's narrow tiles (96 and 224
+# columns, each CTA loading 48 or 112 rows of B) for 256 tokens, where the pair holds all of M and
+# the multicast takes a sixth to a third off each SM's loads; left out for torch's b [K, N] and
+# batches as in V5 (``takes``), C staged in V5's narrower blocks (``staging_columns``).
+@tilus.autotune("block_m, block_n, block_k, stages", [(128, 256, 64, 4), (128, 96, 64, 7), (128, 224, 64, 4)])
 @tilus.autotune("group", [8, 16])
 class Kernel(MatmulKernel):
     def __init__(
@@ -156,6 +162,7 @@ class Kernel(MatmulKernel):
     ):
         super().__init__(dtype, b_layout=b_layout, bias=bias, activation=activation)
         self.block_m = block_m
+        self.require_whole_b_boxes(block_n // 2)  # each CTA loads half of the B tile
         self.block_n = block_n
         self.block_k = block_k
         self.stages = stages
@@ -182,7 +189,7 @@ class Kernel(MatmulKernel):
         s_b = self.shared_tensor(dtype=self.dtype, shape=[self.stages, 2, half_n, self.block_k])  # [.., half]
         self.b_tiles_layout(s_b)  # K-major for "nk", MN-major for "kn" (entry.load_b)
         # [warpgroup, buffer]: a block of 64 rows (a warpgroup's rows; a ping-pong tile goes out in such blocks)
-        s_c = self.shared_tensor(dtype=self.dtype, shape=[2, 2, 64, SUB_COLS])
+        s_c = self.shared_tensor(dtype=self.dtype, shape=[2, 2, 64, staging_columns(self.block_n, self.activation)])
 
         # a stage is read by both consumer warpgroups of both CTAs, or (ping-pong) by one of each CTA
         ring = Pipeline(
