@@ -379,3 +379,23 @@ def test_refit_carries_a_configuration_to_the_token_tile_that_holds_m():
     # a multicast cluster's tokens are its tiles together; no point holds 256 with two warpgroups, no split
     assert HOPPER.refit(space, point(64, 1, 1, 13, 2), 256) == point(128, 1, 1, 8, 2)
     assert HOPPER.refit(space, point(128, 2, 1, 6, 1), 256) == point(128, 2, 1, 6, 1)
+
+
+def test_the_one_run_skinny_table_is_what_its_command_prints_from_the_committed_results():
+    """plots/h100/skinny/COMMAND.md's best-of-series table (#26's measure) is ``multicast_bench.py
+    --table`` of the committed one-run results, not typed by hand."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    skinny = Path(__file__).resolve().parents[1] / "plots" / "h100" / "skinny"
+    spec = importlib.util.spec_from_file_location("multicast_bench", skinny / "multicast_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = json.loads((skinny / "one-run" / "multicast.json").read_text())
+    table = bench.best_table(rows)
+    assert table in (skinny / "COMMAND.md").read_text()
+    # each row's cells name the kernel that won there: a row whose best is lost would read "-"
+    assert table.count("(V") == 15 and " - " not in table
+    worse = [dict(row, best=dict(row["best"], vs_cublas=0.5)) if i == 0 else row for i, row in enumerate(rows)]
+    assert bench.best_table(worse) != table

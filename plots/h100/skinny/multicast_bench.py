@@ -13,6 +13,10 @@ checked and timed in the same windows too ("others"), and the best of the series
 issue's measure, is reported over all of them ("best").
 
     source .gpu/env.sh && python plots/h100/skinny/multicast_bench.py [--dtypes float16,bfloat16] [--others]
+
+With ``--others`` it ends with the best of the series per row as a markdown table (rows M, columns
+the weights, each cell "float16 / bfloat16 (kernel)"); ``--table FILE`` prints that table again from a
+saved multicast.json, without a GPU.
 """
 
 import argparse
@@ -126,11 +130,50 @@ def geomean(values):
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
+def kernel_of(config_name: str) -> str:
+    """The version a row's best kernel belongs to, as the table names it: "V5 96" for V5's 128 x 96
+    tile, "V7" or "V7 mc" (with the weight multicast) for V7's ``name`` strings."""
+    if config_name.startswith("v"):  # other_kernels' labels: "v5 128x96"
+        version, tile = config_name.split()
+        return f"{version.upper()} {tile.split('x')[1]}"
+    return "V7 mc" if config_name.split("/")[-1] != "1" else "V7"
+
+
+def best_table(rows: list[dict]) -> str:
+    """The best of the series x cuBLAS per (M, weight) as a markdown table, both dtypes in a cell,
+    and the geometric mean (and the lowest row) per M and dtype."""
+    dtypes = sorted({r["dtype"] for r in rows}, key=lambda d: d != "float16")  # float16 first
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    found = {(r["m"], r["label"], r["dtype"]): r["best"] for r in rows if "best" in r}
+    lines = [
+        "| M | " + " | ".join(labels) + " | geometric mean (lowest) |",
+        "| ---: |" + " ---: |" * (len(labels) + 1),
+    ]
+    for m in sorted({r["m"] for r in rows}):
+        cells = []
+        for label in labels:
+            best = [found.get((m, label, d)) for d in dtypes]
+            ratios = " / ".join(f"{b['vs_cublas']:.3f}" if b else "-" for b in best)
+            kernels = sorted({kernel_of(b["config"]) for b in best if b})
+            cells.append(f"{ratios} ({', '.join(kernels)})")
+        means = []
+        for d in dtypes:
+            mine = [b["vs_cublas"] for (bm, _, bd), b in found.items() if bm == m and bd == d]
+            means.append(f"{geomean(mine):.3f} ({min(mine):.3f})" if mine else "-")
+        lines.append(f"| {m} | " + " | ".join(cells) + " | " + " / ".join(means) + " |")
+    return "\n".join(lines)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtypes", default="float16,bfloat16")
     parser.add_argument("--others", action="store_true", help="V5's and V6's spaces in the same windows")
+    parser.add_argument("--table", metavar="FILE", help="only print the best-of-series table of a saved multicast.json")
     args = parser.parse_args()
+    if args.table:
+        with open(args.table) as f:
+            print(best_table(json.load(f)))
+        return
     dtypes = [DTYPES[d] for d in args.dtypes.split(",")]
     module = versions.load("sm_90a", "v7")
     used = {name(c): c for m in TOKENS for group in configs_at(module, m) for c in group}
@@ -162,6 +205,9 @@ def main():
                 text += f"  others {geomean(r['others']['vs_cublas'] for r in mine):.3f}x"
                 text += f"  BEST {geomean(best):.3f}x (lowest {min(best):.3f}x)"
             print(f"{str(dtype):>15} M={m:<3}  {text}  mc/old {gain['mc']:.3f}  both/old {gain['both']:.3f}")
+    if others:
+        print("\nbest of the series x cuBLAS (" + " / ".join(str(d).removeprefix("torch.") for d in dtypes) + ")")
+        print(best_table(rows))
     path = os.path.join(os.environ.get("OUT", "/tmp"), "multicast.json")
     with open(path, "w") as f:
         json.dump(rows, f, indent=1)
