@@ -136,6 +136,11 @@ def test_narrow_tiles_stage_c_in_blocks_their_width_divides(version):
     refused = build.build_config(module, "sm_90a", narrow[0], variant=kn)
     rows = 96 if version == "v5" else 48
     assert not refused.ok and f"a B tile of {rows} rows is no multiple of 64" in refused.error
+    built = build.build_config(module, "sm_90a", narrow[0])  # B [N, K]: one wgmma as wide as the tile
+    assert built.ok, built.error
+    assert set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", built.ptx())) == {"m64n96k16"}
+    if version == "v6":  # each CTA's 48 rows of B land in both CTAs of the pair
+        assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global\.\S*multicast::cluster", built.ptx())
 
 
 def test_v6_multicasts_b_within_a_2cta_cluster_and_the_leader_sends_the_tiles():

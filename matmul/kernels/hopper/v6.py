@@ -142,7 +142,7 @@ def consumers_take_turns(config: dict) -> bool:
 # stage, so six fit; its 64 x 256 ones 40 KiB, four). The group counts cluster tiles (two tiles
 # stacked along M): group 8 covers the rows V5's group 16 does. V5's narrow tiles (96 and 224
 # columns, each CTA loading 48 or 112 rows of B) for 256 tokens, where the pair holds all of M and
-# the multicast takes a sixth to a third off each SM's loads; left out for torch's b [K, N] and
+# the multicast takes a fifth to a third off each SM's loads; left out for torch's b [K, N] and
 # batches as in V5 (``takes``), C staged in V5's narrower blocks (``staging_columns``).
 @tilus.autotune("block_m, block_n, block_k, stages", [(128, 256, 64, 4), (128, 96, 64, 7), (128, 224, 64, 4)])
 @tilus.autotune("group", [8, 16])
