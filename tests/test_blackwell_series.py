@@ -148,6 +148,30 @@ def test_v6_four_cta_cluster_multicasts_the_shared_operand():
     assert "multicast::cluster.cta_group::2" not in ptx_of("v6")
 
 
+def pair_mma_shapes(source: str) -> list[tuple[int, int]]:
+    """(M, N) of every 16-bit cta_group::2 MMA in a build's CUDA source, decoded from its instruction
+    descriptor (PTX ISA, "Instruction descriptor": N >> 3 in bits 17-22, M >> 4 in bits 24-28)."""
+    call = r"tcgen05_mma_cta_group_cta_group_2_kind_f16_a_shared\(.*?, (\d+), "
+    return [(((d >> 24) & 0x1F) << 4, ((d >> 17) & 0x3F) << 3) for d in map(int, re.findall(call, source))]
+
+
+@pytest.mark.parametrize("name, width", [("NARROW", 96), ("NARROW_WIDE", 224)])
+def test_v6_narrow_tiles_are_one_pair_mma_as_wide_as_the_tile(name, width):
+    """Hopper's narrow tiles for a few hundred tokens, as Blackwell V6 pairs: the pair's MMA is one
+    cta_group::2 instruction per 16-deep K step, as wide as the tile, each CTA loading half of B (for
+    B [N, K] only: a half of 48 rows is no whole box of torch's b [K, N]). Built, not in the space."""
+    module = versions.load(ARCH, "v6")
+    config = getattr(module, name)
+    assert config in module.EXTRA_CONFIGS and config not in versions.space(module)
+    result = build.build_config(module, ARCH, config)
+    assert result.ok, result.error[-3000:]
+    assert result.spill_bytes == 0 and result.shared_bytes <= build.SHARED_MEMORY_LIMIT[ARCH]
+    shapes = pair_mma_shapes((result.program_dir / "module" / "source.cu").read_text())
+    assert shapes == [(256, width)] * 4  # a 64-deep K block: four K steps of one instruction each
+    refused = build.build_config(module, ARCH, config, variant=versions.Variant(b_layout="kn"))
+    assert not refused.ok and f"a B tile of {width // 2} rows is no multiple of 64" in refused.error
+
+
 def test_sass_of_v2_to_v6_when_a_disassembler_is_installed():
     import pytest
 

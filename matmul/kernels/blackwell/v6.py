@@ -96,7 +96,16 @@ CLC_STAGES = 2
 # multicast commits and barriers that span two MMA pairs, which no Blackwell GPU has run here yet.
 # Select it on purpose with versions.kernel(module, dtype, FOUR_CTA).
 FOUR_CTA = dict(REPRESENTATIVE, cluster_ctas=4)
-EXTRA_CONFIGS = (FOUR_CTA,)
+# Hopper V5's and V6's narrow tiles for a few hundred tokens (96 and 224 columns: qkv and the
+# gate-up weight in 128 tiles at 256 tokens, plots/h100/skinny/), here as the pair's tiles: each CTA
+# loads 48 or 112 rows of B and the pair's MMA is one cta_group::2 instruction that wide (tilus sizes
+# a cta_group::2 MMA by the whole tile; its cta_group::1 MMA would be split into 32-column
+# instructions, gcd(N, 256), so Blackwell V5 has no such tiles). Built and protocol-checked for
+# B [N, K] (48 rows are no whole box of torch's b [K, N]); not in the space until a Blackwell GPU has
+# timed them.
+NARROW = dict(REPRESENTATIVE, block_n=96, stages=8, acc_stages=4)
+NARROW_WIDE = dict(REPRESENTATIVE, block_n=224, stages=6, acc_stages=2)
+EXTRA_CONFIGS = (FOUR_CTA, NARROW, NARROW_WIDE)
 
 
 # per CTA: stages * (128 + block_n / 2) * block_k * 2 bytes of ring + up to 4 epilogue sub-tiles;
@@ -124,6 +133,7 @@ class Kernel(MatmulKernel):
     ):
         super().__init__(dtype, b_layout=b_layout, bias=bias, activation=activation)
         self.block_m = block_m  # rows of the tile of one CTA pair
+        self.require_whole_b_boxes(block_n // 2)  # each CTA of the pair loads half of the B tile
         self.block_n = block_n
         self.block_k = block_k
         self.stages = stages
