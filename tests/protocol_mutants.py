@@ -46,6 +46,8 @@ V7_SLABS = (("block_m", 128), ("warpgroups", 2), ("split", 1), ("stages", 6), ("
 V7_COMBINED = (("block_m", 64), ("warpgroups", 1), ("split", 2), ("stages", 12), ("multicast", 2))
 # Hopper V6 with ping-pong consumer warpgroups (its PINGPONG)
 V6_PINGPONG = (("block_n", 128), ("stages", 6), ("pingpong", True))
+# Hopper V5 with its stream-K option (its STREAM_K)
+V5_STREAM_K = (("stream_k", True),)
 # Hopper V8 with two consumer warpgroups taking a weight slab's K blocks in turn
 V8_INTERLEAVED = (("split", 2), ("interleave", 2))
 
@@ -539,6 +541,65 @@ MUTANTS = (
         "",
         ("overrun", "coverage", "deadlock"),
         config=V6_PINGPONG,
+    ),
+    Mutant(
+        "flag not waited for: Hopper V5's stream-K finisher reads a partial without waiting",
+        "sm_90a",
+        "v5",
+        "pipeline.stream_k",
+        "self.lock_semaphore(flag.item_ptr(), 1)",
+        "pass",
+        ("race",),
+        config=V5_STREAM_K,
+    ),
+    Mutant(
+        "flag raised early: Hopper V5's stream-K publisher sets its flag before storing the partial",
+        "sm_90a",
+        "v5",
+        "pipeline.stream_k",
+        """        self.store_global(self.slots, acc, offsets=[slot * self.rows, 0])
+        self.sync()  # every thread's stores happen before the flag's release
+        with self.single_thread():
+            self.release_semaphore(self.flags[slot].item_ptr(), 1)""",
+        """        with self.single_thread():
+            self.release_semaphore(self.flags[slot].item_ptr(), 1)
+        self.store_global(self.slots, acc, offsets=[slot * self.rows, 0])""",
+        ("race",),
+        config=V5_STREAM_K,
+    ),
+    Mutant(
+        "flag left up: Hopper V5's stream-K finisher does not reset the flags it waited for",
+        "sm_90a",
+        "v5",
+        "pipeline.stream_k",
+        "self.release_semaphore(flag.item_ptr(), 0)",
+        "pass",
+        ("flags",),
+        config=V5_STREAM_K,
+    ),
+    Mutant(
+        "contributor missed: Hopper V5's stream-K finisher starts one worker too late",
+        "sm_90a",
+        "v5",
+        "pipeline.stream_k",
+        "first: int32 = (x * self.sharing + work - 1) // work - 1",
+        "first: int32 = (x * self.sharing + work - 1) // work",
+        ("coverage",),
+        config=V5_STREAM_K,
+    ),
+    Mutant(
+        "pieces out of order: Hopper V5's stream-K producer loads its pieces in the other order",
+        "sm_90a",
+        "v5",
+        "matmul.kernels.hopper.v5",
+        """            for p in range(schedule.piece_count()):
+                m_tile, n_tile, k_begin, k_end, tail_tile = schedule.piece(p)
+                self.load_k_blocks(""",
+        """            for p in range(schedule.piece_count()):
+                m_tile, n_tile, k_begin, k_end, tail_tile = schedule.piece(schedule.piece_count() - 1 - p)
+                self.load_k_blocks(""",
+        ("coverage",),
+        config=V5_STREAM_K,
     ),
 )
 

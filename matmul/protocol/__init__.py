@@ -160,7 +160,12 @@ def problems_for(
       twice and ends in a ragged block (persistent kernels get several tiles per CTA);
     * less than one tile and less than one K block (one K block in all: loops that run from the
       second block run zero times);
-    * whole tiles and whole K blocks, the ring filled exactly once.
+    * whole tiles and whole K blocks, the ring filled exactly once;
+    * with stream-K (Hopper V5's ``stream_k``, on ``SMS`` = 4 CTAs), before those: three whole waves
+      and a tail of three ragged tiles of three K blocks, where one CTA's range ends one tile and
+      starts the next; a tail of one tile of two K blocks, cut between two CTAs while the other
+      two have nothing to do (``pipeline.stream_k.MOST_CUTS``); one tile of nine K blocks, of which
+      the finisher computes five after the other CTA's four.
     """
     bm = config.get("block_m", 128) * max(1, config.get("cluster_ctas", 2) // 2)
     bn = config.get("block_n", 128)
@@ -172,11 +177,19 @@ def problems_for(
 
     n_multiple = 2 * SWIGLU_GROUP if variant.activation == "swiglu" else 1
     b = variant.batches
-    return [
+    problems = [
         Problem(7 * bm // 2 + 8, whole(5 * bn // 2 + 8, n_multiple), whole(2 * stages * bk + bk // 2 + 8), b),
         Problem(bm // 2 + 8, whole(bn // 2 + 8, n_multiple), whole(bk // 2 + 8), b),
         Problem(2 * bm, bn, whole(stages * bk), b),
     ]
+    if config.get("stream_k"):  # first: the checker's runs take the first problems most often
+        problems = [
+            Problem(2 * bm + 8, whole(5 * bn - 100, n_multiple), 3 * bk - 8, b),
+            Problem(bm - 28, whole(5 * bn - 8, n_multiple), 2 * bk - 8, b),
+            Problem(8, whole(8, n_multiple), 9 * bk, b),
+            *problems,
+        ]
+    return problems
 
 
 def cluster_shape(function) -> tuple:
@@ -198,6 +211,13 @@ def cluster_shape(function) -> tuple:
     return tuple(function.metadata.cluster_blocks), multicasts, arrivals
 
 
+def uses_global_flags(function) -> bool:
+    """Whether CTAs wait for one another through flags in global memory (Hopper V5's stream-K)."""
+    from tilus.ir.tools.instruction_collector import collect_instructions
+
+    return any(type(inst).__name__ == "LockSemaphoreInst" for inst in collect_instructions(function))
+
+
 def consumers_take_turns(module: ModuleType, config: dict[str, Any]) -> bool:
     """Whether the consumers of ``config`` take turns at the ring's stages, tile by tile (Hopper V6's
     ping-pong warpgroups), as the version declares (``consumers_take_turns(config)``; none do
@@ -210,7 +230,8 @@ def configs_to_check(module: ModuleType, arch: Optional[str] = None, all_configs
     shape (``cluster_shape``: its CTAs, whether it multicasts, and the ranks its multicast
     releases reach; whether its consumers take
     turns; and its warps, the roles that arrive on its barriers (a second consumer warpgroup on
-    the same stages, Hopper V8's interleaved ones); in the autotune space, or in the version's
+    the same stages, Hopper V8's interleaved ones); whether its CTAs wait for one another through
+    global flags (``uses_global_flags``); in the autotune space, or in the version's
     ``EXTRA_CONFIGS``: built and checked, not tuned), read from what each configuration transpiles
     to; or (``all_configs``) every configuration."""
     candidates = versions.build_configs(module)
@@ -221,7 +242,8 @@ def configs_to_check(module: ModuleType, arch: Optional[str] = None, all_configs
 
     def protocol_shape(config):
         function = transpile(module, arch, config, lowered=False)
-        return cluster_shape(function), consumers_take_turns(module, config), function.metadata.num_warps
+        shape = cluster_shape(function), consumers_take_turns(module, config), function.metadata.num_warps
+        return (*shape, uses_global_flags(function))
 
     shapes = {protocol_shape(module.REPRESENTATIVE)}
     for config in candidates:

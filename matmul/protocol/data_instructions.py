@@ -4,7 +4,9 @@ shared memory and registers. None of them blocks or completes a barrier, and not
 view is an address range (``state.MemRef``), and a value carries only what feeds control flow
 (barrier addresses) and its provenance tag (which A and B tiles, which accumulator), so that a
 store into C can be checked (``coverage``) and a write into shared memory that an asynchronous
-read may still be using is a race (``events.SyncEvents.check_write``).
+read may still be using is a race (``events.SyncEvents.check_write``). A kernel's own global
+workspace (``global_tensor``: Hopper V5's stream-K partial tiles) holds the tags stored into it,
+and a load that finds nothing stored there yet is a race.
 
 ``DataInstructions`` is a mixin of ``machine.Machine``: its ``i_<Instruction>`` methods are handlers
 that the interpreter dispatches to.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Optional
 
 from .state import ROW_STRIDE, AccTag, GlobalRef, LoadTag, MemRef, RegVal, row_major
 
@@ -44,6 +47,32 @@ class DataInstructions:
                 self.fail("unsupported", "more than three global views")
             self.global_names[out] = GlobalRef(names[len(self.global_names)])
         env[out] = self.global_names[out]
+
+    def i_AllocateGlobalInst(self, inst, env, role, group, active):
+        # a kernel's own global workspace (Hopper V5's stream-K partials and flags): one allocation
+        # shared by every CTA; "clean" (zero at the start, and must be left zero) or not
+        ref = self.workspaces.setdefault(
+            id(inst), GlobalRef(f"{'flags' if inst.require_clean else 'workspace'} #{len(self.workspaces)}")
+        )
+        env[inst.global_output] = ref
+
+    def workspace_key(self, ref: GlobalRef, offsets: list) -> Optional[tuple]:
+        """Where a load or store of a workspace starts (None for A, B, C and the side operands)."""
+        if not ref.matrix.startswith(("workspace", "flags")):
+            return None
+        row, col = offsets[-2:] if len(offsets) >= 2 else (0, offsets[0] if offsets else 0)
+        return ref.matrix, ref.base + row * ROW_STRIDE + col
+
+    def load_workspace(self, key: tuple, env, inst, role, shape: tuple) -> None:
+        # a partial accumulator another CTA stored: it carries the K blocks that CTA consumed
+        if key not in self.global_memory:
+            self.fail("race", f"{role.name} reads {key[0]} at {key[1]} before anything was stored there")
+        self.log(f"{role.name}: reads {key[0]} at {key[1]}")
+        env[inst.register_output] = RegVal(None, shape, self.global_memory[key])
+
+    def store_workspace(self, key: tuple, value: RegVal, role) -> None:
+        self.log(f"{role.name}: stores {key[0]} at {key[1]}")
+        self.global_memory[key] = value.tag
 
     def _mem(self, inst, role, tensor):
         shape = tuple(int(s) for s in tensor.shape)
@@ -162,6 +191,10 @@ class DataInstructions:
         src: GlobalRef = env[inst.inputs[0]]
         offsets = [self.eval(o, env, role) for o in inst.offsets]
         shape = tuple(int(s) for s in inst.register_output.shape)
+        key = self.workspace_key(src, offsets)
+        if key is not None:
+            self.load_workspace(key, env, inst, role, shape)
+            return
         if src.matrix == "A" and self.k_block is None:
             self.k_block = shape[-1]
         env[inst.register_output] = RegVal(None, shape, LoadTag(src.matrix, offsets[0], shape[0], offsets[1], shape[1]))
@@ -181,14 +214,32 @@ class DataInstructions:
         offset = ref.base + self.eval(inst.offset, local, role)
         return ref, offset // ROW_STRIDE, offset % ROW_STRIDE
 
+    def _workspace_at(self, inst, env, role) -> Optional[tuple]:
+        """A lowered load or store of a workspace: where it starts (its own layout's offset)."""
+        ref: GlobalRef = env[inst.ptr]
+        if not ref.matrix.startswith(("workspace", "flags")):
+            return None
+        local = dict(env)
+        for axis in inst.axes:
+            local[axis] = 0
+        return ref.matrix, ref.base + self.eval(inst.offset, local, role)
+
     def i_LoadGlobalGenericInst(self, inst, env, role, group, active):
-        ref, row, col = self._generic_origin(inst, env, role)
         shape = tuple(int(s) for s in inst.register_output.shape)
+        key = self._workspace_at(inst, env, role)
+        if key is not None:
+            self.load_workspace(key, env, inst, role, shape)
+            return
+        ref, row, col = self._generic_origin(inst, env, role)
         if ref.matrix == "A" and self.k_block is None:
             self.k_block = shape[-1]
         env[inst.register_output] = RegVal(None, shape, LoadTag(ref.matrix, row, shape[0], col, shape[1]))
 
     def i_StoreGlobalGenericInst(self, inst, env, role, group, active):
+        key = self._workspace_at(inst, env, role)
+        if key is not None:
+            self.store_workspace(key, env[inst.inputs[0]], role)
+            return
         ref, row, col = self._generic_origin(inst, env, role)
         if ref.matrix != "C":
             self.fail("unsupported", f"a store into {ref.matrix}")
@@ -196,9 +247,13 @@ class DataInstructions:
         self.record_store(role, [value.tag], [row, col], value.shape[-2:], "store")
 
     def i_StoreGlobalInst(self, inst, env, role, group, active):
-        # the destination is C (the only global view stored to)
+        # the destination is C (the only global view stored to) or a workspace of the kernel's own
         value: RegVal = env[inst.inputs[1]]
         offsets = [self.eval(o, env, role) for o in inst.offsets]
+        key = self.workspace_key(env[inst.inputs[0]], offsets)
+        if key is not None:
+            self.store_workspace(key, value, role)
+            return
         self.record_store(role, [value.tag], offsets, value.shape[-2:], "store")
 
     def i_StoreSharedInst(self, inst, env, role, group, active):

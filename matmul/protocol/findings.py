@@ -33,6 +33,8 @@ KINDS = {
     "that the peer's mbarriers exist",
     "race": "shared memory overwritten (TMA load, store, copy) while an MMA or a TMA store issued before "
     "may still read it",
+    "flags": "a flag of a clean global workspace left set when the kernel ends (tilus zeroes it "
+    "once; each launch must leave it zero for the next)",
     "livelock": "the run did not end within its step budget",
     "unsupported": "the kernel uses something the checker does not model",
 }

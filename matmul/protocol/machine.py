@@ -114,6 +114,8 @@ class Machine(Interpreter, SyncInstructions, DataInstructions, CoverageChecks, S
         self.finished_clusters: set[int] = set()
         self.roles: list[Role] = []
         self.global_names: dict[Any, GlobalRef] = {}
+        self.workspaces: dict[int, GlobalRef] = {}  # the kernel's own global allocations
+        self.global_memory: dict[tuple, Any] = {}  # what they hold: (allocation, offset) -> tag or flag
         self.stored = np.zeros((max(problem.batches, 1), problem.m, self.c_columns), dtype=np.int32)
         self.k_block: Optional[int] = None
 
@@ -228,6 +230,9 @@ class Machine(Interpreter, SyncInstructions, DataInstructions, CoverageChecks, S
             else:
                 self.step_role(pick)
         self.check_coverage()
+        for (where, offset), value in self.global_memory.items():
+            if where.startswith("flags") and value != 0:
+                self.fail("flags", f"the kernel ends with {where} at {offset} holding {value}, not 0")
 
     def report_deadlock(self, live: list[Role]) -> None:
         lines = [f"{r.name} waits on {r.waiting_on() if callable(r.waiting_on) else r.waiting_on}" for r in live]

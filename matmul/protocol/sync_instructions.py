@@ -195,6 +195,28 @@ class SyncInstructions:
         role.wait_barrier = b
         yield ready, resume, lambda: f"{b.name} parity {parity} ({b.state()})"
 
+    def i_LockSemaphoreInst(self, inst, env, role, group, active):
+        # a flag in global memory (a clean workspace: zero until set), waited for until it holds
+        # `value` (ld.acquire.gpu in a loop): Hopper V5's stream-K finisher waiting for a partial
+        key = self.workspace_key(self.eval(inst.semaphore, env, role), [])
+        value = self.eval(inst.value, env, role)
+
+        def ready():
+            return self.global_memory.get(key, 0) == value
+
+        def resume():
+            self.log(f"{role.name}: {key[0]} at {key[1]} holds {value}")
+
+        yield ready, resume, lambda: f"{key[0]} at {key[1]} to hold {value} (it holds {self.global_memory.get(key, 0)})"
+
+    def i_ReleaseSemaphoreInst(self, inst, env, role, group, active):
+        key = self.workspace_key(self.eval(inst.semaphore, env, role), [])
+        value = self.eval(inst.value, env, role)
+        self.log(f"{role.name}: sets {key[0]} at {key[1]} to {value}")
+        self.global_memory[key] = value
+        # other roles may run before this one's next instruction (a store the flag was raised too early for)
+        yield (lambda: True), None, "nothing"
+
     def i_SyncThreadsInst(self, inst, env, role, group, active):
         cta = role.cta
         key = group

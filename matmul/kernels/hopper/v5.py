@@ -30,6 +30,14 @@ Staging buffers (two per warpgroup): before a buffer is rewritten, the issuing l
 ``cp.async.bulk.wait_group.read 1`` (the store that last read it is done) then the warpgroup's
 named barrier; after writing, ``fence.proxy.async`` + the named barrier before the TMA store;
 ``cp.async.bulk.wait_group 0`` before the CTA exits.
+
+Option ``stream_k`` (``STREAM_K``, in ``EXTRA_CONFIGS``: built, checked and measured, not tuned,
+since on the H100 it is slower than V5 without it, ``plots/h100/stream-k/``): the last, partial
+wave dealt out by K blocks (``pipeline.stream_k``, whose doc gives the rule and its global flags).
+The whole waves run as above (``StreamKSchedule.whole_tile``); then each CTA computes its one or
+two pieces of the tail, publishes a piece that ends inside its tile (``PartialTiles.publish``) and
+finishes a tile by adding the partials of the CTAs before it (``PartialTiles.collect``) and storing
+it through the usual epilogue. Grid: one CTA an SM whatever the tile count. Plain products only.
 """
 
 import tilus
@@ -41,6 +49,7 @@ from pipeline.epilogue import SUB_COLS, WgmmaTileStore, wgmma_fragment
 from pipeline.fused_epilogue import product_columns
 from pipeline.mainloop import WgmmaMainloop
 from pipeline.schedulers import StaticTileScheduler, sm_count
+from pipeline.stream_k import PartialTiles, StreamKSchedule
 
 from ..entry import MatmulKernel
 
@@ -67,7 +76,16 @@ def takes(config: dict, variant) -> bool:
     """Whether a point of the space builds for ``variant`` (``versions.space``): a narrow tile (a width
     that is no multiple of 64) reads only B [N, K], since torch's b [K, N] comes in MN-major boxes of
     64 columns, and computes one product (the batched entry was not checked with it)."""
+    if config.get("stream_k") and variant.batched:
+        return False
     return config["block_n"] % 64 == 0 or (variant.b_layout == "nk" and not variant.batched)
+
+
+# The stream-K option (module doc): the last, partial wave dealt out by K blocks. Built and checked,
+# not tuned: on the H100 its partials cost more than the idle SMs of the last wave
+# (plots/h100/stream-k/). Select it on purpose with versions.kernel(module, dtype, STREAM_K).
+STREAM_K = dict(block_m=128, block_n=256, block_k=64, stages=4, group=16, stream_k=True)
+EXTRA_CONFIGS = (STREAM_K,)
 
 
 # shared memory: stages * (block_m + block_n) * block_k * 2 bytes + 2 warpgroups * 2 staging
@@ -91,8 +109,12 @@ class Kernel(MatmulKernel):
         b_layout: str = "nk",
         bias: bool = False,
         activation: str = "",
+        stream_k: bool = False,
     ):
         super().__init__(dtype, b_layout=b_layout, bias=bias, activation=activation)
+        if stream_k and self.batched:
+            raise ValueError("stream-K computes one product: build the batched kernel without stream_k")
+        self.stream_k = stream_k
         self.block_m = block_m
         self.require_whole_b_boxes(block_n)
         self.block_n = block_n
@@ -118,6 +140,17 @@ class Kernel(MatmulKernel):
         s_c = self.shared_tensor(dtype=self.dtype, shape=[2, 2, half_m, staging_columns(self.block_n, self.activation)])
 
         ring = Pipeline(self.stages, consumer_arrivals=2, elect_release=True)
+        if self.stream_k:  # decided when the kernel is built
+            self.attrs.blocks = self.num_sms  # the tail is shared by every SM, however few tiles there are
+            partials = PartialTiles(self.num_sms, 2, half_m, self.block_n)
+            schedule = StreamKSchedule(
+                num_m_tiles, num_n_tiles, self.group, self.blockIdx.x, self.gridDim.x, num_k_blocks
+            )
+            self.sync()  # the barriers are initialized before anyone uses them
+            self.stream_k_producer(ring, schedule, g_a, g_b, s_a, s_b)
+            self.stream_k_consumer(0, ring, schedule, partials, s_a, s_b, s_c, g_c, num_k_blocks)
+            self.stream_k_consumer(1, ring, schedule, partials, s_a, s_b, s_c, g_c, num_k_blocks)
+            return
         tiles = StaticTileScheduler(num_m_tiles, num_n_tiles, self.group, self.blockIdx.x, self.gridDim.x, self.batches)
         self.sync()  # the barriers are initialized before anyone uses them
 
@@ -176,4 +209,90 @@ class Kernel(MatmulKernel):
                 mainloop.run(s_a, s_b, wg, acc, num_k_blocks)
                 offset_m = m_tile * self.block_m + wg * half_m
                 out.store(acc, g_c, offset_m, n_tile * self.block_n, self.epilogue, batch)
+            out.finish()
+
+    def load_k_blocks(
+        self,
+        ring: Pipeline,
+        g_a: GlobalTensor,
+        g_b: GlobalTensor,
+        s_a: SharedTensor,
+        s_b: SharedTensor,
+        m_tile: int32,
+        n_tile: int32,
+        k_begin: int32,
+        k_end: int32,
+    ):
+        """The producer's loads of K blocks ``k_begin ... k_end - 1`` of tile (m_tile, n_tile)."""
+        for kb in range(k_begin, k_end, 1):
+            ring.producer_acquire()
+            slot = ring.producer_stage
+            self.load_k_block(
+                g_a,
+                g_b,
+                s_a[slot],
+                s_b[slot],
+                ring.producer_barrier(),
+                m_tile * self.block_m,
+                n_tile * self.block_n,
+                kb * self.block_k,
+            )
+            ring.producer_advance()
+
+    def stream_k_producer(
+        self,
+        ring: Pipeline,
+        schedule: StreamKSchedule,
+        g_a: GlobalTensor,
+        g_b: GlobalTensor,
+        s_a: SharedTensor,
+        s_b: SharedTensor,
+    ):
+        """The stream-K option's producer warp: the data-parallel tiles, then the tail's pieces
+        (``pipeline.stream_k``), in the consumers' order."""
+        with self.single_warp(8):
+            for i in range(schedule.whole_count()):
+                m_tile, n_tile = schedule.whole_tile(i)
+                self.load_k_blocks(ring, g_a, g_b, s_a, s_b, m_tile, n_tile, 0, schedule.num_k_blocks)
+            for p in range(schedule.piece_count()):
+                m_tile, n_tile, k_begin, k_end, tail_tile = schedule.piece(p)
+                self.load_k_blocks(ring, g_a, g_b, s_a, s_b, m_tile, n_tile, k_begin, k_end)
+
+    def stream_k_consumer(
+        self,
+        wg: int,
+        ring: Pipeline,
+        schedule: StreamKSchedule,
+        partials: PartialTiles,
+        s_a: SharedTensor,
+        s_b: SharedTensor,
+        s_c: SharedTensor,
+        g_c: GlobalTensor,
+        num_k_blocks: int32,
+    ):
+        """Consumer warpgroup ``wg`` of the stream-K option: the data-parallel tiles as ``consumer``
+        computes them; then each piece of the tail, whose accumulator is either published for the
+        tile's finisher or, where the piece finishes its tile, summed with the partials before it
+        and written out."""
+        half_m = self.block_m // 2
+        with self.warp_group(warp_begin=4 * wg, num_warps=4):
+            mainloop = WgmmaMainloop(ring)
+            out = WgmmaTileStore(s_c[wg], half_m, self.block_n)
+            for i in range(schedule.whole_count()):
+                m_tile, n_tile = schedule.whole_tile(i)
+                acc = self.register_tensor(dtype=float32, shape=[half_m, self.block_n], init=0.0)
+                self.annotate_layout(acc, wgmma_fragment(half_m, self.block_n))
+                mainloop.run(s_a, s_b, wg, acc, num_k_blocks)
+                out.store(acc, g_c, m_tile * self.block_m + wg * half_m, n_tile * self.block_n, self.epilogue)
+            for p in range(schedule.piece_count()):
+                m_tile, n_tile, k_begin, k_end, tail_tile = schedule.piece(p)
+                acc = self.register_tensor(dtype=float32, shape=[half_m, self.block_n], init=0.0)
+                self.annotate_layout(acc, wgmma_fragment(half_m, self.block_n))
+                mainloop.run(s_a, s_b, wg, acc, k_end - k_begin)
+                if k_end < num_k_blocks:  # a partial: the tile's finisher adds it
+                    partials.publish(acc, schedule.worker, wg)
+                else:
+                    if k_begin > 0:
+                        partials.collect(acc, schedule, tail_tile, wg)
+                    out.store(acc, g_c, m_tile * self.block_m + wg * half_m, n_tile * self.block_n, self.epilogue)
             out.finish()

@@ -1,5 +1,6 @@
 """Hopper V6 with ping-pong consumer warpgroups against V6 without them and cuBLAS, on the square-ish
-shapes of issue #26 (4096^3, 8192^3, 8192 x 8192 x 2048), both dtypes (H100).
+shapes of issue #26 (4096^3, 8192^3, 8192 x 8192 x 2048), both dtypes (H100); and V5 with its
+stream-K option (``v5.STREAM_K``) against V5 as its space holds it (``v5-plain``, ``v5-stream-k``).
 
 Fixed configurations, no tuning: V6 as its space holds it (128 x 256 tiles, 4 stages, both group
 sizes of the space) and with the ping-pong option (``v6.PINGPONG``: 128 x 128 tiles a warpgroup, 6
@@ -45,24 +46,27 @@ TEST_VARIANTS = (
 )
 
 
-def configs() -> dict[str, dict]:
-    module = versions.load(ARCH, "v6")
+def configs() -> dict[str, tuple[str, dict]]:
+    """Each kernel's name: (version, configuration). A name without a version's prefix is V6's."""
+    v5, v6 = versions.load(ARCH, "v5"), versions.load(ARCH, "v6")
     return {
-        "plain-g8": module.REPRESENTATIVE,
-        "plain-g16": dict(module.REPRESENTATIVE, group=16),
-        "pingpong-g8": module.PINGPONG,
-        "pingpong-g16": dict(module.PINGPONG, group=16),
-        "pingpong64x256-g8": module.PINGPONG_WIDE,
+        "plain-g8": ("v6", v6.REPRESENTATIVE),
+        "plain-g16": ("v6", dict(v6.REPRESENTATIVE, group=16)),
+        "pingpong-g8": ("v6", v6.PINGPONG),
+        "pingpong-g16": ("v6", dict(v6.PINGPONG, group=16)),
+        "pingpong64x256-g8": ("v6", v6.PINGPONG_WIDE),
+        "v5-plain": ("v5", v5.REPRESENTATIVE),
+        "v5-stream-k": ("v5", v5.STREAM_K),
     }
 
 
-def _build(config: dict, dtype: str, key: str) -> str:
+def _build(version: str, config: dict, dtype: str, key: str) -> str:
     import tilus  # noqa: F401 (in the worker)
 
     from matmul.build import compiler
     from matmul.kernels.variant import Variant
 
-    module = versions.load(ARCH, "v6")
+    module = versions.load(ARCH, version)
     result = compiler.build_config(module, ARCH, config, versions.TILUS_DTYPES[DTYPES[dtype]], Variant.parse(key))
     return "" if result.ok else result.error[-600:]
 
@@ -71,20 +75,20 @@ def prebuild(kernels: list[str], dtypes: list[str]) -> None:
     """Every configuration timed here and the variants of ``TEST_VARIANTS``, in parallel processes:
     tilus caches each program on disk, where the launches find it."""
     module = versions.load(ARCH, "v6")
-    jobs = [(configs()[name], dtype, "") for name in kernels for dtype in dtypes]
-    jobs += [(getattr(module, name), dtype, key) for name, key, dtype in TEST_VARIANTS]
+    jobs = [(*configs()[name], dtype, "") for name in kernels for dtype in dtypes]
+    jobs += [("v6", getattr(module, name), dtype, key) for name, key, dtype in TEST_VARIANTS]
     parallel.in_forked_processes(_build, jobs, report_built=True)  # before this process touches CUDA
 
 
 def contenders(kernels, a, b, out_dtype, m, n) -> list[bench.Contender]:
-    module = versions.load(ARCH, "v6")
     cublas_out = torch.empty(m, n, dtype=out_dtype, device="cuda")
     found = [bench.Contender(CUBLAS, "baseline", functools.partial(torch.matmul, a, b.T, out=cublas_out), cublas_out)]
     for name in kernels:
-        config = configs()[name]
+        version, config = configs()[name]
         out = poisoned_output(m, n, out_dtype)
-        run = functools.partial(versions.run, module, a, b, out, config=config)
-        found.append(bench.Contender(f"v6 {name}", "version", run, out, lambda config=config: config))
+        run = functools.partial(versions.run, versions.load(ARCH, version), a, b, out, config=config)
+        label = name if name.startswith(version) else f"{version} {name}"
+        found.append(bench.Contender(label, "version", run, out, lambda config=config: config))
     return found
 
 
@@ -96,6 +100,7 @@ def main():
     parser.add_argument("--repeat-ms", type=float, default=100.0)
     parser.add_argument("--kernels", default=",".join(configs()), help="of: " + ", ".join(configs()))
     parser.add_argument("--prebuild", action="store_true", help="only build (no GPU needed)")
+    parser.add_argument("--json", default="pingpong.json", help="the results file's name under $OUT")
     args = parser.parse_args()
     dtypes = args.dtypes.split(",")
     kernels = args.kernels.split(",")
@@ -127,7 +132,7 @@ def main():
                 print(f"{label}: {row['tflops']:6.1f} TFLOPS {line}", flush=True)
             torch.cuda.empty_cache()
     record["machine_after"] = machine()
-    path = os.path.join(os.environ.get("OUT", "/tmp"), "pingpong.json")
+    path = os.path.join(os.environ.get("OUT", "/tmp"), args.json)
     with open(path, "w") as f:
         json.dump(record, f, indent=1, default=str)
     print(f"wrote {path}")
