@@ -161,23 +161,7 @@ class Kernel(MatmulKernel):
                 else:
                     m_tile, n_tile = tiles.tile(i)
                     batch = 0
-                offset_m = m_tile * self.block_m
-                offset_n = n_tile * self.block_n
-                for kb in range(num_k_blocks):
-                    ring.producer_acquire()
-                    slot = ring.producer_stage
-                    self.load_k_block(
-                        g_a,
-                        g_b,
-                        s_a[slot],
-                        s_b[slot],
-                        ring.producer_barrier(),
-                        offset_m,
-                        offset_n,
-                        kb * self.block_k,
-                        batch,
-                    )
-                    ring.producer_advance()
+                self.load_k_blocks(ring, g_a, g_b, s_a, s_b, m_tile, n_tile, 0, num_k_blocks, batch)
 
         self.consumer(0, ring, tiles, s_a, s_b, s_c, g_c, num_k_blocks)
         self.consumer(1, ring, tiles, s_a, s_b, s_c, g_c, num_k_blocks)
@@ -222,8 +206,10 @@ class Kernel(MatmulKernel):
         n_tile: int32,
         k_begin: int32,
         k_end: int32,
+        batch: int32 = 0,
     ):
-        """The producer's loads of K blocks ``k_begin ... k_end - 1`` of tile (m_tile, n_tile)."""
+        """The producer's loads of K blocks ``k_begin ... k_end - 1`` of tile (m_tile, n_tile) (of
+        product ``batch`` in a batched kernel)."""
         for kb in range(k_begin, k_end, 1):
             ring.producer_acquire()
             slot = ring.producer_stage
@@ -236,6 +222,7 @@ class Kernel(MatmulKernel):
                 m_tile * self.block_m,
                 n_tile * self.block_n,
                 kb * self.block_k,
+                batch,
             )
             ring.producer_advance()
 
