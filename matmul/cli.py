@@ -253,7 +253,7 @@ def protocol_command(args) -> int:
             module = versions.load(arch, version)
             if not supported(module, variant):
                 continue
-            for config in protocol.configs_to_check(module, arch, args.all_configs):
+            for config in protocol.configs_to_check(module, arch, args.all_configs, variant):
                 r = protocol.check(
                     arch,
                     version,

@@ -225,7 +225,9 @@ def consumers_take_turns(module: ModuleType, config: dict[str, Any]) -> bool:
     return getattr(module, "consumers_take_turns", lambda config: False)(config)
 
 
-def configs_to_check(module: ModuleType, arch: Optional[str] = None, all_configs: bool = False) -> list[dict[str, Any]]:
+def configs_to_check(
+    module: ModuleType, arch: Optional[str] = None, all_configs: bool = False, variant: Variant = PLAIN
+) -> list[dict[str, Any]]:
     """The representative configuration, plus the first configuration of every other protocol
     shape (``cluster_shape``: its CTAs, whether it multicasts, and the ranks its multicast
     releases reach; whether its consumers take
@@ -233,8 +235,9 @@ def configs_to_check(module: ModuleType, arch: Optional[str] = None, all_configs
     the same stages, Hopper V8's interleaved ones); whether its CTAs wait for one another through
     global flags (``uses_global_flags``); in the autotune space, or in the version's
     ``EXTRA_CONFIGS``: built and checked, not tuned), read from what each configuration transpiles
-    to; or (``all_configs``) every configuration."""
-    candidates = versions.build_configs(module)
+    to; or (``all_configs``) every configuration. Only configurations that build for ``variant``
+    (a version's ``takes``: Hopper V5's stream-K computes one product, not a batch)."""
+    candidates = versions.build_configs(module, variant)
     if all_configs:
         return candidates
     arch = arch or next(a for a, family in versions.ARCHS.items() if f".{family}." in module.__name__ + ".")
