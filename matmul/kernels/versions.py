@@ -118,11 +118,11 @@ def space(module: ModuleType, variant: Optional[Variant] = None) -> list[dict[st
 def build_configs(module: ModuleType, variant: Optional[Variant] = None) -> list[dict[str, Any]]:
     """Every configuration to build and check: the autotune space, then ``EXTRA_CONFIGS``; given
     ``variant``, those that build for it (``space``)."""
-    extra = [dict(config) for config in getattr(module, "EXTRA_CONFIGS", ())]
+    configs = [*space(module), *(dict(config) for config in getattr(module, "EXTRA_CONFIGS", ()))]
     takes = getattr(module, "takes", None)
     if variant is not None and takes is not None:
-        extra = [config for config in extra if takes(config, variant)]
-    return [*space(module, variant), *extra]
+        configs = [config for config in configs if takes(config, variant)]
+    return configs
 
 
 @functools.cache

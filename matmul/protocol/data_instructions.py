@@ -58,7 +58,7 @@ class DataInstructions:
 
     def workspace_key(self, ref: GlobalRef, offsets: list) -> Optional[tuple]:
         """Where a load or store of a workspace starts (None for A, B, C and the side operands)."""
-        if not ref.matrix.startswith(("workspace", "flags")):
+        if not _is_workspace(ref):
             return None
         row, col = offsets[-2:] if len(offsets) >= 2 else (0, offsets[0] if offsets else 0)
         return ref.matrix, ref.base + row * ROW_STRIDE + col
@@ -205,46 +205,35 @@ class DataInstructions:
         row, col = offsets[-2:] if len(offsets) >= 2 else (0, offsets[0] if offsets else 0)
         env[inst.global_output] = dataclasses.replace(ref, base=ref.base + row * ROW_STRIDE + col)
 
-    def _generic_origin(self, inst, env, role) -> tuple[GlobalRef, int, int]:
-        """The matrix and (row, column) a lowered load/store starts at: its offset at axes 0."""
+    def _generic_start(self, inst, env, role) -> tuple[GlobalRef, int]:
+        """The tensor a lowered load/store reaches and the element offset it starts at (its offset
+        at axes 0): for A, B and C a (row, column) at ``ROW_STRIDE``, for a workspace its own layout's."""
         ref: GlobalRef = env[inst.ptr]
         local = dict(env)
         for axis in inst.axes:
             local[axis] = 0
-        offset = ref.base + self.eval(inst.offset, local, role)
-        return ref, offset // ROW_STRIDE, offset % ROW_STRIDE
-
-    def _workspace_at(self, inst, env, role) -> Optional[tuple]:
-        """A lowered load or store of a workspace: where it starts (its own layout's offset)."""
-        ref: GlobalRef = env[inst.ptr]
-        if not ref.matrix.startswith(("workspace", "flags")):
-            return None
-        local = dict(env)
-        for axis in inst.axes:
-            local[axis] = 0
-        return ref.matrix, ref.base + self.eval(inst.offset, local, role)
+        return ref, ref.base + self.eval(inst.offset, local, role)
 
     def i_LoadGlobalGenericInst(self, inst, env, role, group, active):
         shape = tuple(int(s) for s in inst.register_output.shape)
-        key = self._workspace_at(inst, env, role)
-        if key is not None:
-            self.load_workspace(key, env, inst, role, shape)
+        ref, offset = self._generic_start(inst, env, role)
+        if _is_workspace(ref):
+            self.load_workspace((ref.matrix, offset), env, inst, role, shape)
             return
-        ref, row, col = self._generic_origin(inst, env, role)
+        row, col = divmod(offset, ROW_STRIDE)
         if ref.matrix == "A" and self.k_block is None:
             self.k_block = shape[-1]
         env[inst.register_output] = RegVal(None, shape, LoadTag(ref.matrix, row, shape[0], col, shape[1]))
 
     def i_StoreGlobalGenericInst(self, inst, env, role, group, active):
-        key = self._workspace_at(inst, env, role)
-        if key is not None:
-            self.store_workspace(key, env[inst.inputs[0]], role)
+        ref, offset = self._generic_start(inst, env, role)
+        value: RegVal = env[inst.inputs[0]]
+        if _is_workspace(ref):
+            self.store_workspace((ref.matrix, offset), value, role)
             return
-        ref, row, col = self._generic_origin(inst, env, role)
         if ref.matrix != "C":
             self.fail("unsupported", f"a store into {ref.matrix}")
-        value: RegVal = env[inst.inputs[0]]
-        self.record_store(role, [value.tag], [row, col], value.shape[-2:], "store")
+        self.record_store(role, [value.tag], list(divmod(offset, ROW_STRIDE)), value.shape[-2:], "store")
 
     def i_StoreGlobalInst(self, inst, env, role, group, active):
         # the destination is C (the only global view stored to) or a workspace of the kernel's own
@@ -261,6 +250,11 @@ class DataInstructions:
         value: RegVal = env[inst.inputs[1]]
         self.check_write(role.cta, dst.alloc, dst.start, dst.end, f"{role.name}'s store")
         role.cta.write_tag(dst, value.tag)
+
+
+def _is_workspace(ref: GlobalRef) -> bool:
+    """A kernel's own global allocation (``i_AllocateGlobalInst``), not A, B, C or a side operand."""
+    return ref.matrix.startswith(("workspace", "flags"))
 
 
 def _result_tag(tags: list):
