@@ -5,6 +5,7 @@
     import matmul
     switch = matmul.nn.convert(model)        # every nn.Linear now runs matmul.linear
     switch = matmul.nn.convert(model, fuse_gate_up=True)  # and each gated MLP one swiglu kernel
+    switch = matmul.nn.convert(model, fuse_qkv=True)      # and each attention's q, k, v one product
     switch.undo()                            # the model as it was
     switch = matmul.nn.convert(model, weights="int4")  # every weight packed in 4 bits (inference)
 
@@ -31,11 +32,24 @@ made once (``matmul.gate_up``); the two projections' weights are released meanwh
 from it by ``undo``, so the model holds one copy of them, and its state dict has the fused weight
 (``gate_up_weight``) in their place until then. Only where the user asks: fusing changes the
 state dict and trains one parameter where there were two.
+
+``fuse_qkv=True`` also finds attention modules with ``q_proj``, ``k_proj`` and ``v_proj`` linear
+layers of one input width (Llama, Mistral, Qwen2, whose q, k and v biases are fused too) and runs
+the three as one product with their weights stacked (``qkv_weight``, ``qkv_bias``): one launch
+instead of three, and a product wide enough to fill the GPU where a grouped-query attention's k and
+v, a quarter of q's width each, are not. Each projection becomes a ``ProjectionSlice``: the first of
+the three called on an input computes all three; its siblings, called on the same tensor (the same
+object, unchanged since), take their columns of that product, views with no copy. Called on
+another input (a cross-attention's k and v read the encoder's states, not the queries' input), a
+projection runs its own rows of the fused weight instead, and the module stops sharing after the
+first such call: never a wrong result, at worst three separate products again. As with the gate-up
+fusion, the state dict holds the fused weight until ``undo`` rebuilds the three.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import types
 from typing import Optional
 
@@ -46,7 +60,17 @@ from .contract import DTYPES, MatmulInputError
 from .kernels.variant import gate_up, split_gate_up
 from .quant import FORMATS, QuantizedWeight, quantize
 
-__all__ = ["Linear", "QuantizedLinear", "GatedMLPForward", "convert", "Conversion"]
+__all__ = [
+    "Linear",
+    "QuantizedLinear",
+    "GatedMLPForward",
+    "FusedProjections",
+    "ProjectionSlice",
+    "convert",
+    "Conversion",
+]
+
+log = logging.getLogger(__name__)
 
 
 class Linear(torch.nn.Linear):
@@ -138,10 +162,135 @@ class GatedMLPForward:
         # would still cost a backward that zero-fills and copies the whole gradient
         return mlp.down_proj(hidden if hidden.shape[-1] == self.rows else hidden[..., : self.rows])
 
+    def unfused(self, tensors: dict) -> dict:
+        """Tensors shaped as the fused parameter (by its name: its data, its gradient) split back
+        into the tensors of the two projections' weights, by their names under the module."""
+        gate, up = split_gate_up(tensors["gate_up_weight"], self.rows)
+        return {"gate_proj.weight": gate, "up_proj.weight": up}
+
     def restore(self, mlp: torch.nn.Module) -> None:
-        gate, up = split_gate_up(mlp.gate_up_weight.data, self.rows)
-        self.kept[0].data, self.kept[1].data = gate.contiguous(), up.contiguous()
+        weights = self.unfused({"gate_up_weight": mlp.gate_up_weight.data})
+        self.kept[0].data, self.kept[1].data = (
+            weights[name].contiguous() for name in ("gate_proj.weight", "up_proj.weight")
+        )
         del mlp.gate_up_weight
+        del mlp.forward  # the class's own forward again
+
+
+def _version(tensor: torch.Tensor) -> Optional[int]:
+    """The tensor's version counter (bumped by every in-place change); None for an inference tensor,
+    which has none (and under ``torch.inference_mode`` is not changed in place between the calls)."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
+
+
+@dataclasses.dataclass
+class _Product:
+    """The fused product of one input, and which projections have not taken their columns yet."""
+
+    x: torch.Tensor
+    versions: tuple
+    parts: tuple
+    untaken: set
+
+
+class FusedProjections:
+    """Sibling projections of one input run as one product (see the module's docstring)."""
+
+    WEIGHT, BIAS = "qkv_weight", "qkv_bias"
+
+    def __init__(self, owner: torch.nn.Module, names: tuple[str, ...]):
+        self.owner, self.names = owner, names
+        self.kept = [getattr(owner, name) for name in names]  # the nn.Linear layers, for restore
+        self.sizes = [layer.out_features for layer in self.kept]
+        self.starts = [sum(self.sizes[:i]) for i in range(len(names))]
+        weights = [layer.weight for layer in self.kept]
+        biases = [layer.bias for layer in self.kept]
+        with torch.no_grad():
+            setattr(owner, self.WEIGHT, torch.nn.Parameter(torch.cat(weights), weights[0].requires_grad))
+            if biases[0] is not None:
+                setattr(owner, self.BIAS, torch.nn.Parameter(torch.cat(biases), biases[0].requires_grad))
+        for tensor in weights + biases:  # released: the fused parameters hold them (rebuilt by restore)
+            if tensor is not None:
+                tensor.data = tensor.data.new_empty(0)
+        self.pending: Optional[_Product] = None
+        self.shared = True  # False once a projection was called on another input than its siblings
+        for index, name in enumerate(names):
+            setattr(owner, name, ProjectionSlice(self, index))
+
+    def weight_and_bias(self, index: Optional[int] = None):
+        """The fused weight and bias, or (``index``) one projection's rows of them: views, no copy."""
+        weight, bias = getattr(self.owner, self.WEIGHT), getattr(self.owner, self.BIAS, None)
+        if index is None:
+            return weight, bias
+        rows = slice(self.starts[index], self.starts[index] + self.sizes[index])
+        return weight[rows], None if bias is None else bias[rows]
+
+    def project(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        """Projection ``index`` of ``x``: its columns of the fused product of ``x``."""
+        weight, bias = self.weight_and_bias()
+        versions = (_version(x), _version(weight))
+        pending = self.pending
+        if pending is not None and pending.x is x and pending.versions == versions and index in pending.untaken:
+            pending.untaken.discard(index)
+            if not pending.untaken:
+                self.pending = None  # every sibling served: let the product go
+            return pending.parts[index]
+        if pending is not None and self.shared:
+            # a sibling's columns were never taken before another input came: these projections do
+            # not share one input here, and a fused product would be computed for each of them
+            self.shared = False
+            self.pending = None
+            log.info("%s: %s called on different inputs; each runs its own rows of the fused weight from now on",
+                     type(self.owner).__name__, ", ".join(self.names))  # fmt: skip
+        if not self.shared:
+            return linear(x, *self.weight_and_bias(index))
+        parts = linear(x, weight, bias).split(self.sizes, dim=-1)  # one autograd node: its backward is a cat
+        self.pending = _Product(x, versions, parts, set(range(len(self.names))) - {index})
+        return parts[index]
+
+    def unfused(self, tensors: dict) -> dict:
+        """Tensors shaped as the fused parameters (by their names: their data, their gradients)
+        split back into the tensors of each projection's weight and bias, by their names under the
+        module (views of the given tensors)."""
+        out = {}
+        for index, name in enumerate(self.names):
+            rows = slice(self.starts[index], self.starts[index] + self.sizes[index])
+            for fused, part in ((self.WEIGHT, "weight"), (self.BIAS, "bias")):
+                if fused in tensors:
+                    out[f"{name}.{part}"] = tensors[fused][rows]
+        return out
+
+    def restore(self, owner: torch.nn.Module) -> None:
+        fused = {name: getattr(owner, name).data for name in (self.WEIGHT, self.BIAS) if hasattr(owner, name)}
+        parts = self.unfused(fused)
+        for name, layer in zip(self.names, self.kept):
+            layer.weight.data = parts[f"{name}.weight"].clone()
+            if layer.bias is not None:
+                layer.bias.data = parts[f"{name}.bias"].clone()
+            setattr(owner, name, layer)
+        for name in fused:
+            delattr(owner, name)
+        self.pending = None
+
+
+class ProjectionSlice(torch.nn.Module):
+    """One of ``FusedProjections``' projections: its forward takes its columns of their product."""
+
+    def __init__(self, group: FusedProjections, index: int):
+        super().__init__()
+        self._group = [group]  # in a list: not a submodule, so the owner's state dict is unchanged
+        self.index = index
+        self.in_features, self.out_features = group.kept[index].in_features, group.sizes[index]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._group[0].project(x, self.index)
+
+    def extra_repr(self) -> str:
+        start = self._group[0].starts[self.index]
+        return f"in_features={self.in_features}, out_features={self.out_features}, rows {start}+ of the fused weight"
 
 
 @dataclasses.dataclass
@@ -150,14 +299,13 @@ class Conversion:
 
     model: torch.nn.Module
     swapped: list = dataclasses.field(default_factory=list)  # (parent, name, original layer)
-    fused: list = dataclasses.field(default_factory=list)  # (mlp, GatedMLPForward)
+    fused: list = dataclasses.field(default_factory=list)  # (module, GatedMLPForward or FusedProjections)
     skipped: dict = dataclasses.field(default_factory=dict)  # qualified name -> why
 
     def undo(self) -> torch.nn.Module:
         """Put every original layer and forward back; the model, as it was before ``convert``."""
-        for mlp, forward in reversed(self.fused):
-            forward.restore(mlp)
-            del mlp.forward  # the class's own forward again
+        for module, fusion in reversed(self.fused):
+            fusion.restore(module)
         for parent, name, layer in reversed(self.swapped):
             setattr(parent, name, layer)
         self.swapped.clear()
@@ -179,9 +327,30 @@ def _is_gated_mlp(module: torch.nn.Module) -> bool:
     )
 
 
-def convert(model: torch.nn.Module, *, fuse_gate_up: bool = False, weights: Optional[str] = None) -> Conversion:
+QKV = ("q_proj", "k_proj", "v_proj")
+
+
+def _has_qkv(module: torch.nn.Module) -> bool:
+    layers = [getattr(module, name, None) for name in QKV]
+    if not all(type(layer) is torch.nn.Linear for layer in layers):
+        return False
+    first = layers[0]
+    return (
+        all(layer.in_features == first.in_features for layer in layers)
+        and all(
+            layer.weight.dtype == first.weight.dtype and layer.weight.device == first.weight.device for layer in layers
+        )
+        and len({layer.bias is None for layer in layers}) == 1
+        and all(eligible(layer) is None for layer in layers)
+    )
+
+
+def convert(
+    model: torch.nn.Module, *, fuse_gate_up: bool = False, fuse_qkv: bool = False, weights: Optional[str] = None
+) -> Conversion:
     """Run every eligible ``nn.Linear`` of ``model`` through the project's kernels (in place); with
     ``fuse_gate_up``, each gated MLP's gate and up projections as one swiglu kernel; with
+    ``fuse_qkv``, each attention's q, k and v projections as one product; with
     ``weights`` (a format of ``matmul.quantize``), each weight packed (``QuantizedLinear``). Returns
     the ``Conversion``, whose ``undo()`` restores the model."""
     if weights is not None and weights not in FORMATS:
@@ -191,7 +360,16 @@ def convert(model: torch.nn.Module, *, fuse_gate_up: bool = False, weights: Opti
             "fuse_gate_up fuses the swiglu into the 16-bit kernels' epilogue; packed weights run a plain "
             "epilogue: convert with weights=... or fuse_gate_up=True, not both"
         )
+    if weights is not None and fuse_qkv:
+        raise MatmulInputError(
+            "fuse_qkv stacks 16-bit weights; packed weights are not fused: convert with weights=... or "
+            "fuse_qkv=True, not both"
+        )
     conversion = Conversion(model)
+    if fuse_qkv:
+        for attention in list(model.modules()):
+            if _has_qkv(attention):
+                conversion.fused.append((attention, FusedProjections(attention, QKV)))
     if fuse_gate_up:
         for mlp in model.modules():
             if _is_gated_mlp(mlp) and "forward" not in vars(mlp):
@@ -203,7 +381,11 @@ def convert(model: torch.nn.Module, *, fuse_gate_up: bool = False, weights: Opti
             if type(layer) is not torch.nn.Linear:
                 continue
             qualified = f"{parent_name}.{name}" if parent_name else name
-            if any(layer in (mlp.gate_proj, mlp.up_proj) for mlp, _ in conversion.fused):
+            if any(
+                layer in (mlp.gate_proj, mlp.up_proj)
+                for mlp, fusion in conversion.fused
+                if isinstance(fusion, GatedMLPForward)
+            ):
                 continue  # run by the fused forward
             why = eligible(layer)
             if why is not None:

@@ -2,6 +2,7 @@
 read in place, ``linear`` with its fused epilogue, ``matmul.nn`` and the backward, all through the
 launch path with stand-in kernels (tests/stand_ins.py) in place of the GPU."""
 
+import copy
 import functools
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ import matmul
 from matmul.call import api, shapes, torch_op
 from matmul.call.launch import Plans, SeriesPlan, VendorPlan
 from matmul.contract import check_call, kernel_b
+from matmul.harness import drop_in
 from matmul.kernels import swiglu, versions
 from matmul.kernels import variant as variants
 from matmul.kernels.variant import PLAIN, Variant
@@ -401,6 +403,105 @@ def test_convert_to_int4_weights_and_undo(monkeypatch):
         matmul.nn.convert(model, weights="int4", fuse_gate_up=True)
 
 
+class Attention(torch.nn.Module):
+    """q, k and v as a grouped-query attention has them (k and v narrower than q), with biases as
+    Qwen2's; ``forward(x, memory)`` reads k and v from ``memory`` (a cross-attention) if given."""
+
+    def __init__(self, hidden=48, kv=16):
+        super().__init__()
+        self.q_proj = torch.nn.Linear(hidden, hidden)
+        self.k_proj = torch.nn.Linear(hidden, kv)
+        self.v_proj = torch.nn.Linear(hidden, kv)
+
+    def forward(self, x, memory=None):
+        source = x if memory is None else memory
+        return self.q_proj(x), self.k_proj(source), self.v_proj(source)
+
+
+@pytest.fixture
+def attention(monkeypatch):
+    import matmul.nn as mnn
+
+    monkeypatch.setattr(mnn, "eligible", lambda layer: None)  # the CPU stands in for the GPU here
+    torch.manual_seed(0)
+    return Attention().half()
+
+
+@pytest.fixture
+def products(monkeypatch):
+    """The N of each ``matmul.linear`` product ``matmul.nn`` runs, in order (one per launch)."""
+    import matmul.nn as mnn
+
+    ran, linear = [], mnn.linear
+
+    def counted(x, weight, *rest):
+        ran.append(weight.shape[0])
+        return linear(x, weight, *rest)
+
+    monkeypatch.setattr(mnn, "linear", counted)
+    return ran
+
+
+def test_fused_qkv_is_one_product_and_undo_restores_the_layers(path, attention, products):
+    before = {k: v.clone() for k, v in attention.state_dict().items()}
+    layers = dict(attention.named_children())
+    reference = copy.deepcopy(attention)
+    conversion = matmul.nn.convert(attention, fuse_qkv=True)
+    assert isinstance(attention.k_proj, matmul.nn.ProjectionSlice)
+    assert attention.state_dict().keys() == {"qkv_weight", "qkv_bias"}  # one copy of the weights
+    assert attention.qkv_weight.shape == (80, 48) and layers["k_proj"].weight.numel() == 0
+    for _ in range(2):  # a second input: a new product, not the first one's columns
+        x = torch.randn(2, 5, 48).half()
+        ran = len(products)
+        with torch.no_grad():
+            for result, expected in zip(attention(x), reference(x)):
+                close(result, expected.float())
+        assert products[ran:] == [80]  # q, k and v in one launch
+    with torch.no_grad():
+        assert attention.q_proj(x).data_ptr() != attention.q_proj(x).data_ptr()  # q twice: computed twice
+    conversion.undo()
+    assert dict(attention.named_children()) == layers
+    after = attention.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+
+
+def test_fused_qkv_on_another_input_runs_each_projections_own_rows(path, attention, products):
+    """A cross-attention's k and v read another tensor than q: each gets its own product of its own
+    rows of the fused weight (no column of a product of the wrong input)."""
+    x, memory = torch.randn(3, 48).half(), torch.randn(7, 48).half()
+    with torch.no_grad():
+        expected = [t.float() for t in attention(x, memory)]
+        matmul.nn.convert(attention, fuse_qkv=True)
+        for _ in range(2):
+            for result, reference in zip(attention(x, memory), expected):
+                close(result, reference)
+    assert products == [80, 16, 16] + [48, 16, 16]  # fused once, then each its own
+
+
+def test_fused_qkv_recomputes_after_an_in_place_change_of_the_input(path, attention):
+    x = torch.randn(4, 48).half()
+    with torch.no_grad():
+        matmul.nn.convert(attention, fuse_qkv=True)
+        attention.q_proj(x)
+        x.mul_(-2)  # k and v must see the changed input, not the product made before the change
+        weight, bias = attention.qkv_weight, attention.qkv_bias
+        close(attention.k_proj(x), torch.nn.functional.linear(x.float(), weight[48:64].float(), bias[48:64].float()))
+
+
+def test_fused_qkv_gradients_match_the_separate_layers(path, attention):
+    x = torch.randn(2, 5, 48).half()
+    reference = Attention().half()
+    reference.load_state_dict(attention.state_dict())
+    sum(t.float().square().sum() for t in reference(x)).backward()
+    matmul.nn.convert(attention, fuse_qkv=True)
+    sum(t.float().square().sum() for t in attention(x)).backward()
+    expected = torch.cat([reference.get_submodule(name).weight.grad for name in matmul.nn.QKV])
+    close(attention.qkv_weight.grad, expected)
+    close(attention.qkv_bias.grad, torch.cat([reference.get_submodule(name).bias.grad for name in matmul.nn.QKV]))
+    with pytest.raises(matmul.MatmulInputError, match="not both"):
+        matmul.nn.convert(reference, weights="int4", fuse_qkv=True)
+
+
 def test_a_linear_loads_a_torch_state_dict(path):
     layer = torch.nn.Linear(48, 40).half()
     ours = matmul.nn.Linear(48, 40, dtype=torch.float16)
@@ -422,18 +523,26 @@ def test_a_transformers_llama_switched_in_one_line_gives_its_logits_and_gradient
     )  # fmt: skip
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).half()
+    reference = copy.deepcopy(model)
     ids = torch.randint(0, 128, (2, 9))
     with torch.no_grad():
         expected = model(input_ids=ids).logits.float()
-    conversion = matmul.nn.convert(model, fuse_gate_up=True)
-    assert len(conversion.fused) == 2 and conversion.skipped == {}
+    conversion = matmul.nn.convert(model, fuse_gate_up=True, fuse_qkv=True)
+    assert len(conversion.fused) == 4 and conversion.skipped == {}
     assert isinstance(model.lm_head, matmul.nn.Linear)
     with torch.no_grad():
         close(model(input_ids=ids).logits, expected)
     assert any(v.activation == "swiglu" for *_, v in path.chooser.asked)
     model(input_ids=ids, labels=ids).loss.backward()  # through the operators' backward
-    fused_grad = model.model.layers[0].mlp.gate_up_weight.grad
-    assert fused_grad is not None and fused_grad.abs().sum() > 0
+    for fused_grad in (model.model.layers[0].mlp.gate_up_weight.grad, model.model.layers[0].self_attn.qkv_weight.grad):
+        assert fused_grad is not None and fused_grad.abs().sum() > 0
+    # the benchmark's gradient check: the fused gradients split back, each as the unswitched model's
+    reference(input_ids=ids, labels=ids).loss.backward()
+    grads = drop_in._gradients(model, conversion)
+    theirs = {n: p.grad for n, p in reference.named_parameters()}
+    assert grads.keys() == theirs.keys()
+    for name, grad in grads.items():
+        close(grad, theirs[name].float())
     asked = len(path.chooser.asked)
     conversion.undo()
     model.zero_grad()

@@ -15,10 +15,11 @@ when the project is faster):
   concatenated gate and up weights followed by the split and ``silu(gate) * up``, on the preset's
   MLP shapes at ``LINEAR_TOKENS`` tokens.
 * ``llama``: a ``transformers`` Llama (random weights, fp16, Llama-3-8B's widths, ``LAYERS``
-  layers) switched the way the README tells users, ``matmul.nn.convert(model, fuse_gate_up=True)``,
-  against a copy of the same model unswitched: prefill, a decode step (eager, and replayed from a
-  CUDA graph over a static KV cache), and a training step (forward, backward, SGD); the switched
-  model's first call timed on its own; its logits and gradients compared with the unswitched's.
+  layers) switched the way the README tells users, ``matmul.nn.convert(model, fuse_gate_up=True,
+  fuse_qkv=True)``, against a copy of the same model unswitched: prefill, a decode step (eager, and
+  replayed from a CUDA graph over a static KV cache), and a training step (forward, backward, SGD);
+  the switched model's first call timed on its own; its logits and gradients compared with the
+  unswitched's.
 
 The ``kn`` and ``linear`` parts call every case once first (its bucket's instant choice: a
 relative's narrowed tuning starts in the background), wait for that tuning (``settle``), then time
@@ -197,7 +198,7 @@ def llama_pair(dtype, layers: int = LAYERS):
     with torch.device("cuda"):
         reference = LlamaForCausalLM(llama_config(layers)).to(dtype)
     switched = copy.deepcopy(reference)
-    conversion = matmul.nn.convert(switched, fuse_gate_up=True)
+    conversion = matmul.nn.convert(switched, fuse_gate_up=True, fuse_qkv=True)
     return reference, switched, conversion
 
 
@@ -285,7 +286,7 @@ def llama(dtype, rounds: int, record: Callable[[dict], None]) -> None:
     """Every workload runs once first (the prefills' first calls timed: what a user waits for),
     then the background tuning they started is waited for, then each row is timed."""
     reference, switched, conversion = llama_pair(dtype)
-    record({"kind": "conversion", "skipped_layers": conversion.skipped, "fused_mlps": len(conversion.fused)})
+    record({"kind": "conversion", "skipped_layers": conversion.skipped, "fused": len(conversion.fused)})
     vocab = reference.config.vocab_size
 
     def row(kind, shape, ours, theirs, first=None):
@@ -396,16 +397,15 @@ def training(reference, switched, conversion, rounds: int) -> dict:
 
 
 def _gradients(model, conversion=None) -> dict[str, torch.Tensor]:
-    """Each parameter's gradient by its name in the unswitched model (a fused gate-up weight's split
-    back into gate and up)."""
-    from ..kernels.variant import split_gate_up
-
+    """Each parameter's gradient by its name in the unswitched model (a fused weight's split back
+    into the weights it stands for: gate and up, q, k and v)."""
     grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None and p.numel()}
-    for mlp, forward in conversion.fused if conversion is not None else ():
-        prefix = next(n for n, m in model.named_modules() if m is mlp)
-        grads[f"{prefix}.gate_proj.weight"], grads[f"{prefix}.up_proj.weight"] = split_gate_up(
-            grads.pop(f"{prefix}.gate_up_weight"), forward.rows
-        )
+    for module, fusion in conversion.fused if conversion is not None else ():
+        prefix = next(n for n, m in model.named_modules() if m is module)
+        fused = {
+            n: grads.pop(f"{prefix}.{n}") for n, _ in module.named_parameters(recurse=False) if f"{prefix}.{n}" in grads
+        }
+        grads.update({f"{prefix}.{n}": g for n, g in fusion.unfused(fused).items()})
     return grads
 
 
