@@ -177,13 +177,11 @@ class GatedMLPForward:
         del mlp.forward  # the class's own forward again
 
 
-def _version(tensor: torch.Tensor) -> Optional[int]:
-    """The tensor's version counter (bumped by every in-place change); None for an inference tensor,
-    which has none (and under ``torch.inference_mode`` is not changed in place between the calls)."""
-    try:
-        return tensor._version
-    except RuntimeError:
-        return None
+def _versions(x: torch.Tensor, weight: torch.Tensor) -> Optional[tuple[int, int]]:
+    """The version counters of the input and the weight (bumped by every in-place change), or None
+    for an inference tensor, which has none (asking raises, and an exception a call costs as much as
+    a launch: hence the test first)."""
+    return None if x.is_inference() else (x._version, weight._version)
 
 
 @dataclasses.dataclass
@@ -222,7 +220,8 @@ class FusedProjections:
 
     def weight_and_bias(self, index: Optional[int] = None):
         """The fused weight and bias, or (``index``) one projection's rows of them: views, no copy."""
-        weight, bias = getattr(self.owner, self.WEIGHT), getattr(self.owner, self.BIAS, None)
+        parameters = self.owner._parameters  # not Module.__getattr__: this runs at every projection's call
+        weight, bias = parameters[self.WEIGHT], parameters.get(self.BIAS)
         if index is None:
             return weight, bias
         rows = slice(self.starts[index], self.starts[index] + self.sizes[index])
@@ -231,7 +230,7 @@ class FusedProjections:
     def project(self, x: torch.Tensor, index: int) -> torch.Tensor:
         """Projection ``index`` of ``x``: its columns of the fused product of ``x``."""
         weight, bias = self.weight_and_bias()
-        versions = (_version(x), _version(weight))
+        versions = _versions(x, weight)
         pending = self.pending
         if pending is not None and pending.x is x and pending.versions == versions and index in pending.untaken:
             pending.untaken.discard(index)

@@ -1227,7 +1227,9 @@ def test_a_tuned_result_that_brings_the_running_kernel_built_hands_it_over(tmp_p
 
 def test_a_kernel_that_does_not_build_leaves_cublas_in_place(tmp_path, monkeypatch, caller_builds, caplog):
     """The build child reports v4 as failed and dies building v5: both buckets keep running cuBLAS,
-    each build is tried once, and the caller builds neither itself."""
+    each build is tried once, and the caller builds neither itself. v3's build died with the child
+    if it was queued to the same one, else a later child built it: which, the builder's batching
+    decides (the three calls come one after another while the first build runs)."""
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
     shipped = {key(128, 64, 32): entry("v4"), key(128, 96, 32): entry("v5"), key(128, 128, 32): entry("v3")}
     choose = make_chooser(tmp_path, shipped=shipped, build_jobs=in_build_child("stand_ins:cpu_build_failing"))
@@ -1243,9 +1245,14 @@ def test_a_kernel_that_does_not_build_leaves_cublas_in_place(tmp_path, monkeypat
     for a, w, why in ((a4, w4, "does not build here"), (a5, w5, "exited with code 7")):
         assert isinstance(path.plans[signature(a, w.T, None)], VendorPlan)
         assert why in choose.get(CPU, torch.float16, 128, w.shape[0], 32)[1]["build_failed"]
-    assert isinstance(path.plans[signature(a3, w3.T, None)], VendorPlan)  # v3 was not reached: the child died first
+    v3_plan = path.plans[signature(a3, w3.T, None)]
+    if isinstance(v3_plan, VendorPlan):  # queued behind v5 in the child that died
+        assert "exited with code 7" in choose.get(CPU, torch.float16, 128, 128, 32)[1]["build_failed"]
+    else:
+        assert isinstance(v3_plan, SeriesPlan) and "build_failed" not in choose.get(CPU, torch.float16, 128, 128, 32)[1]
     assert not choose.builder.busy() and caller_builds == []
-    assert sum("cuBLAS runs instead" in r.getMessage() for r in caplog.records) == 3
+    failed = 3 if isinstance(v3_plan, VendorPlan) else 2
+    assert sum("cuBLAS runs instead" in r.getMessage() for r in caplog.records) == failed
 
 
 def test_a_stored_choice_goes_stale_only_with_the_sources_its_version_is_built_from(monkeypatch):
