@@ -90,7 +90,9 @@ def test_an_unseen_bucket_takes_the_nearest_measured_m_of_the_same_n_and_k_else_
         key(4096, 4096, 4096): entry("v3"),
         key(1024, 14336, 4096): entry("v5"),  # another N: says nothing about 4096 x 4096
         key(1024, 4096, 4096, variant=Variant("nk", bias=True)): entry("v5"),  # another variant, not plain
-        tuner.choice_key(ARCH, "another GPU", torch.float16, 1024, 4096, 4096): entry("v5"),
+        tuner.choice_key(ARCH, "another GPU", torch.float16, 1024, 4096, 4096): entry("v5"),  # after this GPU's
+        tuner.choice_key(ARCH, "another GPU", torch.float16, 16, 6144, 4096): entry("v6"),  # where this has none
+        tuner.choice_key("sm_100a", GPU, torch.float16, 16, 2048, 4096): entry("v3"),  # another architecture: never
     }
     choose = make_chooser(tmp_path, measured, mode="off")
 
@@ -100,6 +102,12 @@ def test_an_unseen_bucket_takes_the_nearest_measured_m_of_the_same_n_and_k_else_
     near = instant(300)  # log(300 / 64) = 1.5 < log(4096 / 320) = 2.6
     assert (near["version"], near["source"], near["nearest"]) == ("v4", "nearest", key(64, 4096, 4096))
     assert instant(1000)["nearest"] == key(4096, 4096, 4096)  # 1024: 4x from 4096, 16x from 64
+    other_gpu = instant(128, n=6144)  # another GPU of this architecture, where this GPU has measured none
+    assert (other_gpu["version"], other_gpu["nearest"]) == (
+        "v6",
+        tuner.choice_key(ARCH, "another GPU", torch.float16, 16, 6144, 4096),
+    )
+    assert instant(16, n=2048)["source"] == "fallback"
     assert instant(512)["nearest"] == key(4096, 4096, 4096)  # 8x from either: the larger M
     assert instant(2000, n=4095)["nearest"] == key(4096, 4096, 4096)  # N = 4095 is in 4096's bucket
     fallback = instant(1024, n=8192)

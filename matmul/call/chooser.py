@@ -364,30 +364,35 @@ class Chooser:
 
     def nearest(self, arch: str, key: str, m: int, n: int, k: int, variant: Variant = PLAIN) -> Optional[Entry]:
         """The choice of the nearest relative of this bucket whose kernel takes this shape and this
-        variant: a bucket of the same architecture, GPU and N x K bucket (measured here over shipped
-        for one key), of this key's dtype or the other 16-bit one (``RELATED_DTYPES``), and of this
-        key's variant or the plain one. Nearest in log(M) first; at the same distance this variant
-        before the plain one, then this dtype before the other, then the larger M. None if none.
+        variant: a bucket of the same architecture and N x K bucket (measured here over shipped for
+        one key), of this key's dtype or the other 16-bit one (``RELATED_DTYPES``), and of this
+        key's variant or the plain one. This GPU's buckets first, another GPU's of the same
+        architecture only where this GPU has none; then nearest in log(M); at the same distance this
+        variant before the plain one, then this dtype before the other, then the larger M. None if
+        none.
 
         Why relatives count: float16 and bfloat16 run the same instructions at the same rate, and a
         variant (``b`` read as [K, N], a bias, an activation) changes how a kernel reads one operand
         or finishes its tile, not which tile shape and schedule suit the shape (though it can cost
         one version more than another: hence the variant before the dtype); so the same bucket's
         choice in the other dtype or without the variant is a better guess than cuBLAS, and its
-        timed candidates narrow the bucket's own tuning (``narrowed``)."""
+        timed candidates narrow the bucket's own tuning (``narrowed``). Another GPU of the same
+        architecture (an H200 beside the shipped H100 table: the same SMs, more memory bandwidth)
+        runs the same instructions on the same tile shapes; its choice is a better first guess than
+        cuBLAS, and its few close candidates a far shorter tuning than the version spaces."""
         head, dtype, _, bn, bk, suffix = _key_parts(key)
         dtypes = [dtype, *(d for d in RELATED_DTYPES.get(dtype, ()) if d != dtype)]
         suffixes = [suffix, *([""] if suffix else [])]
         relatives = self._relatives()
         best, best_rank = None, None
-        for other, other_dtype, other_m, other_suffix, entry in relatives.of(head, bn, bk):
+        for other_head, other, other_dtype, other_m, other_suffix, entry in relatives.of(head, bn, bk):
             if other == key or other_dtype not in dtypes or other_suffix not in suffixes:
                 continue
             usable = relatives.usable(arch, other, entry, variant)
             if not (usable and _checked(_takes, arch, entry, m, n, k, variant)):
                 continue
             distance = round(abs(math.log(other_m) - math.log(bucket(m))), 9)
-            rank = (distance, other_suffix != suffix, other_dtype != dtype, -other_m)
+            rank = (other_head != head, distance, other_suffix != suffix, other_dtype != dtype, -other_m)
             if best_rank is None or rank < best_rank:
                 best, best_rank = {**entry, "source": "nearest", "nearest": other}, rank
         return best
@@ -653,32 +658,39 @@ RELATED_DTYPES = {"float16": ("bfloat16",), "bfloat16": ("float16",)}
 
 
 class Relatives:
-    """The entries of the stored tables grouped by (architecture and GPU, N bucket, K bucket), each
-    as (key, dtype, M bucket, variant suffix, entry), and which are usable for an architecture and
-    variant, asked once per key. Made from ``shipped`` (the table's own dict) and ``measured`` (the
-    choice cache's, of the file bytes of ``digest``): both kept to tell when either is replaced."""
+    """The entries of the stored tables grouped by (architecture, N bucket, K bucket), each as
+    (architecture and GPU, key, dtype, M bucket, variant suffix, entry), and which are usable for
+    an architecture and variant, asked once per key. Made from ``shipped`` (the table's own dict)
+    and ``measured`` (the choice cache's, of the file bytes of ``digest``): both kept to tell when
+    either is replaced."""
 
     def __init__(self, shipped: dict, measured: dict, digest: Optional[bytes]):
         self.shipped, self.digest = shipped, digest
-        self.groups: dict[tuple[str, str, str], list[tuple[str, str, int, str, Entry]]] = {}
+        self.groups: dict[tuple[str, str, str], list[tuple[str, str, str, int, str, Entry]]] = {}
         for key, entry in {**shipped, **measured}.items():
             try:
                 head, dtype, m, bn, bk, suffix = _key_parts(key)
-                row = (key, dtype, int(m), suffix, entry)
+                row = (head, key, dtype, int(m), suffix, entry)
             except (ValueError, AttributeError):  # not a key of this format: no one's relative
                 continue
             if isinstance(entry, dict) and re.fullmatch(r"\d+", bn + bk):
-                self.groups.setdefault((head, bn, bk), []).append(row)
+                self.groups.setdefault((_arch_of_head(head), bn, bk), []).append(row)
         self._usable: dict[tuple, bool] = {}
 
-    def of(self, head: str, bn: str, bk: str) -> list[tuple[str, str, int, str, Entry]]:
-        return self.groups.get((head, bn, bk), [])
+    def of(self, head: str, bn: str, bk: str) -> list[tuple[str, str, str, int, str, Entry]]:
+        """The entries of ``head``'s architecture (every GPU's) in this N x K bucket."""
+        return self.groups.get((_arch_of_head(head), bn, bk), [])
 
     def usable(self, arch: str, key: str, entry: Entry, variant: Variant) -> bool:
         memo = (arch, key, variant)
         if memo not in self._usable:
             self._usable[memo] = _checked(entry_is_usable, arch, entry, variant)
         return self._usable[memo]
+
+
+def _arch_of_head(head: str) -> str:
+    """'arch/gpu' -> 'arch'."""
+    return head.partition("/")[0]
 
 
 def _split_key(key: str) -> tuple[str, str, str]:
