@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import QKVAttention
 
 import matmul
 from matmul.call import api, shapes, torch_op
@@ -403,28 +404,13 @@ def test_convert_to_int4_weights_and_undo(monkeypatch):
         matmul.nn.convert(model, weights="int4", fuse_gate_up=True)
 
 
-class Attention(torch.nn.Module):
-    """q, k and v as a grouped-query attention has them (k and v narrower than q), with biases as
-    Qwen2's; ``forward(x, memory)`` reads k and v from ``memory`` (a cross-attention) if given."""
-
-    def __init__(self, hidden=48, kv=16):
-        super().__init__()
-        self.q_proj = torch.nn.Linear(hidden, hidden)
-        self.k_proj = torch.nn.Linear(hidden, kv)
-        self.v_proj = torch.nn.Linear(hidden, kv)
-
-    def forward(self, x, memory=None):
-        source = x if memory is None else memory
-        return self.q_proj(x), self.k_proj(source), self.v_proj(source)
-
-
 @pytest.fixture
 def attention(monkeypatch):
     import matmul.nn as mnn
 
     monkeypatch.setattr(mnn, "eligible", lambda layer: None)  # the CPU stands in for the GPU here
     torch.manual_seed(0)
-    return Attention().half()
+    return QKVAttention(48, 16).half()
 
 
 @pytest.fixture
@@ -490,7 +476,7 @@ def test_fused_qkv_recomputes_after_an_in_place_change_of_the_input(path, attent
 
 def test_fused_qkv_gradients_match_the_separate_layers(path, attention):
     x = torch.randn(2, 5, 48).half()
-    reference = Attention().half()
+    reference = QKVAttention(48, 16).half()
     reference.load_state_dict(attention.state_dict())
     sum(t.float().square().sum() for t in reference(x)).backward()
     matmul.nn.convert(attention, fuse_qkv=True)

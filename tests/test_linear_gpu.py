@@ -6,7 +6,7 @@ outputs where the call takes ``out``, ragged shapes. Skipped without a Hopper or
 
 import pytest
 import torch
-from conftest import gpu_arch, require_gpu
+from conftest import QKVAttention, gpu_arch, require_gpu
 
 import matmul
 from matmul.call import api
@@ -167,28 +167,13 @@ def test_the_fixed_version_is_what_ran(fixed):
     assert variants.supported(module, Variant("nk", False, "relu")) and ran_a_version(fixed)
 
 
-class CrossOrSelfAttention(torch.nn.Module):
-    """q, k and v of a grouped-query attention (k and v a fifth of q's width, ragged, with biases);
-    k and v read ``memory`` if given, as a cross-attention's do."""
-
-    def __init__(self, hidden=1000, kv=200):
-        super().__init__()
-        self.q_proj = torch.nn.Linear(hidden, hidden)
-        self.k_proj = torch.nn.Linear(hidden, kv)
-        self.v_proj = torch.nn.Linear(hidden, kv)
-
-    def forward(self, x, memory=None):
-        source = x if memory is None else memory
-        return self.q_proj(x), self.k_proj(source), self.v_proj(source)
-
-
 @pytest.mark.parametrize("fixed", ["v5", "v7"], indirect=True)
 def test_fused_qkv_self_and_cross_attention_and_gradients(fixed):
     """``convert(fuse_qkv=True)``: one product of the stacked weight (its columns as k and v), each
     projection's own rows of it where k and v read another input (a weight that starts inside the
     fused one), and the gradients of the fused weight and bias, against float32."""
     dtype = torch.float16
-    model = CrossOrSelfAttention().cuda().to(dtype)
+    model = QKVAttention(1000, 200).cuda().to(dtype)
     reference = [(layer.weight.detach().float(), layer.bias.detach().float()) for layer in model.children()]
     x, memory = randn(3, 41, 1000, dtype=dtype), randn(2, 17, 1000, dtype=dtype)
     matmul.nn.convert(model, fuse_qkv=True)
@@ -199,7 +184,7 @@ def test_fused_qkv_self_and_cross_attention_and_gradients(fixed):
         for output, read, (w, b) in zip(outputs, sources, reference):
             assert relative_error(output, torch.nn.functional.linear(read.float(), w, b)) <= TOLERANCE[dtype]
     assert ran_a_version(fixed)
-    model = CrossOrSelfAttention().cuda().to(dtype)
+    model = QKVAttention(1000, 200).cuda().to(dtype)
     reference = [(layer.weight.detach().float(), layer.bias.detach().float()) for layer in model.children()]
     matmul.nn.convert(model, fuse_qkv=True)
     xr = x.detach().float().requires_grad_()
