@@ -79,9 +79,7 @@ def kn_layout(dtype, rounds: int, record: Callable[[dict], None]) -> None:
         first = matmul.choice(x, w)
         matmul.matmul(x, w)
         cases.append((name, x, w, first))
-    settled = settle()
-    record(settled)
-    print(f"kn: background tuning {'done' if settled['finished'] else 'NOT done'} after {settled['seconds']:.0f} s")
+    record(settle_and_say("kn"))
     for name, x, w, first in cases:
         (m, k), n = x.shape, w.shape[1]
         error = _relative(model_bench.settled_result(lambda x=x, w=w: matmul.matmul(x, w)), x.float() @ w.float())
@@ -141,9 +139,7 @@ def linear_epilogues(dtype, rounds: int, record: Callable[[dict], None]) -> None
         cases.append(("gate_up+swiglu", m, 2 * i, k, ours, theirs, alone, expected, Variant("nk", False, "swiglu")))
     for case in cases:
         case[4]()  # each bucket's instant choice; its tuning starts
-    settled = settle()
-    record(settled)
-    print(f"linear: background tuning {'done' if settled['finished'] else 'NOT done'} after {settled['seconds']:.0f} s")
+    record(settle_and_say("linear"))
     for name, m, n, k, ours, theirs, alone, expected, variant in cases:
         record(_linear_row(name, m, n, k, ours, theirs, alone, expected, rounds, variant))
 
@@ -282,6 +278,20 @@ def settle(timeout_s: float = SETTLE_S) -> dict:
     }
 
 
+def settle_and_say(part: str, timeout_s: float = SETTLE_S) -> dict:
+    """``settle``, and say how it ended: where the tuning did not finish, its children still time
+    kernels on the same GPU while the part's rows are timed, and those rows measure that contention
+    (on an H200 with no table of its own, torch's training step took twice its time)."""
+    settled = settle(timeout_s)
+    print(
+        f"{part}: background tuning {'done' if settled['finished'] else 'NOT done'} after {settled['seconds']:.0f} s,"
+        f" choices {settled['choices_by_source']}, {settled['pending']} pending"
+        + ("" if settled["finished"] else ": the rows below share the GPU with the tuning, not a measurement"),
+        flush=True,
+    )
+    return settled
+
+
 def llama(dtype, rounds: int, record: Callable[[dict], None]) -> None:
     """Every workload runs once first (the prefills' first calls timed: what a user waits for),
     then the background tuning they started is waited for, then each row is timed."""
@@ -323,13 +333,7 @@ def llama(dtype, rounds: int, record: Callable[[dict], None]) -> None:
     ids = torch.randint(0, vocab, TRAIN, device="cuda")
     switched(input_ids=ids, labels=ids).loss.backward()  # the training step's shapes, first seen here
     switched.zero_grad(set_to_none=True)
-    settled = settle()
-    record(settled)
-    print(
-        f"llama: background tuning {'done' if settled['finished'] else 'NOT done'} after {settled['seconds']:.0f} s,"
-        f" choices {settled['choices_by_source']}, {settled['pending']} pending",
-        flush=True,
-    )
+    record(settle_and_say("llama"))
 
     with torch.inference_mode():
         for shape, ours, theirs, first in prefills:
