@@ -204,11 +204,13 @@ def test_a_corrupt_shipped_table_is_ignored_with_a_warning(tmp_path, caplog, con
     assert found["source"] == "fallback" and "shipped choice table" in caplog.text
 
 
-def test_the_package_ships_a_table_that_names_its_command_date_and_machine():
+@pytest.mark.parametrize("name", ["h100.json", "h200.json"])
+def test_the_package_ships_tables_that_name_their_command_date_and_machine(name):
     shipped = Path(chooser.__file__).with_name("shipped")
-    table = json.loads((shipped / "h100.json").read_text())
+    table = json.loads((shipped / name).read_text())
     assert {"format", "command", "date", "machine", "entries"} <= set(table)
-    assert "python -m matmul tune" in table["command"] and (shipped / "README.md").is_file()
+    assert "python -m matmul tune" in table["command"] and name in (shipped / "README.md").read_text()
+    assert all(key.split("/")[1] == table["machine"]["gpu"] for key in table["entries"])  # keyed by its GPU
 
 
 # --- background tuning and the hand-over ---------------------------------------------------------
