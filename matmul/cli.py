@@ -4,7 +4,7 @@ python -m matmul compile [--arch sm_90a|sm_100a] [--versions v0,v1,...] [--out D
 python -m matmul bench [--arch ...] [--versions ...] [--shapes series,ksweep,llm|MxNxK,...] [--out DIR]
 python -m matmul plot RESULTS.json [...] [--out DIR]
 python -m matmul model [--out DIR] [--dtype float16|bfloat16] [--rounds N]
-python -m matmul candidates VERSION[:knob=int,...] ... [--sizes 4096,8192x14336x4096] [--sustained S | --profile N]
+python -m matmul candidates VERSION[:knob=value,...] ... [--sizes 4096,8192x14336x4096] [--sustained S | --profile N]
 python -m matmul drop-in [--parts kn,linear,llama] [--out DIR] [--dtype float16|bfloat16] [--rounds N]
 python -m matmul trace [--out DIR] [--calls N] [--wait-s S] [--repeats N] [--matmul-env VAR=VALUE,...]
                        [--parts block,trace,torch_alone,matmul_alone,alternating]
@@ -510,7 +510,7 @@ def main(argv=None) -> int:
         help="time chosen configurations of versions against cuBLAS (to choose a space)",
         description=candidates_doc(),
     )
-    p.add_argument("candidates", nargs="+", help="VERSION (its whole space) or VERSION:knob=int,knob=int,...")
+    p.add_argument("candidates", nargs="+", help="VERSION (its whole space) or VERSION:knob=value,knob=value,...")
     p.add_argument("--arch", help="sm_90a or sm_100a; default: this machine's GPU")
     p.add_argument("--sizes", default="4096,8192", help="N (for N^3) or MxNxK, comma-separated (default 4096,8192)")
     p.add_argument("--rounds", type=int, default=6, help="timing rounds (default 6)")

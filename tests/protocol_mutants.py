@@ -46,6 +46,8 @@ V7_SLABS = (("block_m", 128), ("warpgroups", 2), ("split", 1), ("stages", 6), ("
 V7_COMBINED = (("block_m", 64), ("warpgroups", 1), ("split", 2), ("stages", 12), ("multicast", 2))
 # Hopper V6 with ping-pong consumer warpgroups (its PINGPONG)
 V6_PINGPONG = (("block_n", 128), ("stages", 6), ("pingpong", True))
+# Hopper V6 with the pair side by side along N, sharing A (its PAIR_N_NARROW)
+V6_PAIR_N = (("block_n", 96), ("stages", 7), ("pair", "n"))
 # Hopper V5 with its stream-K option (its STREAM_K)
 V5_STREAM_K = (("stream_k", True),)
 # Hopper V8 with two consumer warpgroups taking a weight slab's K blocks in turn
@@ -498,6 +500,31 @@ MUTANTS = (
         "with self.single_warp(4 * self.warpgroups):  # producer",
         ("deadlock",),
         config=(("split", 1), ("interleave", 2)),
+    ),
+    Mutant(
+        "multicast to itself: a Hopper V6 CTA paired along N loads its slab of the shared A tile into its own "
+        "shared memory only",
+        "sm_90a",
+        "v6",
+        "matmul.kernels.hopper.v6",
+        "                    offsets=[offset_m + rank * half_m, offset_k],\n"
+        "                    mbarrier=ring.producer_barrier(),\n"
+        "                    multicast_mask=0b11,\n",
+        "                    offsets=[offset_m + rank * half_m, offset_k],\n"
+        "                    mbarrier=ring.producer_barrier(),\n"
+        "                    multicast_mask=1 << rank,\n",
+        ("bytes", "deadlock"),
+        config=V6_PAIR_N,
+    ),
+    Mutant(
+        "wrong tile: both Hopper V6 CTAs paired along N compute the pair's first N tile",
+        "sm_90a",
+        "v6",
+        "matmul.kernels.hopper.v6",
+        "offset_n = (self.n_step * pair_column + (self.n_step - 1) * rank) * self.block_n",
+        "offset_n = self.n_step * pair_column * self.block_n",
+        ("coverage",),
+        config=V6_PAIR_N,
     ),
     Mutant(
         "turn handed over early: a Hopper V6 ping-pong warpgroup lets the other start its tile after its own "

@@ -63,10 +63,13 @@ def test_every_configuration_of_the_space(version):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_hopper_narrow_tiles(version, dtype):
     """V5's and V6's narrow tiles, 96 and 224 columns wide (one wgmma as wide as the tile, C staged in
-    narrower blocks; V6: each CTA of the pair multicasting 48 or 112 rows of B), on ragged shapes and
-    on qkv and gate-up at 256 tokens (M = 255: the pair's second tile clipped), in both dtypes."""
+    narrower blocks; V6: each CTA of the pair multicasting 48 or 112 rows of B, or, paired along N,
+    64 rows of A), on ragged shapes (N = 257: three 96-column tiles, the second pair's second tile
+    past N) and on qkv and gate-up at 256 tokens (M = 255: the pair's second tile clipped), in both
+    dtypes."""
     module = versions.load(ARCH, version)
-    for config in [c for c in versions.space(module) if c["block_n"] % 64 and c["group"] == 16]:
+    configs = [c for c in versions.space(module) if c["block_n"] % 64 and c["group"] == 16]
+    for config in configs + ([module.PAIR_N_NARROW] if version == "v6" else []):
         for m, n, k in ((1000, 4095, 17), (333, 257, 1031), (17, 4095, 1000), (256, 6144, 4096), (255, 28672, 4096)):
             check(module, m, n, k, dtype, config=config)
 

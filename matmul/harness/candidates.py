@@ -27,17 +27,24 @@ from .results import CUBLAS, Row
 
 
 def parse(text: str, arch: str) -> list[tuple[str, dict]]:
-    """``"v5:block_m=128,group=16"`` -> [("v5", {...})]; ``"v5"`` -> every configuration of its space."""
+    """``"v5:block_m=128,group=16"`` -> [("v5", {...})]; ``"v5"`` -> every configuration of its space.
+    A knob's value is an int, ``True``/``False``, or else a word (``v6:...,pair=n``)."""
     name, _, params = text.partition(":")
     if name not in versions.VERSIONS:
         raise ValueError(f"unknown version {name!r}; the series is {', '.join(versions.VERSIONS)}")
     if not params:
         return [(name, config) for config in versions.space(versions.load(arch, name))]
     try:
-        config = {key: int(value) for key, value in (item.split("=") for item in params.split(","))}
+        config = {key: _knob_value(value) for key, value in (item.split("=") for item in params.split(","))}
     except ValueError:
-        raise ValueError(f"a candidate is VERSION or VERSION:knob=int,knob=int..., got {text!r}") from None
+        raise ValueError(f"a candidate is VERSION or VERSION:knob=value,knob=value..., got {text!r}") from None
     return [(name, config)]
+
+
+def _knob_value(text: str):
+    if text in ("True", "False"):
+        return text == "True"
+    return int(text) if text.lstrip("-").isdigit() else text
 
 
 def label(name: str, config: dict) -> str:

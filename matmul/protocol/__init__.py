@@ -67,6 +67,7 @@ from tilus.lang.instantiated_script import CallParameters, JitInstance
 
 from ..kernels import versions
 from ..kernels.variant import PLAIN, SWIGLU_GROUP, Variant, supported
+from .data_instructions import SIDE_OPERANDS
 from .explore import Report, check_function
 from .findings import KINDS, Finding
 from .machine import Problem
@@ -193,22 +194,32 @@ def problems_for(
 
 
 def cluster_shape(function) -> tuple:
-    """What a configuration's cluster is, for choosing configurations to check: its CTAs, whether
-    its TMA loads multicast (a cluster of 2 that splits K and one that shares B by multicast keep
-    different protocols), and the rank masks of its multicast arrivals (a cluster of 4 that shares
-    B among all four CTAs releases to ranks 0b1111; one of two groups that split K, each sharing B
-    between two CTAs, to 0b0101 or 0b1010)."""
+    """What a configuration's cluster is, for choosing configurations to check: its CTAs, which
+    operands its TMA loads multicast (a cluster of 2 that splits K and one that shares B by
+    multicast keep different protocols, and so do a pair that shares B and one that shares A: each
+    CTA's loads land in other places of both), and the rank masks of its multicast arrivals (a
+    cluster of 4 that shares B among all four CTAs releases to ranks 0b1111; one of two groups that
+    split K, each sharing B between two CTAs, to 0b0101 or 0b1010)."""
     from tilus.ir.tools.instruction_collector import collect_instructions
 
     instructions = collect_instructions(function)
-    multicasts = any(
-        type(inst).__name__ == "CopyAsyncTensorGlobalToSharedInst" and inst.multicast_mask is not None
-        for inst in instructions
+    operands = {}  # global view -> A, B or C, in the order the checker names them (DataInstructions)
+    for inst in instructions:
+        if type(inst).__name__ == "GlobalViewInst" and getattr(inst.ptr, "hint", None) not in SIDE_OPERANDS:
+            operands.setdefault(inst.global_output, "ABC"[len(operands)] if len(operands) < 3 else "?")
+    multicast = tuple(
+        sorted(
+            {
+                operands.get(inst.inputs[1], "?")
+                for inst in instructions
+                if type(inst).__name__ == "CopyAsyncTensorGlobalToSharedInst" and inst.multicast_mask is not None
+            }
+        )
     )
     arrivals = tuple(
         sorted({inst.multicast for inst in instructions if type(inst).__name__ == "ArriveExpectTxMulticastBarrierInst"})
     )
-    return tuple(function.metadata.cluster_blocks), multicasts, arrivals
+    return tuple(function.metadata.cluster_blocks), multicast, arrivals
 
 
 def uses_global_flags(function) -> bool:
@@ -229,7 +240,7 @@ def configs_to_check(
     module: ModuleType, arch: Optional[str] = None, all_configs: bool = False, variant: Variant = PLAIN
 ) -> list[dict[str, Any]]:
     """The representative configuration, plus the first configuration of every other protocol
-    shape (``cluster_shape``: its CTAs, whether it multicasts, and the ranks its multicast
+    shape (``cluster_shape``: its CTAs, which operands it multicasts, and the ranks its multicast
     releases reach; whether its consumers take
     turns; and its warps, the roles that arrive on its barriers (a second consumer warpgroup on
     the same stages, Hopper V8's interleaved ones); whether its CTAs wait for one another through

@@ -25,6 +25,17 @@ global counter. Its rule is the static round robin of V5 over cluster tiles (clu
 ``C`` takes 256 x 256 tiles ``c, c + C, ...`` in grouped order). The peer never computes its own
 schedule; a dynamic rule would change only the leader's next-tile line.
 
+Option ``pair="n"`` (``PAIR_N_NARROW``, in ``EXTRA_CONFIGS``: built and checked, not tuned yet): the
+pair computes horizontally adjacent tiles of one M tile instead, so it shares the A tile: each
+CTA loads one 64-row slab of it by multicast into both, and its own whole B tile. Which operand to
+share is a matter of sizes: a CTA reads ``block_m x block_k`` of A and ``block_n x block_k`` of B a K
+block, and the pair should halve the larger. At 256 tokens on a 6144-row weight (a Llama's qkv) in
+128 x 96 tiles, A is the larger (128 rows against 96): stacked along M, 128 CTAs read 221 MB from L2
+(``plots/h100/skinny/``, ncu: near the L2's bandwidth in the kernel's time), side by side along N
+they read 160 MB, as cuBLAS's ``96x128`` kernel with its ``2x1`` cluster does on that shape (156 MB).
+Nothing else changes: a stage still receives both halves of each operand, so the barriers, counts
+and releases below are the same, with "own A" and "B half" trading places.
+
 Option ``pingpong`` (``PINGPONG`` and ``PINGPONG_WIDE``, in ``EXTRA_CONFIGS``: built and checked,
 not tuned, since on the H100 it is slower than V6 without it, ``plots/h100/pingpong/``; a build
 without it is V6 as above): CUTLASS's *ping-pong* consumers, meant for big square-ish products.
@@ -126,7 +137,10 @@ REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, group=8)
 # without it (plots/h100/pingpong/). Select it on purpose with versions.kernel(module, dtype, PINGPONG).
 PINGPONG = dict(block_m=128, block_n=128, block_k=64, stages=6, group=8, pingpong=True)
 PINGPONG_WIDE = dict(block_m=64, block_n=256, block_k=64, stages=4, group=8, pingpong=True)
-EXTRA_CONFIGS = (PINGPONG, PINGPONG_WIDE)
+# The pair side by side along N (module doc, option ``pair``), for 256 tokens on a narrow weight tile
+# (qkv): built and checked, not tuned until it is timed on the H100.
+PAIR_N_NARROW = dict(block_m=128, block_n=96, block_k=64, stages=7, group=8, pair="n")
+EXTRA_CONFIGS = (PINGPONG, PINGPONG_WIDE, PAIR_N_NARROW)
 B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)
 FUSED_EPILOGUE = True  # bias and every activation, in the epilogue (pipeline.fused_epilogue)
 
@@ -156,6 +170,7 @@ class Kernel(MatmulKernel):
         stages: int,
         group: int,
         pingpong: bool = False,
+        pair: str = "m",
         b_layout: str = "nk",
         bias: bool = False,
         activation: str = "",
@@ -168,16 +183,23 @@ class Kernel(MatmulKernel):
         self.stages = stages
         self.group = group
         self.pingpong = pingpong
+        if pair not in ("m", "n"):
+            raise ValueError(f"pair={pair!r}: 'm' (the pair's tiles stacked along M) or 'n' (side by side along N)")
+        self.pair = pair
+        # rank r of the pair computes M tile m_step * i + (m_step - 1) * r and N tile n_step * j + (n_step - 1) * r
+        # of cluster tile (i, j)
+        self.m_step, self.n_step = (2, 1) if pair == "m" else (1, 2)
         self.num_sms = sm_count()
 
     def matmul(
         self, g_a: GlobalTensor, g_b: GlobalTensor, g_c: GlobalTensor, m_size: int32, n_size: int32, k_size: int32
     ):
-        half_m = self.block_m // 2  # the rows of one consumer warpgroup
-        half_n = self.block_n // 2  # the rows of B each CTA of the pair loads
-        num_pairs = cdiv(cdiv(m_size, self.block_m), 2)  # a cluster tile: two tiles stacked along M
-        num_n_tiles = cdiv(n_size, self.block_n)
-        num_cluster_tiles = num_pairs * num_n_tiles
+        half_m = self.block_m // 2  # the rows of one consumer warpgroup (pair "n": of A each CTA loads)
+        half_n = self.block_n // 2  # the rows of B each CTA of the pair loads (pair "m")
+        # a cluster tile: two tiles stacked along M, or side by side along N
+        num_pair_rows = cdiv(cdiv(m_size, self.block_m), self.m_step)
+        num_pair_columns = cdiv(cdiv(n_size, self.block_n), self.n_step)
+        num_cluster_tiles = num_pair_rows * num_pair_columns
         max_clusters = self.num_sms // 2
         self.attrs.blocks = 2 * (num_cluster_tiles if num_cluster_tiles < max_clusters else max_clusters)
         self.attrs.cluster_blocks = 2
@@ -201,7 +223,7 @@ class Kernel(MatmulKernel):
             cluster_fences=False,
         )
         tiles = LeaderTileBroadcast(depth=2, readers=5)
-        raster = TileRasterizer(num_pairs, num_n_tiles, self.group)
+        raster = TileRasterizer(num_pair_rows, num_pair_columns, self.group)
         self.cluster.sync()  # every barrier of both CTAs exists before anything arrives on it
 
         # the pair's first tile is the one it was launched for, as with cluster launch control;
@@ -246,12 +268,12 @@ class Kernel(MatmulKernel):
         g_b: GlobalTensor,
         num_k_blocks: int32,
     ):
-        """Producer: this CTA's A tile and its half of the pair's B tile, every K block."""
+        """Producer: this CTA's A tile and its half of the pair's B tile (pair "n": its half of the
+        pair's A tile and its own B tile), every K block. Either way a stage receives both halves of
+        each: ``expect_tx`` counts the same bytes."""
         half_m = self.block_m // 2
         half_n = self.block_n // 2
-        pair_m, n_tile = raster.tile(linear)
-        offset_m = (2 * pair_m + rank) * self.block_m
-        offset_b = n_tile * self.block_n + rank * half_n
+        offset_m, offset_n = self.tile_origin(raster, linear, rank)
         for kb in range(num_k_blocks):
             ring.producer_acquire()  # free in both CTAs
             slot = ring.producer_stage
@@ -260,16 +282,40 @@ class Kernel(MatmulKernel):
                     ring.producer_barrier(), transaction_bytes=2 * s_a[slot, 0].nbytes + 2 * s_b[slot, 0].nbytes
                 )
             offset_k = kb * self.block_k
-            self.tma.global_to_shared(
-                src=g_a, dst=s_a[slot, 0], offsets=[offset_m, offset_k], mbarrier=ring.producer_barrier()
-            )
-            self.tma.global_to_shared(
-                src=g_a, dst=s_a[slot, 1], offsets=[offset_m + half_m, offset_k], mbarrier=ring.producer_barrier()
-            )
-            self.load_b(
-                g_b, s_b[slot, rank], ring.producer_barrier(), offset_b, offset_k, multicast=True, multicast_mask=0b11
-            )
+            if self.pair == "n":  # decided when the kernel is built
+                self.tma.global_to_shared(
+                    src=g_a,
+                    dst=s_a[slot, rank],
+                    offsets=[offset_m + rank * half_m, offset_k],
+                    mbarrier=ring.producer_barrier(),
+                    multicast_mask=0b11,
+                )
+                self.load_b(g_b, s_b[slot, 0], ring.producer_barrier(), offset_n, offset_k)
+                self.load_b(g_b, s_b[slot, 1], ring.producer_barrier(), offset_n + half_n, offset_k)
+            else:
+                self.tma.global_to_shared(
+                    src=g_a, dst=s_a[slot, 0], offsets=[offset_m, offset_k], mbarrier=ring.producer_barrier()
+                )
+                self.tma.global_to_shared(
+                    src=g_a, dst=s_a[slot, 1], offsets=[offset_m + half_m, offset_k], mbarrier=ring.producer_barrier()
+                )
+                self.load_b(
+                    g_b,
+                    s_b[slot, rank],
+                    ring.producer_barrier(),
+                    offset_n + rank * half_n,
+                    offset_k,
+                    multicast=True,
+                    multicast_mask=0b11,
+                )
             ring.producer_advance()
+
+    def tile_origin(self, raster: TileRasterizer, linear: int32, rank: int32):
+        """(row, column) of C where this CTA's tile of cluster tile ``linear`` starts."""
+        pair_row, pair_column = raster.tile(linear)
+        offset_m = (self.m_step * pair_row + (self.m_step - 1) * rank) * self.block_m
+        offset_n = (self.n_step * pair_column + (self.n_step - 1) * rank) * self.block_n
+        return offset_m, offset_n
 
     def consumer(
         self,
@@ -293,15 +339,13 @@ class Kernel(MatmulKernel):
             out = WgmmaTileStore(s_c[wg], half_m, self.block_n)
             linear: int32 = first
             while linear < num_cluster_tiles:
-                pair_m, n_tile = raster.tile(linear)
+                offset_m, offset_n = self.tile_origin(raster, linear, rank)
                 acc = self.register_tensor(dtype=float32, shape=[half_m, self.block_n], init=0.0)
                 self.annotate_layout(acc, wgmma_fragment(half_m, self.block_n))
                 mainloop.start(s_a, s_b, wg, acc)
                 following: int32 = tiles.receive()  # while K block 0 is on the tensor core
                 mainloop.finish(s_a, s_b, wg, acc, num_k_blocks)
-                out.store(
-                    acc, g_c, (2 * pair_m + rank) * self.block_m + wg * half_m, n_tile * self.block_n, self.epilogue
-                )
+                out.store(acc, g_c, offset_m + wg * half_m, offset_n, self.epilogue)
                 linear = following
             out.finish()
 
@@ -331,7 +375,7 @@ class Kernel(MatmulKernel):
                 linear = tiles.receive()  # warpgroup 1 starts at the CTA's second tile,
                 ring.consumer_skip(num_k_blocks)  # past the first tile's stages
             while linear < num_cluster_tiles:
-                pair_m, n_tile = raster.tile(linear)
+                offset_m, offset_n = self.tile_origin(raster, linear, rank)
                 acc = self.register_tensor(dtype=float32, shape=[self.block_m, self.block_n], init=0.0)
                 self.annotate_layout(acc, wgmma_fragment(self.block_m, self.block_n))
                 turns.wait(wg)
@@ -346,6 +390,6 @@ class Kernel(MatmulKernel):
                 following: int32 = other
                 if other < num_cluster_tiles:  # past the last tile nothing more is sent
                     following = tiles.receive()
-                out.store(acc, g_c, (2 * pair_m + rank) * self.block_m, n_tile * self.block_n, self.epilogue)
+                out.store(acc, g_c, offset_m, offset_n, self.epilogue)
                 linear = following
             out.finish()
