@@ -1271,6 +1271,7 @@ def test_a_stored_choice_goes_stale_only_with_the_sources_its_version_is_built_f
     files = {v: {p.name for p in tuner.fingerprint_files(ARCH, v)} for v in ("v6", "v7")}
     assert "cluster_reduce.py" in files["v7"] and "cluster_reduce.py" not in files["v6"]
     assert {"pipeline.py", "__init__.py", "fix.py", "v6.py"} <= files["v6"]  # the ring, the package, a tilus fix
+    assert "v5.py" in files["v6"] and "v5.py" not in files["v7"]  # V6 sizes its epilogue with V5's staging_columns
 
     before = {v: tuner.fingerprint.__wrapped__(ARCH, v) for v in ("v6", "v7")}
     read_bytes = Path.read_bytes

@@ -141,15 +141,30 @@ def fingerprint(arch: str, version: str) -> str:
 
 
 def fingerprint_files(arch: str, version: str) -> list[Path]:
-    """The sources a version's kernels are built from: its file, the shared entry point, the
-    ``pipeline`` modules those import (directly or through one another: an edit to a building block
-    the version does not use leaves its stored choices valid), and every tilus fix (they patch the
-    code generator of every kernel)."""
+    """The sources a version's kernels are built from: its file, the files of the versions it
+    imports from (Hopper V6 sizes its epilogue with V5's ``staging_columns``), the shared entry
+    point, the ``pipeline`` modules those import (directly or through one another: an edit to a
+    building block the version does not use leaves its stored choices valid), and every tilus fix
+    (they patch the code generator of every kernel)."""
     from .. import tilus_fixes
     from ..kernels import entry
 
-    own = [Path(versions.load(arch, version).__file__), Path(entry.__file__)]
+    version_file = Path(versions.load(arch, version).__file__)
+    own = [version_file, *_sibling_imports(version_file), Path(entry.__file__)]
     return [*own, *_pipeline_imports(own), *sorted(Path(tilus_fixes.__file__).parent.glob("*.py"))]
+
+
+def _sibling_imports(source: Path) -> list[Path]:
+    """The files of the same package that ``source`` imports relatively (``from .v5 import ...``)."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+            sibling = source.parent / f"{node.module}.py"
+            if sibling.is_file() and sibling not in found:
+                found.append(sibling)
+    return found
 
 
 def _pipeline_imports(sources: list[Path]) -> list[Path]:
