@@ -42,8 +42,10 @@ the three called on an input computes all three; its siblings, called on the sam
 object, unchanged since), take their columns of that product, views with no copy. Called on
 another input (a cross-attention's k and v read the encoder's states, not the queries' input), a
 projection runs its own rows of the fused weight instead, and the module stops sharing after the
-first such call: never a wrong result, at worst three separate products again. As with the gate-up
-fusion, the state dict holds the fused weight until ``undo`` rebuilds the three.
+first such call: never a wrong result, at worst three separate products again. The sharing is
+plain Python around the operator, so a CUDA graph captures one product and ``torch.compile``
+(``fullgraph=True`` too) traces one. As with the gate-up fusion, the state dict holds the fused
+weight until ``undo`` rebuilds the three.
 """
 
 from __future__ import annotations
@@ -180,8 +182,11 @@ class GatedMLPForward:
 def _versions(x: torch.Tensor, weight: torch.Tensor) -> Optional[tuple[int, int]]:
     """The version counters of the input and the weight (bumped by every in-place change), or None
     for an inference tensor, which has none (asking raises, and an exception a call costs as much as
-    a launch: hence the test first)."""
-    return None if x.is_inference() else (x._version, weight._version)
+    a launch: hence the test first), and under ``torch.compile``, which traces the three calls into
+    one graph (the identity of the input is what it checks there; dynamo cannot trace the test)."""
+    if torch.compiler.is_compiling() or x.is_inference():
+        return None
+    return x._version, weight._version
 
 
 @dataclasses.dataclass

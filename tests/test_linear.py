@@ -474,6 +474,20 @@ def test_fused_qkv_recomputes_after_an_in_place_change_of_the_input(path, attent
         close(attention.k_proj(x), torch.nn.functional.linear(x.float(), weight[48:64].float(), bias[48:64].float()))
 
 
+def test_fused_qkv_under_torch_compile_fullgraph(path, attention, products):
+    """The sharing is plain Python around the operator: dynamo traces it into one graph, with one
+    product in it."""
+    reference = copy.deepcopy(attention)
+    matmul.nn.convert(attention, fuse_qkv=True)
+    compiled = torch.compile(attention, backend="eager", fullgraph=True)
+    with torch.no_grad():
+        for _ in range(2):
+            x = torch.randn(3, 48).half()
+            for result, expected in zip(compiled(x), reference(x)):
+                close(result, expected.float())
+    assert products and set(products) == {80}
+
+
 def test_fused_qkv_gradients_match_the_separate_layers(path, attention):
     x = torch.randn(2, 5, 48).half()
     reference = QKVAttention(48, 16).half()
