@@ -629,15 +629,19 @@ def test_a_bucket_near_a_measured_one_is_tuned_among_the_candidates_that_came_cl
             tuner.VENDOR: {"config": {}, "call_ms": 1.1},
         },
     }
-    choose = make_chooser(tmp_path, {key(1024, 4096, 4096): neighbour}, tune_jobs=late)
+    other_gpu = tuner.choice_key(ARCH, "another GPU", torch.float16, 1024, 6144, 4096)
+    choose = make_chooser(tmp_path, {key(1024, 4096, 4096): neighbour, other_gpu: neighbour}, tune_jobs=late)
     choose.get(CPU, torch.float16, 1500, 4096, 4096)
     choose.get(CPU, torch.float16, 1500, 8192, 4096)  # no neighbour of this N x K: a full tuning
+    instant = choose.get(CPU, torch.float16, 1500, 6144, 4096)[1]  # only another GPU's: its choice, a full tuning
     late.finish.set()
     assert choose.wait(10)
-    near, alone = sorted(late.jobs, key=lambda job: job["n"])
+    near, other, alone = sorted(late.jobs, key=lambda job: job["n"])
     assert near["names"] == ["v4", "v5", tuner.VENDOR] and near["narrowed_from"] == key(1024, 4096, 4096)
     assert near["configs"] == {"v4": entry("v4")["config"], "v5": entry("v5")["config"]}
     assert "configs" not in alone and alone["names"] == tuner.candidates(ARCH, 1500, 8192, 4096)
+    assert (instant["version"], instant["nearest"]) == ("v4", other_gpu)
+    assert "configs" not in other and other["names"] == tuner.candidates(ARCH, 1500, 6144, 4096)
 
 
 def test_a_narrowed_tuning_at_another_m_times_v7_at_the_token_tile_of_this_m(tmp_path):

@@ -250,7 +250,7 @@ class Chooser:
                 self.entries[memo] = (arch, instant)
                 if mode == "background":  # narrowed as ``tune(narrow=True)`` narrows
                     job = tuning_job(key, arch, m, n, k, variant)
-                    if hint is not None:
+                    if hint is not None and not from_another_gpu(key, hint):
                         job.update(narrowed(job["names"], hint, arch, m))
                     self.tuner.submit(key, (memo, job), group=(arch, device, dtype))
                 return self.entries[memo]
@@ -378,8 +378,10 @@ class Chooser:
         choice in the other dtype or without the variant is a better guess than cuBLAS, and its
         timed candidates narrow the bucket's own tuning (``narrowed``). Another GPU of the same
         architecture (an H200 beside the shipped H100 table: the same SMs, more memory bandwidth)
-        runs the same instructions on the same tile shapes; its choice is a better first guess than
-        cuBLAS, and its few close candidates a far shorter tuning than the version spaces."""
+        runs the same instructions on the same tile shapes: its choice is a better first guess than
+        cuBLAS. Its shortlist is not trusted as far: what came close on one GPU need not contain
+        another's winner (an H20 has 78 SMs), so the background tuning of such a bucket searches
+        every space (``from_another_gpu``); ``tune(narrow=True)`` narrows from it where asked."""
         head, dtype, _, bn, bk, suffix = _key_parts(key)
         dtypes = [dtype, *(d for d in RELATED_DTYPES.get(dtype, ()) if d != dtype)]
         suffixes = [suffix, *([""] if suffix else [])]
@@ -686,6 +688,12 @@ class Relatives:
         if memo not in self._usable:
             self._usable[memo] = _checked(entry_is_usable, arch, entry, variant)
         return self._usable[memo]
+
+
+def from_another_gpu(key: str, relative: Entry) -> bool:
+    """Whether ``relative`` (a ``nearest`` entry) was measured on another GPU than ``key``'s bucket."""
+    nearest = relative.get("nearest")
+    return bool(nearest) and _key_parts(nearest)[0] != _key_parts(key)[0]
 
 
 def _arch_of_head(head: str) -> str:
