@@ -45,7 +45,8 @@ projection runs its own rows of the fused weight instead, and the module stops s
 first such call: never a wrong result, at worst three separate products again. The sharing is
 plain Python around the operator, so a CUDA graph captures one product and ``torch.compile``
 (``fullgraph=True`` too) traces one. As with the gate-up fusion, the state dict holds the fused
-weight until ``undo`` rebuilds the three.
+weight until ``undo`` rebuilds the three. With ``weights=`` as well, the stacked weight is packed
+once (``PackedFusedProjections``), for inference like every packed layer.
 """
 
 from __future__ import annotations
@@ -186,7 +187,7 @@ def _versions(x: torch.Tensor, weight: torch.Tensor) -> Optional[tuple[int, int]
     one graph (the identity of the input is what it checks there; dynamo cannot trace the test)."""
     if torch.compiler.is_compiling() or x.is_inference():
         return None
-    return x._version, weight._version
+    return x._version, weight._version if isinstance(weight, torch.Tensor) else 0  # a packed weight: never changed
 
 
 @dataclasses.dataclass
@@ -250,10 +251,14 @@ class FusedProjections:
             log.info("%s: %s called on different inputs; each runs its own rows of the fused weight from now on",
                      type(self.owner).__name__, ", ".join(self.names))  # fmt: skip
         if not self.shared:
-            return linear(x, *self.weight_and_bias(index))
+            return self.alone(x, index)
         parts = linear(x, weight, bias).split(self.sizes, dim=-1)  # one autograd node: its backward is a cat
         self.pending = _Product(x, versions, parts, set(range(len(self.names))) - {index})
         return parts[index]
+
+    def alone(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        """Projection ``index`` of an input its siblings do not share: its own rows of the weight."""
+        return linear(x, *self.weight_and_bias(index))
 
     def unfused(self, tensors: dict) -> dict:
         """Tensors shaped as the fused parameters (by their names: their data, their gradients)
@@ -277,6 +282,46 @@ class FusedProjections:
             setattr(owner, name, layer)
         for name in fused:
             delattr(owner, name)
+        self.pending = None
+
+
+class PackedFusedProjections(FusedProjections):
+    """``FusedProjections`` whose stacked weight is packed (``convert(weights=..., fuse_qkv=True)``):
+    one ``matmul.quantize`` of the stacked weight, which quantizes each row as the separate weights'
+    would be (a scale per row and group of K), so the product is the one the three packed weights
+    give. For inference, as ``QuantizedLinear``: the packed weight is an attribute of the group, not
+    a parameter, and the 16-bit layers stay as they were, kept for ``restore``."""
+
+    def __init__(self, owner: torch.nn.Module, names: tuple[str, ...], weights: str):
+        self.owner, self.names = owner, names
+        self.kept = [getattr(owner, name) for name in names]
+        self.sizes = [layer.out_features for layer in self.kept]
+        self.starts = [sum(self.sizes[:i]) for i in range(len(names))]
+        with torch.no_grad():
+            self.packed = quantize(torch.cat([layer.weight.detach() for layer in self.kept]), format=weights)
+            biases = [layer.bias for layer in self.kept]
+            self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+        self.pending: Optional[_Product] = None
+        self.shared = True
+        for index, name in enumerate(names):
+            setattr(owner, name, ProjectionSlice(self, index))
+
+    def weight_and_bias(self, index: Optional[int] = None):
+        if index is not None:
+            raise ValueError("a packed weight is run whole (alone)")
+        return self.packed, self.bias
+
+    def alone(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        # a packed weight's rows are not a view of it: the whole product, this projection's columns
+        start = self.starts[index]
+        return linear(x, self.packed, self.bias)[..., start : start + self.sizes[index]]
+
+    def unfused(self, tensors: dict) -> dict:
+        return {}  # no parameters of its own
+
+    def restore(self, owner: torch.nn.Module) -> None:
+        for name, layer in zip(self.names, self.kept):
+            setattr(owner, name, layer)
         self.pending = None
 
 
@@ -364,16 +409,17 @@ def convert(
             "fuse_gate_up fuses the swiglu into the 16-bit kernels' epilogue; packed weights run a plain "
             "epilogue: convert with weights=... or fuse_gate_up=True, not both"
         )
-    if weights is not None and fuse_qkv:
-        raise MatmulInputError(
-            "fuse_qkv stacks 16-bit weights; packed weights are not fused: convert with weights=... or "
-            "fuse_qkv=True, not both"
-        )
     conversion = Conversion(model)
     if fuse_qkv:
         for attention in list(model.modules()):
-            if _has_qkv(attention):
-                conversion.fused.append((attention, FusedProjections(attention, QKV)))
+            if not _has_qkv(attention):
+                continue
+            if weights is not None and quantizable(attention.q_proj, weights) is not None:
+                continue  # the three share K: none packs, and the loop below says why for each
+            fusion = (
+                FusedProjections(attention, QKV) if weights is None else PackedFusedProjections(attention, QKV, weights)
+            )
+            conversion.fused.append((attention, fusion))
     if fuse_gate_up:
         for mlp in model.modules():
             if _is_gated_mlp(mlp) and "forward" not in vars(mlp):

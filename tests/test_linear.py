@@ -498,8 +498,37 @@ def test_fused_qkv_gradients_match_the_separate_layers(path, attention):
     expected = torch.cat([reference.get_submodule(name).weight.grad for name in matmul.nn.QKV])
     close(attention.qkv_weight.grad, expected)
     close(attention.qkv_bias.grad, torch.cat([reference.get_submodule(name).bias.grad for name in matmul.nn.QKV]))
-    with pytest.raises(matmul.MatmulInputError, match="not both"):
-        matmul.nn.convert(reference, weights="int4", fuse_qkv=True)
+
+
+def test_fused_qkv_with_packed_weights(monkeypatch, products):
+    """``convert(weights="int4", fuse_qkv=True)``: the stacked weight packed once, each row as the
+    separate weights pack it, one product a forward (on the CPU: the widened weight and torch); a
+    cross-attention's k and v are the columns of the whole product of their own input; ``undo``
+    puts the 16-bit layers back; a K that is no multiple of the group fuses nothing and says why."""
+    import matmul.nn as mnn
+
+    monkeypatch.setattr(mnn, "eligible", lambda layer: None)  # the CPU stands in for the GPU here
+    torch.manual_seed(0)
+    model = QKVAttention(256, 64).half()
+    layers = dict(model.named_children())
+    conversion = matmul.nn.convert(model, weights="int4", fuse_qkv=True)
+    packed = conversion.fused[0][1].packed
+    assert packed.format == "int4" and packed.shape == (384, 256) and model.state_dict() == {}
+    rows = [matmul.quantize(layer.weight.detach(), format="int4").dequantize() for layer in layers.values()]
+    assert torch.equal(packed.dequantize(), torch.cat(rows))  # the same values as three packed weights
+    x, memory = torch.randn(2, 5, 256).half(), torch.randn(7, 256).half()
+    with torch.no_grad():
+        for source, ran in ((None, [384]), (memory, [384, 384, 384])):  # cross-attention: each its own product
+            products.clear()
+            sources = (x, x, x) if source is None else (x, memory, memory)
+            for result, read, weight, layer in zip(model(x, source), sources, rows, layers.values()):
+                close(result, torch.nn.functional.linear(read.float(), weight.float(), layer.bias.float()))
+            assert products == ran
+    conversion.undo()
+    assert dict(model.named_children()) == layers
+    ragged = QKVAttention(200, 64).half()
+    conversion = matmul.nn.convert(ragged, weights="int4", fuse_qkv=True)
+    assert conversion.fused == [] and "group of 128" in conversion.skipped["k_proj"]
 
 
 def test_a_linear_loads_a_torch_state_dict(path):
