@@ -208,6 +208,7 @@ class FusedProjections:
     def __init__(self, owner: torch.nn.Module, names: tuple[str, ...]):
         self.owner, self.names = owner, names
         self.kept = [getattr(owner, name) for name in names]  # the nn.Linear layers, for restore
+        self.in_features = self.kept[0].in_features
         self.sizes = [layer.out_features for layer in self.kept]
         self.starts = [sum(self.sizes[:i]) for i in range(len(names))]
         weights = [layer.weight for layer in self.kept]
@@ -290,16 +291,19 @@ class PackedFusedProjections(FusedProjections):
     one ``matmul.quantize`` of the stacked weight, which quantizes each row as the separate weights'
     would be (a scale per row and group of K), so the product is the one the three packed weights
     give. For inference, as ``QuantizedLinear``: the packed weight is an attribute of the group, not
-    a parameter, and the 16-bit layers stay as they were, kept for ``restore``."""
+    a parameter, and the 16-bit layers are kept by the ``Conversion``, not here (as swapped layers:
+    ``undo`` puts them back), so that dropping it frees them."""
 
     def __init__(self, owner: torch.nn.Module, names: tuple[str, ...], weights: str):
         self.owner, self.names = owner, names
-        self.kept = [getattr(owner, name) for name in names]
-        self.sizes = [layer.out_features for layer in self.kept]
+        layers = [getattr(owner, name) for name in names]
+        self.kept = None  # the Conversion keeps them
+        self.in_features = layers[0].in_features
+        self.sizes = [layer.out_features for layer in layers]
         self.starts = [sum(self.sizes[:i]) for i in range(len(names))]
         with torch.no_grad():
-            self.packed = quantize(torch.cat([layer.weight.detach() for layer in self.kept]), format=weights)
-            biases = [layer.bias for layer in self.kept]
+            self.packed = quantize(torch.cat([layer.weight.detach() for layer in layers]), format=weights)
+            biases = [layer.bias for layer in layers]
             self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
         self.pending: Optional[_Product] = None
         self.shared = True
@@ -320,9 +324,7 @@ class PackedFusedProjections(FusedProjections):
         return {}  # no parameters of its own
 
     def restore(self, owner: torch.nn.Module) -> None:
-        for name, layer in zip(self.names, self.kept):
-            setattr(owner, name, layer)
-        self.pending = None
+        self.pending = None  # the layers themselves come back as the Conversion's swapped ones
 
 
 class ProjectionSlice(torch.nn.Module):
@@ -332,7 +334,7 @@ class ProjectionSlice(torch.nn.Module):
         super().__init__()
         self._group = [group]  # in a list: not a submodule, so the owner's state dict is unchanged
         self.index = index
-        self.in_features, self.out_features = group.kept[index].in_features, group.sizes[index]
+        self.in_features, self.out_features = group.in_features, group.sizes[index]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._group[0].project(x, self.index)
@@ -416,10 +418,12 @@ def convert(
                 continue
             if weights is not None and quantizable(attention.q_proj, weights) is not None:
                 continue  # the three share K: none packs, and the loop below says why for each
-            fusion = (
-                FusedProjections(attention, QKV) if weights is None else PackedFusedProjections(attention, QKV, weights)
-            )
-            conversion.fused.append((attention, fusion))
+            if weights is None:
+                conversion.fused.append((attention, FusedProjections(attention, QKV)))
+            else:
+                originals = [(attention, name, getattr(attention, name)) for name in QKV]
+                conversion.fused.append((attention, PackedFusedProjections(attention, QKV, weights)))
+                conversion.swapped.extend(originals)
     if fuse_gate_up:
         for mlp in model.modules():
             if _is_gated_mlp(mlp) and "forward" not in vars(mlp):

@@ -524,6 +524,7 @@ def test_fused_qkv_with_packed_weights(monkeypatch, products):
             for result, read, weight, layer in zip(model(x, source), sources, rows, layers.values()):
                 close(result, torch.nn.functional.linear(read.float(), weight.float(), layer.bias.float()))
             assert products == ran
+    assert conversion.fused[0][1].kept is None  # the 16-bit layers: the Conversion's alone, freed with it
     conversion.undo()
     assert dict(model.named_children()) == layers
     ragged = QKVAttention(200, 64).half()
