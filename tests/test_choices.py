@@ -640,7 +640,8 @@ def test_a_bucket_near_a_measured_one_is_tuned_among_the_candidates_that_came_cl
     assert near["names"] == ["v4", "v5", tuner.VENDOR] and near["narrowed_from"] == key(1024, 4096, 4096)
     assert near["configs"] == {"v4": entry("v4")["config"], "v5": entry("v5")["config"]}
     assert "configs" not in alone and alone["names"] == tuner.candidates(ARCH, 1500, 8192, 4096)
-    assert (instant["version"], instant["nearest"]) == ("v4", other_gpu)
+    chosen = instant.get("chosen", instant)  # cuBLAS runs while v4's kernel is built
+    assert (chosen["version"], chosen["nearest"]) == ("v4", other_gpu)
     assert "configs" not in other and other["names"] == tuner.candidates(ARCH, 1500, 6144, 4096)
 
 
