@@ -68,6 +68,7 @@ __all__ = [
     "QuantizedLinear",
     "GatedMLPForward",
     "FusedProjections",
+    "PackedFusedProjections",
     "ProjectionSlice",
     "convert",
     "Conversion",
@@ -207,23 +208,29 @@ class FusedProjections:
 
     def __init__(self, owner: torch.nn.Module, names: tuple[str, ...]):
         self.owner, self.names = owner, names
-        self.kept = [getattr(owner, name) for name in names]  # the nn.Linear layers, for restore
-        self.in_features = self.kept[0].in_features
-        self.sizes = [layer.out_features for layer in self.kept]
+        layers = [getattr(owner, name) for name in names]
+        self.in_features = layers[0].in_features
+        self.sizes = [layer.out_features for layer in layers]
         self.starts = [sum(self.sizes[:i]) for i in range(len(names))]
-        weights = [layer.weight for layer in self.kept]
-        biases = [layer.bias for layer in self.kept]
-        with torch.no_grad():
-            setattr(owner, self.WEIGHT, torch.nn.Parameter(torch.cat(weights), weights[0].requires_grad))
-            if biases[0] is not None:
-                setattr(owner, self.BIAS, torch.nn.Parameter(torch.cat(biases), biases[0].requires_grad))
-        for tensor in weights + biases:  # released: the fused parameters hold them (rebuilt by restore)
-            if tensor is not None:
-                tensor.data = tensor.data.new_empty(0)
+        self.kept = self.stack(layers)
         self.pending: Optional[_Product] = None
         self.shared = True  # False once a projection was called on another input than its siblings
         for index, name in enumerate(names):
             setattr(owner, name, ProjectionSlice(self, index))
+
+    def stack(self, layers: list) -> Optional[list]:
+        """The layers' weights (and biases) stacked as the owner's parameters, theirs released; the
+        layers, kept for ``restore``."""
+        weights = [layer.weight for layer in layers]
+        biases = [layer.bias for layer in layers]
+        with torch.no_grad():
+            setattr(self.owner, self.WEIGHT, torch.nn.Parameter(torch.cat(weights), weights[0].requires_grad))
+            if biases[0] is not None:
+                setattr(self.owner, self.BIAS, torch.nn.Parameter(torch.cat(biases), biases[0].requires_grad))
+        for tensor in weights + biases:  # released: the fused parameters hold them (rebuilt by restore)
+            if tensor is not None:
+                tensor.data = tensor.data.new_empty(0)
+        return layers
 
     def weight_and_bias(self, index: Optional[int] = None):
         """The fused weight and bias, or (``index``) one projection's rows of them: views, no copy."""
@@ -295,20 +302,15 @@ class PackedFusedProjections(FusedProjections):
     ``undo`` puts them back), so that dropping it frees them."""
 
     def __init__(self, owner: torch.nn.Module, names: tuple[str, ...], weights: str):
-        self.owner, self.names = owner, names
-        layers = [getattr(owner, name) for name in names]
-        self.kept = None  # the Conversion keeps them
-        self.in_features = layers[0].in_features
-        self.sizes = [layer.out_features for layer in layers]
-        self.starts = [sum(self.sizes[:i]) for i in range(len(names))]
+        self.format = weights
+        super().__init__(owner, names)
+
+    def stack(self, layers: list) -> Optional[list]:
         with torch.no_grad():
-            self.packed = quantize(torch.cat([layer.weight.detach() for layer in layers]), format=weights)
+            self.packed = quantize(torch.cat([layer.weight.detach() for layer in layers]), format=self.format)
             biases = [layer.bias for layer in layers]
             self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
-        self.pending: Optional[_Product] = None
-        self.shared = True
-        for index, name in enumerate(names):
-            setattr(owner, name, ProjectionSlice(self, index))
+        return None  # the Conversion keeps the layers
 
     def weight_and_bias(self, index: Optional[int] = None):
         if index is not None:
