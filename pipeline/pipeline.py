@@ -121,7 +121,9 @@ class Pipeline(tilus.Class):
         self.mbarrier.arrive(self.full[self.producer_stage], scope=self.order_scope)
 
     def producer_advance(self):
-        self.producer_stage = (self.producer_stage + 1) % self.num_stages
+        # a compare and a select, not ``% num_stages``: with a ring depth that is no power of two
+        # (7, 13) the remainder is a multiply-high chain on the path from a release to the next issue
+        self.producer_stage = 0 if self.producer_stage + 1 == self.num_stages else self.producer_stage + 1
         self.producer_phase = self.producer_phase ^ (self.producer_stage == 0)
 
     def producer_tail(self):
@@ -152,8 +154,8 @@ class Pipeline(tilus.Class):
     def consumer_release_previous(self):
         """Release the stage before the current one (a consumer that keeps one MMA group in
         flight releases the previous K block's stage once the current block's MMA is issued)."""
-        # + (num_stages - 1) rather than - 1: the stage index stays non-negative
-        self.release_barrier(self.empty[(self.consumer_stage + (self.num_stages - 1)) % self.num_stages])
+        previous = self.num_stages - 1 if self.consumer_stage == 0 else self.consumer_stage - 1
+        self.release_barrier(self.empty[previous])
 
     def release_barrier(self, barrier: RegisterTensor):
         """Arrive on an ``empty`` barrier as ``release_to``, ``release_offset`` and ``elect_release`` say."""
@@ -208,7 +210,7 @@ class Pipeline(tilus.Class):
             )
 
     def consumer_advance(self):
-        self.consumer_stage = (self.consumer_stage + 1) % self.num_stages
+        self.consumer_stage = 0 if self.consumer_stage + 1 == self.num_stages else self.consumer_stage + 1  # as above
         self.consumer_phase = self.consumer_phase ^ (self.consumer_stage == 0)
 
     def consumer_skip(self, count: int32):

@@ -53,6 +53,7 @@ def test_fixes_are_applied_for_tilus_0_2_0():
         "int4_bf16_cast",
         "tcgen05_tmem_a",
         "wgmma_instruction_width",
+        "wgmma_descriptor_offsets",
     }
     assert all(fix.applied for fix in tilus_fixes.FIXES.values())
 
@@ -224,3 +225,21 @@ def test_a_96_column_tile_is_one_wgmma_wide_only_with_the_fix(fresh_cache):
     wide = build_with_and_without("wgmma_instruction_width", module, module.REPRESENTATIVE, fresh_cache / "wide")
     sources = [(result.program_dir / "module" / "source.cu").read_text() for result in wide]
     assert sources[0] == sources[1] and "m64n256k16" in sources[0]
+
+
+def test_a_tiles_wgmma_descriptors_are_its_base_plus_a_constant_only_with_the_fix(fresh_cache):
+    """Hopper V5 with 128 x 96 tiles, four wgmma a K block: with the fix each descriptor is the
+    tile's base descriptor plus the instruction's offset shifted (2, 4, 6: 32 bytes a K step), so
+    only the base addresses are encoded; tilus alone encodes every offset address in full."""
+    module = versions.load("sm_90a", "v5")
+    config = dict(module.REPRESENTATIVE, block_n=96, stages=7)
+    fixed, faulty = build_with_and_without("wgmma_descriptor_offsets", module, config, fresh_cache)
+    assert fixed.ok and faulty.ok
+    sources = [(result.program_dir / "module" / "source.cu").read_text() for result in (fixed, faulty)]
+    offset_encoded = r"encode_smem_descriptor\(\(\(uint32_t\)\(\(\(shared_addr_\d+ \+ \d+\) >> 4"
+    plus_constant = r"\) \+ uint64_t\((\d+)ull\)\)"
+    assert not re.search(offset_encoded, sources[0]) and re.search(offset_encoded, sources[1])
+    assert {int(c) for c in re.findall(plus_constant, sources[0])} == {2, 4, 6}
+    assert not re.search(plus_constant, sources[1])
+    # the same instructions either way: only how their operands are computed differs
+    assert [r.ptx().count("wgmma.mma_async") for r in (fixed, faulty)] == [16, 16]

@@ -19,7 +19,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import gpu_arch
+from conftest import QKVAttention, gpu_arch
 
 import matmul
 from matmul.kernels import versions
@@ -289,3 +289,31 @@ def test_widening_planted_bugs_are_caught(bug, widening_built):
     _, qw = operands(1, 1000, 1024, torch.float16, BUGS[bug])
     assert torch.equal(device_widen.widen(qw), qw.dequantize())
     assert not torch.equal(device_widen.widen(planted(qw, bug)), qw.dequantize()), f"planted {bug} passes"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fused_qkv_with_packed_weights(dtype):
+    """``convert(weights="int4", fuse_qkv=True)`` on the GPU: one V8 product of the stacked packed
+    weight for q, k and v (a grouped-query attention's, k and v narrower, with biases), and a
+    cross-attention's k and v from the whole product of their own input, each against float32 from
+    its own layer's dequantized rows; V8 built first, so that the widened path is not what is checked."""
+    torch.manual_seed(0)
+    model = QKVAttention(1024, 256).cuda().to(dtype)
+    layers = list(model.children())
+    rows = [matmul.quantize(layer.weight.detach(), format="int4").dequantize().float() for layer in layers]
+    biases = [layer.bias.detach().float() for layer in layers]
+    conversion = matmul.nn.convert(model, weights="int4", fuse_qkv=True)
+    packed = conversion.fused[0][1].packed
+    assert packed.shape == (1536, 1024)
+    x = torch.empty(2, 8, 1024, dtype=dtype, device="cuda").uniform_(-1, 1)
+    memory = torch.empty(3, 5, 1024, dtype=dtype, device="cuda").uniform_(-1, 1)
+    for tokens in (16, 15):
+        assert quant_linear.uses_v8(tokens, packed)
+        assert quant_linear.wait_until_built(dtype, "int4", quant_linear.config_for(tokens, 1536, 1024, "int4"))
+    with torch.no_grad():
+        for source in (None, memory):
+            sources = (x, x, x) if source is None else (x, memory, memory)
+            for result, read, weight, bias in zip(model(x, source), sources, rows, biases):
+                expected = torch.nn.functional.linear(read.float(), weight, bias)
+                assert result.shape == expected.shape
+                assert relative_error(result, expected) <= TOLERANCE[dtype]

@@ -24,7 +24,9 @@ around, is guarded to the tilus release that has it, and can be taken out again
 * ``tcgen05_tmem_a``: ``tcgen05.mma`` with its A operand in tensor memory has no emitter
   (Blackwell V8 widens its int4 weight into that operand);
 * ``wgmma_instruction_width``: a wgmma tile is issued in instructions only as wide as the greatest
-  power of two dividing its N (a 96-column tile as three ``m64n32k16``).
+  power of two dividing its N (a 96-column tile as three ``m64n32k16``);
+* ``wgmma_descriptor_offsets``: every wgmma of a tile encodes its shared-memory descriptors from
+  the full address, where the tile's base descriptor plus a constant would do.
 
 Each module's docstring describes its fault and the work-around in full.
 """
@@ -45,6 +47,7 @@ from . import (
     serial_transpile,
     tcgen05_tmem_a,
     tma_sm90,
+    wgmma_descriptor_offsets,
     wgmma_instruction_width,
     wgmma_register_a,
     workspace_in_shared_memory,
@@ -66,6 +69,7 @@ MODULES = (
     int4_bf16_cast,
     tcgen05_tmem_a,
     wgmma_instruction_width,
+    wgmma_descriptor_offsets,
 )
 
 FIXES: dict[str, Fix] = {}
