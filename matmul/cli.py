@@ -1,6 +1,7 @@
 """``python -m matmul``: the project's command line.
 
 python -m matmul compile [--arch sm_90a|sm_100a] [--versions v0,v1,...] [--out DIR] [--all-configs]
+python -m matmul compile --arch sm_90a --kernels FILE|- [--jobs N]
 python -m matmul bench [--arch ...] [--versions ...] [--shapes series,ksweep,llm|MxNxK,...] [--out DIR]
 python -m matmul plot RESULTS.json [...] [--out DIR]
 python -m matmul model [--out DIR] [--dtype float16|bfloat16] [--rounds N]
@@ -41,8 +42,48 @@ def _versions(value: str | None, arch: str, have: list[str] | None = None) -> li
     return [v for v in wanted if v in have]
 
 
+def _build_listed(arch: str, line: str) -> str:
+    """Build one line of a ``--kernels`` list: "" when it built, else why not (parallel's contract)."""
+    import json
+
+    import tilus
+
+    from .kernels.variant import PLAIN, Variant
+
+    fields = line.split("|")
+    if len(fields) not in (3, 4):
+        return f"not 'version|configuration json|dtype[|variant]': {line!r}"
+    version, config, dtype, key = (*fields, "")[:4]
+    try:
+        module = versions.load(arch, version.strip())
+        variant = Variant.parse(key.strip()) if key.strip() else PLAIN
+        result = build.build_config(module, arch, json.loads(config), getattr(tilus, dtype.strip()), variant)
+    except (ValueError, KeyError, AttributeError, ImportError) as error:
+        return f"{type(error).__name__}: {error}"
+    return "" if result.ok else (result.error or "failed")
+
+
+def compile_listed(args) -> int:
+    """``--kernels``: build exactly the listed kernels for one architecture, ``--jobs`` at once, into
+    tilus's cache (``$MATMUL_CACHE_DIR``): a GPU session's kernels built on a machine without a GPU,
+    the cache then carried to the GPU (the GPU tests' list: ``python tests/gpu_kernels.py``)."""
+    from .build import parallel
+
+    arches = _arches(args.arch)
+    if len(arches) != 1:
+        raise ValueError("--kernels builds for one architecture: give --arch sm_90a or --arch sm_100a")
+    text = sys.stdin.read() if args.kernels == "-" else Path(args.kernels).read_text()
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    errors = parallel.in_forked_processes(_build_listed, [(arches[0], line) for line in lines], args.jobs)
+    print(f"[compile] {len(lines) - sum(map(bool, errors))} of {len(lines)} kernels built for {arches[0]}")
+    return 1 if any(errors) else 0
+
+
 def compile_command(args) -> int:
     from tqdm import tqdm
+
+    if args.kernels:
+        return compile_listed(args)
 
     rows, failed = [], False
     gpu_arch = None if args.no_check else versions.local_arch()
@@ -465,6 +506,14 @@ def main(argv=None) -> int:
         help="say whether each version's PTX is the same as DIR/<arch>/<version>.ptx "
         "(written by an earlier --out), ignoring line information: a refactoring's proof",
     )
+    p.add_argument(
+        "--kernels",
+        metavar="FILE",
+        help="build only the kernels listed in FILE ('-': standard input), one a line: "
+        "version|configuration json|dtype[|variant key], e.g. "
+        'v6|{"block_m": 128, "block_n": 96, "block_k": 64, "stages": 7, "group": 8}|float16|kn',
+    )
+    p.add_argument("--jobs", type=int, help="with --kernels: builds at once (default: one a core)")
     p.set_defaults(func=compile_command)
     p = sub.add_parser(
         "bench",

@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 
@@ -84,3 +85,47 @@ def test_candidates_checks_then_times_each_configuration_against_cublas(monkeypa
     assert {r["kernel"]: r["ok"] for r in rows}["v1 block_m=64"], rows
     assert lines[-1] == "BEST 40x24x17 v1 block_m=128: 1.250x cuBLAS"
     assert all(isinstance(r["error"], float) and not torch.is_tensor(r["error"]) for r in rows)
+
+
+def test_compile_kernels_builds_a_list_into_the_cache_and_names_a_bad_line(tmp_path):
+    """``compile --kernels``: each listed kernel built into $MATMUL_CACHE_DIR's tilus cache; a line
+    that names no kernel fails the command and is named, the others still build."""
+    import json
+
+    listed = tmp_path / "kernels.txt"
+    good = json.dumps({"block_m": 64, "block_n": 128, "block_k": 32})
+    listed.write_text(f"# a comment\nv1|{good}|float16\nv9|{good}|float16\n")
+    env = {**os.environ, "MATMUL_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "matmul", "compile", "--arch", "sm_90a", "--kernels", str(listed), "--jobs", "1"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "1 of 2 kernels built for sm_90a" in proc.stdout
+    assert "build failed: ('sm_90a', 'v9|" in proc.stdout
+    assert len(list((tmp_path / "cache" / "tilus" / "programs").glob("*/module/lib.so"))) == 1
+
+
+def test_the_gpu_tests_kernel_list_names_kernels_that_exist():
+    """``tests/gpu_kernels.py`` (what a GPU session prebuilds): every line a version of the series,
+    one of its configurations, a 16-bit dtype and a variant the version supports."""
+    import json
+
+    import gpu_kernels
+
+    from matmul.kernels import variant as variants
+    from matmul.kernels import versions
+
+    lines = gpu_kernels.kernels()
+    assert len(lines) == len(set(lines)) > 100
+    for line in lines:
+        version, config, dtype, *key = line.split("|")
+        module = versions.load("sm_90a", version)
+        named = [
+            getattr(module, name) for name in dir(module) if name.isupper() and isinstance(getattr(module, name), dict)
+        ]
+        assert json.loads(config) in [*versions.build_configs(module), *named] or version == "v8", line
+        assert dtype in ("float16", "bfloat16")
+        assert variants.supported(module, variants.Variant.parse(key[0] if key else "")), line

@@ -1,0 +1,75 @@
+"""The Hopper kernels the GPU tests launch, as ``python -m matmul compile --kernels`` takes them: a
+GPU session's builds done on a machine without a GPU, the cache then carried to the GPU.
+
+    python tests/gpu_kernels.py > kernels.txt
+    MATMUL_CACHE_DIR=$PWD/.cache/gpu python -m matmul compile --arch sm_90a --kernels kernels.txt
+
+One line a kernel, ``version|configuration json|dtype[|variant key]``. The lists come from the test
+modules themselves (their spaces, configurations and variants), so a test that changes what it
+launches changes this list; a kernel missing here is only built on the GPU machine, which costs device
+time, not correctness. V8's other weight formats are built by the call's build child there.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))  # the test modules and their conftest
+
+from matmul.kernels import versions  # noqa: E402
+from matmul.quant import linear as quant_linear  # noqa: E402
+
+ARCH = "sm_90a"
+BOTH = ("float16", "bfloat16")
+EPILOGUES = ("kn", "bias+gelu_tanh", "swiglu", "bias+swiglu")
+
+
+def kernels() -> list[str]:
+    import test_multicast_gpu
+    import test_skinny_gpu
+
+    lines: list[str] = []
+
+    def add(version: str, config: dict, dtypes=("float16",), key: str = "") -> None:
+        for dtype in dtypes:
+            line = f"{version}|{json.dumps(config, sort_keys=True)}|{dtype}" + (f"|{key}" if key else "")
+            if line not in lines:
+                lines.append(line)
+
+    # test_gpu_correctness: each version's representative in both dtypes, every point of its space,
+    # V5's and V6's narrow tiles in both dtypes and V6's pair along N
+    for version in versions.available(ARCH):
+        module = versions.load(ARCH, version)
+        add(version, module.REPRESENTATIVE, BOTH)
+        for config in versions.space(module):
+            add(version, config)
+            if version in ("v5", "v6") and config["block_n"] % 64 and config["group"] == 16:
+                add(version, config, BOTH)
+    v5, v6, v7 = (versions.load(ARCH, v) for v in ("v5", "v6", "v7"))
+    add("v6", v6.PAIR_N_NARROW, BOTH)
+    # test_pingpong_gpu and test_stream_k_gpu
+    for config in (v6.PINGPONG, v6.PINGPONG_WIDE):
+        add("v6", config, BOTH)
+    for key in ("kn", "bias+gelu_tanh", "swiglu"):
+        add("v6", v6.PINGPONG, key=key)
+    add("v5", v5.STREAM_K, BOTH)
+    for key in ("kn", "bias+gelu_tanh"):
+        add("v5", v5.STREAM_K, key=key)
+    # test_skinny_gpu and test_multicast_gpu
+    for config in versions.space(v7):
+        add("v7", config, BOTH)
+    for config in test_skinny_gpu.SPLIT_1:
+        for key in EPILOGUES:
+            add("v7", config, ("bfloat16",), key)
+    for config in test_multicast_gpu.MULTICAST:
+        add("v7", config, BOTH)
+        add("v7", config, key="kn")
+    # test_v8_gpu's fused q, k, v (int4, 16 tokens a tile)
+    add("v8", quant_linear.kernel_config("int4", quant_linear.config_for(16, 1536, 1024, "int4")), BOTH)
+    return lines
+
+
+if __name__ == "__main__":
+    print("\n".join(kernels()))
