@@ -1,7 +1,8 @@
 #!/bin/bash
 # The GPU tests of every Hopper kernel the change touches (the ring's advance: every version with a
 # Pipeline; the descriptors: every wgmma), kernels prebuilt on the CPU machine into $MATMUL_CACHE_DIR
-# (since: `python tests/gpu_kernels.py > k.txt; python -m matmul compile --arch sm_90a --kernels k.txt`). Each file under its own limit, so that what ran comes back.
+# (since: `python tests/gpu_kernels.py > k.txt; python -m matmul compile --arch sm_90a --kernels k.txt`).
+# Each file under its own limit, so that what ran comes back.
 # Writes $OUT/gpu-tests-*.txt.
 set -u
 t() {  # $1: name, $2: seconds, the rest: pytest arguments
