@@ -58,7 +58,7 @@ def _build_listed(arch: str, line: str) -> str:
         module = versions.load(arch, version.strip())
         variant = Variant.parse(key.strip()) if key.strip() else PLAIN
         result = build.build_config(module, arch, json.loads(config), getattr(tilus, dtype.strip()), variant)
-    except (ValueError, KeyError, AttributeError, ImportError) as error:
+    except (ValueError, KeyError, AttributeError, ImportError, TypeError) as error:
         return f"{type(error).__name__}: {error}"
     return "" if result.ok else (result.error or "failed")
 
