@@ -30,9 +30,10 @@ def _base_plus_offset(original):
         from tilus.hidet.ir.dtypes import uint64
 
         addr = self.addr
-        if isinstance(addr, hx.Add) and isinstance(addr.b, hx.Constant) and int(addr.b.value) % 16 == 0:
+        offset = int(addr.b.value) if isinstance(addr, hx.Add) and isinstance(addr.b, hx.Constant) else -1
+        if offset >= 0 and offset % 16 == 0:  # else (never seen: offsets are whole 16-byte rows) as before
             base = original(dataclasses.replace(self, addr=addr.a))
-            return base + uint64(int(addr.b.value) >> 4)
+            return base + uint64(offset >> 4)
         return original(self)
 
     return encoded
