@@ -23,11 +23,12 @@ from matmul.quant import linear as quant_linear  # noqa: E402
 
 ARCH = "sm_90a"
 BOTH = ("float16", "bfloat16")
-EPILOGUES = ("kn", "bias+gelu_tanh", "swiglu", "bias+swiglu")
 
 
 def kernels() -> list[str]:
+    import test_gpu_correctness
     import test_multicast_gpu
+    import test_pingpong_gpu
     import test_skinny_gpu
 
     lines: list[str] = []
@@ -39,20 +40,20 @@ def kernels() -> list[str]:
                 lines.append(line)
 
     # test_gpu_correctness: each version's representative in both dtypes, every point of its space,
-    # V5's and V6's narrow tiles in both dtypes and V6's pair along N
+    # V5's and V6's narrow tiles in both dtypes (with V6's pair along N)
     for version in versions.available(ARCH):
         module = versions.load(ARCH, version)
         add(version, module.REPRESENTATIVE, BOTH)
         for config in versions.space(module):
             add(version, config)
-            if version in ("v5", "v6") and config["block_n"] % 64 and config["group"] == 16:
-                add(version, config, BOTH)
     v5, v6, v7 = (versions.load(ARCH, v) for v in ("v5", "v6", "v7"))
-    add("v6", v6.PAIR_N_NARROW, BOTH)
+    for version, module in (("v5", v5), ("v6", v6)):
+        for config in test_gpu_correctness.narrow_configs(module):
+            add(version, config, BOTH)
     # test_pingpong_gpu and test_stream_k_gpu
-    for config in (v6.PINGPONG, v6.PINGPONG_WIDE):
-        add("v6", config, BOTH)
-    for key in ("kn", "bias+gelu_tanh", "swiglu"):
+    for tile in test_pingpong_gpu.TILES:
+        add("v6", getattr(v6, tile), BOTH)
+    for key in ("kn", *test_pingpong_gpu.FUSED):
         add("v6", v6.PINGPONG, key=key)
     add("v5", v5.STREAM_K, BOTH)
     for key in ("kn", "bias+gelu_tanh"):
@@ -61,7 +62,7 @@ def kernels() -> list[str]:
     for config in versions.space(v7):
         add("v7", config, BOTH)
     for config in test_skinny_gpu.SPLIT_1:
-        for key in EPILOGUES:
+        for key in test_skinny_gpu.EPILOGUES:
             add("v7", config, ("bfloat16",), key)
     for config in test_multicast_gpu.MULTICAST:
         add("v7", config, BOTH)

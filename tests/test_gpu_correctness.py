@@ -58,6 +58,12 @@ def test_every_configuration_of_the_space(version):
                 check(module, m, n, k, torch.float16, config=config)
 
 
+def narrow_configs(module) -> list[dict]:
+    """V5's or V6's narrow tiles (96 and 224 columns, rasterization group 16), and V6's pair along N."""
+    configs = [c for c in versions.space(module) if c["block_n"] % 64 and c["group"] == 16]
+    return configs + ([module.PAIR_N_NARROW] if hasattr(module, "PAIR_N_NARROW") else [])
+
+
 @pytest.mark.skipif(ARCH != "sm_90a", reason="Hopper V5's and V6's narrow tiles")
 @pytest.mark.parametrize("version", ("v5", "v6"))
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -68,8 +74,7 @@ def test_hopper_narrow_tiles(version, dtype):
     past N) and on qkv and gate-up at 256 tokens (M = 255: the pair's second tile clipped), in both
     dtypes."""
     module = versions.load(ARCH, version)
-    configs = [c for c in versions.space(module) if c["block_n"] % 64 and c["group"] == 16]
-    for config in configs + ([module.PAIR_N_NARROW] if version == "v6" else []):
+    for config in narrow_configs(module):
         for m, n, k in ((1000, 4095, 17), (333, 257, 1031), (17, 4095, 1000), (256, 6144, 4096), (255, 28672, 4096)):
             check(module, m, n, k, dtype, config=config)
 

@@ -81,7 +81,10 @@ def test_pingpong_reads_b_in_place_as_k_by_n():
     assert error <= TOLERANCE[dtype], f"ping-pong kn: relative error {error:.3g}"
 
 
-@pytest.mark.parametrize("key", ["bias+gelu_tanh", "swiglu"])
+FUSED = ("bias+gelu_tanh", "swiglu")
+
+
+@pytest.mark.parametrize("key", FUSED)
 def test_pingpong_with_a_fused_epilogue(key):
     module, dtype = v6(), torch.float16
     var = variants.Variant.parse(key)

@@ -73,8 +73,11 @@ SPLIT_1 = [
 ]
 
 
+EPILOGUES = ("kn", "bias+gelu_tanh", "swiglu", "bias+swiglu")
+
+
 @pytest.mark.parametrize("config", SPLIT_1, ids=lambda c: "-".join(f"{v}" for v in c.values()))
-@pytest.mark.parametrize("key", ("kn", "bias+gelu_tanh", "swiglu", "bias+swiglu"))
+@pytest.mark.parametrize("key", EPILOGUES)
 def test_slabs_with_every_epilogue(config, key):
     from matmul.kernels import variant as variants
 
