@@ -120,10 +120,14 @@ class Pipeline(tilus.Class):
         """Arrive on the current stage's ``full`` barrier (producers that write with plain stores)."""
         self.mbarrier.arrive(self.full[self.producer_stage], scope=self.order_scope)
 
+    def after(self, stage: int32) -> int32:
+        """The stage after ``stage`` around the ring: a compare and a select, not ``% num_stages``:
+        with a ring depth that is no power of two (7, 13) the remainder is a multiply-high chain on
+        the consumer's path from one MMA group's completion to the next group's issue."""
+        return 0 if stage + 1 == self.num_stages else stage + 1
+
     def producer_advance(self):
-        # a compare and a select, not ``% num_stages``: with a ring depth that is no power of two
-        # (7, 13) the remainder is a multiply-high chain on the path from a release to the next issue
-        self.producer_stage = 0 if self.producer_stage + 1 == self.num_stages else self.producer_stage + 1
+        self.producer_stage = self.after(self.producer_stage)
         self.producer_phase = self.producer_phase ^ (self.producer_stage == 0)
 
     def producer_tail(self):
@@ -210,7 +214,7 @@ class Pipeline(tilus.Class):
             )
 
     def consumer_advance(self):
-        self.consumer_stage = 0 if self.consumer_stage + 1 == self.num_stages else self.consumer_stage + 1  # as above
+        self.consumer_stage = self.after(self.consumer_stage)
         self.consumer_phase = self.consumer_phase ^ (self.consumer_stage == 0)
 
     def consumer_skip(self, count: int32):
