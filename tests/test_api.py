@@ -694,7 +694,9 @@ def test_a_version_keeps_its_bucket_only_if_it_wins_at_both_ends(monkeypatch):
     assert lost["version"] == tuner.VENDOR and lost["config"] == {} and lost["lost_at"] == 3073
     assert lost["ms"] == lost["candidates"][tuner.VENDOR]["ms"] and tuner.PROGRAM_DIR not in lost
     assert lost["edges"] == {"3073": {"v1": 1.5, tuner.VENDOR: 1.0}}
-    assert lost["fingerprint"] == tuner.fingerprint("sm_90a", tuner.VENDOR)
+    # stale once v1, which it beat, is edited (``choice_fingerprint``)
+    assert lost["fingerprint"] == tuner.choice_fingerprint("sm_90a", tuner.VENDOR, ["v1"])
+    assert tuner.entry_is_valid("sm_90a", lost)
     assert kept["version"] == "v5" and kept["config"] == {"M": 3500} and "lost_at" not in kept
     assert set(kept["edges"]) == {"3073", "4096"}
 

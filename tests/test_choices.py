@@ -1291,6 +1291,39 @@ def test_a_stored_choice_goes_stale_only_with_the_sources_its_version_is_built_f
     assert all(tuner.fingerprint.__wrapped__(ARCH, v) != before[v] for v in ("v6", "v7"))
 
 
+def test_a_cublas_choice_goes_stale_with_the_versions_it_beat(monkeypatch):
+    """cuBLAS holds a bucket only while no version beats it: an edit to a version it was timed
+    against (a candidate, or one ruled out by a failure) makes the choice stale, to be measured
+    again; an edit to a version it was not timed against does not, and cuBLAS chosen with no version
+    to time depends on torch alone. Entries as the tuner writes them (``tune``)."""
+    vendor = tuner.VENDOR
+    row = {"config": {}, "ms": 1.0, "error": 0.0, "call_ms": 1.0}
+
+    def stored(candidates, rejected=None):
+        rejected = rejected or {}
+        return {
+            **tuner.chosen(ARCH, vendor, row, [*candidates, *rejected]),
+            "candidates": candidates,
+            "rejected": rejected,
+        }
+
+    beat_v7 = stored({"v7": dict(row, ms=1.2), vendor: row})
+    v5_failed = stored({vendor: row}, {"v5": "RuntimeError: no kernel image"})
+    alone = stored({vendor: row})
+    assert all(tuner.entry_is_valid(ARCH, e) for e in (beat_v7, v5_failed, alone))
+    assert alone["fingerprint"] == tuner.fingerprint(ARCH, vendor) != beat_v7["fingerprint"]
+    # stored before: stamped with torch's fingerprint alone though it was timed against V7
+    assert not tuner.entry_is_valid(ARCH, {**beat_v7, "fingerprint": tuner.fingerprint(ARCH, vendor)})
+
+    real = {v: tuner.fingerprint(ARCH, v) for v in ("v5", "v7", vendor)}
+    monkeypatch.setattr(tuner, "fingerprint", lambda arch, v: real[v] + ("+edited" if v == "v7" else ""))
+    assert not tuner.entry_is_valid(ARCH, beat_v7)  # V7 may beat cuBLAS now
+    assert tuner.entry_is_valid(ARCH, v5_failed) and tuner.entry_is_valid(ARCH, alone)
+    monkeypatch.setattr(tuner, "fingerprint", lambda arch, v: real[v] + ("+mended" if v == "v5" else ""))
+    assert not tuner.entry_is_valid(ARCH, v5_failed)  # V5 may run now
+    assert tuner.entry_is_valid(ARCH, beat_v7)
+
+
 # --- what a recorded configuration is -------------------------------------------------------------
 
 

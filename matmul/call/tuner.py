@@ -140,6 +140,28 @@ def fingerprint(arch: str, version: str) -> str:
     return digest.hexdigest()[:16]
 
 
+def choice_fingerprint(arch: str, version: str, timed_against=()) -> str:
+    """What a stored choice stays valid for. A version's: its own sources (``fingerprint``). cuBLAS's:
+    torch and its CUDA, and the sources of every version it was timed against (``timed_against``:
+    the entry's candidates and the versions it ruled out). cuBLAS holds a bucket only while no
+    version beats it, so a version made faster since, or mended where it failed, must be able to
+    take the bucket back: its edit makes the cuBLAS choice stale, to be measured again, as it makes
+    the version's own choices stale. cuBLAS chosen with no version to time (none takes the shape)
+    depends on torch alone."""
+    if version != VENDOR:
+        return fingerprint(arch, version)
+    against = sorted(set(timed_against) - {VENDOR})
+    if not against:
+        return fingerprint(arch, VENDOR)
+    digest = hashlib.sha256(fingerprint(arch, VENDOR).encode())
+    for other in against:
+        try:
+            digest.update(f" {other}:{fingerprint(arch, other)}".encode())
+        except (ModuleNotFoundError, ValueError, KeyError):  # a version removed since: measure again
+            digest.update(f" {other}:gone".encode())
+    return digest.hexdigest()[:16]
+
+
 def fingerprint_files(arch: str, version: str) -> list[Path]:
     """The sources a version's kernels are built from: its file, the files of the versions it
     imports from (Hopper V6 sizes its epilogue with V5's ``staging_columns``), the shared entry
@@ -225,7 +247,9 @@ def entry_is_valid(arch: str, entry: Entry) -> bool:
     version = entry.get("version")
     ms = entry.get("ms")
     if version == VENDOR:
-        return entry.get("fingerprint") == fingerprint(arch, VENDOR) and isinstance(ms, (int, float)) and ms > 0
+        timed_against = [*(entry.get("candidates") or {}), *(entry.get("rejected") or {})]
+        fresh = entry.get("fingerprint") == choice_fingerprint(arch, VENDOR, timed_against)
+        return fresh and isinstance(ms, (int, float)) and ms > 0
     if version not in versions.VERSIONS:
         return False
     try:
@@ -325,7 +349,7 @@ def tune(
         for c in found
     }
     entry = {
-        **chosen(arch, best.version, candidates[best.version]),
+        **chosen(arch, best.version, candidates[best.version], [*candidates, *rejected]),
         "candidates": candidates,
         "rejected": rejected,
         "tuned": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -338,16 +362,18 @@ def tune(
     return entry
 
 
-def chosen(arch: str, version: str, timed: dict) -> Entry:
+def chosen(arch: str, version: str, timed: dict, timed_against=()) -> Entry:
     """The fields of an entry that say what it chose: ``version``, its configuration and times
-    (``timed``: its row of the entry's ``candidates``), and the fingerprint of its sources."""
+    (``timed``: its row of the entry's ``candidates``), and the fingerprint of what it was chosen
+    with (``choice_fingerprint``; ``timed_against``: the versions of its candidates and of those
+    ruled out)."""
     return {
         "version": version,
         "config": timed["config"],
         "ms": timed["ms"],
         "error": timed["error"],
         "call_ms": timed["call_ms"],
-        "fingerprint": fingerprint(arch, version),
+        "fingerprint": choice_fingerprint(arch, version, timed_against),
     }
 
 
@@ -368,7 +394,9 @@ def held_across_the_bucket(arch: str, entry: Entry, m: int, tune_at: Callable[[i
         edges[str(edge)] = {version: timed["call_ms"] for version, timed in found["candidates"].items()}
         if found["version"] == VENDOR:
             kept = {key: value for key, value in entry.items() if key != PROGRAM_DIR}
-            return {**kept, **chosen(arch, VENDOR, entry["candidates"][VENDOR]), "edges": edges, "lost_at": edge}
+            against = [*entry["candidates"], *entry.get("rejected", {})]
+            vendor = chosen(arch, VENDOR, entry["candidates"][VENDOR], against)
+            return {**kept, **vendor, "edges": edges, "lost_at": edge}
     return {**entry, "edges": edges}
 
 
