@@ -6,7 +6,8 @@ from the first of:
 
 1. what this process already holds for the bucket;
 2. a choice measured here (``choices.json``) or shipped with the package (``shipped/*.json``)
-   whose fingerprint matches the kernel sources here: final, nothing more to do;
+   whose fingerprint matches the kernel sources here (for cuBLAS: those of the versions it was
+   timed against, ``tuner.choice_fingerprint``): final, nothing more to do;
 3. the same, made with other kernel sources (stale: a kernel was edited since): used at once, and
    the bucket is measured again in the background among the candidates that came close in that
    measurement (``hint``, ``narrowed``);
