@@ -14,6 +14,9 @@ issue's measure, is reported over all of them ("best").
 
     source .gpu/env.sh && python plots/h100/skinny/multicast_bench.py [--dtypes float16,bfloat16] [--others]
 
+``--prebuild`` only builds the kernels into tilus's cache (``MATMUL_CACHE_DIR``), on a machine
+without a GPU too, so that a GPU session carries them instead of building them.
+
 With ``--others`` it ends with the best of the series per row as a markdown table (rows M, columns
 the weights, each cell "float16 / bfloat16 (kernel)"); ``--table FILE`` prints that table again from a
 saved multicast.json, without a GPU.
@@ -169,6 +172,7 @@ def main():
     parser.add_argument("--dtypes", default="float16,bfloat16")
     parser.add_argument("--others", action="store_true", help="V5's and V6's spaces in the same windows")
     parser.add_argument("--table", metavar="FILE", help="only print the best-of-series table of a saved multicast.json")
+    parser.add_argument("--prebuild", action="store_true", help="only build the kernels (no GPU needed), then stop")
     args = parser.parse_args()
     if args.table:
         with open(args.table) as f:
@@ -181,6 +185,8 @@ def main():
     others = other_kernels() if args.others else []
     for other in {id(o): o for o, _, _ in others}.values():
         prebuild(other, [c for o, c, _ in others if o is other], dtypes)
+    if args.prebuild:
+        return
     rows = []
     for dtype in dtypes:
         for label, (n, k) in presets.DECODE_PROJECTIONS.items():
