@@ -1,0 +1,101 @@
+"""The consumer's K loop in SASS, with and without the candidate fix ``uniform_descriptors``: for
+each kernel, the instructions from the loop's head to its backward branch (the innermost loop that
+issues wgmma), and how many of them are moves to uniform registers (R2UR). Builds with sm_90a's
+compiler, no GPU needed; each side in a tilus cache of its own (tilus keys programs by their IR, which
+the fix does not change).
+
+    python plots/h200/uniform-descriptors/sass_probe.py [OUT_DIR]    # sass-probe.txt, sass-probe.json
+
+Needs ``cuobjdump`` and ``nvdisasm`` (PATH or NVIDIA's wheels, as ``tilus_fixes.keep_ptx`` finds them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# the kernels whose loops the issue's rows run: V5/V6's 7-stage narrow tile, V6's square tile and its
+# ping-pong, V7's winners at 64-256 tokens
+KERNELS = [
+    ("v5", dict(block_m=128, block_n=96, block_k=64, stages=7, group=16)),
+    ("v6", dict(block_m=128, block_n=256, block_k=64, stages=4, group=8)),
+    ("v6", dict(block_m=128, block_n=128, block_k=64, stages=6, group=8, pingpong=True)),
+    ("v7", dict(block_m=128, warpgroups=1, split=1, stages=8, multicast=2)),
+    ("v7", dict(block_m=64, warpgroups=1, split=1, stages=13, multicast=2)),
+    ("v7", dict(block_m=128, warpgroups=1, split=2, stages=6, multicast=1)),
+    ("v7", dict(block_m=64, warpgroups=2, split=1, stages=8, multicast=1)),
+]
+INSTRUCTION = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+
+
+def k_loop(sass: str) -> list[str]:
+    """The instructions of the shortest loop (head to backward branch) that contains a wgmma."""
+    found = [(int(m.group(1), 16), m.group(2)) for m in INSTRUCTION.finditer(sass)]
+    index = {address: i for i, (address, _) in enumerate(found)}
+    loops = []
+    for i, (address, text) in enumerate(found):
+        branch = re.search(r"\bBRA (0x[0-9a-f]+)", text)
+        if branch and int(branch.group(1), 16) < address and int(branch.group(1), 16) in index:
+            body = [t for _, t in found[index[int(branch.group(1), 16)] : i + 1]]
+            if any("HGMMA" in t for t in body):
+                loops.append(body)
+    return min(loops, key=len) if loops else []
+
+
+def build(kernels, with_fix: bool, cache: str) -> list[dict]:
+    """Runs in a child process (the fix must be applied before tilus builds anything there)."""
+    code = f"""
+import json, sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+import tilus
+from matmul.build import compiler
+from matmul.kernels import versions
+if {with_fix}:
+    import uniform_descriptors
+    uniform_descriptors.make().apply()
+out = []
+for version, config in {kernels!r}:
+    result = compiler.build_config(versions.load("sm_90a", version), "sm_90a", config, tilus.float16)
+    out.append(dict(ok=result.ok, error=result.error[-400:], dir=str(result.program_dir), registers=result.registers))
+print(json.dumps(out))
+"""
+    env = dict(os.environ, MATMUL_CACHE_DIR=cache)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main():
+    out_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(os.environ.get("OUT", "/tmp"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows, lines = [], []
+    sides = {}
+    for with_fix in (False, True):
+        sides[with_fix] = build(KERNELS, with_fix, tempfile.mkdtemp(prefix="uniform-desc-"))
+    for (version, config), before, after in zip(KERNELS, sides[False], sides[True]):
+        row = {"version": version, "config": config}
+        for name, built in (("before", before), ("after", after)):
+            if not built["ok"]:
+                row[name] = {"error": built["error"]}
+                continue
+            loop = k_loop((Path(built["dir"]) / "module" / "source.sass").read_text())
+            row[name] = {
+                "instructions": len(loop),
+                "r2ur": sum(t.split()[0] == "R2UR" or t.split()[-1:] == ["R2UR"] for t in loop),
+                "shfl": sum("SHFL" in t for t in loop),
+                "registers": built["registers"],
+            }
+        rows.append(row)
+        knobs = ",".join(f"{k}={v}" for k, v in config.items())
+        lines.append(f"{version}:{knobs}  before {row['before']}  after {row['after']}")
+        print(lines[-1], flush=True)
+    (out_dir / "sass-probe.json").write_text(json.dumps(rows, indent=1))
+    (out_dir / "sass-probe.txt").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
