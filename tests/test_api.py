@@ -333,16 +333,41 @@ def test_cache_location(monkeypatch, tmp_path):
 
 
 def test_matmul_cache_dir_also_moves_tilus_cache_unless_tilus_has_its_own(tmp_path):
+    """In a folder named after tilus's release and the package's fixes (``tilus_fixes_key``)."""
+    from matmul.call.choice_cache import tilus_fixes_key
+
     code = "import matmul, tilus.option; print(tilus.option.get_option('cache_dir'))"
     env = {k: v for k, v in os.environ.items() if k not in ("MATMUL_CACHE_DIR", "TILUS_CACHE_DIR")}
     env["MATMUL_NATIVE_ENTRY"] = "0"  # a new cache directory would build the native entry again: not tested here
+    key = tilus_fixes_key()
     for extra, expected in (
-        ({"MATMUL_CACHE_DIR": str(tmp_path / "m")}, tmp_path / "m" / "tilus"),
-        ({"MATMUL_CACHE_DIR": str(tmp_path / "m"), "TILUS_CACHE_DIR": str(tmp_path / "t")}, tmp_path / "t"),
+        ({"MATMUL_CACHE_DIR": str(tmp_path / "m")}, tmp_path / "m" / "tilus" / key),
+        ({"MATMUL_CACHE_DIR": str(tmp_path / "m"), "TILUS_CACHE_DIR": str(tmp_path / "t")}, tmp_path / "t" / key),
     ):
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**env, **extra})
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert proc.stdout.strip() == str(expected)
+
+
+def test_a_change_to_a_tilus_fix_moves_tilus_cache_to_a_folder_of_its_own(monkeypatch):
+    """tilus keys a built program by its IR alone: a fix that changes only the generated code (as
+    ``wgmma_descriptor_offsets`` did) must not find the kernels built before it. Any edit of a fix's
+    file, or another tilus release, names another folder; the same sources name the same one (a
+    cache built on one machine is found on another)."""
+    from pathlib import Path
+
+    import tilus
+
+    from matmul.call.choice_cache import tilus_fixes_key
+
+    before = tilus_fixes_key()
+    assert tilus_fixes_key() == before and before.startswith("fixes-")
+    read_bytes = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda p: read_bytes(p) + (b"#" if p.name == "keep_ptx.py" else b""))
+    assert tilus_fixes_key() != before
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    monkeypatch.setattr(tilus, "__version__", tilus.__version__ + ".post1")
+    assert tilus_fixes_key() != before
 
 
 # --- tilus's own dispatch table ------------------------------------------------------------------

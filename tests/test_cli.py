@@ -105,7 +105,7 @@ def test_compile_kernels_builds_a_list_into_the_cache_and_names_a_bad_line(tmp_p
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "1 of 2 kernels built for sm_90a" in proc.stdout
     assert "build failed: ('sm_90a', 'v9|" in proc.stdout
-    assert len(list((tmp_path / "cache" / "tilus" / "programs").glob("*/module/lib.so"))) == 1
+    assert len(list((tmp_path / "cache" / "tilus").glob("fixes-*/programs/*/module/lib.so"))) == 1
 
 
 def test_the_gpu_tests_kernel_list_names_kernels_that_exist():

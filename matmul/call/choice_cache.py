@@ -4,10 +4,14 @@ Two layers:
 
 tilus's own cache (``tilus.option.cache_dir``)
     The built kernels and, per version and dtype, tilus's autotuning result
-    (``scripts/kernel/<key>/dispatch_table.pickle``). Importing ``matmul`` points it to
-    ``$TILUS_CACHE_DIR`` if set, else to ``$MATMUL_CACHE_DIR/tilus`` if that is set (one variable
-    moves everything), else leaves tilus's default (``~/.cache/tilus`` for an installed tilus). It is
-    set at import, never later: a kernel built in one tilus cache would be built again in another.
+    (``scripts/kernel/<key>/dispatch_table.pickle``). Importing ``matmul`` points it to a folder of
+    ``$TILUS_CACHE_DIR`` if set, else of ``$MATMUL_CACHE_DIR/tilus`` if that is set (one variable
+    moves everything), else of tilus's default (``~/.cache/tilus`` for an installed tilus), named
+    after tilus's release and the package's fixes of its code generator (``tilus_fixes_key``): tilus
+    keys a built program by its IR and build options alone, so a fix that changes only the code
+    generated from the same IR would otherwise leave every kernel built before it in use, a mended
+    fault included. It is set at import, never later: a kernel built in one tilus cache would be
+    built again in another.
 ``choices.json`` in ``$MATMUL_CACHE_DIR``, else ``$XDG_CACHE_HOME/tilus-matmul``, else ``~/.cache/tilus-matmul``
     The cross-version choice: per (architecture, GPU, dtype, shape bucket) the winning version and
     its configuration, with the timings that decided it::
@@ -60,16 +64,30 @@ def default_dir() -> Path:
     return Path(base).expanduser() / "tilus-matmul"
 
 
+def tilus_fixes_key() -> str:
+    """The name of the tilus cache folder for this tilus release and these fixes of its code
+    generator (every file of ``matmul/tilus_fixes/``, by content): a change to either builds every
+    kernel again, in a folder of its own."""
+    from .. import tilus_fixes
+
+    digest = hashlib.sha256(tilus.__version__.encode())
+    for path in sorted(Path(tilus_fixes.__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return f"fixes-{digest.hexdigest()[:12]}"
+
+
 def tilus_cache_from_env() -> None:
-    """Point tilus's cache to ``$TILUS_CACHE_DIR`` if set, else into ``$MATMUL_CACHE_DIR/tilus`` if
-    that is set (called once, when ``matmul`` is imported). tilus 0.2.0 registers TILUS_CACHE_DIR
-    but never reads it, so it is applied here."""
+    """Point tilus's cache to the folder ``tilus_fixes_key()`` of ``$TILUS_CACHE_DIR`` if set, else of
+    ``$MATMUL_CACHE_DIR/tilus`` if that is set, else of tilus's default (called once, when
+    ``matmul`` is imported). tilus 0.2.0 registers TILUS_CACHE_DIR but never reads it, so it is
+    applied here."""
     if os.environ.get("TILUS_CACHE_DIR"):
-        path = Path(os.environ["TILUS_CACHE_DIR"]).expanduser()
+        base = Path(os.environ["TILUS_CACHE_DIR"]).expanduser()
     elif os.environ.get("MATMUL_CACHE_DIR"):
-        path = default_dir() / "tilus"
+        base = default_dir() / "tilus"
     else:
-        return
+        base = Path(tilus.option.get_option("cache_dir")).expanduser()
+    path = base / tilus_fixes_key()
     path.mkdir(parents=True, exist_ok=True)
     tilus.option.cache_dir(path)
 

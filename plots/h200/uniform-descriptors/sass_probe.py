@@ -4,7 +4,7 @@ issues wgmma), and how many of them are moves to uniform registers (R2UR). Build
 compiler, no GPU needed; each side in a tilus cache of its own (tilus keys programs by their IR, which
 the fix does not change).
 
-    python plots/h200/uniform-descriptors/sass_probe.py [OUT_DIR]    # sass-probe.txt, sass-probe.json
+    python plots/h200/uniform-descriptors/sass_probe.py [OUT_DIR] [--versions v7,v8]  # sass-probe.txt, .json
 
 Needs ``cuobjdump`` and ``nvdisasm`` (PATH or NVIDIA's wheels, as ``tilus_fixes.keep_ptx`` finds them).
 """
@@ -29,6 +29,9 @@ KERNELS = [
     ("v7", dict(block_m=64, warpgroups=1, split=1, stages=13, multicast=2)),
     ("v7", dict(block_m=128, warpgroups=1, split=2, stages=6, multicast=1)),
     ("v7", dict(block_m=64, warpgroups=2, split=1, stages=8, multicast=1)),
+    # V8 (int4 weights widened into wgmma's A registers: the A-in-registers form) at 1 and 16 tokens
+    ("v8", dict(block_m=8, warpgroups=1, split=2, stages=4, chunk=64, interleave=1)),
+    ("v8", dict(block_m=16, warpgroups=1, split=2, stages=4, chunk=64, interleave=1)),
 ]
 INSTRUCTION = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 
@@ -70,13 +73,20 @@ print(json.dumps(out))
 
 
 def main():
-    out_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(os.environ.get("OUT", "/tmp"))
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", nargs="?", default=os.environ.get("OUT", "/tmp"), type=Path)
+    parser.add_argument("--versions", default="", help="only these versions' kernels (comma-separated)")
+    args = parser.parse_args()
+    out_dir = args.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
+    kernels = [k for k in KERNELS if not args.versions or k[0] in args.versions.split(",")]
     rows, lines = [], []
     sides = {}
     for with_fix in (False, True):
-        sides[with_fix] = build(KERNELS, with_fix, tempfile.mkdtemp(prefix="uniform-desc-"))
-    for (version, config), before, after in zip(KERNELS, sides[False], sides[True]):
+        sides[with_fix] = build(kernels, with_fix, tempfile.mkdtemp(prefix="uniform-desc-"))
+    for (version, config), before, after in zip(kernels, sides[False], sides[True]):
         row = {"version": version, "config": config}
         for name, built in (("before", before), ("after", after)):
             if not built["ok"]:

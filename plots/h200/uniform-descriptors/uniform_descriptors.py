@@ -36,12 +36,14 @@ def _lane_zero(value):
 
 
 def _broadcast_addresses(original):
+    from tilus.ir.tensor import SharedTensor
+
     def emit_wgmma(self, inst):
         addresses = self.shared_tensor_shared_space_addr
         saved = {}
-        for operand in inst.inputs[:2]:
-            tensor = operand.as_shared_tensor()
-            if tensor in saved:
+        for operand in inst.inputs[:2]:  # A (in registers in the RS form: no address) and B
+            tensor = operand.as_shared_tensor() if isinstance(operand, SharedTensor) else None
+            if tensor is None or tensor in saved:
                 continue
             saved[tensor] = addresses[tensor]
             addresses[tensor] = self.declare_var("uniform_addr", saved[tensor].type, init=_lane_zero(saved[tensor]))
@@ -54,10 +56,16 @@ def _broadcast_addresses(original):
 
 
 def make() -> Fix:
+    """Both forms of wgmma: tilus's (A and B in shared memory) and the package's own A-in-registers
+    emitter (``tilus_fixes.wgmma_register_a``, V8's), which the package has registered by now."""
+    from tilus.backends.emitter import BaseInstEmitter
     from tilus.backends.emitters.cuda.wgmma import WgmmaMmaSSEmitter
+    from tilus.ir.instructions.cuda.wgmma import WgmmaMmaRSInst
+    from tilus.target import nvgpu_sm90a
 
+    register_a = BaseInstEmitter.REGISTRY[WgmmaMmaRSInst][nvgpu_sm90a]
     return Fix(
         name="wgmma_uniform_descriptors",
         fault="a wgmma's descriptors are built per thread where the stage is a loop-carried value",
-        patches=[(WgmmaMmaSSEmitter, "emit_wgmma", _broadcast_addresses)],
+        patches=[(cls, "emit_wgmma", _broadcast_addresses) for cls in (WgmmaMmaSSEmitter, register_a)],
     )
