@@ -46,7 +46,7 @@ def _build_listed(arch: str, line: str) -> str:
     """Build one line of a ``--kernels`` list: "" when it built, else why not (parallel's contract)."""
     import json
 
-    import tilus
+    import torch
 
     from .kernels.variant import PLAIN, Variant
 
@@ -57,7 +57,8 @@ def _build_listed(arch: str, line: str) -> str:
     try:
         module = versions.load(arch, version.strip())
         variant = Variant.parse(key.strip()) if key.strip() else PLAIN
-        result = build.build_config(module, arch, json.loads(config), getattr(tilus, dtype.strip()), variant)
+        tilus_dtype = versions.TILUS_DTYPES[getattr(torch, dtype.strip())]  # the kernels' 16-bit dtypes
+        result = build.build_config(module, arch, json.loads(config), tilus_dtype, variant)
     except (ValueError, KeyError, AttributeError, ImportError, TypeError) as error:
         return f"{type(error).__name__}: {error}"
     return "" if result.ok else (result.error or "failed")

@@ -162,6 +162,11 @@ def choice_fingerprint(arch: str, version: str, timed_against=()) -> str:
     return digest.hexdigest()[:16]
 
 
+def timed_against(entry: Entry) -> list[str]:
+    """The versions a stored choice was timed against: its candidates and those it ruled out."""
+    return [*(entry.get("candidates") or {}), *(entry.get("rejected") or {})]
+
+
 def fingerprint_files(arch: str, version: str) -> list[Path]:
     """The sources a version's kernels are built from: its file, the files of the versions it
     imports from (Hopper V6 sizes its epilogue with V5's ``staging_columns``), the shared entry
@@ -247,8 +252,7 @@ def entry_is_valid(arch: str, entry: Entry) -> bool:
     version = entry.get("version")
     ms = entry.get("ms")
     if version == VENDOR:
-        timed_against = [*(entry.get("candidates") or {}), *(entry.get("rejected") or {})]
-        fresh = entry.get("fingerprint") == choice_fingerprint(arch, VENDOR, timed_against)
+        fresh = entry.get("fingerprint") == choice_fingerprint(arch, VENDOR, timed_against(entry))
         return fresh and isinstance(ms, (int, float)) and ms > 0
     if version not in versions.VERSIONS:
         return False
@@ -394,8 +398,7 @@ def held_across_the_bucket(arch: str, entry: Entry, m: int, tune_at: Callable[[i
         edges[str(edge)] = {version: timed["call_ms"] for version, timed in found["candidates"].items()}
         if found["version"] == VENDOR:
             kept = {key: value for key, value in entry.items() if key != PROGRAM_DIR}
-            against = [*entry["candidates"], *entry.get("rejected", {})]
-            vendor = chosen(arch, VENDOR, entry["candidates"][VENDOR], against)
+            vendor = chosen(arch, VENDOR, entry["candidates"][VENDOR], timed_against(entry))
             return {**kept, **vendor, "edges": edges, "lost_at": edge}
     return {**entry, "edges": edges}
 
