@@ -30,7 +30,8 @@ TCGEN05_IDESC = re.compile(r"a_desc\w*, b_desc\w*, (\d+)u?,")
 TRANSPOSE_A, TRANSPOSE_B = 1 << 15, 1 << 16
 # a shared matrix descriptor as source.cu encodes it: address, then LBO and SBO in 16-byte units
 DESCRIPTOR = re.compile(
-    r"encode_smem_descriptor\(\(\(uint32_t\)\(\(+shared_addr_\d+[^,]*, uint32_t\((\d+)u\), uint32_t\((\d+)u\)"
+    r"encode_smem_descriptor\(\(\(uint32_t\)\(\(+(?:shared|uniform)_addr(?:_\d+)?[^,]*, "
+    r"uint32_t\((\d+)u\), uint32_t\((\d+)u\)"
 )
 
 

@@ -54,6 +54,7 @@ def test_fixes_are_applied_for_tilus_0_2_0():
         "tcgen05_tmem_a",
         "wgmma_instruction_width",
         "wgmma_descriptor_offsets",
+        "wgmma_uniform_descriptors",
     }
     assert all(fix.applied for fix in tilus_fixes.FIXES.values())
 
@@ -236,10 +237,32 @@ def test_a_tiles_wgmma_descriptors_are_its_base_plus_a_constant_only_with_the_fi
     fixed, faulty = build_with_and_without("wgmma_descriptor_offsets", module, config, fresh_cache)
     assert fixed.ok and faulty.ok
     sources = [(result.program_dir / "module" / "source.cu").read_text() for result in (fixed, faulty)]
-    offset_encoded = r"encode_smem_descriptor\(\(\(uint32_t\)\(\(\(shared_addr_\d+ \+ \d+\) >> 4"
+    offset_encoded = r"encode_smem_descriptor\(\(\(uint32_t\)\(\(\((?:shared|uniform)_addr(?:_\d+)? \+ \d+\) >> 4"
     plus_constant = r"\) \+ uint64_t\((\d+)ull\)\)"
     assert not re.search(offset_encoded, sources[0]) and re.search(offset_encoded, sources[1])
     assert {int(c) for c in re.findall(plus_constant, sources[0])} == {2, 4, 6}
     assert not re.search(plus_constant, sources[1])
     # the same instructions either way: only how their operands are computed differs
     assert [r.ptx().count("wgmma.mma_async") for r in (fixed, faulty)] == [16, 16]
+
+
+def test_a_k_loops_wgmma_descriptors_stay_uniform_only_with_the_fix(fresh_cache):
+    """Hopper V7 with 128-token tiles (one consumer warpgroup, eight stages): with the fix each wgmma
+    takes its shared operands' addresses from lane 0, and where a disassembler is installed the K
+    loop builds its descriptors in uniform registers (two moves into them a K block, not sixteen)
+    and is shorter; the same wgmma instructions either way."""
+    from matmul.tilus_fixes import disassembler
+
+    module = versions.load("sm_90a", "v7")
+    config = dict(block_m=128, warpgroups=1, split=1, stages=8, multicast=2)
+    fixed, faulty = build_with_and_without("wgmma_uniform_descriptors", module, config, fresh_cache)
+    assert fixed.ok and faulty.ok
+    sources = [(result.program_dir / "module" / "source.cu").read_text() for result in (fixed, faulty)]
+    assert "__shfl_sync(" in sources[0] and "__shfl_sync(" not in sources[1]
+    assert [r.ptx().count("wgmma.mma_async") for r in (fixed, faulty)] == [8, 8]  # the peeled K block and the loop
+    if disassembler() is None:
+        pytest.skip("cuobjdump/nvdisasm not installed (pip install '.[sass]'): the SASS is not checked")
+    loops = [result.mma_loop() for result in (fixed, faulty)]
+    moves = [sum(re.match(r"(@!?U?P\w+ )?R2UR\b", text) is not None for text in loop) for loop in loops]
+    assert moves[0] <= 2 < 8 <= moves[1], moves
+    assert len(loops[0]) < len(loops[1]) - 16, [len(loop) for loop in loops]

@@ -72,9 +72,34 @@ class BuildResult:
     def sass(self) -> str:
         return self.sass_path.read_text() if self.sass_path else ""
 
+    def mma_loop(self) -> list[str]:
+        """The SASS instructions of the kernel's innermost loop that issues MMAs (its K loop), from
+        its head to its backward branch; empty without a disassembler (``sass``)."""
+        return mma_loop(self.sass())
+
     @property
     def within_shared_limit(self) -> bool:
         return self.shared_bytes <= SHARED_MEMORY_LIMIT[self.arch]
+
+
+SASS_INSTRUCTION = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+
+
+def mma_loop(sass: str) -> list[str]:
+    """The instructions (text, predicate included) of the shortest loop of ``sass`` that issues a
+    wgmma (``HGMMA``) or tcgen05 MMA (``UTCHMMA``/``UTCQMMA``): from the target of a backward branch
+    to that branch."""
+    found = [(int(m.group(1), 16), m.group(2)) for m in SASS_INSTRUCTION.finditer(sass)]
+    index = {address: i for i, (address, _) in enumerate(found)}
+    loops = []
+    for i, (address, text) in enumerate(found):
+        branch = re.search(r"\bBRA (0x[0-9a-f]+)", text)
+        target = int(branch.group(1), 16) if branch else None
+        if target is not None and target < address and target in index:
+            body = [t for _, t in found[index[target] : i + 1]]
+            if any(op in t for t in body for op in ("HGMMA", "UTCHMMA", "UTCQMMA")):
+                loops.append(body)
+    return min(loops, key=len) if loops else []
 
 
 def _read_resources(result: BuildResult) -> None:

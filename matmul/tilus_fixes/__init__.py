@@ -26,7 +26,10 @@ around, is guarded to the tilus release that has it, and can be taken out again
 * ``wgmma_instruction_width``: a wgmma tile is issued in instructions only as wide as the greatest
   power of two dividing its N (a 96-column tile as three ``m64n32k16``);
 * ``wgmma_descriptor_offsets``: every wgmma of a tile encodes its shared-memory descriptors from
-  the full address, where the tile's base descriptor plus a constant would do.
+  the full address, where the tile's base descriptor plus a constant would do;
+* ``wgmma_uniform_descriptors``: in a K loop each wgmma's descriptors are built per thread and moved
+  to uniform registers half by half, where the stage is a loop-carried value nvcc cannot prove
+  warp-uniform.
 
 Each module's docstring describes its fault and the work-around in full.
 """
@@ -50,6 +53,7 @@ from . import (
     wgmma_descriptor_offsets,
     wgmma_instruction_width,
     wgmma_register_a,
+    wgmma_uniform_descriptors,
     workspace_in_shared_memory,
 )
 from .build_without_gpu import stand_in_libcuda_dir
@@ -70,6 +74,7 @@ MODULES = (
     tcgen05_tmem_a,
     wgmma_instruction_width,
     wgmma_descriptor_offsets,
+    wgmma_uniform_descriptors,  # after wgmma_register_a: it patches that emitter too
 )
 
 FIXES: dict[str, Fix] = {}

@@ -1,8 +1,7 @@
-"""The consumer's K loop in SASS, with and without the candidate fix ``uniform_descriptors``: for
-each kernel, the instructions from the loop's head to its backward branch (the innermost loop that
-issues wgmma), and how many of them are moves to uniform registers (R2UR). Builds with sm_90a's
-compiler, no GPU needed; each side in a tilus cache of its own (tilus keys programs by their IR, which
-the fix does not change).
+"""The consumer's K loop in SASS, with and without the tilus fix ``wgmma_uniform_descriptors``: for
+each kernel, the instructions from the loop's head to its backward branch (``compiler.mma_loop``),
+and how many of them are moves to uniform registers (R2UR). Builds with sm_90a's compiler, no GPU
+needed; each side in a tilus cache of its own.
 
     python plots/h200/uniform-descriptors/sass_probe.py [OUT_DIR] [--versions v7,v8]  # sass-probe.txt, .json
 
@@ -13,11 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from matmul.build.compiler import mma_loop
 
 # the kernels whose loops the issue's rows run: V5/V6's 7-stage narrow tile, V6's square tile and its
 # ping-pong, V7's winners at 64-256 tokens
@@ -33,38 +33,22 @@ KERNELS = [
     ("v8", dict(block_m=8, warpgroups=1, split=2, stages=4, chunk=64, interleave=1)),
     ("v8", dict(block_m=16, warpgroups=1, split=2, stages=4, chunk=64, interleave=1)),
 ]
-INSTRUCTION = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
-
-
-def k_loop(sass: str) -> list[str]:
-    """The instructions of the shortest loop (head to backward branch) that contains a wgmma."""
-    found = [(int(m.group(1), 16), m.group(2)) for m in INSTRUCTION.finditer(sass)]
-    index = {address: i for i, (address, _) in enumerate(found)}
-    loops = []
-    for i, (address, text) in enumerate(found):
-        branch = re.search(r"\bBRA (0x[0-9a-f]+)", text)
-        if branch and int(branch.group(1), 16) < address and int(branch.group(1), 16) in index:
-            body = [t for _, t in found[index[int(branch.group(1), 16)] : i + 1]]
-            if any("HGMMA" in t for t in body):
-                loops.append(body)
-    return min(loops, key=len) if loops else []
 
 
 def build(kernels, with_fix: bool, cache: str) -> list[dict]:
     """Runs in a child process (the fix must be applied before tilus builds anything there)."""
     code = f"""
-import json, sys
-sys.path.insert(0, {str(Path(__file__).parent)!r})
+import contextlib, json
 import tilus
+from matmul import tilus_fixes
 from matmul.build import compiler
 from matmul.kernels import versions
-if {with_fix}:
-    import uniform_descriptors
-    uniform_descriptors.make().apply()
 out = []
-for version, config in {kernels!r}:
-    result = compiler.build_config(versions.load("sm_90a", version), "sm_90a", config, tilus.float16)
-    out.append(dict(ok=result.ok, error=result.error[-400:], dir=str(result.program_dir), registers=result.registers))
+with contextlib.nullcontext() if {with_fix} else tilus_fixes.disabled("wgmma_uniform_descriptors"):
+    for version, config in {kernels!r}:
+        result = compiler.build_config(versions.load("sm_90a", version), "sm_90a", config, tilus.float16)
+        out.append(dict(ok=result.ok, error=result.error[-400:], dir=str(result.program_dir),
+                        registers=result.registers))
 print(json.dumps(out))
 """
     env = dict(os.environ, MATMUL_CACHE_DIR=cache)
@@ -92,7 +76,7 @@ def main():
             if not built["ok"]:
                 row[name] = {"error": built["error"]}
                 continue
-            loop = k_loop((Path(built["dir"]) / "module" / "source.sass").read_text())
+            loop = mma_loop((Path(built["dir"]) / "module" / "source.sass").read_text())
             row[name] = {
                 "instructions": len(loop),
                 "r2ur": sum(t.split()[0] == "R2UR" or t.split()[-1:] == ["R2UR"] for t in loop),

@@ -1,25 +1,26 @@
-"""A candidate tilus fix, not applied by the package: each wgmma's shared-memory addresses broadcast
-from lane 0 of the warp, so that nvcc keeps its descriptors in uniform registers.
+"""tilus 0.2.0 fault ``wgmma_uniform_descriptors``: in a K loop, each wgmma's descriptors are built
+per thread and moved to uniform registers one half at a time.
 
 In a consumer's K loop the ring's stage is a loop-carried value that nvcc keeps in an ordinary
-register: it cannot prove it equal across the warp. Every address derived from it is then computed
-per thread, and each wgmma's two 64-bit descriptors are built with 64-bit adds in ordinary registers
-and moved to uniform registers (R2UR) one half at a time: 40 of the 72 SASS instructions of a K block
-of V7's 128-token tile (``plots/h200/README.md``, "A K block's descriptors"). A wgmma's
-descriptors must be the same in every thread of the warpgroup anyway, and every thread executes the
-instruction together (``.sync.aligned``), so taking the address from lane 0 (``__shfl_sync``)
-changes no result and tells nvcc what it could not prove (CUTLASS makes its warpgroup index
-warp-uniform the same way).
+register: it cannot prove it equal across the warp. Every shared-memory address derived from it is
+then computed per thread, and each wgmma's two 64-bit descriptors are built with 64-bit adds in
+ordinary registers and moved to uniform registers (R2UR), sixteen moves a K block of four wgmma:
+40 of the 72 SASS instructions of a K block of V7's 128-token tile, between the stage's wait and
+its first wgmma (``plots/h200/README.md``, "A K block's descriptors"). The peeled first K block,
+whose stage is a constant, builds the same descriptors with four uniform adds.
 
-It lives here, not in ``matmul/tilus_fixes/``, until it is measured: every file there is part of
-every version's fingerprint (``tuner.fingerprint_files``), so adding it would stale every shipped
-choice. tilus keys its program cache by the IR and build options only, so a build with it applied
-needs a cache of its own (``MATMUL_CACHE_DIR``).
+The work-around takes each shared operand's address from lane 0 of the warp (``__shfl_sync``) where
+the wgmma is emitted. A wgmma's descriptors must be the same in every thread of the warpgroup, and
+every thread executes the instruction together (``.sync.aligned``), so this changes no result; it
+tells nvcc what it could not prove, and the descriptors stay in uniform registers (two R2UR a K
+block; CUTLASS makes its warpgroup index warp-uniform the same way). Both wgmma forms: tilus's (A and
+B in shared memory) and the package's A-in-registers emitter (``wgmma_register_a``), whose B alone
+is in shared memory.
 """
 
 from __future__ import annotations
 
-from matmul.tilus_fixes.fix import Fix
+from .fix import Fix
 
 
 def _lane_zero(value):
