@@ -1,12 +1,12 @@
 #!/bin/bash
-# A/B of the tilus fix wgmma_uniform_descriptors on a GPU, one device call, from a checkout of the
-# branch that adds it: the same candidates from main's tree ("before", git archive) and from this
-# tree ("after"), each kernel checked against float32 before it is timed (ragged shapes among them),
+# A/B of the tilus fix wgmma_uniform_descriptors on a GPU, one device call, from a checkout that has
+# it: the same candidates from the tree before it ("before", git archive $BEFORE, fe3ea8d: the fix's
+# parent) and from this tree ("after"), each kernel checked against float32 before it is timed (ragged shapes among them),
 # paired windows with cuBLAS. One cache serves both: tilus's cache folder is named after the fixes'
 # sources (choice_cache.tilus_fixes_key). Build it first, on a machine without a GPU (~15 s a kernel):
 #   ALL="$(sed -n 's/^KERNELS="\(.*\)"$/\1/p' plots/h200/uniform-descriptors/ab.sh)"
 #   MATMUL_CACHE_DIR=$PWD/.cache/ud python -m matmul candidates --arch sm_90a --prebuild $ALL
-#   (git archive main | tar -x -C /tmp/before) && (cd /tmp/before && \
+#   (git archive fe3ea8d | tar -x -C /tmp/before) && (cd /tmp/before && \
 #       MATMUL_CACHE_DIR=$OLDPWD/.cache/ud python -m matmul candidates --arch sm_90a --prebuild $ALL)
 # then: source .gpu/env.sh && bash plots/h200/uniform-descriptors/ab.sh   (carry .gpu and .cache/ud)
 OUT=${OUT:-/tmp/out}
@@ -21,7 +21,7 @@ run() {  # $1: label, in the tree to time
     timeout 100 python -m matmul candidates --rounds 3 --sizes 256x4096x14336,128x6144x4096,128x4096x4096,100x4096x4096 \
         $(pick v7) > "$OUT/$1-skinny.txt" 2>&1
 }
-rm -rf /tmp/before && mkdir /tmp/before && git archive main | tar -x -C /tmp/before && cp -r .gpu /tmp/before/ \
+rm -rf /tmp/before && mkdir /tmp/before && git archive "${BEFORE:-fe3ea8d}" | tar -x -C /tmp/before && cp -r .gpu /tmp/before/ \
     && (cd /tmp/before && run before) || echo "no baseline: $?" > "$OUT/before-narrow.txt"
 run after
 grep -h "cuBLAS (" "$OUT"/*.txt | grep -v BEST
