@@ -64,14 +64,21 @@ def default_dir() -> Path:
     return Path(base).expanduser() / "tilus-matmul"
 
 
-def tilus_fixes_key() -> str:
-    """The name of the tilus cache folder for this tilus release and these fixes of its code
-    generator (every file of ``matmul/tilus_fixes/``, by content): a change to either builds every
-    kernel again, in a folder of its own."""
+def tilus_fix_sources() -> list[Path]:
+    """The files of ``matmul/tilus_fixes/``, sorted: the package's patches of tilus's code generator,
+    which every kernel's build goes through (so they name the tilus cache folder, and they are part
+    of every stored choice's fingerprint, ``tuner.fingerprint_files``)."""
     from .. import tilus_fixes
 
+    return sorted(Path(tilus_fixes.__file__).parent.glob("*.py"))
+
+
+def tilus_fixes_key() -> str:
+    """The name of the tilus cache folder for this tilus release and these fixes of its code
+    generator (every file of ``tilus_fix_sources()``, by content): a change to either builds every
+    kernel again, in a folder of its own."""
     digest = hashlib.sha256(tilus.__version__.encode())
-    for path in sorted(Path(tilus_fixes.__file__).parent.glob("*.py")):
+    for path in tilus_fix_sources():
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return f"fixes-{digest.hexdigest()[:12]}"
 

@@ -75,7 +75,7 @@ from ..kernels.versions import fits
 from ..measure.correctness import TOLERANCE, poisoned_output, random_operands, reference, relative_error
 from ..measure.timing import alternating_rounds, interleaved_ms, median_ms
 from . import tilus_autotune, yielding
-from .choice_cache import Entry
+from .choice_cache import Entry, tilus_fix_sources
 
 VENDOR = versions.CUBLAS  # the candidate that is not a version of the series: torch.matmul
 VENDOR_MARGIN = 0.01  # a version must beat cuBLAS by more than this share of its time to be chosen
@@ -173,12 +173,11 @@ def fingerprint_files(arch: str, version: str) -> list[Path]:
     point, the ``pipeline`` modules those import (directly or through one another: an edit to a
     building block the version does not use leaves its stored choices valid), and every tilus fix
     (they patch the code generator of every kernel)."""
-    from .. import tilus_fixes
     from ..kernels import entry
 
     version_file = Path(versions.load(arch, version).__file__)
     own = [version_file, *_sibling_imports(version_file), Path(entry.__file__)]
-    return [*own, *_pipeline_imports(own), *sorted(Path(tilus_fixes.__file__).parent.glob("*.py"))]
+    return [*own, *_pipeline_imports(own), *tilus_fix_sources()]
 
 
 def _sibling_imports(source: Path) -> list[Path]:
