@@ -93,9 +93,10 @@ def cpu_worker(arch, dtype, m, n, k, device):
 
 
 def edge_worker(arch, dtype, m, n, k, device, configs=None):
-    """A tuner worker whose v1 beats cuBLAS (1.0) only at M = 4096 (0.5; at every other M 1.5), and
-    v5 everywhere (0.5): a version that wins at the top of its bucket and loses below it. v1's time
-    comes from the configuration it is prepared with (``configs``), as the chooser fixes it."""
+    """A tuner worker where N says where versions win against cuBLAS (1.0): v1 at M >= N and v2 at
+    M <= N (0.5; elsewhere 1.5), v5 everywhere (0.5): versions that win over a part of a bucket. A
+    version's time comes from the configuration it is prepared with (``configs``), as the chooser
+    fixes it: its "M" is the M it was chosen at."""
     from matmul.call import tuner
 
     def prepare(version):
@@ -103,9 +104,8 @@ def edge_worker(arch, dtype, m, n, k, device, configs=None):
         return tuner.Candidate(version, config, 1e-4, lambda: None)
 
     def timer(candidate):
-        if candidate.version == "v1":
-            return 0.5 if m == 4096 else 1.5
-        return {"v5": 0.5, tuner.VENDOR: 1.0}[candidate.version]
+        wins = {"v1": m >= n, "v2": m <= n, "v5": True, tuner.VENDOR: False}[candidate.version]
+        return 1.0 if candidate.version == tuner.VENDOR else 0.5 if wins else 1.5
 
     return prepare, timer
 

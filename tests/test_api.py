@@ -705,25 +705,34 @@ def test_a_bucket_runs_from_its_least_to_its_greatest_size():
         assert tuner.bucket(low) == tuner.bucket(x) == top and tuner.bucket(low - 1) < top
 
 
-def test_a_version_keeps_its_bucket_only_if_it_wins_at_both_ends(monkeypatch):
-    """Tuned in the child at M = 4096, v1 wins there but not at 3073, the least M of the same
-    bucket: the bucket goes to cuBLAS, and the entry says where v1 lost. v5, faster at every M,
-    keeps its bucket; the edge is tuned with the configuration the winner was chosen in."""
+def test_a_version_keeps_the_part_of_its_bucket_where_it_wins(monkeypatch):
+    """Tuned in the child, each version against cuBLAS over the bucket 3073-4096 (``edge_worker``: N
+    is where v1 starts, and v2 stops, winning). v2, chosen at 3500 and losing at 4096, the greatest
+    M: the bucket goes to cuBLAS, and the entry says where v2 lost. v1, chosen at 4096 and winning
+    from 3500 up: two bisection steps find 3584, from where it runs. v1 winning at 4096 only: it runs
+    there only. v5, faster at every M, keeps its bucket. Every M is tuned with the configuration the
+    winner was chosen in."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
     jobs = [
-        {"key": "lost", "m": 4096, "n": 64, "k": 64, "names": ["v1", tuner.VENDOR]},
+        {"key": "lost", "m": 3500, "n": 3500, "k": 64, "names": ["v2", tuner.VENDOR]},
+        {"key": "split", "m": 4096, "n": 3500, "k": 64, "names": ["v1", tuner.VENDOR]},
+        {"key": "top", "m": 4096, "n": 4096, "k": 64, "names": ["v1", tuner.VENDOR]},
         {"key": "kept", "m": 3500, "n": 64, "k": 64, "names": ["v5", tuner.VENDOR]},
     ]
     entries = tuner.tune_in_child("sm_90a", torch.float16, torch.device("cpu"), jobs, worker="stand_ins:edge_worker")
-    lost, kept = entries["lost"], entries["kept"]
-    assert lost["version"] == tuner.VENDOR and lost["config"] == {} and lost["lost_at"] == 3073
+    lost, split, top, kept = (entries[key] for key in ("lost", "split", "top", "kept"))
+    assert lost["version"] == tuner.VENDOR and lost["config"] == {} and lost["lost_at"] == 4096
     assert lost["ms"] == lost["candidates"][tuner.VENDOR]["ms"] and tuner.PROGRAM_DIR not in lost
-    assert lost["edges"] == {"3073": {"v1": 1.5, tuner.VENDOR: 1.0}}
-    # stale once v1, which it beat, is edited (``choice_fingerprint``)
-    assert lost["fingerprint"] == tuner.choice_fingerprint("sm_90a", tuner.VENDOR, ["v1"])
+    assert lost["edges"] == {"4096": {"v2": 1.5, tuner.VENDOR: 1.0}} and "from_m" not in lost
+    # stale once v2, which it beat, is edited (``choice_fingerprint``)
+    assert lost["fingerprint"] == tuner.choice_fingerprint("sm_90a", tuner.VENDOR, ["v2"])
     assert tuner.entry_is_valid("sm_90a", lost)
+    assert split["version"] == "v1" and split["config"] == {"M": 4096} and split["from_m"] == 3584
+    assert split["edges"] == {"3073": {"v1": 1.5, tuner.VENDOR: 1.0}, "3584": {"v1": 0.5, tuner.VENDOR: 1.0},
+                              "3328": {"v1": 1.5, tuner.VENDOR: 1.0}}  # fmt: skip
+    assert top["version"] == "v1" and top["from_m"] == 4096 and set(top["edges"]) == {"3073", "3584", "3840"}
     assert kept["version"] == "v5" and kept["config"] == {"M": 3500} and "lost_at" not in kept
-    assert set(kept["edges"]) == {"3073", "4096"}
+    assert set(kept["edges"]) == {"3073", "4096"} and "from_m" not in kept
 
 
 def test_cublas_or_a_bucket_of_one_size_needs_no_edge():

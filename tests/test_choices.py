@@ -176,6 +176,19 @@ def test_a_measured_choice_overrides_the_shipped_one(tmp_path):
     assert (found["version"], found["source"]) == ("v3", "measured")
 
 
+def test_a_version_that_won_from_some_m_up_runs_from_there_and_lends_no_bound_to_relatives(tmp_path):
+    """A bucket whose version won only from ``from_m`` up (``tuner.held_across_the_bucket``): cuBLAS
+    runs below it, and the choice says why (``below``, ``chosen``); the version from it up. A
+    relative's bucket takes the version without that bound: it was found in another bucket."""
+    choose = make_chooser(tmp_path, shipped={key(128, 4096, 4096): {**entry("v4"), "from_m": 112}}, mode="off")
+    below = settled(choose, 100, 4096, 4096)
+    assert (below["version"], below["below"], below["source"]) == (tuner.VENDOR, 112, "shipped")
+    assert below["chosen"]["version"] == "v4"
+    assert settled(choose, 112, 4096, 4096)["version"] == settled(choose, 128, 4096, 4096)["version"] == "v4"
+    near = settled(choose, 64, 4096, 4096)
+    assert (near["version"], near["nearest"]) == ("v4", key(128, 4096, 4096)) and "from_m" not in near
+
+
 def test_a_stale_shipped_entry_is_an_instant_choice_measured_again(tmp_path):
     k = key(1024, 4096, 4096)
     measured = threading.Event()

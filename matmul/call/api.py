@@ -223,7 +223,9 @@ def choice(a: torch.Tensor, b: torch.Tensor) -> Entry:
     bucket of the same N x K, named by ``nearest``) or "fallback" (cuBLAS: nothing measured); ``key``
     (the bucket's); ``stale`` (made with other kernel sources: measured again); ``pending`` (a
     background tuning of the bucket is queued or under way); ``building`` (the version whose
-    kernel is being built while cuBLAS runs; ``chosen`` is its entry). See ``chooser``. For a batched
+    kernel is being built while cuBLAS runs; ``chosen`` is its entry); ``below`` (the M from which
+    the bucket's version won when it was tuned: this smaller M runs cuBLAS; ``chosen`` is its entry).
+    See ``chooser``. For a batched
     b (more than two dimensions) the batched kernels' choice, or cuBLAS with the ``reason`` (``batched``)."""
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and b.dim() > 2:
         return batched.choice(_chooser, a, b)

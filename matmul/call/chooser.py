@@ -217,14 +217,19 @@ class Chooser:
         docstring), with where it came from: ``source`` (one of ``SOURCES``), ``key`` (the bucket's),
         ``nearest`` (the bucket it was taken from), ``stale``, ``pending`` (a background tuning of
         the bucket is queued or under way), ``building`` (the version whose kernel is being built
-        while cuBLAS runs), ``transient`` (chosen inside a CUDA graph capture: not to be kept).
-        A version's kernel is loaded by then (``program``), except in ``blocking`` mode, where the
-        caller may build it itself."""
+        while cuBLAS runs), ``transient`` (chosen inside a CUDA graph capture: not to be kept),
+        ``below`` (the bucket's version won only from that M up, ``from_m``: cuBLAS runs this M;
+        ``chosen`` is the bucket's entry). A version's kernel is loaded by then (``program``), except
+        in ``blocking`` mode, where the caller may build it itself."""
         memo = bucket_memo(device, dtype, (m, n, k), variant)
         found = self.entries.get(memo)
         if found is None:
             found = self._choose(device, dtype, m, n, k, variant, memo)
         arch, entry = found
+        if m < entry.get("from_m", 0):  # its version won only from there up (tuner.held_across_the_bucket)
+            below = {"version": VENDOR, "config": {}, **{key: entry[key] for key in PROVENANCE if key in entry}}
+            pending = self.tuner.pending(entry.get("key"))
+            return arch, {**below, "pending": pending, "below": entry["from_m"], "chosen": entry}
         return arch, self._now(arch, dtype, variant, device, entry)
 
     def _choose(self, device, dtype, m, n, k, variant, memo) -> tuple[str, Entry]:
@@ -397,7 +402,9 @@ class Chooser:
             distance = round(abs(math.log(other_m) - math.log(bucket(m))), 9)
             rank = (other_head != head, distance, other_suffix != suffix, other_dtype != dtype, -other_m)
             if best_rank is None or rank < best_rank:
-                best, best_rank = {**entry, "source": "nearest", "nearest": other}, rank
+                # where in its own bucket a version started to win says nothing of this bucket
+                relative = {key: value for key, value in entry.items() if key != "from_m"}
+                best, best_rank = {**relative, "source": "nearest", "nearest": other}, rank
         return best
 
     def _relatives(self) -> "Relatives":

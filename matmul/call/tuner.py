@@ -25,7 +25,8 @@ replaces cuBLAS only when faster by more than ``VENDOR_MARGIN``: within the run-
 power-limited GPU the vendor library is the safer choice. A bucket spans token counts from a
 third below its top to the top (``bucket_range``: 3073-4096), and its choice runs every one of
 them: a version that won at the bucket's M is timed against cuBLAS again at the least and the
-greatest M of the bucket, and keeps it only if it wins there too (``held_across_the_bucket``).
+greatest M of the bucket, and keeps it only if it wins there too, or, where it loses only at the
+least, keeps the part of the bucket from where it wins (``held_across_the_bucket``).
 
 Isolation (``tune_in_child``): all of that runs in a child process (``python -m
 matmul.call.child``) on the same GPU. A kernel that faults (an illegal address leaves a CUDA
@@ -82,6 +83,11 @@ VENDOR_MARGIN = 0.01  # a version must beat cuBLAS by more than this share of it
 TUNING_ROUNDS = 4  # even: each candidate is timed as often early as late in a round
 PRUNE = 1.25  # after the first round, only candidates within this factor of the fastest are timed again
 HOST_ROUNDS = 6  # host times per candidate, in turn: the least is kept
+# Bisection steps for where in its bucket a version that loses at the bucket's least M starts to win
+# (``held_across_the_bucket``): two place it within a quarter of the bucket, at two tunings of the
+# version against cuBLAS. V7's 128-token tile on a 4096 x 4096 weight is 0.8x cuBLAS at 97 tokens and
+# 1.1x at 120 (an H200, plots/h200/after-loop/v7-tokens.txt): without a split, 97-128 went to cuBLAS.
+SPLIT_PROBES = 2
 TEACHING = ("v0", "v1", "v2")  # steps of the series that never win: not tuned by matmul()
 PROTOCOL = "@matmul-tuner "  # the prefix of the child's report lines on its stdout
 # an entry's field, from the child to the chooser only (never stored): where the winner's kernel was built
@@ -387,19 +393,42 @@ def held_across_the_bucket(arch: str, entry: Entry, m: int, tune_at: Callable[[i
     there. Every call of the bucket runs the choice, and a version's tiles meet the token count
     unevenly: one that wins at 4096 rows, a whole number of its tiles, can lose at 3073 (one row
     into a new tile, a wave's tail), where cuBLAS picks another kernel of its own. Where it loses at
-    an edge, the bucket's choice is cuBLAS, and the entry says where the version lost (``lost_at``);
-    either way ``edges`` holds each edge's call times."""
+    the greatest M, the bucket's choice is cuBLAS, and the entry says where the version lost
+    (``lost_at``). Where it loses only at the least, it keeps the bucket's upper part: the least M
+    found to win by ``SPLIT_PROBES`` bisection steps between the least M and ``m`` becomes the entry's
+    ``from_m``, below which its calls run cuBLAS (``chooser.Chooser.get``). Either way ``edges``
+    holds each M's call times."""
     if entry["version"] == VENDOR or VENDOR not in entry["candidates"]:
         return entry
     edges = {}
-    for edge in sorted(set(bucket_range(m)) - {m}):
-        found = tune_at(edge)
-        edges[str(edge)] = {version: timed["call_ms"] for version, timed in found["candidates"].items()}
-        if found["version"] == VENDOR:
-            kept = {key: value for key, value in entry.items() if key != PROGRAM_DIR}
-            vendor = chosen(arch, VENDOR, entry["candidates"][VENDOR], timed_against(entry))
-            return {**kept, **vendor, "edges": edges, "lost_at": edge}
-    return {**entry, "edges": edges}
+
+    def wins_at(at: int) -> bool:
+        found = tune_at(at)
+        edges[str(at)] = {version: timed["call_ms"] for version, timed in found["candidates"].items()}
+        return found["version"] != VENDOR
+
+    least, greatest = bucket_range(m)
+    if greatest != m and not wins_at(greatest):
+        return _lost(arch, entry, edges, greatest)
+    if least == m or wins_at(least):
+        return {**entry, "edges": edges}
+    loses, wins = least, m  # bisect between the two; the version runs from the least M known to win
+    for _ in range(SPLIT_PROBES):
+        middle = (loses + wins) // 2
+        if middle == loses:
+            break
+        if wins_at(middle):
+            wins = middle
+        else:
+            loses = middle
+    return {**entry, "edges": edges, "from_m": wins}
+
+
+def _lost(arch: str, entry: Entry, edges: dict, at: int) -> Entry:
+    """``entry``'s bucket given to cuBLAS, its version having lost at M = ``at``."""
+    kept = {key: value for key, value in entry.items() if key != PROGRAM_DIR}
+    vendor = chosen(arch, VENDOR, entry["candidates"][VENDOR], timed_against(entry))
+    return {**kept, **vendor, "edges": edges, "lost_at": at}
 
 
 def host_times(found: list[Candidate], rounds: int = HOST_ROUNDS) -> dict[str, float]:
