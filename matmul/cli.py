@@ -425,6 +425,15 @@ def tune_shapes(args) -> list[tuple[int, int, int]]:
     return list(dict.fromkeys(shapes))
 
 
+def still_to_tune(shapes, kept: dict, arch: str, gpu: str, dtype, variant) -> list:
+    """The shapes of ``shapes`` whose bucket ``kept`` (the --out table's entries valid for these
+    sources) has no choice for: the rest are not measured again. The tuning itself cannot tell, since
+    it does not take an --out table's entries as measured."""
+    from .call.tuner import choice_key
+
+    return [shape for shape in shapes if choice_key(arch, gpu, dtype, *shape, variant) not in kept]
+
+
 def tune_command(args) -> int:
     import torch
 
@@ -462,8 +471,14 @@ def tune_command(args) -> int:
 
     rows = []
     for dtype in dtypes:
+        todo = still_to_tune(shapes, kept, arch, machine["gpu"], dtype, variant)
+        rows += [
+            [str(dtype).removeprefix("torch."), f"{m}x{n}x{k}", "", "kept"]
+            for m, n, k in shapes
+            if (m, n, k) not in todo
+        ]
         found = api.tune(
-            shapes, dtype, device, variant=variant, use_shipped=not args.out, on_entry=arrived, narrow=args.narrow
+            todo, dtype, device, variant=variant, use_shipped=not args.out, on_entry=arrived, narrow=args.narrow
         )
         for (m, n, k), entry in found.items():
             rows.append([str(dtype).removeprefix("torch."), f"{m}x{n}x{k}", entry["version"], entry["source"]])

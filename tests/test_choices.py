@@ -628,6 +628,18 @@ def test_the_tune_command_expands_a_model_to_one_m_per_bucket():
     assert len(shapes) == 2 * 7 + 1
 
 
+def test_the_tune_command_measures_only_the_buckets_its_out_table_lacks():
+    """``--out FILE`` keeps FILE's entries valid for these sources: a run cut short resumes, and a table
+    made again for a few buckets (their entries stale) measures only those."""
+    from matmul import cli
+
+    kept = {key(128, 4096, 4096): entry("v7"), key(16, 4096, 4096, torch.bfloat16): entry("v7")}
+    shapes = [(128, 4096, 4096), (100, 4096, 4096), (16, 4096, 4096), (128, 6144, 4096)]
+    todo = cli.still_to_tune(shapes, kept, ARCH, GPU, torch.float16, PLAIN)
+    assert todo == [(16, 4096, 4096), (128, 6144, 4096)]  # 100 is in 128's bucket; 16's entry is bfloat16's
+    assert cli.still_to_tune(shapes, kept, ARCH, GPU, torch.float16, Variant("kn")) == shapes
+
+
 # --- off the caller's path: narrowed tunings, deferred plans, the GIL --------------------------------
 
 
