@@ -1,0 +1,23 @@
+#!/bin/bash
+# The bfloat16 half of the H200 table with from_m (the float16 half: uniform-descriptors/tables-split.sh),
+# then the model benchmark from an empty cache with the whole table, as a user meets it. The buckets
+# whose version lost at the least M (lost_at) are marked stale in this copy of the table first, so
+# that `tune --out` measures those eight and keeps the rest (cli.still_to_tune).
+#   source .gpu/env.sh && bash plots/h200/from-m/run1.sh
+OUT=${OUT:-/tmp/out}
+TABLE=matmul/call/shipped/h200.json
+python - "$TABLE" <<'PY'
+import json, sys
+table = json.load(open(sys.argv[1]))
+stale = [key for key, entry in table["entries"].items() if "/bfloat16/" in key and entry.get("lost_at")]
+for key in stale:
+    table["entries"][key]["fingerprint"] = "0" * 16
+json.dump(table, open(sys.argv[1], "w"), indent=1)
+print(len(stale), "bfloat16 buckets to measure again")
+PY
+MATMUL_CACHE_DIR=$(mktemp -d) timeout 200 python -m matmul tune --model llama-3-8b --m 1,16,128,1024,2048,4096,8192 \
+    --dtype bfloat16 --narrow --out $TABLE > "$OUT/shipped-tune-bfloat16.log" 2>&1
+echo "tune exit $?" >> "$OUT/shipped-tune-bfloat16.log"
+cp $TABLE "$OUT/h200.json"
+MATMUL_CACHE_DIR=$(mktemp -d) timeout 300 python -m matmul model --out "$OUT/model" > "$OUT/model.log" 2>&1
+echo "model exit $?" >> "$OUT/model.log"
