@@ -399,3 +399,25 @@ def test_the_one_run_skinny_table_is_what_its_command_prints_from_the_committed_
     assert table.count("(V") == 15 and " - " not in table
     worse = [dict(row, best=dict(row["best"], vs_cublas=0.5)) if i == 0 else row for i, row in enumerate(rows)]
     assert bench.best_table(worse) != table
+
+
+def test_the_skinny_tables_windows_keep_each_kernels_own_time_when_the_order_is_reversed():
+    """``multicast_bench.timed_windows``: every other window launches the kernels in reverse order,
+    and each time must still be filed under its own kernel's name."""
+    import importlib.util
+    from pathlib import Path
+
+    skinny = Path(__file__).resolve().parents[1] / "plots" / "h100" / "skinny"
+    spec = importlib.util.spec_from_file_location("multicast_bench", skinny / "multicast_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    fns = [lambda: 1.0, lambda: 2.0, lambda: 3.0]  # each "kernel" says its own time in ms
+    orders = []
+
+    def window(ordered):
+        orders.append([fn() for fn in ordered])
+        return [fn() for fn in ordered]
+
+    windows = bench.timed_windows(fns, ["cublas", "a", "b"], 3, window)
+    assert orders == [[1.0, 2.0, 3.0], [3.0, 2.0, 1.0], [1.0, 2.0, 3.0]]
+    assert windows == [{"cublas": 1000.0, "a": 2000.0, "b": 3000.0}] * 3

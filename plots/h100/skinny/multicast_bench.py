@@ -5,8 +5,10 @@ tuning: per M, the configurations of V7 (its space and ``EXTRA_CONFIGS``) the ro
 K ("mc") and those with both, a cluster of split x multicast CTAs ("both"; the last two only where
 no CTA of a cluster gets a token tile wholly past M). Each configuration is first
 checked against a float32 reference (fresh random operands, output poisoned with NaN); those that
-fail are reported and left out. Then cuBLAS and every configuration are timed in one window
-(``timing.interleaved_ms``: launched in turn, L2 flushed by reading 256 MiB before each launch).
+fail are reported and left out. Then cuBLAS and every configuration are timed in ``--rounds`` windows
+(``timing.interleaved_ms``: launched in turn, L2 flushed by reading 256 MiB before each launch; the
+order reversed every other window), each kernel's median over the windows kept: with one window, a
+row's best ratio moved by up to 5% between two runs on an H200 (plots/h200/README.md).
 Prints one line per shape and the geomean ratios; writes $OUT/multicast.json. With ``--others``,
 Hopper V5's and V6's autotune spaces (rasterization group 16; V5's narrow tiles among them) are
 checked and timed in the same windows too ("others"), and the best of the series per row, the
@@ -26,6 +28,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 
 import torch
 
@@ -74,7 +77,18 @@ def configs_at(module, m: int) -> tuple[list[dict], list[dict], list[dict]]:
     return old, mc, both
 
 
-def measure(module, m, n, k, dtype, label, others=()):
+def timed_windows(fns, names, rounds: int, window=lambda fns: interleaved_ms(fns, 20.0, 100.0)) -> list[dict]:
+    """``rounds`` windows of ``window`` (each function's time in ms, launched in turn), the launch
+    order reversed every other window; per window, microseconds by name."""
+    windows = []
+    for r in range(rounds):
+        order = list(range(len(fns))) if r % 2 == 0 else list(range(len(fns)))[::-1]
+        times = window([fns[i] for i in order])
+        windows.append({names[i]: ms * 1e3 for i, ms in zip(order, times)})
+    return windows
+
+
+def measure(module, m, n, k, dtype, label, others=(), rounds=3):
     a, b = random_operands(m, n, k, dtype)
     ref = reference(a, b)
     cublas_out = torch.empty(m, n, dtype=dtype, device="cuda")
@@ -99,14 +113,16 @@ def measure(module, m, n, k, dtype, label, others=()):
         names.append(called)
         kinds[called] = kind
     del ref
-    us = dict(zip(names, (ms * 1e3 for ms in interleaved_ms(fns, 20.0, 100.0))))
+    windows = timed_windows(fns, names, rounds)
+    us = {x: statistics.median(w[x] for w in windows) for x in names}
     row = {"label": label, "m": m, "n": n, "k": k, "dtype": str(dtype).removeprefix("torch."), "us": us}
     row["failed"] = failed
     for kind in (*KINDS, "others", "best"):
         mine = [x for x in names[1:] if kinds[x] == kind or kind == "best"]
         if mine:
             best = min(mine, key=us.get)
-            row[kind] = {"config": best, "us": us[best], "vs_cublas": us["cublas"] / us[best]}
+            ratios = [w["cublas"] / w[best] for w in windows]  # the chosen kernel's ratio in each window
+            row[kind] = {"config": best, "us": us[best], "vs_cublas": us["cublas"] / us[best], "windows": ratios}
     for kind in ("mc", "both"):
         if "old" in row and kind in row:
             row[f"{kind}_vs_old"] = row["old"]["us"] / row[kind]["us"]
@@ -173,6 +189,9 @@ def main():
     parser.add_argument("--others", action="store_true", help="V5's and V6's spaces in the same windows")
     parser.add_argument("--table", metavar="FILE", help="only print the best-of-series table of a saved multicast.json")
     parser.add_argument("--prebuild", action="store_true", help="only build the kernels (no GPU needed), then stop")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="windows per row, the median time of each kernel kept (default 3)"
+    )
     args = parser.parse_args()
     if args.table:
         with open(args.table) as f:
@@ -191,7 +210,7 @@ def main():
     for dtype in dtypes:
         for label, (n, k) in presets.DECODE_PROJECTIONS.items():
             for m in TOKENS:
-                rows.append(measure(module, m, n, k, dtype, label, others))
+                rows.append(measure(module, m, n, k, dtype, label, others, args.rounds))
                 print(line(rows[-1]), flush=True)
                 torch.cuda.empty_cache()
     print(
