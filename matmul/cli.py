@@ -481,7 +481,9 @@ def tune_command(args) -> int:
             todo, dtype, device, variant=variant, use_shipped=not args.out, on_entry=arrived, narrow=args.narrow
         )
         for (m, n, k), entry in found.items():
-            rows.append([str(dtype).removeprefix("torch."), f"{m}x{n}x{k}", entry["version"], entry["source"]])
+            chosen = entry.get("chosen", entry)  # a call below the bucket's from_m runs cuBLAS; the bucket's choice
+            kernel = chosen["version"] + (f" from M={chosen['from_m']}" if chosen.get("from_m") else "")
+            rows.append([str(dtype).removeprefix("torch."), f"{m}x{n}x{k}", kernel, entry["source"]])
             if args.out and entry["source"] == "measured":
                 kept[entry["key"]] = stored(entry.get("chosen", entry))
     if args.out:
