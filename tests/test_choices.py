@@ -314,6 +314,24 @@ def test_a_chosen_kernel_runs_only_once_built(tmp_path, stand_ins):
     assert isinstance(path.plans[signature(a, w.T, None)], SeriesPlan)
 
 
+def test_each_side_of_a_buckets_from_m_runs_its_own_kernel_and_native_route(tmp_path, stand_ins):
+    """A bucket (97-128) whose version won only from M = 112 up: calls at 100 run cuBLAS and calls
+    at 120 and 128 the version, and the native entry's route, one a bucket, serves only the side of
+    112 it was derived on: a call on the other side misses it and takes its own plan."""
+    choose = make_chooser(tmp_path, shipped={key(128, 64, 32): {**entry("v4"), "from_m": 112}})
+    path = stand_in_plans(choose)
+    settled(choose, 128, 64, 32)  # v4 built
+    calls = {m: random_operands(m, 64, 32, torch.float16, device="cpu") for m in (100, 120, 128)}
+    for m, kind, missed in ((120, "launch", 100), (100, "vendor", 120), (128, "launch", 100)):
+        a, w = calls[m]
+        assert relative_error(path.launch(a, w.T), reference(a, w)) <= TOLERANCE[torch.float16]
+        plan = path.plans[signature(a, w.T, None)]
+        assert isinstance(plan, SeriesPlan if kind == "launch" else VendorPlan)
+        if path.direct is not None:
+            other, w_other = calls[missed]
+            assert path.direct.kind(a, w.T) == kind and path.direct.kind(other, w_other.T) is None
+
+
 def test_a_kernel_built_only_to_be_timed_leaves_every_plan_in_place(tmp_path, stand_ins):
     """A background tuning builds its candidates first; each build used to drop every plan and
     native route, sending every bucket back through the Python path (and cuBLAS) until the

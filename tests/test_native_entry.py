@@ -73,6 +73,20 @@ def test_routes_are_kept_by_the_whole_signature():
 
 
 @built
+def test_a_route_serves_the_rows_it_was_put_for_within_its_bucket():
+    """One route a bucket (97-128 here), serving every M of it unless put for a part: the side of a
+    choice's from_m that its plan was derived on (``launch.rows_served``)."""
+    table = native.DirectTable()
+    a, b = operands(m=120)
+    table.put_vendor(a, b, Recorder("below"), min_rows=0, max_rows=111)
+    assert table.kind(*operands(m=100)) == "vendor" and table.get(*operands(m=112)) is None
+    table.put_vendor(a, b, Recorder("from 112"), min_rows=112)
+    assert table.get(*operands(m=128)).name == "from 112" and table.get(*operands(m=111)) is None
+    table.put_vendor(a, b, Recorder("all"))
+    assert table.get(*operands(m=97)).name == table.get(*operands(m=128)).name == "all" and len(table) == 1
+
+
+@built
 def test_drop_removes_the_routes_of_its_tags_only_in_every_variants_table():
     table = native.DirectTable()
     (a, b), (a2, b2), (a3, b3) = operands(), operands(n=24), operands(n=32)

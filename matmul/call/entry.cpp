@@ -16,7 +16,9 @@
 //
 // A route serves every M of its bucket (the signature holds M rounded up as the choices bucket it):
 // a model called at varying token counts reaches its kernel without Python from the second call of
-// a bucket on. An unseen call that the checks would pass is handed to the miss hook, which queues
+// a bucket on. Where the bucket's version won only from some M up (the choice's ``from_m``), its
+// route serves that part and the vendor route the part below (``min_rows``, ``max_rows``); a call
+// on the other side of it misses, and the Python path runs its own plan. An unseen call that the checks would pass is handed to the miss hook, which queues
 // its plan to be derived on a thread of its own, and runs cuBLAS (at::mm) at once, as torch.matmul
 // would: the caller never waits on a derivation, a choice, a tuning or a build.
 //
@@ -49,6 +51,7 @@
 #include <algorithm>
 #include <cstring>
 #include <ctime>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -123,9 +126,13 @@ struct Route {
   Kind kind;
   py::object function;  // the Python function of (a, b) that computes the call (the plan)
   Launch launch;        // Kind::launch only
-  int64_t rows;         // Kind::python only: the one M it was derived for (a plan of Python may fix M)
-  int64_t tag;          // the caller's name for the choice it came from (``drop``), -1 for none
+  // the M it serves: a Python route the one it was derived for (a plan of Python may fix M); a vendor
+  // or launch route its bucket, or the part of it on one side of the choice's from_m
+  int64_t min_rows, max_rows;
+  int64_t tag;  // the caller's name for the choice it came from (``drop``), -1 for none
 };
+
+constexpr int64_t kAllRows = std::numeric_limits<int64_t>::max();
 
 class DirectTable {
  public:
@@ -150,19 +157,21 @@ class DirectTable {
   const std::string& activation() const { return activation_; }
 
   void put(const at::Tensor& a, const at::Tensor& b, py::object function, int64_t tag) {
-    insert(a, b, Route{Kind::python, std::move(function), {}, a.dim() == 2 ? a.size(0) : -1, tag});
+    int64_t rows = a.dim() == 2 ? a.size(0) : -1;
+    insert(a, b, Route{Kind::python, std::move(function), {}, rows, rows, tag});
   }
 
-  void put_vendor(const at::Tensor& a, const at::Tensor& b, py::object function, int64_t tag) {
-    insert(a, b, Route{Kind::vendor, std::move(function), {}, -1, tag});
+  void put_vendor(const at::Tensor& a, const at::Tensor& b, py::object function, int64_t tag, int64_t min_rows,
+                  int64_t max_rows) {
+    insert(a, b, Route{Kind::vendor, std::move(function), {}, min_rows, max_rows, tag});
   }
 
   void put_launch(const at::Tensor& a, const at::Tensor& b, py::object function, py::object program, int64_t n,
                   int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t row_length, int64_t align,
-                  int64_t columns, int64_t tag) {
+                  int64_t columns, int64_t tag, int64_t min_rows, int64_t max_rows) {
     Launch launch{std::move(program), py::int_(n), py::int_(k),   py::int_(lda),          py::int_(ldb),
                   py::int_(ldc),      py::int_(0), columns < 0 ? n : columns, row_length, align};
-    insert(a, b, Route{Kind::launch, std::move(function), std::move(launch), -1, tag});
+    insert(a, b, Route{Kind::launch, std::move(function), std::move(launch), min_rows, max_rows, tag});
   }
 
   // the route's function, or None
@@ -184,7 +193,7 @@ class DirectTable {
     auto it = routes_.find(s);
     if (it == routes_.end()) return nullptr;
     const Route& route = it->second;
-    return route.kind == Kind::python && route.rows != a.size(0) ? nullptr : &route;
+    return a.size(0) < route.min_rows || a.size(0) > route.max_rows ? nullptr : &route;
   }
 
   size_t size() const { return routes_.size(); }
@@ -535,11 +544,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("put", &DirectTable::put, py::arg("a"), py::arg("b"), py::arg("function"), py::arg("tag") = -1,
            "Route calls of this signature to ``function(a, b)`` (``tag``: see ``drop``)")
       .def("put_vendor", &DirectTable::put_vendor, py::arg("a"), py::arg("b"), py::arg("function"),
-           py::arg("tag") = -1, "Route calls of this signature to at::mm (``function`` is what ``get`` returns)")
+           py::arg("tag") = -1, py::arg("min_rows") = 0, py::arg("max_rows") = kAllRows,
+           "Route calls of this signature with M in [min_rows, max_rows] to at::mm (``function`` is what ``get`` "
+           "returns)")
       .def("put_launch", &DirectTable::put_launch, py::arg("a"), py::arg("b"), py::arg("function"),
            py::arg("program"), py::arg("n"), py::arg("k"), py::arg("lda"), py::arg("ldb"),
            py::arg("ldc"), py::arg("row_length"), py::arg("align"), py::arg("columns") = -1, py::arg("tag") = -1,
-           "Route calls of this signature (any M of its bucket) to ``program(m, n, k, a_ptr, b_ptr, c, lda, ldb, "
+           py::arg("min_rows") = 0, py::arg("max_rows") = kAllRows,
+           "Route calls of this signature (M in [min_rows, max_rows] of its bucket) to ``program(m, n, k, a_ptr, b_ptr, c, lda, ldb, "
            "ldc, bias_ptr)`` on a new [m, row_length] c of ``columns`` (default n) columns; calls whose pointers are not "
            "``align``-byte aligned to ``function(a, b)``")
       .def("get", &DirectTable::get, py::arg("a"), py::arg("b"))

@@ -55,6 +55,9 @@ from .tuner import VENDOR, space_config
 
 log = logging.getLogger(__name__)
 
+# The M a plan's native route serves (``add_route``): every M of its bucket, unless the bucket's
+# version won only from some M up (the choice's ``from_m``): then each side of it (``Plans.derive``).
+ALL_ROWS = (0, 2**63 - 1)
 PLAN_GROUP = "plans"  # the planner's jobs queued together are derived in one batch
 PLANNER_LINGER_S = 5.0  # the planner's thread waits this long for the next unseen call before it ends
 PLANNER_POLL_S = 0.02  # how often a lingering planner looks for calls deferred without waking it
@@ -87,9 +90,22 @@ def fused_signature(a, b, out, bias, variant: Variant) -> tuple:
     return (*signature(a, b, out), variant, bias.shape, bias.stride(), bias.dtype, bias.device)
 
 
+def rows_served(entry: dict) -> tuple[int, int]:
+    """The M a plan made from the choice ``entry`` serves in its bucket: all of them, or where the
+    bucket's version won only from ``from_m`` up, the side of it this call's M is on (``below``: the
+    call ran cuBLAS under it; the version's own entry: from it up)."""
+    if "below" in entry:
+        return ALL_ROWS[0], entry["below"] - 1
+    if entry.get("from_m") and entry["version"] != VENDOR:
+        return entry["from_m"], ALL_ROWS[1]
+    return ALL_ROWS
+
+
 class VendorPlan:
     """cuBLAS chose for this bucket: ``torch.mm`` on the caller's operands (b [K, N] as given), with
     the epilogue in torch's own kernels after it (``torch.addmm`` takes the bias)."""
+
+    rows = ALL_ROWS
 
     def __init__(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor], variant: Variant = PLAIN):
         self.layouts = (layout(a), layout(b), None if out is None else layout(out))
@@ -99,7 +115,7 @@ class VendorPlan:
     def add_route(self, table, a, b, tag: int = -1) -> None:
         """Calls without ``out`` of the signature of ``a`` and ``b``: at::mm, from the native entry
         (``tag``: the choice's, which ``DirectTable.drop`` names)."""
-        table.put_vendor(a, b, self.__call__, tag=tag)
+        table.put_vendor(a, b, self.__call__, tag=tag, min_rows=self.rows[0], max_rows=self.rows[1])
 
     def product(self, a, b, bias):
         y = torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
@@ -120,6 +136,8 @@ class VendorPlan:
 class SeriesPlan:
     """A version chose for this bucket: its compiled launch function, called with the pointers. The
     kernel reads b in place as the B operand of ``b_layout`` (w [N, K] of b = w.T, or b [K, N])."""
+
+    rows = ALL_ROWS
 
     def __init__(
         self,
@@ -145,7 +163,9 @@ class SeriesPlan:
         """Calls without ``out`` of the signature of ``a`` and ``b``: the native entry allocates the
         output and calls the program itself (``tag``: the choice's, which ``DirectTable.drop`` names)."""
         args = (self.launch, self.n, self.k, self.lda, self.ldb, self.ldc, self.out_row, TMA_ALIGN_BYTES)
-        table.put_launch(a, b, self.__call__, *args, columns=self.columns, tag=tag)
+        table.put_launch(
+            a, b, self.__call__, *args, columns=self.columns, tag=tag, min_rows=self.rows[0], max_rows=self.rows[1]
+        )
 
     def __call__(self, a, b, out=None, bias=None):
         # on the path of every call: each step here is paid per launch, so it is kept short
@@ -391,6 +411,8 @@ class Plans:
                         plan = SeriesPlan(program, a, b, operand, b_layout, c, out, variant)
         if plan is None:
             plan = VendorPlan(a, b, out, variant)
+        if memo is not None:
+            plan.rows = rows_served(entry)
         plan.generation = None if transient else generation
         plan.memo = memo  # the bucket whose choice it runs: ``forget`` drops it when that choice changes
         if key is not None:

@@ -3,7 +3,10 @@
 # then the model benchmark from an empty cache with the whole table, as a user meets it. The buckets
 # whose version lost at the least M (lost_at) are marked stale in this copy of the table first, so
 # that `tune --out` measures those eight and keeps the rest (cli.still_to_tune).
-#   source .gpu/env.sh && bash plots/h200/from-m/run1.sh
+# The tune's candidates (bfloat16-kernels.txt: those within the tuner's PRUNE of the best in each stale
+# entry) built here first, and carried:
+#   MATMUL_CACHE_DIR=$PWD/.cache/fm python -m matmul compile --arch sm_90a --kernels plots/h200/from-m/bfloat16-kernels.txt
+#   source .gpu/env.sh && bash plots/h200/from-m/run1.sh   (carry .gpu and .cache/fm)
 OUT=${OUT:-/tmp/out}
 TABLE=matmul/call/shipped/h200.json
 python - "$TABLE" <<'PY'
@@ -15,7 +18,7 @@ for key in stale:
 json.dump(table, open(sys.argv[1], "w"), indent=1)
 print(len(stale), "bfloat16 buckets to measure again")
 PY
-MATMUL_CACHE_DIR=$(mktemp -d) timeout 200 python -m matmul tune --model llama-3-8b --m 1,16,128,1024,2048,4096,8192 \
+MATMUL_CACHE_DIR=$PWD/.cache/fm timeout 200 python -m matmul tune --model llama-3-8b --m 1,16,128,1024,2048,4096,8192 \
     --dtype bfloat16 --narrow --out $TABLE > "$OUT/shipped-tune-bfloat16.log" 2>&1
 echo "tune exit $?" >> "$OUT/shipped-tune-bfloat16.log"
 cp $TABLE "$OUT/h200.json"
