@@ -709,7 +709,7 @@ def test_a_version_keeps_the_part_of_its_bucket_where_it_wins(monkeypatch):
     """Tuned in the child, each version against cuBLAS over the bucket 3073-4096 (``edge_worker``: N
     is where v1 starts, and v2 stops, winning). v2, chosen at 3500 and losing at 4096, the greatest
     M: the bucket goes to cuBLAS, and the entry says where v2 lost. v1, chosen at 4096 and winning
-    from 3500 up: two bisection steps find 3584, from where it runs. v1 winning at 4096 only: it runs
+    from 3500 up: two bisection steps find 3585, from where it runs. v1 winning at 4096 only: it runs
     there only. v5, faster at every M, keeps its bucket. Every M is tuned with the configuration the
     winner was chosen in."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
@@ -727,12 +727,26 @@ def test_a_version_keeps_the_part_of_its_bucket_where_it_wins(monkeypatch):
     # stale once v2, which it beat, is edited (``choice_fingerprint``)
     assert lost["fingerprint"] == tuner.choice_fingerprint("sm_90a", tuner.VENDOR, ["v2"])
     assert tuner.entry_is_valid("sm_90a", lost)
-    assert split["version"] == "v1" and split["config"] == {"M": 4096} and split["from_m"] == 3584
-    assert split["edges"] == {"3073": {"v1": 1.5, tuner.VENDOR: 1.0}, "3584": {"v1": 0.5, tuner.VENDOR: 1.0},
-                              "3328": {"v1": 1.5, tuner.VENDOR: 1.0}}  # fmt: skip
-    assert top["version"] == "v1" and top["from_m"] == 4096 and set(top["edges"]) == {"3073", "3584", "3840"}
+    assert split["version"] == "v1" and split["config"] == {"M": 4096} and split["from_m"] == 3585
+    assert split["edges"] == {"3073": {"v1": 1.5, tuner.VENDOR: 1.0}, "3585": {"v1": 0.5, tuner.VENDOR: 1.0},
+                              "3329": {"v1": 1.5, tuner.VENDOR: 1.0}}  # fmt: skip
+    assert top["version"] == "v1" and top["from_m"] == 4096 and set(top["edges"]) == {"3073", "3585", "3841"}
     assert kept["version"] == "v5" and kept["config"] == {"M": 3500} and "lost_at" not in kept
     assert set(kept["edges"]) == {"3073", "4096"} and "from_m" not in kept
+
+
+def test_a_buckets_split_is_probed_one_row_into_a_tile():
+    """``split_probe``: between an M where the version lost and one where it won, one row past a
+    quarter of the bucket's step, as the bucket's least M is: a 128-row tile just begun, and an odd
+    number of them (V6's pairs idle in the last row)."""
+    assert tuner.split_probe(3073, 4096) == 3585 and tuner.split_probe(3585, 4096) == 3841
+    assert tuner.split_probe(3073, 3585) == 3329 and tuner.split_probe(6145, 8192) == 7169
+    assert tuner.split_probe(97, 128) == 113 and tuner.split_probe(113, 128) == 121
+    for probe in (3585, 3841, 3329, 7169, 1793):
+        assert probe % 128 == 1 and -(-probe // 128) % 2 == 1
+    assert (
+        tuner.split_probe(13, 16) == 14 and tuner.split_probe(15, 16) is None and tuner.split_probe(3841, 4096) is None
+    )
 
 
 def test_cublas_or_a_bucket_of_one_size_needs_no_edge():

@@ -84,9 +84,10 @@ TUNING_ROUNDS = 4  # even: each candidate is timed as often early as late in a r
 PRUNE = 1.25  # after the first round, only candidates within this factor of the fastest are timed again
 HOST_ROUNDS = 6  # host times per candidate, in turn: the least is kept
 # Bisection steps for where in its bucket a version that loses at the bucket's least M starts to win
-# (``held_across_the_bucket``): two place it within a quarter of the bucket, at two tunings of the
-# version against cuBLAS. V7's 128-token tile on a 4096 x 4096 weight is 0.8x cuBLAS at 97 tokens and
-# 1.1x at 120 (an H200, plots/h200/after-loop/v7-tokens.txt): without a split, 97-128 went to cuBLAS.
+# (``held_across_the_bucket``, at the M of ``split_probe``): two place it within a quarter of the
+# bucket, at two tunings of the version against cuBLAS. V7's 128-token tile on a 4096 x 4096 weight
+# is 0.8x cuBLAS at 97 tokens and 1.1x at 120 (an H200, plots/h200/after-loop/v7-tokens.txt): without
+# a split, 97-128 went to cuBLAS.
 SPLIT_PROBES = 2
 TEACHING = ("v0", "v1", "v2")  # steps of the series that never win: not tuned by matmul()
 PROTOCOL = "@matmul-tuner "  # the prefix of the child's report lines on its stdout
@@ -414,14 +415,26 @@ def held_across_the_bucket(arch: str, entry: Entry, m: int, tune_at: Callable[[i
         return {**entry, "edges": edges}
     loses, wins = least, m  # bisect between the two; the version runs from the least M known to win
     for _ in range(SPLIT_PROBES):
-        middle = (loses + wins) // 2
-        if middle == loses:
+        probe = split_probe(loses, wins)
+        if probe is None:
             break
-        if wins_at(middle):
-            wins = middle
+        if wins_at(probe):
+            wins = probe
         else:
-            loses = middle
+            loses = probe
     return {**entry, "edges": edges, "from_m": wins}
+
+
+def split_probe(loses: int, wins: int) -> Optional[int]:
+    """Where ``held_across_the_bucket`` times the version next, between an M where it lost and one
+    where it won: one row past the middle rounded down to a quarter of the bucket's step (``bucket``:
+    3073-4096 in steps of 1024, so 3585 = 28 x 128 + 1). Like the bucket's least M, such an M has just
+    begun a tile of every size that divides the quarter, the worst case of a tile's padding, and for
+    V6's pairs of 128-row tiles an odd number of tiles (its second CTA idle in the last row): a
+    version that wins there wins at the M around it. None where no M lies strictly between."""
+    step = max((1 << max(loses.bit_length() - 2, 0)) // 4, 1)  # loses < the bucket's top: its step
+    probe = (loses + wins) // 2 // step * step + (1 if step > 1 else 0)
+    return probe if loses < probe < wins else None
 
 
 def _lost(arch: str, entry: Entry, edges: dict, at: int) -> Entry:
