@@ -439,7 +439,7 @@ def tune_command(args) -> int:
 
     from .call import api, choice_cache
     from .call.chooser import PROVENANCE
-    from .call.tuner import entry_is_valid
+    from .call.tuner import choice_key, entry_is_valid
     from .kernels.variant import PLAIN, Variant
 
     shapes = tune_shapes(args)
@@ -472,11 +472,9 @@ def tune_command(args) -> int:
     rows = []
     for dtype in dtypes:
         todo = still_to_tune(shapes, kept, arch, machine["gpu"], dtype, variant)
-        rows += [
-            [str(dtype).removeprefix("torch."), f"{m}x{n}x{k}", "", "kept"]
-            for m, n, k in shapes
-            if (m, n, k) not in todo
-        ]
+        for m, n, k in (shape for shape in shapes if shape not in todo):
+            version = kept[choice_key(arch, machine["gpu"], dtype, m, n, k, variant)]["version"]
+            rows.append([str(dtype).removeprefix("torch."), f"{m}x{n}x{k}", version, "kept"])
         found = api.tune(
             todo, dtype, device, variant=variant, use_shipped=not args.out, on_entry=arrived, narrow=args.narrow
         )
