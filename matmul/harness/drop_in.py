@@ -100,7 +100,7 @@ def _as_is(w: torch.Tensor) -> torch.Tensor:
 
 def _provenance(entry: dict) -> dict:
     """What a choice ran and where it came from, as a results row keeps it."""
-    keep = ("version", "config", "source", "nearest", "narrowed_from", "building")
+    keep = ("version", "config", "source", "nearest", "narrowed_from", "building", "below")
     return {k: entry[k] for k in keep if k in entry}
 
 

@@ -161,6 +161,7 @@ def run_trace(trace, weights, both_orders: bool = False) -> list[dict]:
             version=entry.get("version"),
             source=entry.get("source"),
             building=entry.get("building"),
+            below=entry.get("below"),
             pending=entry.get("pending"),
             busy_before=busy,
         )
