@@ -479,11 +479,11 @@ def tune_command(args) -> int:
             todo, dtype, device, variant=variant, use_shipped=not args.out, on_entry=arrived, narrow=args.narrow
         )
         for (m, n, k), entry in found.items():
-            chosen = entry.get("chosen", entry)  # a call below the bucket's from_m runs cuBLAS; the bucket's choice
+            chosen = entry.get("chosen", entry)  # the bucket's choice, also while its kernel is being built
             kernel = chosen["version"] + (f" from M={chosen['from_m']}" if chosen.get("from_m") else "")
             rows.append([str(dtype).removeprefix("torch."), f"{m}x{n}x{k}", kernel, entry["source"]])
             if args.out and entry["source"] == "measured":
-                kept[entry["key"]] = stored(entry.get("chosen", entry))
+                kept[entry["key"]] = stored(chosen)
     if args.out:
         choice_cache.write_shipped(Path(args.out), kept, command, machine)
     print(tabulate(rows, headers=["dtype", "shape", "kernel", "source"]))

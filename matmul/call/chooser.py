@@ -226,11 +226,7 @@ class Chooser:
         if found is None:
             found = self._choose(device, dtype, m, n, k, variant, memo)
         arch, entry = found
-        if m < entry.get("from_m", 0):  # its version won only from there up (tuner.held_across_the_bucket)
-            below = {"version": VENDOR, "config": {}, **{key: entry[key] for key in PROVENANCE if key in entry}}
-            pending = self.tuner.pending(entry.get("key"))
-            return arch, {**below, "pending": pending, "below": entry["from_m"], "chosen": entry}
-        return arch, self._now(arch, dtype, variant, device, entry)
+        return arch, self._now(arch, dtype, variant, device, entry, m)
 
     def _choose(self, device, dtype, m, n, k, variant, memo) -> tuple[str, Entry]:
         if self.cache is None:
@@ -272,9 +268,12 @@ class Chooser:
         """The launch function of ``entry``'s kernel, loaded in this process (built outside it), or None."""
         return self.programs.get(program_key(arch, dtype, entry, variant))
 
-    def _now(self, arch: str, dtype, variant: Variant, device, entry: Entry) -> Entry:
-        """``entry`` as it runs now: cuBLAS while its version's kernel is being built."""
+    def _now(self, arch: str, dtype, variant: Variant, device, entry: Entry, m: int) -> Entry:
+        """``entry`` as a call of M = ``m`` runs it now: cuBLAS below the M its version won from
+        (``from_m``, tuner.held_across_the_bucket), and while its version's kernel is being built."""
         now = {**entry, "pending": self.tuner.pending(entry.get("key"))}
+        if m < entry.get("from_m", 0):
+            return self._instead(now, entry, below=entry["from_m"])
         if entry["version"] == VENDOR or self.mode == "blocking":
             return now
         program = program_key(arch, dtype, entry, variant)
@@ -283,10 +282,15 @@ class Chooser:
         if program not in self.failed and not now.get("transient"):
             if not capturing(device):
                 self.builder.submit(program, (arch, dtype, entry, variant), group=BUILD_GROUP)
-        waiting = {"version": VENDOR, "config": {}, **{k: now[k] for k in PROVENANCE if k in now}}
         if program in self.failed:
-            return {**waiting, "build_failed": self.failed[program], "chosen": entry}
-        return {**waiting, "building": entry["version"], "chosen": entry}
+            return self._instead(now, entry, build_failed=self.failed[program])
+        return self._instead(now, entry, building=entry["version"])
+
+    @staticmethod
+    def _instead(now: Entry, entry: Entry, **why) -> Entry:
+        """cuBLAS run in place of ``entry``'s version, with ``now``'s provenance, ``why`` (one field
+        that says why) and the bucket's choice (``chosen``)."""
+        return {"version": VENDOR, "config": {}, **{k: now[k] for k in PROVENANCE if k in now}, **why, "chosen": entry}
 
     # --- what is known: measured, shipped, nearest ---------------------------------------------------
 

@@ -85,9 +85,9 @@ PRUNE = 1.25  # after the first round, only candidates within this factor of the
 HOST_ROUNDS = 6  # host times per candidate, in turn: the least is kept
 # Bisection steps for where in its bucket a version that loses at the bucket's least M starts to win
 # (``held_across_the_bucket``, at the M of ``split_probe``): two place it within a quarter of the
-# bucket, at two tunings of the version against cuBLAS. V7's 128-token tile on a 4096 x 4096 weight
-# is 0.8x cuBLAS at 97 tokens and 1.1x at 120 (an H200, plots/h200/after-loop/v7-tokens.txt): without
-# a split, 97-128 went to cuBLAS.
+# bucket, at two tunings of the version against cuBLAS. Without a split, a version that loses only
+# where its tile is barely begun loses the whole bucket (V7's 128-token tile on a 4096 x 4096 weight
+# at 97-128 tokens: plots/h200/after-loop/v7-tokens.txt).
 SPLIT_PROBES = 2
 TEACHING = ("v0", "v1", "v2")  # steps of the series that never win: not tuned by matmul()
 PROTOCOL = "@matmul-tuner "  # the prefix of the child's report lines on its stdout
