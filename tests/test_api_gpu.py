@@ -329,6 +329,65 @@ def test_a_background_tuning_takes_over_from_the_instant_choice_or_leaves_it(tmp
     assert source == ("fallback" if tuning == "fails" else "measured"), done.stdout
 
 
+# A bucket whose version won only from some M up (``from_m``, ``tuner.held_across_the_bucket``): a
+# call below that M runs cuBLAS and one from it up the version, through the Python path and the
+# native entry's routes alike, whichever M of the bucket came first (one route a side of from_m:
+# ``launch.rows_served``); the kernels each side launches are told apart by the profiler.
+FROM_M_CHILD = """
+import sys
+import torch
+from torch.profiler import ProfilerActivity, profile
+import matmul
+from matmul.call import api, tuner
+from matmul.call.choice_cache import ShippedTable, write_shipped
+from matmul.kernels import versions
+from matmul.measure.correctness import TOLERANCE, random_operands, reference, relative_error
+
+arch, path = sys.argv[1], sys.argv[2]
+gpu = torch.cuda.get_device_name()
+n, k, from_m = 4096, 4096, 112  # the bucket of 97-128 rows
+entry = {"version": "v7", "config": dict(versions.load(arch, "v7").REPRESENTATIVE), "ms": 1.0,
+         "fingerprint": tuner.fingerprint(arch, "v7"), "from_m": from_m}
+bucket = tuner.choice_key(arch, gpu, torch.float16, 128, n, k)
+write_shipped(path, {bucket: entry}, command="test", machine={"gpu": gpu})
+api._chooser.shipped = ShippedTable([path])
+w = random_operands(1, n, k, torch.float16)[1]
+
+def run(m):
+    a = random_operands(m, n, k, torch.float16)[0]
+    for _ in range(2):  # the first call's plan is derived (and the version built) off this thread; the
+        matmul.matmul(a, w.T)  # second's again where the build's end dropped the plan made meanwhile
+        assert api._plans.wait_for_background(900)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        c = matmul.matmul(a, w.T)
+        torch.cuda.synchronize()
+    assert relative_error(c, reference(a, w)) <= TOLERANCE[torch.float16], m
+    names = {e.name for e in prof.events() if e.device_type.name == "CUDA"}
+    return api.choice(a, w.T), api._plans.direct.kind(a, w.T), names
+
+order = [120, 100, 112, 97, 128] if sys.argv[3] == "above first" else [100, 120, 97, 112, 128]
+seen = {m: run(m) for m in order}
+for m, (choice, kind, names) in seen.items():
+    runs_version = m >= from_m
+    assert choice["version"] == ("v7" if runs_version else tuner.VENDOR), (m, choice)
+    assert runs_version or (choice["below"], choice["chosen"]["version"]) == (from_m, "v7"), (m, choice)
+    assert kind == ("launch" if runs_version else "vendor"), (m, kind)
+    assert names, m
+version_kernels = set.intersection(*(seen[m][2] for m in order if m >= from_m))
+vendor_kernels = set.union(*(seen[m][2] for m in order if m < from_m))
+assert version_kernels and not version_kernels & vendor_kernels, (version_kernels, vendor_kernels)
+print("split", sorted(version_kernels))
+"""
+
+
+@pytest.mark.parametrize("first", ["above first", "below first"])
+def test_a_bucket_kept_from_an_m_runs_cublas_below_it_and_its_version_from_it(tmp_path, first):
+    env = dict(os.environ, MATMUL_CACHE_DIR=str(tmp_path / "cache"), MATMUL_TUNE="off")
+    args = [sys.executable, "-c", FROM_M_CHILD, ARCH, str(tmp_path / "shipped.json"), first]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=1000)
+    assert done.returncode == 0 and "split" in done.stdout, done.stderr[-3000:]
+
+
 def test_a_candidate_that_faults_while_tuning_leaves_this_process_usable():
     m, n, k = LARGE["A"]  # V0 addresses A with int32 offsets: past 2^31 elements it faults
     job = {"key": f"{ARCH}/fault test/float16/{m}x{n}x{k}", "m": m, "n": n, "k": k, "names": ["v0", tuner.VENDOR]}
