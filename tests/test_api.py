@@ -177,7 +177,8 @@ def test_a_version_replaces_cublas_only_when_clearly_faster():
         )
 
     assert tune(0.995)["version"] == tuner.VENDOR  # 0.5% faster: within the noise
-    assert tune(0.98)["version"] == "v1"  # 2% faster
+    assert tune(1 - tuner.VENDOR_MARGIN / 2)["version"] == tuner.VENDOR  # within the margin
+    assert tune(0.97)["version"] == "v1"  # 3% faster
     assert tune(1.2)["version"] == tuner.VENDOR
 
 
@@ -747,6 +748,47 @@ def test_a_buckets_split_is_probed_one_row_into_a_tile():
     assert (
         tuner.split_probe(13, 16) == 14 and tuner.split_probe(15, 16) is None and tuner.split_probe(3841, 4096) is None
     )
+
+
+def test_a_stored_choice_is_decided_again_by_the_rules_from_its_own_times():
+    """``tuner.redecided``: a table made under a looser margin, decided again from the call times
+    its entries store. A version whose win at its own M is within ``VENDOR_MARGIN`` gives the bucket
+    to cuBLAS (with cuBLAS's fingerprint); one that still wins there but no longer at the greatest M
+    loses the bucket there (``lost_at``); one that still wins at its M and at a probe keeps the part
+    from the least M it is seen winning at, an M it has no times for counting as a loss."""
+    near = 1 - tuner.VENDOR_MARGIN / 2  # within the margin: no longer a win
+    far = 1 - 2 * tuner.VENDOR_MARGIN
+
+    def stored(version_ms, edges, **fields):
+        times = {"v7": {"config": {"M": 1}, "ms": version_ms, "call_ms": version_ms, "error": 0.0},
+                 tuner.VENDOR: {"config": {}, "ms": 1.0, "call_ms": 1.0, "error": 0.0}}  # fmt: skip
+        edges = {str(m): {"v7": t, tuner.VENDOR: 1.0} for m, t in edges.items()}
+        return {"version": "v7", "config": {"M": 1}, "ms": version_ms, "call_ms": version_ms, "fingerprint": "x",
+                "candidates": times, "rejected": {}, "edges": edges, **fields}  # fmt: skip
+
+    thin = tuner.redecided("sm_90a", stored(near, {3073: far}), 4096)
+    assert thin["version"] == tuner.VENDOR and "edges" not in thin and "from_m" not in thin
+    assert thin["call_ms"] == 1.0 and thin["candidates"]["v7"]["call_ms"] == near
+    assert thin["fingerprint"] == "x"  # made with other sources than v7's: it stays stale
+    fresh = tuner.redecided("sm_90a", stored(near, {}, fingerprint=tuner.fingerprint("sm_90a", "v7")), 4096)
+    assert fresh["fingerprint"] == tuner.choice_fingerprint("sm_90a", tuner.VENDOR, ["v7", tuner.VENDOR])
+    assert tuner.entry_is_valid("sm_90a", fresh) and not tuner.entry_is_valid("sm_90a", thin)
+    lost = tuner.redecided("sm_90a", stored(far, {4096: near, 3073: far}), 3500)
+    assert (lost["version"], lost["lost_at"], lost["edges"]) == (
+        tuner.VENDOR,
+        4096,
+        {"4096": {"v7": near, tuner.VENDOR: 1.0}},
+    )
+    # kept from 3329 under the looser margin (3073 lost, 3585 won, then 3329): 3585 is now within
+    # the margin, so the next probe is 3841, never timed: the version keeps 4096 only
+    split = tuner.redecided("sm_90a", stored(far, {3073: 1.5, 3585: near, 3329: far}, from_m=3329), 4096)
+    assert (split["version"], split["from_m"]) == ("v7", 4096) and set(split["edges"]) == {"3073", "3585"}
+    turned = tuner.redecided("sm_90a", stored(far, {3073: 1.5, 3585: near, 3841: far}, from_m=3585), 4096)
+    assert turned["from_m"] == 3841 and set(turned["edges"]) == {"3073", "3585", "3841"}
+    held = stored(far, {3073: far, 4096: far})
+    assert tuner.redecided("sm_90a", held, 3500) == {**held, "edges": held["edges"]}
+    vendor = {"version": tuner.VENDOR, "candidates": {tuner.VENDOR: {}}, "lost_at": 3073}
+    assert tuner.redecided("sm_90a", vendor, 4096) is vendor
 
 
 def test_cublas_or_a_bucket_of_one_size_needs_no_edge():

@@ -226,6 +226,19 @@ def test_the_package_ships_tables_that_name_their_command_date_and_machine(name)
     assert all(key.split("/")[1] == table["machine"]["gpu"] for key in table["entries"])  # keyed by its GPU
 
 
+@pytest.mark.parametrize("name", ["h100.json", "h200.json"])
+def test_every_shipped_choice_is_what_the_tuners_rules_make_of_its_own_times(name):
+    """A table made under an older rule (a smaller ``VENDOR_MARGIN``) is decided again from the times
+    it stores (``plots/h200/margin/redecide.py``) before it ships: no entry keeps a version the
+    tuner would not choose from those times."""
+    table = json.loads((Path(chooser.__file__).with_name("shipped") / name).read_text())
+    for key, entry in table["entries"].items():
+        arch, m = key.split("/")[0], int(key.split("/")[3].split("x")[0])
+        again = tuner.redecided(arch, entry, m)
+        decision = (again["version"], again.get("from_m"), again.get("lost_at"))
+        assert decision == (entry["version"], entry.get("from_m"), entry.get("lost_at")), key
+
+
 # --- background tuning and the hand-over ---------------------------------------------------------
 
 
