@@ -114,6 +114,48 @@ def test_the_widened_path_runs_until_v8_built_by_the_child_takes_over(hopper, ca
     assert caller_transpiles == [] and len(requests) == 1
 
 
+def test_a_seen_signature_runs_its_kept_launch_and_every_other_call_the_full_path(hopper, monkeypatch):
+    """Once V8 ran a ``linear`` call without ``out``, a later call with the same input signature (shape,
+    strides, dtype, device) on the same weight runs the kept launch (``quant_linear._launches``),
+    none of the checks and choices of the full path, with the same product and the bias and
+    activation applied after it. Calls with another signature, with ``out``, or whose input is not
+    16-byte aligned take the full path; a weight let go takes its launches with it."""
+    hopper("stand_ins:cpu_build")
+    x, qw, expected = operands("int4")
+    assert quant_linear.wait_until_built(torch.float16, "int4", call_config("int4"), CHILD_S)
+    kernel = quant_linear.builds.launches[quant_linear.kernel_key(torch.float16, "int4", call_config("int4"))]
+    x3 = x.view(2, M // 2, K)  # the model's form: [batch, tokens, hidden]
+    assert torch.equal(quant_linear.linear(x3, qw), expected.view(2, M // 2, N))  # the full path: kept
+    full_path = []
+    built_kernel = quant_linear.built_kernel
+    monkeypatch.setattr(quant_linear, "built_kernel", lambda *args: full_path.append(1) or built_kernel(*args))
+    launches = kernel.launches
+    x3b = stand_ins.quantized_operands(M, N, K, "int4")[0].view(2, M // 2, K)  # fresh data, the same signature
+    y = quant_linear.linear(x3b, qw)
+    assert torch.equal(y, quant_linear.widened(x3b.view(M, K), qw).view(2, M // 2, N)) and full_path == []
+    bias = torch.randn(N, dtype=torch.float16)
+    fused = quant_linear.linear(x3b, qw, bias, "silu")
+    assert torch.equal(fused, torch.nn.functional.silu(y + bias)) and full_path == []
+    assert kernel.launches == launches + 2
+    quant_linear.linear(x3b, qw, out=torch.empty(2, M // 2, N, dtype=torch.float16))
+    assert full_path == [1]  # out=: the full path
+    unaligned = torch.empty(M * K + 1, dtype=torch.float16)[1:].view(2, M // 2, K)
+    unaligned.copy_(x3b)
+    assert torch.equal(quant_linear.linear(unaligned, qw), y) and full_path == [1, 1]  # copied, then V8
+    strided = torch.randn(2, M, K, dtype=torch.float16)[:, ::2]  # every other row: copied per call, never kept
+    assert torch.equal(
+        quant_linear.linear(strided, qw), quant_linear.widened(strided.reshape(M, K), qw).view(2, M // 2, N)
+    )
+    assert full_path == [1, 1, 1] and len(quant_linear._launches[qw]) == 1
+    quant_linear.linear(x3b.view(M, K), qw)  # another shape, the same tokens: its own full path, then kept
+    assert full_path == [1, 1, 1, 1] and len(quant_linear._launches[qw]) == 2
+    other = stand_ins.quantized_operands(M, N, K, "int4")[1]  # another weight: the full path, its own launches
+    quant_linear.linear(x3b, other)
+    assert full_path == [1, 1, 1, 1, 1] and len(quant_linear._launches) == 2
+    del other
+    assert len(quant_linear._launches) == 1
+
+
 def test_each_configuration_is_its_own_kernel(hopper, caller_transpiles):
     """A configuration given to ``v8`` (a benchmark's) is built and waited for as the call's is,
     separately; the call's own is not built by it."""

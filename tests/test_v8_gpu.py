@@ -230,6 +230,40 @@ def test_planted_bugs_are_caught(bug, dtype, calls_kernels_built):
     assert error > TOLERANCE[dtype], f"planted {bug}: relative error {error:.3g} passes"
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_seen_signature_runs_v8_through_its_kept_launch(dtype, calls_kernels_built):
+    """After V8 ran a call without ``out``, later calls with its signature run the kept launch
+    (``quant_linear._launches``): fresh inputs each time, the block the caching allocator hands out
+    poisoned first, a model's [batch, tokens, K] input, a bias and an activation after it, and a
+    CUDA graph that captures the kept launch (it launches on the capturing stream) and replays it
+    on new data."""
+    m, n, k = 16, 1000, 1024
+    x, qw = operands(m, n, k, dtype)
+    v8_built(x, qw)
+    x3 = x.view(2, m // 2, k)
+    matmul.linear(x3, qw)  # the full path, which keeps the launch
+    assert (x3.shape, x3.stride(), dtype, x3.device) in quant_linear._launches[qw]
+    bias = torch.randn(n, dtype=dtype, device="cuda")
+    for activation in (None, None, "gelu_tanh"):
+        fresh = torch.empty_like(x3).uniform_(-1, 1)
+        torch.full((2, m // 2, n), float("nan"), dtype=dtype, device="cuda")  # freed: the next output's block
+        y = matmul.linear(fresh, qw) if activation is None else matmul.linear(fresh, qw, bias, activation)
+        ref = reference(fresh.view(m, k), qw)
+        if activation is not None:
+            ref = torch.nn.functional.gelu(ref + bias.float(), approximate="tanh")
+        assert y.shape == (2, m // 2, n) and relative_error(y.view(m, n), ref) <= TOLERANCE[dtype], activation
+    static = torch.empty_like(x3).uniform_(-1, 1)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        captured = quant_linear.linear(static, qw)
+    static.uniform_(-1, 1)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert relative_error(captured.view(m, n), reference(static.view(m, k), qw)) <= TOLERANCE[dtype]
+
+
 def test_a_cuda_graph_captures_the_widened_path_until_v8_is_built():
     """Captured before its V8 kernel is built (a key no other test builds: int6, bfloat16, the call's
     configuration for 200 tokens), the call widens the weight and starts no build; once the build

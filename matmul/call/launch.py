@@ -183,19 +183,8 @@ class SeriesPlan:
             check_no_overlap(out.data_ptr(), self.layouts[2], "b", b.data_ptr(), self.layouts[1])
         bias_ptr = 0 if bias is None else bias.data_ptr()
         args = (self.m, self.n, self.k, a.data_ptr(), b.data_ptr(), buffer, self.lda, self.ldb, self.ldc, bias_ptr)
-        if self.device_index is not None:
-            device_context.make_current_once(self.device_index)
-        if self.device_index is None or self.device_index == _current_device():
-            self.launch(*args)
-        else:
-            with torch.cuda.device(self.device_index):
-                self.launch(*args)
+        device_context.launch_on(self.device_index, self.launch, *args)
         return out
-
-
-def _current_device() -> int:
-    # torch.cuda.current_device() without its initialization check: a plan exists, so CUDA is initialized
-    return torch._C._cuda_getDevice()
 
 
 class Plans:

@@ -50,6 +50,21 @@ def make_current(device: Union[torch.device, int, None]) -> None:
     _thread.checked = True
 
 
+def launch_on(index: Optional[int], launch, *args) -> None:
+    """``launch(*args)`` with GPU ``index`` current (the thread's context made current first): at once
+    where it is current already, the common case, which a device guard's two switches would only
+    slow down; ``index`` None: as things are (a launch on the CPU, the tests' stand-ins)."""
+    if index is None:
+        launch(*args)
+        return
+    make_current_once(index)
+    if index == torch._C._cuda_getDevice():  # without current_device()'s initialization check
+        launch(*args)
+    else:
+        with torch.cuda.device(index):
+            launch(*args)
+
+
 def on_device(device: Union[torch.device, int]):
     """``torch.cuda.device(device)`` for a launch: the thread's context made current first."""
     make_current_once(device)

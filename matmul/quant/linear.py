@@ -17,11 +17,17 @@ build (with a warning), that call and the next run the widened path above, which
 product, so no call waits for a compiler. A call inside a CUDA graph capture starts no build: it
 runs V8 if its kernel is built, else the widened path. Tests and benchmarks that time V8, capture it
 or check its output wait for its build first (``wait_until_built``).
+
+At decode sizes V8's kernel takes a few microseconds, less than the host takes to decide what to
+launch, so a model run without CUDA graphs would wait on the host: a call without ``out`` whose
+input signature V8 has run before runs the launch kept for it (``_launches``), none of the checks
+and choices of the first.
 """
 
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Optional
 
 import torch
@@ -151,17 +157,58 @@ def v8(x: torch.Tensor, weight: QuantizedWeight, out: torch.Tensor, config: Opti
     (its build started here, unless a CUDA graph is being captured), where it did not build and where
     V8 does not run, the widened path into out: the same product (module doc; ``wait_until_built``
     waits for V8)."""
-    m, k = x.shape
-    n = weight.shape[0]
-    kernel = None
-    if runs_here(x.device):
-        key = kernel_key(x.dtype, weight.format, config or config_for(m, n, k, weight.format))
-        kernel = builds.launch(key, start=not capturing(x.device))
+    kernel = built_kernel(x, weight, config)
     if kernel is None:
         return widened(x, weight, out=out)
-    with device_context.on_device(x.device):
-        kernel(m, n, k, x, weight.packed, out, x.stride(0), weight.packed.stride(0), out.stride(0), 0, weight.scales)
+    run(kernel, x, weight.packed, weight.scales, out)
     return out
+
+
+def built_kernel(x: torch.Tensor, weight: QuantizedWeight, config: Optional[dict] = None):
+    """V8's launch function for ``x @ weight.T`` in ``config`` (``config_for``'s without one), or None
+    where V8 does not run here or its kernel is not built (its build started, unless a CUDA graph is
+    being captured)."""
+    if not runs_here(x.device):
+        return None
+    m, k = x.shape
+    key = kernel_key(x.dtype, weight.format, config or config_for(m, weight.shape[0], k, weight.format))
+    return builds.launch(key, start=not capturing(x.device))
+
+
+def run(kernel, x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> None:
+    """``kernel`` (V8's launch function) on x [M, K] into out [M, N], under x's GPU."""
+    m, k = x.shape
+    with device_context.on_device(x.device):
+        kernel(m, out.shape[1], k, x, packed, out, x.stride(0), packed.stride(0), out.stride(0), 0, scales)
+
+
+# The V8 launches of ``linear`` calls without ``out``, kept per weight and input signature (shape,
+# strides, dtype, device) once that kernel ran: a later call with the signature runs its launch at
+# once, skipping the checks and choices every step of which is host time an eager decode step pays
+# per projection (the format, the token count, the configuration, the kernel's key). What the
+# signature does not fix, the input's alignment, is checked per call. Weak in the weight: a launch
+# holds the weight's tensors, not the weight, so a weight let go takes its launches with it.
+_launches: "weakref.WeakKeyDictionary[QuantizedWeight, dict]" = weakref.WeakKeyDictionary()
+MOST_SIGNATURES = 256  # a weight's launches, at most: past it they are dropped and kept again as met
+
+
+def _keep_launch(weight: QuantizedWeight, x: torch.Tensor, kernel) -> None:
+    """Keep the launch of ``kernel`` (built, just run) for ``linear`` calls of ``x``'s signature on
+    ``weight`` whose input needs no copy (``x`` as [M, K] is dense and aligned)."""
+    packed, scales, n = weight.packed, weight.scales, weight.shape[0]
+    k = x.shape[-1]
+    m, shape, ldw = x.numel() // k, (*x.shape[:-1], n), packed.stride(0)
+    device = x.device.index if x.device.type == "cuda" else None
+
+    def launch(x: torch.Tensor) -> torch.Tensor:
+        y = x.new_empty(shape)  # dense: rows of n, as x's are rows of k
+        device_context.launch_on(device, kernel, m, n, k, x, packed, y, k, ldw, n, 0, scales)
+        return y
+
+    launches = _launches.setdefault(weight, {})
+    if len(launches) >= MOST_SIGNATURES:
+        launches.clear()
+    launches[(x.shape, x.stride(), x.dtype, x.device)] = launch
 
 
 def wait_until_built(dtype: torch.dtype, weight_format: str, config: dict, timeout_s: float = 300.0) -> bool:
@@ -200,21 +247,34 @@ def linear(
     epilogue is plain)."""
     if not isinstance(weight, QuantizedWeight):
         raise MatmulInputError(f"weight must be a matmul.quant.QuantizedWeight, got {type(weight).__name__}")
+    fused = bias is not None or activation is not None
+    if out is None:  # a signature whose launch is kept (``_launches``): at once
+        try:
+            launch = _launches.get(weight, {}).get((x.shape, x.stride(), x.dtype, x.device))
+        except AttributeError:  # not a tensor: the checks below name the problem
+            launch = None
+        if launch is not None and x.data_ptr() % 16 == 0:
+            y = launch(x)
+            return torch_epilogue(y, bias, activation) if fused else y
     weight.check_for(x)
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
-    if not x2.is_contiguous() or x2.data_ptr() % 16:  # TMA reads x: dense rows, 16-byte aligned
+    dense = x2.is_contiguous() and x2.data_ptr() % 16 == 0  # TMA reads x: dense rows, 16-byte aligned
+    if not dense:
         x2 = x2.contiguous() if x2.data_ptr() % 16 == 0 else x2.clone()
     m, n = x2.shape[0], weight.shape[0]
-    fused = bias is not None or activation is not None
     target = None if fused else out
     if target is not None and (tuple(target.shape) != (*lead, n) or target.dtype != x.dtype):
         raise MatmulInputError(f"out must be {x.dtype} of shape {[*lead, n]}, got {target.dtype} {list(target.shape)}")
+    kernel = built_kernel(x2, weight) if m and uses_v8(m, weight) else None
     if m == 0:
         y = x2.new_empty((0, n))
-    elif uses_v8(m, weight):
+    elif kernel is not None:
         y2 = target.view(m, n) if target is not None and target.is_contiguous() else None
-        y = v8(x2, weight, y2 if y2 is not None else x2.new_empty((m, n)))
+        y = y2 if y2 is not None else x2.new_empty((m, n))
+        run(kernel, x2, weight.packed, weight.scales, y)
+        if out is None and dense and x2.data_ptr() == x.data_ptr():
+            _keep_launch(weight, x, kernel)
     else:  # into ``out`` where it is dense: no copy of the product afterwards
         y2 = target.view(m, n) if target is not None and target.is_contiguous() else None
         y = widened(x2, weight, out=y2)

@@ -10,11 +10,12 @@ head), a static KV cache holding 1024 tokens, batch 1 and 16, each step captured
 * theirs: the same block in float16 through torch (cuBLAS), unquantized.
 
 Both steps are timed in back-to-back windows of graph replays, alternating (``harness.model.compare``:
-the ratio is theirs over ours), and one replay of each under torch's profiler splits its GPU time
-into the projections and the rest. The output (the block's last hidden state) is compared three ways:
-ours against the same block with the dequantized weights run by torch (the kernel's own error),
-ours against the float16 block, and the dequantized block against the float16 block (the
-quantization's own error, which the second should match).
+the ratio is theirs over ours), and again eager (``eager_*``: each projection's host time to issue
+its call counts there, as in a model run without graphs), and one replay of each under torch's
+profiler splits its GPU time into the projections and the rest. The output (the block's last
+hidden state) is compared three ways: ours against the same block with the dequantized weights
+run by torch (the kernel's own error), ours against the float16 block, and the dequantized block
+against the float16 block (the quantization's own error, which the second should match).
 
     python plots/h100/v8/decode_block.py OUT_DIR [--rounds 10] [--batches 1,16] [--dtype float16]
 """
@@ -134,6 +135,7 @@ def main(argv=None) -> None:
             graphed = {name: drop_in._graphed(steps[name]) for name in ("ours", "theirs")}
             replayed = graphed["ours"]().clone()
             result = model_bench.compare(graphed["ours"], graphed["theirs"], args.rounds)
+            eager = model_bench.compare(steps["ours"], steps["theirs"], args.rounds)  # the host's pace too
             row = {
                 "batch": batch,
                 "context": CONTEXT,
@@ -144,6 +146,9 @@ def main(argv=None) -> None:
                 "fp16_us": result["torch_ms"] * 1e3,
                 "ratio": result["ratio"],
                 "ratios": result["ratios"],
+                "eager_int4_us": eager["matmul_ms"] * 1e3,
+                "eager_fp16_us": eager["torch_ms"] * 1e3,
+                "eager_ratio": eager["ratio"],
                 "error_vs_dequantized_block": relative(outputs["ours"], outputs["widened"]),
                 "error_vs_fp16_block": relative(outputs["ours"], outputs["theirs"]),
                 "quantization_error": relative(outputs["widened"], outputs["theirs"]),
