@@ -231,7 +231,7 @@ def test_planted_bugs_are_caught(bug, dtype, calls_kernels_built):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_a_seen_signature_runs_v8_through_its_kept_launch(dtype, calls_kernels_built):
+def test_a_seen_signature_runs_v8_through_its_kept_launch(dtype):
     """After V8 ran a call without ``out``, later calls with its signature run the kept launch
     (``quant_linear._launches``): fresh inputs each time, the block the caching allocator hands out
     poisoned first, a model's [batch, tokens, K] input, a bias and an activation after it, and a
