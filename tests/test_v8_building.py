@@ -137,21 +137,32 @@ def test_a_seen_signature_runs_its_kept_launch_and_every_other_call_the_full_pat
     fused = quant_linear.linear(x3b, qw, bias, "silu")
     assert torch.equal(fused, torch.nn.functional.silu(y + bias)) and full_path == []
     assert kernel.launches == launches + 2
-    quant_linear.linear(x3b, qw, out=torch.empty(2, M // 2, N, dtype=torch.float16))
-    assert full_path == [1]  # out=: the full path
+    out = torch.full((2, M // 2, N), float("nan"), dtype=torch.float16)
+    assert quant_linear.linear(x3b, qw, out=out) is out and torch.equal(out, y) and full_path == []  # dense out
+    wrong = torch.empty(2, M // 2, N + 1, dtype=torch.float16)
+    with pytest.raises(matmul.MatmulInputError, match="out must be"):  # the full path names it
+        quant_linear.linear(x3b, qw, out=wrong)
+    out = torch.full((N, 2, M // 2), float("nan"), dtype=torch.float16).permute(1, 2, 0)  # not dense
+    assert quant_linear.linear(x3b, qw, out=out) is out and torch.equal(out, y) and full_path == [1]
+    full_path.clear()
+    assert quant_linear.linear(x3b, qw, bias, "silu", out=out) is out and torch.equal(out, fused)
+    dense = torch.full((2, M // 2, N), float("nan"), dtype=torch.float16)
+    assert quant_linear.linear(x3b, qw, bias, "silu", out=dense) is dense and torch.equal(dense, fused)
+    assert full_path == [1, 1]  # out= and an epilogue: the full path
+    full_path.clear()
     unaligned = torch.empty(M * K + 1, dtype=torch.float16)[1:].view(2, M // 2, K)
     unaligned.copy_(x3b)
-    assert torch.equal(quant_linear.linear(unaligned, qw), y) and full_path == [1, 1]  # copied, then V8
+    assert torch.equal(quant_linear.linear(unaligned, qw), y) and full_path == [1]  # copied, then V8
     strided = torch.randn(2, M, K, dtype=torch.float16)[:, ::2]  # every other row: copied per call, never kept
     assert torch.equal(
         quant_linear.linear(strided, qw), quant_linear.widened(strided.reshape(M, K), qw).view(2, M // 2, N)
     )
-    assert full_path == [1, 1, 1] and len(quant_linear._launches[qw]) == 1
+    assert full_path == [1, 1] and len(quant_linear._launches[qw]) == 1
     quant_linear.linear(x3b.view(M, K), qw)  # another shape, the same tokens: its own full path, then kept
-    assert full_path == [1, 1, 1, 1] and len(quant_linear._launches[qw]) == 2
+    assert full_path == [1, 1, 1] and len(quant_linear._launches[qw]) == 2
     other = stand_ins.quantized_operands(M, N, K, "int4")[1]  # another weight: the full path, its own launches
     quant_linear.linear(x3b, other)
-    assert full_path == [1, 1, 1, 1, 1] and len(quant_linear._launches) == 2
+    assert full_path == [1, 1, 1, 1] and len(quant_linear._launches) == 2
     del other
     assert len(quant_linear._launches) == 1
 

@@ -182,12 +182,14 @@ def run(kernel, x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, out
         kernel(m, out.shape[1], k, x, packed, out, x.stride(0), packed.stride(0), out.stride(0), 0, scales)
 
 
-# The V8 launches of ``linear`` calls without ``out``, kept per weight and input signature (shape,
-# strides, dtype, device) once that kernel ran: a later call with the signature runs its launch at
+# The V8 launches of ``linear`` calls, kept per weight and input signature (shape, strides, dtype,
+# device) once that kernel ran a call of it: a later call with the signature (without
+# ``out``, or with a dense one of the product's shape and dtype and no epilogue) runs its launch at
 # once, skipping the checks and choices every step of which is host time an eager decode step pays
 # per projection (the format, the token count, the configuration, the kernel's key). What the
-# signature does not fix, the input's alignment, is checked per call. Weak in the weight: a launch
-# holds the weight's tensors, not the weight, so a weight let go takes its launches with it.
+# signature does not fix, the input's alignment and ``out``, is checked per call. Weak in the
+# weight: a launch holds the weight's tensors, not the weight, so a weight let go takes its launches
+# with it.
 _launches: "weakref.WeakKeyDictionary[QuantizedWeight, dict]" = weakref.WeakKeyDictionary()
 MOST_SIGNATURES = 256  # a weight's launches, at most: past it they are dropped and kept again as met
 
@@ -200,10 +202,14 @@ def _keep_launch(weight: QuantizedWeight, x: torch.Tensor, kernel) -> None:
     m, shape, ldw = x.numel() // k, (*x.shape[:-1], n), packed.stride(0)
     device = x.device.index if x.device.type == "cuda" else None
 
-    def launch(x: torch.Tensor) -> torch.Tensor:
-        y = x.new_empty(shape)  # dense: rows of n, as x's are rows of k
+    def launch(x: torch.Tensor, y: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Into ``y`` (dense, of ``out_shape``), or a new output."""
+        if y is None:
+            y = x.new_empty(shape)  # dense: rows of n, as x's are rows of k
         device_context.launch_on(device, kernel, m, n, k, x, packed, y, k, ldw, n, 0, scales)
         return y
+
+    launch.out_shape = shape
 
     launches = _launches.setdefault(weight, {})
     if len(launches) >= MOST_SIGNATURES:
@@ -248,14 +254,18 @@ def linear(
     if not isinstance(weight, QuantizedWeight):
         raise MatmulInputError(f"weight must be a matmul.quant.QuantizedWeight, got {type(weight).__name__}")
     fused = bias is not None or activation is not None
-    if out is None:  # a signature whose launch is kept (``_launches``): at once
+    if out is None or not fused:  # a signature whose launch is kept (``_launches``): at once
         try:
             launch = _launches.get(weight, {}).get((x.shape, x.stride(), x.dtype, x.device))
-        except AttributeError:  # not a tensor: the checks below name the problem
-            launch = None
-        if launch is not None and x.data_ptr() % 16 == 0:
-            y = launch(x)
-            return torch_epilogue(y, bias, activation) if fused else y
+            if launch is not None and x.data_ptr() % 16 == 0:
+                if out is None:
+                    y = launch(x)
+                    return torch_epilogue(y, bias, activation) if fused else y
+                if out.shape == launch.out_shape and out.dtype == x.dtype and out.device == x.device:
+                    if out.is_contiguous():  # else the full path writes it (a copy of the product)
+                        return launch(x, out)
+        except AttributeError:  # not tensors: the checks below name the problem
+            pass
     weight.check_for(x)
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
@@ -273,7 +283,7 @@ def linear(
         y2 = target.view(m, n) if target is not None and target.is_contiguous() else None
         y = y2 if y2 is not None else x2.new_empty((m, n))
         run(kernel, x2, weight.packed, weight.scales, y)
-        if out is None and dense and x2.data_ptr() == x.data_ptr():
+        if dense and x2.data_ptr() == x.data_ptr():
             _keep_launch(weight, x, kernel)
     else:  # into ``out`` where it is dense: no copy of the product afterwards
         y2 = target.view(m, n) if target is not None and target.is_contiguous() else None
