@@ -19,9 +19,9 @@ runs V8 if its kernel is built, else the widened path. Tests and benchmarks that
 or check its output wait for its build first (``wait_until_built``).
 
 At decode sizes V8's kernel takes a few microseconds, less than the host takes to decide what to
-launch, so a model run without CUDA graphs would wait on the host: a call without ``out`` whose
-input signature V8 has run before runs the launch kept for it (``_launches``), none of the checks
-and choices of the first.
+launch, so a model run without CUDA graphs would wait on the host: a call whose input signature
+V8 has run before runs the launch kept for it (``_launches``), none of the checks and choices of the
+first.
 """
 
 from __future__ import annotations
