@@ -327,3 +327,31 @@ def test_widening_falls_back_to_torch_without_a_gpu():
     assert quant_linear.kernel_config("fp8_e4m3", {"chunk": 64})["chunk"] == 32
     assert quant_linear.kernel_config("int6", {"chunk": 32})["chunk"] == 64
     assert quant_linear.kernel_config("int4", {"chunk": 32})["chunk"] == 32
+
+
+@pytest.mark.parametrize("weight_format", ["int4", "fp8_e4m3"])
+def test_a_quantized_layer_compiles_fullgraph_into_one_operator(weight_format):
+    """dynamo cannot trace ``linear``'s own Python on a quantized weight (it reads data pointers): it
+    traces ``torch.ops.tilus_matmul.quantized_linear``, whose body is that path, and the epilogue
+    after it, in one graph. The compiled layer gives the eager layer's result, ``matmul(x, qw.T)`` and
+    ``out=`` too (on the CPU the operator runs the widened path)."""
+    weight = torch.randn(200, 256, dtype=torch.float16)
+    layer = matmul.nn.QuantizedLinear(matmul.quantize(weight, format=weight_format), torch.randn(200).half())
+    qw = layer.weight
+    traced = []
+
+    def backend(gm, inputs):
+        traced.append([str(node.target) for node in gm.graph.nodes if node.op == "call_function"])
+        return gm
+
+    def product_into(x, out):
+        return matmul.matmul(x, qw.T, out=out)
+
+    x = torch.randn(2, 5, 256, dtype=torch.float16)
+    out = torch.full((10, 200), float("nan"), dtype=torch.float16)
+    with torch.no_grad():
+        assert torch.equal(torch.compile(layer, backend=backend, fullgraph=True)(x), layer(x))
+        compiled = torch.compile(product_into, backend=backend, fullgraph=True)
+        assert compiled(x.view(10, 256), out) is out and torch.equal(out, quant_linear.widened(x.view(10, 256), qw))
+    assert traced[0] == ["tilus_matmul.quantized_linear", "<built-in function add>"]
+    assert traced[1][0] == "tilus_matmul.quantized_linear" and len(traced) == 2

@@ -267,6 +267,23 @@ def test_a_seen_signature_runs_v8_through_its_kept_launch(dtype):
     assert relative_error(captured.view(m, n), reference(static.view(m, k), qw)) <= TOLERANCE[dtype]
 
 
+def test_a_quantized_layer_under_torch_compile_runs_v8():
+    """``torch.compile(fullgraph=True)`` (inductor) of a layer with a packed weight: the graph calls
+    ``torch.ops.tilus_matmul.quantized_linear``, which runs V8; its result, bias and activation after
+    it, against float32 on fresh inputs."""
+    m, n, k = 16, 1000, 1024
+    x, qw = operands(m, n, k, torch.float16)
+    v8_built(x, qw)
+    bias = torch.randn(n, dtype=torch.float16, device="cuda")
+    layer = matmul.nn.QuantizedLinear(qw, bias)
+    compiled = torch.compile(lambda t: torch.nn.functional.silu(layer(t)), fullgraph=True)
+    with torch.no_grad():
+        for _ in range(2):
+            fresh = torch.empty(2, m // 2, k, dtype=torch.float16, device="cuda").uniform_(-1, 1)
+            expected = torch.nn.functional.silu(reference(fresh.view(m, k), qw) + bias.float())
+            assert relative_error(compiled(fresh).view(m, n), expected) <= TOLERANCE[torch.float16]
+
+
 def test_a_cuda_graph_captures_the_widened_path_until_v8_is_built():
     """Captured before its V8 kernel is built (a key no other test builds: int6, bfloat16, the call's
     configuration for 200 tokens), the call widens the weight and starts no build; once the build

@@ -254,6 +254,16 @@ def linear(
     if not isinstance(weight, QuantizedWeight):
         raise MatmulInputError(f"weight must be a matmul.quant.QuantizedWeight, got {type(weight).__name__}")
     fused = bias is not None or activation is not None
+    if torch.compiler.is_compiling():  # traced: the operator, whose body (data pointers) dynamo cannot trace
+        weight.check_for(x)
+        y = torch.ops.tilus_matmul.quantized_linear(
+            x, weight.packed, weight.scales, weight.format, weight.bits, weight.group, weight.shape[0]
+        )
+        y = torch_epilogue(y, bias, activation) if fused else y
+        if out is None:
+            return y
+        check_out(out, y.shape, x.dtype)
+        return out.copy_(y)
     if out is None or not fused:  # a signature whose launch is kept (``_launches``): at once
         try:
             launch = _launches.get(weight, {}).get((x.shape, x.stride(), x.dtype, x.device))
@@ -274,8 +284,8 @@ def linear(
         x2 = x2.contiguous() if x2.data_ptr() % 16 == 0 else x2.clone()
     m, n = x2.shape[0], weight.shape[0]
     target = None if fused else out
-    if target is not None and (tuple(target.shape) != (*lead, n) or target.dtype != x.dtype):
-        raise MatmulInputError(f"out must be {x.dtype} of shape {[*lead, n]}, got {target.dtype} {list(target.shape)}")
+    if target is not None:
+        check_out(target, (*lead, n), x.dtype)
     kernel = built_kernel(x2, weight) if m and uses_v8(m, weight) else None
     if m == 0:
         y = x2.new_empty((0, n))
@@ -295,6 +305,28 @@ def linear(
         out.copy_(y)
         return out
     return y
+
+
+def check_out(out: torch.Tensor, shape, dtype: torch.dtype) -> None:
+    """MatmulInputError unless ``out`` is a ``dtype`` tensor of ``shape``."""
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype:
+        raise MatmulInputError(f"out must be {dtype} of shape {list(shape)}, got {out.dtype} {list(out.shape)}")
+
+
+@torch.library.custom_op("tilus_matmul::quantized_linear", mutates_args=())
+def traced_linear(
+    x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, weight_format: str, bits: int, group: int, n: int
+) -> torch.Tensor:
+    """``x @ qw.T`` for the ``QuantizedWeight`` of these fields, as ``linear`` runs it: what
+    ``torch.compile`` traces in place of ``linear``'s own Python, which reads data pointers (a
+    compiled graph runs this, and this the eager path)."""
+    weight = QuantizedWeight(weight_format, bits, group, (n, x.shape[-1]), x.dtype, packed, scales)
+    return linear(x, weight)
+
+
+@traced_linear.register_fake
+def _(x, packed, scales, weight_format, bits, group, n):
+    return x.new_empty((*x.shape[:-1], n))
 
 
 def matmul(a: torch.Tensor, b: TransposedWeight, out: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -9,7 +9,7 @@ OUT=${OUT:-/tmp/out}
 export MATMUL_CACHE_DIR=${MATMUL_CACHE_DIR:-$PWD/.cache/v8h}
 timeout 200 python plots/h200/v8-host/host_probe.py "$OUT" > "$OUT/host-probe.log" 2>&1
 echo "host probe exit $?" >> "$OUT/host-probe.log"
-timeout 150 python -m pytest -q -m gpu -p no:cacheprovider tests/test_v8_gpu.py -k kept_launch > "$OUT/kept-launch-gpu-test.txt" 2>&1
+timeout 200 python -m pytest -q -m gpu -p no:cacheprovider tests/test_v8_gpu.py -k "kept_launch or torch_compile" > "$OUT/kept-launch-gpu-test.txt" 2>&1
 echo "test exit $?" >> "$OUT/kept-launch-gpu-test.txt"
 timeout 240 python plots/h100/v8/decode_block.py "$OUT" --rounds 6 > "$OUT/decode-block.log" 2>&1
 echo "decode block exit $?" >> "$OUT/decode-block.log"
