@@ -434,12 +434,23 @@ def still_to_tune(shapes, kept: dict, arch: str, gpu: str, dtype, variant) -> li
     return [shape for shape in shapes if choice_key(arch, gpu, dtype, *shape, variant) not in kept]
 
 
+def kept_entries(path: Path, arch: str) -> dict:
+    """``tune --out FILE``'s entries that a run keeps instead of measuring again (resumable): those of
+    FILE made with these sources, each decided again by the tuner's rules as they stand from the
+    times it stores (``tuner.redecided``: a table begun under a looser rule is finished under one)."""
+    from .call import choice_cache
+    from .call.tuner import entry_is_valid, redecided
+
+    found = choice_cache.read_shipped(path).items()
+    return {k: redecided(arch, e, int(k.split("/")[3].split("x")[0])) for k, e in found if entry_is_valid(arch, e)}
+
+
 def tune_command(args) -> int:
     import torch
 
     from .call import api, choice_cache
     from .call.chooser import PROVENANCE
-    from .call.tuner import choice_key, entry_is_valid
+    from .call.tuner import choice_key
     from .kernels.variant import PLAIN, Variant
 
     shapes = tune_shapes(args)
@@ -457,9 +468,7 @@ def tune_command(args) -> int:
         "cuda": torch.version.cuda,
         "driver": _driver_version(),
     }
-    kept = {}
-    if args.out:  # resumable: what an earlier run measured with these sources is kept, not measured again
-        kept = {k: e for k, e in choice_cache.read_shipped(Path(args.out)).items() if entry_is_valid(arch, e)}
+    kept = kept_entries(Path(args.out), arch) if args.out else {}
 
     def stored(entry):
         return {k: v for k, v in entry.items() if k not in (*PROVENANCE, "chosen", "building", "build_failed")}

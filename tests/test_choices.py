@@ -671,6 +671,28 @@ def test_the_tune_command_measures_only_the_buckets_its_out_table_lacks():
     assert cli.still_to_tune(shapes, kept, ARCH, GPU, torch.float16, Variant("kn")) == shapes
 
 
+def test_the_tune_command_keeps_its_out_tables_entries_decided_by_the_rules_as_they_stand(tmp_path):
+    """``tune --out FILE`` keeps FILE's entries made with these sources (a stale one is measured
+    again), each decided again from its own times: a version that won by less than the margin now
+    gives its bucket to cuBLAS, one that won by more keeps it."""
+    from matmul import cli
+
+    def timed(version_ms, fresh=True):
+        made = entry("v7", fresh=fresh)
+        made["candidates"] = {
+            "v7": {**made, "call_ms": version_ms},
+            tuner.VENDOR: {"config": {}, "ms": 1.0, "call_ms": 1.0, "error": 0.0},
+        }
+        return {**made, "ms": version_ms, "call_ms": version_ms}
+
+    thin, clear, stale = key(16, 4096, 4096), key(128, 4096, 4096), key(1, 4096, 4096)
+    path = tmp_path / "table.json"
+    write_shipped(path, {thin: timed(0.99), clear: timed(0.9), stale: timed(0.9, fresh=False)}, "test", {"gpu": GPU})
+    kept = cli.kept_entries(path, ARCH)
+    assert set(kept) == {thin, clear} and kept[clear]["version"] == "v7" and kept[thin]["version"] == tuner.VENDOR
+    assert tuner.entry_is_valid(ARCH, kept[thin])  # cuBLAS's own fingerprint: kept, not measured again
+
+
 # --- off the caller's path: narrowed tunings, deferred plans, the GIL --------------------------------
 
 
