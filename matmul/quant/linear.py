@@ -157,7 +157,7 @@ def v8(x: torch.Tensor, weight: QuantizedWeight, out: torch.Tensor, config: Opti
     (its build started here, unless a CUDA graph is being captured), where it did not build and where
     V8 does not run, the widened path into out: the same product (module doc; ``wait_until_built``
     waits for V8)."""
-    kernel = built_kernel(x, weight, config)
+    kernel = built_kernel(x, weight, config) if runs_here(x.device) else None
     if kernel is None:
         return widened(x, weight, out=out)
     run(kernel, x, weight.packed, weight.scales, out)
@@ -165,11 +165,9 @@ def v8(x: torch.Tensor, weight: QuantizedWeight, out: torch.Tensor, config: Opti
 
 
 def built_kernel(x: torch.Tensor, weight: QuantizedWeight, config: Optional[dict] = None):
-    """V8's launch function for ``x @ weight.T`` in ``config`` (``config_for``'s without one), or None
-    where V8 does not run here or its kernel is not built (its build started, unless a CUDA graph is
-    being captured)."""
-    if not runs_here(x.device):
-        return None
+    """V8's launch function for ``x @ weight.T`` in ``config`` (``config_for``'s without one) where V8
+    runs here (``runs_here``, which the caller has asked), or None while its kernel is not built (its
+    build started, unless a CUDA graph is being captured) and where it did not build."""
     m, k = x.shape
     key = kernel_key(x.dtype, weight.format, config or config_for(m, weight.shape[0], k, weight.format))
     return builds.launch(key, start=not capturing(x.device))
@@ -178,8 +176,13 @@ def built_kernel(x: torch.Tensor, weight: QuantizedWeight, config: Optional[dict
 def run(kernel, x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> None:
     """``kernel`` (V8's launch function) on x [M, K] into out [M, N], under x's GPU."""
     m, k = x.shape
-    with device_context.on_device(x.device):
-        kernel(m, out.shape[1], k, x, packed, out, x.stride(0), packed.stride(0), out.stride(0), 0, scales)
+    args = (m, out.shape[1], k, x, packed, out, x.stride(0), packed.stride(0), out.stride(0), 0, scales)
+    device_context.launch_on(_gpu_index(x.device), kernel, *args)
+
+
+def _gpu_index(device: torch.device) -> Optional[int]:
+    """``device``'s index for ``device_context.launch_on``: None off a GPU (the tests' stand-in kernels)."""
+    return device.index if device.type == "cuda" else None
 
 
 # The V8 launches of ``linear`` calls, kept per weight and input signature (shape, strides, dtype,
@@ -200,7 +203,7 @@ def _keep_launch(weight: QuantizedWeight, x: torch.Tensor, kernel) -> None:
     packed, scales, n = weight.packed, weight.scales, weight.shape[0]
     k = x.shape[-1]
     m, shape, ldw = x.numel() // k, (*x.shape[:-1], n), packed.stride(0)
-    device = x.device.index if x.device.type == "cuda" else None
+    device = _gpu_index(x.device)
 
     def launch(x: torch.Tensor, y: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Into ``y`` (dense, of ``out_shape``), or a new output."""
@@ -215,6 +218,24 @@ def _keep_launch(weight: QuantizedWeight, x: torch.Tensor, kernel) -> None:
     if len(launches) >= MOST_SIGNATURES:
         launches.clear()
     launches[(x.shape, x.stride(), x.dtype, x.device)] = launch
+
+
+def _kept_launch(weight: QuantizedWeight, x: torch.Tensor, out: Optional[torch.Tensor]):
+    """The launch kept for ``x``'s signature on ``weight`` (``_launches``) where this call may take it:
+    x 16-byte aligned, and ``out`` None or a dense tensor of the product's shape and dtype on x's
+    device (any other ``out``: the full path writes it, a copy of the product); else None, also for
+    operands that are not tensors, which the full path then names."""
+    try:
+        launch = _launches.get(weight, {}).get((x.shape, x.stride(), x.dtype, x.device))
+        if launch is None or x.data_ptr() % 16:
+            return None
+        if out is None or (
+            out.shape == launch.out_shape and out.dtype == x.dtype and out.device == x.device and out.is_contiguous()
+        ):
+            return launch
+    except AttributeError:
+        pass
+    return None
 
 
 def wait_until_built(dtype: torch.dtype, weight_format: str, config: dict, timeout_s: float = 300.0) -> bool:
@@ -264,18 +285,12 @@ def linear(
             return y
         check_out(out, y.shape, x.dtype)
         return out.copy_(y)
-    if out is None or not fused:  # a signature whose launch is kept (``_launches``): at once
-        try:
-            launch = _launches.get(weight, {}).get((x.shape, x.stride(), x.dtype, x.device))
-            if launch is not None and x.data_ptr() % 16 == 0:
-                if out is None:
-                    y = launch(x)
-                    return torch_epilogue(y, bias, activation) if fused else y
-                if out.shape == launch.out_shape and out.dtype == x.dtype and out.device == x.device:
-                    if out.is_contiguous():  # else the full path writes it (a copy of the product)
-                        return launch(x, out)
-        except AttributeError:  # not tensors: the checks below name the problem
-            pass
+    launch = _kept_launch(weight, x, out) if out is None or not fused else None
+    if launch is not None:  # a signature seen before: at once
+        if out is not None:
+            return launch(x, out)
+        y = launch(x)
+        return torch_epilogue(y, bias, activation) if fused else y
     weight.check_for(x)
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
@@ -287,16 +302,15 @@ def linear(
     if target is not None:
         check_out(target, (*lead, n), x.dtype)
     kernel = built_kernel(x2, weight) if m and uses_v8(m, weight) else None
+    y2 = target.view(m, n) if target is not None and target.is_contiguous() else None  # out, where dense
     if m == 0:
         y = x2.new_empty((0, n))
     elif kernel is not None:
-        y2 = target.view(m, n) if target is not None and target.is_contiguous() else None
         y = y2 if y2 is not None else x2.new_empty((m, n))
         run(kernel, x2, weight.packed, weight.scales, y)
         if dense and x2.data_ptr() == x.data_ptr():
             _keep_launch(weight, x, kernel)
     else:  # into ``out`` where it is dense: no copy of the product afterwards
-        y2 = target.view(m, n) if target is not None and target.is_contiguous() else None
         y = widened(x2, weight, out=y2)
     y = y.view(*lead, n)
     if fused:
