@@ -439,10 +439,11 @@ def kept_entries(path: Path, arch: str) -> dict:
     FILE made with these sources, each decided again by the tuner's rules as they stand from the
     times it stores (``tuner.redecided``: a table begun under a looser rule is finished under one)."""
     from .call import choice_cache
+    from .call.chooser import key_parts
     from .call.tuner import entry_is_valid, redecided
 
     found = choice_cache.read_shipped(path).items()
-    return {k: redecided(arch, e, int(k.split("/")[3].split("x")[0])) for k, e in found if entry_is_valid(arch, e)}
+    return {k: redecided(arch, e, int(key_parts(k)[2])) for k, e in found if entry_is_valid(arch, e)}
 
 
 def tune_command(args) -> int:

@@ -233,8 +233,8 @@ def test_every_shipped_choice_is_what_the_tuners_rules_make_of_its_own_times(nam
     tuner would not choose from those times."""
     table = json.loads((Path(chooser.__file__).with_name("shipped") / name).read_text())
     for key, entry in table["entries"].items():
-        arch, m = key.split("/")[0], int(key.split("/")[3].split("x")[0])
-        again = tuner.redecided(arch, entry, m)
+        head, _, m, _, _, _ = chooser.key_parts(key)
+        again = tuner.redecided(head.partition("/")[0], entry, int(m))
         decision = (again["version"], again.get("from_m"), again.get("lost_at"))
         assert decision == (entry["version"], entry.get("from_m"), entry.get("lost_at")), key
 

@@ -392,7 +392,7 @@ class Chooser:
         cuBLAS. Its shortlist is not trusted as far: what came close on one GPU need not contain
         another's winner (an H20 has 78 SMs), so the background tuning of such a bucket searches
         every space (``from_another_gpu``); ``tune(narrow=True)`` narrows from it where asked."""
-        head, dtype, _, bn, bk, suffix = _key_parts(key)
+        head, dtype, _, bn, bk, suffix = key_parts(key)
         dtypes = [dtype, *(d for d in RELATED_DTYPES.get(dtype, ()) if d != dtype)]
         suffixes = [suffix, *([""] if suffix else [])]
         relatives = self._relatives()
@@ -640,7 +640,7 @@ def narrowed(names: list[str], neighbour: Entry, arch: Optional[str] = None, m: 
     close = [v for v in names if v != VENDOR and v in costs and costs[v] <= best * PRUNE]
     configs = {v: timed[v].get("config") for v in close}
     nearest = neighbour.get("nearest")
-    if arch is not None and m is not None and nearest and int(_key_parts(nearest)[2]) != bucket(m):
+    if arch is not None and m is not None and nearest and int(key_parts(nearest)[2]) != bucket(m):
         configs = {v: _refit(arch, v, config, m) for v, config in configs.items()}
     return {"names": [*close, VENDOR], "configs": configs, "narrowed_from": nearest}
 
@@ -683,7 +683,7 @@ class Relatives:
         self.groups: dict[tuple[str, str, str], list[tuple[str, str, str, int, str, Entry]]] = {}
         for key, entry in {**shipped, **measured}.items():
             try:
-                head, dtype, m, bn, bk, suffix = _key_parts(key)
+                head, dtype, m, bn, bk, suffix = key_parts(key)
                 row = (head, key, dtype, int(m), suffix, entry)
             except (ValueError, AttributeError):  # not a key of this format: no one's relative
                 continue
@@ -705,7 +705,7 @@ class Relatives:
 def from_another_gpu(key: str, relative: Entry) -> bool:
     """Whether ``relative`` (a ``nearest`` entry) was measured on another GPU than ``key``'s bucket."""
     nearest = relative.get("nearest")
-    return bool(nearest) and _key_parts(nearest)[0] != _key_parts(key)[0]
+    return bool(nearest) and key_parts(nearest)[0] != key_parts(key)[0]
 
 
 def _arch_of_head(head: str) -> str:
@@ -722,7 +722,7 @@ def _split_key(key: str) -> tuple[str, str, str]:
     return head2 + "/", shape, "/" + tail
 
 
-def _key_parts(key: str) -> tuple[str, str, str, str, str, str]:
+def key_parts(key: str) -> tuple[str, str, str, str, str, str]:
     """'arch/gpu/dtype/MxNxK[/variant]' -> ('arch/gpu', 'dtype', 'M', 'N', 'K', '' or '/variant')."""
     prefix, shape, suffix = _split_key(key)
     m, bn, bk = shape.split("x")

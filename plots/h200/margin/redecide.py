@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from matmul.call import tuner
+from matmul.call.chooser import key_parts
 
 
 def as_on(machine: dict) -> None:
@@ -32,13 +33,15 @@ def main(path: Path) -> None:
     reproduced = 0  # cuBLAS's fingerprints as the table's machine made them (where still fresh)
     for key, entry in entries.items():
         if entry["version"] == tuner.VENDOR:
-            made = tuner.choice_fingerprint(key.split("/")[0], tuner.VENDOR, tuner.timed_against(entry))
+            made = tuner.choice_fingerprint(
+                key_parts(key)[0].partition("/")[0], tuner.VENDOR, tuner.timed_against(entry)
+            )
             reproduced += made == entry["fingerprint"]
     changed = 0
     for key, entry in entries.items():
-        arch, _, dtype, shape = key.split("/")[:4]
-        m = int(shape.split("x")[0])
-        after = tuner.redecided(arch, entry, m)
+        head, dtype, m, n, k, _ = key_parts(key)
+        arch, shape = head.partition("/")[0], f"{m}x{n}x{k}"
+        after = tuner.redecided(arch, entry, int(m))
         if after["version"] == tuner.VENDOR and after is not entry and tuner.entry_is_valid(arch, after):
             assert reproduced, f"{key}: cuBLAS's fingerprint on the table's machine is not reproduced here"
         was = (entry["version"], entry.get("from_m"), entry.get("lost_at"))
