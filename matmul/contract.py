@@ -54,6 +54,11 @@ def _check_inner(a: torch.Tensor, b: torch.Tensor, b_form: str) -> None:
             f"inner dimensions differ: a is [M, K] = {list(a.shape)} but b is {b_form} = "
             f"{list(b.shape)}" + ("" if b_form == "[K, N]" else "; these kernels compute a @ b.T")
         )
+
+
+def _check_nonempty(a: torch.Tensor, b: torch.Tensor, b_form: str) -> None:
+    """The kernels' rule: M, N and K at least 1 (``matmul()`` and ``linear`` compute an empty product
+    without them: ``shapes.empty_product``)."""
     if min(*a.shape, *b.shape) < 1:
         m, k = a.shape
         n = b.shape[1] if b_form == "[K, N]" else b.shape[0]
@@ -127,6 +132,36 @@ def check_no_overlap(out_pointer: int, out_layout: tuple, name: str, pointer: in
         )
 
 
+def check_no_internal_overlap(out: torch.Tensor) -> None:
+    """``out`` must not hold one element in two places (a broadcast view, rows closer than their
+    length): torch refuses to write such a tensor, and a kernel would leave only one of the values.
+    Checked dimension by dimension, the smallest stride first: each must step past everything the
+    smaller ones span."""
+    span = 1
+    for stride, size in sorted((out.stride(d), out.shape[d]) for d in range(out.dim()) if out.shape[d] > 1):
+        if stride < span:
+            raise MatmulInputError(
+                f"out {list(out.shape)} with strides {tuple(out.stride())} holds one element in several places "
+                "(a broadcast or overlapping view), so its values would overwrite each other; pass a dense out "
+                "(torch.empty)"
+            )
+        span = stride * (size - 1) + span
+
+
+def check_bias(bias, x: torch.Tensor, n: int) -> None:
+    """A linear layer's bias: None, or [N] of x's dtype on x's device."""
+    if bias is None:
+        return
+    if not isinstance(bias, torch.Tensor):
+        raise MatmulInputError(f"bias must be a torch.Tensor, got {type(bias).__name__}")
+    if bias.dim() != 1 or bias.shape[0] != n:
+        raise MatmulInputError(f"bias must be [N] = [{n}], got {tuple(bias.shape)}")
+    if bias.dtype != x.dtype or bias.device != x.device:
+        raise MatmulInputError(
+            f"bias must be {x.dtype} on {x.device} like x, got {bias.dtype} on {bias.device}; convert it with .to(x)"
+        )
+
+
 def _check_out(out, a: torch.Tensor, m: int, n: int, inputs: tuple) -> torch.Tensor:
     if not isinstance(out, torch.Tensor) or out.dim() != 2 or tuple(out.shape) != (m, n):
         raise MatmulInputError(
@@ -139,6 +174,7 @@ def _check_out(out, a: torch.Tensor, m: int, n: int, inputs: tuple) -> torch.Ten
             f"{out.device}; allocate it with torch.empty_like"
         )
     _check_row_major("out", out)
+    check_no_internal_overlap(out)
     for name, t in inputs:
         check_no_overlap(out.data_ptr(), layout(out), name, t.data_ptr(), layout(t))
     return out
@@ -194,6 +230,14 @@ def tma_readable(t: torch.Tensor) -> bool:
     return True
 
 
+def readable(t: torch.Tensor) -> torch.Tensor:
+    """The matrix ``t`` itself where TMA can read it in place (``tma_readable``), else a copy whose
+    rows it can (padded to 16 bytes): ``linear`` takes its input in any strides, as torch does."""
+    if tma_readable(t):
+        return t
+    return empty_padded(*t.shape, t.dtype, t.device).copy_(t)
+
+
 # --- the two entry points ------------------------------------------------------------------------
 
 
@@ -212,7 +256,9 @@ def check_operands(
     ``allocate=False``: its strides only, on the meta device). ``require_cuda=False`` only for CPU
     stand-ins of the kernels (tests)."""
     _check_tensors(a, b)
-    _check_inner(a, b, "[N, K]" if b_layout == "nk" else "[K, N]")
+    b_form = "[N, K]" if b_layout == "nk" else "[K, N]"
+    _check_inner(a, b, b_form)
+    _check_nonempty(a, b, b_form)
     _check_row_major("a", a)
     _check_row_major("b", b)
     if require_cuda:
@@ -225,9 +271,19 @@ def check_operands(
 
 
 def check_shapes(a, b) -> None:
-    """The rules a traced call can check (no data, no pointers): tensors, 2-D, dtypes, a [M, K] @ b [K, N]."""
+    """The rules a traced call can check (no data, no pointers): tensors, 2-D, dtypes, a [M, K] @ b [K, N]
+    (any of them may be 0 here: ``check_call`` refuses that for the kernels)."""
     _check_tensors(a, b)
     _check_inner(a, b, "[K, N]")
+
+
+def check_empty_call(a, b, out=None) -> None:
+    """``check_call``'s rules for a product with an empty dimension, which no kernel runs: tensors,
+    dtypes, shapes, devices, ``out``."""
+    check_shapes(a, b)
+    _check_device(a, b)
+    if out is not None:
+        _check_out(out, a, a.shape[0], b.shape[1], (("a", a), ("b", b)))
 
 
 def check_call(
@@ -239,6 +295,7 @@ def check_call(
     memory: what a plan's derivation needs). A row-major b [K, N] whose rows TMA cannot read
     (``tma_readable``) passes: cuBLAS takes it as it is."""
     check_shapes(a, b)
+    _check_nonempty(a, b, "[K, N]")
     if require_cuda:
         _check_device(a, b)
     _check_row_major("a", a)

@@ -59,7 +59,7 @@ from typing import Optional
 import torch
 
 from .call.api import linear
-from .contract import DTYPES, MatmulInputError
+from .contract import DTYPES, TMA_ALIGN_BYTES, MatmulInputError
 from .kernels.variant import gate_up, split_gate_up
 from .quant import FORMATS, QuantizedWeight, quantize
 
@@ -145,6 +145,11 @@ def eligible(layer: torch.nn.Linear) -> Optional[str]:
         return f"weight is on {weight.device}; the kernels run on a CUDA GPU"
     if torch.cuda.get_device_capability(weight.device) not in ((9, 0), (10, 0)):
         return f"{torch.cuda.get_device_name(weight.device)} is neither Hopper nor Blackwell"
+    if (layer.in_features * weight.element_size()) % TMA_ALIGN_BYTES:
+        return (
+            f"in_features {layer.in_features}: rows of {layer.in_features * weight.element_size()} bytes, which "
+            f"TMA cannot read (a multiple of {TMA_ALIGN_BYTES} bytes)"
+        )
     return None
 
 

@@ -4,7 +4,12 @@ import pytest
 import torch
 
 from matmul import build
+from matmul.call import api
+from matmul.call.launch import Plans
+from matmul.contract import check_call
+from matmul.kernels import variant as variants
 from matmul.kernels import versions
+from matmul.kernels.variant import PLAIN
 
 gpu_arch = versions.local_arch
 
@@ -30,6 +35,40 @@ def _fresh_cuda_errors():
     yield
     if torch.cuda.is_available():
         torch.cuda.synchronize()  # a fault in a kernel shows up in the test that launched it
+
+
+class FixedChooser:
+    """Every bucket runs ``version`` (its representative configuration on this GPU's series) where it
+    supports the variant and the shape, else cuBLAS; records what ran. The GPU tests' way to check
+    the kernels themselves through the call, with no tuning."""
+
+    mode = "blocking"  # every call runs its plan: no unseen call is deferred to torch's ops
+
+    def __init__(self, version):
+        self.version = version
+        self.asked = []
+
+    def on_change(self, callback):  # choices never change here
+        pass
+
+    def get(self, device, dtype, m, n, k, variant=PLAIN):
+        arch = gpu_arch()
+        module = versions.load(arch, self.version)
+        runs = variants.supported(module, variant) and versions.fits(module, m, n, k, variant=variant)
+        self.asked.append((m, n, k, variant, runs))
+        if not runs:
+            return arch, {"version": versions.CUBLAS, "config": {}}
+        return arch, {"version": self.version, "config": dict(module.REPRESENTATIVE)}
+
+
+@pytest.fixture
+def fixed(request):
+    """The process's plans with ``request.param`` fixed as every bucket's choice (indirect)."""
+    require_gpu(gpu_arch() or "sm_90a")
+    plans = Plans(FixedChooser(request.param), check=check_call)
+    previous = api.use_plans(plans)
+    yield plans
+    api.use_plans(previous)
 
 
 class QKVAttention(torch.nn.Module):

@@ -67,6 +67,11 @@ def kernels() -> list[str]:
     for config in test_multicast_gpu.MULTICAST:
         add("v7", config, BOTH)
         add("v7", config, key="kn")
+    # test_odd_inputs_gpu: V5 and V7 fixed as the choice, their representatives in each variant its cases ask for
+    for module_name in ("v5", "v7"):
+        module = versions.load(ARCH, module_name)
+        for key in ("kn", "bias", "bias+silu", "bias+relu"):
+            add(module_name, module.REPRESENTATIVE, key=key)
     # test_v8_gpu's fused q, k, v (int4, 16 tokens a tile)
     add("v8", quant_linear.kernel_config("int4", quant_linear.config_for(16, 1536, 1024, "int4")), BOTH)
     return lines

@@ -3,7 +3,17 @@
 import pytest
 import torch
 
-from matmul.contract import MatmulInputError, check_call, check_operands, layout, overlaps, row_stride
+from matmul.contract import (
+    MatmulInputError,
+    check_bias,
+    check_call,
+    check_no_internal_overlap,
+    check_operands,
+    layout,
+    overlaps,
+    readable,
+    row_stride,
+)
 
 
 def mats(m=64, n=32, k=48, dtype=torch.float16):
@@ -107,3 +117,45 @@ def test_a_plans_checks_give_cs_strides_without_allocating_it():
             assert strides_only.is_meta and not allocated.is_meta
             assert strides_only.shape == allocated.shape == (5, 20)
             assert strides_only.stride() == allocated.stride() == (24, 1)  # rows padded to 16 bytes
+
+
+def test_an_out_holding_an_element_twice_is_named():
+    """A broadcast out, or rows closer than their length, would keep one of several values written
+    to one place: refused, as torch refuses to write it; a column block of wider rows is fine."""
+    a, b = torch.randn(8, 16).half(), torch.randn(16, 24).half()
+    for out in (torch.empty(1, 24).half().expand(8, 24), torch.empty(300).half().as_strided((8, 24), (16, 1))):
+        with pytest.raises(MatmulInputError, match="several places"):
+            check_call(a, b, out, require_cuda=False)
+    check_call(a, b, torch.empty(8, 40).half()[:, 8:32], require_cuda=False)
+    check_no_internal_overlap(torch.empty(3, 0, 5))  # nothing to hold twice
+    check_no_internal_overlap(torch.empty(1, 24).expand(1, 24))  # one row: nothing repeated
+
+
+@pytest.mark.parametrize(
+    "bias, message",
+    [
+        (torch.randn(41).half(), r"\[N\] = \[40\]"),
+        (torch.randn(40), "like x"),
+        (torch.randn(40).bfloat16(), "like x"),
+        ([0.0] * 40, "must be a torch.Tensor"),
+    ],
+)
+def test_a_bias_of_another_shape_dtype_or_kind_is_named(bias, message):
+    with pytest.raises(MatmulInputError, match=message):
+        check_bias(bias, torch.randn(3, 24).half(), 40)
+    check_bias(torch.randn(80).half()[::2], torch.randn(3, 24).half(), 40)  # any stride: fine
+
+
+def test_readable_copies_only_what_tma_cannot_read():
+    dense = torch.randn(9, 24).half()
+    assert readable(dense) is dense
+    for x in (
+        torch.randn(24, 9).half().T,
+        torch.randn(9 * 24 + 1).half()[1:].view(9, 24),
+        torch.randn(9, 25).half()[:, 1:],
+    ):
+        copy = readable(x)
+        assert torch.equal(copy, x) and copy.stride(1) == 1 and (copy.stride(0) * 2) % 16 == 0
+        assert copy.data_ptr() % 16 == 0
+    odd = readable(torch.randn(9, 30).half().T.contiguous().T)  # rows of 9 elements: padded to 16
+    assert odd.shape == (9, 30)

@@ -12,6 +12,7 @@ import torch
 from conftest import QKVAttention
 
 import matmul
+from matmul import contract
 from matmul.call import api, shapes, torch_op
 from matmul.call.launch import Plans, SeriesPlan, VendorPlan
 from matmul.contract import check_call, kernel_b
@@ -84,6 +85,41 @@ def test_a_batch_of_matrices_is_computed_by_torch_and_correct(path):
     a, b = torch.randn(3, 8, 24).half(), torch.randn(3, 24, 16).half()
     close(matmul.matmul(a, b), torch.matmul(a.float(), b.float()))
     assert path.chooser.asked == []  # no kernel of the series was asked: torch.matmul's batched GEMM ran
+
+
+@pytest.mark.parametrize(
+    "a_shape, b_shape", [((0, 24), (24, 40)), ((2, 0, 24), (24, 40)), ((9, 0), (0, 40)), ((9, 24), (24, 0))]
+)
+def test_an_empty_product_is_torchs_result_not_an_error(path, monkeypatch, a_shape, b_shape):
+    """M, N or K = 0: torch's empty (or, for K = 0, zero) result, no kernel asked, as torch.matmul
+    gives it to a model whose batch is empty; dtypes and ``out`` still checked."""
+    monkeypatch.setattr(contract, "_check_device", lambda a, b: None)  # CPU operands stand in for CUDA ones
+    a, b = torch.randn(a_shape).half(), torch.randn(b_shape).half()
+    result = matmul.matmul(a, b)
+    expected = torch.matmul(a.float(), b.float())
+    assert result.shape == expected.shape and result.dtype == torch.float16 and torch.equal(result.float(), expected)
+    assert path.chooser.asked == []
+    with pytest.raises(matmul.MatmulInputError, match="float16 or both bfloat16"):
+        matmul.matmul(a.float(), b.float())
+
+
+def test_an_empty_linear_is_torchs_result_with_bias_and_activation(path, monkeypatch):
+    monkeypatch.setattr(contract, "_check_device", lambda a, b: None)
+    w, bias = torch.randn(40, 24).half(), torch.randn(40).half()
+    y = matmul.linear(torch.randn(2, 0, 24).half(), w, bias, "silu")
+    assert y.shape == (2, 0, 40) and y.dtype == torch.float16
+    zero_k = matmul.linear(torch.randn(3, 0).half(), torch.randn(40, 0).half(), bias, "relu")
+    assert torch.equal(zero_k, torch.relu(bias).expand(3, 40))  # K = 0: the bias alone
+    assert path.chooser.asked == []
+
+
+def test_linear_copies_an_input_tma_cannot_read(path):
+    """``linear`` takes x in any strides, as torch does: a column-major x, or one whose base is not
+    16-byte aligned, is copied once into rows TMA can read, and the kernel runs on the copy."""
+    w = torch.randn(40, 24).half()
+    for x in (torch.randn(24, 9).half().T, torch.randn(9 * 24 + 1).half()[1:].view(9, 24)):
+        close(matmul.linear(x, w), x.float() @ w.float().T)
+    assert path.chooser.asked  # the kernel's plan ran them (the copies share one signature), not a refusal
 
 
 @pytest.mark.parametrize(

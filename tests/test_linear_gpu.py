@@ -6,15 +6,13 @@ outputs where the call takes ``out``, ragged shapes. Skipped without a Hopper or
 
 import pytest
 import torch
-from conftest import QKVAttention, gpu_arch, require_gpu
+from conftest import QKVAttention, gpu_arch
 
 import matmul
-from matmul.call import api
-from matmul.call.launch import Plans, SeriesPlan
-from matmul.contract import check_call
+from matmul.call.launch import SeriesPlan
 from matmul.kernels import variant as variants
 from matmul.kernels import versions
-from matmul.kernels.variant import PLAIN, Variant
+from matmul.kernels.variant import Variant
 from matmul.measure.correctness import TOLERANCE, poisoned_output, relative_error
 
 ARCH = gpu_arch()
@@ -24,43 +22,6 @@ pytestmark = [
     pytest.mark.skipif(ARCH is None, reason="needs a Hopper or Blackwell GPU"),
 ]
 DTYPES = (torch.float16, torch.bfloat16)
-
-
-class FixedChooser:
-    """Every bucket runs ``version`` (its representative configuration) where it supports the variant
-    and the shape, else cuBLAS; records what ran."""
-
-    mode = "blocking"  # every call runs its plan: no unseen call is deferred to torch's ops
-
-    def __init__(self, version):
-        self.version = version
-        self.asked = []
-
-    def on_change(self, callback):  # choices never change here
-        pass
-
-    def get(self, device, dtype, m, n, k, variant=PLAIN):
-        module = versions.load(ARCH, self.version)
-        runs = variants.supported(module, variant) and versions.fits(module, m, n, k, variant=variant)
-        self.asked.append((m, n, k, variant, runs))
-        if not runs:
-            return ARCH, {"version": versions.CUBLAS, "config": {}}
-        return ARCH, {"version": self.version, "config": dict(module.REPRESENTATIVE)}
-
-
-def install(version):
-    plans = Plans(FixedChooser(version), check=check_call)
-    previous = api.use_plans(plans)
-    return plans, previous
-
-
-@pytest.fixture
-def fixed(request):
-    """The process's plans with ``request.param`` fixed as every bucket's choice (indirect)."""
-    require_gpu(ARCH)
-    plans, previous = install(request.param)
-    yield plans
-    api.use_plans(previous)
 
 
 def ran_a_version(plans) -> bool:

@@ -355,3 +355,34 @@ def test_a_quantized_layer_compiles_fullgraph_into_one_operator(weight_format):
         assert compiled(x.view(10, 256), out) is out and torch.equal(out, quant_linear.widened(x.view(10, 256), qw))
     assert traced[0] == ["tilus_matmul.quantized_linear", "<built-in function add>"]
     assert traced[1][0] == "tilus_matmul.quantized_linear" and len(traced) == 2
+
+
+def test_a_packed_weight_passes_gradients_to_its_input_and_bias():
+    """A quantized layer is frozen, but what feeds it still learns (a low-rank adapter beside it, the
+    layers before it): dX = dY W with W the widened weight, the bias's gradient the sum of dY, and
+    none for the packed weight. On the CPU the operator runs the widened path."""
+    qw = matmul.quantize(torch.randn(200, 256, dtype=torch.float16))
+    x = torch.randn(2, 5, 256, dtype=torch.float16, requires_grad=True)
+    bias = torch.randn(200, dtype=torch.float16, requires_grad=True)
+    grad = torch.randn(2, 5, 200)
+    matmul.linear(x, qw, bias, "silu").float().backward(grad)
+    xr, br = x.detach().float().requires_grad_(), bias.detach().float().requires_grad_()
+    torch.nn.functional.silu(xr @ qw.dequantize().float().T + br).backward(grad)
+    for ours, theirs in ((x.grad, xr.grad), (bias.grad, br.grad)):
+        assert ours.dtype == torch.float16 and (ours.float() - theirs).norm() / theirs.norm() < 4e-3
+    with pytest.raises(MatmulInputError, match="automatic differentiation"):
+        matmul.matmul(x.view(10, 256), qw.T, out=torch.empty(10, 200, dtype=torch.float16))
+
+
+def test_a_packed_weights_bias_and_out_are_checked_as_a_dense_ones():
+    qw = matmul.quantize(torch.randn(200, 256, dtype=torch.float16))
+    x = torch.randn(5, 256, dtype=torch.float16)
+    with pytest.raises(MatmulInputError, match="like x"):
+        matmul.linear(x, qw, torch.randn(200))  # float32: torch refuses to add it to a float16 product
+    with pytest.raises(MatmulInputError, match=r"\[N\] = \[200\]"):
+        matmul.linear(x, qw, torch.randn(201).half())
+    with pytest.raises(MatmulInputError, match="several places"):
+        matmul.matmul(x, qw.T, out=torch.empty(1, 200, dtype=torch.float16).expand(5, 200))
+    matmul.linear(x, qw)  # keeps the launch for this signature where V8 runs; the bias is still checked
+    with pytest.raises(MatmulInputError, match="like x"):
+        matmul.linear(x, qw, torch.randn(200))

@@ -42,9 +42,9 @@ from typing import Iterable, Optional
 
 import torch
 
-from ..contract import MatmulInputError, check_call, tma_readable
+from ..contract import MatmulInputError, check_bias, check_call, check_empty_call, readable, tma_readable
 from ..kernels import versions
-from ..kernels.variant import PLAIN, SWIGLU_GROUP, Variant
+from ..kernels.variant import PLAIN, SWIGLU_GROUP, Variant, activate
 from ..quant import QuantizedWeight, TransposedWeight
 from . import batched, native_entry, shapes, torch_op, yielding
 from .choice_cache import Entry
@@ -104,6 +104,8 @@ def python_matmul(a: torch.Tensor, b: torch.Tensor, *, out: Optional[torch.Tenso
             return batched.matmul(_chooser, a, b, out)
         if a.dim() != 2 or b.dim() != 2:  # torch.matmul's rules for other shapes, on the 2-D call
             return shapes.general(matmul, a, b, out)
+        if shapes.is_empty(a, b):  # nothing for a kernel to do: torch's (empty or zero) result
+            return shapes.empty_product(a, b, out)
     except AttributeError:  # not tensors: the checks of the launch path name the problem
         pass
     if _is_compiling():  # traced: the custom operator, which the compiler sees through
@@ -159,11 +161,16 @@ def python_linear(
         raise MatmulInputError(str(e)) from None
     _check_linear(x, weight, bias, variant)
     x2 = shapes.flatten_rows(x)
+    if shapes.is_empty(x2, weight):  # nothing for a kernel to do: torch's result, of torch's shape
+        check_empty_call(x2, weight.T)
+        return activate(torch.nn.functional.linear(x, weight, bias), variant.activation)
     if bias is not None and bias.stride(0) != 1:
         bias = bias.contiguous()
     recorded = torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     )
+    if not (recorded or _is_compiling()):  # x of any strides, as torch takes it: copied once where TMA
+        x2 = readable(x2)  # cannot read it (the operators' bodies do the same: torch_op._linear_product)
     if recorded:
         y = torch_op.linear_with_grad(x2, weight, bias, variant.activation)
     elif _is_compiling():
@@ -201,12 +208,7 @@ def _check_linear(x, weight, bias, variant: Variant) -> None:
             f"x's last dimension ({x.shape[-1]}) must equal weight's second ({weight.shape[1]}): "
             f"weight is [N, K] = {list(weight.shape)}, as nn.Linear stores it"
         )
-    if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0]):
-        raise MatmulInputError(f"bias must be [N] = [{weight.shape[0]}], got {tuple(bias.shape)}")
-    if bias is not None and (bias.dtype != x.dtype or bias.device != x.device):
-        raise MatmulInputError(
-            f"bias must be {x.dtype} on {x.device} like x, got {bias.dtype} on {bias.device}; convert it with .to(x)"
-        )
+    check_bias(bias, x, weight.shape[0])
     if variant.activation == "swiglu" and weight.shape[0] % (2 * SWIGLU_GROUP):
         raise MatmulInputError(
             f"swiglu takes the fused gate-up weight of matmul.gate_up(gate, up), whose rows are a multiple "

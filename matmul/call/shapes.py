@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..contract import MatmulInputError
+from ..contract import MatmulInputError, check_empty_call
 
 
 def flatten_rows(x: torch.Tensor) -> torch.Tensor:
@@ -64,3 +64,16 @@ def general(two_d: Callable, a, b, out: Optional[torch.Tensor]):
             ) from None
     result = two_d(a2, b2, out=out2)
     return out if out is not None else result.view(shape)  # splits M, or drops a unit dimension: a view
+
+
+def empty_product(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor]) -> torch.Tensor:
+    """``a @ b`` for matrices with an empty dimension (M, N or K = 0): no kernel has work to do, and
+    torch's result is the answer (an empty [M, N]; zeros where K = 0), after the checks any call
+    passes (dtypes, devices, ``out``), so that an empty batch behaves as torch's does, not as an error."""
+    check_empty_call(a, b, out)
+    return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
+
+
+def is_empty(a, b) -> bool:
+    """Whether two matrices ``a @ b`` have an empty dimension (M, N or K = 0)."""
+    return a.numel() == 0 or b.numel() == 0

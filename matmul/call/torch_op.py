@@ -27,7 +27,7 @@ from typing import Optional
 
 import torch
 
-from ..contract import TMA_ALIGN_BYTES, MatmulInputError, check_shapes, empty_padded
+from ..contract import TMA_ALIGN_BYTES, MatmulInputError, check_shapes, empty_padded, readable, tma_readable
 from ..kernels import swiglu
 from ..kernels.variant import Variant
 from . import yielding
@@ -88,7 +88,8 @@ def _mm_grads(ctx, grad, product):
     grad = _operand(grad)
     grad_a = grad_b = None
     if ctx.needs_input_grad[0]:  # dA [M, K] = dC [M, N] @ b^T: for b = w.T, b^T is w, read in place ([K, N] form)
-        grad_a = product(grad, b.T)
+        # a b [K, N] whose rows TMA cannot read ran cuBLAS forward: b^T, column-major, runs cuBLAS too
+        grad_a = product(grad, b.T) if b.stride(0) == 1 or tma_readable(b) else torch.mm(grad, b.T)
     if ctx.needs_input_grad[1]:  # dB [K, N] = A^T @ dC: A^T is column-major, which no version reads: cuBLAS
         grad_b = torch.mm(a.T, grad)
     return grad_a, grad_b
@@ -129,6 +130,7 @@ def _eager_product(a, b):
 
 def _linear_product(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], activation: str):
     yielding.stamp_call()
+    x = readable(x)  # a compiled graph's input may come in any strides, as matmul.linear's may
     variant = Variant("nk", bias is not None, activation or None)
     out = empty_padded(x.shape[0], variant.out_columns(weight.shape[0]), x.dtype, x.device)
     return _plans().launch_fused(x, weight.T, bias, variant, out)

@@ -32,7 +32,7 @@ from typing import Optional
 
 import torch
 
-from ..contract import MatmulInputError
+from ..contract import MatmulInputError, check_bias, check_no_internal_overlap
 from ..kernels import device_context, versions
 from ..kernels.child_built import ChildBuilt, capturing
 from ..kernels.variant import torch_epilogue
@@ -275,23 +275,33 @@ def linear(
     if not isinstance(weight, QuantizedWeight):
         raise MatmulInputError(f"weight must be a matmul.quant.QuantizedWeight, got {type(weight).__name__}")
     fused = bias is not None or activation is not None
-    if torch.compiler.is_compiling():  # traced: the operator, whose body (data pointers) dynamo cannot trace
-        weight.check_for(x)
+    traced = torch.compiler.is_compiling()
+    if traced or recorded(x, bias):  # the operator: dynamo cannot trace the eager path; autograd
+        weight.check_for(x)  # differentiates it (the packed weight has no gradient, x and bias do)
+        check_bias(bias, x, weight.shape[0])
+        if out is not None and not traced:
+            raise MatmulInputError(
+                "out= does not support automatic differentiation (as torch's out= functions); call "
+                "without out, or under torch.no_grad()"
+            )
         y = torch.ops.tilus_matmul.quantized_linear(
             x, weight.packed, weight.scales, weight.format, weight.bits, weight.group, weight.shape[0]
         )
         y = torch_epilogue(y, bias, activation) if fused else y
         if out is None:
             return y
-        check_out(out, y.shape, x.dtype)
+        check_out(out, y.shape, x)
         return out.copy_(y)
     launch = _kept_launch(weight, x, out) if out is None or not fused else None
     if launch is not None:  # a signature seen before: at once
         if out is not None:
             return launch(x, out)
+        if bias is not None:  # the one operand the signature does not fix that the epilogue reads
+            check_bias(bias, x, weight.shape[0])
         y = launch(x)
         return torch_epilogue(y, bias, activation) if fused else y
     weight.check_for(x)
+    check_bias(bias, x, weight.shape[0])
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
     dense = x2.is_contiguous() and x2.data_ptr() % 16 == 0  # TMA reads x: dense rows, 16-byte aligned
@@ -299,8 +309,8 @@ def linear(
         x2 = x2.contiguous() if x2.data_ptr() % 16 == 0 else x2.clone()
     m, n = x2.shape[0], weight.shape[0]
     target = None if fused else out
-    if target is not None:
-        check_out(target, (*lead, n), x.dtype)
+    if out is not None:
+        check_out(out, (*lead, n), x)
     kernel = built_kernel(x2, weight) if m and uses_v8(m, weight) else None
     y2 = target.view(m, n) if target is not None and target.is_contiguous() else None  # out, where dense
     if m == 0:
@@ -321,10 +331,25 @@ def linear(
     return y
 
 
-def check_out(out: torch.Tensor, shape, dtype: torch.dtype) -> None:
-    """MatmulInputError unless ``out`` is a ``dtype`` tensor of ``shape``."""
-    if tuple(out.shape) != tuple(shape) or out.dtype != dtype:
-        raise MatmulInputError(f"out must be {dtype} of shape {list(shape)}, got {out.dtype} {list(out.shape)}")
+def check_out(out: torch.Tensor, shape, x: torch.Tensor) -> None:
+    """MatmulInputError unless ``out`` is a tensor of ``shape`` of x's dtype on x's device, no element
+    of it in two places."""
+    if not isinstance(out, torch.Tensor):
+        raise MatmulInputError(f"out must be a torch.Tensor, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(shape) or out.dtype != x.dtype or out.device != x.device:
+        raise MatmulInputError(
+            f"out must be {x.dtype} of shape {list(shape)} on {x.device}, got {out.dtype} {list(out.shape)} on "
+            f"{out.device}"
+        )
+    check_no_internal_overlap(out)
+
+
+def recorded(x: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
+    """Whether autograd records ``linear(x, qw, bias)``: a gradient for x or the bias."""
+    try:
+        return torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad))
+    except AttributeError:  # not tensors: the full path's checks name the problem
+        return False
 
 
 @torch.library.custom_op("tilus_matmul::quantized_linear", mutates_args=())
@@ -335,12 +360,28 @@ def traced_linear(
     ``torch.compile`` traces in place of ``linear``'s own Python, which reads data pointers (a
     compiled graph runs this, and this the eager path)."""
     weight = QuantizedWeight(weight_format, bits, group, (n, x.shape[-1]), x.dtype, packed, scales)
-    return linear(x, weight)
+    with torch.no_grad():  # the product itself; autograd records the operator around it
+        return linear(x, weight)
 
 
 @traced_linear.register_fake
 def _(x, packed, scales, weight_format, bits, group, n):
     return x.new_empty((*x.shape[:-1], n))
+
+
+def _keep_weight(ctx, inputs, output):
+    x, packed, scales, weight_format, bits, group, n = inputs
+    ctx.weight = QuantizedWeight(weight_format, bits, group, (n, x.shape[-1]), x.dtype, packed, scales)
+
+
+def _input_gradient(ctx, grad):
+    """dX = dY W: the weight widened once (``widened``'s widening), then cuBLAS. The packed weight
+    and scales have no gradient: a quantized layer is frozen (its input still learns, as in a
+    low-rank adapter's training beside it)."""
+    return torch.matmul(grad, device_widen.widen(ctx.weight)), None, None, None, None, None, None
+
+
+traced_linear.register_autograd(_input_gradient, setup_context=_keep_weight)
 
 
 def matmul(a: torch.Tensor, b: TransposedWeight, out: Optional[torch.Tensor] = None) -> torch.Tensor:
