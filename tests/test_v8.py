@@ -358,8 +358,8 @@ def test_a_quantized_layer_compiles_fullgraph_into_one_operator(weight_format):
 
 
 def test_a_packed_weight_passes_gradients_to_its_input_and_bias():
-    """A quantized layer is frozen, but what feeds it still learns (a low-rank adapter beside it, the
-    layers before it): dX = dY W with W the widened weight, the bias's gradient the sum of dY, and
+    """A quantized layer is frozen, but what feeds it still learns (the layers before it, low-rank
+    adapters on a frozen quantized model): dX = dY W with W the widened weight, the bias's gradient the sum of dY, and
     none for the packed weight. On the CPU the operator runs the widened path."""
     qw = matmul.quantize(torch.randn(200, 256, dtype=torch.float16))
     x = torch.randn(2, 5, 256, dtype=torch.float16, requires_grad=True)

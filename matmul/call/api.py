@@ -13,11 +13,14 @@ so the layouts of ``b`` are:
 
 Where no kernel applies, ``MatmulInputError`` names the problem and the fix, and nothing runs
 (``matmul.contract`` has every rule): CPU tensors, dtypes other than float16/bfloat16, shapes that
-do not match, empty dimensions, operands whose rows or base are not 16-byte aligned, an ``out``
-that overlaps ``a`` or ``b``, and GPUs that are neither Hopper (compute capability 9.0, sm_90a) nor
-Blackwell (10.0, sm_100a) (``UnsupportedGPUError``): there is no silent fallback; use
-``torch.matmul`` for those. When a version of the series runs and N is not a multiple of 8, the
-returned [M, N] tensor is a view of rows padded to 16 bytes.
+do not match, operands whose rows or base are not 16-byte aligned, an ``out`` that overlaps ``a``
+or ``b`` or holds one element in several places, and GPUs that are neither Hopper (compute
+capability 9.0, sm_90a) nor Blackwell (10.0, sm_100a) (``UnsupportedGPUError``): there is no
+silent fallback; use ``torch.matmul`` for those. A product with an empty dimension (M, N or K = 0)
+has nothing for a kernel to do and is torch's result (``shapes.empty_product``), as a model with an
+empty batch expects. ``linear`` takes its input in any strides, as torch does (copied once where
+TMA cannot read it). When a version of the series runs and N is not a multiple of 8, the returned
+[M, N] tensor is a view of rows padded to 16 bytes.
 
 Which kernel runs: the first call for a shape bucket (each of M, N, K rounded up as tilus buckets
 its own tuning) tunes it in a child process (``tuner``: the candidates, why V0-V2 are not among

@@ -376,8 +376,8 @@ def _keep_weight(ctx, inputs, output):
 
 def _input_gradient(ctx, grad):
     """dX = dY W: the weight widened once (``widened``'s widening), then cuBLAS. The packed weight
-    and scales have no gradient: a quantized layer is frozen (its input still learns, as in a
-    low-rank adapter's training beside it)."""
+    and scales have no gradient: a quantized layer is frozen (what feeds it still learns: the layers
+    before it, low-rank adapters on a frozen quantized model)."""
     return torch.matmul(grad, device_widen.widen(ctx.weight)), None, None, None, None, None, None
 
 
