@@ -21,11 +21,11 @@ instead (``matmul.quantize``, once) and runs it through ``matmul.linear(x, qw, b
 decode sizes, the weight widened on the GPU above 256 tokens (``matmul.quant``). ``QuantizedLinear``
 is frozen: its packed weight is not a parameter (no gradient, not in the state dict, not moved by
 ``.to()``), while its input and bias get their gradients (dX = dY W, the weight widened once), so
-the layers before it (low-rank adapters on a frozen quantized model) still train through it. The 16-bit layers are kept by
-the ``Conversion`` for ``undo``: drop it (or do not keep it) and their memory is freed. A layer
-whose K is not a multiple of the format's group (128) stays torch's, listed in ``skipped``, as
-does any layer whose rows TMA cannot read (``in_features`` times the item size not a multiple of
-16 bytes).
+the layers before it (low-rank adapters on a frozen quantized model) still train through it. The
+16-bit layers are kept by the ``Conversion`` for ``undo``: drop it (or do not keep it) and their
+memory is freed. A layer whose K is not a multiple of the format's group (128) stays torch's,
+listed in ``skipped``, as does any layer whose rows TMA cannot read (``in_features`` times the
+item size not a multiple of 16 bytes).
 
 ``fuse_gate_up=True`` also finds gated MLPs, modules with ``gate_proj``, ``up_proj`` and
 ``down_proj`` linear layers and a SiLU ``act_fn`` (Llama, Mistral, Qwen), and runs ``down_proj(

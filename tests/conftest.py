@@ -38,23 +38,27 @@ def _fresh_cuda_errors():
 
 
 class FixedChooser:
-    """Every bucket runs ``version`` (its representative configuration on this GPU's series) where it
-    supports the variant and the shape, else cuBLAS; records what ran. The GPU tests' way to check
-    the kernels themselves through the call, with no tuning."""
+    """Every bucket runs ``version`` (its representative configuration) where it supports the variant
+    and the shape (with ``check_fits``; without, everywhere: the CPU tests' stand-in kernels), else
+    cuBLAS, as does ``version`` cuBLAS; records what was asked, ``(m, n, k, variant, runs)``. The
+    tests' way to run the kernels themselves through the call, with no tuning."""
 
     mode = "blocking"  # every call runs its plan: no unseen call is deferred to torch's ops
 
-    def __init__(self, version):
-        self.version = version
+    def __init__(self, version, arch=None, check_fits=True):
+        self.version, self.arch, self.check_fits = version, arch, check_fits
         self.asked = []
 
     def on_change(self, callback):  # choices never change here
         pass
 
     def get(self, device, dtype, m, n, k, variant=PLAIN):
-        arch = gpu_arch()
-        module = versions.load(arch, self.version)
-        runs = variants.supported(module, variant) and versions.fits(module, m, n, k, variant=variant)
+        arch = self.arch or gpu_arch()
+        runs = self.version != versions.CUBLAS
+        if runs:
+            module = versions.load(arch, self.version)
+            if self.check_fits:
+                runs = variants.supported(module, variant) and versions.fits(module, m, n, k, variant=variant)
         self.asked.append((m, n, k, variant, runs))
         if not runs:
             return arch, {"version": versions.CUBLAS, "config": {}}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import QKVAttention
+from conftest import FixedChooser, QKVAttention
 
 import matmul
 from matmul import contract
@@ -19,35 +19,18 @@ from matmul.contract import check_call, kernel_b
 from matmul.harness import drop_in
 from matmul.kernels import swiglu, versions
 from matmul.kernels import variant as variants
-from matmul.kernels.variant import PLAIN, Variant
+from matmul.kernels.variant import Variant
 from tests import stand_ins
 
 ARCH = "sm_90a"
-
-
-class FixedChooser:
-    """Every bucket and variant chosen alike: ``version`` (a stand-in kernel) or cuBLAS. Records the
-    variants asked for."""
-
-    def __init__(self, version):
-        self.version = version
-        self.asked = []
-
-    def on_change(self, callback):  # choices never change here
-        pass
-
-    def get(self, device, dtype, m, n, k, variant=PLAIN):
-        self.asked.append((m, n, k, variant))
-        if self.version == versions.CUBLAS:
-            return ARCH, {"version": versions.CUBLAS, "config": {}}
-        return ARCH, {"version": self.version, "config": dict(versions.load(ARCH, self.version).REPRESENTATIVE)}
 
 
 @pytest.fixture(params=["v3", versions.CUBLAS])
 def path(request, monkeypatch):
     """matmul()'s plans over a stand-in v3 (or cuBLAS, i.e. torch on the CPU), installed as the process's."""
     stand_ins.install(monkeypatch, wrong=(), arch=ARCH, available=("v3",))
-    plans = Plans(FixedChooser(request.param), check=functools.partial(check_call, require_cuda=False))
+    chooser = FixedChooser(request.param, arch=ARCH, check_fits=False)
+    plans = Plans(chooser, check=functools.partial(check_call, require_cuda=False))
     previous = api.use_plans(plans)
     monkeypatch.setattr(api, "matmul", api.python_matmul)  # the native entry would route by its own table
     yield plans
@@ -158,7 +141,7 @@ def test_both_layouts_of_b_are_read_in_place():
 def test_a_row_major_b_takes_the_kn_variant_and_no_copy(path):
     a, b = torch.randn(100, 48).half(), torch.randn(48, 40).half()
     close(path.launch(a, b), a.float() @ b.float())
-    m, n, k, variant = path.chooser.asked[-1]
+    m, n, k, variant, _ = path.chooser.asked[-1]
     assert (m, n, k) == (100, 40, 48) and variant.b_layout == "kn"
     plan = next(iter(path.plans.values()))
     if isinstance(plan, SeriesPlan):  # the kernel got b's own pointer: nothing copied it
@@ -236,7 +219,7 @@ def test_linear_plans_are_kept_per_variant(path):
     matmul.linear(x, w, bias, "relu")
     matmul.linear(x, w, bias, "relu")
     matmul.linear(x, w, bias, "silu")
-    assert [v for *_, v in path.chooser.asked] == [Variant("nk", True, "relu"), Variant("nk", True, "silu")]
+    assert [v for *_, v, _ in path.chooser.asked] == [Variant("nk", True, "relu"), Variant("nk", True, "silu")]
 
 
 # --- autograd ------------------------------------------------------------------------------------
@@ -294,7 +277,7 @@ def test_matmul_gradients_read_the_weight_in_place(path):
     close(x.grad, xr.grad)
     close(w.grad, wr.grad)
     # dA = dC @ w: w [N, K] read as b [K, N] in place
-    assert any(variant.b_layout == "kn" for *_, variant in path.chooser.asked)
+    assert any(variant.b_layout == "kn" for *_, variant, _ in path.chooser.asked)
 
 
 def test_eager_autograd_takes_the_functions_not_the_operators(path):
@@ -402,7 +385,7 @@ def test_convert_and_undo_round_trip(path, model, fuse):
         close(model(x), expected)
     if fuse:
         assert hasattr(model.mlp, "gate_up_weight") and model.mlp.gate_proj.weight.numel() == 0
-        assert path.chooser.asked and any(v.activation == "swiglu" for *_, v in path.chooser.asked)
+        assert path.chooser.asked and any(v.activation == "swiglu" for *_, v, _ in path.chooser.asked)
     else:
         assert model.state_dict().keys() == before.keys()
     conversion.undo()
@@ -598,7 +581,7 @@ def test_a_transformers_llama_switched_in_one_line_gives_its_logits_and_gradient
     assert isinstance(model.lm_head, matmul.nn.Linear)
     with torch.no_grad():
         close(model(input_ids=ids).logits, expected)
-    assert any(v.activation == "swiglu" for *_, v in path.chooser.asked)
+    assert any(v.activation == "swiglu" for *_, v, _ in path.chooser.asked)
     model(input_ids=ids, labels=ids).loss.backward()  # through the operators' backward
     for fused_grad in (model.model.layers[0].mlp.gate_up_weight.grad, model.model.layers[0].self_attn.qkv_weight.grad):
         assert fused_grad is not None and fused_grad.abs().sum() > 0
