@@ -27,7 +27,7 @@ import torch
 import matmul
 from matmul import MatmulInputError
 from matmul.kernels import variant as variants
-from matmul.measure.correctness import TOLERANCE, relative_error
+from matmul.measure.correctness import TOLERANCE, poisoned_output, relative_error
 from matmul.quant import linear as quant_linear
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
@@ -145,6 +145,16 @@ def _():
 @case("a 2-D times a batch of b")
 def _():
     return product(randn(M, K), randn(2, K, N))
+
+
+@case("a batch of b broadcast along the batch (stride 0)")
+def _():
+    return product(randn(3, M, K), randn(1, K, 304).expand(3, K, 304))
+
+
+@case("batch dimensions broadcast against each other (a [3, 1, M, K] @ b [1, 2, K, N])")
+def _():
+    return product(randn(3, 1, M, K), randn(1, 2, K, 304))
 
 
 @case("no rows (M = 0)")
@@ -624,3 +634,59 @@ def test_an_odd_input_gets_torchs_result_or_a_clear_error(fixed, case):
             continue
         assert ours_part is not None, "no gradient where torch has one"
         assert_matches(ours_part, theirs, case.dtype)
+
+
+# --- threads and streams ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fixed", ["v7"], indirect=True)
+def test_calls_from_several_threads_each_on_its_own_stream_are_each_right(fixed):
+    """A serving loop's threads, each issuing on a stream of its own: every call must run on the
+    caller's current stream, after the work queued there before it. Each input is written on the
+    thread's stream only after a sleep queued there (``torch.cuda._sleep``), over NaN: a launch on
+    another stream, or one that does not wait, reads NaN. The threads meet unseen signatures at the
+    same time (their plans derived, their kernels instantiated concurrently: ``tilus_fixes.
+    serial_instantiation``), dense and packed weights, with and without out."""
+    torch.manual_seed(0)
+    w, bias, qw = weight(), randn(N), packed()
+    for tokens in (1, 5, 16, 37):  # V8's kernels for these token counts, built before the threads start
+        quant_linear.wait_until_built(F16, "int4", quant_linear.config_for(tokens, *qw.shape, "int4"))
+    calls = ("matmul", "linear", "matmul out", "packed")
+
+    def worker(index: int):
+        stream, done = torch.cuda.Stream(), []
+        with torch.cuda.stream(stream):
+            for step in range(24):
+                m = (1, 5, 16, 37)[(index + step) % 4]
+                kind = calls[(index + step // 4) % 4]
+                k = QK if kind == "packed" else K
+                values = randn(m, k)
+                x = torch.full_like(values, float("nan"))
+                torch.cuda._sleep(20_000)  # the input is written late on this stream
+                x.copy_(values)
+                if kind == "matmul":
+                    y = matmul.matmul(x, w.T)
+                elif kind == "linear":
+                    y = matmul.linear(x, w, bias, "silu")
+                elif kind == "matmul out":
+                    y = poisoned_output(m, N, F16)  # rows padded to 16 bytes, as TMA stores them
+                    matmul.matmul(x, w.T, out=y)
+                else:
+                    y = matmul.linear(x, qw)
+                done.append((kind, values, y))
+        stream.synchronize()
+        return done
+
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = [item for done in pool.map(worker, range(4)) for item in done]
+    dequantized = qw.dequantize().float()
+    for kind, values, y in results:
+        if kind == "linear":
+            expected = torch.nn.functional.silu(values.float() @ w.float().T + bias.float())
+        elif kind == "packed":
+            expected = values.float() @ dequantized.T
+        else:
+            expected = values.float() @ w.float().T
+        assert_matches(y, expected, F16)

@@ -46,6 +46,7 @@ def test_fixes_are_applied_for_tilus_0_2_0():
         "build_without_gpu",
         "keep_ptx",
         "serial_transpile",
+        "serial_instantiation",
         "fence_tall_accumulators",
         "workspace_in_shared_memory",
         "mn_major_operands",
@@ -266,3 +267,36 @@ def test_a_k_loops_wgmma_descriptors_stay_uniform_only_with_the_fix(fresh_cache)
     moves = [sum(re.match(r"(@!?U?P\w+ )?R2UR\b", text) is not None for text in loop) for loop in loops]
     assert moves[0] <= 2 < 8 <= moves[1], moves
     assert len(loops[0]) < len(loops[1]) - 16, [len(loop) for loop in loops]
+
+
+def test_two_threads_instantiating_kernels_at_once_need_serial_instantiation():
+    """A serving loop's threads meeting kernels for the first time together transpile them at once.
+    tilus's transpiler keeps its builder in a module global: without ``serial_instantiation`` one
+    thread clears it under the other ("No valid schedule found"); with it every transpile succeeds.
+    The interpreter switches threads every microsecond here, so that the transpiles interleave."""
+    import concurrent.futures
+    import sys
+
+    from tilus.lang.instantiated_script import CallParameters, JitInstance
+
+    from matmul.build.compiler import target
+
+    module = versions.load("sm_90a", "v7")
+    params = CallParameters(module.Kernel)
+    divisibility = {params.param_names[i]: 1 for i in params.tuning_params}
+    job = (module.Kernel, params, {"dtype": tilus.float16, **module.REPRESENTATIVE}, {}, divisibility)
+
+    def failures() -> int:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            programs = list(pool.map(lambda _: JitInstance._instantiate_schedule(job), range(8)))
+        return sum(isinstance(program, str) for program in programs)  # a str: tilus's failure report
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with target("sm_90a"):
+            assert failures() == 0
+            with tilus_fixes.disabled("serial_instantiation"):
+                assert failures() > 0
+    finally:
+        sys.setswitchinterval(interval)

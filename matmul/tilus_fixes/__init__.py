@@ -10,6 +10,8 @@ around, is guarded to the tilus release that has it, and can be taken out again
 * ``build_without_gpu``: building needs ``torch.cuda.is_available()`` and a driver ``libcuda.so``;
 * ``keep_ptx``: the PTX of a kernel is kept only when every IR pass is dumped too;
 * ``serial_transpile``: programs transpiled in forked workers fail tilus's loop-invariant hoisting;
+* ``serial_instantiation``: two threads transpiling at once share the transpiler's global builder
+  (a serving loop's threads meeting a kernel for the first time together);
 * ``fence_tall_accumulators``: wgmma accumulators are not fenced, and ptxas serializes the wgmma of
   a warp-specialized 128-row tile;
 * ``workspace_in_shared_memory``: the shared workspace that receives the tensor-memory address is
@@ -47,6 +49,7 @@ from . import (
     int4_bf16_cast,
     keep_ptx,
     mn_major_operands,
+    serial_instantiation,
     serial_transpile,
     tcgen05_tmem_a,
     tma_sm90,
@@ -66,6 +69,7 @@ MODULES = (
     build_without_gpu,
     keep_ptx,
     serial_transpile,
+    serial_instantiation,
     fence_tall_accumulators,
     workspace_in_shared_memory,
     mn_major_operands,
