@@ -643,8 +643,10 @@ def test_an_odd_input_gets_torchs_result_or_a_clear_error(fixed, case):
 def test_calls_from_several_threads_each_on_its_own_stream_are_each_right(fixed):
     """A serving loop's threads, each issuing on a stream of its own: every call must run on the
     caller's current stream, after the work queued there before it. Each input is written on the
-    thread's stream only after a sleep queued there (``torch.cuda._sleep``), over NaN: a launch on
-    another stream, or one that does not wait, reads NaN. The threads meet unseen signatures at the
+    thread's stream only after a sleep queued there (``torch.cuda._sleep``, longer than the host
+    takes to reach the launch), over NaN: a launch on another stream reads NaN. (The legacy default
+    stream waits for the others, so a launch there would hide; seen failing with the product
+    launched on a second stream of the thread.) The threads meet unseen signatures at the
     same time (their plans derived, their kernels instantiated concurrently: ``tilus_fixes.
     serial_instantiation``), dense and packed weights, with and without out."""
     torch.manual_seed(0)
@@ -662,7 +664,7 @@ def test_calls_from_several_threads_each_on_its_own_stream_are_each_right(fixed)
                 k = QK if kind == "packed" else K
                 values = randn(m, k)
                 x = torch.full_like(values, float("nan"))
-                torch.cuda._sleep(20_000)  # the input is written late on this stream
+                torch.cuda._sleep(1_000_000)  # the input is written late on this stream (~0.5 ms)
                 x.copy_(values)
                 if kind == "matmul":
                     y = matmul.matmul(x, w.T)
@@ -681,6 +683,7 @@ def test_calls_from_several_threads_each_on_its_own_stream_are_each_right(fixed)
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         results = [item for done in pool.map(worker, range(4)) for item in done]
+    torch.cuda.synchronize()  # whatever stream a launch went to, it has finished: its result is final
     dequantized = qw.dequantize().float()
     for kind, values, y in results:
         if kind == "linear":
