@@ -386,3 +386,20 @@ def test_a_packed_weights_bias_and_out_are_checked_as_a_dense_ones():
     matmul.linear(x, qw)  # keeps the launch for this signature where V8 runs; the bias is still checked
     with pytest.raises(MatmulInputError, match="like x"):
         matmul.linear(x, qw, torch.randn(200))
+
+
+def test_a_packed_layers_gradients_under_torch_compile_are_the_eager_ones():
+    """The operator's autograd formula is what a compiled training step differentiates (aot_eager:
+    the graph torch.compile makes, run by torch); fullgraph: no break at the packed layer."""
+    qw = matmul.quantize(torch.randn(200, 256, dtype=torch.float16))
+    bias = torch.randn(200, dtype=torch.float16, requires_grad=True)
+    x = torch.randn(2, 5, 256, dtype=torch.float16, requires_grad=True)
+
+    def loss(x, bias):
+        return matmul.linear(x, qw, bias, "silu").float().sum()
+
+    torch.compile(loss, backend="aot_eager", fullgraph=True)(x, bias).backward()
+    compiled = (x.grad.clone(), bias.grad.clone())
+    x.grad = bias.grad = None
+    loss(x, bias).backward()
+    assert torch.equal(compiled[0], x.grad) and torch.equal(compiled[1], bias.grad)
