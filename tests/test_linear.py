@@ -86,6 +86,15 @@ def test_an_empty_product_is_torchs_result_not_an_error(path, monkeypatch, a_sha
         matmul.matmul(a.float(), b.float())
 
 
+def test_an_empty_product_traces_into_one_graph(path, monkeypatch):
+    """Under torch.compile (fullgraph) the empty product is torch's, ``out`` included: the checks
+    that read data pointers are left to the eager call."""
+    monkeypatch.setattr(contract, "_check_device", lambda a, b: None)
+    a, b, out = torch.randn(0, 24).half(), torch.randn(24, 40).half(), torch.empty(0, 40).half()
+    compiled = torch.compile(lambda a, b, out: matmul.matmul(a, b, out=out), backend="eager", fullgraph=True)
+    assert compiled(a, b, out).shape == (0, 40)
+
+
 def test_an_empty_linear_is_torchs_result_with_bias_and_activation(path, monkeypatch):
     monkeypatch.setattr(contract, "_check_device", lambda a, b: None)
     w, bias = torch.randn(40, 24).half(), torch.randn(40).half()
