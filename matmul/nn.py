@@ -63,7 +63,7 @@ import torch
 
 from .call.api import linear
 from .contract import DTYPES, TMA_ALIGN_BYTES, MatmulInputError
-from .kernels.variant import gate_up, split_gate_up
+from .kernels.variant import activate, gate_up, split_gate_up
 from .quant import FORMATS, QuantizedWeight, quantize
 
 __all__ = [
@@ -78,6 +78,16 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias=None, activation: Optional[str] = None) -> torch.Tensor:
+    """``matmul.linear`` where the kernels take the weight's dtype (float16 or bfloat16); else torch's
+    own forward, as ``convert`` leaves a layer with such a weight: a converted model cast to float32
+    afterwards (``model.float()``, for an evaluation in full precision) still runs. (Moved to the CPU
+    in 16 bits, it gets ``MatmulInputError``, which says to move it back.)"""
+    if weight.dtype in DTYPES:
+        return linear(x, weight, bias, activation)
+    return activate(torch.nn.functional.linear(x, weight, bias), "gelu_erf" if activation == "gelu" else activation)
 
 
 class Linear(torch.nn.Linear):
@@ -102,7 +112,7 @@ class Linear(torch.nn.Linear):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.activation)
+        return dense_linear(x, self.weight, self.bias, self.activation)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (f", activation={self.activation}" if self.activation else "")
@@ -169,7 +179,7 @@ class GatedMLPForward:
             weight.data = weight.data.new_empty(0)
 
     def __call__(self, mlp, x):
-        hidden = linear(x, mlp.gate_up_weight, None, "swiglu")
+        hidden = dense_linear(x, mlp.gate_up_weight, None, "swiglu")
         # the padding columns (I rounded up to 8) only where there are any: a slice of every column
         # would still cost a backward that zero-fills and copies the whole gradient
         return mlp.down_proj(hidden if hidden.shape[-1] == self.rows else hidden[..., : self.rows])
@@ -268,13 +278,13 @@ class FusedProjections:
                      type(self.owner).__name__, ", ".join(self.names))  # fmt: skip
         if not self.shared:
             return self.alone(x, index)
-        parts = linear(x, weight, bias).split(self.sizes, dim=-1)  # one autograd node: its backward is a cat
+        parts = dense_linear(x, weight, bias).split(self.sizes, dim=-1)  # one autograd node: its backward is a cat
         self.pending = _Product(x, versions, parts, set(range(len(self.names))) - {index})
         return parts[index]
 
     def alone(self, x: torch.Tensor, index: int) -> torch.Tensor:
         """Projection ``index`` of an input its siblings do not share: its own rows of the weight."""
-        return linear(x, *self.weight_and_bias(index))
+        return dense_linear(x, *self.weight_and_bias(index))
 
     def unfused(self, tensors: dict) -> dict:
         """Tensors shaped as the fused parameters (by their names: their data, their gradients)

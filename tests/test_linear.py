@@ -560,6 +560,28 @@ def test_fused_qkv_with_packed_weights(monkeypatch, products):
     assert conversion.fused == [] and "group of 128" in conversion.skipped["k_proj"]
 
 
+def test_a_converted_model_cast_to_float32_runs_torchs_forward(path, monkeypatch):
+    """``model.float()`` after ``convert`` (an evaluation in full precision): the layers, the fused
+    gate-up and q, k, v included, run torch's own forward on float32 weights, not an error."""
+    import matmul.nn as mnn
+
+    monkeypatch.setattr(mnn, "eligible", lambda layer: None)  # the CPU stands in for the GPU here
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(GatedMLP(48, 40), QKVAttention(48, 16)).half()
+    conversion = matmul.nn.convert(model, fuse_gate_up=True, fuse_qkv=True)
+    assert len(conversion.fused) == 2
+    model.float()
+    x = torch.randn(3, 48)
+    asked = len(path.chooser.asked)
+    hidden = model[0](x)
+    q, k, v = model[1](hidden)
+    reference = conversion.undo()
+    expected_hidden = reference[0](x)
+    for ours, theirs in zip((hidden, q, k, v), (expected_hidden, *reference[1](expected_hidden))):
+        assert ours.dtype == torch.float32 and torch.allclose(ours, theirs, atol=1e-5, rtol=1e-4)
+    assert len(path.chooser.asked) == asked  # no kernel was asked for float32
+
+
 def test_a_linear_loads_a_torch_state_dict(path):
     layer = torch.nn.Linear(48, 40).half()
     ours = matmul.nn.Linear(48, 40, dtype=torch.float16)
