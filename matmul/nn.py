@@ -442,7 +442,11 @@ def convert(
                 conversion.fused.append((attention, FusedProjections(attention, QKV)))
             else:
                 originals = [(attention, name, getattr(attention, name)) for name in QKV]
-                conversion.fused.append((attention, PackedFusedProjections(attention, QKV, weights)))
+                try:  # packed before the module changes: a weight that cannot be packed leaves it as it was
+                    fused = PackedFusedProjections(attention, QKV, weights)
+                except MatmulInputError:
+                    continue  # the loop below tries each layer alone and says why the one that fails does
+                conversion.fused.append((attention, fused))
                 conversion.swapped.extend(originals)
     if fuse_gate_up:
         for mlp in model.modules():
@@ -469,7 +473,11 @@ def convert(
             if why is not None:
                 conversion.skipped[qualified] = why
                 continue
-            new = Linear.sharing(layer) if weights is None else QuantizedLinear.from_linear(layer, weights)
+            try:
+                new = Linear.sharing(layer) if weights is None else QuantizedLinear.from_linear(layer, weights)
+            except MatmulInputError as error:  # a weight that cannot be packed (non-finite values): torch's layer
+                conversion.skipped[qualified] = str(error)
+                continue
             setattr(parent, name, new)
             conversion.swapped.append((parent, name, layer))
     return conversion

@@ -432,6 +432,27 @@ def test_convert_to_int4_weights_and_undo(monkeypatch):
         matmul.nn.convert(model, weights="int4", fuse_gate_up=True)
 
 
+def test_convert_to_int4_skips_a_layer_whose_weight_cannot_be_packed(monkeypatch):
+    """A weight with an infinity cannot be packed (``matmul.quantize`` refuses it): ``convert`` keeps
+    torch's layer, says why, and converts the rest; fused q, k and v with such a weight are left
+    unfused and the two sound projections packed alone."""
+    import matmul.nn as mnn
+
+    monkeypatch.setattr(mnn, "eligible", lambda layer: None)  # the CPU stands in for the GPU here
+    model = torch.nn.Sequential(torch.nn.Linear(256, 128), torch.nn.ReLU(), QKVAttention(128, 128)).half()
+    with torch.no_grad():
+        model[0].weight[1, 2] = float("inf")
+        model[2].k_proj.weight[0, 0] = float("nan")
+    conversion = matmul.nn.convert(model, weights="int4", fuse_qkv=True)
+    assert type(model[0]) is torch.nn.Linear and "infinite or NaN" in conversion.skipped["0"]
+    assert conversion.fused == [] and "infinite or NaN" in conversion.skipped["2.k_proj"]
+    assert isinstance(model[2].q_proj, matmul.nn.QuantizedLinear) and isinstance(
+        model[2].v_proj, matmul.nn.QuantizedLinear
+    )
+    conversion.undo()
+    assert all(type(layer) is torch.nn.Linear for layer in (model[0], model[2].q_proj, model[2].k_proj))
+
+
 @pytest.fixture
 def attention(monkeypatch):
     import matmul.nn as mnn

@@ -374,6 +374,22 @@ def test_a_packed_weight_passes_gradients_to_its_input_and_bias():
         matmul.matmul(x.view(10, 256), qw.T, out=torch.empty(10, 200, dtype=torch.float16))
 
 
+@pytest.mark.parametrize("weight_format", ["int4", "int6", "fp8_e4m3"])
+def test_a_weight_with_an_infinity_or_nan_is_refused_and_zero_groups_are_exact(weight_format):
+    """A non-finite weight would make its group's scale inf or NaN and lose all 128 values of the
+    group (torch's fp16 product loses only the outputs it touches): refused at packing. A group of
+    zeros (a pruned row) has scale 0 and dequantizes to exact zeros, not NaN."""
+    w = torch.randn(64, 256, dtype=torch.float16)
+    w[3], w[5, :128] = 0, 0
+    dequantized = matmul.quantize(w, format=weight_format).dequantize()
+    assert torch.isfinite(dequantized).all() and not dequantized[3].any() and not dequantized[5, :128].any()
+    for value in (float("inf"), float("nan")):
+        bad = w.clone()
+        bad[7, 9] = value
+        with pytest.raises(MatmulInputError, match="1 infinite or NaN"):
+            matmul.quantize(bad, format=weight_format)
+
+
 def test_a_packed_weights_bias_and_out_are_checked_as_a_dense_ones():
     qw = matmul.quantize(torch.randn(200, 256, dtype=torch.float16))
     x = torch.randn(5, 256, dtype=torch.float16)

@@ -123,6 +123,12 @@ def quantize(w: torch.Tensor, format: str = "int4", group: Optional[int] = 128) 
     if w.dtype not in DTYPES:
         raise MatmulInputError(f"w must be float16 or bfloat16 (the activations' dtype), got {w.dtype}")
     n, k = w.shape
+    if not bool(torch.isfinite(w).all()):  # once, at packing: a scale of inf or NaN would spoil a whole group
+        bad = int((~torch.isfinite(w)).sum())
+        raise MatmulInputError(
+            f"w has {bad} infinite or NaN value(s); a group's scale would be non-finite and every value of "
+            "the group lost with it. Repair the checkpoint (or keep this layer in 16 bits)"
+        )
     if format == "fp8_e4m3":
         if group not in (None, 128, k):  # 128: quantize()'s default, which names int4's group
             raise MatmulInputError(f"fp8_e4m3 has one scale per row: group None or K = {k}, not {group}")
