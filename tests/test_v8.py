@@ -372,6 +372,11 @@ def test_a_packed_weight_passes_gradients_to_its_input_and_bias():
         assert ours.dtype == torch.float16 and (ours.float() - theirs).norm() / theirs.norm() < 4e-3
     with pytest.raises(MatmulInputError, match="automatic differentiation"):
         matmul.matmul(x.view(10, 256), qw.T, out=torch.empty(10, 200, dtype=torch.float16))
+    bias.grad = None  # a bias that learns under a frozen input: its gradient through torch's add
+    frozen = x.detach()
+    matmul.linear(frozen, qw, bias).float().backward(grad)
+    expected = grad.sum((0, 1))
+    assert (bias.grad.float() - expected).norm() / expected.norm() < 2e-3
 
 
 @pytest.mark.parametrize("weight_format", ["int4", "int6", "fp8_e4m3"])

@@ -276,8 +276,8 @@ def linear(
         raise MatmulInputError(f"weight must be a matmul.quant.QuantizedWeight, got {type(weight).__name__}")
     fused = bias is not None or activation is not None
     traced = torch.compiler.is_compiling()
-    if traced or recorded(x, bias):  # the operator: dynamo cannot trace the eager path; autograd
-        weight.check_for(x)  # differentiates it (the packed weight has no gradient, x and bias do)
+    if traced or recorded(x):  # the operator: dynamo cannot trace the eager path; autograd
+        weight.check_for(x)  # differentiates it (the packed weight has no gradient, x does)
         check_bias(bias, x, weight.shape[0])
         if out is not None and not traced:
             raise MatmulInputError(
@@ -344,10 +344,12 @@ def check_out(out: torch.Tensor, shape, x: torch.Tensor) -> None:
     check_no_internal_overlap(out)
 
 
-def recorded(x: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
-    """Whether autograd records ``linear(x, qw, bias)``: a gradient for x or the bias."""
+def recorded(x: torch.Tensor) -> bool:
+    """Whether autograd must record the product ``x @ qw.T``: a gradient for x. (The bias's gradient
+    comes through torch's add after the product on every path: a layer whose bias is a parameter,
+    run without ``torch.no_grad``, keeps the kept launch.)"""
     try:
-        return torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad))
+        return torch.is_grad_enabled() and x.requires_grad
     except AttributeError:  # not tensors: the full path's checks name the problem
         return False
 
