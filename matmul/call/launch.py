@@ -237,7 +237,7 @@ class Plans:
         runs cuBLAS at once; or False, so that it takes the Python path now: with no chooser, in
         ``MATMUL_TUNE=blocking`` (the caller asked to wait for the choice), inside a CUDA graph
         capture (nothing may start there), or where a plan or a failed derivation exists already."""
-        if not self._may_defer(a) or a.numel() == 0 or b.numel() == 0:  # empty: no plan; the Python path
+        if not self._may_defer(a):
             return False
         return self._queue(signature(a, b, None), a, b, None, PLAIN)
 
@@ -256,7 +256,7 @@ class Plans:
             return self.defer(a, b)
         if variant.activation == "swiglu" and b.shape[1] % (2 * SWIGLU_GROUP):
             return False
-        if not self._may_defer(a) or a.numel() == 0 or b.numel() == 0:
+        if not self._may_defer(a):
             return False
         return self._queue(fused_signature(a, b, None, bias, variant), a, b, bias, variant)
 
