@@ -132,6 +132,37 @@ def check_no_overlap(out_pointer: int, out_layout: tuple, name: str, pointer: in
         )
 
 
+def matrix_layout(t: torch.Tensor) -> tuple[int, tuple]:
+    """``t``'s base and ``layout`` as a matrix for ``overlaps``: its rows flattened where a view allows
+    (x [..., K] as [M, K]); else its whole span of elements as one row, which ``overlaps`` compares
+    by bytes."""
+    try:
+        return t.data_ptr(), layout(t.view(-1, t.shape[-1]) if t.dim() else t.view(1, 1))
+    except RuntimeError:  # rows no view can flatten
+        span = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) + 1
+        return t.data_ptr(), (1, span, span, 1, t.element_size())
+
+
+def check_apart(out: torch.Tensor, inputs: tuple) -> None:
+    """``check_no_overlap`` for ``out`` against each ``(name, tensor)`` of ``inputs`` of any number of
+    dimensions; a tensor of another element size is compared by its span of bytes."""
+    out_pointer, out_layout = matrix_layout(out)
+    for name, t in inputs:
+        if not (out.numel() and t.numel()):  # nothing to share
+            continue
+        pointer, input_layout = matrix_layout(t)
+        if input_layout[4] == out_layout[4]:
+            check_no_overlap(out_pointer, out_layout, name, pointer, input_layout)
+        else:  # another element size (a packed weight's int32 words): their spans of bytes
+            check_no_overlap(out_pointer, _byte_span(out_layout), name, pointer, _byte_span(input_layout))
+
+
+def _byte_span(matrix: tuple) -> tuple:
+    rows, cols, ld, unit, item = matrix
+    span = ((rows - 1) * ld + (cols - 1) * unit + 1) * item
+    return 1, span, span, 1, 1
+
+
 def check_no_internal_overlap(out: torch.Tensor) -> None:
     """``out`` must not hold one element in two places (a broadcast view, rows closer than their
     length): torch refuses to write such a tensor, and a kernel would leave only one of the values.

@@ -5,6 +5,7 @@ import torch
 
 from matmul.contract import (
     MatmulInputError,
+    check_apart,
     check_bias,
     check_call,
     check_no_internal_overlap,
@@ -102,6 +103,27 @@ def test_out_overlapping_an_input_is_named():
     with pytest.raises(MatmulInputError, match="out overlaps b"):
         check_call(b.clone(), b.T, b, require_cuda=False)  # out is the weight w behind b = w.T
     check_call(a, b, a.as_strided((64, 16), (48, 1), 16), require_cuda=False)  # the middle third: apart from a
+
+
+def test_out_of_any_dimensions_is_compared_by_its_rows_or_else_its_span():
+    """``check_apart``: tensors whose rows one view flattens exactly, as 2-D ones; others (and other
+    element sizes) by their spans of bytes, which refuses whatever lies between their rows too."""
+    buffer = torch.randn(2, 5, 456).half()
+    check_apart(buffer[..., 256:], (("x", buffer[..., :256]),))  # beside each other in every row
+    with pytest.raises(MatmulInputError, match="out overlaps x"):
+        check_apart(buffer[..., 255:455], (("x", buffer[..., :256]),))
+    blocks = torch.randn(4, 6, 8).half()
+    out = blocks[:, :3]  # [4, 3, 8] in a [4, 6, 8]: no view makes it a matrix
+    with pytest.raises(MatmulInputError, match="out overlaps x"):
+        check_apart(out, (("x", blocks[2, 1]),))
+    with pytest.raises(MatmulInputError, match="out overlaps x"):
+        check_apart(out, (("x", blocks[1, 4]),))  # between its rows, inside its span: refused too
+    check_apart(out, (("x", blocks[3, 4:]),))  # past its span
+    words = torch.zeros(64, dtype=torch.int32)
+    with pytest.raises(MatmulInputError, match="out overlaps w"):
+        check_apart(words.view(torch.float16)[100:].view(4, 7), (("w", words[60:]),))
+    check_apart(words.view(torch.float16)[:100].view(10, 10), (("w", words[50:]),))
+    check_apart(torch.empty(0, 5).half(), (("x", buffer),))  # nothing to share
 
 
 def test_a_plans_checks_give_cs_strides_without_allocating_it():

@@ -252,8 +252,8 @@ def _():
 
 @case("out overlapping a")
 def _():
-    a = randn(M, N + K)
-    return refused_by_torch(with_out(a[:, :N], a=a[:, N:])[0])
+    buffer = randn(M, 576)  # rows of 1152 bytes: a and out TMA-readable, so only the overlap is wrong
+    return refused_by_torch(with_out(buffer[:, 256 : 256 + N], a=buffer[:, :K])[0])
 
 
 @case("out on the CPU")
@@ -476,6 +476,31 @@ def _():
 @case("int4: out column-major")
 def _():
     return quantized_case(randn(5, QK), packed(), out=torch.empty(N, 5, device="cuda", dtype=F16).T)
+
+
+def packed_out_over_x(keep_first: bool):
+    """x [5, QK] and an out [5, N] over x's last 8 elements, both dense and aligned; with
+    ``keep_first``, a call without out first keeps V8's launch for x, which then takes the out."""
+    qw, buffer = packed(), randn(4000)
+    x, out = buffer[: 5 * QK].view(5, QK), buffer[5 * QK - 8 : 5 * QK - 8 + 5 * N].view(5, N)
+
+    def ours():
+        quant_linear.wait_until_built(F16, "int4", quant_linear.config_for(5, *qw.shape, "int4"))
+        if keep_first:
+            matmul.linear(x, qw)
+        return matmul.matmul(x, qw.T, out=out)
+
+    return refused_by_torch(ours)
+
+
+@case("int4: out overlapping x")
+def _():
+    return packed_out_over_x(keep_first=False)
+
+
+@case("int4: out overlapping x, after its launch was kept")
+def _():
+    return packed_out_over_x(keep_first=True)
 
 
 @case("int4: x requires grad")

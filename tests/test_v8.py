@@ -409,6 +409,26 @@ def test_a_packed_weights_bias_and_out_are_checked_as_a_dense_ones():
         matmul.linear(x, qw, torch.randn(200))
 
 
+def test_a_packed_products_out_must_not_share_memory_with_what_it_reads():
+    """V8 reads x, the packed words and the scales while it writes out: an out over any of them is
+    refused (as the dense path's), one beside them is written."""
+    qw = matmul.quantize(torch.randn(200, 256, dtype=torch.float16))
+    buffer = torch.randn(2, 5, 456, dtype=torch.float16)
+    x = buffer[..., :256]
+    with pytest.raises(MatmulInputError, match="out overlaps x"):
+        matmul.matmul(x[0], qw.T, out=buffer[0, :, 200:400])  # x's last 56 columns
+    with pytest.raises(MatmulInputError, match="out overlaps x"):
+        matmul.quant.linear.linear(x, qw, out=buffer[..., 200:400])  # 3-D, as x
+    with pytest.raises(MatmulInputError, match="out overlaps the packed weight"):
+        matmul.matmul(x[0], qw.T, out=qw.packed.view(torch.float16).view(-1)[:1000].view(5, 200))
+    long = matmul.quantize(torch.randn(200, 1280, dtype=torch.float16))  # scales [10, 256]: room for an out
+    with pytest.raises(MatmulInputError, match="out overlaps the weight's scales"):
+        matmul.matmul(torch.randn(5, 1280).half(), long.T, out=long.scales.view(-1)[:1000].view(5, 200))
+    out = buffer[0, :, 256:456]  # beside x in the same rows
+    assert matmul.matmul(x[0], qw.T, out=out) is out
+    torch.testing.assert_close(out.float(), x[0].float() @ qw.dequantize().float().T, atol=2e-2, rtol=2e-2)
+
+
 def test_a_packed_layers_gradients_under_torch_compile_are_the_eager_ones():
     """The operator's autograd formula is what a compiled training step differentiates (aot_eager:
     the graph torch.compile makes, run by torch); fullgraph: no break at the packed layer."""

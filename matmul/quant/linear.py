@@ -32,7 +32,7 @@ from typing import Optional
 
 import torch
 
-from ..contract import MatmulInputError, check_bias, check_no_internal_overlap
+from ..contract import MatmulInputError, check_apart, check_bias, check_no_internal_overlap
 from ..kernels import device_context, versions
 from ..kernels.child_built import ChildBuilt, capturing
 from ..kernels.variant import torch_epilogue
@@ -295,6 +295,7 @@ def linear(
     launch = _kept_launch(weight, x, out) if out is None or not fused else None
     if launch is not None:  # a signature seen before: at once
         if out is not None:
+            check_out_apart(out, x, weight)
             return launch(x, out)
         if bias is not None:  # the one operand the signature does not fix that the epilogue reads
             check_bias(bias, x, weight.shape[0])
@@ -311,6 +312,7 @@ def linear(
     target = None if fused else out
     if out is not None:
         check_out(out, (*lead, n), x)
+        check_out_apart(out, x, weight)
     kernel = built_kernel(x2, weight) if m and uses_v8(m, weight) else None
     y2 = target.view(m, n) if target is not None and target.is_contiguous() else None  # out, where dense
     if m == 0:
@@ -342,6 +344,11 @@ def check_out(out: torch.Tensor, shape, x: torch.Tensor) -> None:
             f"{out.device}"
         )
     check_no_internal_overlap(out)
+
+
+def check_out_apart(out: torch.Tensor, x: torch.Tensor, weight: QuantizedWeight) -> None:
+    """MatmulInputError if ``out`` shares memory with what V8 reads while it writes ``out``."""
+    check_apart(out, (("x", x), ("the packed weight", weight.packed), ("the weight's scales", weight.scales)))
 
 
 def recorded(x: torch.Tensor) -> bool:
