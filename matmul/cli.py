@@ -425,13 +425,21 @@ def tune_shapes(args) -> list[tuple[int, int, int]]:
     return list(dict.fromkeys(shapes))
 
 
-def still_to_tune(shapes, kept: dict, arch: str, gpu: str, dtype, variant) -> list:
+def still_to_tune(shapes, kept: dict, arch: str, gpu: str, dtype, variant) -> tuple[list, dict]:
     """The shapes of ``shapes`` whose bucket ``kept`` (the --out table's entries valid for these
-    sources) has no choice for: the rest are not measured again. The tuning itself cannot tell, since
-    it does not take an --out table's entries as measured."""
+    sources) has no choice for, and the version ``kept`` holds for each of the others: those are not
+    measured again. The tuning itself cannot tell, since it does not take an --out table's entries as
+    measured."""
     from .call.tuner import choice_key
 
-    return [shape for shape in shapes if choice_key(arch, gpu, dtype, *shape, variant) not in kept]
+    todo, versions_kept = [], {}
+    for shape in shapes:
+        entry = kept.get(choice_key(arch, gpu, dtype, *shape, variant))
+        if entry is None:
+            todo.append(shape)
+        else:
+            versions_kept[shape] = entry["version"]
+    return todo, versions_kept
 
 
 def kept_entries(path: Path, arch: str) -> dict:
@@ -451,7 +459,6 @@ def tune_command(args) -> int:
 
     from .call import api, choice_cache
     from .call.chooser import PROVENANCE
-    from .call.tuner import choice_key
     from .kernels.variant import PLAIN, Variant
 
     shapes = tune_shapes(args)
@@ -481,9 +488,8 @@ def tune_command(args) -> int:
 
     rows = []
     for dtype in dtypes:
-        todo = still_to_tune(shapes, kept, arch, machine["gpu"], dtype, variant)
-        for m, n, k in (shape for shape in shapes if shape not in todo):
-            version = kept[choice_key(arch, machine["gpu"], dtype, m, n, k, variant)]["version"]
+        todo, versions_kept = still_to_tune(shapes, kept, arch, machine["gpu"], dtype, variant)
+        for (m, n, k), version in versions_kept.items():
             rows.append([str(dtype).removeprefix("torch."), f"{m}x{n}x{k}", version, "kept"])
         found = api.tune(
             todo, dtype, device, variant=variant, use_shipped=not args.out, on_entry=arrived, narrow=args.narrow

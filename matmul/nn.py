@@ -63,7 +63,7 @@ import torch
 
 from .call.api import linear
 from .contract import DTYPES, TMA_ALIGN_BYTES, MatmulInputError
-from .kernels.variant import activate, gate_up, split_gate_up
+from .kernels.variant import activate, activation_name, gate_up, split_gate_up
 from .quant import FORMATS, QuantizedWeight, quantize
 
 __all__ = [
@@ -87,7 +87,7 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias=None, activation: O
     in 16 bits, it gets ``MatmulInputError``, which says to move it back.)"""
     if weight.dtype in DTYPES:
         return linear(x, weight, bias, activation)
-    return activate(torch.nn.functional.linear(x, weight, bias), "gelu_erf" if activation == "gelu" else activation)
+    return activate(torch.nn.functional.linear(x, weight, bias), activation_name(activation))
 
 
 class Linear(torch.nn.Linear):

@@ -666,9 +666,10 @@ def test_the_tune_command_measures_only_the_buckets_its_out_table_lacks():
 
     kept = {key(128, 4096, 4096): entry("v7"), key(16, 4096, 4096, torch.bfloat16): entry("v7")}
     shapes = [(128, 4096, 4096), (100, 4096, 4096), (16, 4096, 4096), (128, 6144, 4096)]
-    todo = cli.still_to_tune(shapes, kept, ARCH, GPU, torch.float16, PLAIN)
+    todo, versions_kept = cli.still_to_tune(shapes, kept, ARCH, GPU, torch.float16, PLAIN)
     assert todo == [(16, 4096, 4096), (128, 6144, 4096)]  # 100 is in 128's bucket; 16's entry is bfloat16's
-    assert cli.still_to_tune(shapes, kept, ARCH, GPU, torch.float16, Variant("kn")) == shapes
+    assert versions_kept == {(128, 4096, 4096): "v7", (100, 4096, 4096): "v7"}
+    assert cli.still_to_tune(shapes, kept, ARCH, GPU, torch.float16, Variant("kn")) == (shapes, {})
 
 
 def test_the_tune_command_keeps_its_out_tables_entries_decided_by_the_rules_as_they_stand(tmp_path):

@@ -47,7 +47,7 @@ import torch
 
 from ..contract import MatmulInputError, check_bias, check_call, check_empty_call, readable, tma_readable
 from ..kernels import versions
-from ..kernels.variant import PLAIN, SWIGLU_GROUP, Variant, activate
+from ..kernels.variant import PLAIN, SWIGLU_GROUP, Variant, activate, activation_name
 from ..quant import QuantizedWeight, TransposedWeight
 from . import batched, native_entry, shapes, torch_op, yielding
 from .choice_cache import Entry
@@ -152,8 +152,7 @@ def python_linear(
     kernels) and the activation in torch, which keeps what its derivative needs."""
     if not _is_compiling():  # the tuning child waits for calls to pause; a traced call stamps in the operator
         yielding.stamp_call()
-    if activation == "gelu":
-        activation = "gelu_erf"
+    activation = activation_name(activation)
     if isinstance(weight, QuantizedWeight):  # a quantized weight: its own path (matmul.quant)
         from ..quant import linear as quant_linear
 

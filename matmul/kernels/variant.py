@@ -117,6 +117,11 @@ def supported(module, variant: Variant) -> bool:
 # --- the same epilogue in torch ------------------------------------------------------------------
 
 
+def activation_name(activation: Optional[str]) -> Optional[str]:
+    """The epilogue's name for a user's ``activation``: "gelu" is the exact (erf) form, as in torch."""
+    return "gelu_erf" if activation == "gelu" else activation
+
+
 def activate(y: torch.Tensor, activation: Optional[str]) -> torch.Tensor:
     """``activation`` of y [..., N] as torch computes it (swiglu: of y's interleaved gate and up columns)."""
     if activation is None or activation == "":
