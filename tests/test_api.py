@@ -352,9 +352,10 @@ def test_matmul_cache_dir_also_moves_tilus_cache_unless_tilus_has_its_own(tmp_pa
 
 def test_a_change_to_a_tilus_fix_moves_tilus_cache_to_a_folder_of_its_own(monkeypatch):
     """tilus keys a built program by its IR alone: a fix that changes only the generated code (as
-    ``wgmma_descriptor_offsets`` did) must not find the kernels built before it. Any edit of a fix's
-    file, or another tilus release, names another folder; the same sources name the same one (a
-    cache built on one machine is found on another)."""
+    ``wgmma_descriptor_offsets`` did) must not find the kernels built before it. Any edit of a fix of
+    the code generator, or another tilus release, names another folder; the same sources name the
+    same one (a cache built on one machine is found on another). An edit of a fix of how kernels are
+    built or loaded (``CHANGES_GENERATED_CODE = False``) keeps the folder, and so the stored choices."""
     from pathlib import Path
 
     import tilus
@@ -364,9 +365,15 @@ def test_a_change_to_a_tilus_fix_moves_tilus_cache_to_a_folder_of_its_own(monkey
     before = tilus_fixes_key()
     assert tilus_fixes_key() == before and before.startswith("fixes-")
     read_bytes = Path.read_bytes
-    monkeypatch.setattr(Path, "read_bytes", lambda p: read_bytes(p) + (b"#" if p.name == "keep_ptx.py" else b""))
-    assert tilus_fixes_key() != before
-    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+
+    def edited(name):
+        monkeypatch.setattr(Path, "read_bytes", lambda p: read_bytes(p) + (b"#" if p.name == name else b""))
+        key = tilus_fixes_key()
+        monkeypatch.setattr(Path, "read_bytes", read_bytes)
+        return key
+
+    assert edited("wgmma_descriptor_offsets.py") != before
+    assert edited("keep_ptx.py") == before and edited("atomic_library.py") == before
     monkeypatch.setattr(tilus, "__version__", tilus.__version__ + ".post1")
     assert tilus_fixes_key() != before
 

@@ -10,6 +10,7 @@ import torch
 
 from matmul import build, tilus_fixes
 from matmul.kernels import versions
+from matmul.tilus_fixes import atomic_library
 
 
 @pytest.fixture
@@ -44,6 +45,7 @@ def test_fixes_are_applied_for_tilus_0_2_0():
     assert set(tilus_fixes.FIXES) == {
         "tma_sm90",
         "build_without_gpu",
+        "atomic_library",
         "keep_ptx",
         "serial_transpile",
         "serial_instantiation",
@@ -89,6 +91,40 @@ def test_build_without_gpu_needs_the_fix(fresh_cache):
     with tilus_fixes.disabled("build_without_gpu"):
         result = build_hopper_tma_kernel()
     assert not result.ok and "CUDA is not available" in result.error
+
+
+def test_a_library_appears_only_whole_with_the_fix(tmp_path):
+    """``atomic_library``: while the compiler writes a kernel's library, ``lib.so`` must not exist
+    (another process would find the program built and load it half written); once written, it is
+    there whole; a failed compile leaves nothing. The compiler here is a stand-in that writes the
+    library in two parts and looks at ``lib.so`` in between."""
+    library = tmp_path / "module" / "lib.so"
+    library.parent.mkdir()
+    seen = []
+
+    def compiler(source_file, output_library_file, target, *rest):
+        with open(output_library_file, "wb") as f:
+            f.write(b"first half;")
+            f.flush()
+            seen.append(library.exists())
+            f.write(b"second half")
+        if target == "fail":
+            raise RuntimeError("nvcc failed")
+
+    def compile_with_fixes(target):
+        atomic_library._compile_then_rename(compiler)("source.cu", str(library), target)
+
+    # tilus's build calls the fix's wrapper (its code, around the compile of the fixes before it)
+    assert tilus.drivers.compile_source.__code__ is atomic_library._compile_then_rename(print).__code__
+    compile_with_fixes("sm_90a")
+    assert seen == [False] and library.read_bytes() == b"first half;second half"
+    library.unlink()
+    with pytest.raises(RuntimeError, match="nvcc failed"):
+        compile_with_fixes("fail")
+    assert list(library.parent.iterdir()) == []  # no lib.so, no partial file
+    seen.clear()
+    compiler("source.cu", str(library), "sm_90a")  # tilus's own way: lib.so exists half written
+    assert seen == [True]
 
 
 def test_ptx_is_kept_only_with_the_fix(fresh_cache):

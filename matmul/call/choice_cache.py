@@ -65,18 +65,21 @@ def default_dir() -> Path:
 
 
 def tilus_fix_sources() -> list[Path]:
-    """The files of ``matmul/tilus_fixes/``, sorted: the package's patches of tilus's code generator,
-    which every kernel's build goes through (so they name the tilus cache folder, and they are part
-    of every stored choice's fingerprint, ``tuner.fingerprint_files``)."""
+    """The files of ``matmul/tilus_fixes/``'s patches of tilus's code generator, in the order they are
+    applied (which stacks them): every kernel's build goes through them, so they name the tilus
+    cache folder and are part of every stored choice's fingerprint (``tuner.fingerprint_files``).
+    Fixes of how a kernel is built or loaded, not of its code (``CHANGES_GENERATED_CODE = False``:
+    a lock, a file renamed once complete), are left out: a change to them neither rebuilds every
+    kernel nor makes a shipped table stale."""
     from .. import tilus_fixes
 
-    return sorted(Path(tilus_fixes.__file__).parent.glob("*.py"))
+    return [Path(m.__file__) for m in tilus_fixes.MODULES if getattr(m, "CHANGES_GENERATED_CODE", True)]
 
 
 def tilus_fixes_key() -> str:
     """The name of the tilus cache folder for this tilus release and these fixes of its code
-    generator (every file of ``tilus_fix_sources()``, by content): a change to either builds every
-    kernel again, in a folder of its own."""
+    generator (the files of ``tilus_fix_sources()``, by name, order and content): a change to
+    either builds every kernel again, in a folder of its own."""
     digest = hashlib.sha256(tilus.__version__.encode())
     for path in tilus_fix_sources():
         digest.update(path.name.encode() + b"\0" + path.read_bytes())

@@ -8,6 +8,8 @@ around, is guarded to the tilus release that has it, and can be taken out again
 
 * ``tma_sm90``: TMA loads are emitted with ``.cta_group::1``, which ptxas rejects for sm_90a;
 * ``build_without_gpu``: building needs ``torch.cuda.is_available()`` and a driver ``libcuda.so``;
+* ``atomic_library``: a kernel's ``lib.so`` is visible to other processes, which load it, while
+  nvcc is still writing it;
 * ``keep_ptx``: the PTX of a kernel is kept only when every IR pass is dumped too;
 * ``serial_transpile``: programs transpiled in forked workers fail tilus's loop-invariant hoisting;
 * ``serial_instantiation``: two threads transpiling at once share the transpiler's global builder
@@ -33,7 +35,10 @@ around, is guarded to the tilus release that has it, and can be taken out again
   to uniform registers half by half, where the stage is a loop-carried value nvcc cannot prove
   warp-uniform.
 
-Each module's docstring describes its fault and the work-around in full.
+Each module's docstring describes its fault and the work-around in full. A module that sets
+``CHANGES_GENERATED_CODE = False`` changes how kernels are built or loaded, not the code they are
+built to: it does not name the tilus cache folder nor make stored choices stale
+(``matmul.call.choice_cache.tilus_fix_sources``).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from typing import Iterator
 import tilus
 
 from . import (
+    atomic_library,
     build_without_gpu,
     fence_tall_accumulators,
     int4_bf16_cast,
@@ -67,6 +73,7 @@ FAULTY_RELEASES = ("0.2.0",)
 MODULES = (
     tma_sm90,
     build_without_gpu,
+    atomic_library,  # after build_without_gpu: it wraps that compile
     keep_ptx,
     serial_transpile,
     serial_instantiation,

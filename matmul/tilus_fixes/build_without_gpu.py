@@ -22,6 +22,8 @@ from pathlib import Path
 
 from .fix import Fix
 
+CHANGES_GENERATED_CODE = False  # where the compiler finds libcuda, not what it compiles
+
 # The one driver function tilus's host code calls. The stand-in defines it (failing, as a machine
 # without a GPU would) and carries the driver's soname, so that a library linked against it still
 # records "needs libcuda.so.1" and loads against the real driver on a GPU machine.

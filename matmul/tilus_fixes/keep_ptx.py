@@ -16,6 +16,8 @@ from pathlib import Path
 
 from .fix import Fix
 
+CHANGES_GENERATED_CODE = False  # files kept beside the library, not what it holds
+
 
 @functools.cache
 def _cuda_tool(name: str) -> str | None:

@@ -19,6 +19,8 @@ import threading
 
 from .fix import Fix
 
+CHANGES_GENERATED_CODE = False  # when kernels are instantiated, not what they are built to
+
 _lock = threading.RLock()
 
 
