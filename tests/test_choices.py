@@ -226,6 +226,14 @@ def test_the_package_ships_tables_that_name_their_command_date_and_machine(name)
     assert all(key.split("/")[1] == table["machine"]["gpu"] for key in table["entries"])  # keyed by its GPU
 
 
+def test_a_table_extended_by_another_command_names_every_command(tmp_path):
+    path = tmp_path / "table.json"
+    for command in ("tune --m 1", "tune --m 8", "tune --m 1"):
+        write_shipped(path, {}, command, {"gpu": GPU})
+    table = json.loads(path.read_text())
+    assert table["command"] == "tune --m 1" and table["commands"] == ["tune --m 8", "tune --m 1"]
+
+
 @pytest.mark.parametrize("name", ["h100.json", "h200.json"])
 def test_every_shipped_choice_is_what_the_tuners_rules_make_of_its_own_times(name):
     """A table made under an older rule (a smaller ``VENDOR_MARGIN``) is decided again from the times

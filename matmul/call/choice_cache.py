@@ -256,13 +256,20 @@ def read_shipped(path: Path) -> dict[str, Entry]:
 
 def write_shipped(path: Path, entries: dict[str, Entry], command: str, machine: dict[str, Any]) -> None:
     """Write a shipped table: ``entries`` (as ``choices.json`` holds them) with the ``command`` that
-    measured them, today's date and the ``machine`` (GPU, driver, torch, CUDA)."""
+    measured them, today's date and the ``machine`` (GPU, driver, torch, CUDA). A table extended or
+    resumed by another command keeps the earlier ones too (``commands``, in order)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        earlier = json.loads(path.read_text())
+        commands = earlier.get("commands") or [earlier["command"]]
+    except (OSError, ValueError, KeyError, AttributeError):
+        commands = []
     data = {
         "format": FORMAT,
         "tilus": tilus.__version__,
         "command": command,
+        "commands": [*(c for c in commands if c != command), command],
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine,
         "entries": dict(sorted(entries.items())),
