@@ -235,6 +235,20 @@ def test_a_table_extended_by_another_command_names_every_command(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["h100.json", "h200.json"])
+def test_a_shipped_table_whose_kernel_sources_changed_says_so(name):
+    """A table whose versions' entries were measured with other kernel sources is only a set of
+    instant choices, each bucket tuned again in the background at first use: the shipped README's
+    row for it must say "Stale" (and a table made again must not). (cuBLAS entries also depend on
+    torch's build, which this machine's need not be: only the series' entries are checked.)"""
+    shipped = Path(chooser.__file__).with_name("shipped")
+    table = json.loads((shipped / name).read_text())
+    series = [e for e in table["entries"].values() if e["version"] != tuner.VENDOR]
+    stale = [e["version"] for e in series if not tuner.entry_is_valid(ARCH, e)]
+    row = next(line for line in (shipped / "README.md").read_text().splitlines() if line.startswith(f"| `{name}`"))
+    assert bool(stale) == ("Stale" in row), f"{len(stale)} of {len(series)} series entries stale; row: {row[:80]}"
+
+
+@pytest.mark.parametrize("name", ["h100.json", "h200.json"])
 def test_every_shipped_choice_is_what_the_tuners_rules_make_of_its_own_times(name):
     """A table made under an older rule (a smaller ``VENDOR_MARGIN``) is decided again from the times
     it stores (``plots/h200/margin/redecide.py``) before it ships: no entry keeps a version the
