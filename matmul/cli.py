@@ -10,7 +10,7 @@ python -m matmul drop-in [--parts kn,linear,llama] [--out DIR] [--dtype float16|
 python -m matmul trace [--out DIR] [--calls N] [--wait-s S] [--repeats N] [--matmul-env VAR=VALUE,...]
                        [--parts block,trace,torch_alone,matmul_alone,alternating]
 python -m matmul tune [--model llama-3-8b] [--m 1-8192] [--shapes MxNxK,...] [--dtype float16,bfloat16]
-                      [--narrow] [--out FILE]
+                      [--narrow] [--out FILE] [--list-kernels --gpu NAME [--arch sm_90a]]
 """
 
 from __future__ import annotations
@@ -454,6 +454,31 @@ def kept_entries(path: Path, arch: str) -> dict:
     return {k: redecided(arch, e, int(key_parts(k)[2])) for k, e in found if entry_is_valid(arch, e)}
 
 
+def list_kernels(args, shapes, dtypes, variant) -> int:
+    """``tune --list-kernels``: print, as ``compile --kernels`` lines, the kernels that the same
+    narrowed tuning on a GPU named ``--gpu`` would build first (``Chooser.planned_builds``), so that
+    a machine without that GPU builds them and tilus's cache is carried to it."""
+    import json
+
+    from .call import api
+
+    if not args.gpu:
+        raise ValueError(
+            "--list-kernels needs --gpu, the name of the GPU the tuning will run on as torch names it "
+            "(torch.cuda.get_device_name()), e.g. --gpu 'NVIDIA H100 80GB HBM3'"
+        )
+    kept = kept_entries(Path(args.out), args.arch) if args.out else {}
+    suffix = [variant.key()] if variant.key() else []
+    for dtype in dtypes:
+        todo, _ = still_to_tune(shapes, kept, args.arch, args.gpu, dtype, variant)
+        planned = api._chooser.planned_builds(args.arch, args.gpu, dtype, todo, variant, use_shipped=not args.out)
+        name = str(dtype).removeprefix("torch.")
+        for version, config in planned:
+            if isinstance(config, dict):
+                print("|".join([version, json.dumps(config, sort_keys=True), name, *suffix]))
+    return 0
+
+
 def tune_command(args) -> int:
     import torch
 
@@ -464,6 +489,8 @@ def tune_command(args) -> int:
     shapes = tune_shapes(args)
     dtypes = [{"float16": torch.float16, "bfloat16": torch.bfloat16}[d.strip()] for d in args.dtype.split(",")]
     variant = Variant.parse(args.variant) if args.variant else PLAIN
+    if args.list_kernels:
+        return list_kernels(args, shapes, dtypes, variant)
     if versions.local_arch() is None:
         raise ValueError("tuning measures kernels on a Hopper or Blackwell GPU; there is none here")
     device = torch.device("cuda", torch.cuda.current_device())
@@ -721,6 +748,14 @@ def main(argv=None) -> int:
         help="write the measured entries as a shipped table (matmul/call/shipped/h100.json's format); "
         "shipped entries are not taken as measured then",
     )
+    p.add_argument(
+        "--list-kernels",
+        action="store_true",
+        help="measure nothing: print the kernels a --narrow tuning of these buckets on --gpu would build first, "
+        "as lines for 'compile --kernels', to build them on a machine without that GPU and carry the cache",
+    )
+    p.add_argument("--gpu", help="with --list-kernels: the GPU's name as torch gives it, e.g. 'NVIDIA H100 80GB HBM3'")
+    p.add_argument("--arch", default="sm_90a", help="with --list-kernels: the GPU's architecture (default sm_90a)")
     p.set_defaults(func=tune_command)
     args = parser.parse_args(argv)
     args.argv = argv

@@ -825,6 +825,54 @@ def test_tuning_up_front_narrowed_takes_the_buckets_own_stale_times_else_its_rel
     assert late.jobs[-1]["names"] == tuner.candidates(ARCH, 8000, 4096, 4096)  # not asked to narrow: in full
 
 
+def test_the_kernels_listed_for_a_narrowed_tuning_are_those_it_builds_first(tmp_path, monkeypatch):
+    """``Chooser.planned_builds`` (``tune --list-kernels``), computed without the GPU: the kernels a
+    narrowed tuning of the same buckets builds before it measures, none for a bucket with a fresh
+    choice or nothing to narrow from."""
+    monkeypatch.setattr(chooser, "PARALLEL_BUILDS", 4)
+    late = LateTuner()
+    late.finish.set()
+    timed = {
+        "v4": {"config": entry("v4")["config"], "call_ms": 1.0},
+        "v5": {"config": entry("v5")["config"], "call_ms": 2.0},
+        tuner.VENDOR: {"config": {}, "call_ms": 1.1},
+    }
+    stale = {**entry("v5", fresh=False), "candidates": {**timed, "v3": {"config": entry("v3")["config"], "call_ms": 1}}}
+    measured = {key(1024, 4096, 4096): {**entry("v4"), "candidates": timed}, key(128, 4096, 4096): stale}
+    built = []
+
+    def build_recorded(jobs, on_built):
+        built.extend((job["version"], job["config"]) for job in jobs)
+        build_here(jobs, on_built)
+
+    choose = make_chooser(tmp_path, measured, tune_jobs=late, mode="blocking", build_jobs=build_recorded)
+    # its own stale times (v3, v4); fresh (none); the nearest M's (v4); no relative (none)
+    shapes = [(128, 4096, 4096), (1000, 4096, 4096), (3000, 4096, 4096), (16, 8192, 4096)]
+    planned = choose.planned_builds(ARCH, GPU, torch.float16, shapes)
+    assert sorted(version for version, _ in planned) == ["v3", "v4"]
+    choose.tune(CPU, torch.float16, shapes, narrow=True, progress=False)
+    assert sorted(planned, key=str) == sorted(built, key=str)
+
+
+def test_tune_list_kernels_prints_compile_kernels_lines_for_the_named_gpu(monkeypatch, capsys):
+    from matmul import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["tune", "--shapes", "128x4096x4096", "--list-kernels"])
+    assert "--list-kernels needs --gpu" in capsys.readouterr().err
+    asked = []
+
+    def planned_builds(arch, gpu, dtype, shapes, variant, use_shipped):
+        asked.append((arch, gpu, dtype, shapes, variant.key()))
+        return [("v7", {"block_m": 16, "split": 2}), ("v0", None)]  # a version without a configuration: no line
+
+    monkeypatch.setattr(api._chooser, "planned_builds", planned_builds)
+    argv = ["tune", "--shapes", "128x4096x4096", "--list-kernels", "--gpu", "G", "--dtype", "bfloat16"]
+    assert cli.main([*argv, "--variant", "kn"]) == 0
+    assert capsys.readouterr().out.splitlines() == ['v7|{"block_m": 16, "split": 2}|bfloat16|kn']
+    assert asked == [("sm_90a", "G", torch.bfloat16, [(128, 4096, 4096)], "kn")]
+
+
 def test_an_unseen_call_deferred_by_the_native_entry_gets_its_plan_on_the_planners_thread(tmp_path, stand_ins):
     choose = make_chooser(tmp_path, shipped={key(128, 64, 32): entry(tuner.VENDOR)})
     path = stand_in_plans(choose)

@@ -473,6 +473,28 @@ class Chooser:
             self._tune(arch, dtype, device, jobs, memos, use_shipped, on_entry)
         return list(jobs)
 
+    def planned_builds(
+        self, arch: str, gpu: str, dtype, shapes, variant: Variant = PLAIN, use_shipped: bool = True
+    ) -> list[tuple[str, dict]]:
+        """The kernels (version, configuration) that ``tune(narrow=True)`` of ``shapes`` on a GPU named
+        ``gpu`` would build first (``_prebuild``), from the tables here and without that GPU: built
+        on another machine (``python -m matmul tune --list-kernels``, then ``compile --kernels``) and
+        carried in tilus's cache, they leave the GPU's time to the measuring. Buckets with a fresh
+        choice are left out, as ``tune`` leaves them; so are those with nothing to narrow from (a
+        full tuning, whose kernels tilus's search picks as it goes)."""
+        if self.cache is None:
+            self.cache = ChoiceCache()
+        wanted = {}
+        for m, n, k in shapes:
+            key = choice_key(arch, gpu, dtype, m, n, k, variant)
+            if self.fresh(arch, key, use_shipped) is not None:
+                continue
+            hint = self.hint(arch, key, m, n, k, variant)
+            job = narrowed(candidates(arch, m, n, k, variant), hint, arch, m) if hint is not None else {}
+            for version, config in (job.get("configs") or {}).items():
+                wanted[(version, json.dumps(config, sort_keys=True))] = (version, config)
+        return list(wanted.values())
+
     def _prebuild(self, arch: str, dtype, jobs: list[tuple[dict, Variant]]) -> None:
         """Build the kernels that narrowed ``jobs`` (each with its variant) will time, in
         ``PARALLEL_BUILDS`` build children at once, and open them here: the tuning child then finds
