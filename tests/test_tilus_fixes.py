@@ -111,16 +111,16 @@ def test_a_library_appears_only_whole_with_the_fix(tmp_path):
         if target == "fail":
             raise RuntimeError("nvcc failed")
 
-    def compile_with_fixes(target):
+    def compile_with_the_fix(target):
         atomic_library._compile_then_rename(compiler)("source.cu", str(library), target)
 
     # tilus's build calls the fix's wrapper (its code, around the compile of the fixes before it)
     assert tilus.drivers.compile_source.__code__ is atomic_library._compile_then_rename(print).__code__
-    compile_with_fixes("sm_90a")
+    compile_with_the_fix("sm_90a")
     assert seen == [False] and library.read_bytes() == b"first half;second half"
     library.unlink()
     with pytest.raises(RuntimeError, match="nvcc failed"):
-        compile_with_fixes("fail")
+        compile_with_the_fix("fail")
     assert list(library.parent.iterdir()) == []  # no lib.so, no partial file
     seen.clear()
     compiler("source.cu", str(library), "sm_90a")  # tilus's own way: lib.so exists half written

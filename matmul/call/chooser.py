@@ -251,9 +251,8 @@ class Chooser:
                     return arch, {**instant, "transient": True}
                 self.entries[memo] = (arch, instant)
                 if mode == "background":  # narrowed as ``tune(narrow=True)`` narrows
-                    job = tuning_job(key, arch, m, n, k, variant)
-                    if hint is not None and not from_another_gpu(key, hint):
-                        job.update(narrowed(job["names"], hint, arch, m))
+                    near = hint if hint is not None and not from_another_gpu(key, hint) else None
+                    job = narrowed_job(key, arch, m, n, k, variant, near)
                     self.tuner.submit(key, (memo, job), group=(arch, device, dtype))
                 return self.entries[memo]
         if in_capture:
@@ -455,11 +454,9 @@ class Chooser:
                         changed.add(memo)
                     self.entries[memo] = (arch, entry)
                 elif key not in jobs:
-                    jobs[key] = tuning_job(key, arch, m, n, k, variant)
-                    memos[key] = memo
                     hint = self.hint(arch, key, m, n, k, variant) if narrow else None
-                    if hint is not None:
-                        jobs[key].update(narrowed(jobs[key]["names"], hint, arch, m))
+                    jobs[key] = narrowed_job(key, arch, m, n, k, variant, hint)
+                    memos[key] = memo
             if jobs and capturing(device):
                 raise NotTunedError(
                     f"matmul() has no choice for {', '.join(jobs)} and cannot tune while a CUDA graph is being "
@@ -484,22 +481,17 @@ class Chooser:
         full tuning, whose kernels tilus's search picks as it goes)."""
         if self.cache is None:
             self.cache = ChoiceCache()
-        wanted = {}
+        jobs = []
         for m, n, k in shapes:
             key = choice_key(arch, gpu, dtype, m, n, k, variant)
-            if self.fresh(arch, key, use_shipped) is not None:
-                continue
-            hint = self.hint(arch, key, m, n, k, variant)
-            job = narrowed(candidates(arch, m, n, k, variant), hint, arch, m) if hint is not None else {}
-            for version, config in (job.get("configs") or {}).items():
-                wanted[(version, json.dumps(config, sort_keys=True))] = (version, config)
-        return list(wanted.values())
+            if self.fresh(arch, key, use_shipped) is None:
+                hint = self.hint(arch, key, m, n, k, variant)
+                jobs.append((narrowed_job(key, arch, m, n, k, variant, hint), variant))
+        return [(entry["version"], entry["config"]) for _, _, entry, _ in self._unbuilt(arch, dtype, jobs)]
 
-    def _prebuild(self, arch: str, dtype, jobs: list[tuple[dict, Variant]]) -> None:
-        """Build the kernels that narrowed ``jobs`` (each with its variant) will time, in
-        ``PARALLEL_BUILDS`` build children at once, and open them here: the tuning child then finds
-        each in tilus's disk cache. On a fresh machine building, not timing, is most of a narrowed
-        tuning, and the tuning child builds one kernel at a time."""
+    def _unbuilt(self, arch: str, dtype, jobs: list[tuple[dict, Variant]]) -> list[tuple]:
+        """The kernels that narrowed ``jobs`` (each with its variant) will time and this process has
+        not opened (or seen fail), each once: (arch, dtype, entry, variant)."""
         wanted = {}
         for job, variant in jobs:
             for version, config in (job.get("configs") or {}).items():
@@ -507,7 +499,14 @@ class Chooser:
                 program = program_key(arch, dtype, entry, variant)
                 if program not in self.programs and program not in self.failed:
                     wanted[program] = (arch, dtype, entry, variant)
-        todo = list(wanted.values())
+        return list(wanted.values())
+
+    def _prebuild(self, arch: str, dtype, jobs: list[tuple[dict, Variant]]) -> None:
+        """Build the kernels that narrowed ``jobs`` (each with its variant) will time (``_unbuilt``), in
+        ``PARALLEL_BUILDS`` build children at once, and open them here: the tuning child then finds
+        each in tilus's disk cache. On a fresh machine building, not timing, is most of a narrowed
+        tuning, and the tuning child builds one kernel at a time."""
+        todo = self._unbuilt(arch, dtype, jobs)
         threads = [
             threading.Thread(target=self._build_batch, args=(BUILD_GROUP, todo[i::PARALLEL_BUILDS]), daemon=True)
             for i in range(min(PARALLEL_BUILDS, len(todo)))
@@ -638,6 +637,14 @@ def tuning_job(key: str, arch: str, m: int, n: int, k: int, variant: Variant) ->
         job["variant"] = variant.key()
     if variant.batched:
         job["worker"] = BATCHED_WORKER
+    return job
+
+
+def narrowed_job(key: str, arch: str, m: int, n: int, k: int, variant: Variant, hint: Optional[Entry]) -> dict:
+    """``tuning_job`` for the bucket, narrowed by ``hint`` (``narrowed``) where there is one."""
+    job = tuning_job(key, arch, m, n, k, variant)
+    if hint is not None:
+        job.update(narrowed(job["names"], hint, arch, m))
     return job
 
 
