@@ -58,7 +58,6 @@ def test_fixes_are_applied_for_tilus_0_2_0():
         "wgmma_instruction_width",
         "wgmma_descriptor_offsets",
         "wgmma_uniform_descriptors",
-        "tensormap_prefetch",
     }
     assert all(fix.applied for fix in tilus_fixes.FIXES.values())
 
@@ -304,27 +303,6 @@ def test_a_k_loops_wgmma_descriptors_stay_uniform_only_with_the_fix(fresh_cache)
     moves = [sum(re.match(r"(@!?U?P\w+ )?R2UR\b", text) is not None for text in loop) for loop in loops]
     assert moves[0] <= 2 < 8 <= moves[1], moves
     assert len(loops[0]) < len(loops[1]) - 16, [len(loop) for loop in loops]
-
-
-def test_every_tensor_map_is_prefetched_before_the_first_copy_only_with_the_fix(fresh_cache):
-    """Hopper V8 takes three tensor maps (packed weight, scales, tokens): with the fix its PTX
-    prefetches each of them before the first TMA copy; tilus alone prefetches none. Hopper V0, which
-    has no tensor map, is emitted as before."""
-    module = versions.load("sm_90a", "v8")
-    fixed, faulty = build_with_and_without("tensormap_prefetch", module, module.REPRESENTATIVE, fresh_cache / "v8")
-    assert fixed.ok and faulty.ok
-    ptx = fixed.ptx()
-    tensor_maps = re.findall(r"\.param \.align \d+ \.b8 (\w+)\[128\]", ptx)
-    assert len(tensor_maps) == 3
-    prefetches = [match.start() for match in re.finditer(r"prefetch\.tensormap \[", ptx)]
-    assert len(prefetches) == 3 and max(prefetches) < ptx.index("cp.async.bulk.tensor")
-    assert "prefetch.tensormap" not in faulty.ptx()
-    plain = versions.load("sm_90a", "v0")
-    sources = [
-        (result.program_dir / "module" / "source.cu").read_text()
-        for result in build_with_and_without("tensormap_prefetch", plain, plain.REPRESENTATIVE, fresh_cache / "v0")
-    ]
-    assert sources[0] == sources[1] and "CUtensorMap" not in sources[0]
 
 
 def test_two_threads_instantiating_kernels_at_once_need_serial_instantiation():
