@@ -20,10 +20,12 @@ COMMANDS=(
     "--shapes ${SWIGLU%,} --variant swiglu --dtype float16,bfloat16"
     "--shapes $KN --variant kn --dtype float16,bfloat16"
 )
-for arguments in "${COMMANDS[@]}"; do
-    if [ -n "${LIST:-}" ]; then
+if [ -n "${LIST:-}" ]; then
+    for arguments in "${COMMANDS[@]}"; do
         python -m matmul tune $arguments --narrow --list-kernels --gpu "$GPU" 2>/dev/null
-    else
+    done | sort -u
+else
+    for arguments in "${COMMANDS[@]}"; do
         python -m matmul tune $arguments --narrow --out "$TABLE" || exit $?
-    fi
-done | { if [ -n "${LIST:-}" ]; then sort -u; else cat; fi; }
+    done
+fi
