@@ -11,19 +11,20 @@ its code generator in its own process (nothing in ``matmul/`` changes):
   (the next kernel may be scheduled from now on);
 * every launch goes through ``cudaLaunchKernelEx`` with ``programmaticStreamSerializationAllowed``.
 
-The chain timed: 16 int4 projections 4096 x 4096 at M = 1, each one's output the next one's input (so
-a wait that did not hold would read a stale input: the chain's last output is checked against a
-float32 chain on the dequantized weights), the 16 weights 138 MB together (more than L2 holds), in
-a CUDA graph replayed back to back, without PDL (a cache built as the project builds) and with it
-(a cache built here with the patches), each beside cuBLAS's fp16 chain of the same shape in the
-same process. One process a cache: tilus names a program by its IR, which the patches leave alone.
+The chains timed: 16 projections 4096 x 4096 at M = 1, each one's output the next one's input (so
+a wait that did not hold would read a stale input: each chain's last output is checked against a
+float32 chain), in int4 through V8 (its 16 weights 138 MB together, more than L2 holds) and in
+float16 through V7 (what a decode step runs), each in a CUDA graph replayed back to back, without
+PDL (a cache built as the project builds) and with it (a cache built here with the patches), beside
+cuBLAS's float16 chain in the same process. One process a cache: tilus names a program by its IR,
+which the patches leave alone.
 
     # on the CPU machine
-    MATMUL_CACHE_DIR=$PWD/.cache/pf  python plots/h200/v8-fixed-cost/pdl_probe.py --build-only
-    MATMUL_CACHE_DIR=$PWD/.cache/pdl python plots/h200/v8-fixed-cost/pdl_probe.py --build-only --pdl
-    # on the GPU (carry .gpu, .cache/pf, .cache/pdl)
-    MATMUL_CACHE_DIR=$PWD/.cache/pf  python plots/h200/v8-fixed-cost/pdl_probe.py
-    MATMUL_CACHE_DIR=$PWD/.cache/pdl python plots/h200/v8-fixed-cost/pdl_probe.py --pdl
+    MATMUL_CACHE_DIR=$PWD/.cache/nopdl python plots/h200/v8-fixed-cost/pdl_probe.py --build-only
+    MATMUL_CACHE_DIR=$PWD/.cache/pdl   python plots/h200/v8-fixed-cost/pdl_probe.py --build-only --pdl
+    # on the GPU (carry .gpu, .cache/nopdl, .cache/pdl; clean neither: the probe reads the sources)
+    MATMUL_CACHE_DIR=$PWD/.cache/nopdl python plots/h200/v8-fixed-cost/pdl_probe.py --out nopdl.json
+    MATMUL_CACHE_DIR=$PWD/.cache/pdl   python plots/h200/v8-fixed-cost/pdl_probe.py --pdl --out pdl.json
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from pathlib import Path
 import torch
 
 CONFIG = {"block_m": 8, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 64, "interleave": 1}
+V7_CONFIG = {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 8, "multicast": 1}  # the H200 table's at 1 token
 N = K = 4096
 LINKS = 16
 
@@ -66,19 +68,24 @@ def patch_code_generator() -> None:
     def launch_with_pdl(self, stmt):
         if stmt.target != "cuda":
             raise ValueError(f"PDL launches are CUDA's, not {stmt.target}'s")
-        # tilus's Text.format fills each "{}" in turn (no escapes): the literal braces here hold no "{}"
-        config = (
-            "cudaLaunchConfig_t config = {0}; config.gridDim = dim3({}); config.blockDim = dim3({}); "
-            "config.dynamicSmemBytes = {}; config.stream = (cudaStream_t)get_cuda_stream(); "
+        # tilus's Text.format fills each "{}" in turn (no escapes): the literal braces here hold no
+        # "{}". The launch's last line keeps tilus's own "dim3(threads, 1, 1), shared bytes,
+        # (cudaStream_t)" order, which the build report reads (matmul.build.compiler)
+        launch = (
+            "{ auto launch = [&](dim3 grid, dim3 block, size_t shared, cudaStream_t stream) { "
+            "cudaLaunchConfig_t config = {0}; config.gridDim = grid; config.blockDim = block; "
+            "config.dynamicSmemBytes = shared; config.stream = stream; "
             "cudaLaunchAttribute pdl[1]; pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization; "
             "pdl[0].val.programmaticStreamSerializationAllowed = 1; config.attrs = pdl; config.numAttrs = 1; "
+            "cudaLaunchKernelEx(&config, {}, {}); };\n"
+            "  launch(dim3({}), dim3({}), {}, (cudaStream_t)get_cuda_stream()); }"
         )
-        return NewLine() + Text("{ " + config + "cudaLaunchKernelEx(&config, {}, {}); }").format(
+        return NewLine() + Text(launch).format(
+            self.canonize_funcname(stmt.func_var.name),
+            self(stmt.args),
             self(stmt.grid_dim),
             self(stmt.block_dim),
             self(stmt.shared_mem_bytes),
-            self.canonize_funcname(stmt.func_var.name),
-            self(stmt.args),
         )
 
     UpdatedCUDACodeGen.visit_Function = with_wait_first
@@ -91,11 +98,11 @@ def programs_dir() -> Path:
     return Path(tilus.option.get_option("cache_dir"))
 
 
-def all_built_with_pdl() -> bool:
-    """Whether every program in this process's tilus cache was emitted with the patches (their
-    sources are kept: the cache of ``--pdl`` must not be cleaned before the run)."""
+def built_as(pdl: bool) -> bool:
+    """Whether every program in this process's tilus cache was emitted with the patches (``pdl``) or
+    every one without them (their sources are kept: neither cache may be cleaned before the run)."""
     sources = list(programs_dir().glob("**/programs/*/module/source.cu"))
-    return bool(sources) and all("griddepcontrol.wait" in s.read_text() for s in sources)
+    return bool(sources) and all(("griddepcontrol.wait" in s.read_text()) == pdl for s in sources)
 
 
 def build(pdl: bool) -> None:
@@ -104,56 +111,60 @@ def build(pdl: bool) -> None:
 
     if pdl:
         patch_code_generator()
+    from matmul.harness import roofline
+    from matmul.kernels import versions
+
     probe_configs.build_all(torch.float16, "int4", [(1, N, K)], [CONFIG])
-    if pdl and not all_built_with_pdl():
-        raise SystemExit("a program of this cache was built without the patches: build it into an empty cache")
+    roofline.prebuild(versions.load("sm_90a", "v7"), [V7_CONFIG], [torch.float16])
+    if not built_as(pdl):
+        raise SystemExit("this cache holds programs built the other way: build into an empty cache")
 
 
 def chain(pdl: bool, rounds: int) -> dict:
     import matmul
+    from matmul.harness import roofline
+    from matmul.kernels import versions
     from matmul.measure.correctness import relative_error
     from matmul.quant import linear as quant_linear
 
-    if pdl and not all_built_with_pdl():
-        raise SystemExit("this cache holds programs built without the patches: pass it --pdl's own cache")
+    if not built_as(pdl):
+        raise SystemExit("this cache holds programs built the other way: with --pdl, pass the --pdl build's cache")
     gen = torch.Generator().manual_seed(0)
     weights = [(torch.randn(N, K, generator=gen) / K**0.5).half().cuda() for _ in range(LINKS)]
     packed = [matmul.quantize(w) for w in weights]
     dequantized = [qw.dequantize() for qw in packed]
     x = torch.randn(1, K, generator=gen).half().cuda()
-    acts = [x] + [torch.empty(1, N, dtype=torch.float16, device="cuda") for _ in range(LINKS)]
     [built] = quant_linear.wait_until_all_built([(torch.float16, "int4", CONFIG)])
     if not built:
         raise SystemExit("V8 did not build")
-
-    def ours():
-        for i, qw in enumerate(packed):
-            quant_linear.v8(acts[i], qw, acts[i + 1], CONFIG)
-
-    def theirs():
-        y = x
-        for w in dequantized:
-            y = torch.matmul(y, w.T)
-        return y
-
-    ours()
-    torch.cuda.synchronize()
-    exact = x.float()
-    for w in dequantized:
-        exact = exact @ w.float().T
-    error = relative_error(acts[-1], exact)
-    graphs = {}
-    for name, fn in (("v8", ours), ("cublas", theirs)):
-        fn()
+    v7 = versions.load("sm_90a", "v7")
+    chains = {}  # name: (the links, one function a projection; the chain's output; its float32 value)
+    for name, ws in (("v8", packed), ("v7", weights), ("cublas", weights)):
+        acts = [x] + [torch.empty(1, N, dtype=torch.float16, device="cuda") for _ in range(LINKS)]
+        if name == "v8":
+            links = [functools.partial(quant_linear.v8, acts[i], qw, acts[i + 1], CONFIG) for i, qw in enumerate(ws)]
+        elif name == "v7":
+            links = [roofline.launcher(v7, acts[i], w, acts[i + 1], V7_CONFIG) for i, w in enumerate(ws)]
+        else:
+            links = [functools.partial(torch.matmul, acts[i], w.T, out=acts[i + 1]) for i, w in enumerate(ws)]
+        exact = x.float()
+        for w in dequantized if name == "v8" else ws:
+            exact = exact @ w.float().T
+        chains[name] = (links, acts[-1], exact)
+    errors, graphs = {}, {}
+    for name, (links, last, exact) in chains.items():
+        for link in links:
+            link()
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            fn()
+            for link in links:
+                link()
+        last.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        errors[name] = relative_error(last, exact)
         graphs[name] = graph
-    acts[-1].fill_(float("nan"))
-    graphs["v8"].replay()
-    torch.cuda.synchronize()
-    replay_error = relative_error(acts[-1], exact)
     times = {name: [] for name in graphs}
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for r in range(rounds):
@@ -172,11 +183,10 @@ def chain(pdl: bool, rounds: int) -> dict:
         "gpu": torch.cuda.get_device_name(),
         "links": LINKS,
         "shape": [1, N, K],
-        "config": CONFIG,
-        "error": error,
-        "graph_error": replay_error,
+        "configs": {"v8": CONFIG, "v7": V7_CONFIG},
+        "graph_errors": errors,
         "us_per_link": median,
-        "x_cublas": median["cublas"] / median["v8"],
+        "x_cublas": {name: median["cublas"] / median[name] for name in ("v8", "v7")},
         "rounds_us": times,
     }
 
