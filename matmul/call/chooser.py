@@ -228,9 +228,13 @@ class Chooser:
         arch, entry = found
         return arch, self._now(arch, dtype, variant, device, entry, m)
 
-    def _choose(self, device, dtype, m, n, k, variant, memo) -> tuple[str, Entry]:
+    def _locate_cache(self) -> None:
+        """The choice cache, located when first needed (``MATMUL_CACHE_DIR`` may be set late)."""
         if self.cache is None:
-            self.cache = ChoiceCache()  # located when first needed: MATMUL_CACHE_DIR may be set late
+            self.cache = ChoiceCache()
+
+    def _choose(self, device, dtype, m, n, k, variant, memo) -> tuple[str, Entry]:
+        self._locate_cache()
         arch = self.arch_of(device)
         key = choice_key(arch, self.gpu_name(device), dtype, m, n, k, variant)
         in_capture = capturing(device)
@@ -322,8 +326,7 @@ class Chooser:
         from tqdm import tqdm
 
         arch, gpu = self.arch_of(device), self.gpu_name(device)
-        if self.cache is None:
-            self.cache = ChoiceCache()
+        self._locate_cache()
         keys = {choice_key(arch, gpu, dtype, *shape, variant) for shape in shapes}
         todo = [key for key in keys if self.fresh(arch, key, use_shipped) is None]
         bar = tqdm(total=len(todo), desc="[tune]", unit="bucket", disable=None if progress is None else not progress)
@@ -438,8 +441,7 @@ class Chooser:
         ``on_entry(key, entry)`` as each arrives (a progress bar). ``narrow``: each bucket is timed
         among the candidates that came close in its own stale measurement, else in its nearest
         relative (``hint``), as a background tuning is; a full tuning where there is neither."""
-        if self.cache is None:
-            self.cache = ChoiceCache()
+        self._locate_cache()
         arch = self.arch_of(device)
         gpu = self.gpu_name(device)
         changed = set()
@@ -479,8 +481,7 @@ class Chooser:
         carried in tilus's cache, they leave the GPU's time to the measuring. Buckets with a fresh
         choice are left out, as ``tune`` leaves them; so are those with nothing to narrow from (a
         full tuning, whose kernels tilus's search picks as it goes)."""
-        if self.cache is None:
-            self.cache = ChoiceCache()
+        self._locate_cache()
         jobs = []
         for m, n, k in shapes:
             key = choice_key(arch, gpu, dtype, m, n, k, variant)
