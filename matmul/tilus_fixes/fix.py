@@ -25,9 +25,10 @@ class Fix:
         if self.applied:
             return
         for module, attr, make in self.patches:
-            # the attribute as stored (a class's staticmethod stays one when it is put back)
+            # the attribute as stored (a class's staticmethod stays one when it is put back); None
+            # where tilus has none (a method the fix adds), which revert removes as an inherited one
             own = attr in vars(module)
-            original = vars(module)[attr] if own else getattr(module, attr)
+            original = vars(module)[attr] if own else getattr(module, attr, None)
             self.originals.append((module, attr, original, own))
             setattr(module, attr, make(original))
 
@@ -35,7 +36,7 @@ class Fix:
         for module, attr, original, own in reversed(self.originals):
             if own:
                 setattr(module, attr, original)
-            else:  # an inherited method: the class inherits it again
+            else:  # an inherited method: the class inherits it again (or an added one: gone again)
                 delattr(module, attr)
         self.originals.clear()
 

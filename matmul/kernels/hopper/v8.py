@@ -195,11 +195,15 @@ class Kernel(PackedWeightKernel):
         chunk: int = 64,
         interleave: int = 1,
         weight: str = "int4",
+        prefetch: int = 0,
         b_layout: str = "nk",
         bias: bool = False,
         activation: str = "",
     ):
         super().__init__(dtype, b_layout=b_layout, bias=bias, activation=activation)
+        # 1: once the ring's first fill is issued, the producer asks for the weight tiles of the rest
+        # of its K range into L2 at once (``prefetch_weight``); 0: they come stage by stage
+        self.prefetch = prefetch
         self.block_m = block_m
         self.warpgroups = warpgroups
         self.split = split
@@ -302,6 +306,8 @@ class Kernel(PackedWeightKernel):
                             mbarrier=ring.producer_barrier(),
                         )
                 ring.producer_advance()
+                if self.prefetch and i == self.stages - 1:  # the ring is full: ask for the rest
+                    self.prefetch_weight(g_w, s_w[0, 0], offset_m, offset_n, k_blocks)
 
         # consumer warpgroup c (up to 4, written out: a kernel's loops run on the device, and a
         # consumer's slab and turn shape its code) takes slab c // interleave, turn c % interleave
@@ -317,6 +323,25 @@ class Kernel(PackedWeightKernel):
         with self.warp_group(warp_begin=0, num_warps=4):
             reduce.write(rank, g_c, offset_m, offset_n, self.epilogue)
         reduce.exit_barrier()  # no CTA leaves while a peer's copy may still read its partial tile
+
+    def prefetch_weight(
+        self, g_w: GlobalTensor, box: SharedTensor, offset_m: int32, offset_n: int32, k_blocks: SplitKRange
+    ):
+        """Ask for the packed tiles of this CTA's K range past the ring's first fill (blocks ``stages x
+        interleave`` on) into L2, without shared memory or a barrier: the ring's loads of them then
+        meet L2, so a CTA has its whole range in flight from the start instead of ``stages`` tiles
+        (one CTA an SM at 4096 x 4096 keeps 16 KiB in flight: plots/h100/v8/bound/). The first token
+        tile's CTAs ask; the others of its weight tile run beside them and meet the same lines."""
+        if offset_m == 0:
+            ring_fill = self.stages * self.interleave  # the blocks the ring's first fill brings
+            for j in range(k_blocks.count - ring_fill):  # none where the range is no longer
+                for wg in range(self.warpgroups):
+                    row_tile = (offset_n + 64 * wg) // TILE_ROWS
+                    self.tma.prefetch_to_l2(
+                        src=g_w,
+                        box=box,
+                        offsets=[row_tile * self.word_rows, (k_blocks.first + ring_fill + j) * self.word_cols],
+                    )
 
     def weight_view(self, b_ptr: void_p, ldb: int32, n_pad: int32, k_size: int32) -> GlobalTensor:
         """The packed weight as the int32 matrix whose [word_rows, word_cols] boxes are its tiles (module
