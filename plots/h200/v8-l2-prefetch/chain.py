@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "h100" / "v8"))
 import probe_configs  # noqa: E402
 
-CONFIGS = "8/1/2/4/64/1,8/1/2/4/64/1/1,16/1/2/4/64/1,16/1/2/4/64/1/1"
+CONFIGS = "8/1/2/4/64/1,8/1/2/4/64/1/4,8/1/2/4/64/1/8,16/1/2/4/64/1,16/1/2/4/64/1/4"
 
 
 def parse(text: str) -> list[dict]:

@@ -4,7 +4,7 @@
 set -u
 export MATMUL_CACHE_DIR=$PWD/.cache/l2p
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/machine.txt"
-CONFIGS=8/1/2/4/64/1,8/1/2/4/64/1/1,8/1/2/2/64/1/1,8/1/2/4/64/2,8/1/2/4/64/2/1,16/1/2/4/64/1,16/1/2/4/64/1/1,16/1/2/4/64/4,16/1/2/4/64/4/1
+CONFIGS=8/1/2/4/64/1,8/1/2/4/64/1/4,8/1/2/4/64/1/8,8/1/2/2/64/1/4,8/1/2/4/64/2,8/1/2/4/64/2/4,16/1/2/4/64/1,16/1/2/4/64/1/4,16/1/2/4/64/1/8,16/1/2/4/64/4,16/1/2/4/64/4/4
 SHAPES=1x4096x4096,1x6144x4096,1x28672x4096,1x4096x14336,16x4096x4096,16x6144x4096,16x28672x4096,16x4096x14336
 timeout 400 python plots/h100/v8/probe_configs.py "$OUT" --no-prebuild --configs $CONFIGS --shapes $SHAPES > "$OUT/flushed-log.txt" 2>&1
 echo "flushed exit $?" >> "$OUT/flushed-log.txt"
