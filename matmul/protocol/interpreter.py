@@ -41,7 +41,6 @@ NO_OPS = {
     "Tcgen05DeallocInst",
     "Tcgen05RelinquishAllocPermitInst",
     "FenceProxyAsyncReleaseInst",
-    "TmaPrefetchL2Inst",  # into L2 only: no shared memory, no barrier (matmul.tilus_fixes.tma_l2_prefetch)
 }
 
 

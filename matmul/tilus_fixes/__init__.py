@@ -33,9 +33,7 @@ around, is guarded to the tilus release that has it, and can be taken out again
   the full address, where the tile's base descriptor plus a constant would do;
 * ``wgmma_uniform_descriptors``: in a K loop each wgmma's descriptors are built per thread and moved
   to uniform registers half by half, where the stage is a loop-carried value nvcc cannot prove
-  warp-uniform;
-* ``tma_l2_prefetch``: there is no TMA prefetch into L2 (a kernel asking for the tiles its ring
-  will load later, without shared memory or a barrier for them).
+  warp-uniform.
 
 Each module's docstring describes its fault and the work-around in full. A module that sets
 ``CHANGES_GENERATED_CODE = False`` changes how kernels are built or loaded, not the code they are
@@ -60,7 +58,6 @@ from . import (
     serial_instantiation,
     serial_transpile,
     tcgen05_tmem_a,
-    tma_l2_prefetch,
     tma_sm90,
     wgmma_descriptor_offsets,
     wgmma_instruction_width,
@@ -89,7 +86,6 @@ MODULES = (
     wgmma_instruction_width,
     wgmma_descriptor_offsets,
     wgmma_uniform_descriptors,  # after wgmma_register_a: it patches that emitter too
-    tma_l2_prefetch,
 )
 
 FIXES: dict[str, Fix] = {}

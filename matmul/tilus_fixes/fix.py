@@ -25,10 +25,9 @@ class Fix:
         if self.applied:
             return
         for module, attr, make in self.patches:
-            # the attribute as stored (a class's staticmethod stays one when it is put back); None
-            # where tilus has none (a method the fix adds), which revert removes as an inherited one
+            # the attribute as stored (a class's staticmethod stays one when it is put back)
             own = attr in vars(module)
-            original = vars(module)[attr] if own else getattr(module, attr, None)
+            original = vars(module)[attr] if own else getattr(module, attr)
             self.originals.append((module, attr, original, own))
             setattr(module, attr, make(original))
 
@@ -36,7 +35,7 @@ class Fix:
         for module, attr, original, own in reversed(self.originals):
             if own:
                 setattr(module, attr, original)
-            else:  # an inherited method: the class inherits it again (or an added one: gone again)
+            else:  # an inherited method: the class inherits it again
                 delattr(module, attr)
         self.originals.clear()
 

@@ -195,15 +195,11 @@ class Kernel(PackedWeightKernel):
         chunk: int = 64,
         interleave: int = 1,
         weight: str = "int4",
-        prefetch: int = 0,
         b_layout: str = "nk",
         bias: bool = False,
         activation: str = "",
     ):
         super().__init__(dtype, b_layout=b_layout, bias=bias, activation=activation)
-        # d > 0: as the producer loads a stage, it asks for the weight tiles of the stage d later into
-        # L2 (``prefetch_weight``); 0: they come with their stage
-        self.prefetch = prefetch
         self.block_m = block_m
         self.warpgroups = warpgroups
         self.split = split
@@ -306,8 +302,6 @@ class Kernel(PackedWeightKernel):
                             mbarrier=ring.producer_barrier(),
                         )
                 ring.producer_advance()
-                if self.prefetch:
-                    self.prefetch_weight(g_w, s_w[0, 0], offset_m, offset_n, k_blocks, i + self.prefetch, turns)
 
         # consumer warpgroup c (up to 4, written out: a kernel's loops run on the device, and a
         # consumer's slab and turn shape its code) takes slab c // interleave, turn c % interleave
@@ -323,34 +317,6 @@ class Kernel(PackedWeightKernel):
         with self.warp_group(warp_begin=0, num_warps=4):
             reduce.write(rank, g_c, offset_m, offset_n, self.epilogue)
         reduce.exit_barrier()  # no CTA leaves while a peer's copy may still read its partial tile
-
-    def prefetch_weight(
-        self,
-        g_w: GlobalTensor,
-        box: SharedTensor,
-        offset_m: int32,
-        offset_n: int32,
-        k_blocks: SplitKRange,
-        turn: int32,
-        turns: int32,
-    ):
-        """Ask for the packed tiles of stage ``turn`` of this CTA's K range into L2, without shared
-        memory or a barrier, ``prefetch`` stages before the ring loads them: they then meet L2, so
-        a CTA keeps more of its range in flight than its ring holds (one CTA an SM at 4096 x 4096
-        keeps 16 KiB in flight: plots/h100/v8/bound/). The first token tile's CTAs ask; the others
-        of its weight tile run beside them and meet the same lines."""
-        if offset_m == 0 and turn < turns:
-            for t in range(self.interleave):
-                for wg in range(self.warpgroups):
-                    row_tile = (offset_n + 64 * wg) // TILE_ROWS
-                    self.tma.prefetch_to_l2(
-                        src=g_w,
-                        box=box,
-                        offsets=[
-                            row_tile * self.word_rows,
-                            (k_blocks.first + turn * self.interleave + t) * self.word_cols,
-                        ],
-                    )
 
     def weight_view(self, b_ptr: void_p, ldb: int32, n_pad: int32, k_size: int32) -> GlobalTensor:
         """The packed weight as the int32 matrix whose [word_rows, word_cols] boxes are its tiles (module

@@ -25,7 +25,7 @@ from matmul.measure.correctness import poisoned_output, relative_error
 from matmul.measure.timing import interleaved_ms
 from matmul.quant import linear as quant_linear
 
-CONFIG_KEYS = ("block_m", "warpgroups", "split", "stages", "chunk", "interleave", "prefetch")  # interleave: 1 if left out
+CONFIG_KEYS = ("block_m", "warpgroups", "split", "stages", "chunk", "interleave")  # interleave: 1 if left out
 SHAPES = ((1, 4096, 4096), (16, 4096, 4096), (1, 28672, 4096), (16, 28672, 4096), (1, 4096, 14336))
 
 
@@ -40,7 +40,7 @@ def main(argv=None) -> None:
         "--configs",
         default="all",
         help="all: the int4 space; chosen: the call's configuration; "
-        "else block_m/warpgroups/split/stages/chunk[/interleave[/prefetch]],...",
+        "else block_m/warpgroups/split/stages/chunk[/interleave],...",
     )
     parser.add_argument("--shapes", type=shape_list, default=SHAPES)
     parser.add_argument("--ncu", action="store_true", help="one launch each, nothing else on the GPU")

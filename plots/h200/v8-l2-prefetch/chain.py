@@ -54,7 +54,9 @@ def chains(m: int, n: int, links: int, configs: list[dict], rounds: int) -> dict
         if config is None:
             steps = [functools.partial(torch.matmul, acts[i], w.T, out=acts[i + 1]) for i, w in enumerate(dequantized)]
         else:
-            steps = [functools.partial(quant_linear.v8, acts[i], qw, acts[i + 1], config) for i, qw in enumerate(packed)]
+            steps = [
+                functools.partial(quant_linear.v8, acts[i], qw, acts[i + 1], config) for i, qw in enumerate(packed)
+            ]
         for step in steps:
             step()
         torch.cuda.synchronize()
