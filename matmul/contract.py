@@ -206,8 +206,7 @@ def _check_out(out, a: torch.Tensor, m: int, n: int, inputs: tuple) -> torch.Ten
         )
     _check_row_major("out", out)
     check_no_internal_overlap(out)
-    for name, t in inputs:
-        check_no_overlap(out.data_ptr(), layout(out), name, t.data_ptr(), layout(t))
+    check_apart(out, inputs)
     return out
 
 
