@@ -153,30 +153,9 @@ def chain(pdl: bool, rounds: int) -> dict:
         chains[name] = (links, acts[-1], exact)
     errors, graphs = {}, {}
     for name, (links, last, exact) in chains.items():
-        for link in links:
-            link()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for link in links:
-                link()
-        last.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
+        graphs[name] = captured(links, last)
         errors[name] = relative_error(last, exact)
-        graphs[name] = graph
-    times = {name: [] for name in graphs}
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for r in range(rounds):
-        for name in graphs if r % 2 == 0 else reversed(list(graphs)):
-            for _ in range(3):
-                graphs[name].replay()
-            start.record()
-            for _ in range(20):
-                graphs[name].replay()
-            stop.record()
-            stop.synchronize()
-            times[name].append(start.elapsed_time(stop) / 20 / LINKS * 1e3)
+    times = replay_rounds(graphs, rounds, LINKS)
     median = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
     return {
         "pdl": pdl,
@@ -189,6 +168,40 @@ def chain(pdl: bool, rounds: int) -> dict:
         "x_cublas": {name: median["cublas"] / median[name] for name in ("v8", "v7")},
         "rounds_us": times,
     }
+
+
+def captured(steps: list, last: torch.Tensor) -> "torch.cuda.CUDAGraph":
+    """``steps`` run once (each kernel loaded), then captured in a CUDA graph, replayed once into a
+    ``last`` poisoned first (the caller checks it)."""
+    for step in steps:
+        step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for step in steps:
+            step()
+    last.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
+def replay_rounds(graphs: dict, rounds: int, links: int) -> dict:
+    """Each graph's microseconds a link in each of ``rounds`` windows (3 replays to warm, then 20
+    timed), the graphs taken in turn, in reverse order every other round."""
+    times = {name: [] for name in graphs}
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for r in range(rounds):
+        for name in graphs if r % 2 == 0 else reversed(list(graphs)):
+            for _ in range(3):
+                graphs[name].replay()
+            start.record()
+            for _ in range(20):
+                graphs[name].replay()
+            stop.record()
+            stop.synchronize()
+            times[name].append(start.elapsed_time(stop) / 20 / links * 1e3)
+    return times
 
 
 def main(argv=None) -> int:

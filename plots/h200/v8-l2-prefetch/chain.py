@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "h100" / "v8"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "v8-fixed-cost"))
+import pdl_probe  # noqa: E402
 import probe_configs  # noqa: E402
 
 CONFIGS = "8/1/2/4/64/1,8/1/2/4/64/1/4,8/1/2/4/64/1/8,16/1/2/4/64/1,16/1/2/4/64/1/4"
@@ -57,30 +59,9 @@ def chains(m: int, n: int, links: int, configs: list[dict], rounds: int) -> dict
             steps = [
                 functools.partial(quant_linear.v8, acts[i], qw, acts[i + 1], config) for i, qw in enumerate(packed)
             ]
-        for step in steps:
-            step()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for step in steps:
-                step()
-        acts[-1].fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
+        graphs[name] = pdl_probe.captured(steps, acts[-1])
         errors[name] = relative_error(acts[-1], exact)
-        graphs[name] = graph
-    times = {name: [] for name in graphs}
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for r in range(rounds):
-        for name in graphs if r % 2 == 0 else reversed(list(graphs)):
-            for _ in range(3):
-                graphs[name].replay()
-            start.record()
-            for _ in range(20):
-                graphs[name].replay()
-            stop.record()
-            stop.synchronize()
-            times[name].append(start.elapsed_time(stop) / 20 / links * 1e3)
+    times = pdl_probe.replay_rounds(graphs, rounds, links)
     median = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
     return {
         "m": m,
