@@ -1445,6 +1445,46 @@ def test_a_stored_choice_goes_stale_only_with_the_sources_its_version_is_built_f
     assert all(tuner.fingerprint.__wrapped__(ARCH, v) != before[v] for v in ("v6", "v7"))
 
 
+def test_a_fingerprint_reads_every_import_of_a_source_once_a_version_of_it(tmp_path, monkeypatch):
+    """A version's fingerprint follows its imports wherever they stand (a function's own, a branch,
+    a handler, a class body), and a file is parsed once until it changes (the first call's planner
+    holds the GIL while it parses)."""
+    source = tmp_path / "kernel.py"
+    source.write_text(
+        "import pipeline.schedulers\n"
+        "from pipeline import cluster_reduce, dsmem\n"
+        "from .v5 import staging_columns\n"
+        "try:\n    import pipeline.clc\nexcept ImportError:\n    from pipeline import turns\n"
+        "else:\n    pass\nfinally:\n    import pipeline.broadcast\n"
+        "if True:\n    pass\nelse:\n    import pipeline.tma_store\n"
+        "def f():\n    for _ in ():\n        with open(0) as x:\n            from pipeline.epilogue import y\n"
+        "class K:\n    def g(self):\n        import pipeline.mainloop\n"
+    )
+    assert set(tuner._imports(source)) == {
+        (0, None, ("pipeline.schedulers",)),
+        (0, "pipeline", ("cluster_reduce", "dsmem")),
+        (1, "v5", ("staging_columns",)),
+        (0, None, ("pipeline.clc",)),
+        (0, "pipeline", ("turns",)),
+        (0, None, ("pipeline.broadcast",)),
+        (0, None, ("pipeline.tma_store",)),
+        (0, "pipeline.epilogue", ("y",)),
+        (0, None, ("pipeline.mainloop",)),
+    }
+    found = {path.name for path in tuner._pipeline_imports([source])}
+    assert {"__init__.py", "cluster_reduce.py", "turns.py", "tma_store.py", "epilogue.py", "mainloop.py"} <= found
+
+    parses = []
+    parse = ast.parse
+    monkeypatch.setattr(ast, "parse", lambda text, *a, **k: parses.append(1) or parse(text, *a, **k))
+    tuner._imports_of.cache_clear()
+    tuner._imports(source), tuner._imports(source)
+    assert len(parses) == 1
+    source.write_text(source.read_text() + "import pipeline.stream_k\n")
+    os.utime(source, ns=(time.time_ns() + 10**9,) * 2)  # a later version of the file
+    assert (0, None, ("pipeline.stream_k",)) in tuner._imports(source) and len(parses) == 2
+
+
 def test_a_cublas_choice_goes_stale_with_the_versions_it_beat(monkeypatch):
     """cuBLAS holds a bucket only while no version beats it: an edit to a version it was timed
     against (a candidate, or one ruled out by a failure) makes the choice stale, to be measured

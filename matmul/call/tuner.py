@@ -191,21 +191,16 @@ def fingerprint_files(arch: str, version: str) -> list[Path]:
 
 def _sibling_imports(source: Path) -> list[Path]:
     """The files of the same package that ``source`` imports relatively (``from .v5 import ...``)."""
-    import ast
-
     found = []
-    for node in ast.walk(ast.parse(source.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
-            sibling = source.parent / f"{node.module}.py"
-            if sibling.is_file() and sibling not in found:
-                found.append(sibling)
+    for level, module, _ in _imports(source):
+        sibling = source.parent / f"{module}.py"
+        if level == 1 and module and sibling.is_file() and sibling not in found:
+            found.append(sibling)
     return found
 
 
 def _pipeline_imports(sources: list[Path]) -> list[Path]:
     """The ``pipeline`` modules that ``sources`` import, statically, and the ones those import."""
-    import ast
-
     import pipeline
 
     package = Path(pipeline.__file__).parent
@@ -213,15 +208,15 @@ def _pipeline_imports(sources: list[Path]) -> list[Path]:
     queue = list(sources)
     while queue:
         source = queue.pop()
-        for node in ast.walk(ast.parse(source.read_text())):
+        for level, module, aliases in _imports(source):
             names: list[str] = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-            elif isinstance(node, ast.ImportFrom) and node.level == 1 and source.parent == package:
-                module = f"pipeline.{node.module}" if node.module else "pipeline"
-                names = [module, *(f"{module}.{a.name}" for a in node.names)]
+            if level == 0 and module:  # ``import a.b`` (module None: one alias a name) or ``from a import b``
+                names = [module, *(f"{module}.{a}" for a in aliases)]
+            elif level == 0:
+                names = list(aliases)
+            elif level == 1 and source.parent == package:
+                relative = f"pipeline.{module}" if module else "pipeline"
+                names = [relative, *(f"{relative}.{a}" for a in aliases)]
             for name in names:
                 parts = name.split(".")
                 if parts[0] != "pipeline":
@@ -233,6 +228,34 @@ def _pipeline_imports(sources: list[Path]) -> list[Path]:
                         found.add(path)
                         queue.append(path)
     return sorted(found)
+
+
+def _imports(source: Path) -> tuple:
+    """The import statements of ``source``, anywhere in it (a function's own imports too), as
+    (level, module, names): ``import a.b`` is (0, None, ("a.b",)), ``from .x import y`` (1, "x",
+    ("y",)). Read once a version of the file (its path, size and modification time): every version's
+    fingerprint reads the same pipeline modules, and the first call of a process pays for each
+    parse while it holds the GIL (the planner's thread: plots/h200/first-call-profile/)."""
+    stat = source.stat()
+    return _imports_of(source, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=256)
+def _imports_of(source: Path, mtime_ns: int, size: int) -> tuple:
+    import ast
+
+    found = []
+    statements = list(ast.parse(source.read_text()).body)
+    while statements:  # statements only: an import is one, and a file's expressions are most of its nodes
+        node = statements.pop()
+        if isinstance(node, ast.Import):
+            found.append((0, None, tuple(a.name for a in node.names)))
+        elif isinstance(node, ast.ImportFrom):
+            found.append((node.level, node.module, tuple(a.name for a in node.names)))
+        else:
+            for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+                statements.extend(child for child in getattr(node, field, ()) if isinstance(child, ast.AST))
+    return tuple(reversed(found))
 
 
 def space_config(module, config: Any, variant: Optional[Variant] = None) -> Optional[dict]:

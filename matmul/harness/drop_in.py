@@ -27,9 +27,11 @@ each case, with where its choice came from; ``linear`` also times torch's produc
 bounds what any fused epilogue can gain over torch's product + activation (``ceiling``).
 
 The ``llama`` part runs every workload once first (the prefills' first calls timed: what a user of a
-fresh machine waits for), then waits for the tuning those calls started in the background
-(``settle``), then times each row; with ``MATMUL_TUNE=blocking`` the first calls tune in the
-caller instead. What each call ran is in ``matmul.choice``.
+fresh machine waits for, beside the unswitched model's first call of the same shape after it;
+torch's own start, which a user pays either way, is timed before both, on a shape no row uses), then
+waits for the tuning those calls started in the background (``settle``), then times each row; with
+``MATMUL_TUNE=blocking`` the first calls tune in the caller instead. What each call ran is in
+``matmul.choice``.
 """
 
 from __future__ import annotations
@@ -303,13 +305,13 @@ def llama(dtype, rounds: int, record: Callable[[dict], None]) -> None:
         entry = {"kind": kind, "shape": shape}
         try:
             if first is not None:
-                entry["first_call_ms"] = first
+                entry["first_call_ms"], entry["torch_first_call_ms"] = first
             # the kernels the windows time (a first call after the tuning settled runs torch's ops)
             entry["logits_error"] = _relative(model_bench.settled_result(ours), theirs())
             entry.update(model_bench.compare(ours, theirs, rounds))
             print(
                 f"llama {kind} {shape}: {entry['ratio']:.3f}x (logits error {entry['logits_error']:.2e}"
-                + (f", first call {first:.0f} ms)" if first is not None else ")"),
+                + (f", first call {first[0]:.0f} ms, torch's {first[1]:.0f} ms)" if first is not None else ")"),
                 flush=True,
             )
         except Exception as e:  # one part's failure is reported, the others still run
@@ -318,12 +320,18 @@ def llama(dtype, rounds: int, record: Callable[[dict], None]) -> None:
         record(entry)
 
     with torch.inference_mode():
+        # torch's own start (the CUDA context, cuBLAS's handle, the model's first kernels loaded),
+        # paid by the unswitched model at a shape no row uses: a user pays it with or without the
+        # switch. Each prefill's first call is then the cost of meeting that shape, the switched
+        # model's first (its package's start included) and the unswitched model's after it
+        start = torch.randint(0, vocab, (1, 8), device="cuda")
+        record({"kind": "torch start", "first_call_ms": _first_ms(lambda: reference(input_ids=start, use_cache=False))})
         prefills = []
         for batch, tokens in PREFILL:
             ids = torch.randint(0, vocab, (batch, tokens), device="cuda")
             ours = lambda ids=ids: switched(input_ids=ids, use_cache=False).logits  # noqa: E731
             theirs = lambda ids=ids: reference(input_ids=ids, use_cache=False).logits  # noqa: E731
-            prefills.append(([batch, tokens], ours, theirs, _first_ms(ours)))
+            prefills.append(([batch, tokens], ours, theirs, (_first_ms(ours), _first_ms(theirs))))
         decodes = []
         for batch in DECODE_BATCHES:
             prompt, token = _decode_inputs(vocab, batch)
