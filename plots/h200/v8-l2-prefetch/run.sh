@@ -2,6 +2,8 @@
 # V8 with and without its weight prefetch into L2, on the GPU; kernels built here first by
 # build.sh and carried (.cache/l2p). Writes under $OUT.
 set -u
+# the prefetch knob these configurations name was taken out after the runs (README.md): at 171f613
+grep -q "prefetch: int = 0" matmul/kernels/hopper/v8.py || { echo "check out 171f613 first: V8's prefetch knob is gone" >&2; exit 2; }
 export MATMUL_CACHE_DIR=$PWD/.cache/l2p
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/machine.txt"
 CONFIGS=8/1/2/4/64/1,8/1/2/4/64/1/4,8/1/2/4/64/1/8,8/1/2/2/64/1/4,8/1/2/4/64/2,8/1/2/4/64/2/4,16/1/2/4/64/1,16/1/2/4/64/1/4,16/1/2/4/64/1/8,16/1/2/4/64/4,16/1/2/4/64/4/4
