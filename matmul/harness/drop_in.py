@@ -323,7 +323,9 @@ def llama(dtype, rounds: int, record: Callable[[dict], None]) -> None:
         # torch's own start (the CUDA context, cuBLAS's handle, the model's first kernels loaded),
         # paid by the unswitched model at a shape no row uses: a user pays it with or without the
         # switch. Each prefill's first call is then the cost of meeting that shape, the switched
-        # model's first (its package's start included) and the unswitched model's after it
+        # model's first (its package's start included) and the unswitched model's after it, which
+        # finds what torch loads for a new shape (its attention's kernels) loaded already: the pair
+        # leans against the switched model (plots/h200/first-call-profile/)
         start = torch.randint(0, vocab, (1, 8), device="cuda")
         record({"kind": "torch start", "first_call_ms": _first_ms(lambda: reference(input_ids=start, use_cache=False))})
         prefills = []
