@@ -3,8 +3,9 @@ start paid first by the unswitched model (as the drop-in now does), then the swi
 prefill of 1 x 128 tokens, then the unswitched model's first call of that shape and each model's
 second. The switched model's first call is watched two ways: cProfile (which, from Python 3.12 on,
 records every thread: the planner's work is in it) and a sampler of the calling thread's stack
-every millisecond (``main-thread-samples.txt``: where that thread was, innermost frames of this
-project, transformers or torch first, counted).
+every millisecond (``main-thread-samples.txt``: where that thread was, its innermost frame and its
+innermost frame of this project, counted); its second call by the same sampler, on the calling
+thread and on the planner's (added after run3: what the planner holds the GIL for meanwhile).
 
     MATMUL_CACHE_DIR=$(mktemp -d) python plots/h200/first-call-profile/profile_first_call.py OUT_DIR
 """
@@ -82,7 +83,15 @@ def main() -> int:
         sampler.stopping.set()
         sampler.join()
         times["theirs_first_ms"] = drop_in._first_ms(lambda: reference(input_ids=ids, use_cache=False))
+        # the second call, and the planner's thread meanwhile (what it holds the GIL for)
+        planner = next((t for t in threading.enumerate() if t.name == "matmul-planner"), None)
+        second = [Sampler(threading.get_ident())] + ([Sampler(planner.ident)] if planner else [])
+        for each in second:
+            each.start()
         times["ours_second_ms"] = drop_in._first_ms(lambda: switched(input_ids=ids, use_cache=False))
+        for each in second:
+            each.stopping.set()
+            each.join()
         times["theirs_second_ms"] = drop_in._first_ms(lambda: reference(input_ids=ids, use_cache=False))
     report = {
         "gpu": torch.cuda.get_device_name(),
@@ -92,7 +101,9 @@ def main() -> int:
     }
     print(json.dumps(report), flush=True)
     (out / "times.json").write_text(json.dumps(report, indent=1))
-    (out / "main-thread-samples.txt").write_text(sampler.report())
+    reports = [("the first call, the calling thread", sampler)]
+    reports += list(zip(("the second call, the calling thread", "the second call, the planner's thread"), second))
+    (out / "main-thread-samples.txt").write_text("\n".join(f"## {what}\n\n{each.report()}" for what, each in reports))
     text = io.StringIO()
     for order in ("cumulative", "tottime"):
         pstats.Stats(profile, stream=text).sort_stats(order).print_stats(60)
