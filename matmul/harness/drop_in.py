@@ -50,6 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.variant import Variant
+from ..measure.timing import waited_ms
 from . import model as model_bench
 
 LINEAR_TOKENS = (16, 128, 1024, 8192)
@@ -200,14 +201,6 @@ def llama_pair(dtype, layers: int = LAYERS):
     return reference, switched, conversion
 
 
-def _first_ms(fn: Callable[[], object]) -> float:
-    torch.cuda.synchronize()
-    begin = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - begin) * 1e3
-
-
 def _decode_inputs(vocab: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The prompt (``DECODE_CONTEXT`` tokens) and the next token of ``batch`` sequences."""
     prompt = torch.randint(0, vocab, (batch, DECODE_CONTEXT), device="cuda")
@@ -327,13 +320,13 @@ def llama(dtype, rounds: int, record: Callable[[dict], None]) -> None:
         # finds what torch loads for a new shape (its attention's kernels) loaded already: the pair
         # leans against the switched model (plots/h200/first-call-profile/)
         start = torch.randint(0, vocab, (1, 8), device="cuda")
-        record({"kind": "torch start", "first_call_ms": _first_ms(lambda: reference(input_ids=start, use_cache=False))})
+        record({"kind": "torch start", "first_call_ms": waited_ms(lambda: reference(input_ids=start, use_cache=False))})
         prefills = []
         for batch, tokens in PREFILL:
             ids = torch.randint(0, vocab, (batch, tokens), device="cuda")
             ours = lambda ids=ids: switched(input_ids=ids, use_cache=False).logits  # noqa: E731
             theirs = lambda ids=ids: reference(input_ids=ids, use_cache=False).logits  # noqa: E731
-            prefills.append(([batch, tokens], ours, theirs, (_first_ms(ours), _first_ms(theirs))))
+            prefills.append(([batch, tokens], ours, theirs, (waited_ms(ours), waited_ms(theirs))))
         decodes = []
         for batch in DECODE_BATCHES:
             prompt, token = _decode_inputs(vocab, batch)

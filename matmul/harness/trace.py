@@ -55,6 +55,7 @@ from typing import Optional
 import torch
 
 from ..call.choice_cache import default_dir
+from ..measure.timing import waited_ms
 from . import first_use
 from . import model as model_bench
 from .first_use import timed
@@ -75,14 +76,6 @@ def the_trace(calls: int = CALLS, seed: int = SEED) -> list[tuple[str, str, int,
         n, k = model_bench.PROJECTIONS[name]
         out.append(("float16" if i % 2 == 0 else "bfloat16", name, rng.randint(1, MAX_M), n, k))
     return out
-
-
-def _waited_ms(fn) -> float:
-    torch.cuda.synchronize()
-    begin = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - begin) * 1e3
 
 
 TIMINGS = {  # a row's field of each timing (``timed``), for the summaries
@@ -228,8 +221,8 @@ def first_block(dtype, through: str) -> dict:
         product = lambda x, w: torch.matmul(x, w.T)  # noqa: E731
     block = model_bench.Block(product, dtype=dtype)
     x = torch.randn(1, 128, 4096, device="cuda", dtype=dtype)
-    first = _waited_ms(lambda: block(x))
-    return {"first_ms": first, "second_ms": _waited_ms(lambda: block(x))}
+    first = waited_ms(lambda: block(x))
+    return {"first_ms": first, "second_ms": waited_ms(lambda: block(x))}
 
 
 def block_child(through: str) -> int:

@@ -1,8 +1,10 @@
-"""Timing on the GPU: median of many runs after warm-up, with CUDA events, L2 flushed by reading."""
+"""Timing on the GPU: median of many runs after warm-up, with CUDA events, L2 flushed by reading;
+and one call as its caller waits for it (``waited_ms``)."""
 
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Callable, Optional, Sequence, TypeVar
 
 import torch
@@ -14,6 +16,17 @@ def median_ms(fn: Callable[[], object], warmup_ms: float = 100.0, repeat_ms: flo
     """Median time of one call of ``fn`` in milliseconds, L2 flushed before each (``interleaved_ms``
     with one function; not ``triton.testing.do_bench``, whose flush writes: see ``L2Flush``)."""
     return interleaved_ms([fn], warmup_ms, repeat_ms)[0]
+
+
+def waited_ms(fn: Callable[[], object]) -> float:
+    """One call of ``fn`` as its caller waits for it: the host's wall time in milliseconds from the
+    call to the end of its GPU work, the GPU drained before (a first call's time, which a median
+    would hide)."""
+    torch.cuda.synchronize()
+    begin = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - begin) * 1e3
 
 
 FLUSH_METHODS = ("read", "write")

@@ -64,6 +64,7 @@ def main() -> int:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
     from matmul.harness import drop_in
+    from matmul.measure.timing import waited_ms
 
     begin = time.perf_counter()
     reference, switched, _ = drop_in.llama_pair(torch.float16)
@@ -72,27 +73,27 @@ def main() -> int:
     threads_before = sorted(t.name for t in threading.enumerate())
     with torch.inference_mode():
         start = torch.randint(0, vocab, (1, 8), device="cuda")
-        times["torch_start_ms"] = drop_in._first_ms(lambda: reference(input_ids=start, use_cache=False))
+        times["torch_start_ms"] = waited_ms(lambda: reference(input_ids=start, use_cache=False))
         ids = torch.randint(0, vocab, (1, 128), device="cuda")
         sampler = Sampler(threading.get_ident())
         sampler.start()
         profile = cProfile.Profile()
         profile.enable()
-        times["ours_first_ms"] = drop_in._first_ms(lambda: switched(input_ids=ids, use_cache=False))
+        times["ours_first_ms"] = waited_ms(lambda: switched(input_ids=ids, use_cache=False))
         profile.disable()
         sampler.stopping.set()
         sampler.join()
-        times["theirs_first_ms"] = drop_in._first_ms(lambda: reference(input_ids=ids, use_cache=False))
+        times["theirs_first_ms"] = waited_ms(lambda: reference(input_ids=ids, use_cache=False))
         # the second call, and the planner's thread meanwhile (what it holds the GIL for)
         planner = next((t for t in threading.enumerate() if t.name == "matmul-planner"), None)
         second = [Sampler(threading.get_ident())] + ([Sampler(planner.ident)] if planner else [])
         for each in second:
             each.start()
-        times["ours_second_ms"] = drop_in._first_ms(lambda: switched(input_ids=ids, use_cache=False))
+        times["ours_second_ms"] = waited_ms(lambda: switched(input_ids=ids, use_cache=False))
         for each in second:
             each.stopping.set()
             each.join()
-        times["theirs_second_ms"] = drop_in._first_ms(lambda: reference(input_ids=ids, use_cache=False))
+        times["theirs_second_ms"] = waited_ms(lambda: reference(input_ids=ids, use_cache=False))
     report = {
         "gpu": torch.cuda.get_device_name(),
         **times,
