@@ -16,7 +16,10 @@ build child and waited for first: ``v8_kernel``/``widen_kernel`` say whether it 
   on top for widen + cuBLAS) at the copy bandwidth plus an empty kernel, and the compute floor
   (2 M N K at cuBLAS's fp16 rate on 8192^3, or cuBLAS's time on the row's unquantized weight where
   that is shorter; all measured in the same run);
-* the widening kernel alone (rows above 256 tokens).
+* the widening kernel alone (rows above 256 tokens);
+* on V8's rows, two controls on the packed weight's bytes: ``torch.amax`` of it (a kernel that only
+  reads them, as ``matmul.harness.roofline``'s "read B" for fp16), and a device copy of it (reads
+  and writes them): what a kernel with no arithmetic at all takes to stream those bytes at this size.
 
 Two timings of each: L2 flushed by reading before each launch (``timing.interleaved_ms``: a layer
 finds its weight in HBM), and back to back (the same call repeated, no flush: weights up to ~50 MB
@@ -150,6 +153,10 @@ def measure(fmt, m, w, qw, floor) -> dict:
     if not v8:
         wide = torch.empty(n, k, dtype=dtype, device="cuda")
         fns["widen"] = lambda: device_widen.widen(qw, out=wide)
+    if v8:  # controls: a plain read of the packed weight (as roofline's "read B"), and its copy (2x the bytes)
+        copy = torch.empty_like(qw.packed)
+        fns["read"] = lambda: torch.amax(qw.packed)
+        fns["copy"] = lambda: copy.copy_(qw.packed)
     int4 = torch_int4(x, qw)
     if int4 is not None:
         fns["torch_int4"] = int4[0]
@@ -166,6 +173,7 @@ def measure(fmt, m, w, qw, floor) -> dict:
         row["x_torch_int4"] = row["torch_int4_us"] / row["call_us"]
     if v8:  # the field matmul.harness.roofline reads V8's time from
         row["v8_us"] = row["call_us"]
+        row["x_read"] = row["read_us"] / row["call_us"]
     return row
 
 
@@ -176,31 +184,34 @@ def table(results) -> str:
         f"empty kernel {f['empty_ms'] * 1e3:.1f} us, cuBLAS fp16 8192^3 {f['cublas_tflops']:.0f} TFLOP/s",
         "",
         "| format | dtype | N x K | M | path | call us | floor us | % floor | x cuBLAS | x cuBLAS b2b "
-        "| x torch int4 | widen us |",
-        "|" + " --- |" * 12,
+        "| x torch int4 | widen us | read us | x read | copy us |",
+        "|" + " --- |" * 15,
     ]
     for r in results["rows"]:
         if r.get("unsupported"):
-            lines.append(f"| {r['format']} | | | | {r['unsupported']} |" + " |" * 7)
+            lines.append(f"| {r['format']} | | | | {r['unsupported']} |" + " |" * 10)
             continue
         head = f"| {r['format']} | {r['dtype']} | {r['n']} x {r['k']} | {r['m']} |"
         if r.get("failed"):
-            lines.append(f"{head} {r['path']}: FAILED (error {r.get('error', float('nan')):.3g}) |" + " |" * 7)
+            lines.append(f"{head} {r['path']}: FAILED (error {r.get('error', float('nan')):.3g}) |" + " |" * 10)
             continue
         t4 = f"{r['x_torch_int4']:.2f}" if "x_torch_int4" in r else "-"
         path = r["path"]
         if "config" in r:
             path += " " + "/".join(str(r["config"][key]) for key in CONFIG_KEYS)
         widen = f"{r['widen_us']:.1f}" if "widen_us" in r else "-"
+        read = f"{r['read_us']:.1f} | {r['x_read']:.2f} | {r['copy_us']:.1f}" if "read_us" in r else "- | - | -"
         lines.append(
             f"{head} {path} | {r['call_us']:.1f} | {r['floor_us']:.1f} | {100 * r['share_of_floor']:.0f}% "
-            f"| {r['x_cublas']:.2f} | {r['x_cublas_b2b']:.2f} | {t4} | {widen} |"
+            f"| {r['x_cublas']:.2f} | {r['x_cublas_b2b']:.2f} | {t4} | {widen} | {read} |"
         )
     lines += [
         "",
         "x cuBLAS: cuBLAS fp16/bf16 on the unquantized weight over the call, L2 flushed by reading before "
         "each launch; b2b: the same, back to back without a flush. x torch int4: tinygemm's time over the "
-        "call's (bf16 int4). widen us: the widening kernel alone (flushed). V8's configuration: tokens a tile / "
+        "call's (bf16 int4). widen us: the widening kernel alone (flushed). read us: torch.amax of the packed "
+        "weight alone (V8 rows; a kernel that only reads those bytes, flushed), x read: its time over the call's; "
+        "copy us: a device copy of the packed weight (reads and writes its bytes). V8's configuration: tokens a tile / "
         "warpgroups / split / stages / K columns a wgmma group.",
     ]
     return "\n".join(lines)

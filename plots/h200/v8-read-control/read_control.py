@@ -1,0 +1,160 @@
+"""How close V8 is, at decode sizes, to a kernel that only reads the same bytes.
+
+#25's bar is a share of an attainable floor: the packed bytes at the copy bandwidth of 512 MiB plus
+an empty kernel. A launch that moves a few MiB never reaches a 512 MiB copy's rate: the first round
+trip to HBM and the grid's ramp are paid once per launch, not spread over half a gigabyte. This
+probe asks what a kernel with no arithmetic at all takes for V8's bytes at V8's sizes, in the same
+window as V8 (L2 flushed by reading before each launch, ``matmul.measure.timing.interleaved_ms``):
+
+* ``read_kernel.cu``: a plain CUDA read of the packed weight (not its scales: one launch), each thread keeping 1-8
+  16-byte loads in flight, 1-8 CTAs an SM of 256-1024 threads; the fastest of those 48 launches on
+  each shape (chosen in a short window, then timed beside V8);
+* ``torch.amax`` of the packed weight (the fp16 tables' "read B" control);
+* V8 as the call runs it (``matmul.quant.linear.linear(x, qw, out=...)``, what ``matmul.linear(x, qw)``
+  runs: the call's configuration, its output checked first).
+
+    nvcc -O3 -arch=sm_90a -shared -Xcompiler -fPIC -o .cache/libread_kernel.so plots/h200/v8-read-control/read_kernel.cu
+    python plots/h200/v8-read-control/read_control.py OUT_DIR [--dtype float16] [--tokens 1,16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+import matmul
+from matmul.harness import roofline
+from matmul.measure.correctness import TOLERANCE, poisoned_output, relative_error
+from matmul.measure.timing import interleaved_ms
+from matmul.quant import linear as quant_linear
+
+WEIGHTS = ((4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336))
+LIBRARY = Path(".cache/libread_kernel.so")
+CTAS_PER_SM, THREADS, UNROLL = (1, 2, 4, 8), (256, 512, 1024), (1, 2, 4, 8)
+
+
+class ReadKernel:
+    def __init__(self, path: Path):
+        self.lib = ctypes.CDLL(str(path.resolve()))
+        self.lib.read_bytes.restype = ctypes.c_int
+        self.lib.read_bytes.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p] + [ctypes.c_int] * 3
+        self.lib.read_bytes.argtypes += [ctypes.c_void_p]
+        self.sink = torch.zeros(1, dtype=torch.int32, device="cuda")
+        self.sms = torch.cuda.get_device_properties(0).multi_processor_count
+
+    def launcher(self, buffers, ctas_per_sm: int, threads: int, unroll: int):
+        args = [(b.data_ptr(), b.numel() * b.element_size()) for b in buffers]
+        blocks = self.sms * ctas_per_sm
+
+        def launch():
+            stream = torch.cuda.current_stream().cuda_stream
+            for ptr, nbytes in args:
+                code = self.lib.read_bytes(ptr, nbytes, self.sink.data_ptr(), blocks, threads, unroll, stream)
+                if code:
+                    raise RuntimeError(f"read kernel launch failed: CUDA error {code}")
+
+        return launch
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--dtype", default="float16")
+    parser.add_argument("--tokens", default="1,16")
+    parser.add_argument("--format", default="int4")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    dtype = getattr(torch, args.dtype)
+    reader = ReadKernel(LIBRARY)
+    floor = {
+        "copy_tb_per_s": roofline.copy_tb_per_s(512 << 20, 100, 200),
+        "empty_ms": roofline.empty_kernel_ms(100, 200),
+    }
+    print(json.dumps(floor), flush=True)
+    rows = []
+    for n, k in WEIGHTS:
+        gen = torch.Generator().manual_seed(0)
+        w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype).cuda()
+        qw = matmul.quantize(w, format=args.format)
+        # one launch, as V8's: the packed weight alone (V8 also reads the scales, 1/32 of int4's bytes)
+        buffers = [qw.packed]
+        nbytes = sum(b.numel() * b.element_size() for b in buffers)
+        # the fastest plain read of these bytes, chosen in short windows
+        shapes = list(itertools.product(CTAS_PER_SM, THREADS, UNROLL))
+        trial = interleaved_ms([reader.launcher(buffers, *s) for s in shapes], 5, 20)
+        best = shapes[min(range(len(shapes)), key=trial.__getitem__)]
+        read = reader.launcher(buffers, *best)
+        for m in (int(t) for t in args.tokens.split(",")):
+            x = torch.randn(m, k, generator=gen).to(dtype).cuda()
+            config = quant_linear.kernel_config(args.format, quant_linear.config_for(m, n, k, args.format))
+            if not quant_linear.wait_until_built(dtype, args.format, config):
+                print(f"{m}x{n}x{k}: V8 {config} did not build", flush=True)
+                continue
+            out = poisoned_output(m, n, dtype)
+            quant_linear.linear(x, qw, out=out)
+            error = relative_error(out, x.float() @ qw.dequantize().float().T)
+            assert error <= TOLERANCE[dtype], f"V8 wrong at {m}x{n}x{k}: {error}"
+            v8_ms, read_ms, amax_ms = interleaved_ms(
+                [
+                    lambda x=x, qw=qw, out=out: quant_linear.linear(x, qw, out=out),
+                    read,
+                    lambda qw=qw: torch.amax(qw.packed),
+                ],
+                30,
+                150,
+            )
+            floor_us = (
+                roofline.quantized_bytes_floor(m, n, k, x.element_size(), args.format)
+                / (floor["copy_tb_per_s"] * 1e12)
+                * 1e6
+                + floor["empty_ms"] * 1e3
+            )
+            row = {
+                "m": m,
+                "n": n,
+                "k": k,
+                "dtype": args.dtype,
+                "format": args.format,
+                "config": config,
+                "bytes_read": nbytes,
+                "error": error,
+                "v8_us": v8_ms * 1e3,
+                "read_us": read_ms * 1e3,
+                "amax_us": amax_ms * 1e3,
+                "floor_us": floor_us,
+                "read_launch": dict(zip(("ctas_per_sm", "threads", "unroll"), best)),
+                "v8_share_of_floor": floor_us / (v8_ms * 1e3),
+                "read_share_of_floor": floor_us / (read_ms * 1e3),
+                "v8_share_of_read": read_ms / v8_ms,
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    result = {"device": torch.cuda.get_device_name(), "floor": floor, "rows": rows, "command": " ".join(sys.argv)}
+    (args.out / f"read-control-{args.dtype}.json").write_text(json.dumps(result, indent=1))
+    lines = [
+        f"{result['device']}, {args.format}, {args.dtype}; copy bandwidth {floor['copy_tb_per_s']:.2f} TB/s (512 MiB), "
+        f"empty kernel {floor['empty_ms'] * 1e3:.1f} us; L2 flushed by reading before each launch",
+        "",
+        "| M x N x K | floor us | V8 us | read us | amax us | V8 % floor | read % floor | read / V8 | read launch |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in rows:
+        launch = "{ctas_per_sm}/SM x {threads} x {unroll}".format(**r["read_launch"])
+        lines.append(
+            f"| {r['m']} x {r['n']} x {r['k']} | {r['floor_us']:.1f} | {r['v8_us']:.1f} | {r['read_us']:.1f} "
+            f"| {r['amax_us']:.1f} | {100 * r['v8_share_of_floor']:.0f}% | {100 * r['read_share_of_floor']:.0f}% "
+            f"| {r['v8_share_of_read']:.2f} | {launch} |"
+        )
+    (args.out / f"read-control-{args.dtype}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
