@@ -281,26 +281,20 @@ class Kernel(PackedWeightKernel):
                         ring.producer_barrier(),
                         transaction_bytes=s_w[slot].nbytes + stage_scale_bytes(self.weight, s_s) + s_x[slot].nbytes,
                     )
-                for turn in range(self.interleave):
-                    # past this CTA's range (the last range's tail) lies past K: TMA fills zeros
-                    block = k_blocks.first + i * self.interleave + turn
-                    for wg in range(self.warpgroups):
-                        c = wg * self.interleave + turn  # the consumer warpgroup that takes this block
-                        self.load_weight_tile(g_w, s_w[slot, c], (offset_n + 64 * wg) // TILE_ROWS, block, ring)
-                        if self.weight != "fp8_e4m3":
-                            self.tma.global_to_shared(
-                                src=g_s,
-                                dst=s_s[slot, c],
-                                offsets=[block, offset_n + 64 * wg],
-                                mbarrier=ring.producer_barrier(),
-                            )
-                    for part in range(parts):
-                        self.tma.global_to_shared(
-                            src=g_a,
-                            dst=s_x[slot, turn * parts + part],
-                            offsets=[offset_m, block * BLOCK_K + part * self.chunk],
-                            mbarrier=ring.producer_barrier(),
-                        )
+                # past this CTA's range (the last range's tail) lies past K: TMA fills zeros
+                self.load_stage(
+                    g_w,
+                    g_s,
+                    g_a,
+                    s_w,
+                    s_s,
+                    s_x,
+                    slot,
+                    k_blocks.first + i * self.interleave,
+                    offset_m,
+                    offset_n,
+                    ring,
+                )
                 ring.producer_advance()
 
         # consumer warpgroup c (up to 4, written out: a kernel's loops run on the device, and a
@@ -335,6 +329,40 @@ class Kernel(PackedWeightKernel):
         else:
             g_s = self.global_view(scales_ptr, dtype=self.dtype, shape=[k_size // GROUP, n_pad], strides=[n_pad, 1])
         return g_s
+
+    def load_stage(
+        self,
+        g_w: GlobalTensor,
+        g_s: GlobalTensor,
+        g_a: GlobalTensor,
+        s_w: SharedTensor,
+        s_s: SharedTensor,
+        s_x: SharedTensor,
+        slot: int32,
+        first: int32,
+        offset_m: int32,
+        offset_n: int32,
+        ring: Pipeline,
+    ):
+        """Stage ``slot``'s TMA loads: K blocks ``first .. first + interleave - 1``, for each one every
+        slab's packed tile and scales and the tokens' ``chunk``-column boxes."""
+        parts = BLOCK_K // self.chunk
+        for turn in range(self.interleave):
+            block = first + turn
+            for wg in range(self.warpgroups):
+                c = wg * self.interleave + turn  # the consumer warpgroup that takes this block
+                self.load_weight_tile(g_w, s_w[slot, c], (offset_n + 64 * wg) // TILE_ROWS, block, ring)
+                if self.weight != "fp8_e4m3":
+                    self.tma.global_to_shared(
+                        src=g_s, dst=s_s[slot, c], offsets=[block, offset_n + 64 * wg], mbarrier=ring.producer_barrier()
+                    )
+            for part in range(parts):
+                self.tma.global_to_shared(
+                    src=g_a,
+                    dst=s_x[slot, turn * parts + part],
+                    offsets=[offset_m, block * BLOCK_K + part * self.chunk],
+                    mbarrier=ring.producer_barrier(),
+                )
 
     def load_weight_tile(self, g_w: GlobalTensor, dst: SharedTensor, row_tile: int32, block: int32, ring: Pipeline):
         """The packed tile of weight row tile ``row_tile`` and K block ``block``: one TMA box (module doc)."""

@@ -9,6 +9,10 @@ window as V8 (L2 flushed by reading before each launch, ``matmul.measure.timing.
 * ``read_kernel.cu``: a plain CUDA read of the packed weight (not its scales: one launch), each thread keeping 1-8
   16-byte loads in flight, 1-8 CTAs an SM of 256-1024 threads; the fastest of those 48 launches on
   each shape (chosen in a short window, then timed beside V8);
+* ``read_kernel.cu``'s ``read_tma``: the packed weight through a TMA ring and nothing else (one
+  thread a CTA waits for each box and issues the next), once with V8's box ([16, 64] int32, 4 KiB),
+  ring depth (4) and grid (a CTA per 64 rows and K half), once the fastest of boxes of 16 or 64 rows,
+  2-16 stages and 1-8 CTAs an SM: does V8's transport cost anything by itself?
 * ``torch.amax`` of the packed weight (the fp16 tables' "read B" control);
 * V8 as the call runs it (``matmul.quant.linear.linear(x, qw, out=...)``, what ``matmul.linear(x, qw)``
   runs: the call's configuration, its output checked first).
@@ -21,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import itertools
 import json
+import operator
 import sys
 from pathlib import Path
 
@@ -37,6 +43,10 @@ from matmul.quant import linear as quant_linear
 WEIGHTS = ((4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336))
 LIBRARY = Path(".cache/libread_kernel.so")
 CTAS_PER_SM, THREADS, UNROLL = (1, 2, 4, 8), (256, 512, 1024), (1, 2, 4, 8)
+# read_tma: boxes of [box_rows, 64] int32 (V8's int4 box: 16 rows, 4 KiB), ring depths, CTAs an SM
+BOX_ROWS, STAGES, TMA_CTAS_PER_SM = (16, 64), (2, 4, 8, 16), (1, 2, 4, 8)
+MAX_RING_BYTES = 200 << 10
+V8_SPLIT = 2  # the call's int4 configurations at decode sizes split K over a cluster of 2
 
 
 class ReadKernel:
@@ -45,6 +55,9 @@ class ReadKernel:
         self.lib.read_bytes.restype = ctypes.c_int
         self.lib.read_bytes.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p] + [ctypes.c_int] * 3
         self.lib.read_bytes.argtypes += [ctypes.c_void_p]
+        self.lib.read_tma.restype = ctypes.c_int
+        self.lib.read_tma.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 4 + [ctypes.c_void_p, ctypes.c_int]
+        self.lib.read_tma.argtypes += [ctypes.c_void_p]
         self.sink = torch.zeros(1, dtype=torch.int32, device="cuda")
         self.sms = torch.cuda.get_device_properties(0).multi_processor_count
 
@@ -60,6 +73,32 @@ class ReadKernel:
                     raise RuntimeError(f"read kernel launch failed: CUDA error {code}")
 
         return launch
+
+    def tma_launcher(self, words: torch.Tensor, box_rows: int, stages: int, blocks: int):
+        rows, cols = words.shape
+
+        def launch():
+            stream = torch.cuda.current_stream().cuda_stream
+            code = self.lib.read_tma(
+                words.data_ptr(), rows, cols, box_rows, stages, self.sink.data_ptr(), blocks, stream
+            )
+            if code:
+                raise RuntimeError(f"TMA read launch failed: code {code}")
+
+        return launch
+
+    def check_tma(self, words: torch.Tensor, box_rows: int, stages: int, blocks: int) -> None:
+        """One launch, its xor against word ``box % 64`` of each box's first row taken here."""
+        rows, cols = words.shape
+        per_band = cols // 64
+        box = torch.arange(rows // box_rows * per_band, device=words.device)
+        picked = words[(box // per_band) * box_rows, (box % per_band) * 64 + box % 64]
+        expected = int(functools.reduce(operator.xor, picked.tolist(), 0))
+        self.sink.zero_()
+        self.tma_launcher(words, box_rows, stages, blocks)()
+        got = int(self.sink.item())
+        if got != expected:
+            raise AssertionError(f"TMA read {box_rows}/{stages}/{blocks}: xor {got:#x}, expected {expected:#x}")
 
 
 def main(argv=None) -> int:
@@ -90,6 +129,22 @@ def main(argv=None) -> int:
         trial = interleaved_ms([reader.launcher(buffers, *s) for s in shapes], 5, 20)
         best = shapes[min(range(len(shapes)), key=trial.__getitem__)]
         read = reader.launcher(buffers, *best)
+        # the same bytes through a TMA ring: V8's own box, depth and grid, and the fastest of the others
+        v8_grid = -(-n // 64) * V8_SPLIT
+        tma_shapes = [
+            (rows, stages, blocks)
+            for rows in BOX_ROWS
+            for stages in STAGES
+            if stages * rows * 256 <= MAX_RING_BYTES
+            for blocks in [v8_grid] + [reader.sms * c for c in TMA_CTAS_PER_SM]
+        ]
+        trial = interleaved_ms([reader.tma_launcher(qw.packed, *s) for s in tma_shapes], 5, 20)
+        tma_best = tma_shapes[min(range(len(tma_shapes)), key=trial.__getitem__)]
+        tma_trials = {"/".join(map(str, s)): t * 1e3 for s, t in zip(tma_shapes, trial)}
+        for shape in tma_shapes:  # each box read once: the xor of one word a box, as the kernel takes it
+            reader.check_tma(qw.packed, *shape)
+        v8_like = reader.tma_launcher(qw.packed, 16, 4, v8_grid)
+        tma_read = reader.tma_launcher(qw.packed, *tma_best)
         for m in (int(t) for t in args.tokens.split(",")):
             x = torch.randn(m, k, generator=gen).to(dtype).cuda()
             config = quant_linear.kernel_config(args.format, quant_linear.config_for(m, n, k, args.format))
@@ -100,11 +155,13 @@ def main(argv=None) -> int:
             quant_linear.linear(x, qw, out=out)
             error = relative_error(out, x.float() @ qw.dequantize().float().T)
             assert error <= TOLERANCE[dtype], f"V8 wrong at {m}x{n}x{k}: {error}"
-            v8_ms, read_ms, amax_ms = interleaved_ms(
+            v8_ms, read_ms, amax_ms, v8_like_ms, tma_ms = interleaved_ms(
                 [
                     lambda x=x, qw=qw, out=out: quant_linear.linear(x, qw, out=out),
                     read,
                     lambda qw=qw: torch.amax(qw.packed),
+                    v8_like,
+                    tma_read,
                 ],
                 30,
                 150,
@@ -132,6 +189,10 @@ def main(argv=None) -> int:
                 "v8_share_of_floor": floor_us / (v8_ms * 1e3),
                 "read_share_of_floor": floor_us / (read_ms * 1e3),
                 "v8_share_of_read": read_ms / v8_ms,
+                "tma_v8_like_us": v8_like_ms * 1e3,
+                "tma_us": tma_ms * 1e3,
+                "tma_launch": dict(zip(("box_rows", "stages", "blocks"), tma_best)),
+                "tma_trials_us": tma_trials,
             }
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -141,15 +202,18 @@ def main(argv=None) -> int:
         f"{result['device']}, {args.format}, {args.dtype}; copy bandwidth {floor['copy_tb_per_s']:.2f} TB/s (512 MiB), "
         f"empty kernel {floor['empty_ms'] * 1e3:.1f} us; L2 flushed by reading before each launch",
         "",
-        "| M x N x K | floor us | V8 us | read us | amax us | V8 % floor | read % floor | read / V8 | read launch |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| M x N x K | floor us | V8 us | read us | amax us | V8 % floor | read % floor | read / V8 | read launch "
+        "| TMA, V8's box and grid us | TMA best us | TMA best launch |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- |",
     ]
     for r in rows:
         launch = "{ctas_per_sm}/SM x {threads} x {unroll}".format(**r["read_launch"])
+        tma = "box {box_rows} rows, {stages} stages, {blocks} CTAs".format(**r["tma_launch"])
         lines.append(
             f"| {r['m']} x {r['n']} x {r['k']} | {r['floor_us']:.1f} | {r['v8_us']:.1f} | {r['read_us']:.1f} "
             f"| {r['amax_us']:.1f} | {100 * r['v8_share_of_floor']:.0f}% | {100 * r['read_share_of_floor']:.0f}% "
-            f"| {r['v8_share_of_read']:.2f} | {launch} |"
+            f"| {r['v8_share_of_read']:.2f} | {launch} | {r['tma_v8_like_us']:.1f} | {r['tma_us']:.1f} "
+            f"| {tma} |"
         )
     (args.out / f"read-control-{args.dtype}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
