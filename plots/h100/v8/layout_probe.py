@@ -6,7 +6,12 @@ as ``bench_v8.py``), with cuBLAS fp16 beside:
   weight rows x 128 K columns) is 16 rows of 256 bytes, one row of the matrix apart (K / 2 words:
   8 KiB at K = 4096), so each TMA box gathers 16 pieces of 256 bytes;
 * ``contiguous``: the same tiles in the order the kernel takes them, [row tile, K block, 16, 64]:
-  a tile is 4 KiB in one piece, and a CTA's whole K range of a row tile is one stretch of HBM.
+  a tile is 4 KiB in one piece, and a CTA's whole K range of a row tile is one stretch of HBM;
+* ``onebox`` (``--variants``, added for ``plots/h200/v8-read-control/``): the contiguous layout, and
+  each stage's ``interleave`` tiles in one TMA box [16 j, 64] instead of one box each, its scales
+  in one box [j, 64] (one slab a CTA: ``warpgroups`` 1). A 3-D view [N_pad / 64, K / 128 * 16, 64]
+  would let TMA fill zeros past a row tile's last block; tilus 0.2.0 writes an outer stride of 0
+  into that view's tensor map, so the 2-D view it is.
 
 Both outputs are checked against a float32 reference from ``qw.dequantize()`` (the probe's K ranges
 end on a whole number of blocks: past a row tile's last block the contiguous layout holds the next
@@ -15,6 +20,7 @@ programs under ``$MATMUL_CACHE_DIR``), then time on the GPU:
 
     MATMUL_CACHE_DIR=.cache/probe python plots/h100/v8/layout_probe.py OUT --build-only
     MATMUL_CACHE_DIR=$PWD/.cache/probe python plots/h100/v8/layout_probe.py OUT     # layout_probe.json
+        [--variants v8,onebox] [--configs interleaved]   # (default: v8,contiguous and the call's)
 """
 
 import argparse
@@ -41,6 +47,12 @@ CONFIGS = (
     {"block_m": 8, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 64, "interleave": 2},
     {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 64, "interleave": 1},
     {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 64, "interleave": 4},
+)
+# V8 with 2 or 4 K blocks a stage, at tiles of 8 and 16 tokens (``onebox``'s configurations)
+INTERLEAVED = tuple(
+    {"block_m": bm, "warpgroups": 1, "split": 2, "stages": stages, "chunk": 64, "interleave": j}
+    for bm in (8, 16)
+    for j, stages in ((2, 4), (4, 2), (4, 4))
 )
 SHAPES = DECODE_SHAPES
 
@@ -71,7 +83,47 @@ def contiguous(packed: torch.Tensor, k: int) -> torch.Tensor:
     return packed.view(-1, 16, blocks, 64).permute(0, 2, 1, 3).contiguous().view(-1, 64)
 
 
-VARIANTS = {"v8": V8.Kernel, "contiguous": Contiguous}
+class OneBox(Contiguous):
+    def load_stage(
+        self,
+        g_w: GlobalTensor,
+        g_s: GlobalTensor,
+        g_a: GlobalTensor,
+        s_w: SharedTensor,
+        s_s: SharedTensor,
+        s_x: SharedTensor,
+        slot: int32,
+        first: int32,
+        offset_m: int32,
+        offset_n: int32,
+        ring: Pipeline,
+    ):
+        j = self.interleave
+        self.tma.global_to_shared(  # the stage's j tiles of the slab, one after another in HBM and here
+            src=g_w,
+            dst=self.reshape_shared(s_w[slot], [j * self.word_rows, self.word_cols]),
+            offsets=[(offset_n // V8.TILE_ROWS * self.k_blocks + first) * self.word_rows, 0],
+            mbarrier=ring.producer_barrier(),
+        )
+        self.tma.global_to_shared(  # their scales: rows first .. first + j - 1 of [K / 128, N_pad]
+            src=g_s,
+            dst=self.reshape_shared(s_s[slot], [j, V8.TILE_ROWS]),
+            offsets=[first, offset_n],
+            mbarrier=ring.producer_barrier(),
+        )
+        parts = V8.BLOCK_K // self.chunk
+        for turn in range(j):
+            for part in range(parts):
+                self.tma.global_to_shared(
+                    src=g_a,
+                    dst=s_x[slot, turn * parts + part],
+                    offsets=[offset_m, (first + turn) * V8.BLOCK_K + part * self.chunk],
+                    mbarrier=ring.producer_barrier(),
+                )
+
+
+VARIANTS = {"v8": V8.Kernel, "contiguous": Contiguous, "onebox": OneBox}
+LAYOUTS = {"v8": "v8", "contiguous": "contiguous", "onebox": "contiguous"}  # the packed weight each reads
 
 
 def script(cls, config):
@@ -82,11 +134,15 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("--build-only", action="store_true")
+    parser.add_argument("--variants", default="v8,contiguous")
+    parser.add_argument("--configs", default="calls", help="calls: the call's; interleaved: 2 or 4 K blocks a stage")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    configs = {"calls": CONFIGS, "interleaved": INTERLEAVED}[args.configs]
     programs = {}
-    for name, cls in VARIANTS.items():
-        for config in CONFIGS:
+    for name in args.variants.split(","):
+        cls = VARIANTS[name]
+        for config in configs:
             with target("sm_90a"):  # built here, or found in tilus's cache
                 programs[name, json.dumps(config)] = tilus_autotune.load(tilus_autotune.build(script(cls, config)))
             print(f"built {name} {config}", flush=True)
@@ -101,6 +157,7 @@ def main(argv=None) -> None:
         w16 = qw.dequantize()
         reference = x.float() @ w16.float().T
         packed = {"v8": qw.packed, "contiguous": contiguous(qw.packed, k)}
+        packed = {name: packed[layout] for name, layout in LAYOUTS.items()}
         fns, names = [lambda x=x, w16=w16: torch.matmul(x, w16.T)], ["cublas"]
         for (name, config), program in programs.items():
             if (m <= 8) != (json.loads(config)["block_m"] == 8):  # the call's tile for M
