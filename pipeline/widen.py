@@ -61,8 +61,9 @@ class Int4Widen(tilus.Class):
         self.annotate_layout(words, packed_words())
         return words
 
-    def operand(self, words: RegisterTensor, scale: RegisterTensor, part: int) -> RegisterTensor:
-        """Part ``part`` (``cols`` K columns) of a half tile's ``words`` as the 64 x ``cols`` A operand, scaled."""
+    def values(self, words: RegisterTensor, scale: RegisterTensor, part: int) -> RegisterTensor:
+        """Part ``part`` (``cols`` K columns) of a half tile's ``words`` as the 64 x ``cols`` A operand
+        of integers -8 .. 7 in the scales' dtype (exact in float16 and bfloat16), unscaled."""
         per_part = self.cols // 16  # words: one a K step of 16 columns
         if per_part == WORDS:
             mine = words
@@ -72,7 +73,11 @@ class Int4Widen(tilus.Class):
         values = self.view(mine, layout=self.fragment, dtype=int4b)
         wide = values.to(scale.dtype)  # 8 values a word (bfloat16: matmul.tilus_fixes.int4_bf16_cast)
         self.annotate_layout(wide, self.fragment)
-        out = wide * scale
+        return wide
+
+    def operand(self, words: RegisterTensor, scale: RegisterTensor, part: int) -> RegisterTensor:
+        """``values``, each multiplied by its row's scale: the dequantized weight, rounded once."""
+        out = self.values(words, scale, part) * scale
         self.annotate_layout(out, self.fragment)
         return out
 

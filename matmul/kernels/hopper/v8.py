@@ -28,9 +28,15 @@ TMA, as V7's are. The scales are a [K / 128, N_pad] matrix of the activations' d
 scales of a tile are one TMA box [1, 64]. ``pipeline.widen.Int4Widen`` views a thread's words as
 an int4 register tensor in the fragment layout, casts it with tilus's int4 -> float16 conversion
 (``lop3`` with the 0x6400 magic number, ``sub``/``fma``, ``prmt``: 8 values from one word; to
-bfloat16 the same with 0x4300, ``matmul.tilus_fixes.int4_bf16_cast``), and
-multiplies by the row's scale: the widened value is the one ``QuantizedWeight.dequantize()``
-gives, exactly (one rounding of ``q * scale`` in the 16-bit dtype).
+bfloat16 the same with 0x4300, ``matmul.tilus_fixes.int4_bf16_cast``). At tiles of 64 tokens and
+more it multiplies by the row's scale: the widened value is the one ``QuantizedWeight.dequantize()``
+gives, exactly (one rounding of ``q * scale`` in the 16-bit dtype). At tiles of 8 and 16 tokens
+(decode) the integers -8..7 go into the wgmma unscaled, each K block's products into a float32 tile
+of their own, which the block's 64 scales multiply into the accumulator once the block's wgmma is
+waited for: a thread's 4 or 8 float32 multiply-adds a block instead of 32 16-bit multiplies of its
+widened values (faster on the H200: ``plots/h200/v8-read-control/``). The sum is then of
+``q * x`` scaled in float32, not of ``x`` times ``q * scale`` rounded to 16 bits: it differs from
+the dequantized weight's product by that rounding, as the tests' float32 reference allows.
 
 Other widths (checked on the H100 as int4 is, ``tests/test_v8_gpu.py``): int6 (``Kernel(weight="int6")``,
 ``matmul.quant.int6``), int4's group scales with 6-bit values, a 6 KiB tile
@@ -117,6 +123,7 @@ PACKED_TILE_WORDS = TILE_ROWS * BLOCK_K // 8  # int32 words of a packed tile: 10
 # a packed 64 x 128 tile as a box of int32 [rows, columns], per weight format (matmul.quant)
 WEIGHT_ROWS = {"int4": (16, 64), "int6": (32, 48), "fp8_e4m3": (32, 64)}
 MAX_M = 256  # the widest wgmma (n = 256): beyond it a CTA would need a second accumulator
+SCALE_AFTER_MAX_M = 16  # token tiles up to which int4's group scales multiply products, not values
 
 
 def supports(m: int, n: int, k: int) -> bool:
@@ -226,6 +233,10 @@ class Kernel(PackedWeightKernel):
             self.chunk = 32  # a thread's 16 bytes of fp8 are 32 K columns of the fragment
         if weight == "int6":
             self.chunk = 64  # a half tile's 24 bytes of a thread, widened at once
+        # int4 at tiles of up to 16 tokens: each K block's products are scaled once, in float32,
+        # instead of every widened value in 16 bits (module doc); above that the second float32
+        # tile would cost block_m / 2 registers a thread, and it was not measured there
+        self.scale_after = weight == "int4" and block_m <= SCALE_AFTER_MAX_M
 
     def matmul(
         self,
@@ -411,21 +422,38 @@ class Kernel(PackedWeightKernel):
         next block."""
         wg, turn = divmod(c, self.interleave)  # its slab, and its K block of each stage
         with self.warp_group(warp_begin=4 * c, num_warps=4):
+            fragment = wgmma_fragment(64, self.block_m)
             acc = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
-            self.annotate_layout(acc, wgmma_fragment(64, self.block_m))
+            self.annotate_layout(acc, fragment)
             widen = Int4Widen(self.chunk)
             s_words = self.reshape_shared(s_w, [self.stages, self.consumers, 2, 128, WORDS])
             s_scale = self.reshape_shared(s_s, [self.stages, self.consumers, TILE_ROWS, 1])
             for kb in self.range(count, unroll=1):  # noqa: B007
                 ring.consumer_acquire()
                 slot = ring.consumer_stage
-                scale = widen.scales(s_scale[slot, c])
                 first = turn * (BLOCK_K // self.chunk)  # this turn's token boxes in the stage
-                self.half(widen, s_words[slot, c, 0], scale, s_x, slot, first, acc)
-                self.half(widen, s_words[slot, c, 1], scale, s_x, slot, first + HALF_K // self.chunk, acc)
-                self.wgmma.wait_group(0)  # A's registers are rewritten by the next block
-                ring.consumer_release()
-                ring.consumer_advance()
+                if self.scale_after:
+                    # the block's products of unscaled integers, in a tile of their own; its 64
+                    # scales (read before the stage is released) then multiply that tile into acc
+                    scale = self.load_shared(s_scale[slot, c])
+                    self.annotate_layout(scale, reduce_layout(fragment))
+                    products = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
+                    self.annotate_layout(products, fragment)
+                    self.half(widen, s_words[slot, c, 0], scale, s_x, slot, first, products)
+                    self.half(widen, s_words[slot, c, 1], scale, s_x, slot, first + HALF_K // self.chunk, products)
+                    self.wgmma.wait_group(0)  # A's registers are rewritten by the next block
+                    ring.consumer_release()
+                    ring.consumer_advance()
+                    scaled = products * self.cast(scale, float32)
+                    self.annotate_layout(scaled, fragment)
+                    self.add(acc, scaled, out=acc)
+                else:
+                    scale = widen.scales(s_scale[slot, c])
+                    self.half(widen, s_words[slot, c, 0], scale, s_x, slot, first, acc)
+                    self.half(widen, s_words[slot, c, 1], scale, s_x, slot, first + HALF_K // self.chunk, acc)
+                    self.wgmma.wait_group(0)  # A's registers are rewritten by the next block
+                    ring.consumer_release()
+                    ring.consumer_advance()
             reduce.store(acc, wg, turn)
 
     def half(
@@ -455,8 +483,12 @@ class Kernel(PackedWeightKernel):
         s_tokens: SharedTensor,
         acc: RegisterTensor,
     ):
-        """One wgmma group: part ``index`` of a half's words widened, times its token columns."""
-        operand = widen.operand(words, scale, index)
+        """One wgmma group: part ``index`` of a half's words widened (scaled, or not where the
+        consumer scales each block's products), times its token columns."""
+        if self.scale_after:
+            operand = widen.values(words, scale, index)  # (the scale: only its dtype)
+        else:
+            operand = widen.operand(words, scale, index)
         self.wgmma.fence()
         self.wgmma.mma(operand, s_tokens.transpose(), acc)
         self.wgmma.commit_group()

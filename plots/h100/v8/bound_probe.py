@@ -13,7 +13,11 @@ timed in the same window (L2 flushed by reading, as ``bench_v8.py``), with cuBLA
   multiplied by ``mma.sync.m16n8k16`` warp by warp (the tokens loaded from the stage into registers)
   instead of a wgmma a warpgroup. Correct at one token; at 16 it is wrong (relative error 0.125 on
   the H200: the 16-token accumulator keeps wgmma's register order, which the dot's two m16n8 tiles
-  do not share), so it is checked, and left out of a shape's window where it is wrong.
+  do not share), so it is checked, and left out of a shape's window where it is wrong;
+* ``scale_after`` (H200 too): each K block, one scale group, multiplied unscaled into a float32
+  tile of its own, then scaled into the accumulator by its 64 scales (as V8's fp8 applies its row
+  scales once): no 16-bit multiply of the widened values. Checked as V8 (its sums round
+  differently: ``q * x`` accumulated exactly, not ``q * scale`` rounded to 16 bits first).
 
 The cut-down variants' outputs are wrong by design: only V8's and ``mma_sync``'s are checked. Build on the CPU machine
 first (``--build-only``; tilus caches the programs under ``$MATMUL_CACHE_DIR``), then time on the GPU:
@@ -29,7 +33,7 @@ import sys
 from pathlib import Path
 
 import torch
-from tilus import RegisterTensor, SharedTensor, int32
+from tilus import RegisterTensor, SharedTensor, float32, int4b, int32
 
 import matmul
 from matmul.build.compiler import target
@@ -37,7 +41,10 @@ from matmul.call import tilus_autotune
 from matmul.kernels import versions
 from matmul.measure.correctness import relative_error
 from matmul.measure.timing import interleaved_ms
-from pipeline.widen import Int4Widen
+from pipeline import Pipeline
+from pipeline.cluster_reduce import ClusterSplitKReduce
+from pipeline.epilogue import wgmma_fragment
+from pipeline.widen import WORDS, Int4Widen, packed_words, reduce_layout, word_columns
 
 V8 = versions.load("sm_90a", "v8")
 CONFIGS = (
@@ -116,14 +123,75 @@ class MmaSync(V8.Kernel):
         self.dot(operand, self.transpose(tokens), acc, out=acc)
 
 
+class ScaleAfter(V8.Kernel):
+    def consumer(
+        self,
+        c: int,
+        ring: Pipeline,
+        s_w: SharedTensor,
+        s_s: SharedTensor,
+        s_x: SharedTensor,
+        reduce: ClusterSplitKReduce,
+        count: int32,
+    ):
+        # each K block (one scale group) multiplied unscaled into a float32 tile of its own, which the
+        # group's scales then multiply into the accumulator: four or eight multiply-adds a thread a
+        # block instead of a 16-bit multiply for every two of its 64 widened values
+        wg, turn = divmod(c, self.interleave)
+        with self.warp_group(warp_begin=4 * c, num_warps=4):
+            fragment = wgmma_fragment(64, self.block_m)
+            acc = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
+            self.annotate_layout(acc, fragment)
+            widen = Int4Widen(self.chunk)
+            s_words = self.reshape_shared(s_w, [self.stages, self.consumers, 2, 128, WORDS])
+            s_scale = self.reshape_shared(s_s, [self.stages, self.consumers, V8.TILE_ROWS, 1])
+            for kb in self.range(count, unroll=1):  # noqa: B007
+                ring.consumer_acquire()
+                slot = ring.consumer_stage
+                scale = self.load_shared(s_scale[slot, c])
+                self.annotate_layout(scale, reduce_layout(fragment))
+                block = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
+                self.annotate_layout(block, fragment)
+                first = turn * (V8.BLOCK_K // self.chunk)
+                self.half(widen, s_words[slot, c, 0], scale, s_x, slot, first, block)
+                self.half(widen, s_words[slot, c, 1], scale, s_x, slot, first + V8.HALF_K // self.chunk, block)
+                self.wgmma.wait_group(0)
+                ring.consumer_release()
+                ring.consumer_advance()
+                scaled = block * self.cast(scale, float32)
+                self.annotate_layout(scaled, fragment)
+                self.add(acc, scaled, out=acc)
+            reduce.store(acc, wg, turn)
+
+    def part(
+        self,
+        widen: Int4Widen,
+        words: RegisterTensor,
+        scale: RegisterTensor,
+        index: int,
+        s_tokens: SharedTensor,
+        acc: RegisterTensor,
+    ):
+        per_part = self.chunk // 16  # the part's words, unscaled: integers -8 .. 7 in float16
+        mine = words if per_part == WORDS else word_columns(words, index * per_part, per_part)
+        if per_part != WORDS:
+            self.annotate_layout(mine, packed_words(per_part))
+        operand = self.view(mine, layout=widen.fragment, dtype=int4b).to(self.dtype)
+        self.annotate_layout(operand, widen.fragment)
+        self.wgmma.fence()
+        self.wgmma.mma(operand, s_tokens.transpose(), acc)
+        self.wgmma.commit_group()
+
+
 VARIANTS = {
     "v8": V8.Kernel,
     "no_widen": NoWiden,
     "one_wgmma": OneWgmma,
     "ring_only": RingOnly,
     "mma_sync": MmaSync,
+    "scale_after": ScaleAfter,
 }
-CHECKED = ("v8", "mma_sync")  # the variants whose output is V8's: checked before they are timed
+CHECKED = ("v8", "mma_sync", "scale_after")  # the variants whose output is V8's: checked before they are timed
 
 
 def script(cls, config):
