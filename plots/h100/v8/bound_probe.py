@@ -14,6 +14,9 @@ timed in the same window (L2 flushed by reading, as ``bench_v8.py``), with cuBLA
   instead of a wgmma a warpgroup. Correct at one token; at 16 it is wrong (relative error 0.125 on
   the H200: the 16-token accumulator keeps wgmma's register order, which the dot's two m16n8 tiles
   do not share), so it is checked, and left out of a shape's window where it is wrong;
+* ``scale_values`` (H200 too): V8 with int4's scales multiplying every widened value, as V8 did at
+  every tile before it scaled the products at up to 16 tokens (``--configs calls``: the call's
+  configurations, against V8 in one window);
 * ``scale_after`` (H200 too): each K block, one scale group, multiplied unscaled into a float32
   tile of its own, then scaled into the accumulator by its 64 scales (as V8's fp8 applies its row
   scales once): no 16-bit multiply of the widened values. Checked as V8 (its sums round
@@ -25,6 +28,7 @@ first (``--build-only``; tilus caches the programs under ``$MATMUL_CACHE_DIR``),
     MATMUL_CACHE_DIR=.cache/probe python plots/h100/v8/bound_probe.py OUT --build-only
     python plots/h100/v8/bound_probe.py OUT                         # bound_probe.json
     [--variants v8,no_widen,ring_only] [--stages 4,8]               # (default: every variant, 4)
+    [--configs calls --shapes decode --dtype bfloat16]              # the call's configurations
 """
 
 import argparse
@@ -33,6 +37,7 @@ import sys
 from pathlib import Path
 
 import torch
+from bench_v8 import DECODE_SHAPES  # (this script's folder)
 from tilus import RegisterTensor, SharedTensor, float32, int4b, int32
 
 import matmul
@@ -41,6 +46,7 @@ from matmul.call import tilus_autotune
 from matmul.kernels import versions
 from matmul.measure.correctness import relative_error
 from matmul.measure.timing import interleaved_ms
+from matmul.quant import linear as quant_linear
 from pipeline import Pipeline
 from pipeline.cluster_reduce import ClusterSplitKReduce
 from pipeline.epilogue import wgmma_fragment
@@ -183,6 +189,27 @@ class ScaleAfter(V8.Kernel):
         self.wgmma.commit_group()
 
 
+class ScaleValues(V8.Kernel):
+    def __init__(
+        self,
+        dtype,
+        block_m: int,
+        warpgroups: int,
+        split: int,
+        stages: int,
+        chunk: int = 64,
+        interleave: int = 1,
+        weight: str = "int4",
+        b_layout: str = "nk",
+        bias: bool = False,
+        activation: str = "",
+    ):
+        super().__init__(
+            dtype, block_m, warpgroups, split, stages, chunk, interleave, weight, b_layout, bias, activation
+        )
+        self.scale_after = False  # V8 as it was: every widened value multiplied by its scale
+
+
 VARIANTS = {
     "v8": V8.Kernel,
     "no_widen": NoWiden,
@@ -190,12 +217,24 @@ VARIANTS = {
     "ring_only": RingOnly,
     "mma_sync": MmaSync,
     "scale_after": ScaleAfter,
+    "scale_values": ScaleValues,
 }
-CHECKED = ("v8", "mma_sync", "scale_after")  # the variants whose output is V8's: checked before they are timed
+CHECKED = (
+    "v8",
+    "mma_sync",
+    "scale_after",
+    "scale_values",
+)  # the variants whose output is V8's: checked before they are timed
 
 
-def script(cls, config):
-    return versions.fixed_script(cls, config, torch.float16, name=f"{cls.__name__}_probe")
+def script(cls, config, dtype=torch.float16):
+    return versions.fixed_script(cls, config, dtype, name=f"{cls.__name__}_probe")
+
+
+def calls_configs(shapes) -> list[dict]:
+    """The call's int4 configurations for ``shapes``."""
+    chosen = [quant_linear.kernel_config("int4", quant_linear.config_for(m, n, k, "int4")) for m, n, k in shapes]
+    return list({str(c): c for c in chosen}.values())
 
 
 def main(argv=None) -> None:
@@ -204,28 +243,39 @@ def main(argv=None) -> None:
     parser.add_argument("--build-only", action="store_true")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--stages", default="4", help="ring depths to build each configuration with")
+    parser.add_argument("--configs", default="probe", help="probe: CONFIGS; calls: the call's for each shape")
+    parser.add_argument("--shapes", default="probe", help="probe: SHAPES; decode: bench_v8's 1 and 16 tokens")
+    parser.add_argument("--dtype", default="float16")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    configs = [{**c, "stages": int(stages)} for stages in args.stages.split(",") for c in CONFIGS]
+    parser_shapes = DECODE_SHAPES if args.shapes == "decode" else SHAPES
+    dtype = getattr(torch, args.dtype)
+    if args.configs == "calls":  # each shape timed in its own configuration only
+        configs = calls_configs(parser_shapes)
+    else:
+        configs = [{**c, "stages": int(stages)} for stages in args.stages.split(",") for c in CONFIGS]
     programs = {}
     for name in args.variants.split(","):
         cls = VARIANTS[name]
         for config in configs:
             with target("sm_90a"):  # built here, or found in tilus's cache
-                programs[name, str(config)] = tilus_autotune.load(tilus_autotune.build(script(cls, config)))
+                programs[name, str(config)] = tilus_autotune.load(tilus_autotune.build(script(cls, config, dtype)))
             print(f"built {name} {config}", flush=True)
     if args.build_only:  # the libraries are opened, not loaded onto a GPU
         return
     rows = []
-    for m, n, k in SHAPES:
+    for m, n, k in parser_shapes:
         gen = torch.Generator().manual_seed(0)
-        w = (torch.randn(n, k, generator=gen) / k**0.5).half().cuda()
-        x = torch.randn(m, k, generator=gen).half().cuda()
+        w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype).cuda()
+        x = torch.randn(m, k, generator=gen).to(dtype).cuda()
         qw = matmul.quantize(w, format="int4")
         w16 = qw.dequantize()
-        out = torch.empty(m, n, dtype=torch.float16, device="cuda")
+        out = torch.empty(m, n, dtype=dtype, device="cuda")
+        mine = str(quant_linear.kernel_config("int4", quant_linear.config_for(m, n, k, "int4")))
         fns, names = [lambda x=x, w16=w16: torch.matmul(x, w16.T)], ["cublas"]
         for (name, config), program in programs.items():
+            if args.configs == "calls" and config != mine:
+                continue
             operands = (m, n, k, x, qw.packed, out, x.stride(0), qw.packed.stride(0), out.stride(0), 0, qw.scales)
 
             def launch(program=program, operands=operands):
@@ -247,7 +297,9 @@ def main(argv=None) -> None:
             row = dict(m=m, n=n, k=k, kernel=name, us=ms * 1e3)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    (args.out / "bound_probe.json").write_text(json.dumps(rows, indent=1))
+    (
+        args.out / f"bound_probe-{args.dtype}.json" if args.dtype != "float16" else args.out / "bound_probe.json"
+    ).write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":
