@@ -34,7 +34,7 @@ gives, exactly (one rounding of ``q * scale`` in the 16-bit dtype). At tiles of 
 (decode) the integers -8..7 go into the wgmma unscaled, each K block's products into a float32 tile
 of their own, which the block's 64 scales multiply into the accumulator once the block's wgmma is
 waited for: a thread's 4 or 8 float32 multiply-adds a block instead of 32 16-bit multiplies of its
-widened values (faster on the H200: ``plots/h200/v8-read-control/``). The sum is then of
+widened values (faster on the H200: ``plots/h200/v8-scale-after/``). The sum is then of
 ``q * x`` scaled in float32, not of ``x`` times ``q * scale`` rounded to 16 bits: it differs from
 the dequantized weight's product by that rounding, as the tests' float32 reference allows.
 
