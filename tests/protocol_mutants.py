@@ -377,13 +377,13 @@ MUTANTS = (
         ("bytes",),
     ),
     Mutant(
-        "wrong K block: Hopper V8's producer loads the first packed weight tile of its K range for every "
-        "K block (the widened A in registers then multiplies the wrong weights)",
+        "wrong K block: Hopper V8's producer loads the packed weight tile of K block 0 for every K block "
+        "(the widened A in registers then multiplies the wrong weights)",
         "sm_90a",
         "v8",
         "matmul.kernels.hopper.v8",
         "self.load_weight_tile(g_w, s_w[slot, c], (offset_n + 64 * wg) // TILE_ROWS, block, ring)",
-        "self.load_weight_tile(g_w, s_w[slot, c], (offset_n + 64 * wg) // TILE_ROWS, k_blocks.first, ring)",
+        "self.load_weight_tile(g_w, s_w[slot, c], (offset_n + 64 * wg) // TILE_ROWS, 0, ring)",
         ("coverage",),
     ),
     Mutant(

@@ -433,27 +433,24 @@ class Kernel(PackedWeightKernel):
                 slot = ring.consumer_stage
                 first = turn * (BLOCK_K // self.chunk)  # this turn's token boxes in the stage
                 if self.scale_after:
-                    # the block's products of unscaled integers, in a tile of their own; its 64
-                    # scales (read before the stage is released) then multiply that tile into acc
+                    # the block's products of unscaled integers, in a tile of their own, which its 64
+                    # scales (read before the stage is released) multiply into acc after the wait
                     scale = self.load_shared(s_scale[slot, c])
                     self.annotate_layout(scale, reduce_layout(fragment))
                     products = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
                     self.annotate_layout(products, fragment)
-                    self.half(widen, s_words[slot, c, 0], scale, s_x, slot, first, products)
-                    self.half(widen, s_words[slot, c, 1], scale, s_x, slot, first + HALF_K // self.chunk, products)
-                    self.wgmma.wait_group(0)  # A's registers are rewritten by the next block
-                    ring.consumer_release()
-                    ring.consumer_advance()
+                else:
+                    scale = widen.scales(s_scale[slot, c])
+                    products = acc
+                self.half(widen, s_words[slot, c, 0], scale, s_x, slot, first, products)
+                self.half(widen, s_words[slot, c, 1], scale, s_x, slot, first + HALF_K // self.chunk, products)
+                self.wgmma.wait_group(0)  # A's registers are rewritten by the next block
+                ring.consumer_release()
+                ring.consumer_advance()
+                if self.scale_after:
                     scaled = products * self.cast(scale, float32)
                     self.annotate_layout(scaled, fragment)
                     self.add(acc, scaled, out=acc)
-                else:
-                    scale = widen.scales(s_scale[slot, c])
-                    self.half(widen, s_words[slot, c, 0], scale, s_x, slot, first, acc)
-                    self.half(widen, s_words[slot, c, 1], scale, s_x, slot, first + HALF_K // self.chunk, acc)
-                    self.wgmma.wait_group(0)  # A's registers are rewritten by the next block
-                    ring.consumer_release()
-                    ring.consumer_advance()
             reduce.store(acc, wg, turn)
 
     def half(
