@@ -190,24 +190,16 @@ class ScaleAfter(V8.Kernel):
 
 
 class ScaleValues(V8.Kernel):
-    def __init__(
-        self,
-        dtype,
-        block_m: int,
-        warpgroups: int,
-        split: int,
-        stages: int,
-        chunk: int = 64,
-        interleave: int = 1,
-        weight: str = "int4",
-        b_layout: str = "nk",
-        bias: bool = False,
-        activation: str = "",
-    ):
-        super().__init__(
-            dtype, block_m, warpgroups, split, stages, chunk, interleave, weight, b_layout, bias, activation
-        )
-        self.scale_after = False  # V8 as it was: every widened value multiplied by its scale
+    """V8 as it was: every tile multiplies each widened value by its scale (V8's ``__init__`` sets
+    ``scale_after`` for tiles of up to 16 tokens; here the setting is kept off)."""
+
+    @property
+    def scale_after(self) -> bool:
+        return False
+
+    @scale_after.setter
+    def scale_after(self, value: bool) -> None:
+        pass
 
 
 VARIANTS = {
