@@ -17,12 +17,12 @@ timed in the same window (L2 flushed by reading, as ``bench_v8.py``), with cuBLA
 * ``scale_values`` (H200 too): V8 with int4's scales multiplying every widened value, as V8 did at
   every tile before it scaled the products at up to 16 tokens (``--configs calls``: the call's
   configurations, against V8 in one window);
-* ``scale_after`` (H200 too): each K block, one scale group, multiplied unscaled into a float32
-  tile of its own, then scaled into the accumulator by its 64 scales (as V8's fp8 applies its row
-  scales once): no 16-bit multiply of the widened values. Checked as V8 (its sums round
-  differently: ``q * x`` accumulated exactly, not ``q * scale`` rounded to 16 bits first).
+* (``scale_after``, H200, as at 333361c: each K block multiplied unscaled into a float32 tile of
+  its own, then scaled into the accumulator; V8 itself does so at tiles of up to 16 tokens since,
+  and ``scale_values`` is now the variant that does not)
 
-The cut-down variants' outputs are wrong by design: only V8's and ``mma_sync``'s are checked. Build on the CPU machine
+The cut-down variants' outputs are wrong by design: only V8's, ``mma_sync``'s and ``scale_values``' are
+checked. Build on the CPU machine
 first (``--build-only``; tilus caches the programs under ``$MATMUL_CACHE_DIR``), then time on the GPU:
 
     MATMUL_CACHE_DIR=.cache/probe python plots/h100/v8/bound_probe.py OUT --build-only
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 from bench_v8 import DECODE_SHAPES  # (this script's folder)
-from tilus import RegisterTensor, SharedTensor, float32, int4b, int32
+from tilus import RegisterTensor, SharedTensor, int32
 
 import matmul
 from matmul.build.compiler import target
@@ -47,10 +47,7 @@ from matmul.kernels import versions
 from matmul.measure.correctness import relative_error
 from matmul.measure.timing import interleaved_ms
 from matmul.quant import linear as quant_linear
-from pipeline import Pipeline
-from pipeline.cluster_reduce import ClusterSplitKReduce
-from pipeline.epilogue import wgmma_fragment
-from pipeline.widen import WORDS, Int4Widen, packed_words, reduce_layout, word_columns
+from pipeline.widen import Int4Widen
 
 V8 = versions.load("sm_90a", "v8")
 CONFIGS = (
@@ -129,66 +126,6 @@ class MmaSync(V8.Kernel):
         self.dot(operand, self.transpose(tokens), acc, out=acc)
 
 
-class ScaleAfter(V8.Kernel):
-    def consumer(
-        self,
-        c: int,
-        ring: Pipeline,
-        s_w: SharedTensor,
-        s_s: SharedTensor,
-        s_x: SharedTensor,
-        reduce: ClusterSplitKReduce,
-        count: int32,
-    ):
-        # each K block (one scale group) multiplied unscaled into a float32 tile of its own, which the
-        # group's scales then multiply into the accumulator: four or eight multiply-adds a thread a
-        # block instead of a 16-bit multiply for every two of its 64 widened values
-        wg, turn = divmod(c, self.interleave)
-        with self.warp_group(warp_begin=4 * c, num_warps=4):
-            fragment = wgmma_fragment(64, self.block_m)
-            acc = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
-            self.annotate_layout(acc, fragment)
-            widen = Int4Widen(self.chunk)
-            s_words = self.reshape_shared(s_w, [self.stages, self.consumers, 2, 128, WORDS])
-            s_scale = self.reshape_shared(s_s, [self.stages, self.consumers, V8.TILE_ROWS, 1])
-            for kb in self.range(count, unroll=1):  # noqa: B007
-                ring.consumer_acquire()
-                slot = ring.consumer_stage
-                scale = self.load_shared(s_scale[slot, c])
-                self.annotate_layout(scale, reduce_layout(fragment))
-                block = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
-                self.annotate_layout(block, fragment)
-                first = turn * (V8.BLOCK_K // self.chunk)
-                self.half(widen, s_words[slot, c, 0], scale, s_x, slot, first, block)
-                self.half(widen, s_words[slot, c, 1], scale, s_x, slot, first + V8.HALF_K // self.chunk, block)
-                self.wgmma.wait_group(0)
-                ring.consumer_release()
-                ring.consumer_advance()
-                scaled = block * self.cast(scale, float32)
-                self.annotate_layout(scaled, fragment)
-                self.add(acc, scaled, out=acc)
-            reduce.store(acc, wg, turn)
-
-    def part(
-        self,
-        widen: Int4Widen,
-        words: RegisterTensor,
-        scale: RegisterTensor,
-        index: int,
-        s_tokens: SharedTensor,
-        acc: RegisterTensor,
-    ):
-        per_part = self.chunk // 16  # the part's words, unscaled: integers -8 .. 7 in float16
-        mine = words if per_part == WORDS else word_columns(words, index * per_part, per_part)
-        if per_part != WORDS:
-            self.annotate_layout(mine, packed_words(per_part))
-        operand = self.view(mine, layout=widen.fragment, dtype=int4b).to(self.dtype)
-        self.annotate_layout(operand, widen.fragment)
-        self.wgmma.fence()
-        self.wgmma.mma(operand, s_tokens.transpose(), acc)
-        self.wgmma.commit_group()
-
-
 class ScaleValues(V8.Kernel):
     """V8 as it was: every tile multiplies each widened value by its scale (V8's ``__init__`` sets
     ``scale_after`` for tiles of up to 16 tokens; here the setting is kept off)."""
@@ -208,7 +145,6 @@ VARIANTS = {
     "one_wgmma": OneWgmma,
     "ring_only": RingOnly,
     "mma_sync": MmaSync,
-    "scale_after": ScaleAfter,
     "scale_values": ScaleValues,
 }
 CHECKED = (
