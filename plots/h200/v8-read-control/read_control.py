@@ -101,6 +101,14 @@ class ReadKernel:
             raise AssertionError(f"TMA read {box_rows}/{stages}/{blocks}: xor {got:#x}, expected {expected:#x}")
 
 
+def fastest(shapes: list[tuple], launcher) -> tuple[tuple, dict]:
+    """The launch shape whose ``launcher(shape)`` is fastest in one short window (L2 flushed), and
+    every shape's time in us, keyed "a/b/c"."""
+    trial = interleaved_ms([launcher(s) for s in shapes], 5, 20)
+    best = shapes[min(range(len(shapes)), key=trial.__getitem__)]
+    return best, {"/".join(map(str, s)): t * 1e3 for s, t in zip(shapes, trial)}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
@@ -123,11 +131,11 @@ def main(argv=None) -> int:
         qw = matmul.quantize(w, format=args.format)
         # one launch, as V8's: the packed weight alone (V8 also reads the scales, 1/32 of int4's bytes)
         buffers = [qw.packed]
-        nbytes = sum(b.numel() * b.element_size() for b in buffers)
-        # the fastest plain read of these bytes, chosen in short windows
-        shapes = list(itertools.product(CTAS_PER_SM, THREADS, UNROLL))
-        trial = interleaved_ms([reader.launcher(buffers, *s) for s in shapes], 5, 20)
-        best = shapes[min(range(len(shapes)), key=trial.__getitem__)]
+        nbytes = qw.packed.numel() * qw.packed.element_size()
+        # the fastest plain read of these bytes
+        best, _ = fastest(
+            list(itertools.product(CTAS_PER_SM, THREADS, UNROLL)), lambda s, b=buffers: reader.launcher(b, *s)
+        )
         read = reader.launcher(buffers, *best)
         # the same bytes through a TMA ring: V8's own box, depth and grid, and the fastest of the others
         v8_grid = -(-n // 64) * V8_SPLIT
@@ -138,9 +146,7 @@ def main(argv=None) -> int:
             if stages * rows * 256 <= MAX_RING_BYTES
             for blocks in [v8_grid] + [reader.sms * c for c in TMA_CTAS_PER_SM]
         ]
-        trial = interleaved_ms([reader.tma_launcher(qw.packed, *s) for s in tma_shapes], 5, 20)
-        tma_best = tma_shapes[min(range(len(tma_shapes)), key=trial.__getitem__)]
-        tma_trials = {"/".join(map(str, s)): t * 1e3 for s, t in zip(tma_shapes, trial)}
+        tma_best, tma_trials = fastest(tma_shapes, lambda s, w=qw.packed: reader.tma_launcher(w, *s))
         for shape in tma_shapes:  # each box read once: the xor of one word a box, as the kernel takes it
             reader.check_tma(qw.packed, *shape)
         v8_like = reader.tma_launcher(qw.packed, 16, 4, v8_grid)

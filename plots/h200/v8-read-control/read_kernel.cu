@@ -88,11 +88,13 @@ __global__ void read_tma_kernel(const __grid_constant__ CUtensorMap map, int ban
     if (threadIdx.x != 0) return;
     for (int s = 0; s < STAGES; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&full[s])));
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    for (int i = 0; i < STAGES && i < count; ++i) {
+    auto issue = [&](int i) {  // this CTA's box i into stage i % STAGES
         long box = first + i;
-        issue_box(&map, smem_addr(smem + i * box_words), smem_addr(&full[i]), (int)(box % boxes_per_band) * 64,
+        int s = i % STAGES;
+        issue_box(&map, smem_addr(smem + s * box_words), smem_addr(&full[s]), (int)(box % boxes_per_band) * 64,
                   (int)(box / boxes_per_band) * box_rows, box_bytes);
-    }
+    };
+    for (int i = 0; i < STAGES && i < count; ++i) issue(i);
     int acc = 0;
     for (int i = 0; i < count; ++i) {
         int s = i % STAGES;
@@ -100,9 +102,7 @@ __global__ void read_tma_kernel(const __grid_constant__ CUtensorMap map, int ban
         acc ^= smem[s * box_words + ((first + i) & 63)];  // word (box & 63) of the box's first row
         if (i + STAGES < count) {
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the read above before TMA rewrites the stage
-            long box = first + i + STAGES;
-            issue_box(&map, smem_addr(smem + s * box_words), smem_addr(&full[s]), (int)(box % boxes_per_band) * 64,
-                      (int)(box / boxes_per_band) * box_rows, box_bytes);
+            issue(i + STAGES);
         }
     }
     atomicXor(sink, acc);  // one word a CTA: the caller checks the xor of every box's word once
