@@ -17,6 +17,9 @@ timed in the same window (L2 flushed by reading, as ``bench_v8.py``), with cuBLA
 * ``scale_values`` (H200 too): V8 with int4's scales multiplying every widened value, as V8 did at
   every tile before it scaled the products at up to 16 tokens (``--configs calls``: the call's
   configurations, against V8 in one window);
+* ``overlap`` and ``rolling`` (H200, ``plots/h200/v8-rolling/``): V8 whose consumer keeps wgmma
+  groups in flight across K blocks, a whole block or one part (``wait_group 1`` after each), each
+  block with registers of its own (the loop unrolled by two);
 * (``scale_after``, H200, as at 333361c: each K block multiplied unscaled into a float32 tile of
   its own, then scaled into the accumulator; V8 itself does so at tiles of up to 16 tokens since,
   and ``scale_values`` is now the variant that does not)
@@ -38,7 +41,7 @@ from pathlib import Path
 
 import torch
 from bench_v8 import DECODE_SHAPES  # (this script's folder)
-from tilus import RegisterTensor, SharedTensor, int32
+from tilus import RegisterTensor, SharedTensor, float32, int32
 
 import matmul
 from matmul.build.compiler import target
@@ -47,7 +50,10 @@ from matmul.kernels import versions
 from matmul.measure.correctness import relative_error
 from matmul.measure.timing import interleaved_ms
 from matmul.quant import linear as quant_linear
-from pipeline.widen import Int4Widen
+from pipeline import Pipeline
+from pipeline.cluster_reduce import ClusterSplitKReduce
+from pipeline.epilogue import wgmma_fragment
+from pipeline.widen import WORDS, Int4Widen, reduce_layout
 
 V8 = versions.load("sm_90a", "v8")
 CONFIGS = (
@@ -139,6 +145,206 @@ class ScaleValues(V8.Kernel):
         pass
 
 
+class Overlap(V8.Kernel):
+    """V8 whose int4 consumer keeps a K block's wgmma groups in flight while it widens and issues
+    the next block (two sets of products and scales, the loop unrolled by two so that ptxas sees
+    each block's registers as its own); a stage is released once the block after it is issued."""
+
+    def consumer(
+        self,
+        c: int,
+        ring: Pipeline,
+        s_w: SharedTensor,
+        s_s: SharedTensor,
+        s_x: SharedTensor,
+        reduce: ClusterSplitKReduce,
+        count: int32,
+    ):
+        wg, turn = divmod(c, self.interleave)
+        with self.warp_group(warp_begin=4 * c, num_warps=4):
+            fragment = wgmma_fragment(64, self.block_m)
+            acc = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
+            self.annotate_layout(acc, fragment)
+            widen = Int4Widen(self.chunk)
+            s_words = self.reshape_shared(s_w, [self.stages, self.consumers, 2, 128, WORDS])
+            s_scale = self.reshape_shared(s_s, [self.stages, self.consumers, V8.TILE_ROWS, 1])
+            first = turn * (V8.BLOCK_K // self.chunk)
+            # (not a rebinding of a name first bound to acc: tilus would assign into acc)
+            if self.scale_after:
+                products_a = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
+                self.annotate_layout(products_a, fragment)
+                products_b = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
+                self.annotate_layout(products_b, fragment)
+            else:
+                products_a = acc
+                products_b = acc
+            scale_a = self.register_tensor(dtype=self.dtype, shape=[64, 1])
+            self.annotate_layout(scale_a, reduce_layout(fragment))
+            scale_b = self.register_tensor(dtype=self.dtype, shape=[64, 1])
+            self.annotate_layout(scale_b, reduce_layout(fragment))
+            self.issue_block(c, ring, widen, s_words, s_scale, s_x, first, products_a, scale_a)
+            ring.consumer_advance()
+            for kb in self.range((count - 1) // 2, unroll=1):  # noqa: B007
+                self.next_block(
+                    c, ring, widen, s_words, s_scale, s_x, first, products_b, scale_b, products_a, scale_a, acc
+                )
+                self.next_block(
+                    c, ring, widen, s_words, s_scale, s_x, first, products_a, scale_a, products_b, scale_b, acc
+                )
+            if (count - 1) % 2 == 1:
+                self.next_block(
+                    c, ring, widen, s_words, s_scale, s_x, first, products_b, scale_b, products_a, scale_a, acc
+                )
+                self.last_block(ring, products_b, scale_b, acc)
+            else:
+                self.last_block(ring, products_a, scale_a, acc)
+            reduce.store(acc, wg, turn)
+
+    def issue_block(
+        self,
+        c: int,
+        ring: Pipeline,
+        widen: Int4Widen,
+        s_words: SharedTensor,
+        s_scale: SharedTensor,
+        s_x: SharedTensor,
+        first: int,
+        products: RegisterTensor,
+        scale: RegisterTensor,
+    ):
+        ring.consumer_acquire()
+        slot = ring.consumer_stage
+        if self.scale_after:
+            self.load_shared(s_scale[slot, c], out=scale)
+            self.half(widen, s_words[slot, c, 0], scale, s_x, slot, first, products)
+            self.half(widen, s_words[slot, c, 1], scale, s_x, slot, first + V8.HALF_K // self.chunk, products)
+        else:
+            values_scale = widen.scales(s_scale[slot, c])
+            self.half(widen, s_words[slot, c, 0], values_scale, s_x, slot, first, products)
+            self.half(widen, s_words[slot, c, 1], values_scale, s_x, slot, first + V8.HALF_K // self.chunk, products)
+
+    def next_block(
+        self,
+        c: int,
+        ring: Pipeline,
+        widen: Int4Widen,
+        s_words: SharedTensor,
+        s_scale: SharedTensor,
+        s_x: SharedTensor,
+        first: int,
+        products: RegisterTensor,
+        scale: RegisterTensor,
+        previous: RegisterTensor,
+        previous_scale: RegisterTensor,
+        acc: RegisterTensor,
+    ):
+        self.issue_block(c, ring, widen, s_words, s_scale, s_x, first, products, scale)
+        self.wgmma.wait_group(V8.BLOCK_K // self.chunk)  # the previous block's groups done, this one's in flight
+        ring.consumer_release_previous()
+        ring.consumer_advance()
+        self.fold(previous, previous_scale, acc)
+
+    def last_block(self, ring: Pipeline, products: RegisterTensor, scale: RegisterTensor, acc: RegisterTensor):
+        self.wgmma.wait_group(0)
+        ring.consumer_release_previous()  # (the ring has advanced past the last block's stage)
+        self.fold(products, scale, acc)
+
+    def fold(self, products: RegisterTensor, scale: RegisterTensor, acc: RegisterTensor):
+        """A completed block's products, scaled, into the accumulator; its tile zeroed for the block
+        after next (nothing to do where the values were scaled: the block went into acc)."""
+        if self.scale_after:
+            scaled = products * self.cast(scale, float32)
+            self.annotate_layout(scaled, wgmma_fragment(64, self.block_m))
+            self.add(acc, scaled, out=acc)
+            zero = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
+            self.annotate_layout(zero, wgmma_fragment(64, self.block_m))
+            self.assign(products, zero)
+
+
+class Rolling(Overlap):
+    """``overlap`` at the grain of a part: each part's wgmma group is followed by ``wait_group 1``,
+    so at most two parts are in flight (two parts' operand registers live, not two blocks'), and
+    the tensor core runs the previous part, across a block's end too, while the next is widened;
+    the previous block's stage is released and its products folded once the block's first part
+    is issued."""
+
+    def issue_block(
+        self,
+        c: int,
+        ring: Pipeline,
+        widen: Int4Widen,
+        s_words: SharedTensor,
+        s_scale: SharedTensor,
+        s_x: SharedTensor,
+        first: int,
+        products: RegisterTensor,
+        scale: RegisterTensor,
+    ):
+        self.block_parts(
+            c, ring, widen, s_words, s_scale, s_x, first, products, scale, products, scale, products, False
+        )
+
+    def next_block(
+        self,
+        c: int,
+        ring: Pipeline,
+        widen: Int4Widen,
+        s_words: SharedTensor,
+        s_scale: SharedTensor,
+        s_x: SharedTensor,
+        first: int,
+        products: RegisterTensor,
+        scale: RegisterTensor,
+        previous: RegisterTensor,
+        previous_scale: RegisterTensor,
+        acc: RegisterTensor,
+    ):
+        self.block_parts(
+            c, ring, widen, s_words, s_scale, s_x, first, products, scale, previous, previous_scale, acc, True
+        )
+        ring.consumer_advance()
+
+    def block_parts(
+        self,
+        c: int,
+        ring: Pipeline,
+        widen: Int4Widen,
+        s_words: SharedTensor,
+        s_scale: SharedTensor,
+        s_x: SharedTensor,
+        first: int,
+        products: RegisterTensor,
+        scale: RegisterTensor,
+        previous: RegisterTensor,
+        previous_scale: RegisterTensor,
+        acc: RegisterTensor,
+        has_previous: bool,
+    ):
+        ring.consumer_acquire()
+        slot = ring.consumer_stage
+        if self.scale_after:
+            self.load_shared(s_scale[slot, c], out=scale)
+            part_scale = scale
+        else:
+            part_scale = widen.scales(s_scale[slot, c])
+        per_half = V8.HALF_K // self.chunk
+        words = widen.words(s_words[slot, c, 0])
+        self.part(widen, words, part_scale, 0, s_x[slot, first], products)
+        self.wgmma.wait_group(1)  # the previous block's last part done
+        if has_previous:
+            ring.consumer_release_previous()
+            self.fold(previous, previous_scale, acc)
+        if per_half == 2:
+            self.part(widen, words, part_scale, 1, s_x[slot, first + 1], products)
+            self.wgmma.wait_group(1)
+        words_1 = widen.words(s_words[slot, c, 1])
+        self.part(widen, words_1, part_scale, 0, s_x[slot, first + per_half], products)
+        self.wgmma.wait_group(1)
+        if per_half == 2:
+            self.part(widen, words_1, part_scale, 1, s_x[slot, first + per_half + 1], products)
+            self.wgmma.wait_group(1)
+
+
 VARIANTS = {
     "v8": V8.Kernel,
     "no_widen": NoWiden,
@@ -146,12 +352,16 @@ VARIANTS = {
     "ring_only": RingOnly,
     "mma_sync": MmaSync,
     "scale_values": ScaleValues,
+    "overlap": Overlap,
+    "rolling": Rolling,
 }
 CHECKED = (
     "v8",
     "mma_sync",
     "scale_after",
     "scale_values",
+    "overlap",
+    "rolling",
 )  # the variants whose output is V8's: checked before they are timed
 
 
