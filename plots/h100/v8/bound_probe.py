@@ -41,10 +41,7 @@ from pathlib import Path
 
 import torch
 from bench_v8 import DECODE_SHAPES  # (this script's folder)
-from tilus import GlobalTensor, RegisterTensor, SharedTensor, float32, int32, void_p
-from tilus.ir.layout.ops import shared_row_major
-from tilus.ir.layout.ops.register_ops import local, spatial
-from tilus.utils import cdiv
+from tilus import RegisterTensor, SharedTensor, float32, int32
 
 import matmul
 from matmul.build.compiler import target
@@ -54,9 +51,9 @@ from matmul.measure.correctness import relative_error
 from matmul.measure.timing import interleaved_ms
 from matmul.quant import linear as quant_linear
 from pipeline import Pipeline
-from pipeline.cluster_reduce import ClusterSplitKReduce, SplitKRange
+from pipeline.cluster_reduce import ClusterSplitKReduce
 from pipeline.epilogue import wgmma_fragment
-from pipeline.widen import WORDS, Int4Widen, packed_words, reduce_layout
+from pipeline.widen import WORDS, Int4Widen, reduce_layout
 
 V8 = versions.load("sm_90a", "v8")
 CONFIGS = (
@@ -64,9 +61,6 @@ CONFIGS = (
     {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 64, "interleave": 1},
 )
 SHAPES = ((1, 4096, 4096), (16, 28672, 4096), (1, 4096, 14336))
-# a half tile's packed words [8 rows, 64 int32] of the packed weight as a warpgroup holds them:
-# thread t row t // 16, words 4 (t % 16) .. 4 (t % 16) + 3 (its 16 bytes: ``packed_words`` viewed)
-HALF_WORDS = spatial(8, 16) * local(1, 4)
 
 
 # (tilus reads the annotations of a kernel's methods)
@@ -351,178 +345,6 @@ class Rolling(Overlap):
             self.wgmma.wait_group(1)
 
 
-class DirectLoad(V8.Kernel):
-    """V8 whose consumers load their packed words from global memory straight into registers
-    (16 bytes a thread a half tile, coalesced: the packed layout is the fragment's), the next K
-    block's words in flight while this block is widened and multiplied (two register sets, the
-    loop unrolled by two); the ring carries only the tokens and the scales. Int4, tiles of up to
-    16 tokens (the scale-after path)."""
-
-    def matmul(
-        self,
-        g_a: GlobalTensor,
-        g_w: GlobalTensor,
-        g_s: GlobalTensor,
-        g_c: GlobalTensor,
-        m_size: int32,
-        n_size: int32,
-        k_size: int32,
-    ):
-        rows = 64 * self.warpgroups
-        consumers = self.consumers
-        num_n_tiles = cdiv(n_size, rows)
-        num_m_tiles = cdiv(m_size, self.block_m)
-        self.attrs.blocks = self.split * num_n_tiles * num_m_tiles
-        self.attrs.cluster_blocks = self.split
-        self.attrs.warps = 4 * consumers + 1
-        rank: int32 = self.cluster.blockRank
-        tile: int32 = self.blockIdx.x // self.split
-        offset_m: int32 = (tile % num_m_tiles) * self.block_m
-        offset_n: int32 = (tile // num_m_tiles) * rows
-        k_blocks = SplitKRange(cdiv(k_size, V8.BLOCK_K), self.split, rank, self.interleave)
-        turns: int32 = cdiv(k_blocks.count, self.interleave)
-        s_s = self.shared_tensor(dtype=self.dtype, shape=[self.stages, consumers, 1, V8.TILE_ROWS])
-        self.annotate_layout(s_s, shared_row_major(self.stages, consumers, 1, V8.TILE_ROWS))
-        parts = V8.BLOCK_K // self.chunk
-        s_x = self.shared_tensor(
-            dtype=self.dtype, shape=[self.stages, self.interleave * parts, self.block_m, self.chunk]
-        )
-        ring = Pipeline(self.stages, consumer_arrivals=consumers, elect_release=True)
-        reduce = ClusterSplitKReduce(self.split, rows, self.block_m, layers=self.interleave)
-        reduce.arrive_after_init()
-
-        with self.single_warp(4 * consumers):  # producer: the scales and the tokens only
-            for i in range(turns):
-                ring.producer_acquire()
-                slot = ring.producer_stage
-                with self.single_thread():
-                    self.mbarrier.arrive_and_expect_tx(
-                        ring.producer_barrier(), transaction_bytes=s_s[slot].nbytes + s_x[slot].nbytes
-                    )
-                first = k_blocks.first + i * self.interleave
-                for turn in range(self.interleave):
-                    for wg in range(self.warpgroups):
-                        self.tma.global_to_shared(
-                            src=g_s,
-                            dst=s_s[slot, wg * self.interleave + turn],
-                            offsets=[first + turn, offset_n + 64 * wg],
-                            mbarrier=ring.producer_barrier(),
-                        )
-                    for part in range(parts):
-                        self.tma.global_to_shared(
-                            src=g_a,
-                            dst=s_x[slot, turn * parts + part],
-                            offsets=[offset_m, (first + turn) * V8.BLOCK_K + part * self.chunk],
-                            mbarrier=ring.producer_barrier(),
-                        )
-                ring.producer_advance()
-
-        self.direct_consumer(0, ring, g_w, s_s, s_x, reduce, turns, k_blocks.first, offset_n)
-        if consumers > 1:
-            self.direct_consumer(1, ring, g_w, s_s, s_x, reduce, turns, k_blocks.first, offset_n)
-        if consumers > 2:
-            self.direct_consumer(2, ring, g_w, s_s, s_x, reduce, turns, k_blocks.first, offset_n)
-            self.direct_consumer(3, ring, g_w, s_s, s_x, reduce, turns, k_blocks.first, offset_n)
-        reduce.wait_for_peers()
-        reduce.exchange(rank)
-        with self.warp_group(warp_begin=0, num_warps=4):
-            reduce.write(rank, g_c, offset_m, offset_n, self.epilogue)
-        reduce.exit_barrier()
-
-    def direct_consumer(
-        self,
-        c: int,
-        ring: Pipeline,
-        g_w: GlobalTensor,
-        s_s: SharedTensor,
-        s_x: SharedTensor,
-        reduce: ClusterSplitKReduce,
-        count: int32,
-        first_block: int32,
-        offset_n: int32,
-    ):
-        wg, turn = divmod(c, self.interleave)
-        with self.warp_group(warp_begin=4 * c, num_warps=4):
-            fragment = wgmma_fragment(64, self.block_m)
-            acc = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
-            self.annotate_layout(acc, fragment)
-            widen = Int4Widen(self.chunk)
-            s_scale = self.reshape_shared(s_s, [self.stages, self.consumers, V8.TILE_ROWS, 1])
-            row = (offset_n + 64 * wg) // V8.TILE_ROWS * 16  # the slab's first row of packed words
-            block: int32 = first_block + turn  # the K block this consumer takes next
-            a_0 = self.load_global(g_w, offsets=[row, block * 64], shape=[8, 64])
-            self.annotate_layout(a_0, HALF_WORDS)
-            a_1 = self.load_global(g_w, offsets=[row + 8, block * 64], shape=[8, 64])
-            self.annotate_layout(a_1, HALF_WORDS)
-            b_0 = self.register_tensor(dtype=int32, shape=[8, 64], init=0)
-            self.annotate_layout(b_0, HALF_WORDS)
-            b_1 = self.register_tensor(dtype=int32, shape=[8, 64], init=0)
-            self.annotate_layout(b_1, HALF_WORDS)
-            for kb in self.range(count // 2, unroll=1):  # noqa: B007
-                self.load_words(g_w, row, block + self.interleave, b_0, b_1)
-                self.direct_block(c, ring, widen, a_0, a_1, s_scale, s_x, turn, acc)
-                block = block + 2 * self.interleave
-                if kb * 2 + 2 < count:
-                    self.load_words(g_w, row, block, a_0, a_1)
-                self.direct_block(c, ring, widen, b_0, b_1, s_scale, s_x, turn, acc)
-            if count % 2 == 1:
-                self.direct_block(c, ring, widen, a_0, a_1, s_scale, s_x, turn, acc)
-            reduce.store(acc, wg, turn)
-
-    def weight_view(self, b_ptr: void_p, ldb: int32, n_pad: int32, k_size: int32) -> GlobalTensor:
-        """V8's view, its extents bound to names first: a view whose type holds expressions is
-        rebuilt by tilus 0.2.0's loop-invariant hoisting inside a loop, under a name nothing
-        declares (a load_global of it in a loop then fails to compile)."""
-        rows: int32 = n_pad // V8.TILE_ROWS * self.word_rows
-        columns: int32 = k_size // V8.BLOCK_K * self.word_cols
-        return self.global_view(b_ptr, dtype=int32, shape=[rows, columns], strides=[ldb, 1])
-
-    def load_words(self, g_w: GlobalTensor, row: int32, block: int32, half_0: RegisterTensor, half_1: RegisterTensor):
-        """K block ``block``'s packed words into two register sets (new tensors assigned: tilus 0.2.0
-        names a global view wrongly for ``load_global(out=...)`` in a loop; ptxas coalesces the copy)."""
-        loaded_0 = self.load_global(g_w, offsets=[row, block * 64], shape=[8, 64])
-        self.annotate_layout(loaded_0, HALF_WORDS)
-        self.assign(half_0, loaded_0)
-        loaded_1 = self.load_global(g_w, offsets=[row + 8, block * 64], shape=[8, 64])
-        self.annotate_layout(loaded_1, HALF_WORDS)
-        self.assign(half_1, loaded_1)
-
-    def direct_block(
-        self,
-        c: int,
-        ring: Pipeline,
-        widen: Int4Widen,
-        half_0: RegisterTensor,
-        half_1: RegisterTensor,
-        s_scale: SharedTensor,
-        s_x: SharedTensor,
-        turn: int,
-        acc: RegisterTensor,
-    ):
-        ring.consumer_acquire()
-        slot = ring.consumer_stage
-        first = turn * (V8.BLOCK_K // self.chunk)
-        scale = self.load_shared(s_scale[slot, c])
-        self.annotate_layout(scale, reduce_layout(wgmma_fragment(64, self.block_m)))
-        products = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
-        self.annotate_layout(products, wgmma_fragment(64, self.block_m))
-        words_0 = self.view(half_0, layout=packed_words(), dtype=int32)
-        self.part(widen, words_0, scale, 0, s_x[slot, first], products)
-        if V8.HALF_K // self.chunk == 2:
-            self.part(widen, words_0, scale, 1, s_x[slot, first + 1], products)
-        words_1 = self.view(half_1, layout=packed_words(), dtype=int32)
-        second = first + V8.HALF_K // self.chunk
-        self.part(widen, words_1, scale, 0, s_x[slot, second], products)
-        if V8.HALF_K // self.chunk == 2:
-            self.part(widen, words_1, scale, 1, s_x[slot, second + 1], products)
-        self.wgmma.wait_group(0)
-        ring.consumer_release()
-        ring.consumer_advance()
-        scaled = products * self.cast(scale, float32)
-        self.annotate_layout(scaled, wgmma_fragment(64, self.block_m))
-        self.add(acc, scaled, out=acc)
-
-
 VARIANTS = {
     "v8": V8.Kernel,
     "no_widen": NoWiden,
@@ -532,7 +354,6 @@ VARIANTS = {
     "scale_values": ScaleValues,
     "overlap": Overlap,
     "rolling": Rolling,
-    "direct": DirectLoad,
 }
 CHECKED = (
     "v8",
@@ -541,7 +362,6 @@ CHECKED = (
     "scale_values",
     "overlap",
     "rolling",
-    "direct",
 )  # the variants whose output is V8's: checked before they are timed
 
 
