@@ -41,9 +41,7 @@ from pathlib import Path
 
 import torch
 from bench_v8 import DECODE_SHAPES  # (this script's folder)
-from tilus import GlobalTensor, RegisterTensor, SharedTensor, float32, int32
-from tilus.ir.layout.ops import shared_row_major
-from tilus.utils import cdiv
+from tilus import RegisterTensor, SharedTensor, float32, int32
 
 import matmul
 from matmul.build.compiler import target
@@ -53,7 +51,7 @@ from matmul.measure.correctness import relative_error
 from matmul.measure.timing import interleaved_ms
 from matmul.quant import linear as quant_linear
 from pipeline import Pipeline
-from pipeline.cluster_reduce import ClusterSplitKReduce, SplitKRange
+from pipeline.cluster_reduce import ClusterSplitKReduce
 from pipeline.epilogue import wgmma_fragment
 from pipeline.widen import WORDS, Int4Widen, reduce_layout
 
@@ -347,138 +345,6 @@ class Rolling(Overlap):
             self.wgmma.wait_group(1)
 
 
-class TokensOnce(V8.Kernel):
-    """V8 whose CTA loads its K range's tokens and scales once, before the main loop (32 token boxes
-    and one scales box on a barrier of their own), so the ring carries the packed weight tiles
-    only: one TMA box a stage where V8 issues four. Int4, tiles of up to 16 tokens (the scale-after
-    path), ``interleave`` 1, K ranges of at most ``MAX_BLOCKS`` blocks (K = 4096 at split 2)."""
-
-    MAX_BLOCKS = 16
-
-    @classmethod
-    def fits(cls, config: dict, k: int) -> bool:
-        """Whether a shape's K ranges fit the token tile, in a configuration this variant builds."""
-        return config.get("interleave", 1) == 1 and -(-k // V8.BLOCK_K) <= cls.MAX_BLOCKS * config["split"]
-
-    def matmul(
-        self,
-        g_a: GlobalTensor,
-        g_w: GlobalTensor,
-        g_s: GlobalTensor,
-        g_c: GlobalTensor,
-        m_size: int32,
-        n_size: int32,
-        k_size: int32,
-    ):
-        rows = 64 * self.warpgroups
-        num_n_tiles = cdiv(n_size, rows)
-        num_m_tiles = cdiv(m_size, self.block_m)
-        self.attrs.blocks = self.split * num_n_tiles * num_m_tiles
-        self.attrs.cluster_blocks = self.split
-        self.attrs.warps = 4 * self.warpgroups + 1
-        rank: int32 = self.cluster.blockRank
-        tile: int32 = self.blockIdx.x // self.split
-        offset_m: int32 = (tile % num_m_tiles) * self.block_m
-        offset_n: int32 = (tile // num_m_tiles) * rows
-        k_blocks = SplitKRange(cdiv(k_size, V8.BLOCK_K), self.split, rank)
-        s_w = self.shared_tensor(dtype=int32, shape=[self.stages, self.warpgroups, self.word_rows, self.word_cols])
-        self.annotate_layout(s_w, shared_row_major(self.stages, self.warpgroups, self.word_rows, self.word_cols))
-        s_s = self.shared_tensor(dtype=self.dtype, shape=[self.warpgroups, self.MAX_BLOCKS, V8.TILE_ROWS])
-        self.annotate_layout(s_s, shared_row_major(self.warpgroups, self.MAX_BLOCKS, V8.TILE_ROWS))
-        parts = V8.BLOCK_K // self.chunk
-        s_x = self.shared_tensor(dtype=self.dtype, shape=[self.MAX_BLOCKS * parts, self.block_m, self.chunk])
-        once = self.mbarrier.alloc([1])
-        ring = Pipeline(self.stages, consumer_arrivals=self.warpgroups, elect_release=True)
-        reduce = ClusterSplitKReduce(self.split, rows, self.block_m)
-        reduce.arrive_after_init()
-
-        with self.single_warp(4 * self.warpgroups):  # producer
-            with self.single_thread():
-                self.mbarrier.arrive_and_expect_tx(once[0], transaction_bytes=s_x.nbytes + s_s.nbytes)
-            for wg in range(self.warpgroups):
-                self.tma.global_to_shared(
-                    src=g_s, dst=s_s[wg], offsets=[k_blocks.first, offset_n + 64 * wg], mbarrier=once[0]
-                )
-            for box in range(self.MAX_BLOCKS * parts):  # past K: zeros
-                self.tma.global_to_shared(
-                    src=g_a,
-                    dst=s_x[box],
-                    offsets=[offset_m, k_blocks.first * V8.BLOCK_K + box * self.chunk],
-                    mbarrier=once[0],
-                )
-            for i in range(k_blocks.count):
-                ring.producer_acquire()
-                slot = ring.producer_stage
-                with self.single_thread():
-                    self.mbarrier.arrive_and_expect_tx(ring.producer_barrier(), transaction_bytes=s_w[slot].nbytes)
-                for wg in range(self.warpgroups):
-                    self.load_weight_tile(
-                        g_w, s_w[slot, wg], (offset_n + 64 * wg) // V8.TILE_ROWS, k_blocks.first + i, ring
-                    )
-                ring.producer_advance()
-
-        self.once_consumer(0, ring, once, s_w, s_s, s_x, reduce, k_blocks.count)
-        if self.warpgroups > 1:
-            self.once_consumer(1, ring, once, s_w, s_s, s_x, reduce, k_blocks.count)
-        reduce.wait_for_peers()
-        reduce.exchange(rank)
-        with self.warp_group(warp_begin=0, num_warps=4):
-            reduce.write(rank, g_c, offset_m, offset_n, self.epilogue)
-        reduce.exit_barrier()
-
-    def once_consumer(
-        self,
-        wg: int,
-        ring: Pipeline,
-        once: RegisterTensor,
-        s_w: SharedTensor,
-        s_s: SharedTensor,
-        s_x: SharedTensor,
-        reduce: ClusterSplitKReduce,
-        count: int32,
-    ):
-        with self.warp_group(warp_begin=4 * wg, num_warps=4):
-            fragment = wgmma_fragment(64, self.block_m)
-            acc = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
-            self.annotate_layout(acc, fragment)
-            widen = Int4Widen(self.chunk)
-            s_words = self.reshape_shared(s_w, [self.stages, self.warpgroups, 2, 128, WORDS])
-            s_scale = self.reshape_shared(s_s, [self.warpgroups, self.MAX_BLOCKS, V8.TILE_ROWS, 1])
-            parts = V8.BLOCK_K // self.chunk
-            self.mbarrier.wait(once[0], phase=0)  # this CTA's tokens and scales
-            for kb in self.range(count, unroll=1):
-                ring.consumer_acquire()
-                slot = ring.consumer_stage
-                scale = self.load_shared(s_scale[wg, kb])
-                self.annotate_layout(scale, reduce_layout(fragment))
-                products = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
-                self.annotate_layout(products, fragment)
-                self.half(widen, s_words[slot, wg, 0], scale, s_x, kb * parts, 0, products)
-                self.half(widen, s_words[slot, wg, 1], scale, s_x, kb * parts, V8.HALF_K // self.chunk, products)
-                self.wgmma.wait_group(0)
-                ring.consumer_release()
-                ring.consumer_advance()
-                scaled = products * self.cast(scale, float32)
-                self.annotate_layout(scaled, fragment)
-                self.add(acc, scaled, out=acc)
-            reduce.store(acc, wg, 0)
-
-    def half(
-        self,
-        widen: Int4Widen,
-        s_words: SharedTensor,
-        scale: RegisterTensor,
-        s_x: SharedTensor,
-        base: int32,
-        first: int,
-        acc: RegisterTensor,
-    ):
-        words = widen.words(s_words)
-        self.part(widen, words, scale, 0, s_x[base + first], acc)
-        if V8.HALF_K // self.chunk == 2:
-            self.part(widen, words, scale, 1, s_x[base + first + 1], acc)
-
-
 VARIANTS = {
     "v8": V8.Kernel,
     "no_widen": NoWiden,
@@ -488,7 +354,6 @@ VARIANTS = {
     "scale_values": ScaleValues,
     "overlap": Overlap,
     "rolling": Rolling,
-    "tokens_once": TokensOnce,
 }
 CHECKED = (
     "v8",
@@ -497,7 +362,6 @@ CHECKED = (
     "scale_values",
     "overlap",
     "rolling",
-    "tokens_once",
 )  # the variants whose output is V8's: checked before they are timed
 
 
@@ -529,7 +393,6 @@ def main(argv=None) -> None:
     else:
         configs = [{**c, "stages": int(stages)} for stages in args.stages.split(",") for c in CONFIGS]
     programs = {}
-    config_of = {str(c): c for c in configs}
     for name in args.variants.split(","):
         cls = VARIANTS[name]
         for config in configs:
@@ -551,8 +414,6 @@ def main(argv=None) -> None:
         for (name, config), program in programs.items():
             if args.configs == "calls" and config != mine:
                 continue
-            if not getattr(VARIANTS[name], "fits", lambda c, k: True)(config_of[config], k):
-                continue  # a variant that does not build this shape's K ranges
             operands = (m, n, k, x, qw.packed, out, x.stride(0), qw.packed.stride(0), out.stride(0), 0, qw.scales)
 
             def launch(program=program, operands=operands):
