@@ -214,14 +214,13 @@ class Overlap(V8.Kernel):
     ):
         ring.consumer_acquire()
         slot = ring.consumer_stage
-        if self.scale_after:
+        if self.scale_after:  # kept for the fold after the block's groups are done
             self.load_shared(s_scale[slot, c], out=scale)
-            self.half(widen, s_words[slot, c, 0], scale, s_x, slot, first, products)
-            self.half(widen, s_words[slot, c, 1], scale, s_x, slot, first + V8.HALF_K // self.chunk, products)
+            part_scale = scale
         else:
-            values_scale = widen.scales(s_scale[slot, c])
-            self.half(widen, s_words[slot, c, 0], values_scale, s_x, slot, first, products)
-            self.half(widen, s_words[slot, c, 1], values_scale, s_x, slot, first + V8.HALF_K // self.chunk, products)
+            part_scale = widen.scales(s_scale[slot, c])
+        self.half(widen, s_words[slot, c, 0], part_scale, s_x, slot, first, products)
+        self.half(widen, s_words[slot, c, 1], part_scale, s_x, slot, first + V8.HALF_K // self.chunk, products)
 
     def next_block(
         self,
