@@ -41,9 +41,7 @@ from pathlib import Path
 
 import torch
 from bench_v8 import DECODE_SHAPES  # (this script's folder)
-from tilus import GlobalTensor, RegisterTensor, SharedTensor, float32, int32
-from tilus.ir.layout.ops import shared_row_major
-from tilus.utils import cdiv
+from tilus import RegisterTensor, SharedTensor, float32, int32
 
 import matmul
 from matmul.build.compiler import target
@@ -53,7 +51,7 @@ from matmul.measure.correctness import relative_error
 from matmul.measure.timing import interleaved_ms
 from matmul.quant import linear as quant_linear
 from pipeline import Pipeline
-from pipeline.cluster_reduce import ClusterSplitKReduce, SplitKRange
+from pipeline.cluster_reduce import ClusterSplitKReduce
 from pipeline.epilogue import wgmma_fragment
 from pipeline.widen import WORDS, Int4Widen, reduce_layout
 
@@ -346,141 +344,6 @@ class Rolling(Overlap):
             self.wgmma.wait_group(1)
 
 
-class SplitRings(V8.Kernel):
-    """V8 with two rings, each filled by a producer warp of its own: the packed weight tiles and
-    their scales in one, released as soon as a consumer has loaded a block's words and scales into
-    registers (every thread arrives: its loads are ordered before its arrival), and the token tiles
-    in the other, released after the block's wgmma groups. The weight stage no longer waits for
-    the widening and the wgmma before it is refilled. Int4, tiles of up to 16 tokens (the
-    scale-after path), ``interleave`` 1."""
-
-    @classmethod
-    def fits(cls, config: dict, k: int) -> bool:
-        """Whether this variant builds ``config`` (its consumer is the scale-after one, one a slab)."""
-        return config.get("interleave", 1) == 1 and config["block_m"] <= V8.SCALE_AFTER_MAX_M
-
-    def matmul(
-        self,
-        g_a: GlobalTensor,
-        g_w: GlobalTensor,
-        g_s: GlobalTensor,
-        g_c: GlobalTensor,
-        m_size: int32,
-        n_size: int32,
-        k_size: int32,
-    ):
-        rows = 64 * self.warpgroups
-        num_n_tiles = cdiv(n_size, rows)
-        num_m_tiles = cdiv(m_size, self.block_m)
-        self.attrs.blocks = self.split * num_n_tiles * num_m_tiles
-        self.attrs.cluster_blocks = self.split
-        self.attrs.warps = 4 * self.warpgroups + 2  # consumers, the weight producer, the token producer
-        rank: int32 = self.cluster.blockRank
-        tile: int32 = self.blockIdx.x // self.split
-        offset_m: int32 = (tile % num_m_tiles) * self.block_m
-        offset_n: int32 = (tile // num_m_tiles) * rows
-        k_blocks = SplitKRange(cdiv(k_size, V8.BLOCK_K), self.split, rank)
-        s_w = self.shared_tensor(dtype=int32, shape=[self.stages, self.warpgroups, self.word_rows, self.word_cols])
-        self.annotate_layout(s_w, shared_row_major(self.stages, self.warpgroups, self.word_rows, self.word_cols))
-        s_s = self.shared_tensor(dtype=self.dtype, shape=[self.stages, self.warpgroups, 1, V8.TILE_ROWS])
-        self.annotate_layout(s_s, shared_row_major(self.stages, self.warpgroups, 1, V8.TILE_ROWS))
-        parts = V8.BLOCK_K // self.chunk
-        s_x = self.shared_tensor(dtype=self.dtype, shape=[self.stages, parts, self.block_m, self.chunk])
-        weights = Pipeline(self.stages, consumer_arrivals=128 * self.warpgroups)
-        tokens = Pipeline(self.stages, consumer_arrivals=self.warpgroups, elect_release=True)
-        reduce = ClusterSplitKReduce(self.split, rows, self.block_m)
-        reduce.arrive_after_init()
-
-        with self.single_warp(4 * self.warpgroups):  # the weight tiles and their scales
-            for i in range(k_blocks.count):
-                weights.producer_acquire()
-                slot = weights.producer_stage
-                with self.single_thread():
-                    self.mbarrier.arrive_and_expect_tx(
-                        weights.producer_barrier(), transaction_bytes=s_w[slot].nbytes + s_s[slot].nbytes
-                    )
-                for wg in range(self.warpgroups):
-                    self.load_weight_tile(
-                        g_w, s_w[slot, wg], (offset_n + 64 * wg) // V8.TILE_ROWS, k_blocks.first + i, weights
-                    )
-                    self.tma.global_to_shared(
-                        src=g_s,
-                        dst=s_s[slot, wg],
-                        offsets=[k_blocks.first + i, offset_n + 64 * wg],
-                        mbarrier=weights.producer_barrier(),
-                    )
-                weights.producer_advance()
-        with self.single_warp(4 * self.warpgroups + 1):  # the token tiles
-            for i in range(k_blocks.count):
-                tokens.producer_acquire()
-                slot = tokens.producer_stage
-                with self.single_thread():
-                    self.mbarrier.arrive_and_expect_tx(tokens.producer_barrier(), transaction_bytes=s_x[slot].nbytes)
-                for part in range(parts):
-                    self.tma.global_to_shared(
-                        src=g_a,
-                        dst=s_x[slot, part],
-                        offsets=[offset_m, (k_blocks.first + i) * V8.BLOCK_K + part * self.chunk],
-                        mbarrier=tokens.producer_barrier(),
-                    )
-                tokens.producer_advance()
-
-        self.split_consumer(0, weights, tokens, s_w, s_s, s_x, reduce, k_blocks.count)
-        if self.warpgroups > 1:
-            self.split_consumer(1, weights, tokens, s_w, s_s, s_x, reduce, k_blocks.count)
-        reduce.wait_for_peers()
-        reduce.exchange(rank)
-        with self.warp_group(warp_begin=0, num_warps=4):
-            reduce.write(rank, g_c, offset_m, offset_n, self.epilogue)
-        reduce.exit_barrier()
-
-    def split_consumer(
-        self,
-        wg: int,
-        weights: Pipeline,
-        tokens: Pipeline,
-        s_w: SharedTensor,
-        s_s: SharedTensor,
-        s_x: SharedTensor,
-        reduce: ClusterSplitKReduce,
-        count: int32,
-    ):
-        with self.warp_group(warp_begin=4 * wg, num_warps=4):
-            fragment = wgmma_fragment(64, self.block_m)
-            acc = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
-            self.annotate_layout(acc, fragment)
-            widen = Int4Widen(self.chunk)
-            s_words = self.reshape_shared(s_w, [self.stages, self.warpgroups, 2, 128, WORDS])
-            s_scale = self.reshape_shared(s_s, [self.stages, self.warpgroups, V8.TILE_ROWS, 1])
-            per_half = V8.HALF_K // self.chunk
-            for kb in self.range(count, unroll=1):  # noqa: B007
-                weights.consumer_acquire()
-                slot = weights.consumer_stage
-                words_0 = widen.words(s_words[slot, wg, 0])
-                words_1 = widen.words(s_words[slot, wg, 1])
-                scale = self.load_shared(s_scale[slot, wg])
-                self.annotate_layout(scale, reduce_layout(fragment))
-                weights.consumer_release()  # the block's words and scales are in registers
-                weights.consumer_advance()
-                tokens.consumer_acquire()
-                x_slot = tokens.consumer_stage
-                products = self.register_tensor(dtype=float32, shape=[64, self.block_m], init=0.0)
-                self.annotate_layout(products, fragment)
-                self.part(widen, words_0, scale, 0, s_x[x_slot, 0], products)
-                if per_half == 2:
-                    self.part(widen, words_0, scale, 1, s_x[x_slot, 1], products)
-                self.part(widen, words_1, scale, 0, s_x[x_slot, per_half], products)
-                if per_half == 2:
-                    self.part(widen, words_1, scale, 1, s_x[x_slot, per_half + 1], products)
-                self.wgmma.wait_group(0)
-                tokens.consumer_release()
-                tokens.consumer_advance()
-                scaled = products * self.cast(scale, float32)
-                self.annotate_layout(scaled, fragment)
-                self.add(acc, scaled, out=acc)
-            reduce.store(acc, wg, 0)
-
-
 VARIANTS = {
     "v8": V8.Kernel,
     "no_widen": NoWiden,
@@ -490,7 +353,6 @@ VARIANTS = {
     "scale_values": ScaleValues,
     "overlap": Overlap,
     "rolling": Rolling,
-    "split_rings": SplitRings,
 }
 CHECKED = (
     "v8",
@@ -499,7 +361,6 @@ CHECKED = (
     "scale_values",
     "overlap",
     "rolling",
-    "split_rings",
 )  # the variants whose output is V8's: checked before they are timed
 
 
@@ -531,7 +392,6 @@ def main(argv=None) -> None:
     else:
         configs = [{**c, "stages": int(stages)} for stages in args.stages.split(",") for c in CONFIGS]
     programs = {}
-    config_of = {str(c): c for c in configs}
     for name in args.variants.split(","):
         cls = VARIANTS[name]
         for config in configs:
@@ -553,8 +413,6 @@ def main(argv=None) -> None:
         for (name, config), program in programs.items():
             if args.configs == "calls" and config != mine:
                 continue
-            if not getattr(VARIANTS[name], "fits", lambda c, k: True)(config_of[config], k):
-                continue  # a variant that does not build this configuration
             operands = (m, n, k, x, qw.packed, out, x.stride(0), qw.packed.stride(0), out.stride(0), 0, qw.scales)
 
             def launch(program=program, operands=operands):
