@@ -52,6 +52,7 @@ from matmul.kernels import versions
 from matmul.measure.correctness import relative_error
 from matmul.measure.timing import interleaved_ms
 from matmul.quant import linear as quant_linear
+from matmul.tilus_fixes import int4_bf16_cast
 from pipeline import Pipeline
 from pipeline.cluster_reduce import ClusterSplitKReduce
 from pipeline.epilogue import wgmma_fragment
@@ -387,43 +388,65 @@ def _register_f16x2() -> None:
     register_primitive_function(name=cuda_probe_fma_f16x2.name, func_or_type=cuda_probe_fma_f16x2)
 
 
-def _pair(word, which):
-    """Pair ``which`` (0..3) of a packed word as two float16 values in 32 bits: nibbles ``which`` and
-    ``which + 4`` through the magic number 1024 (0x6400), nibbles 0 and 2 from bits 0-3 of each
-    half, 1 and 3 from bits 4-7 (as 1024 + 16 (q + 8), scaled by 1/16), less what remains above q.
-    The sign's offset (``q + 8``: the xor of 0x88888888) and the magic number are one constant xored
-    after the mask (they touch disjoint bits): one ``lop3`` a pair."""
+def _pair(word, which, bf16: bool):
+    """Pair ``which`` (0..3) of a packed word as two 16-bit values in 32 bits: nibbles ``which`` and
+    ``which + 4``, through a magic number. float16: 1024 (0x6400), nibbles 0 and 2 from bits 0-3 of
+    each half, 1 and 3 from bits 4-7 (as 1024 + 16 (q + 8), scaled by 1/16), less what remains above
+    q. bfloat16 (7 mantissa bits): 128 (0x4300), every pair from bits 0-3 of the word shifted by 4
+    ``which`` (as ``matmul.tilus_fixes.int4_bf16_cast``), less 136. The sign's offset (``q + 8``: the
+    xor of 0x88888888) and the magic number are one constant xored after the mask (they touch
+    disjoint bits): one ``lop3`` a pair."""
     from tilus.hidet.ir.dtypes import uint32
     from tilus.hidet.ir.expr import cast, if_then_else
     from tilus.hidet.ir.primitives.cuda.funcs import call_cuda
 
     x = cast(word, uint32)
-    x8 = x >> uint32(8)
 
     def and_xor(v, mask, constant):
         return call_cuda("probe_and_xor", [v, uint32(mask), uint32(constant)])
 
-    low = and_xor(x, 0x000F000F, 0x64086408)  # 1024 + q + 8 in each half
-    high = and_xor(x, 0x00F000F0, 0x64806480)  # 1024 + 16 (q + 8)
-    low8 = and_xor(x8, 0x000F000F, 0x64086408)
-    high8 = and_xor(x8, 0x00F000F0, 0x64806480)
+    if bf16:
+        pairs = [
+            call_cuda(
+                "int4_bf16_fma_bf16x2",
+                [
+                    and_xor(x >> uint32(4 * j) if j else x, 0x000F000F, 0x43084308),
+                    uint32(0x3F803F80),
+                    uint32(0xC308C308),
+                ],
+            )
+            for j in range(4)
+        ]
+    else:
+        x8 = x >> uint32(8)
 
-    def sub(v):  # - (1024 + 8)
-        return call_cuda("probe_sub_f16x2", [v, uint32(0x64086408)])
+        def sub(v):  # - (1024 + 8)
+            return call_cuda("probe_sub_f16x2", [v, uint32(0x64086408)])
 
-    def fma(v):  # / 16 - 72
-        return call_cuda("probe_fma_f16x2", [v, uint32(0x2C002C00), uint32(0xD480D480)])
+        def fma(v):  # / 16 - 72
+            return call_cuda("probe_fma_f16x2", [v, uint32(0x2C002C00), uint32(0xD480D480)])
 
+        pairs = [
+            sub(and_xor(x, 0x000F000F, 0x64086408)),  # 1024 + q + 8 in each half
+            fma(and_xor(x, 0x00F000F0, 0x64806480)),  # 1024 + 16 (q + 8)
+            sub(and_xor(x8, 0x000F000F, 0x64086408)),
+            fma(and_xor(x8, 0x00F000F0, 0x64806480)),
+        ]
     return if_then_else(
-        which == 0, sub(low), if_then_else(which == 1, fma(high), if_then_else(which == 2, sub(low8), fma(high8)))
+        which == 0, pairs[0], if_then_else(which == 1, pairs[1], if_then_else(which == 2, pairs[2], pairs[3]))
     )
 
 
-def widen_pairs(words, which):
+def widen_pairs(words, which, bf16: bool):
     """In kernel code: the elementwise ``_pair`` of ``words`` [128, 4, 1] (broadcast along the last
     axis) and ``which`` [128, 4, 4] (0..3 along it): 32-bit float16 pairs, no ``prmt``."""
     builder = base._current_builder
-    return builder.elementwise_binary(words, which, f_compute=lambda w, j: _pair(w, j))
+    return builder.elementwise_binary(words, which, f_compute=lambda w, j: _pair(w, j, bf16))
+
+
+def is_bfloat16(dtype) -> bool:
+    """(a plain function: kernel code would turn the comparison into a device expression)"""
+    return dtype.name == "bfloat16"
 
 
 def repack_pairs(packed: torch.Tensor) -> torch.Tensor:
@@ -459,13 +482,14 @@ class Pairs(V8.Kernel):
         acc: RegisterTensor,
     ):
         _register_f16x2()
+        int4_bf16_cast._register_fma()
         if self.chunk != 64:
             raise ValueError("the pairs probe widens a half tile (chunk 64) a part")
         column = self.unsqueeze(words, dim=2)  # [128, 4, 1], broadcast along the pairs
         self.annotate_layout(column, PAIR_COLUMN)
         which = self.register_tensor(dtype=int32, shape=[128, 4, 4], init=lambda t, w, j: j)
         self.annotate_layout(which, PAIR_WORDS)
-        pairs = widen_pairs(column, which)
+        pairs = widen_pairs(column, which, is_bfloat16(scale.dtype))
         self.annotate_layout(pairs, PAIR_WORDS)
         operand = self.view(pairs, layout=widen.fragment, dtype=scale.dtype)
         self.wgmma.fence()
