@@ -217,13 +217,19 @@ class Overlap(V8.Kernel):
     ):
         ring.consumer_acquire()
         slot = ring.consumer_stage
-        if self.scale_after:  # kept for the fold after the block's groups are done
-            self.load_shared(s_scale[slot, c], out=scale)
-            part_scale = scale
-        else:
-            part_scale = widen.scales(s_scale[slot, c])
+        part_scale = self.block_scale(widen, s_scale[slot, c], scale)
         self.half(widen, s_words[slot, c, 0], part_scale, s_x, slot, first, products)
         self.half(widen, s_words[slot, c, 1], part_scale, s_x, slot, first + V8.HALF_K // self.chunk, products)
+
+    def block_scale(self, widen: Int4Widen, s_scale: SharedTensor, scale: RegisterTensor) -> RegisterTensor:
+        """A block's scales as its parts take them: loaded into ``scale``, kept for the fold after the
+        block's groups are done, where the products are scaled; else in the layout that scales values."""
+        if self.scale_after:
+            self.load_shared(s_scale, out=scale)
+            part_scale = scale
+        else:
+            part_scale = widen.scales(s_scale)
+        return part_scale
 
     def next_block(
         self,
@@ -324,11 +330,7 @@ class Rolling(Overlap):
     ):
         ring.consumer_acquire()
         slot = ring.consumer_stage
-        if self.scale_after:
-            self.load_shared(s_scale[slot, c], out=scale)
-            part_scale = scale
-        else:
-            part_scale = widen.scales(s_scale[slot, c])
+        part_scale = self.block_scale(widen, s_scale[slot, c], scale)
         per_half = V8.HALF_K // self.chunk
         words = widen.words(s_words[slot, c, 0])
         self.part(widen, words, part_scale, 0, s_x[slot, first], products)

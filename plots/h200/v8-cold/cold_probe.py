@@ -23,6 +23,7 @@ import torch
 import matmul
 from matmul.build.compiler import target
 from matmul.call import tilus_autotune
+from matmul.harness import roofline
 from matmul.measure.timing import interleaved_ms
 from matmul.quant import linear as quant_linear
 
@@ -53,14 +54,6 @@ def graph_us(step, launches: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def copy_bandwidth() -> float:
-    """Bytes a second of a device copy of 512 MiB (read and written), as the floors count it."""
-    src = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = interleaved_ms([lambda: dst.copy_(src)], 50, 300)[0]
-    return 2 * src.numel() / (ms * 1e-3)
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
@@ -76,7 +69,7 @@ def main(argv=None) -> None:
             print("built", config, flush=True)
         return
     args.out.mkdir(parents=True, exist_ok=True)
-    bandwidth = copy_bandwidth()
+    bandwidth = roofline.copy_tb_per_s(512 << 20, 50, 300) * 1e12  # bytes a second, as the floors count them
     rows = []
     tiny = torch.zeros(1, device="cuda")
     for (m, n, k), config in configs.items():
