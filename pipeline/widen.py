@@ -6,16 +6,24 @@ tile of signed int4 (one scale group along K) is 4 KiB, ``[half h][thread t][wor
 so thread ``t`` of a warpgroup reads its 16 bytes of half ``h`` with one ``ld.shared.v4`` (128
 threads read 2 KiB one after another: no bank conflict). Word ``j`` holds the 8 values of K step
 ``4 h + j`` that thread ``t`` holds in the wgmma A fragment (``tilus_fixes.wgmma_register_a.a_fragment``),
-in register order, low nibble first. Viewed as an int4 register tensor in that fragment layout, the
-words are widened by tilus's own cast (``int4b -> float16``: lop3 with the 0x6400 magic number,
-one subtraction or fma, prmt to restore the order: 8 values from one word; ``bfloat16``: the same
-with 0x4300, ``matmul.tilus_fixes.int4_bf16_cast``), then multiplied by the
-row's scale, loaded once per tile in the layout of one column of the fragment (each thread the two
-rows it holds).
+value ``2 p`` of them in nibble ``p`` and value ``2 p + 1`` in nibble ``p + 4`` (``p < 4``): the
+order in which the magic-number conversion makes its pairs, so each pair lands in the 32-bit
+register the fragment wants it in and nothing reorders it (tilus's own cast of an ``int4b`` tensor
+keeps the values' order and spends four ``prmt`` a word on it).
+
+The conversion (``int4_pairs``): pair ``p`` of a word, two 16-bit values in 32 bits, is one
+``lop3`` (the mask of nibbles ``p`` and ``p + 4`` and one constant xored in: the sign's offset, ``q + 8``,
+and the magic number touch disjoint bits) and one 16-bit-pair instruction. float16: the magic
+number 1024 (``0x6400``) under nibbles 0 and 4 (bits 0-3 of each half; ``sub.f16x2`` of 1032) or 1
+and 5 (bits 4-7; ``fma.rn.f16x2`` by 1/16, less 72), the word shifted by 8 for pairs 2 and 3.
+bfloat16, 7 mantissa bits: the magic number 128 (``0x4300``) under bits 0-3 of the word shifted by
+``4 p``, ``fma.rn.bf16x2`` by 1 and -136. The result is the integer -8..7, exact in both dtypes;
+the operand is it times the row's scale, loaded once per tile in the layout of one column of the
+fragment (each thread the two rows it holds).
 """
 
 import tilus
-from tilus import RegisterTensor, SharedTensor, float8_e4m3, float16, int4b, int32, uint6b
+from tilus import RegisterTensor, SharedTensor, float8_e4m3, float16, int32, uint6b
 from tilus.ir.layout.ops.register_ops import local, reduce, spatial
 from tilus.lang.instructions import base
 
@@ -34,10 +42,118 @@ def packed_words(words: int = WORDS):
 def word_columns(words: RegisterTensor, first: int, count: int) -> RegisterTensor:
     """In kernel code: columns ``first ... first + count - 1`` of a [128, n] words tensor (the
     language slices registers only by whole dimensions)."""
+    return _builder().slice_register(words, offsets=[0, first], slice_dims=[0, 1], slice_shape=[128, count])
+
+
+def _builder():
     builder = base._current_builder
     if builder is None:
-        raise RuntimeError("word_columns is called from kernel code only")
-    return builder.slice_register(words, offsets=[0, first], slice_dims=[0, 1], slice_shape=[128, count])
+        raise RuntimeError("called from kernel code only")
+    return builder
+
+
+# the 32-bit instructions of the conversion, as functions returning their result (expressions, so
+# that one elementwise instruction can compose them); registered with hidet once per process
+_PAIR_PTX = {
+    "int4_pairs_and_xor": "lop3.b32 %0, %1, %2, %3, 0x6A;",  # (a & b) ^ c: nvcc would emit two
+    "int4_pairs_sub_f16x2": "sub.f16x2 %0, %1, %2;",
+    "int4_pairs_fma_f16x2": "fma.rn.f16x2 %0, %1, %2, %3;",
+    "int4_pairs_fma_bf16x2": "fma.rn.bf16x2 %0, %1, %2, %3;",
+}
+
+
+def _register_pair_ptx() -> None:
+    for name, template in _PAIR_PTX.items():
+        _register_ptx("cuda_" + name, template)
+
+
+def _register_ptx(name: str, template: str) -> None:
+    """``template`` (two or three 32-bit inputs) as the hidet function ``name``, once per process."""
+    from tilus.hidet.ir.dtypes import uint32
+    from tilus.hidet.ir.primitives.func import is_primitive_function, register_primitive_function
+    from tilus.hidet.ir.stmt import asm
+    from tilus.hidet.lang import attrs, script
+
+    if is_primitive_function(name):
+        return
+    if "%3" not in template:
+
+        @script
+        def function(a: uint32, b: uint32) -> uint32:
+            attrs.func_name = name
+            attrs.func_kind = "cuda_internal"
+            ret: uint32 = 0
+            asm(template=template, outputs=[ret], inputs=[a, b], is_volatile=False)
+            return ret
+
+    else:
+
+        @script
+        def function(a: uint32, b: uint32, c: uint32) -> uint32:
+            attrs.func_name = name
+            attrs.func_kind = "cuda_internal"
+            ret: uint32 = 0
+            asm(template=template, outputs=[ret], inputs=[a, b, c], is_volatile=False)
+            return ret
+
+    register_primitive_function(name=function.name, func_or_type=function)
+
+
+# how pair p of a word is made, per dtype: (shift, mask, constant, instruction, its operands):
+# ``instruction((word >> shift) & mask ^ constant, *operands)`` (module doc); the constant is the
+# magic number's bits and the sign's offset (+ 8 in the nibble's place) at once
+_FP16_LOW = (0x000F000F, 0x64086408, "sub_f16x2", (0x64086408,))  # 1024 + q + 8, less 1032
+_FP16_HIGH = (0x00F000F0, 0x64806480, "fma_f16x2", (0x2C002C00, 0xD480D480))  # 1024 + 16 (q + 8), / 16 - 72
+PAIR_STEPS = {
+    "float16": ((0, *_FP16_LOW), (0, *_FP16_HIGH), (8, *_FP16_LOW), (8, *_FP16_HIGH)),
+    # 128 + q + 8, times 1 less 136
+    "bfloat16": tuple((4 * p, 0x000F000F, 0x43084308, "fma_bf16x2", (0x3F803F80, 0xC308C308)) for p in range(4)),
+}
+
+
+def _pair(word, which, dtype_name: str):
+    """Pair ``which`` (0..3) of a packed ``word``: its nibbles ``which`` and ``which + 4`` as two
+    16-bit integers in 32 bits (``PAIR_STEPS``), a device expression."""
+    from tilus.hidet.ir.dtypes import uint32
+    from tilus.hidet.ir.expr import cast, if_then_else
+    from tilus.hidet.ir.primitives.cuda.funcs import call_cuda
+
+    x = cast(word, uint32)
+    pairs = []
+    for shift, mask, constant, instruction, operands in PAIR_STEPS[dtype_name]:
+        masked = call_cuda("int4_pairs_and_xor", [x >> uint32(shift) if shift else x, uint32(mask), uint32(constant)])
+        pairs.append(call_cuda("int4_pairs_" + instruction, [masked, *(uint32(v) for v in operands)]))
+    return if_then_else(
+        which == 0, pairs[0], if_then_else(which == 1, pairs[1], if_then_else(which == 2, pairs[2], pairs[3]))
+    )
+
+
+def int4_pairs(words: RegisterTensor, dtype) -> RegisterTensor:
+    """In kernel code: packed int4 ``words`` [128, n] (a thread's row, ``local(1, n)``; or any box
+    of 128 n words whose layout gives each thread n consecutive ones) widened into
+    [128, n, 4] 32-bit registers, register ``4 j + p`` the pair ``p`` of word ``j`` (values ``2 p``,
+    ``2 p + 1`` of the word's 8), integers -8..7 in ``dtype`` (float16 or bfloat16): a thread's 8 n
+    values in the order of its words, to be viewed as a 16-bit tensor of that many per thread.
+    One elementwise instruction of each word (seen 4 times, broadcast) and its pair's index."""
+    _register_pair_ptx()
+    builder = _builder()
+    count = words.shape[0] * words.shape[1] // 128
+    if list(words.shape) != [128, count]:  # a box of words, each thread its consecutive ones
+        words = builder.view(words, layout=packed_words(count))
+    column = builder.unsqueeze(words, dim=2)
+    builder.annotate_layout(column, spatial(128, 1, 1) * local(1, count, 1))
+    which = builder.allocate_register(int32, shape=[128, count, 4], f_init=lambda index: index[2])
+    builder.annotate_layout(which, pair_layout(count))
+    if dtype.name not in PAIR_STEPS:
+        raise ValueError(f"int4 widens into float16 or bfloat16, not {dtype.name}")
+    pairs = builder.elementwise_binary(column, which, f_compute=lambda word, p: _pair(word, p, dtype.name))
+    builder.annotate_layout(pairs, pair_layout(count))
+    return pairs
+
+
+def pair_layout(count: int):
+    """[128, count, 4]: thread t holds row t, its words' pairs in order."""
+    return spatial(128, 1, 1) * local(1, count, 4)
 
 
 class Int4Widen(tilus.Class):
@@ -70,10 +186,7 @@ class Int4Widen(tilus.Class):
         else:  # the part's words, as a tensor of their own: a view keeps every bit of its source
             mine = word_columns(words, part * per_part, per_part)
             self.annotate_layout(mine, packed_words(per_part))
-        values = self.view(mine, layout=self.fragment, dtype=int4b)
-        wide = values.to(scale.dtype)  # 8 values a word (bfloat16: matmul.tilus_fixes.int4_bf16_cast)
-        self.annotate_layout(wide, self.fragment)
-        return wide
+        return self.view(int4_pairs(mine, scale.dtype), layout=self.fragment, dtype=scale.dtype)
 
     def operand(self, words: RegisterTensor, scale: RegisterTensor, part: int) -> RegisterTensor:
         """``values``, each multiplied by its row's scale: the dequantized weight, rounded once."""
@@ -141,4 +254,15 @@ class Fp8Widen(tilus.Class):
         return self.view(words, layout=self.fragment, dtype=float8_e4m3)
 
 
-__all__ = ["Fp8Widen", "Int4Widen", "Int6Widen", "reduce_layout", "packed_words", "ROWS", "HALF_K", "WORDS", "int32"]
+__all__ = [
+    "Fp8Widen",
+    "Int4Widen",
+    "Int6Widen",
+    "int4_pairs",
+    "reduce_layout",
+    "packed_words",
+    "ROWS",
+    "HALF_K",
+    "WORDS",
+    "int32",
+]

@@ -89,3 +89,24 @@ class QKVAttention(torch.nn.Module):
     def forward(self, x, memory=None):
         source = x if memory is None else memory
         return self.q_proj(x), self.k_proj(source), self.v_proj(source)
+
+
+def widened_int4(words: torch.Tensor, dtype: str = "float16") -> torch.Tensor:
+    """What ``pipeline.widen.int4_pairs`` computes of packed int4 ``words`` (any shape), emulated on
+    the CPU from its table of steps (``PAIR_STEPS``): [..., 8] float32, a word's 8 values in the
+    order of the 16-bit registers the kernel views them as (pair p: registers 2 p and 2 p + 1)."""
+    from pipeline.widen import PAIR_STEPS
+
+    half_dtype = getattr(torch, dtype)
+    w = words.to(torch.int64) & 0xFFFFFFFF
+
+    def halves(x: torch.Tensor) -> torch.Tensor:  # 32 bits -> [..., 2] (low half first) as float32
+        parts = torch.stack([x & 0xFFFF, x >> 16], dim=-1)
+        return torch.where(parts >= 2**15, parts - 2**16, parts).to(torch.int16).view(half_dtype).float()
+
+    pairs = []
+    for shift, mask, constant, instruction, operands in PAIR_STEPS[dtype]:
+        a = halves(((w >> shift) & mask) ^ constant)
+        b, *c = (halves(torch.tensor(v, dtype=torch.int64)) for v in operands)
+        pairs.append(a - b if instruction.startswith("sub") else a * b + c[0])
+    return torch.stack(pairs, dim=-2).flatten(-2)

@@ -10,7 +10,7 @@ import inspect
 import re
 
 import pytest
-from conftest import representative_build
+from conftest import representative_build, widened_int4
 
 import pipeline
 from matmul import build
@@ -194,9 +194,10 @@ def test_sass_of_v2_to_v6_when_a_disassembler_is_installed():
 
 def v8_reads(words, n_pad: int, k: int):
     """q [N_pad, K] as Blackwell V8's widening threads read the packed words (v8.py's docstring): each
-    thread's 16 words through the kernel's view of a stage (tilus's own layout operations), each
-    nibble placed by the register layout the widened tile has (``WIDE``), which tcgen05.st writes
-    row by row into the TMEM lanes."""
+    thread's 16 words through the kernel's view of a stage (tilus's own layout operations), widened as
+    ``pipeline.widen.int4_pairs`` does (emulated from its steps), each 16-bit register placed by the
+    register layout the widened tile has (``WIDE``), which tcgen05.st writes row by row into the TMEM
+    lanes."""
     import torch
     from tilus.ir.layout.ops.shared_ops import shared_permute, shared_reshape, shared_row_major
 
@@ -218,12 +219,11 @@ def v8_reads(words, n_pad: int, k: int):
             box = box.reshape(-1)
             for t in range(128):
                 assert t // 32 == place[t][0][0] // 32  # a warp writes only the 32 TMEM lanes it may access
+                values = widened_int4(box[offset[t]]).reshape(128).to(torch.int8)  # its registers in order
                 for i in range(128):
-                    word = int(box[offset[t][i // 8]]) & 0xFFFFFFFF
-                    nibble = (word >> (4 * (i % 8))) & 0xF
                     row, col = place[t][i]
                     if 128 * tile + row < n_pad:
-                        q[128 * tile + row, 128 * b + col] = nibble - 16 if nibble >= 8 else nibble
+                        q[128 * tile + row, 128 * b + col] = values[i]
     return q
 
 
@@ -266,8 +266,12 @@ def test_v8_widens_int4_into_tensor_memory_for_an_mma_reading_a_there():
     # 16x128b.x16 stores (the lanes 32 w ... 32 w + 15 and 32 w + 16 ... 32 w + 31 of its warp)
     assert ptx.count("ld.shared.v4") == 4
     assert ptx.count("tcgen05.st.sync.aligned.16x128b.x16.b32") == 2
-    # the int4 -> float16 conversion: lop3 with the 0x6400 magic number (1677747200), eight values a word
-    assert "1677747200u" in (result.program_dir / "module" / "source.cu").read_text()
+    # the int4 -> float16 conversion (Hopper V8's, pipeline.widen.int4_pairs): of a thread's 16 words,
+    # a lop3 with the 0x64086408 magic number and sign offset (1678271496) and one sub.f16x2 or
+    # fma.rn.f16x2 a pair of values, no prmt
+    assert (ptx.count("lop3.b32"), ptx.count("sub.f16x2"), ptx.count("fma.rn.f16x2")) == (64, 32, 32)
+    assert "prmt" not in ptx
+    assert "1678271496u" in (result.program_dir / "module" / "source.cu").read_text()
     # from the packed words to the TMEM stores nothing is written to shared memory
     widening = ptx[ptx.index("ld.shared.v4") : ptx.rindex("tcgen05.st.")]
     assert "st.shared" not in widening

@@ -7,6 +7,8 @@ import pytest
 import tilus
 import tilus.drivers
 import torch
+from tilus import int4b, int32, void_p
+from tilus.ir.layout.ops.register_ops import local, spatial
 
 from matmul import build, tilus_fixes
 from matmul.kernels import versions
@@ -238,14 +240,38 @@ def test_wgmma_with_a_in_registers_builds_only_with_the_fix(fresh_cache):
     assert not faulty.ok and "WgmmaMmaRS" in faulty.error
 
 
+# a thread's 4 int32 words, seen as its 32 int4 values (V8 widens its own pairs, pipeline.widen)
+CAST_WORDS = spatial(128, 1) * local(1, 4)
+CAST_VALUES = spatial(128, 1) * local(1, 32)
+
+
+class Int4Cast(tilus.Script):
+    """128 x 32 int4 values (4 words a thread) cast by tilus to ``dtype`` and stored."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        self.dtype = dtype
+
+    def __call__(self, n: int32, words_ptr: void_p, out_ptr: void_p):
+        self.attrs.blocks = 1
+        self.attrs.warps = 4
+        g_words = self.global_view(words_ptr, dtype=int32, shape=[128, 4])
+        g_out = self.global_view(out_ptr, dtype=self.dtype, shape=[128, 32])
+        words = self.load_global(g_words, offsets=[0, 0], shape=[128, 4])
+        self.annotate_layout(words, CAST_WORDS)
+        values = self.view(words, layout=CAST_VALUES, dtype=int4b)
+        wide = values.to(self.dtype)
+        self.annotate_layout(wide, CAST_VALUES)
+        self.store_global(g_out, wide, offsets=[0, 0])
+
+
 def test_int4_widens_to_bfloat16_eight_values_at_a_time_only_with_the_fix(fresh_cache):
-    module = versions.load("sm_90a", "v8")
     use_cache(fresh_cache / "with")
-    fixed = build.build_config(module, "sm_90a", module.REPRESENTATIVE, tilus.bfloat16)
+    fixed = build.build_script(Int4Cast, "sm_90a", {"dtype": tilus.bfloat16}, version="int4_cast")
     with tilus_fixes.disabled("int4_bf16_cast"):
         use_cache(fresh_cache / "without")
-        slow = build.build_config(module, "sm_90a", module.REPRESENTATIVE, tilus.bfloat16)
-    assert fixed.ok and slow.ok
+        slow = build.build_script(Int4Cast, "sm_90a", {"dtype": tilus.bfloat16}, version="int4_cast")
+    assert fixed.ok and slow.ok, fixed.error + slow.error
     magic = "1124090624"  # 0x43004300: 128.0 in both halves, the bfloat16 magic number
     assert magic in (fixed.program_dir / "module" / "source.cu").read_text()
     assert magic not in (slow.program_dir / "module" / "source.cu").read_text()

@@ -9,7 +9,7 @@ import re
 import pytest
 import tilus
 import torch
-from conftest import representative_build
+from conftest import representative_build, widened_int4
 
 import matmul
 from matmul import MatmulInputError, build
@@ -43,23 +43,25 @@ def plain_int4(w, group=128):
     return q, s
 
 
-def kernel_reads(words, n_pad, k):
-    """q [N_pad, K] as V8's threads read the packed words (v8.py's docstring), one value at a time."""
+def kernel_reads(words, n_pad, k, dtype="float16"):
+    """q [N_pad, K] as V8's threads read the packed words: a thread's 4 words of a half (v8.py's
+    docstring) widened as ``pipeline.widen.int4_pairs`` does (emulated from its table of steps),
+    each 16-bit value placed where the kernel's A fragment layout puts that register."""
     q = torch.empty(n_pad, k, dtype=torch.int8)
+    fragment = a_fragment(64, 64)
+    place = [
+        [tuple(int(x) for x in fragment.get_global(spatial_index=t, local_index=i)) for i in range(32)]
+        for t in range(128)
+    ]
     w = words.view(torch.int32)
     for i in range(n_pad // 64):
         for b in range(k // 128):
-            tile = w[16 * i : 16 * i + 16, 64 * b : 64 * b + 64].reshape(-1)  # word 64 r + column
+            tile = w[16 * i : 16 * i + 16, 64 * b : 64 * b + 64].reshape(2, 128, 4)  # [half][thread][word]
+            values = widened_int4(tile, dtype).reshape(2, 128, 32).to(torch.int8)  # registers in order
             for h in range(2):
                 for t in range(128):
-                    warp, g, c = t // 32, (t % 32) // 4, t % 4
-                    for j in range(4):
-                        word = int(tile[(h * 128 + t) * 4 + j]) & 0xFFFFFFFF
-                        for e in range(8):
-                            nibble = (word >> (4 * e)) & 0xF
-                            row = 64 * i + 16 * warp + g + 8 * ((e // 2) % 2)
-                            col = 128 * b + 16 * (4 * h + j) + 2 * c + e % 2 + 8 * (e // 4)
-                            q[row, col] = nibble - 16 if nibble >= 8 else nibble
+                    for register, (row, col) in enumerate(place[t]):
+                        q[64 * i + row, 128 * b + 64 * h + col] = values[h, t, register]
     return q
 
 
@@ -87,12 +89,27 @@ def test_pack_unpack_round_trip():
     assert torch.equal(int4.unpack(words, 200), q)
 
 
-def test_packed_layout_is_what_the_kernel_reads():
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_packed_layout_is_what_the_kernel_reads(dtype):
     g = torch.Generator().manual_seed(2)
     q = torch.randint(-8, 8, (100, 256), generator=g, dtype=torch.int8)
-    read = kernel_reads(int4.pack(q), 128, 256)
+    read = kernel_reads(int4.pack(q), 128, 256, dtype)
     assert torch.equal(read[:100], q)
     assert (read[100:] == 0).all()  # padding rows
+
+
+def test_the_widening_makes_every_nibble_exact():
+    """Each pair of ``pipeline.widen.PAIR_STEPS``, on words holding every nibble value in every place:
+    nibbles p and p + 4 of a word, as -8..7, in registers 2 p and 2 p + 1."""
+    nibbles = torch.arange(16, dtype=torch.int64)
+    for place in range(8):
+        words = (nibbles << (4 * place)) | (((nibbles + 5) % 16) << (4 * ((place + 3) % 8)))
+        expected = torch.zeros(16, 8)
+        for e in range(8):
+            u = (words >> (4 * e)) & 0xF
+            expected[:, 2 * (e % 4) + e // 4] = (torch.where(u >= 8, u - 16, u)).float()
+        for dtype in ("float16", "bfloat16"):
+            assert torch.equal(widened_int4(words, dtype), expected), (place, dtype)
 
 
 def test_fragment_is_the_ptx_a_layout():
@@ -157,6 +174,12 @@ def test_representative_build_and_markers():
     ptx = result.ptx()
     assert re.search(r"m64n16k16\.f32\.f16\.f16 \{[^}]*\}, \{%r\d+, %r\d+, %r\d+, %r\d+\}, %rd\d+", ptx)
     assert ptx.count("wgmma.mma_async") == 8  # 8 K steps of 16: one 128-column group a K block
+    # the widening of a thread's 8 words a K block (pipeline.widen.int4_pairs): a lop3 and one
+    # 16-bit-pair instruction a pair of values, the magic number with the sign's offset folded in,
+    # and no prmt (the packed order is the registers' order)
+    assert (ptx.count("lop3.b32"), ptx.count("sub.f16x2"), ptx.count("fma.rn.f16x2")) == (32, 16, 16)
+    assert "prmt" not in ptx
+    assert "1678271496u" in (result.program_dir / "module" / "source.cu").read_text()  # 0x64086408
 
 
 # --- fp8 e4m3 with per-row scales: quantizer, layout and build (run: tests/test_v8_gpu.py) ---

@@ -10,9 +10,10 @@ checks (``quant_linear.wait_until_built``), since the widened path that runs mea
 Fresh random operands for each call, the output poisoned with NaN before the call, M in {1, 3, 17,
 100, 255}, N a multiple of no tile, K a multiple of the group (128) but of no split (K = 128 is a
 single K block: the other CTA of a cluster reads only zeros past K), both dtypes, compared with a
-float32 reference computed from ``qw.dequantize()``. Planted bugs (the nibbles of the wrong rows,
-the scales of the wrong group; fp8: each row's scale taken from the next row; int6: the bits of each
-6-bit value in the wrong order) are shown caught by the same check.
+float32 reference computed from ``qw.dequantize()``. Planted bugs (the nibbles of the wrong rows, a
+word's nibbles in the fragment's order instead of the widening's pairs, the scales of the wrong
+group; fp8: each row's scale taken from the next row; int6: the bits of each 6-bit value in the wrong
+order) are shown caught by the same check.
 """
 
 import dataclasses
@@ -205,6 +206,12 @@ def planted(qw, bug):
         full[: q.shape[0]] = q
         swapped = full.view(n_pad // 64, 4, 2, 8, -1).flip(2).reshape(n_pad, -1)
         return dataclasses.replace(qw, packed=int4.pack(swapped)[: qw.packed.shape[0]])
+    if bug == "pair order":  # each word's nibbles in the fragment's order (value v in nibble v, as
+        # tilus's int4 cast reads them), not in the pairs the widening makes (matmul.quant.int4)
+        words = qw.packed.to(torch.int64) & 0xFFFFFFFF
+        fragment = sum(((words >> (4 * (v // 2 + 4 * (v % 2)))) & 0xF) << (4 * v) for v in range(8))
+        fragment = torch.where(fragment >= 2**31, fragment - 2**32, fragment).to(torch.int32)
+        return dataclasses.replace(qw, packed=fragment)
     if bug == "scale group":  # each group's scales taken from the next group
         return dataclasses.replace(qw, scales=qw.scales.roll(1, dims=0).contiguous())
     if bug == "row scale":  # fp8: each row's scale taken from the next row
@@ -217,7 +224,13 @@ def planted(qw, bug):
     raise ValueError(bug)
 
 
-BUGS = {"nibble order": "int4", "scale group": "int4", "row scale": "fp8_e4m3", "bit order": "int6"}
+BUGS = {
+    "nibble order": "int4",
+    "pair order": "int4",
+    "scale group": "int4",
+    "row scale": "fp8_e4m3",
+    "bit order": "int6",
+}
 
 
 @pytest.mark.parametrize("bug", list(BUGS))

@@ -1,8 +1,9 @@
 """Hopper V8 for many tokens (``matmul/kernels/hopper/v8_prefill.py``) computes C = A @ dequantize(W)^T
 on the H100: fresh random operands, the output poisoned with NaN before the call, M from one token
 to several tiles of 128 (none a multiple of it but 256), N a multiple of no tile, K a multiple of the
-group (128), both dtypes, against a float32 reference from ``qw.dequantize()``; two planted bugs (the
-nibbles of the wrong rows, the scales of the wrong group) are shown caught by the same check.
+group (128), both dtypes, against a float32 reference from ``qw.dequantize()``; three planted bugs
+(the nibbles of the wrong rows, a word's nibbles in the fragment's order instead of the widening's
+pairs, the scales of the wrong group) are shown caught by the same check.
 
 The kernel is not the call's (``matmul.quant.linear`` widens the weight for cuBLAS above 256
 tokens): it is launched here directly, built once per dtype (or found in tilus's cache)."""
@@ -63,7 +64,7 @@ def test_ragged_shapes(dtype):
             assert error <= TOLERANCE[dtype], f"{m}x{n}x{k} {dtype}: relative error {error:.3g}"
 
 
-@pytest.mark.parametrize("bug", ["nibble order", "scale group"])
+@pytest.mark.parametrize("bug", ["nibble order", "pair order", "scale group"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_planted_bugs_are_caught(bug, dtype):
     x, qw = operands(300, 1000, 1024, dtype)

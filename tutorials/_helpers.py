@@ -743,8 +743,10 @@ V8_RESULTS = ROOT / "plots" / "h100" / "v8"
 
 def thread_words(qw, thread: int, half: int, tile: tuple[int, int] = (0, 0)) -> list[dict]:
     """What thread ``thread`` of a warpgroup reads of half ``half`` of one packed 64 x 128 tile
-    (``tile``: row tile, K block) of an int4 ``QuantizedWeight``: its 4 words, each nibble with the
-    row and column of the weight it is (v8.py's docstring), checked against ``qw.q()``."""
+    (``tile``: row tile, K block) of an int4 ``QuantizedWeight``: its 4 words, each value of a word in
+    the fragment's register order ``v`` with the nibble that holds it (``v // 2 + 4 (v % 2)``: values
+    ``2 p``, ``2 p + 1`` in nibbles ``p``, ``p + 4``) and the row and column of the weight it is
+    (v8.py's docstring), checked against ``qw.q()``."""
     i, b = tile
     words = qw.packed[16 * i : 16 * i + 16, 64 * b : 64 * b + 64].reshape(-1)  # word 64 r + column of the box
     q = qw.q()
@@ -753,18 +755,22 @@ def thread_words(qw, thread: int, half: int, tile: tuple[int, int] = (0, 0)) -> 
     for j in range(4):
         index = (half * 128 + thread) * 4 + j
         word = int(words[index]) & 0xFFFFFFFF
-        for e in range(8):
+        for v in range(8):
+            e = v // 2 + 4 * (v % 2)
             nibble = (word >> (4 * e)) & 0xF
-            row = 64 * i + 16 * warp + g + 8 * ((e // 2) % 2)
-            col = 128 * b + 16 * (4 * half + j) + 2 * c + e % 2 + 8 * (e // 4)
+            row = 64 * i + 16 * warp + g + 8 * ((v // 2) % 2)
+            col = 128 * b + 16 * (4 * half + j) + 2 * c + v % 2 + 8 * (v // 4)
             value = nibble - 16 if nibble >= 8 else nibble
             if row < qw.shape[0] and value != int(q[row, col]):
-                raise AssertionError(f"word {j} nibble {e}: {value} but q[{row}, {col}] = {int(q[row, col])}")
+                raise AssertionError(
+                    f"word {j} value {v} (nibble {e}): {value} but q[{row}, {col}] = {int(q[row, col])}"
+                )
             rows.append(
                 {
                     "word j": j,
-                    "word (hex)": f"0x{word:08x}" if e == 0 else "",
-                    "byte offset in the box": 4 * index if e == 0 else "",
+                    "word (hex)": f"0x{word:08x}" if v == 0 else "",
+                    "byte offset in the box": 4 * index if v == 0 else "",
+                    "value v": v,
                     "nibble e": e,
                     "bits": f"{nibble:04b}",
                     "q": value,

@@ -85,7 +85,11 @@ class DataInstructions:
         env[inst.output] = self._alloc(inst, role, lambda: self._mem(inst, role, inst.output))
 
     def i_AllocateRegisterInst(self, inst, env, role, group, active):
-        env[inst.register_output] = RegVal(None, tuple(inst.register_output.shape), AccTag())
+        # a tensor whose values are a function of their indices (int4's pair indices, which the widening
+        # combines with the words) is a table of constants, no accumulator: it carries no data's tag
+        env[inst.register_output] = RegVal(
+            None, tuple(inst.register_output.shape), None if _indexed(inst) else AccTag()
+        )
 
     def _slice(self, ref: MemRef, offsets, dims, out_shape) -> MemRef:
         start = ref.start + sum(o * st for o, st in zip(offsets, ref.strides))
@@ -255,6 +259,14 @@ class DataInstructions:
 def _is_workspace(ref: GlobalRef) -> bool:
     """A kernel's own global allocation (``i_AllocateGlobalInst``), not A, B, C or a side operand."""
     return ref.matrix.startswith(("workspace", "flags"))
+
+
+def _indexed(inst) -> bool:
+    """Whether an allocated register tensor's initial values depend on their indices."""
+    from tilus.hidet.ir.expr import Var
+    from tilus.hidet.ir.tools import collect
+
+    return inst.init is not None and bool(set(collect(inst.init, Var)) & set(inst.axes or ()))
 
 
 def _result_tag(tags: list):

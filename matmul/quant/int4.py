@@ -6,13 +6,16 @@ absmax / 7`` rounded to the weight's dtype (1 for an all-zero group) and ``q = r
 clamped to -8..7. The weight it stands for is ``q * scale`` rounded once to that dtype, which is
 what the kernel's widening computes, value for value.
 
-Packed layout: tiles of 64 rows x 128 columns (rows padded to 64 with zeros), each 1024 int32
-words ``[half h][thread t][word j]``; word j of thread t of half h is the 8 values thread t holds
-in the wgmma A fragment of K step 4 h + j: with ``t = 32 w + 4 g + c``, nibble ``e`` (low first)
-is row ``16 w + g + 8 ((e // 2) % 2)``, column ``16 (4 h + j) + 2 c + e % 2 + 8 (e // 4)`` of the
-tile. The words form an int32 matrix [N_pad / 4, K / 2]: tile (i, b) (row tile i, K block b) is
-rows 16 i ... 16 i + 15, columns 64 b ... 64 b + 63, its word index ``64 r + column``. Scales:
-[K / 128, N_pad], the activations' dtype (zero for padding rows).
+Packed layout: tiles of 64 rows x 128 columns (rows padded to 64 with zeros), each 1024 int32 words
+``[half h][thread t][word j]``; word j of thread t of half h is the 8 values thread t holds in the
+wgmma A fragment of K step 4 h + j: with ``t = 32 w + 4 g + c``, the fragment's value ``v`` of the
+word (``v < 8``, its register order) is row ``16 w + g + 8 ((v // 2) % 2)``, column ``16 (4 h + j) +
+2 c + v % 2 + 8 (v // 4)`` of the tile, and it lies in nibble ``v // 2 + 4 (v % 2)`` (low first):
+values ``2 p`` and ``2 p + 1`` in nibbles ``p`` and ``p + 4``, the two halves of the 32-bit pair the
+kernel's magic-number conversion makes of them (``pipeline.widen``). The words form an int32 matrix
+[N_pad / 4, K / 2]: tile (i, b) (row tile i, K block b) is rows 16 i ... 16 i + 15, columns 64 b ...
+64 b + 63, its word index ``64 r + column``. Scales: [K / 128, N_pad], the activations' dtype (zero
+for padding rows).
 """
 
 from __future__ import annotations
@@ -24,8 +27,11 @@ TILE_ROWS = 64
 QMIN, QMAX = -8, 7
 
 # q [N_pad, K] seen as (i, w, rowhalf, g, b, h, j, colhalf, c, pair), in packed order: i, b, then
-# the tile's words [h][t = (w, g, c)][j], then a word's nibbles e = (colhalf, rowhalf, pair)
-_ORDER = (0, 4, 5, 1, 3, 8, 6, 7, 2, 9)
+# the tile's words [h][t = (w, g, c)][j], then a thread's values of the word in the fragment's
+# register order (colhalf, rowhalf, pair) ...
+FRAGMENT_ORDER = (0, 4, 5, 1, 3, 8, 6, 7, 2, 9)
+# ... which int4 stores in the nibble order (pair, colhalf, rowhalf): value 2 p + pair in nibble p + 4 pair
+_ORDER = (0, 4, 5, 1, 3, 8, 6, 9, 7, 2)
 
 
 def reference(w: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,7 +71,7 @@ def unpack(words: torch.Tensor, n: int) -> torch.Tensor:
     tiles = tiles.reshape(n_pad // 64, k // GROUP, 4096)
     nibbles = torch.stack([tiles & 0xF, tiles >> 4], dim=-1).view(torch.int8)
     signed = (nibbles ^ 8) - 8  # 0..15 two's complement nibbles -> -8..7
-    shape = [n_pad // 64, k // GROUP, 2, 4, 8, 4, 4, 2, 2, 2]  # (i, b, h, w, g, c, j, colhalf, rowhalf, pair)
+    shape = [n_pad // 64, k // GROUP, 2, 4, 8, 4, 4, 2, 2, 2]  # (i, b, h, w, g, c, j, pair, colhalf, rowhalf)
     inverse = [0] * len(_ORDER)
     for position, dim in enumerate(_ORDER):
         inverse[dim] = position

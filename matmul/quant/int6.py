@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .int4 import _ORDER, GROUP, padded_rows
+from .int4 import FRAGMENT_ORDER, GROUP, padded_rows
 
 QMIN, QMAX = -32, 31
 BITS = 6
@@ -40,7 +40,7 @@ def pack(q: torch.Tensor) -> torch.Tensor:
     n_pad = padded_rows(n)
     full = torch.full((n_pad, k), -QMIN, dtype=torch.int64, device=q.device)  # padding rows: q = 0
     full[:n] = q.to(torch.int64) - QMIN
-    values = full.view(n_pad // 64, 4, 2, 8, k // GROUP, 2, 4, 2, 4, 2).permute(*_ORDER)
+    values = full.view(n_pad // 64, 4, 2, 8, k // GROUP, 2, 4, 2, 4, 2).permute(*FRAGMENT_ORDER)
     values = values.reshape(n_pad // 64, k // GROUP, 256, 32)  # [i, b, (h, t), value l]
     bits = (values.unsqueeze(-1) >> torch.arange(BITS, device=q.device)) & 1  # bit 6 l + m
     bits = bits.reshape(n_pad // 64, k // GROUP, 256, 6, 32)  # [.., word j, bit of the word]
@@ -59,8 +59,8 @@ def unpack(words: torch.Tensor, n: int) -> torch.Tensor:
     bits = bits.reshape(n_pad // 64, k // GROUP, 256, 32, BITS)
     values = (bits << torch.arange(BITS, device=words.device)).sum(dim=-1)
     shape = [n_pad // 64, k // GROUP, 2, 4, 8, 4, 4, 2, 2, 2]  # (i, b, h, w, g, c, j, colhalf, rowhalf, pair)
-    inverse = [0] * len(_ORDER)
-    for position, dim in enumerate(_ORDER):
+    inverse = [0] * len(FRAGMENT_ORDER)
+    for position, dim in enumerate(FRAGMENT_ORDER):
         inverse[dim] = position
     q = (values.view(shape).permute(*inverse).reshape(n_pad, k) + QMIN).to(torch.int8)
     return q[:n]

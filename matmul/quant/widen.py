@@ -12,7 +12,7 @@ The kernel: one CTA of one warpgroup per packed tile (64 weight rows x 128 colum
 group). Each thread loads its words of the tile straight from HBM (the packed layouts are made for
 this: a thread's bytes of a part are contiguous, 16 bytes for int4 and fp8, 24 for int6), views
 them in the wgmma A-fragment layout and widens them with V8's own conversion
-(``pipeline.widen``: the same lop3/prmt magic-number casts, the same single rounding of ``q *
+(``pipeline.widen``: the same magic-number conversions, the same single rounding of ``q *
 scale`` in the 16-bit dtype; fp8: ``q`` widened exactly, times the float32 row scale, rounded once),
 then writes each part's fragment into a staging tile in shared memory (``stmatrix``) from which one
 TMA store writes it to ``out``: whole 128-byte rows instead of the fragment's 4-byte pieces, and the

@@ -26,8 +26,9 @@ exactly the wgmma A fragment of that step. TMEM lets warp ``w`` of a warpgroup r
 thread ``64 (w % 2) + 32 r + 4 g + c`` of tile ``w // 2`` (rows ``32 w + 16 r + g``, ``+ 8``): for
 each ``(r, half)`` a warp reads 512 consecutive bytes (one ``ld.shared.v4`` a thread, no bank
 conflict). The shared tile is viewed as ``[tile, half, wpar, r, lane, word]`` and permuted so that a
-thread's 16 words are one row of a [128, 16] view; they are cast by tilus's int4 -> float16 cast
-(``lop3`` with the 0x6400 magic number; bfloat16: ``matmul.tilus_fixes.int4_bf16_cast``) and
+thread's 16 words are one row of a [128, 16] view; they are widened by Hopper's conversion
+(``pipeline.widen.int4_pairs``: a ``lop3`` with the magic number and one 16-bit-pair instruction
+for each pair of values, which the packed order puts in the register the fragment wants) and
 multiplied by the row's scale in the 16-bit dtype (one rounding of ``q * scale``, as
 ``QuantizedWeight.dequantize()``), then stored with ``tcgen05.st.16x128b``. The scales are Hopper's
 [K / 128, N_pad] matrix (N_pad a multiple of 64); the last CTA of an N of 64 rows past a multiple of
@@ -83,7 +84,7 @@ exits before the last one.
 """
 
 import tilus
-from tilus import GlobalTensor, RegisterTensor, float32, int4b, int32
+from tilus import GlobalTensor, RegisterTensor, float32, int32
 from tilus.ir.layout.ops import shared_row_major
 from tilus.ir.layout.ops.register_ops import local, spatial
 from tilus.ir.layout.ops.register_ops import reduce as reduce_layout
@@ -92,6 +93,7 @@ from tilus.utils import cdiv
 from pipeline import Pipeline
 from pipeline.cluster_reduce import ClusterSplitKReduce, SplitKRange
 from pipeline.tcgen05_fence import fence_after_thread_sync, fence_before_thread_sync
+from pipeline.widen import int4_pairs
 
 from ..entry import PackedWeightKernel
 
@@ -306,9 +308,7 @@ class Kernel(PackedWeightKernel):  # Hopper V8's arguments (entry.PackedWeightKe
 
     def widen(self, words: RegisterTensor, scale: RegisterTensor) -> RegisterTensor:
         """A thread's 16 packed words (128 int4 values) as the 16-bit tile ``WIDE``, times its rows' scales."""
-        values = self.view(words, layout=WIDE, dtype=int4b)
-        wide = values.to(self.dtype)
-        self.annotate_layout(wide, WIDE)
+        wide = self.view(int4_pairs(words, self.dtype), layout=WIDE, dtype=self.dtype)
         scaled = wide * scale
         self.annotate_layout(scaled, WIDE)
         return scaled

@@ -14,29 +14,33 @@ scale = absmax / 7 of the group (``matmul.quant``). Signed, no zero point: LLM w
 nearly centred on 0, a zero point would add a tensor to stream and a subtraction per value, and
 the magic-number conversion absorbs the sign for free (the xor of ``0x88888888``).
 
-Packed layout (``matmul.quant.int4``, made once when the weight is quantized): the weight [N, K]
-is cut into tiles of 64 rows x 128 columns (N padded to 64 with zero rows). A tile is 4 KiB:
-``[half h < 2][thread t < 128][word j < 4]`` int32, word ``j`` of thread ``t`` of half ``h`` being
-the 8 values thread ``t`` holds in the wgmma A fragment of K step ``4 h + j`` (rows ``16 w + g``,
-``16 w + g + 8`` and columns ``2c, 2c + 1, 2c + 8, 2c + 9`` of the step, ``t = 32 w + 4 g + c``),
-low nibble first. In memory the packed weight is an int32 matrix ``[N_pad / 4, K / 2]`` (the size
-of an int4 [N_pad, K]): rows ``16 i .. 16 i + 15`` hold the tiles of row tile ``i``, the tile of
-K block ``b`` in columns ``64 b .. 64 b + 63``, so one TMA box [16, 64] (no swizzle) lands a tile in
-shared memory in that order, and each thread reads its 16 bytes of a half with one ``ld.shared.v4``
-(consecutive threads, consecutive 16 bytes: no bank conflict). A K block past K is zero-filled by
-TMA, as V7's are. The scales are a [K / 128, N_pad] matrix of the activations' dtype, so the 64
-scales of a tile are one TMA box [1, 64]. ``pipeline.widen.Int4Widen`` views a thread's words as
-an int4 register tensor in the fragment layout, casts it with tilus's int4 -> float16 conversion
-(``lop3`` with the 0x6400 magic number, ``sub``/``fma``, ``prmt``: 8 values from one word; to
-bfloat16 the same with 0x4300, ``matmul.tilus_fixes.int4_bf16_cast``). At tiles of 64 tokens and
-more it multiplies by the row's scale: the widened value is the one ``QuantizedWeight.dequantize()``
-gives, exactly (one rounding of ``q * scale`` in the 16-bit dtype). At tiles of 8 and 16 tokens
-(decode) the integers -8..7 go into the wgmma unscaled, each K block's products into a float32 tile
-of their own, which the block's 64 scales multiply into the accumulator once the block's wgmma is
-waited for: a thread's 4 or 8 float32 multiply-adds a block instead of 32 16-bit multiplies of its
-widened values (faster on the H200: ``plots/h200/v8-scale-after/``). The sum is then of
-``q * x`` scaled in float32, not of ``x`` times ``q * scale`` rounded to 16 bits: it differs from
-the dequantized weight's product by that rounding, as the tests' float32 reference allows.
+Packed layout (``matmul.quant.int4``, made once when the weight is quantized): the weight [N, K] is
+cut into tiles of 64 rows x 128 columns (N padded to 64 with zero rows). A tile is 4 KiB: ``[half h
+< 2][thread t < 128][word j < 4]`` int32, word ``j`` of thread ``t`` of half ``h`` being the 8
+values thread ``t`` holds in the wgmma A fragment of K step ``4 h + j`` (rows ``16 w + g``, ``16 w +
+g + 8`` and columns ``2c, 2c + 1, 2c + 8, 2c + 9`` of the step, ``t = 32 w + 4 g + c``), its
+fragment values ``2 p`` and ``2 p + 1`` in nibbles ``p`` and ``p + 4``. In memory the packed weight
+is an int32 matrix ``[N_pad / 4, K / 2]`` (the size of an int4 [N_pad, K]): rows ``16 i .. 16 i +
+15`` hold the tiles of row tile ``i``, the tile of K block ``b`` in columns ``64 b .. 64 b + 63``,
+so one TMA box [16, 64] (no swizzle) lands a tile in shared memory in that order, and each thread
+reads its 16 bytes of a half with one ``ld.shared.v4`` (consecutive threads, consecutive 16 bytes:
+no bank conflict). A K block past K is zero-filled by TMA, as V7's are. The scales are a [K / 128,
+N_pad] matrix of the activations' dtype, so the 64 scales of a tile are one TMA box [1, 64].
+``pipeline.widen.Int4Widen`` widens a thread's words two values at a time: nibbles ``p`` and ``p +
+4`` of a word are the halves of one 32-bit register, made by one ``lop3`` (the mask, the sign's
+offset and the magic number 1024 or, for bfloat16, 128) and one ``sub.f16x2`` or ``fma``
+(``pipeline.widen.int4_pairs``); the nibble order above is the one that puts each pair in the
+register the fragment wants it in, so nothing reorders them (tilus's own cast of an int4 tensor
+keeps the values' order, at four ``prmt`` a word: 8-10% of V8's time at decode,
+``plots/h200/v8-pairs/``). At tiles of 64 tokens and more it multiplies by the row's scale: the
+widened value is the one ``QuantizedWeight.dequantize()`` gives, exactly (one rounding of ``q *
+scale`` in the 16-bit dtype). At tiles of 8 and 16 tokens (decode) the integers -8..7 go into the
+wgmma unscaled, each K block's products into a float32 tile of their own, which the block's 64
+scales multiply into the accumulator once the block's wgmma is waited for: a thread's 4 or 8 float32
+multiply-adds a block instead of 32 16-bit multiplies of its widened values (faster on the H200:
+``plots/h200/v8-scale-after/``). The sum is then of ``q * x`` scaled in float32, not of ``x`` times
+``q * scale`` rounded to 16 bits: it differs from the dequantized weight's product by that rounding,
+as the tests' float32 reference allows.
 
 Other widths (checked on the H100 as int4 is, ``tests/test_v8_gpu.py``): int6 (``Kernel(weight="int6")``,
 ``matmul.quant.int6``), int4's group scales with 6-bit values, a 6 KiB tile
@@ -100,7 +104,7 @@ from ..entry import PackedWeightKernel
 IDEA = "int4 weights (a scale per 128 along K) widened in registers into the wgmma's A operand: a quarter of V7's bytes"
 PTX_MARKERS = (
     "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {",  # A from registers: a register list, not a descriptor
-    "lop3.b32",  # the magic-number int4 -> float16 conversion
+    "lop3.b32",  # the magic-number int4 -> float16 conversion (pipeline.widen.int4_pairs)
     "ld.shared.v4",  # a thread's 16 packed bytes of a half tile at once
     "cp.async.bulk.tensor.2d.shared::cta.global",
     "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes",

@@ -23,6 +23,9 @@ timed in the same window (L2 flushed by reading, as ``bench_v8.py``), with cuBLA
 * (``scale_after``, H200, as at 333361c: each K block multiplied unscaled into a float32 tile of
   its own, then scaled into the accumulator; V8 itself does so at tiles of up to 16 tokens since,
   and ``scale_values`` is now the variant that does not)
+* (``pairs``, H200, as at c95c3d4: each packed word's nibbles in the order of the magic-number
+  conversion's pairs, widened without tilus's ``prmt``s; V8 itself packs and widens so since,
+  ``plots/h200/v8-pairs/``)
 
 The cut-down variants' outputs are wrong by design: only V8's, ``mma_sync``'s and ``scale_values``' are
 checked. Build on the CPU machine
@@ -42,8 +45,6 @@ from pathlib import Path
 import torch
 from bench_v8 import DECODE_SHAPES  # (this script's folder)
 from tilus import RegisterTensor, SharedTensor, float32, int32
-from tilus.ir.layout.ops.register_ops import local, spatial
-from tilus.lang.instructions import base
 
 import matmul
 from matmul.build.compiler import target
@@ -52,7 +53,6 @@ from matmul.kernels import versions
 from matmul.measure.correctness import relative_error
 from matmul.measure.timing import interleaved_ms
 from matmul.quant import linear as quant_linear
-from matmul.tilus_fixes import int4_bf16_cast
 from pipeline import Pipeline
 from pipeline.cluster_reduce import ClusterSplitKReduce
 from pipeline.epilogue import wgmma_fragment
@@ -349,156 +349,6 @@ class Rolling(Overlap):
             self.wgmma.wait_group(1)
 
 
-def _register_f16x2() -> None:
-    """``sub.f16x2`` and ``fma.rn.f16x2`` as functions returning their 32 bits (expressions, so that an
-    elementwise instruction can use them)."""
-    from tilus.hidet.ir.dtypes import uint32
-    from tilus.hidet.ir.primitives.func import is_primitive_function, register_primitive_function
-    from tilus.hidet.ir.stmt import asm
-    from tilus.hidet.lang import attrs, script
-
-    if is_primitive_function("cuda_probe_and_xor"):
-        return
-
-    @script
-    def cuda_probe_sub_f16x2(a: uint32, b: uint32) -> uint32:
-        attrs.func_name = "cuda_probe_sub_f16x2"
-        attrs.func_kind = "cuda_internal"
-        ret: uint32 = 0
-        asm(template="sub.f16x2 %0, %1, %2;", outputs=[ret], inputs=[a, b], is_volatile=False)
-        return ret
-
-    @script
-    def cuda_probe_fma_f16x2(a: uint32, b: uint32, c: uint32) -> uint32:
-        attrs.func_name = "cuda_probe_fma_f16x2"
-        attrs.func_kind = "cuda_internal"
-        ret: uint32 = 0
-        asm(template="fma.rn.f16x2 %0, %1, %2, %3;", outputs=[ret], inputs=[a, b, c], is_volatile=False)
-        return ret
-
-    @script
-    def cuda_probe_and_xor(a: uint32, b: uint32, c: uint32) -> uint32:
-        attrs.func_name = "cuda_probe_and_xor"
-        attrs.func_kind = "cuda_internal"
-        ret: uint32 = 0
-        # (a & b) ^ c in one instruction: nvcc emits an and, then an xor
-        asm(template="lop3.b32 %0, %1, %2, %3, 0x6A;", outputs=[ret], inputs=[a, b, c], is_volatile=False)
-        return ret
-
-    register_primitive_function(name=cuda_probe_sub_f16x2.name, func_or_type=cuda_probe_sub_f16x2)
-    register_primitive_function(name=cuda_probe_and_xor.name, func_or_type=cuda_probe_and_xor)
-    register_primitive_function(name=cuda_probe_fma_f16x2.name, func_or_type=cuda_probe_fma_f16x2)
-
-
-def _pair(word, which, bf16: bool):
-    """Pair ``which`` (0..3) of a packed word as two 16-bit values in 32 bits: nibbles ``which`` and
-    ``which + 4``, through a magic number. float16: 1024 (0x6400), nibbles 0 and 2 from bits 0-3 of
-    each half, 1 and 3 from bits 4-7 (as 1024 + 16 (q + 8), scaled by 1/16), less what remains above
-    q. bfloat16 (7 mantissa bits): 128 (0x4300), every pair from bits 0-3 of the word shifted by 4
-    ``which`` (as ``matmul.tilus_fixes.int4_bf16_cast``), less 136. The sign's offset (``q + 8``: the
-    xor of 0x88888888) and the magic number are one constant xored after the mask (they touch
-    disjoint bits): one ``lop3`` a pair."""
-    from tilus.hidet.ir.dtypes import uint32
-    from tilus.hidet.ir.expr import cast, if_then_else
-    from tilus.hidet.ir.primitives.cuda.funcs import call_cuda
-
-    x = cast(word, uint32)
-
-    def and_xor(v, mask, constant):
-        return call_cuda("probe_and_xor", [v, uint32(mask), uint32(constant)])
-
-    if bf16:
-        pairs = [
-            call_cuda(
-                "int4_bf16_fma_bf16x2",
-                [
-                    and_xor(x >> uint32(4 * j) if j else x, 0x000F000F, 0x43084308),
-                    uint32(0x3F803F80),
-                    uint32(0xC308C308),
-                ],
-            )
-            for j in range(4)
-        ]
-    else:
-        x8 = x >> uint32(8)
-
-        def sub(v):  # - (1024 + 8)
-            return call_cuda("probe_sub_f16x2", [v, uint32(0x64086408)])
-
-        def fma(v):  # / 16 - 72
-            return call_cuda("probe_fma_f16x2", [v, uint32(0x2C002C00), uint32(0xD480D480)])
-
-        pairs = [
-            sub(and_xor(x, 0x000F000F, 0x64086408)),  # 1024 + q + 8 in each half
-            fma(and_xor(x, 0x00F000F0, 0x64806480)),  # 1024 + 16 (q + 8)
-            sub(and_xor(x8, 0x000F000F, 0x64086408)),
-            fma(and_xor(x8, 0x00F000F0, 0x64806480)),
-        ]
-    return if_then_else(
-        which == 0, pairs[0], if_then_else(which == 1, pairs[1], if_then_else(which == 2, pairs[2], pairs[3]))
-    )
-
-
-def widen_pairs(words, which, bf16: bool):
-    """In kernel code: the elementwise ``_pair`` of ``words`` [128, 4, 1] (broadcast along the last
-    axis) and ``which`` [128, 4, 4] (0..3 along it): 32-bit float16 pairs, no ``prmt``."""
-    builder = base._current_builder
-    return builder.elementwise_binary(words, which, f_compute=lambda w, j: _pair(w, j, bf16))
-
-
-def is_bfloat16(dtype) -> bool:
-    """(a plain function: kernel code would turn the comparison into a device expression)"""
-    return dtype.name == "bfloat16"
-
-
-def repack_pairs(packed: torch.Tensor) -> torch.Tensor:
-    """V8's packed int4 words with each word's nibbles in the order ``_pair`` reads them: nibble j
-    the fragment's value 2 j, nibble j + 4 its value 2 j + 1 (V8's order: nibble i value i)."""
-    words = packed.to(torch.int64) & 0xFFFFFFFF
-    nibbles = [(words >> (4 * i)) & 0xF for i in range(8)]
-    order = (0, 2, 4, 6, 1, 3, 5, 7)  # new nibble p holds the old nibble order[p]
-    out = sum(nibbles[order[p]] << (4 * p) for p in range(8))
-    return torch.where(out >= 2**31, out - 2**32, out).to(torch.int32)
-
-
-PAIR_WORDS = spatial(128, 1, 1) * local(1, 4, 4)  # a thread's 4 words of a half, each seen 4 times
-PAIR_COLUMN = spatial(128, 1, 1) * local(1, 4, 1)
-
-
-class Pairs(V8.Kernel):
-    """V8 whose widening is its own, not tilus's cast: each packed word's nibbles are stored (by
-    ``repack_pairs``, on the host) in the order the magic-number conversion makes its value pairs,
-    so the four ``prmt``s a word that put the cast's pairs back in order are not needed. Int4 at
-    tiles of up to 16 tokens (the unscaled integers of the scale-after path), chunk 64 (a part is a
-    half tile, four words a thread)."""
-
-    packed_for = staticmethod(lambda qw: repack_pairs(qw.packed))
-
-    def part(
-        self,
-        widen: Int4Widen,
-        words: RegisterTensor,
-        scale: RegisterTensor,
-        index: int,
-        s_tokens: SharedTensor,
-        acc: RegisterTensor,
-    ):
-        _register_f16x2()
-        int4_bf16_cast._register_fma()
-        if self.chunk != 64:
-            raise ValueError("the pairs probe widens a half tile (chunk 64) a part")
-        column = self.unsqueeze(words, dim=2)  # [128, 4, 1], broadcast along the pairs
-        self.annotate_layout(column, PAIR_COLUMN)
-        which = self.register_tensor(dtype=int32, shape=[128, 4, 4], init=lambda t, w, j: j)
-        self.annotate_layout(which, PAIR_WORDS)
-        pairs = widen_pairs(column, which, is_bfloat16(scale.dtype))
-        self.annotate_layout(pairs, PAIR_WORDS)
-        operand = self.view(pairs, layout=widen.fragment, dtype=scale.dtype)
-        self.wgmma.fence()
-        self.wgmma.mma(operand, s_tokens.transpose(), acc)
-        self.wgmma.commit_group()
-
-
 VARIANTS = {
     "v8": V8.Kernel,
     "no_widen": NoWiden,
@@ -508,7 +358,6 @@ VARIANTS = {
     "scale_values": ScaleValues,
     "overlap": Overlap,
     "rolling": Rolling,
-    "pairs": Pairs,
 }
 CHECKED = (
     "v8",
@@ -517,7 +366,6 @@ CHECKED = (
     "scale_values",
     "overlap",
     "rolling",
-    "pairs",
 )  # the variants whose output is V8's: checked before they are timed
 
 
@@ -570,8 +418,7 @@ def main(argv=None) -> None:
         for (name, config), program in programs.items():
             if args.configs == "calls" and config != mine:
                 continue
-            packed = getattr(VARIANTS[name], "packed_for", lambda q: q.packed)(qw)
-            operands = (m, n, k, x, packed, out, x.stride(0), packed.stride(0), out.stride(0), 0, qw.scales)
+            operands = (m, n, k, x, qw.packed, out, x.stride(0), qw.packed.stride(0), out.stride(0), 0, qw.scales)
 
             def launch(program=program, operands=operands):
                 program(*operands)
