@@ -24,7 +24,10 @@ around, is guarded to the tilus release that has it, and can be taken out again
 * ``wgmma_register_a``: ``wgmma.mma`` with its A operand in registers has no emitter and no layout
   inference rule (V8 widens its int4 weight into that operand);
 * ``int4_bf16_cast``: a register cast from int4 to bfloat16 converts one value at a time (the
-  float16 cast converts eight at once);
+  float16 cast converts eight at once). V8 no longer casts (its packed order lets it widen pairs
+  itself, ``pipeline.widen.int4_pairs``); the fix stays for kernels that do, and because its
+  source is part of every stored choice's fingerprint (removing or editing it makes the shipped
+  tables stale);
 * ``tcgen05_tmem_a``: ``tcgen05.mma`` with its A operand in tensor memory has no emitter
   (Blackwell V8 widens its int4 weight into that operand);
 * ``wgmma_instruction_width``: a wgmma tile is issued in instructions only as wide as the greatest

@@ -10,12 +10,6 @@ values, the sign offset (``xor 0x88888888``: ``q + 8``, 0..15), ``lop3`` of the 
 of the mantissa count 1s from 128 on, so 128 + u is exact), ``fma.rn.bf16x2`` by 1 and -136 (exact:
 the result is an integer of -8..7), and ``prmt`` to put the pairs in order: 16 instructions for 8
 values.
-
-V8 no longer casts: its packed order makes the conversion's pairs the fragment's registers, so it
-widens them itself without the ``prmt`` (``pipeline.widen.int4_pairs``). The fix stays for any
-kernel that casts an int4 tensor to bfloat16 (``tests/test_tilus_fixes.py`` builds one), and
-because its source is part of every stored choice's fingerprint (removing it would make the shipped
-tables stale).
 """
 
 import functools
