@@ -151,6 +151,11 @@ def test_supports_and_configs():
     assert quant_linear.config_for(1, 4096, 14336, "int4")["interleave"] == 2  # a down projection's long K
     assert quant_linear.config_for(16, 4096, 14336, "int4")["interleave"] == 4
     assert quant_linear.config_for(1, 14336, 4096, "int4")["interleave"] == 1
+    two_slabs = {**quant_linear.config_for(256), **quant_linear.TWO_SLABS}
+    assert quant_linear.config_for(128, 6144, 4096, "int4") == two_slabs  # past 64 tokens, a wide weight
+    assert quant_linear.config_for(200, 4096, 14336, "int4") == two_slabs  # and anything past 128
+    assert quant_linear.config_for(128, 4096, 4096, "int4")["warpgroups"] == 1
+    assert quant_linear.config_for(256, 6144, 4096, "fp8_e4m3")["warpgroups"] == 1  # measured for int4 only
     for weight_format in ("fp8_e4m3", "int6"):
         for config in quant_linear.configs(weight_format):
             assert {**config, "chunk": 64} in versions.space(V8) or config in versions.space(V8), config

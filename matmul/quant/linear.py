@@ -68,6 +68,11 @@ LONG_K = 3  # K >= LONG_K * N
 # tokens two consumers a slab (50.0 against 53.4 us at 1 x 28672 x 4096), at 16 the K range cut in 4
 # (49.7 against 50.4)
 WIDE_N = 4  # N >= WIDE_N * K
+# int4 past 64 tokens (plots/h200/v8-128-256/): two consumer warpgroups a CTA (128 weight rows, the
+# K range cut in 2, a 3-stage ring to fit) where one tile of 128 tokens meets a weight wider than
+# deep (1.21-1.33x at 128 tokens on 6144 x 4096 and 28672 x 4096), and at every shape from 129 tokens
+# (1.15-1.28x); a square or long-K weight at 128 tokens keeps one warpgroup, which was as fast or faster
+TWO_SLABS = {"block_m": 128, "warpgroups": 2, "split": 2, "stages": 3}
 
 
 def v8_module():
@@ -75,13 +80,15 @@ def v8_module():
 
 
 def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
-    """V8's configuration for M tokens (and, for int4 and fp8 at up to 16 tokens, the weight's N x K)."""
+    """V8's configuration for M tokens (and, for int4 and fp8, the weight's N x K)."""
     config = next(dict(config) for limit, config in CONFIGS if m <= limit)
     if weight_format == "int4" and m <= 16:
         if m <= NARROW_M:
             config["block_m"] = NARROW_M
         if n and k >= LONG_K * n:
             config["interleave"] = 2 if m <= NARROW_M else 4
+    if weight_format == "int4" and m > 64 and (m > 128 or n > k):
+        config.update(TWO_SLABS)
     if weight_format == "fp8_e4m3" and m <= 16 and n:
         if m <= NARROW_M:
             config["block_m"] = NARROW_M
@@ -94,7 +101,9 @@ def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
 
 def configs(weight_format: str) -> list[dict]:
     """Every configuration the call may build for a format (``config_for``'s, as ``kernel_config`` builds them)."""
-    shapes = [(m, n, k) for m in (1, *(limit for limit, _ in CONFIGS)) for n, k in ((1, 1), (1, LONG_K), (WIDE_N, 1))]
+    shapes = [
+        (m, n, k) for m in (1, *(limit for limit, _ in CONFIGS)) for n, k in ((1, 1), (1, LONG_K), (WIDE_N, 1), (2, 1))
+    ]
     chosen = (kernel_config(weight_format, config_for(m, n, k, weight_format)) for m, n, k in shapes)
     return list({tuple(sorted(c.items())): c for c in chosen}.values())
 

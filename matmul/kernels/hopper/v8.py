@@ -191,6 +191,7 @@ def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, chunk: 
         (64, 1, 2, 4, 2),
         (128, 1, 2, 2, 1),
         (128, 1, 2, 4, 1),
+        (128, 2, 2, 3, 1),
         (128, 1, 1, 4, 1),
         (256, 1, 1, 2, 1),
     ],
