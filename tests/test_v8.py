@@ -155,6 +155,8 @@ def test_supports_and_configs():
     assert quant_linear.config_for(128, 6144, 4096, "int4") == two_slabs  # past 64 tokens, a wide weight
     assert quant_linear.config_for(200, 4096, 14336, "int4") == two_slabs  # and anything past 128
     assert quant_linear.config_for(128, 4096, 4096, "int4")["warpgroups"] == 1
+    assert quant_linear.config_for(64, 4096, 14336, "int4")["interleave"] == 2  # a long K at 17-64 tokens
+    assert quant_linear.config_for(64, 14336, 4096, "int4")["interleave"] == 1
     assert quant_linear.config_for(256, 6144, 4096, "fp8_e4m3")["warpgroups"] == 1  # measured for int4 only
     for weight_format in ("fp8_e4m3", "int6"):
         for config in quant_linear.configs(weight_format):

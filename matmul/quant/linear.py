@@ -68,10 +68,12 @@ LONG_K = 3  # K >= LONG_K * N
 # tokens two consumers a slab (50.0 against 53.4 us at 1 x 28672 x 4096), at 16 the K range cut in 4
 # (49.7 against 50.4)
 WIDE_N = 4  # N >= WIDE_N * K
-# int4 past 64 tokens (plots/h200/v8-128-256/): two consumer warpgroups a CTA (128 weight rows, the
-# K range cut in 2, a 3-stage ring to fit) where one tile of 128 tokens meets a weight wider than
-# deep (1.21-1.33x at 128 tokens on 6144 x 4096 and 28672 x 4096), and at every shape from 129 tokens
-# (1.15-1.28x); a square or long-K weight at 128 tokens keeps one warpgroup, which was as fast or faster
+# int4 at 17-64 tokens on a long K: two consumers a slab, as at decode (1.22x at 64 x 4096 x 14336
+# on the H200, plots/h200/v8-128-256/probe-decode-64/). Past 64 tokens (plots/h200/v8-128-256/): two
+# consumer warpgroups a CTA (128 weight rows, the K range cut in 2, a 3-stage ring to fit) where one
+# tile of 128 tokens meets a weight wider than deep (1.21-1.33x at 128 tokens on 6144 x 4096 and
+# 28672 x 4096), and at every shape from 129 tokens (1.15-1.28x); a square or long-K weight at 128
+# tokens keeps one warpgroup, which was as fast or faster
 TWO_SLABS = {"block_m": 128, "warpgroups": 2, "split": 2, "stages": 3}
 
 
@@ -87,7 +89,9 @@ def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
             config["block_m"] = NARROW_M
         if n and k >= LONG_K * n:
             config["interleave"] = 2 if m <= NARROW_M else 4
-    if weight_format == "int4" and m > 64 and (m > 128 or n > k):
+    elif weight_format == "int4" and m <= 64 and n and k >= LONG_K * n:
+        config["interleave"] = 2
+    elif weight_format == "int4" and m > 64 and (m > 128 or n > k):
         config.update(TWO_SLABS)
     if weight_format == "fp8_e4m3" and m <= 16 and n:
         if m <= NARROW_M:
