@@ -135,6 +135,8 @@ def int4_pairs(words: RegisterTensor, dtype) -> RegisterTensor:
     ``2 p + 1`` of the word's 8), integers -8..7 in ``dtype`` (float16 or bfloat16): a thread's 8 n
     values in the order of its words, to be viewed as a 16-bit tensor of that many per thread.
     One elementwise instruction of each word (seen 4 times, broadcast) and its pair's index."""
+    if dtype.name not in PAIR_STEPS:
+        raise ValueError(f"int4 widens into float16 or bfloat16, not {dtype.name}")
     _register_pair_ptx()
     builder = _builder()
     count = words.shape[0] * words.shape[1] // 128
@@ -144,8 +146,6 @@ def int4_pairs(words: RegisterTensor, dtype) -> RegisterTensor:
     builder.annotate_layout(column, spatial(128, 1, 1) * local(1, count, 1))
     which = builder.allocate_register(int32, shape=[128, count, 4], f_init=lambda index: index[2])
     builder.annotate_layout(which, pair_layout(count))
-    if dtype.name not in PAIR_STEPS:
-        raise ValueError(f"int4 widens into float16 or bfloat16, not {dtype.name}")
     pairs = builder.elementwise_binary(column, which, f_compute=lambda word, p: _pair(word, p, dtype.name))
     builder.annotate_layout(pairs, pair_layout(count))
     return pairs

@@ -252,7 +252,7 @@ class Int4Cast(tilus.Script):
         super().__init__()
         self.dtype = dtype
 
-    def __call__(self, n: int32, words_ptr: void_p, out_ptr: void_p):
+    def __call__(self, words_ptr: void_p, out_ptr: void_p):
         self.attrs.blocks = 1
         self.attrs.warps = 4
         g_words = self.global_view(words_ptr, dtype=int32, shape=[128, 4])

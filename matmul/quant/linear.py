@@ -84,19 +84,22 @@ def v8_module():
 def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
     """V8's configuration for M tokens (and, for int4 and fp8, the weight's N x K)."""
     config = next(dict(config) for limit, config in CONFIGS if m <= limit)
-    if weight_format == "int4" and m <= 16:
-        if m <= NARROW_M:
-            config["block_m"] = NARROW_M
-        if n and k >= LONG_K * n:
-            config["interleave"] = 2 if m <= NARROW_M else 4
-    elif weight_format == "int4" and m <= 64 and n and k >= LONG_K * n:
-        config["interleave"] = 2
-    elif weight_format == "int4" and m > 64 and (m > 128 or n > k):
-        config.update(TWO_SLABS)
+    long_k = bool(n) and k >= LONG_K * n
+    if weight_format == "int4":
+        if m <= 16:
+            if m <= NARROW_M:
+                config["block_m"] = NARROW_M
+            if long_k:
+                config["interleave"] = 2 if m <= NARROW_M else 4
+        elif m <= 64:
+            if long_k:
+                config["interleave"] = 2
+        elif m > 128 or n > k:
+            config.update(TWO_SLABS)
     if weight_format == "fp8_e4m3" and m <= 16 and n:
         if m <= NARROW_M:
             config["block_m"] = NARROW_M
-        if k >= LONG_K * n or (m <= NARROW_M and n >= WIDE_N * k):
+        if long_k or (m <= NARROW_M and n >= WIDE_N * k):
             config["interleave"] = 2
         elif n >= WIDE_N * k:
             config["split"] = 4
@@ -105,9 +108,7 @@ def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
 
 def configs(weight_format: str) -> list[dict]:
     """Every configuration the call may build for a format (``config_for``'s, as ``kernel_config`` builds them)."""
-    shapes = [
-        (m, n, k) for m in (1, *(limit for limit, _ in CONFIGS)) for n, k in ((1, 1), (1, LONG_K), (WIDE_N, 1), (2, 1))
-    ]
+    shapes = [(m, n, k) for m in (1, *(limit for limit, _ in CONFIGS)) for n, k in ((1, 1), (1, LONG_K), (WIDE_N, 1))]
     chosen = (kernel_config(weight_format, config_for(m, n, k, weight_format)) for m, n, k in shapes)
     return list({tuple(sorted(c.items())): c for c in chosen}.values())
 

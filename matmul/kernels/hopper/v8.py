@@ -31,8 +31,8 @@ N_pad] matrix of the activations' dtype, so the 64 scales of a tile are one TMA 
 offset and the magic number 1024 or, for bfloat16, 128) and one ``sub.f16x2`` or ``fma``
 (``pipeline.widen.int4_pairs``); the nibble order above is the one that puts each pair in the
 register the fragment wants it in, so nothing reorders them (tilus's own cast of an int4 tensor
-keeps the values' order, at four ``prmt`` a word: 8-10% of V8's time at decode,
-``plots/h200/v8-pairs/``). At tiles of 64 tokens and more it multiplies by the row's scale: the
+keeps the values' order, at four ``prmt`` a word, a share of V8's time at decode that
+``plots/h200/v8-pairs/`` measures). At tiles of 64 tokens and more it multiplies by the row's scale: the
 widened value is the one ``QuantizedWeight.dequantize()`` gives, exactly (one rounding of ``q *
 scale`` in the 16-bit dtype). At tiles of 8 and 16 tokens (decode) the integers -8..7 go into the
 wgmma unscaled, each K block's products into a float32 tile of their own, which the block's 64
