@@ -1,0 +1,76 @@
+"""Does V8's time at decode sizes depend on the tokens' count with the kernel and grid fixed?
+
+One configuration of V8 (a token tile of ``block_m``), one weight, L2 flushed by reading, every
+variant of a weight in one window (``interleaved_ms``), each output checked against float32 first:
+
+- ``rows M``: x is [M, K] (as the call passes it): the tokens' TMA boxes hold M rows and the rest
+  of the tile lies past the tensor (TMA fills zeros), the output's rows past M are masked;
+- ``zero rows``: x is [block_m, K] with rows M.. zero: the same products, every box whole;
+- ``all rows``: x is [block_m, K], every row random;
+- ``all zero``: x is [block_m, K] of zeros (the tensor core's operands without switching).
+
+    # on the CPU machine, then on the GPU
+    MATMUL_CACHE_DIR=DIR python plots/h100/v8/probe_configs.py /tmp/p --build-only \
+        --configs 16/1/2/4/64,8/1/2/4/64 --shapes 16x4096x4096
+    MATMUL_CACHE_DIR=DIR python plots/h200/v8-tokens/probe_tokens.py OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+import matmul
+from matmul.measure.correctness import poisoned_output, relative_error
+from matmul.measure.timing import interleaved_ms
+from matmul.quant import linear as quant_linear
+
+CONFIGS = {16: dict(block_m=16, warpgroups=1, split=2, stages=4, chunk=64, interleave=1)}
+CONFIGS[8] = dict(CONFIGS[16], block_m=8)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--weights", default="28672x4096,4096x4096")
+    parser.add_argument("--tokens", default="1,2,4,8")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    dtype = torch.float16
+    rows = []
+    assert all(quant_linear.wait_until_all_built((dtype, "int4", c) for c in CONFIGS.values()))
+    for weight in args.weights.split(","):
+        n, k = map(int, weight.split("x"))
+        gen = torch.Generator().manual_seed(0)
+        qw = matmul.quantize((torch.randn(n, k, generator=gen) / k**0.5).to(dtype).cuda())
+        w32 = qw.dequantize().float()
+        for block_m, config in CONFIGS.items():
+            fns, names = [], []
+            full = torch.randn(block_m, k, generator=gen).to(dtype).cuda()
+            variants = {"all rows": full, "all zero": torch.zeros_like(full)}
+            for m in (int(t) for t in args.tokens.split(",")):
+                if m < block_m:
+                    variants[f"rows {m}"] = full[:m].clone()
+                    zero_rows = full.clone()
+                    zero_rows[m:] = 0
+                    variants[f"zero rows {m}"] = zero_rows
+            for name, x in variants.items():
+                out = poisoned_output(x.shape[0], n, dtype)
+                quant_linear.v8(x, qw, out, config)
+                error = relative_error(out, x.float() @ w32.T) if x.abs().sum() else out.abs().max().item()
+                assert error < 1e-2, (name, error)
+                fns.append(lambda x=x, out=out, qw=qw, config=config: quant_linear.v8(x, qw, out, config))
+                names.append(name)
+            for name, ms in zip(names, interleaved_ms(fns, 50, 400)):
+                row = dict(n=n, k=k, block_m=block_m, x=name, us=ms * 1e3)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    (args.out / "probe_tokens.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
