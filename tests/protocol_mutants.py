@@ -372,9 +372,20 @@ MUTANTS = (
         "sm_90a",
         "v8",
         "matmul.kernels.hopper.v8",
-        "transaction_bytes=s_w[slot].nbytes + stage_scale_bytes(self.weight, s_s) + s_x[slot].nbytes",
-        "transaction_bytes=s_w[slot].nbytes + s_x[slot].nbytes",
+        "                        + stage_scale_bytes(self.weight, s_s)\n",
+        "",
         ("bytes",),
+    ),
+    Mutant(
+        "wrong byte count: Hopper V8's token boxes announce a group of tokens more than they load "
+        "(pipeline.token_boxes)",
+        "sm_90a",
+        "v8",
+        "pipeline.token_boxes",
+        "rows = self.full * TOKEN_GROUP + self.tail_rows",
+        "rows = (self.full + 1) * TOKEN_GROUP",
+        ("bytes", "deadlock"),
+        config=(("block_m", 8),),
     ),
     Mutant(
         "wrong K block: Hopper V8's producer loads the packed weight tile of K block 0 for every K block "

@@ -157,6 +157,10 @@ def test_supports_and_configs():
     assert quant_linear.config_for(128, 4096, 4096, "int4")["warpgroups"] == 1
     assert quant_linear.config_for(64, 4096, 14336, "int4")["interleave"] == 2  # a long K at 17-64 tokens
     assert quant_linear.config_for(64, 14336, 4096, "int4")["interleave"] == 1
+    for n, k in ((4096, 4096), (28672, 4096)):  # 17-32 tokens: a tile of 32, but on a long K
+        assert [quant_linear.config_for(m, n, k, "int4")["block_m"] for m in (16, 17, 32, 33)] == [16, 32, 32, 64]
+    assert quant_linear.config_for(17, 4096, 14336, "int4") == quant_linear.config_for(64, 4096, 14336, "int4")
+    assert quant_linear.config_for(17, 4096, 4096, "fp8_e4m3")["block_m"] == 64  # measured for int4 only
     assert quant_linear.config_for(256, 6144, 4096, "fp8_e4m3")["warpgroups"] == 1  # measured for int4 only
     for weight_format in ("fp8_e4m3", "int6"):
         for config in quant_linear.configs(weight_format):

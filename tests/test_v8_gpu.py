@@ -137,6 +137,19 @@ def test_ragged_shapes(dtype, calls_kernels_built):
             assert error <= TOLERANCE[dtype], f"V8 {config} {m}x{n}x{k} {dtype}: relative error {error:.3g}"
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_token_count_of_a_tile(dtype, calls_kernels_built):
+    """Every count of tokens a tile of 32 and of 128 can hold, and past it (the last tile partial):
+    each count's rows come in their own set of boxes (``pipeline.token_boxes``), every box size and
+    position, the one-row tail and the group tail."""
+    n, k = 200, 384
+    for m in range(1, 257):
+        x, qw = operands(m, n, k, dtype)
+        config = quant_linear.config_for(17 if m <= 32 else 100, n, k, "int4")  # tiles of 32, of 128
+        error = v8_error(x, qw, config)
+        assert error <= TOLERANCE[dtype], f"V8 {config} {m}x{n}x{k} {dtype}: relative error {error:.3g}"
+
+
 @pytest.mark.parametrize(
     "config", versions.space(versions.load(ARCH, "v8")), ids=lambda c: "-".join(f"{v}" for v in c.values())
 )

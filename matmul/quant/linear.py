@@ -62,6 +62,10 @@ CONFIGS = (
 # slab taking its K blocks in turn (``interleave``: 1.10x at 4096 x 14336 against the K range cut
 # in 8, plots/h100/v8/interleave/)
 NARROW_M = 8
+# int4 at 17-32 tokens: a tile of 32 (half the 64-token tile's wgmma work: 31.7 against 44.2 us at
+# 17 x 28672 x 4096 on the H200, 1.1-1.4x on the three weights it was measured on; a long K keeps two
+# consumers a slab in a tile of 64, against which it was not measured, plots/h200/v8-tokens/)
+MID_M = 32
 LONG_K = 3  # K >= LONG_K * N
 # fp8 at decode sizes (plots/h100/v8/fp8-configs/): its 8 KiB tiles want a long K range interleaved
 # over two consumer warpgroups, as int4's, and a wide weight (an MLP's gate-up) more CTAs: up to 8
@@ -94,6 +98,8 @@ def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
         elif m <= 64:
             if long_k:
                 config["interleave"] = 2
+            elif m <= MID_M:
+                config["block_m"] = MID_M
         elif m > 128 or n > k:
             config.update(TWO_SLABS)
     if weight_format == "fp8_e4m3" and m <= 16 and n:
@@ -108,7 +114,8 @@ def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
 
 def configs(weight_format: str) -> list[dict]:
     """Every configuration the call may build for a format (``config_for``'s, as ``kernel_config`` builds them)."""
-    shapes = [(m, n, k) for m in (1, *(limit for limit, _ in CONFIGS)) for n, k in ((1, 1), (1, LONG_K), (WIDE_N, 1))]
+    tokens = (1, MID_M, *(limit for limit, _ in CONFIGS))
+    shapes = [(m, n, k) for m in tokens for n, k in ((1, 1), (1, LONG_K), (WIDE_N, 1))]
     chosen = (kernel_config(weight_format, config_for(m, n, k, weight_format)) for m, n, k in shapes)
     return list({tuple(sorted(c.items())): c for c in chosen}.values())
 

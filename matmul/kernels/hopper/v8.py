@@ -51,6 +51,14 @@ widened by tilus's fp8 casts in parts of 32 K columns, and one float32 scale per
 the float32 partial tile after the last K block instead of a group scale per value (no scales
 come through the ring).
 
+The last token tile of a call usually holds fewer tokens than rows (one token in a tile of 8, 17
+in a tile of 32). TMA fills the rows of a box that lie past the tensor with zeros, and on an H200
+that cost up to 1.7x V8's time (``plots/h200/v8-tokens/``), so such a tile comes in boxes of the rows
+that hold tokens (``pipeline.token_boxes``: at most six boxes, a single token in a box of one row);
+the rows past them keep an earlier stage's tokens, which reach only the output columns past M, never
+stored. Configurations with ``interleave`` > 1 keep one box a tile: their producer thread issues that
+many times the boxes a stage and is what their CTAs wait for.
+
 For many tokens, ``v8_prefill.py`` is V5 whose B tiles arrive packed and are widened into shared
 memory by a warpgroup of their own: correct on the H100 and slower than what the call runs above
 256 tokens, the weight widened once for cuBLAS (``plots/h100/v8/prefill/``), so not the call's.
@@ -97,6 +105,7 @@ from tilus.utils import cdiv
 from pipeline import Pipeline
 from pipeline.cluster_reduce import ClusterSplitKReduce, SplitKRange
 from pipeline.epilogue import wgmma_fragment
+from pipeline.token_boxes import TokenBoxes
 from pipeline.widen import HALF_K, WORDS, Fp8Widen, Int4Widen, Int6Widen, reduce_layout
 
 from ..entry import PackedWeightKernel
@@ -184,6 +193,7 @@ def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, chunk: 
         (16, 1, 1, 4, 4),
         (16, 1, 2, 2, 4),
         (16, 1, 2, 4, 4),
+        (32, 1, 2, 4, 1),
         (64, 1, 2, 4, 1),
         (64, 1, 2, 8, 1),
         (64, 1, 4, 4, 1),
@@ -282,6 +292,13 @@ class Kernel(PackedWeightKernel):
         s_x = self.shared_tensor(
             dtype=self.dtype, shape=[self.stages, self.interleave * parts, self.block_m, self.chunk]
         )
+        # the rows of the tile that hold tokens, loaded as boxes of those rows (pipeline.token_boxes:
+        # a box's rows past the tensor are costly to TMA). With interleave > 1 a stage has that
+        # many times the boxes and its one producer thread is what the CTA waits for: there the
+        # extra boxes cost more than the rows past the tensor, and the tile is one box whatever M
+        # (plots/h200/v8-tokens/)
+        tokens = min(m_size - offset_m, self.block_m) if self.interleave == 1 else self.block_m
+        token_boxes = TokenBoxes(s_x, tokens)
         ring = Pipeline(self.stages, consumer_arrivals=consumers, elect_release=True)
         reduce = ClusterSplitKReduce(self.split, rows, self.block_m, layers=self.interleave)
         # every barrier of the cluster exists before a peer's copy lands on it: announced now, waited
@@ -295,7 +312,9 @@ class Kernel(PackedWeightKernel):
                 with self.single_thread():
                     self.mbarrier.arrive_and_expect_tx(
                         ring.producer_barrier(),
-                        transaction_bytes=s_w[slot].nbytes + stage_scale_bytes(self.weight, s_s) + s_x[slot].nbytes,
+                        transaction_bytes=s_w[slot].nbytes
+                        + stage_scale_bytes(self.weight, s_s)
+                        + token_boxes.stage_bytes(),
                     )
                 # past this CTA's range (the last range's tail) lies past K: TMA fills zeros
                 self.load_stage(
@@ -304,7 +323,7 @@ class Kernel(PackedWeightKernel):
                     g_a,
                     s_w,
                     s_s,
-                    s_x,
+                    token_boxes,
                     slot,
                     k_blocks.first + i * self.interleave,
                     offset_m,
@@ -353,7 +372,7 @@ class Kernel(PackedWeightKernel):
         g_a: GlobalTensor,
         s_w: SharedTensor,
         s_s: SharedTensor,
-        s_x: SharedTensor,
+        token_boxes: TokenBoxes,
         slot: int32,
         first: int32,
         offset_m: int32,
@@ -361,7 +380,7 @@ class Kernel(PackedWeightKernel):
         ring: Pipeline,
     ):
         """Stage ``slot``'s TMA loads: K blocks ``first .. first + interleave - 1``, for each one every
-        slab's packed tile and scales and the tokens' ``chunk``-column boxes."""
+        slab's packed tile and scales and the tokens' ``chunk``-column boxes (``TokenBoxes``)."""
         parts = BLOCK_K // self.chunk
         for turn in range(self.interleave):
             block = first + turn
@@ -373,11 +392,13 @@ class Kernel(PackedWeightKernel):
                         src=g_s, dst=s_s[slot, c], offsets=[block, offset_n + 64 * wg], mbarrier=ring.producer_barrier()
                     )
             for part in range(parts):
-                self.tma.global_to_shared(
-                    src=g_a,
-                    dst=s_x[slot, turn * parts + part],
-                    offsets=[offset_m, block * BLOCK_K + part * self.chunk],
-                    mbarrier=ring.producer_barrier(),
+                token_boxes.load(
+                    g_a,
+                    slot,
+                    turn * parts + part,
+                    offset_m,
+                    block * BLOCK_K + part * self.chunk,
+                    ring.producer_barrier(),
                 )
 
     def load_weight_tile(self, g_w: GlobalTensor, dst: SharedTensor, row_tile: int32, block: int32, ring: Pipeline):

@@ -39,6 +39,7 @@ from matmul.kernels import versions
 from matmul.measure.correctness import relative_error
 from matmul.measure.timing import interleaved_ms
 from pipeline import Pipeline
+from pipeline.token_boxes import TokenBoxes
 
 V8 = versions.load("sm_90a", "v8")
 # the call's int4 configurations at 1 and 16 tokens (``matmul.quant.linear.config_for``)
@@ -91,7 +92,7 @@ class OneBox(Contiguous):
         g_a: GlobalTensor,
         s_w: SharedTensor,
         s_s: SharedTensor,
-        s_x: SharedTensor,
+        token_boxes: TokenBoxes,
         slot: int32,
         first: int32,
         offset_m: int32,
@@ -114,11 +115,13 @@ class OneBox(Contiguous):
         parts = V8.BLOCK_K // self.chunk
         for turn in range(j):
             for part in range(parts):
-                self.tma.global_to_shared(
-                    src=g_a,
-                    dst=s_x[slot, turn * parts + part],
-                    offsets=[offset_m, (first + turn) * V8.BLOCK_K + part * self.chunk],
-                    mbarrier=ring.producer_barrier(),
+                token_boxes.load(
+                    g_a,
+                    slot,
+                    turn * parts + part,
+                    offset_m,
+                    (first + turn) * V8.BLOCK_K + part * self.chunk,
+                    ring.producer_barrier(),
                 )
 
 

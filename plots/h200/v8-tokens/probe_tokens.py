@@ -29,8 +29,12 @@ from matmul.measure.correctness import poisoned_output, relative_error
 from matmul.measure.timing import interleaved_ms
 from matmul.quant import linear as quant_linear
 
-CONFIGS = {16: dict(block_m=16, warpgroups=1, split=2, stages=4, chunk=64, interleave=1)}
-CONFIGS[8] = dict(CONFIGS[16], block_m=8)
+CONFIG_KEYS = ("block_m", "warpgroups", "split", "stages", "chunk", "interleave")
+
+
+def config_list(text: str) -> list[dict]:
+    """``block_m/warpgroups/split/stages/chunk[/interleave]``, comma-separated, as ``probe_configs.py``."""
+    return [{"interleave": 1, **dict(zip(CONFIG_KEYS, map(int, c.split("/"))))} for c in text.split(",")]
 
 
 def main(argv=None) -> None:
@@ -38,17 +42,19 @@ def main(argv=None) -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--weights", default="28672x4096,4096x4096")
     parser.add_argument("--tokens", default="1,2,4,8")
+    parser.add_argument("--configs", type=config_list, default=config_list("16/1/2/4/64,8/1/2/4/64"))
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     dtype = torch.float16
     rows = []
-    assert all(quant_linear.wait_until_all_built((dtype, "int4", c) for c in CONFIGS.values()))
+    assert all(quant_linear.wait_until_all_built((dtype, "int4", c) for c in args.configs))
     for weight in args.weights.split(","):
         n, k = map(int, weight.split("x"))
         gen = torch.Generator().manual_seed(0)
         qw = matmul.quantize((torch.randn(n, k, generator=gen) / k**0.5).to(dtype).cuda())
         w32 = qw.dequantize().float()
-        for block_m, config in CONFIGS.items():
+        for config in args.configs:
+            block_m = config["block_m"]
             fns, names = [], []
             full = torch.randn(block_m, k, generator=gen).to(dtype).cuda()
             variants = {"all rows": full, "all zero": torch.zeros_like(full)}
@@ -66,7 +72,7 @@ def main(argv=None) -> None:
                 fns.append(lambda x=x, out=out, qw=qw, config=config: quant_linear.v8(x, qw, out, config))
                 names.append(name)
             for name, ms in zip(names, interleaved_ms(fns, 50, 400)):
-                row = dict(n=n, k=k, block_m=block_m, x=name, us=ms * 1e3)
+                row = dict(n=n, k=k, config=config, x=name, us=ms * 1e3)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     (args.out / "probe_tokens.json").write_text(json.dumps(rows, indent=1))
