@@ -50,18 +50,17 @@ class TokenBoxes(tilus.Class):
         if self.tokens == self.rows:
             self.tma.global_to_shared(src=g_a, dst=self.tile[slot, box], offsets=[offset_m, column], mbarrier=barrier)
         else:
-            # the whole groups: a box per bit of their count, the largest first (tilus unrolls
-            # no loop over sizes: one call each, those past the tile's rows left out at build time)
-            self.groups_box(g_a, slot, box, offset_m, column, barrier, self.rows // 2)
-            self.groups_box(g_a, slot, box, offset_m, column, barrier, self.rows // 4)
-            self.groups_box(g_a, slot, box, offset_m, column, barrier, self.rows // 8)
-            self.groups_box(g_a, slot, box, offset_m, column, barrier, self.rows // 16)
-            self.groups_box(g_a, slot, box, offset_m, column, barrier, self.rows // 32)
-            # the tail, at the start of the next group
-            self.tail_box(g_a, slot, box, offset_m, column, barrier, 1)
-            self.tail_box(g_a, slot, box, offset_m, column, barrier, TOKEN_GROUP)
+            # the whole groups, a box per bit of their count, the largest first, then the tail at the
+            # start of the next group (tilus unrolls no loop over sizes: a call each)
+            self.part(g_a, slot, box, offset_m, column, barrier, self.rows // 2, False)
+            self.part(g_a, slot, box, offset_m, column, barrier, self.rows // 4, False)
+            self.part(g_a, slot, box, offset_m, column, barrier, self.rows // 8, False)
+            self.part(g_a, slot, box, offset_m, column, barrier, self.rows // 16, False)
+            self.part(g_a, slot, box, offset_m, column, barrier, self.rows // 32, False)
+            self.part(g_a, slot, box, offset_m, column, barrier, 1, True)
+            self.part(g_a, slot, box, offset_m, column, barrier, TOKEN_GROUP, True)
 
-    def groups_box(
+    def part(
         self,
         g_a: GlobalTensor,
         slot: int32,
@@ -70,45 +69,27 @@ class TokenBoxes(tilus.Class):
         column: int32,
         barrier: RegisterTensor,
         size: int,
+        tail: bool,
     ):
-        """The box of ``size`` rows (whole groups), if the whole groups' count has its bit: after the
-        larger boxes' rows."""
-        if size >= TOKEN_GROUP:
-            bit = size // TOKEN_GROUP
-            if self.full // bit % 2 == 1:
-                index = self.full // (2 * bit) * 2  # the larger boxes' rows, in boxes of this size
-                self.box(g_a, slot, box, offset_m, column, barrier, size, index)
-
-    def tail_box(
-        self,
-        g_a: GlobalTensor,
-        slot: int32,
-        box: int32,
-        offset_m: int32,
-        column: int32,
-        barrier: RegisterTensor,
-        size: int,
-    ):
-        """The tail's box, if it is ``size`` rows."""
-        if size <= self.rows:
-            if self.tail_rows == size:
-                self.box(g_a, slot, box, offset_m, column, barrier, size, self.full * TOKEN_GROUP // size)
-
-    def box(
-        self,
-        g_a: GlobalTensor,
-        slot: int32,
-        box: int32,
-        offset_m: int32,
-        column: int32,
-        barrier: RegisterTensor,
-        size: int,
-        index: int32,
-    ):
-        """Rows ``index * size ...`` of the tile: one TMA box of ``size`` rows into the tile seen as
-        boxes of that size (each starts a swizzle atom, or is one, so it keeps the tile's layout)."""
-        shape = self.tile.shape
-        view = self.reshape_shared(self.tile, [shape[0], shape[1], self.rows // size, size, shape[3]])
-        self.tma.global_to_shared(
-            src=g_a, dst=view[slot, box, index], offsets=[offset_m + index * size, column], mbarrier=barrier
-        )
+        """The box of ``size`` rows, if this tile has it: of whole groups (after the larger boxes'
+        rows) where the whole groups' count has its bit, or the tail's where it is that size. It goes
+        into the tile seen as boxes of that size, each of which starts a swizzle atom or is one, so it
+        keeps the tile's layout."""
+        if tail or size >= TOKEN_GROUP:
+            shape = self.tile.shape
+            view = self.reshape_shared(self.tile, [shape[0], shape[1], self.rows // size, size, shape[3]])
+            if tail:
+                if self.tail_rows == size:
+                    index = self.full * TOKEN_GROUP // size
+                    dst = view[slot, box, index]
+                    self.tma.global_to_shared(
+                        src=g_a, dst=dst, offsets=[offset_m + index * size, column], mbarrier=barrier
+                    )
+            else:
+                bit = size // TOKEN_GROUP
+                if self.full // bit % 2 == 1:
+                    index = self.full // (2 * bit) * 2  # the larger boxes' rows, in boxes of this size
+                    dst = view[slot, box, index]
+                    self.tma.global_to_shared(
+                        src=g_a, dst=dst, offsets=[offset_m + index * size, column], mbarrier=barrier
+                    )
