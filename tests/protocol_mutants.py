@@ -52,6 +52,8 @@ V6_PAIR_N = (("block_n", 96), ("stages", 7), ("pair", "n"))
 V5_STREAM_K = (("stream_k", True),)
 # Hopper V8 with two consumer warpgroups taking a weight slab's K blocks in turn
 V8_INTERLEAVED = (("split", 2), ("interleave", 2))
+# Hopper V8 without a split, two slabs each written by a TMA store (matmul.quant.linear's ONE_PASS)
+V8_ONE_PASS = (("block_m", 128), ("warpgroups", 2), ("split", 1), ("stages", 4))
 
 MUTANTS = (
     Mutant(
@@ -398,6 +400,28 @@ MUTANTS = (
         ("coverage",),
     ),
     Mutant(
+        "wrong slab: Hopper V8's warpgroups without a split all write their slabs at the first warpgroup's "
+        "columns of C",
+        "sm_90a",
+        "v8",
+        "matmul.kernels.hopper.v8",
+        "            tile_out.store(acc, wg)\n",
+        "            tile_out.store(acc, 0)\n",
+        ("coverage",),
+        config=V8_ONE_PASS,
+    ),
+    Mutant(
+        "store left behind: Hopper V8's warpgroup without a split leaves before the TMA store of its slab "
+        "has read the staging buffer",
+        "sm_90a",
+        "v8",
+        "pipeline.epilogue",
+        "        out.finish()\n",
+        "",
+        ("exit",),
+        config=V8_ONE_PASS,
+    ),
+    Mutant(
         "wrong K range: Hopper V8's interleaved consumers take their K blocks two a stage from ranges cut "
         "without regard to the two (a CTA's last stage reaches into its peer's range)",
         "sm_90a",
@@ -454,8 +478,8 @@ MUTANTS = (
         "sm_90a",
         "v8",
         "matmul.kernels.hopper.v8",
-        "        reduce.wait_for_peers()\n",
-        "",
+        "            reduce.wait_for_peers()\n",
+        "            pass\n",
         ("init", "overrun"),  # or an arrival at the exit barrier before the first one was waited for
     ),
     Mutant(

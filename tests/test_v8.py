@@ -140,8 +140,9 @@ def test_errors():
 
 
 def test_supports_and_configs():
-    assert V8.supports(1, 4096, 4096) and V8.supports(256, 100, 128)
-    assert not V8.supports(257, 4096, 4096) and not V8.supports(16, 4096, 4000)
+    assert V8.supports(1, 4096, 4096) and V8.supports(256, 100, 128) and V8.supports(1536, 4096, 4096)
+    assert not V8.supports(16, 4096, 4000)  # K a multiple of the group
+    assert not V8.supports(2**19, 4096, 4096) and V8.supports(2**19 - 1, 4096, 4096)  # C past 2^31 elements
     for _, config in CONFIGS:
         assert config in versions.space(V8)
     int4 = quant_linear.configs("int4")
@@ -155,6 +156,17 @@ def test_supports_and_configs():
     assert quant_linear.config_for(128, 6144, 4096, "int4") == two_slabs  # past 64 tokens, a wide weight
     assert quant_linear.config_for(200, 4096, 14336, "int4") == two_slabs  # and anything past 128
     assert quant_linear.config_for(128, 4096, 4096, "int4")["warpgroups"] == 1
+    one_pass = {**quant_linear.config_for(256), **quant_linear.ONE_PASS}
+    assert one_pass in versions.space(V8) and quant_linear.writes_slabs(one_pass)
+    assert not quant_linear.writes_slabs(two_slabs)
+    # without a split where 96 or more 128 x 128 tiles go round the SMs, N a multiple of 8 (TMA's rows)
+    assert quant_linear.config_for(128, 28672, 4096, "int4") == one_pass  # 224 tiles
+    assert quant_linear.config_for(256, 6144, 4096, "int4") == one_pass  # 96 tiles
+    assert quant_linear.config_for(256, 4096, 4096, "int4") == two_slabs  # 64 tiles
+    assert quant_linear.config_for(1024, 4096, 4096, "int4") == one_pass
+    assert quant_linear.config_for(1024, 4100, 4096, "int4") == two_slabs  # rows of 8200 bytes
+    assert quant_linear.config_for(200, 4100, 1024, "fp8_e4m3")["split"] == 2  # its 129-256 tile, too
+    assert quant_linear.writes_slabs(quant_linear.config_for(200, 4096, 1024, "fp8_e4m3"))
     assert quant_linear.config_for(64, 4096, 14336, "int4")["interleave"] == 2  # a long K at 17-64 tokens
     assert quant_linear.config_for(64, 14336, 4096, "int4")["interleave"] == 1
     for n, k in ((4096, 4096), (28672, 4096)):  # 17-32 tokens: a tile of 32, but on a long K
@@ -287,10 +299,11 @@ def kernel_reads_int6(words, n_pad, k):
 def test_the_call_runs_v8_only_up_to_its_formats_limit(monkeypatch):
     """Never a call slower than widening the weight and calling cuBLAS (issue #25): above 128
     tokens int6's V8 was slower than that on the H100's larger weights, so the call widens int6
-    from 129 tokens on; int4 and fp8 run V8 up to 256. (This CPU is made to look like a Hopper GPU:
-    only the choice of path is checked.)"""
+    from 129 tokens on; fp8 runs V8 up to 256; int4 up to 256 always, then up to 1536 where its
+    tiles fill their waves well enough (``prefill_pays``: plots/h200/v8-prefill/). (This CPU is
+    made to look like a Hopper GPU: only the choice of path is checked.)"""
     monkeypatch.setattr(quant_linear, "runs_here", lambda device: True)
-    for fmt, limit in (("int4", 256), ("fp8_e4m3", 256), ("int6", 128)):
+    for fmt, limit in (("int4", 1536), ("fp8_e4m3", 256), ("int6", 128)):
         qw = matmul.quantize(weight(256, 256), format=fmt)
         assert quant_linear.max_tokens(fmt) == limit
         assert [quant_linear.uses_v8(m, qw) for m in (1, 128, 129, 256, 257)] == [
@@ -298,8 +311,14 @@ def test_the_call_runs_v8_only_up_to_its_formats_limit(monkeypatch):
             True,
             limit > 128,
             limit > 128,
-            False,
+            False,  # 256 rows: widening is cheaper than V8's wave of 6 CTAs
         ], fmt
+    pays = quant_linear.prefill_pays
+    assert pays(384, 4096) and pays(1024, 4096) and pays(1536, 4096) and pays(512, 6144)  # measured faster
+    assert not pays(768, 4096)  # 192 tiles: a last wave 45% full, measured slower than widening
+    assert not pays(1024, 4100)  # no TMA stores into rows of 8200 bytes
+    qw = matmul.quantize(weight(4096, 256), format="int4")
+    assert [quant_linear.uses_v8(m, qw) for m in (257, 768, 1024, 1536, 1537)] == [True, False, True, True, False]
 
 
 def test_int6_quantize_and_layout():

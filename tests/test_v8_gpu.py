@@ -192,7 +192,11 @@ def test_other_formats_ragged_shapes(format, dtype, calls_kernels_built):
 def test_the_call(format, dtype, calls_kernels_built):
     for m in (1, 16, 300):  # V8 up to its format's limit, the weight widened on the GPU and cuBLAS above
         x, qw = operands(m, 1000, 1024, dtype, format)
-        assert quant_linear.uses_v8(m, qw) == (m <= quant_linear.max_tokens(format))
+        # int4 past 256 tokens only where its tiles fill the GPU (prefill_pays): not 24 tiles here
+        expected = m <= quant_linear.max_tokens(format) and (
+            m <= quant_linear.V8_MAX_M or quant_linear.prefill_pays(m, 1000)
+        )
+        assert quant_linear.uses_v8(m, qw) == expected
         if quant_linear.uses_v8(m, qw):
             v8_built(x, qw)  # the call's V8, not the widened path that runs while it builds
         ref = reference(x, qw)
@@ -208,6 +212,53 @@ def test_the_call(format, dtype, calls_kernels_built):
     y = matmul.linear(x3, qw, bias, "silu")
     expected = torch.nn.functional.silu(reference(x, qw) + bias.float()).view(2, 8, 1000)
     assert relative_error(y.float().view(16, 1000), expected.view(16, 1000)) <= TOLERANCE[dtype]
+
+
+# --- int4 in ONE_PASS (no split: each warpgroup writes its slab of C by a TMA store), up to prefill ---
+ONE_PASS = {**quant_linear.config_for(256), **quant_linear.ONE_PASS}
+# N not a multiple of the tile (4104, 1000), nor of 8 (4095, 31: rows TMA cannot write, so ``v8``
+# writes a padded buffer and copies it), K of 35, 8 and 1 blocks
+PREFILL_WEIGHTS = ((4104, 4480), (1000, 1024), (4095, 1024), (31, 128))
+
+
+@pytest.fixture(scope="module")
+def one_pass_built():
+    quant_linear.wait_until_all_built((dtype, "int4", ONE_PASS) for dtype in DTYPES)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_one_pass_on_prefill_shapes(dtype, one_pass_built):
+    """Token counts of one partial tile, of several tiles and a partial one (1000: 8 tiles), into
+    a dense out, one whose rows are padded and one whose base is not 16-byte aligned."""
+    for m in (1, 129, 1000):
+        for n, k in PREFILL_WEIGHTS:
+            x, qw = operands(m, n, k, dtype)
+            error = v8_error(x, qw, ONE_PASS)
+            assert error <= TOLERANCE[dtype], f"V8 {ONE_PASS} {m}x{n}x{k} {dtype}: relative error {error:.3g}"
+    x, qw = operands(300, 1000, 1024, dtype)
+    ref = reference(x, qw)
+    padded = torch.full((300, 1008), float("nan"), dtype=dtype, device="cuda")[:, :1000]
+    shifted = torch.full((300 * 1000 + 1,), float("nan"), dtype=dtype, device="cuda")[1:].view(300, 1000)
+    for out in (padded, shifted):
+        assert quant_linear.v8(x, qw, out, ONE_PASS) is out
+        assert relative_error(out, ref) <= TOLERANCE[dtype]
+    assert torch.isnan(padded.as_strided((300, 8), (1008, 1), 1000)).all()  # nothing past N
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_call_past_256_tokens(dtype, one_pass_built):
+    """The call runs V8 at 1000 tokens where its tiles fill the GPU (264 here), into a new output
+    and into an out TMA cannot write (a copy then), with the product's bias and activation."""
+    x, qw = operands(1000, 4104, 4480, dtype)
+    assert quant_linear.uses_v8(1000, qw) and quant_linear.config_for(1000, 4104, 4480, "int4") == ONE_PASS
+    ref = reference(x, qw)
+    assert relative_error(matmul.linear(x, qw), ref) <= TOLERANCE[dtype]
+    assert relative_error(matmul.matmul(x.view(8, 125, 4480), qw.T).view(1000, 4104), ref) <= TOLERANCE[dtype]
+    shifted = torch.full((1000 * 4104 + 1,), float("nan"), dtype=dtype, device="cuda")[1:].view(1000, 4104)
+    assert quant_linear.linear(x, qw, out=shifted) is shifted and relative_error(shifted, ref) <= TOLERANCE[dtype]
+    bias = torch.randn(4104, dtype=dtype, device="cuda")
+    expected = torch.nn.functional.gelu(ref + bias.float())
+    assert relative_error(matmul.linear(x, qw, bias, "gelu_erf"), expected) <= TOLERANCE[dtype]
 
 
 def planted(qw, bug):

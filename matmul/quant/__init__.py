@@ -9,9 +9,9 @@ group, the scales, the original shape and dtype, the packed words in the layout 
 (the group is the whole row). V8 reads all three formats (``tests/test_v8_gpu.py`` checks each on
 the H100).
 
-The call (``matmul.quant.linear``): up to ``max_tokens(format)`` tokens (256; int6 128) on a Hopper
-GPU, V8 (the skinny GEMM that widens the weight on chip, ``matmul/kernels/hopper/v8.py``); above
-that the weight is widened to its 16-bit dtype once per call (on a Hopper GPU by one bandwidth-bound
+The call (``matmul.quant.linear``): up to ``max_tokens(format)`` tokens (256; int6 128; int4 1536
+where V8's tiles fill the GPU, ``linear.prefill_pays``) on a Hopper GPU, V8 (the GEMM that widens
+the weight on chip, ``matmul/kernels/hopper/v8.py``); elsewhere the weight is widened to its 16-bit dtype once per call (on a Hopper GPU by one bandwidth-bound
 kernel, ``matmul.quant.widen``; until it is built and elsewhere by ``dequantize``) and multiplied by
 cuBLAS (``torch.matmul``): ``matmul.quant.widen`` says from how many tokens that comes within 0.9x
 of cuBLAS on the unquantized weight. Both kernels are built by the call's build child, never in the

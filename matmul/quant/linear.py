@@ -2,12 +2,15 @@
 widened once per call (on a Hopper GPU by ``matmul.quant.widen``'s kernel once the call's build
 child has built it, until then and elsewhere by torch) and cuBLAS (``matmul.quant``'s module doc).
 
-V8's configuration is picked by token count (for int4 at decode sizes, also by the weight's shape:
-``config_for``) from what was fastest on the H100 over the bench's weights (``plots/h100/v8/``),
-not tuned per call: the tuner and its cache belong to ``matmul.call``. Up to 256 tokens V8 was
-faster than the widened path on every int4 and fp8 weight measured there (the widening costs more
-than the product: ``matmul.quant.widen`` says when widen-once pays); int6 only up to 128 tokens
-(``max_tokens``).
+V8's configuration is picked by token count (for int4 and fp8, also by the weight's shape:
+``config_for``) from what was fastest on the H100 and the H200 over the bench's weights
+(``plots/h100/v8/``, ``plots/h200/``), not tuned per call: the tuner and its cache belong to
+``matmul.call``. Up to 256 tokens V8 was faster than the widened path on every int4 and fp8 weight
+measured (the widening costs more than the product: ``matmul.quant.widen`` says when widen-once
+pays); int6 only up to 128 tokens (``max_tokens``). int4 goes on to ``INT4_MAX_M`` tokens where
+V8's tiles fill the GPU's waves well enough to beat widening (``prefill_pays``): there V8 runs
+``ONE_PASS``, a CTA of 128 x 128 that writes its slabs of C by TMA stores as V7 does
+(``plots/h200/v8-prefill/``).
 
 V8's kernels are built off the caller's path, as the call's other kernels are: by the call's build
 child (``matmul.call.building.v8_in_child``, one kernel per dtype, format and configuration as
@@ -32,19 +35,24 @@ from typing import Optional
 
 import torch
 
-from ..contract import MatmulInputError, check_apart, check_bias, check_no_internal_overlap
+from ..contract import MatmulInputError, check_apart, check_bias, check_no_internal_overlap, empty_padded
 from ..kernels import device_context, versions
 from ..kernels.child_built import ChildBuilt, capturing
 from ..kernels.variant import torch_epilogue
 from . import QuantizedWeight, TransposedWeight
 from . import widen as device_widen
 
-V8_MAX_M = 256  # the most tokens V8 takes (its widest configuration: two tiles of 128)
-# Formats for which V8 runs fewer tokens. Above 128 tokens V8 reads and widens each weight tile
+V8_MAX_M = 256  # the most tokens V8 takes in every format but int4 (its widest configuration: two tiles of 128)
+# int4 past V8_MAX_M tokens, where ``prefill_pays``: up to 1536 tokens V8 in ONE_PASS was faster than
+# the widened path wherever its tiles fill their waves (0.87-0.92x cuBLAS fp16 at 1024-1536 tokens on
+# the H200, against widen + cuBLAS's 0.79-0.84x); at 2048 the two were even in float16 and widening
+# ahead in bfloat16 (0.86 against 0.88x), as it is ever more from there (plots/h200/v8-prefill/)
+INT4_MAX_M = 1536
+# Formats for which V8 runs other token counts. Above 128 tokens V8 reads and widens each weight tile
 # once for each 128-token tile; for int6, whose widening costs the most (its V8 is the slowest
 # of the three at decode too), that was slower than the widened path on the larger weights on the
 # H100 (plots/h100/v8/formats/), and up to 128 tokens faster on every one
-MAX_TOKENS = {"int6": 128}
+MAX_TOKENS = {"int6": 128, "int4": INT4_MAX_M}
 ARCH = "sm_90a"
 
 log = logging.getLogger(__name__)
@@ -79,6 +87,19 @@ WIDE_N = 4  # N >= WIDE_N * K
 # 28672 x 4096), and at every shape from 129 tokens (1.15-1.28x); a square or long-K weight at 128
 # tokens keeps one warpgroup, which was as fast or faster
 TWO_SLABS = {"block_m": 128, "warpgroups": 2, "split": 2, "stages": 3}
+# The same CTA without the split, where there are output tiles enough to go round the SMs without
+# it: no float32 partial tile to exchange, each warpgroup writes its slab of C by a TMA store as V7's
+# (``v8.Kernel.writes_slabs``) and a 4-stage ring takes the room. On the H200 at 128-256 tokens:
+# 1.30x cuBLAS at 128 x 28672 x 4096 (TWO_SLABS 1.00x), 0.87x at 256 x 6144 x 4096 (0.66x: 96
+# tiles); with 64 tiles or fewer the split's CTAs were faster (256 x 4096 x 14336: 1.01x against
+# 0.63x). TMA writes C only where its rows are whole 16-byte units: N a multiple of 8
+ONE_PASS = {"block_m": 128, "warpgroups": 2, "split": 1, "stages": 4}
+FILLING_TILES = 96  # 128 x 128 output tiles from which ONE_PASS runs without a split
+SMS = 132  # an H100's or H200's SMs: a wave of ONE_PASS's CTAs (one fits an SM)
+# Widening an N x K weight (then cuBLAS on it) costs about what N / WIDEN_ROWS waves of ONE_PASS's
+# tiles over the same K take (H200: 12.6 us to widen 4096 x 4096 beside 27 us a wave of 4096-deep
+# tiles, 80 us for 28672 rows): the price a partial last wave of V8 is weighed against (prefill_pays)
+WIDEN_ROWS = 9700
 
 
 def v8_module():
@@ -87,7 +108,7 @@ def v8_module():
 
 def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
     """V8's configuration for M tokens (and, for int4 and fp8, the weight's N x K)."""
-    config = next(dict(config) for limit, config in CONFIGS if m <= limit)
+    config = next((dict(config) for limit, config in CONFIGS if m <= limit), dict(CONFIGS[-1][1]))
     long_k = bool(n) and k >= LONG_K * n
     if weight_format == "int4":
         if m <= 16:
@@ -101,7 +122,7 @@ def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
             elif m <= MID_M:
                 config["block_m"] = MID_M
         elif m > 128 or n > k:
-            config.update(TWO_SLABS)
+            config.update(ONE_PASS if output_tiles(m, n) >= FILLING_TILES and n % 8 == 0 else TWO_SLABS)
     if weight_format == "fp8_e4m3" and m <= 16 and n:
         if m <= NARROW_M:
             config["block_m"] = NARROW_M
@@ -109,13 +130,42 @@ def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
             config["interleave"] = 2
         elif n >= WIDE_N * k:
             config["split"] = 4
+    if writes_slabs(config) and n % 8:  # C's rows are no whole 16-byte units for TMA: the split's stores
+        config["split"] = 2
     return config
+
+
+def output_tiles(m: int, n: int) -> int:
+    """The 128 x 128 tiles of an M x N output (ONE_PASS's CTAs)."""
+    return -(-m // 128) * -(-n // 128)
+
+
+def writes_slabs(config: dict) -> bool:
+    """Whether V8 in ``config`` writes C by TMA stores (no split of K: ``v8.Kernel.writes_slabs``),
+    which need C's rows and base 16-byte aligned (``tma_storable``)."""
+    return config["split"] == 1 and config.get("interleave", 1) == 1
+
+
+def tma_storable(out: torch.Tensor) -> bool:
+    """Whether TMA may write ``out`` [M, N]: unit column stride, rows and base 16-byte aligned."""
+    return out.stride(1) == 1 and (out.stride(0) * out.element_size()) % 16 == 0 and out.data_ptr() % 16 == 0
+
+
+def prefill_pays(m: int, n: int) -> bool:
+    """Whether V8 (ONE_PASS) beats widening the weight then cuBLAS at M tokens past V8_MAX_M: its
+    ``ceil(tiles / SMS)`` waves against the ``tiles / SMS`` waves of work cuBLAS does, plus the
+    widening's ``N / WIDEN_ROWS`` (N a multiple of 8, for its TMA stores). All the measured shapes
+    fall on the faster side: 768 x 4096 x 4096 (192 tiles, a last wave 45% full) widens, 512 x
+    6144 x 4096 (as many tiles, a dearer widening) runs V8 (plots/h200/v8-prefill/)."""
+    tiles = output_tiles(m, n)
+    return n % 8 == 0 and -(-tiles // SMS) <= tiles / SMS + n / WIDEN_ROWS
 
 
 def configs(weight_format: str) -> list[dict]:
     """Every configuration the call may build for a format (``config_for``'s, as ``kernel_config`` builds them)."""
-    tokens = (1, MID_M, *(limit for limit, _ in CONFIGS))
-    shapes = [(m, n, k) for m in tokens for n, k in ((1, 1), (1, LONG_K), (WIDE_N, 1))]
+    tokens = (1, MID_M, *(limit for limit, _ in CONFIGS), max_tokens(weight_format))
+    weights = ((1, 1), (1, LONG_K), (WIDE_N, 1), (128 * FILLING_TILES, 1))  # N x K, in K's units
+    shapes = [(m, n, k) for m in tokens for n, k in weights]
     chosen = (kernel_config(weight_format, config_for(m, n, k, weight_format)) for m, n, k in shapes)
     return list({tuple(sorted(c.items())): c for c in chosen}.values())
 
@@ -143,6 +193,7 @@ def uses_v8(m: int, weight: QuantizedWeight) -> bool:
         m <= max_tokens(weight.format)
         and runs_here(weight.device)
         and v8_module().supports(m, weight.shape[0], weight.shape[1])
+        and (m <= V8_MAX_M or prefill_pays(m, weight.shape[0]))
     )
 
 
@@ -177,10 +228,16 @@ def v8(x: torch.Tensor, weight: QuantizedWeight, out: torch.Tensor, config: Opti
     ``config`` (``config_for``'s without one), once the build child has built that kernel; until then
     (its build started here, unless a CUDA graph is being captured), where it did not build and where
     V8 does not run, the widened path into out: the same product (module doc; ``wait_until_built``
-    waits for V8)."""
+    waits for V8). A configuration that writes C by TMA stores (``writes_slabs``) into an ``out`` TMA
+    may not write (``tma_storable``) writes a padded buffer, then copies it into out."""
+    config = config or config_for(x.shape[0], weight.shape[0], x.shape[1], weight.format)
     kernel = built_kernel(x, weight, config) if runs_here(x.device) else None
     if kernel is None:
         return widened(x, weight, out=out)
+    if writes_slabs(config) and not tma_storable(out):
+        staged = empty_padded(*out.shape, out.dtype, out.device)
+        run(kernel, x, weight.packed, weight.scales, staged)
+        return out.copy_(staged)
     run(kernel, x, weight.packed, weight.scales, out)
     return out
 
@@ -248,8 +305,8 @@ def _kept_launch(weight: QuantizedWeight, x: torch.Tensor, out: Optional[torch.T
     operands that are not tensors, which the full path then names."""
     try:
         launch = _launches.get(weight, {}).get((x.shape, x.stride(), x.dtype, x.device))
-        if launch is None or x.data_ptr() % 16:
-            return None
+        if launch is None or x.data_ptr() % 16 or (out is not None and out.data_ptr() % 16):
+            return None  # (V8 may write C by TMA stores: ``writes_slabs``)
         if out is None or (
             out.shape == launch.out_shape and out.dtype == x.dtype and out.device == x.device and out.is_contiguous()
         ):
@@ -334,8 +391,11 @@ def linear(
     if out is not None:
         check_out(out, (*lead, n), x)
         check_out_apart(out, x, weight)
-    kernel = built_kernel(x2, weight) if m and uses_v8(m, weight) else None
+    config = config_for(m, n, k, weight.format)
+    kernel = built_kernel(x2, weight, config) if m and uses_v8(m, weight) else None
     y2 = target.view(m, n) if target is not None and target.is_contiguous() else None  # out, where dense
+    if y2 is not None and kernel is not None and writes_slabs(config) and not tma_storable(y2):
+        y2 = None  # TMA cannot write it (``writes_slabs``): a new output, copied into out
     if m == 0:
         y = x2.new_empty((0, n))
     elif kernel is not None:

@@ -59,9 +59,14 @@ the rows past them keep an earlier stage's tokens, which reach only the output c
 stored. Configurations with ``interleave`` > 1 keep one box a tile: their producer thread issues that
 many times the boxes a stage and is what their CTAs wait for.
 
-For many tokens, ``v8_prefill.py`` is V5 whose B tiles arrive packed and are widened into shared
-memory by a warpgroup of their own: correct on the H100 and slower than what the call runs above
-256 tokens, the weight widened once for cuBLAS (``plots/h100/v8/prefill/``), so not the call's.
+Without a split of K (``split`` = 1, one consumer a slab) each consumer warpgroup writes its slab of
+C as V7's do (``pipeline.epilogue.SwappedSlabStore``: transposed into a 16-bit staging buffer,
+then a TMA store) and no float32 partial tile is exchanged; the room it would take goes to the ring.
+That makes V8 a prefill kernel too: a CTA of two slabs and 128 tokens (128 x 128 of C, 4 stages)
+runs at 0.87-0.92x cuBLAS fp16 at 1024-1536 tokens on the H200, where widening the weight once
+for cuBLAS gets 0.79-0.84x (``plots/h200/v8-prefill/``; the call's rule: ``matmul.quant.linear``).
+``v8_prefill.py``, V5 whose B tiles arrive packed and are widened into shared memory by a warpgroup
+of their own, was slower than both (``plots/h100/v8/prefill/``), so it is not the call's.
 
 Why A in registers and not a widened tile in shared memory: the widened tile is used by exactly
 one wgmma, in exactly the fragment the thread that widened it holds; writing it to shared memory
@@ -85,6 +90,11 @@ Synchronization (this CTA's K block ``i`` uses stage ``s = i % stages``, parity 
 | ``arrived`` | 1 + bytes | this CTA's ``expect_tx`` (split - 1 slices); peers' bulk copies | warps 0-3, 0 | CTA |
 | ``barrier.cluster`` | the cluster | all: once the mbarriers exist; before exit (relaxed) | all | cluster |
 
+Without a split (``writes_slabs``) the last three rows are not there: nothing is exchanged, and each
+warpgroup orders its staging buffer's writes before its own TMA store and waits for that store
+before it leaves (``pipeline.tma_store.StagedTmaStore``), sharing no buffer and no barrier with
+the other warpgroup (V7's write-out).
+
 Consumer warpgroups are ``warpgroups x interleave``: with ``interleave`` > 1 (a tuning knob, see
 ``Kernel``) a stage holds that many K blocks and each consumer of a slab takes one of them, its
 partial a layer of its own in the split-K reduction. A stage is released only after the wgmma
@@ -104,7 +114,7 @@ from tilus.utils import cdiv
 
 from pipeline import Pipeline
 from pipeline.cluster_reduce import ClusterSplitKReduce, SplitKRange
-from pipeline.epilogue import wgmma_fragment
+from pipeline.epilogue import SwappedSlabStore, wgmma_fragment
 from pipeline.token_boxes import TokenBoxes
 from pipeline.widen import HALF_K, WORDS, Fp8Widen, Int4Widen, Int6Widen, reduce_layout
 
@@ -124,8 +134,8 @@ PTX_MARKERS = (
 REPRESENTATIVE = {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 32}
 B_LAYOUTS = ("nk",)  # the packed weight has one layout (matmul.quant)
 FUSED_EPILOGUE = False
-# C is written by store_global (ClusterSplitKReduce.write) at int32 element offsets: no operand may
-# reach past 2^31 - 1 elements (A and B, read by TMA, could; the limit keeps to one rule per version)
+# C is written by store_global (ClusterSplitKReduce.write, with a split) at int32 element offsets: no
+# operand may reach past 2^31 - 1 elements (A and B, read by TMA, could; the limit keeps to one rule per version)
 MAX_ELEMENTS = 2**31 - 1
 
 BLOCK_K = 128  # one scale group: a 4 KiB packed tile of 64 rows per warpgroup and K block
@@ -140,8 +150,10 @@ SCALE_AFTER_MAX_M = 16  # token tiles up to which int4's group scales multiply p
 
 
 def supports(m: int, n: int, k: int) -> bool:
-    """The shapes V8 is designed for: at most 256 tokens, K a multiple of the group (128)."""
-    return 1 <= m <= MAX_M and n >= 1 and k >= 1 and k % GROUP == 0
+    """The shapes V8 computes: K a multiple of the group (128), no operand past ``MAX_ELEMENTS``
+    (token tiles of at most ``MAX_M``, as many as M needs: ``matmul.quant.linear`` says up to how
+    many tokens the call runs it)."""
+    return m >= 1 and n >= 1 and k >= 1 and k % GROUP == 0 and m * max(n, k) <= MAX_ELEMENTS
 
 
 def stage_scale_bytes(weight: str, s_s) -> int:
@@ -153,6 +165,8 @@ def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, chunk: 
     """Shared memory of a configuration: the ring plus the split-K exchange tiles."""
     tiles = warpgroups * interleave  # weight tiles a stage brings, one a consumer warpgroup
     ring = stages * (tiles * (PACKED_TILE_WORDS * 4 + TILE_ROWS * 2) + interleave * block_m * BLOCK_K * 2)
+    if split == 1 and interleave == 1:  # each warpgroup's staging buffer of 16-bit C (``writes_slabs``)
+        return ring + warpgroups * block_m * TILE_ROWS * 2
     exchange = interleave * (2 * split - 1) * (64 * warpgroups // split) * block_m * 4  # partial + received
     return ring + exchange
 
@@ -169,6 +183,9 @@ def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, chunk: 
 # the K blocks of a stage in turn (a stage brings ``interleave`` consecutive K blocks) and add
 # their partials in the split-K reduction: more widening warps per SM without more CTAs, hence
 # without more clusters to exchange partials between.
+#
+# Without a split, two slabs and a 4-stage ring (128 x 128 of C a CTA, each slab written by a TMA
+# store): the call's from 128 tokens on a wide weight up to prefill sizes (matmul.quant.linear).
 @tilus.autotune("chunk", [64, 32])
 @tilus.autotune(
     "block_m, warpgroups, split, stages, interleave",
@@ -202,6 +219,7 @@ def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, chunk: 
         (128, 1, 2, 2, 1),
         (128, 1, 2, 4, 1),
         (128, 2, 2, 3, 1),
+        (128, 2, 1, 4, 1),
         (128, 1, 1, 4, 1),
         (256, 1, 1, 2, 1),
     ],
@@ -252,6 +270,8 @@ class Kernel(PackedWeightKernel):
         # instead of every widened value in 16 bits (module doc); above that the second float32
         # tile would cost block_m / 2 registers a thread, and it was not measured there
         self.scale_after = weight == "int4" and block_m <= SCALE_AFTER_MAX_M
+        # without a split (and one consumer a slab) each warpgroup writes its own slab of C, as V7's
+        self.writes_slabs = split == 1 and interleave == 1
 
     def matmul(
         self,
@@ -300,10 +320,14 @@ class Kernel(PackedWeightKernel):
         tokens = min(m_size - offset_m, self.block_m) if self.interleave == 1 else self.block_m
         token_boxes = TokenBoxes(s_x, tokens)
         ring = Pipeline(self.stages, consumer_arrivals=consumers, elect_release=True)
-        reduce = ClusterSplitKReduce(self.split, rows, self.block_m, layers=self.interleave)
-        # every barrier of the cluster exists before a peer's copy lands on it: announced now, waited
-        # for before the exchange (nothing before it reaches a peer: the main loop starts at once)
-        reduce.arrive_after_init()
+        if self.writes_slabs:  # each warpgroup writes its slab of C (V7's SwappedSlabStore)
+            staging = self.shared_tensor(dtype=self.dtype, shape=[self.warpgroups, 1, self.block_m, TILE_ROWS])
+            reduce = SwappedSlabStore(staging, g_c, offset_m, offset_n, self.epilogue)
+        else:
+            reduce = ClusterSplitKReduce(self.split, rows, self.block_m, layers=self.interleave)
+            # every barrier of the cluster exists before a peer's copy lands on it: announced now,
+            # waited for before the exchange (nothing before it reaches a peer: the main loop starts at once)
+            reduce.arrive_after_init()
 
         with self.single_warp(4 * consumers):  # producer
             for i in range(turns):
@@ -341,11 +365,20 @@ class Kernel(PackedWeightKernel):
             self.consumer_group(2, ring, s_w, s_s, g_s, offset_n, s_x, reduce, turns)
             self.consumer_group(3, ring, s_w, s_s, g_s, offset_n, s_x, reduce, turns)
 
-        reduce.wait_for_peers()
-        reduce.exchange(rank)
-        with self.warp_group(warp_begin=0, num_warps=4):
-            reduce.write(rank, g_c, offset_m, offset_n, self.epilogue)
-        reduce.exit_barrier()  # no CTA leaves while a peer's copy may still read its partial tile
+        if not self.writes_slabs:  # (each warpgroup wrote its slab already)
+            reduce.wait_for_peers()
+            reduce.exchange(rank)
+            with self.warp_group(warp_begin=0, num_warps=4):
+                reduce.write(rank, g_c, offset_m, offset_n, self.epilogue)
+            reduce.exit_barrier()  # no CTA leaves while a peer's copy may still read its partial tile
+
+    def store_tile(self, tile_out: tilus.Class, acc: RegisterTensor, wg: int, turn: int):
+        """Consumer warpgroup of slab ``wg`` and turn ``turn``, its K range done: its accumulator into C
+        (``SwappedSlabStore``) or into its layer of the partial tile (``ClusterSplitKReduce``)."""
+        if self.writes_slabs:
+            tile_out.store(acc, wg)
+        else:
+            tile_out.store(acc, wg, turn)
 
     def weight_view(self, b_ptr: void_p, ldb: int32, n_pad: int32, k_size: int32) -> GlobalTensor:
         """The packed weight as the int32 matrix whose [word_rows, word_cols] boxes are its tiles (module
@@ -419,7 +452,7 @@ class Kernel(PackedWeightKernel):
         g_s: GlobalTensor,
         offset_n: int32,
         s_x: SharedTensor,
-        reduce: ClusterSplitKReduce,
+        reduce: tilus.Class,
         turns: int32,
     ):
         """Consumer warpgroup ``c``, in the weight's format."""
@@ -437,7 +470,7 @@ class Kernel(PackedWeightKernel):
         s_w: SharedTensor,
         s_s: SharedTensor,
         s_x: SharedTensor,
-        reduce: ClusterSplitKReduce,
+        reduce: tilus.Class,
         count: int32,
     ):
         """Consumer warpgroup ``c`` (slab ``wg``, turn ``turn``): weight rows ``64 * wg ...`` of the tile times
@@ -477,7 +510,7 @@ class Kernel(PackedWeightKernel):
                     scaled = products * self.cast(scale, float32)
                     self.annotate_layout(scaled, fragment)
                     self.add(acc, scaled, out=acc)
-            reduce.store(acc, wg, turn)
+            self.store_tile(reduce, acc, wg, turn)
 
     def half(
         self,
@@ -524,7 +557,7 @@ class Kernel(PackedWeightKernel):
         g_s: GlobalTensor,
         offset_n: int32,
         s_x: SharedTensor,
-        reduce: ClusterSplitKReduce,
+        reduce: tilus.Class,
         count: int32,
     ):
         """``consumer`` for fp8 e4m3 weights: a packed tile is
@@ -552,7 +585,7 @@ class Kernel(PackedWeightKernel):
             self.annotate_layout(scale, reduce_layout(wgmma_fragment(64, self.block_m)))
             scaled = acc * scale
             self.annotate_layout(scaled, wgmma_fragment(64, self.block_m))
-            reduce.store(scaled, wg, turn)
+            self.store_tile(reduce, scaled, wg, turn)
 
     def fp8_part(self, widen: Fp8Widen, s_words: SharedTensor, s_tokens: SharedTensor, acc: RegisterTensor):
         operand = widen.values(widen.words(s_words)).to(self.dtype)
@@ -568,7 +601,7 @@ class Kernel(PackedWeightKernel):
         s_w: SharedTensor,
         s_s: SharedTensor,
         s_x: SharedTensor,
-        reduce: ClusterSplitKReduce,
+        reduce: tilus.Class,
         count: int32,
     ):
         """``consumer`` for 6-bit weights: a packed tile is
@@ -590,7 +623,7 @@ class Kernel(PackedWeightKernel):
                 self.wgmma.wait_group(0)
                 ring.consumer_release()
                 ring.consumer_advance()
-            reduce.store(acc, wg, turn)
+            self.store_tile(reduce, acc, wg, turn)
 
     def int6_half(
         self, widen: Int6Widen, s_words: SharedTensor, scale: RegisterTensor, s_x: SharedTensor, acc: RegisterTensor

@@ -24,6 +24,7 @@ from matmul.kernels import versions
 from matmul.measure.correctness import poisoned_output, relative_error
 from matmul.measure.timing import interleaved_ms
 from matmul.quant import linear as quant_linear
+from matmul.quant import widen as device_widen
 
 CONFIG_KEYS = ("block_m", "warpgroups", "split", "stages", "chunk", "interleave")  # interleave: 1 if left out
 SHAPES = ((1, 4096, 4096), (16, 4096, 4096), (1, 28672, 4096), (16, 28672, 4096), (1, 4096, 14336))
@@ -48,6 +49,9 @@ def main(argv=None) -> None:
     parser.add_argument("--dtype", default="float16")
     parser.add_argument("--format", default="int4", help="the weight format: int4, int6 or fp8_e4m3")
     parser.add_argument(
+        "--widened", action="store_true", help="time the call's path past 256 tokens too: widen, then cuBLAS"
+    )
+    parser.add_argument(
         "--build-only", action="store_true", help="build the kernels into the tilus cache (no GPU needed), time nothing"
     )
     args = parser.parse_args(argv)
@@ -59,7 +63,7 @@ def main(argv=None) -> None:
         space = [{"interleave": 1, **dict(zip(CONFIG_KEYS, map(int, c.split("/"))))} for c in args.configs.split(",")]
         args.configs = "all"
     if args.build_only:
-        build_all(dtype, args.format, args.shapes, space if args.configs == "all" else None)
+        build_all(dtype, args.format, args.shapes, space if args.configs == "all" else None, args.widened)
         return
     if not args.no_prebuild and args.format == "int4":
         chosen = {str(quant_linear.config_for(m)): quant_linear.config_for(m) for m, _, _ in args.shapes}
@@ -91,6 +95,9 @@ def main(argv=None) -> None:
         reference = x.float() @ qw.dequantize().float().T
         w16 = qw.dequantize()
         fns, names = [lambda x=x, w16=w16: torch.matmul(x, w16.T)], ["cublas"]
+        if args.widened and device_widen.wait_until_built(dtype, qw.format):
+            fns.append(lambda x=x, qw=qw: quant_linear.widened(x, qw))
+            names.append("widen + cuBLAS")
         for config in configs:
             out = poisoned_output(m, n, dtype)
             quant_linear.v8(x, qw, out, config)
@@ -119,7 +126,7 @@ def fitting(configs: list[dict], m: int, k: int) -> list[dict]:
     ]
 
 
-def build_all(dtype: torch.dtype, weight_format: str, shapes, space) -> None:
+def build_all(dtype: torch.dtype, weight_format: str, shapes, space, widened: bool = False) -> None:
     """Build, as the call's build child does (``matmul.call.building.build_v8``), every kernel the probe
     times, in parallel processes: tilus caches each under ``$MATMUL_CACHE_DIR``."""
     from matmul.build import parallel
@@ -128,6 +135,8 @@ def build_all(dtype: torch.dtype, weight_format: str, shapes, space) -> None:
     configs = [c for m, _, k in shapes for c in fitting(configs, m, k)]
     unique = {str(quant_linear.kernel_key(dtype, weight_format, c)): c for c in configs}
     jobs = [(str(dtype).removeprefix("torch."), weight_format, c) for c in unique.values()]
+    if widened:
+        jobs.append((str(dtype).removeprefix("torch."), weight_format, None))
     errors = parallel.in_forked_processes(_build, jobs, report_built=True)
     print(f"{len(jobs) - sum(map(bool, errors))} of {len(jobs)} built", flush=True)
 
@@ -136,6 +145,14 @@ def _build(dtype: str, weight_format: str, config: dict) -> str:
     from matmul.call import building
 
     try:
+        if config is None:  # the widening kernel
+            from matmul import build
+
+            tilus_dtype = versions.TILUS_DTYPES[getattr(torch, dtype)]
+            result = build.build_script(
+                device_widen.WidenKernel, "sm_90a", {"dtype": tilus_dtype, "weight": weight_format}
+            )
+            return "" if result.ok else result.error
         key = {"weight": weight_format, **quant_linear.kernel_config(weight_format, config)}
         building.build_v8(quant_linear.ARCH, getattr(torch, dtype), "v8", key, None)
     except Exception as error:  # noqa: BLE001 (reported with its job)
