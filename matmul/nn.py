@@ -18,9 +18,10 @@ float32 or on the CPU keeps torch's own forward.
 
 ``weights="int4"`` (or ``"int6"``, ``"fp8_e4m3"``) stores each eligible layer's weight packed
 instead (``matmul.quantize``, once) and runs it through ``matmul.linear(x, qw, bias)``: Hopper V8 at
-decode sizes, the weight widened on the GPU above 256 tokens (``matmul.quant``). ``QuantizedLinear``
-is frozen: its packed weight is not a parameter (no gradient, not in the state dict, not moved by
-``.to()``), while its input and bias get their gradients (dX = dY W, the weight widened once), so
+decode sizes (int4: also prefill sizes up to 1536 tokens where its tiles fill the GPU), else the
+weight widened on the GPU (``matmul.quant``). ``QuantizedLinear`` is frozen: its packed weight is
+not a parameter (no gradient, not in the state dict, not moved by ``.to()``), while its input and
+bias get their gradients (dX = dY W, the weight widened once), so
 the layers before it (low-rank adapters on a frozen quantized model) still train through it. The
 16-bit layers are kept by the ``Conversion`` for ``undo``: drop it (or do not keep it) and their
 memory is freed. A layer whose K is not a multiple of the format's group (128) stays torch's,

@@ -11,10 +11,11 @@ the H100).
 
 The call (``matmul.quant.linear``): up to ``max_tokens(format)`` tokens (256; int6 128; int4 1536
 where V8's tiles fill the GPU, ``linear.prefill_pays``) on a Hopper GPU, V8 (the GEMM that widens
-the weight on chip, ``matmul/kernels/hopper/v8.py``); elsewhere the weight is widened to its 16-bit dtype once per call (on a Hopper GPU by one bandwidth-bound
-kernel, ``matmul.quant.widen``; until it is built and elsewhere by ``dequantize``) and multiplied by
-cuBLAS (``torch.matmul``): ``matmul.quant.widen`` says from how many tokens that comes within 0.9x
-of cuBLAS on the unquantized weight. Both kernels are built by the call's build child, never in the
+the weight on chip, ``matmul/kernels/hopper/v8.py``); elsewhere the weight is widened to its 16-bit
+dtype once per call (on a Hopper GPU by one bandwidth-bound kernel, ``matmul.quant.widen``; until it
+is built and elsewhere by ``dequantize``) and multiplied by cuBLAS (``torch.matmul``):
+``matmul.quant.widen`` says from how many tokens that comes within 0.9x of cuBLAS on the
+unquantized weight. Both kernels are built by the call's build child, never in the
 caller (``matmul.call.building``), V8 one kernel per dtype, format and configuration; until V8's is
 built (and for good if its build failed) its calls take the widened path, which gives the same
 product, and a call inside a CUDA graph capture starts no build."""

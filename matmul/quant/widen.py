@@ -22,7 +22,7 @@ The packed bytes and scales are read once and the widened weight written once: i
 bytes a weight (0.5 + 2), int6 2.75, fp8 3, so the kernel is bound by HBM, ~0.11 ms for int4 at
 28672 x 4096 at 3 TB/s, where torch's unpacking (a 10-dimensional permute) takes 1.8 ms.
 
-Why widen once and call cuBLAS above 256 tokens, and where that falls short of 0.9x cuBLAS on the
+Why widen once and call cuBLAS for many tokens, and where that falls short of 0.9x cuBLAS on the
 unquantized weight. From ~1024 tokens the product is bound by the tensor core: cuBLAS takes
 ``2 M N K / F`` (F ~ 700 TFLOP/s at fp16 on the H100), the same on the widened weight as on the
 original. Widening once adds ``b N K / B`` (b the bytes moved a weight, B ~ 3 TB/s), so the ratio
@@ -34,19 +34,17 @@ below (at 256 tokens V8 itself is the faster path). These are upper bounds: the 
 below the copy bandwidth and adds a launch, and the call writes cuBLAS's product straight into
 ``out`` so that no copy of it comes on top (``plots/h100/v8/bench_v8.py`` measures all of it).
 
-What would meet it at M = 1024: widening per tile inside a compute-bound kernel (V5/V6's
-persistent warp-specialized wgmma main loop), the packed tile coming through the TMA ring and a
-widening warpgroup writing the 16-bit tile into shared memory for the MMA warpgroups. Then the
-widened weight never goes to HBM (reads drop from 2 bytes a weight to 0.5) and the cost is SM
-work: each weight tile is widened once per token tile that uses it, ``M / block_m`` times
-(8 times at M = 1024 with 128-token tiles), ~1 conversion instruction a weight per widening. At
-M = 1024 that is ~8 N K / 2 instructions against ``2 M N K / 4096`` MMA issue slots per SM
-quadrant: hidden behind the tensor core if a spare warpgroup does it, and growing with M / tile
-only as the product itself does, where widen-once's share shrinks as 1 / M. That kernel is
-``matmul/kernels/hopper/v8_prefill.py``: correct on the H100 but 0.58-0.65x cuBLAS at M >= 1024, below
-this path, as was V8 itself run past 256 tokens (``plots/h100/v8/prefill/``: their 128 x 128 output
-tiles, where cuBLAS uses 128 x 256, and the shared memory bandwidth a widened B tile takes); the
-call keeps widening once.
+What meets it at M = 1024 is widening per tile inside a compute-bound kernel, so that the widened
+weight never goes to HBM (reads drop from 2 bytes a weight to 0.5) and the cost is SM work: each
+weight tile is widened once per token tile that uses it, ``M / block_m`` times (8 times at M = 1024
+with 128-token tiles), ~1 conversion instruction a weight per widening, hidden behind the tensor
+core where another warpgroup's wgmma runs meanwhile. ``matmul/kernels/hopper/v8_prefill.py`` does
+it with a widening warpgroup writing the 16-bit tile into shared memory for V5's MMA warpgroups
+(correct on the H100, 0.58-0.65x cuBLAS: the widened tile's shared-memory traffic). V8 itself does it
+in registers, and without a split of K it writes its slabs of C by TMA stores with no float32 tile
+in between: 0.87-0.92x cuBLAS at 1024-1536 tokens on the H200 (``plots/h200/v8-prefill/``). So the
+call runs int4 through V8 up to ``linear.INT4_MAX_M`` tokens where its tiles fill the GPU's waves
+(``linear.prefill_pays``), and widens once above that and where they do not.
 """
 
 import logging
