@@ -152,6 +152,10 @@ def test_supports_and_configs():
     assert quant_linear.config_for(1, 4096, 14336, "int4")["interleave"] == 2  # a down projection's long K
     assert quant_linear.config_for(16, 4096, 14336, "int4")["interleave"] == 4
     assert quant_linear.config_for(1, 14336, 4096, "int4")["interleave"] == 1
+    # up to 8 tokens on a weight 4x wider than deep: no split (N a multiple of 8), else split in 2
+    assert [quant_linear.config_for(m, 28672, 4096, "int4")["split"] for m in (1, 8, 9)] == [1, 1, 2]
+    assert quant_linear.config_for(1, 28676, 4096, "int4")["split"] == 2
+    assert quant_linear.config_for(1, 14336, 4096, "int4")["split"] == 2
     two_slabs = {**quant_linear.config_for(256), **quant_linear.TWO_SLABS}
     assert quant_linear.config_for(128, 6144, 4096, "int4") == two_slabs  # past 64 tokens, a wide weight
     assert quant_linear.config_for(200, 4096, 14336, "int4") == two_slabs  # and anything past 128
@@ -460,6 +464,11 @@ def test_a_packed_weights_bias_and_out_are_checked_as_a_dense_ones():
     matmul.linear(x, qw)  # keeps the launch for this signature where V8 runs; the bias is still checked
     with pytest.raises(MatmulInputError, match="like x"):
         matmul.linear(x, qw, torch.randn(200))
+    out = torch.full((5, 200), float("nan"), dtype=torch.float16)
+    assert matmul.matmul(x, qw.T, out=out) is out and not out.isnan().any()  # out itself, as torch's out=
+    x3 = x.view(5, 1, 256)
+    out3 = torch.full((5, 1, 200), float("nan"), dtype=torch.float16)
+    assert quant_linear.linear(x3, qw, out=out3) is out3 and not out3.isnan().any()
 
 
 def test_a_packed_products_out_must_not_share_memory_with_what_it_reads():

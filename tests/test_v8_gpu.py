@@ -70,6 +70,7 @@ def the_calls_kernels() -> list[tuple]:
             (dtype, f, call_config(m, n, k, f)) for f in OTHER_FORMATS for m in FORMAT_TOKENS for n, k in FORMAT_WEIGHTS
         ]
         kernels += [(dtype, f, quant_linear.config_for(m, 1000, 1024, f)) for f in BUGS.values() for m in (1, 16)]
+        kernels += [(dtype, "int4", quant_linear.config_for(1, n, 1024, "int4")) for n in (4104, 4100)]
     return list({quant_linear.kernel_key(*kernel): kernel for kernel in kernels}.values())
 
 
@@ -212,6 +213,24 @@ def test_the_call(format, dtype, calls_kernels_built):
     y = matmul.linear(x3, qw, bias, "silu")
     expected = torch.nn.functional.silu(reference(x, qw) + bias.float()).view(2, 8, 1000)
     assert relative_error(y.float().view(16, 1000), expected.view(16, 1000)) <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_wide_weight_at_decode_runs_without_a_split(dtype, calls_kernels_built):
+    """Up to 8 tokens on a weight four times wider than deep the call takes no split of K (each CTA
+    writes its slab of C by a TMA store), unless C's rows are no whole 16-byte units; the call's
+    product checked into a new output and into an out at an unaligned base."""
+    for n, split in ((4104, 1), (4100, 2)):
+        for m in (1, 3, 8):
+            x, qw = operands(m, n, 1024, dtype)
+            config = quant_linear.config_for(m, n, 1024, "int4")
+            assert (config["block_m"], config["split"]) == (8, split), config
+            v8_built(x, qw)
+            ref = reference(x, qw)
+            assert relative_error(matmul.linear(x, qw), ref) <= TOLERANCE[dtype], (m, n)
+            shifted = torch.full((m * n + 1,), float("nan"), dtype=dtype, device="cuda")[1:].view(m, n)
+            assert quant_linear.linear(x, qw, out=shifted) is shifted
+            assert relative_error(shifted, ref) <= TOLERANCE[dtype], (m, n)
 
 
 # --- int4 in ONE_PASS (no split: each warpgroup writes its slab of C by a TMA store), up to prefill ---

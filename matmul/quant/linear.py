@@ -80,6 +80,10 @@ LONG_K = 3  # K >= LONG_K * N
 # tokens two consumers a slab (50.0 against 53.4 us at 1 x 28672 x 4096), at 16 the K range cut in 4
 # (49.7 against 50.4)
 WIDE_N = 4  # N >= WIDE_N * K
+# int4 up to 8 tokens on such a weight: no split of K, each CTA's slab of C written by a TMA store
+# (``v8.Kernel.writes_slabs``): an MLP's gate-up (448 row tiles) has CTAs enough without one, and
+# the exchange and cluster barriers go (22.7 against 26.2 us at 1 x 28672 x 4096 on the H200; at 16
+# tokens level, on the narrower weights the split's CTAs were faster: plots/h200/v8-prefill/decode/)
 # int4 at 17-64 tokens on a long K: two consumers a slab, as at decode (1.22x at 64 x 4096 x 14336
 # on the H200, plots/h200/v8-128-256/probe-decode-64/). Past 64 tokens (plots/h200/v8-128-256/): two
 # consumer warpgroups a CTA (128 weight rows, the K range cut in 2, a 3-stage ring to fit) where one
@@ -116,6 +120,8 @@ def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
                 config["block_m"] = NARROW_M
             if long_k:
                 config["interleave"] = 2 if m <= NARROW_M else 4
+            elif m <= NARROW_M and n >= WIDE_N * k:
+                config["split"] = 1  # many row tiles: no exchange (above)
         elif m <= 64:
             if long_k:
                 config["interleave"] = 2
@@ -408,9 +414,10 @@ def linear(
     y = y.view(*lead, n)
     if fused:
         y = torch_epilogue(y, bias, activation)
-    if out is not None and y.data_ptr() != out.data_ptr():
-        out.copy_(y)
-        return out
+    if out is not None:
+        if y.data_ptr() != out.data_ptr():
+            out.copy_(y)
+        return out  # out itself, as torch's out= functions return it (not the view written through)
     return y
 
 

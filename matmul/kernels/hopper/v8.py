@@ -184,13 +184,15 @@ def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, chunk: 
 # their partials in the split-K reduction: more widening warps per SM without more CTAs, hence
 # without more clusters to exchange partials between.
 #
-# Without a split, two slabs and a 4-stage ring (128 x 128 of C a CTA, each slab written by a TMA
-# store): the call's from 128 tokens on a wide weight up to prefill sizes (matmul.quant.linear).
+# Without a split (each slab written by a TMA store): a tile of 8 tokens, the call's at decode on a
+# weight four times wider than deep; two slabs and a 4-stage ring (128 x 128 of C a CTA), the call's
+# from 128 tokens on a wide weight up to prefill sizes (matmul.quant.linear).
 @tilus.autotune("chunk", [64, 32])
 @tilus.autotune(
     "block_m, warpgroups, split, stages, interleave",
     [
         (8, 1, 2, 4, 1),
+        (8, 1, 1, 4, 1),
         (8, 2, 2, 4, 1),
         (8, 1, 8, 4, 1),
         (8, 1, 2, 4, 2),
