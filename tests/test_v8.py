@@ -161,16 +161,16 @@ def test_supports_and_configs():
     assert quant_linear.config_for(200, 4096, 14336, "int4") == two_slabs  # and anything past 128
     assert quant_linear.config_for(128, 4096, 4096, "int4")["warpgroups"] == 1
     one_pass = {**quant_linear.config_for(256), **quant_linear.ONE_PASS}
-    assert one_pass in versions.space(V8) and quant_linear.writes_slabs(one_pass)
-    assert not quant_linear.writes_slabs(two_slabs)
+    assert one_pass in versions.space(V8) and quant_linear.writes_slabs(one_pass, "int4")
+    assert not quant_linear.writes_slabs(two_slabs, "int4")
     # without a split where 96 or more 128 x 128 tiles go round the SMs, N a multiple of 8 (TMA's rows)
     assert quant_linear.config_for(128, 28672, 4096, "int4") == one_pass  # 224 tiles
     assert quant_linear.config_for(256, 6144, 4096, "int4") == one_pass  # 96 tiles
     assert quant_linear.config_for(256, 4096, 4096, "int4") == two_slabs  # 64 tiles
     assert quant_linear.config_for(1024, 4096, 4096, "int4") == one_pass
     assert quant_linear.config_for(1024, 4100, 4096, "int4") == two_slabs  # rows of 8200 bytes
-    assert quant_linear.config_for(200, 4100, 1024, "fp8_e4m3")["split"] == 2  # its 129-256 tile, too
-    assert quant_linear.writes_slabs(quant_linear.config_for(200, 4096, 1024, "fp8_e4m3"))
+    fp8_tile = quant_linear.config_for(200, 4100, 1024, "fp8_e4m3")  # no split: fp8 keeps the exchange
+    assert fp8_tile["split"] == 1 and not quant_linear.writes_slabs(fp8_tile, "fp8_e4m3")
     assert quant_linear.config_for(64, 4096, 14336, "int4")["interleave"] == 2  # a long K at 17-64 tokens
     assert quant_linear.config_for(64, 14336, 4096, "int4")["interleave"] == 1
     for n, k in ((4096, 4096), (28672, 4096)):  # 17-32 tokens: a tile of 32, but on a long K

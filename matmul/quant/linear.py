@@ -136,7 +136,7 @@ def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
             config["interleave"] = 2
         elif n >= WIDE_N * k:
             config["split"] = 4
-    if writes_slabs(config) and n % 8:  # C's rows are no whole 16-byte units for TMA: the split's stores
+    if writes_slabs(config, weight_format) and n % 8:  # C's rows are no whole 16-byte units for TMA
         config["split"] = 2
     return config
 
@@ -146,10 +146,10 @@ def output_tiles(m: int, n: int) -> int:
     return -(-m // 128) * -(-n // 128)
 
 
-def writes_slabs(config: dict) -> bool:
-    """Whether V8 in ``config`` writes C by TMA stores (no split of K: ``v8.Kernel.writes_slabs``),
-    which need C's rows and base 16-byte aligned (``tma_storable``)."""
-    return config["split"] == 1 and config.get("interleave", 1) == 1
+def writes_slabs(config: dict, weight_format: str) -> bool:
+    """Whether V8 in ``config`` writes C by TMA stores (int4 without a split of K:
+    ``v8.Kernel.writes_slabs``), which need C's rows and base 16-byte aligned (``tma_storable``)."""
+    return weight_format == "int4" and config["split"] == 1 and config.get("interleave", 1) == 1
 
 
 def tma_storable(out: torch.Tensor) -> bool:
@@ -240,7 +240,7 @@ def v8(x: torch.Tensor, weight: QuantizedWeight, out: torch.Tensor, config: Opti
     kernel = built_kernel(x, weight, config) if runs_here(x.device) else None
     if kernel is None:
         return widened(x, weight, out=out)
-    if writes_slabs(config) and not tma_storable(out):
+    if writes_slabs(config, weight.format) and not tma_storable(out):
         staged = empty_padded(*out.shape, out.dtype, out.device)
         run(kernel, x, weight.packed, weight.scales, staged)
         return out.copy_(staged)
@@ -400,7 +400,7 @@ def linear(
     config = config_for(m, n, k, weight.format)
     kernel = built_kernel(x2, weight, config) if m and uses_v8(m, weight) else None
     y2 = target.view(m, n) if target is not None and target.is_contiguous() else None  # out, where dense
-    if y2 is not None and kernel is not None and writes_slabs(config) and not tma_storable(y2):
+    if y2 is not None and kernel is not None and writes_slabs(config, weight.format) and not tma_storable(y2):
         y2 = None  # TMA cannot write it (``writes_slabs``): a new output, copied into out
     if m == 0:
         y = x2.new_empty((0, n))

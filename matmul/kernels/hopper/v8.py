@@ -59,7 +59,7 @@ the rows past them keep an earlier stage's tokens, which reach only the output c
 stored. Configurations with ``interleave`` > 1 keep one box a tile: their producer thread issues that
 many times the boxes a stage and is what their CTAs wait for.
 
-Without a split of K (``split`` = 1, one consumer a slab) each consumer warpgroup writes its slab of
+Without a split of K (``split`` = 1, one consumer a slab; int4) each consumer warpgroup writes its slab of
 C as V7's do (``pipeline.epilogue.SwappedSlabStore``: transposed into a 16-bit staging buffer,
 then a TMA store) and no float32 partial tile is exchanged; the room it would take goes to the ring.
 That makes V8 a prefill kernel too: a CTA of two slabs and 128 tokens (128 x 128 of C, 4 stages)
@@ -165,7 +165,7 @@ def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, chunk: 
     """Shared memory of a configuration: the ring plus the split-K exchange tiles."""
     tiles = warpgroups * interleave  # weight tiles a stage brings, one a consumer warpgroup
     ring = stages * (tiles * (PACKED_TILE_WORDS * 4 + TILE_ROWS * 2) + interleave * block_m * BLOCK_K * 2)
-    if split == 1 and interleave == 1:  # each warpgroup's staging buffer of 16-bit C (``writes_slabs``)
+    if split == 1 and interleave == 1:  # int4's: each warpgroup's staging buffer of 16-bit C (``writes_slabs``)
         return ring + warpgroups * block_m * TILE_ROWS * 2
     exchange = interleave * (2 * split - 1) * (64 * warpgroups // split) * block_m * 4  # partial + received
     return ring + exchange
@@ -272,8 +272,10 @@ class Kernel(PackedWeightKernel):
         # instead of every widened value in 16 bits (module doc); above that the second float32
         # tile would cost block_m / 2 registers a thread, and it was not measured there
         self.scale_after = weight == "int4" and block_m <= SCALE_AFTER_MAX_M
-        # without a split (and one consumer a slab) each warpgroup writes its own slab of C, as V7's
-        self.writes_slabs = split == 1 and interleave == 1
+        # without a split (and one consumer a slab) each warpgroup writes its own slab of C, as V7's;
+        # int4 only, the format whose tiles without a split ran so on a GPU (fp8's and int6's keep
+        # the exchange of one part they were checked with)
+        self.writes_slabs = split == 1 and interleave == 1 and weight == "int4"
 
     def matmul(
         self,
