@@ -147,9 +147,9 @@ def output_tiles(m: int, n: int) -> int:
 
 
 def writes_slabs(config: dict, weight_format: str) -> bool:
-    """Whether V8 in ``config`` writes C by TMA stores (int4 without a split of K:
-    ``v8.Kernel.writes_slabs``), which need C's rows and base 16-byte aligned (``tma_storable``)."""
-    return weight_format == "int4" and config["split"] == 1 and config.get("interleave", 1) == 1
+    """Whether V8 in ``config`` writes C by TMA stores (``v8.writes_slabs``), which need C's rows and
+    base 16-byte aligned (``tma_storable``)."""
+    return v8_module().writes_slabs(config["split"], config.get("interleave", 1), weight_format)
 
 
 def tma_storable(out: torch.Tensor) -> bool:
@@ -397,8 +397,8 @@ def linear(
     if out is not None:
         check_out(out, (*lead, n), x)
         check_out_apart(out, x, weight)
-    config = config_for(m, n, k, weight.format)
-    kernel = built_kernel(x2, weight, config) if m and uses_v8(m, weight) else None
+    config = config_for(m, n, k, weight.format) if m and uses_v8(m, weight) else None
+    kernel = built_kernel(x2, weight, config) if config else None
     y2 = target.view(m, n) if target is not None and target.is_contiguous() else None  # out, where dense
     if y2 is not None and kernel is not None and writes_slabs(config, weight.format) and not tma_storable(y2):
         y2 = None  # TMA cannot write it (``writes_slabs``): a new output, copied into out

@@ -161,11 +161,19 @@ def stage_scale_bytes(weight: str, s_s) -> int:
     return s_s.nbytes // s_s.shape[0] if weight != "fp8_e4m3" else 0
 
 
+def writes_slabs(split: int, interleave: int, weight: str = "int4") -> bool:
+    """Whether each consumer warpgroup writes its own slab of C by a TMA store, as V7's do: without a
+    split (and one consumer a slab), for int4, the format whose tiles without a split ran so on a GPU
+    (fp8's and int6's keep the exchange of one part they were checked with)."""
+    return split == 1 and interleave == 1 and weight == "int4"
+
+
 def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, chunk: int = 64, interleave: int = 1) -> int:
-    """Shared memory of a configuration: the ring plus the split-K exchange tiles."""
+    """Shared memory of an int4 configuration: the ring plus the split-K exchange tiles, or the
+    staging buffers of 16-bit C where it writes its slabs (``writes_slabs``)."""
     tiles = warpgroups * interleave  # weight tiles a stage brings, one a consumer warpgroup
     ring = stages * (tiles * (PACKED_TILE_WORDS * 4 + TILE_ROWS * 2) + interleave * block_m * BLOCK_K * 2)
-    if split == 1 and interleave == 1:  # int4's: each warpgroup's staging buffer of 16-bit C (``writes_slabs``)
+    if writes_slabs(split, interleave):
         return ring + warpgroups * block_m * TILE_ROWS * 2
     exchange = interleave * (2 * split - 1) * (64 * warpgroups // split) * block_m * 4  # partial + received
     return ring + exchange
@@ -272,10 +280,7 @@ class Kernel(PackedWeightKernel):
         # instead of every widened value in 16 bits (module doc); above that the second float32
         # tile would cost block_m / 2 registers a thread, and it was not measured there
         self.scale_after = weight == "int4" and block_m <= SCALE_AFTER_MAX_M
-        # without a split (and one consumer a slab) each warpgroup writes its own slab of C, as V7's;
-        # int4 only, the format whose tiles without a split ran so on a GPU (fp8's and int6's keep
-        # the exchange of one part they were checked with)
-        self.writes_slabs = split == 1 and interleave == 1 and weight == "int4"
+        self.writes_slabs = writes_slabs(split, interleave, weight)  # each warpgroup writes its slab of C
 
     def matmul(
         self,

@@ -145,14 +145,9 @@ def _build(dtype: str, weight_format: str, config: dict) -> str:
     from matmul.call import building
 
     try:
-        if config is None:  # the widening kernel
-            from matmul import build
-
-            tilus_dtype = versions.TILUS_DTYPES[getattr(torch, dtype)]
-            result = build.build_script(
-                device_widen.WidenKernel, "sm_90a", {"dtype": tilus_dtype, "weight": weight_format}
-            )
-            return "" if result.ok else result.error
+        if config is None:  # the widening kernel, as the call's build child builds it
+            building.build_widen(quant_linear.ARCH, getattr(torch, dtype), "", {"weight": weight_format}, None)
+            return ""
         key = {"weight": weight_format, **quant_linear.kernel_config(weight_format, config)}
         building.build_v8(quant_linear.ARCH, getattr(torch, dtype), "v8", key, None)
     except Exception as error:  # noqa: BLE001 (reported with its job)
