@@ -6,7 +6,7 @@ python -m matmul bench [--arch ...] [--versions ...] [--shapes series,ksweep,llm
 python -m matmul plot RESULTS.json [...] [--out DIR]
 python -m matmul model [--out DIR] [--dtype float16|bfloat16] [--rounds N]
 python -m matmul candidates VERSION[:knob=value,...] ... [--sizes 4096,8192x14336x4096] [--sustained S | --profile N]
-python -m matmul drop-in [--parts kn,linear,llama] [--out DIR] [--dtype float16|bfloat16] [--rounds N]
+python -m matmul drop-in [--parts kn,linear,llama,llama-int4] [--out DIR] [--dtype float16|bfloat16] [--rounds N]
 python -m matmul trace [--out DIR] [--calls N] [--wait-s S] [--repeats N] [--matmul-env VAR=VALUE,...]
                        [--parts block,trace,torch_alone,matmul_alone,alternating]
 python -m matmul tune [--model llama-3-8b] [--m 1-8192] [--shapes MxNxK,...] [--dtype float16,bfloat16]
@@ -684,7 +684,11 @@ def main(argv=None) -> int:
         "with matmul.nn.convert (needs transformers)",
     )
     p.add_argument("--out", help="directory for the results (default: <matmul cache dir>/drop-in)")
-    p.add_argument("--parts", default="kn,linear,llama", help="comma-separated: kn, linear, llama (default: all)")
+    p.add_argument(
+        "--parts",
+        default="kn,linear,llama",
+        help="comma-separated: kn, linear, llama, llama-int4 (the Llama with int4 weights; default: the other three)",
+    )
     p.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
     p.add_argument("--rounds", type=int, default=10, help="alternating rounds per comparison (default 10)")
     p.set_defaults(func=drop_in_command)

@@ -39,3 +39,24 @@ def test_settle_records_which_kernel_each_bucket_runs(monkeypatch):
     assert row["finished"] and row["pending"] == 0
     assert row["choices_by_source"] == {"measured": 1, "shipped": 1}
     assert row["choices"] == [("b1024", "cuBLAS", "shipped"), ("b16", "v7", "measured")]
+
+
+def test_the_int4_llama_equals_its_dequantized_copy_not_the_16_bit_model(monkeypatch):
+    """``int4_llama``'s third model stands for the switched one: on the CPU (the call widens the
+    packed weight for torch there) their logits agree to rounding, and both differ from the 16-bit
+    model's by int4's own error."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        hidden_size=256, intermediate_size=384, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=64, attn_implementation="eager",
+    )  # fmt: skip
+    import matmul.nn as mnn
+
+    monkeypatch.setattr(mnn, "eligible", lambda layer: None)  # the CPU stands in for the GPU here
+    reference, switched, dequantized, conversion = drop_in.int4_llama(torch.bfloat16, config, device="cpu")
+    assert len(conversion.swapped) == 8 and not conversion.skipped  # q, k, v, o, gate, up, down, lm_head
+    ids = torch.randint(0, 64, (2, 5))
+    with torch.inference_mode():
+        ours, exact, theirs = (m(input_ids=ids, use_cache=False).logits for m in (switched, dequantized, reference))
+    assert drop_in._relative(ours, exact) < 2e-2
+    assert drop_in._relative(ours, theirs) > 5 * drop_in._relative(ours, exact)

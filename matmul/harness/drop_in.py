@@ -58,6 +58,8 @@ LINEAR_SHAPES = {"up": (14336, 4096), "down": (4096, 14336)}  # bias + gelu
 SWIGLU_SHAPE = (14336, 4096)  # gate and up, each [I, K]
 LAYERS = 2
 PREFILL = ((1, 128), (1, 2048), (4, 2048))  # batch x tokens
+# int4 adds 1024 tokens: V8 runs int4 up to 1536 (``quant.linear.INT4_MAX_M``), past it the call widens
+INT4_PREFILL = ((1, 128), (1, 1024), (1, 2048), (4, 2048))
 DECODE_BATCHES = (1, 8, 32)
 DECODE_CONTEXT = 1024  # tokens in the KV cache before the timed step
 TRAIN = (2, 512)
@@ -207,32 +209,33 @@ def _decode_inputs(vocab: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
     return prompt, torch.randint(0, vocab, (batch, 1), device="cuda")
 
 
-def _decode_steps(switched, reference, prompt: torch.Tensor, token: torch.Tensor, dtype):
-    """Functions running one decode step of ``token`` after ``prompt`` on each model, each with a
-    static KV cache of its own. The prompt is cached once, by the reference, and the switched model
-    starts from a copy of that cache (their weights are the same): the timed step is what is
+def _decode_steps(switched, reference, prompt: torch.Tensor, token: torch.Tensor, dtype, expected=None):
+    """Functions running one decode step of ``token`` after ``prompt`` on each model (and on
+    ``expected``, where given), each with a static KV cache of its own. The prompt is cached once,
+    by the reference, and the others start from a copy of that cache: the timed step is what is
     compared, and the prompt's prefill (up to 32 x 1024 tokens) tunes no buckets of its own."""
     from transformers import StaticCache
 
+    models = {"ours": switched, "theirs": reference, **({"expected": expected} if expected is not None else {})}
     caches = {
         name: StaticCache(
             reference.config, batch_size=prompt.shape[0], max_cache_len=DECODE_CONTEXT + 8, device="cuda", dtype=dtype
         )
-        for name in ("ours", "theirs")
+        for name in models
     }
     reference(
         input_ids=prompt, past_key_values=caches["theirs"], cache_position=torch.arange(DECODE_CONTEXT, device="cuda")
     )
-    for mine, cached in zip(
-        caches["ours"].key_cache + caches["ours"].value_cache, caches["theirs"].key_cache + caches["theirs"].value_cache
-    ):
-        mine.copy_(cached)
+    cached = caches["theirs"].key_cache + caches["theirs"].value_cache
+    for name in set(models) - {"theirs"}:
+        for mine, theirs in zip(caches[name].key_cache + caches[name].value_cache, cached):
+            mine.copy_(theirs)
     position = torch.full((1,), DECODE_CONTEXT, device="cuda")
 
     def step(model, cache):  # writes the same cache slot every time: a steady-state step
         return lambda: model(input_ids=token, past_key_values=cache, cache_position=position).logits
 
-    return step(switched, caches["ours"]), step(reference, caches["theirs"])
+    return tuple(step(model, caches[name]) for name, model in models.items())
 
 
 def _graphed(step: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
@@ -287,71 +290,151 @@ def settle_and_say(part: str, timeout_s: float = SETTLE_S) -> dict:
     return settled
 
 
+def _row(record, rounds, label, kind, shape, ours, theirs, first=None, expected=None) -> None:
+    """One timed row of a model pair: ``ours`` against ``theirs`` (``model.compare``), with the
+    relative error of ours's logits against ``expected``'s (``theirs`` without one; with one, also
+    against theirs); a row that fails is recorded with its error and the others still run."""
+    entry = {"kind": kind, "shape": shape}
+    try:
+        if first is not None:
+            entry["first_call_ms"], entry["torch_first_call_ms"] = first
+        # the kernels the windows time (a first call after the tuning settled runs torch's ops)
+        logits = model_bench.settled_result(ours)
+        entry["logits_error"] = _relative(logits, (expected or theirs)())
+        if expected is not None:
+            entry["logits_error_against_theirs"] = _relative(logits, theirs())
+        del logits
+        entry.update(model_bench.compare(ours, theirs, rounds))
+        print(
+            f"{label} {kind} {shape}: {entry['ratio']:.3f}x (logits error {entry['logits_error']:.2e}"
+            + (f", first call {first[0]:.0f} ms, torch's {first[1]:.0f} ms)" if first is not None else ")"),
+            flush=True,
+        )
+    except Exception as e:  # one part's failure is reported, the others still run
+        entry["error"] = f"{type(e).__name__}: {e}"
+        traceback.print_exc()
+    record(entry)
+
+
+def _first_calls(reference, switched, dtype, prefill, record, expected=None):
+    """Each workload of the pair once, the prefills' first calls timed (``llama``'s docstring);
+    the prefills and decode steps as (shape, ours, theirs, first, expected) for ``_timed_rows``,
+    ``expected`` a third model whose logits ours should equal (``theirs`` without one)."""
+    vocab = reference.config.vocab_size
+    # torch's own start (the CUDA context, cuBLAS's handle, the model's first kernels loaded),
+    # paid by the unswitched model at a shape no row uses: a user pays it with or without the
+    # switch. Each prefill's first call is then the cost of meeting that shape, the switched
+    # model's first (its package's start included) and the unswitched model's after it, which
+    # finds what torch loads for a new shape (its attention's kernels) loaded already: the pair
+    # leans against the switched model (plots/h200/first-call-profile/)
+    start = torch.randint(0, vocab, (1, 8), device="cuda")
+    record({"kind": "torch start", "first_call_ms": waited_ms(lambda: reference(input_ids=start, use_cache=False))})
+    prefills = []
+    for batch, tokens in prefill:
+        ids = torch.randint(0, vocab, (batch, tokens), device="cuda")
+        ours, theirs, exact = (
+            None if model is None else (lambda model=model, ids=ids: model(input_ids=ids, use_cache=False).logits)
+            for model in (switched, reference, expected)
+        )
+        prefills.append(([batch, tokens], ours, theirs, (waited_ms(ours), waited_ms(theirs)), exact))
+    decodes = []
+    for batch in DECODE_BATCHES:
+        prompt, token = _decode_inputs(vocab, batch)
+        ours, theirs, *exact = _decode_steps(switched, reference, prompt, token, dtype, expected)
+        ours()
+        decodes.append((batch, ours, theirs, exact[0] if exact else None))
+    return prefills, decodes
+
+
+def _timed_rows(prefills, decodes, record, rounds, label) -> None:
+    """The rows of ``_first_calls``'s workloads: each prefill, each decode step eager and replayed
+    from a CUDA graph."""
+    for shape, ours, theirs, first, expected in prefills:
+        _row(record, rounds, label, "prefill", shape, ours, theirs, first, expected)
+    for batch, ours, theirs, expected in decodes:
+        _row(record, rounds, label, "decode eager", [batch, 1], ours, theirs, expected=expected)
+        try:
+            graphed_ours, graphed_theirs = _graphed(ours), _graphed(theirs)
+        except Exception as e:
+            record({"kind": "decode graph", "shape": [batch, 1], "error": f"{type(e).__name__}: {e}"})
+            traceback.print_exc()
+            continue
+        _row(record, rounds, label, "decode graph", [batch, 1], graphed_ours, graphed_theirs, expected=expected)
+
+
 def llama(dtype, rounds: int, record: Callable[[dict], None]) -> None:
     """Every workload runs once first (the prefills' first calls timed: what a user waits for),
     then the background tuning they started is waited for, then each row is timed."""
     reference, switched, conversion = llama_pair(dtype)
     record({"kind": "conversion", "skipped_layers": conversion.skipped, "fused": len(conversion.fused)})
-    vocab = reference.config.vocab_size
-
-    def row(kind, shape, ours, theirs, first=None):
-        entry = {"kind": kind, "shape": shape}
-        try:
-            if first is not None:
-                entry["first_call_ms"], entry["torch_first_call_ms"] = first
-            # the kernels the windows time (a first call after the tuning settled runs torch's ops)
-            entry["logits_error"] = _relative(model_bench.settled_result(ours), theirs())
-            entry.update(model_bench.compare(ours, theirs, rounds))
-            print(
-                f"llama {kind} {shape}: {entry['ratio']:.3f}x (logits error {entry['logits_error']:.2e}"
-                + (f", first call {first[0]:.0f} ms, torch's {first[1]:.0f} ms)" if first is not None else ")"),
-                flush=True,
-            )
-        except Exception as e:  # one part's failure is reported, the others still run
-            entry["error"] = f"{type(e).__name__}: {e}"
-            traceback.print_exc()
-        record(entry)
-
     with torch.inference_mode():
-        # torch's own start (the CUDA context, cuBLAS's handle, the model's first kernels loaded),
-        # paid by the unswitched model at a shape no row uses: a user pays it with or without the
-        # switch. Each prefill's first call is then the cost of meeting that shape, the switched
-        # model's first (its package's start included) and the unswitched model's after it, which
-        # finds what torch loads for a new shape (its attention's kernels) loaded already: the pair
-        # leans against the switched model (plots/h200/first-call-profile/)
-        start = torch.randint(0, vocab, (1, 8), device="cuda")
-        record({"kind": "torch start", "first_call_ms": waited_ms(lambda: reference(input_ids=start, use_cache=False))})
-        prefills = []
-        for batch, tokens in PREFILL:
-            ids = torch.randint(0, vocab, (batch, tokens), device="cuda")
-            ours = lambda ids=ids: switched(input_ids=ids, use_cache=False).logits  # noqa: E731
-            theirs = lambda ids=ids: reference(input_ids=ids, use_cache=False).logits  # noqa: E731
-            prefills.append(([batch, tokens], ours, theirs, (waited_ms(ours), waited_ms(theirs))))
-        decodes = []
-        for batch in DECODE_BATCHES:
-            prompt, token = _decode_inputs(vocab, batch)
-            ours, theirs = _decode_steps(switched, reference, prompt, token, dtype)
-            ours()
-            decodes.append((batch, ours, theirs))
-    ids = torch.randint(0, vocab, TRAIN, device="cuda")
+        prefills, decodes = _first_calls(reference, switched, dtype, PREFILL, record)
+    ids = torch.randint(0, reference.config.vocab_size, TRAIN, device="cuda")
     switched(input_ids=ids, labels=ids).loss.backward()  # the training step's shapes, first seen here
     switched.zero_grad(set_to_none=True)
     record(settle_and_say("llama"))
-
     with torch.inference_mode():
-        for shape, ours, theirs, first in prefills:
-            row("prefill", shape, ours, theirs, first)
-        for batch, ours, theirs in decodes:
-            row("decode eager", [batch, 1], ours, theirs)
-            try:
-                graphed_ours, graphed_theirs = _graphed(ours), _graphed(theirs)
-            except Exception as e:
-                record({"kind": "decode graph", "shape": [batch, 1], "error": f"{type(e).__name__}: {e}"})
-                traceback.print_exc()
-                continue
-            row("decode graph", [batch, 1], graphed_ours, graphed_theirs)
-
+        _timed_rows(prefills, decodes, record, rounds, "llama")
     record(training(reference, switched, conversion, rounds))
+
+
+def int4_llama(dtype, config=None, device="cuda") -> tuple:
+    """The drop-in Llama, a copy switched with int4 weights (``convert(model, weights="int4",
+    fuse_qkv=True)``: the README's line for packed weights), and a copy whose switched layers
+    hold the weights int4 stands for (``qw.dequantize()``), run by torch: what the switched model's
+    logits should equal up to the kernels' rounding (against the 16-bit model they differ by the
+    quantization's own error)."""
+    import matmul
+
+    torch.manual_seed(0)
+    from transformers import LlamaForCausalLM
+
+    with torch.device(device):
+        reference = LlamaForCausalLM(config or llama_config()).to(dtype)
+    switched, dequantized = copy.deepcopy(reference), copy.deepcopy(reference)
+    conversion = matmul.nn.convert(switched, fuse_qkv=True, weights="int4")
+    with torch.no_grad():
+        for name, layer in dequantized.named_modules():
+            if type(layer) is torch.nn.Linear and name not in conversion.skipped:
+                layer.weight.copy_(matmul.quantize(layer.weight, format="int4").dequantize())
+    return reference, switched, dequantized, conversion
+
+
+def wait_for_v8(timeout_s: float = SETTLE_S) -> dict:
+    """Wait (at most ``timeout_s``) until V8's kernels whose builds the first calls started are
+    built: until then the call widens the weight for cuBLAS, and a graph captured meanwhile keeps
+    that path."""
+    from ..quant import linear as quant_linear
+
+    begin = time.perf_counter()
+    while quant_linear.builds.is_building() and time.perf_counter() - begin < timeout_s:
+        time.sleep(0.1)
+    return {
+        "kind": "v8 builds",
+        "seconds": time.perf_counter() - begin,
+        "finished": not quant_linear.builds.is_building(),
+        "built": len(quant_linear.builds.launches),
+        "failed": sorted(map(str, quant_linear.builds.failed)),
+    }
+
+
+def llama_int4(dtype, rounds: int, record: Callable[[dict], None]) -> None:
+    """``llama``'s prefills (and ``INT4_PREFILL``) and decode steps with the switched model's weights
+    packed in int4 (``int4_llama``), against the unswitched 16-bit model; the logits error is against
+    the model of the dequantized weights. No training step: packed weights are frozen."""
+    reference, switched, dequantized, conversion = int4_llama(dtype)
+    record({"kind": "conversion", "skipped_layers": conversion.skipped, "fused": len(conversion.fused)})
+    with torch.inference_mode():
+        prefills, decodes = _first_calls(reference, switched, dtype, INT4_PREFILL, record, dequantized)
+    built = wait_for_v8()
+    print(
+        f"llama-int4: V8 builds {'done' if built['finished'] else 'NOT done'} after {built['seconds']:.0f} s",
+        flush=True,
+    )
+    record(built)
+    record(settle_and_say("llama-int4"))
+    with torch.inference_mode():
+        _timed_rows(prefills, decodes, record, rounds, "llama-int4")
 
 
 def training_steps(models: dict, ids: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
@@ -435,7 +518,7 @@ def gradient_errors(exact: dict, ours: dict, theirs: dict) -> dict:
     }
 
 
-PARTS = {"kn": kn_layout, "linear": linear_epilogues, "llama": llama}
+PARTS = {"kn": kn_layout, "linear": linear_epilogues, "llama": llama, "llama-int4": llama_int4}
 
 
 def main(out_dir: Path, parts=tuple(PARTS), dtype=torch.float16, rounds: int = 10) -> int:
