@@ -16,7 +16,7 @@ keeps working), and leaves the others as they are, saying why in ``Conversion.sk
 kernels take float16/bfloat16 weights on a Hopper or Blackwell GPU, and a layer whose weight is
 float32 or on the CPU keeps torch's own forward.
 
-``weights="int4"`` (or ``"int6"``, ``"fp8_e4m3"``) stores each eligible layer's weight packed
+``weights="int4"`` (or ``"int4_channel"``, ``"int6"``, ``"fp8_e4m3"``) stores each eligible layer's weight packed
 instead (``matmul.quantize``, once) and runs it through ``matmul.linear(x, qw, bias)``: Hopper V8 at
 decode sizes (int4: also prefill sizes up to 1536 tokens where its tiles fill the GPU), else the
 weight widened on the GPU (``matmul.quant``). ``QuantizedLinear`` is frozen: its packed weight is

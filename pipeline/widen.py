@@ -23,7 +23,7 @@ fragment (each thread the two rows it holds).
 """
 
 import tilus
-from tilus import RegisterTensor, SharedTensor, float8_e4m3, float16, int32, uint6b
+from tilus import RegisterTensor, SharedTensor, bfloat16, float8_e4m3, float16, int32, uint6b
 from tilus.ir.layout.ops.register_ops import local, reduce, spatial
 from tilus.lang.instructions import base
 
@@ -177,22 +177,29 @@ class Int4Widen(tilus.Class):
         self.annotate_layout(words, packed_words())
         return words
 
-    def values(self, words: RegisterTensor, scale: RegisterTensor, part: int) -> RegisterTensor:
+    def values(self, words: RegisterTensor, dtype_name: str, part: int) -> RegisterTensor:
         """Part ``part`` (``cols`` K columns) of a half tile's ``words`` as the 64 x ``cols`` A operand
-        of integers -8 .. 7 in the scales' dtype (exact in float16 and bfloat16), unscaled."""
+        of integers -8 .. 7 in the dtype named ``dtype_name`` ("float16" or "bfloat16": exact in
+        both; a name, as tilus passes no data type to a method), unscaled."""
+        dtype = named_dtype(dtype_name)
         per_part = self.cols // 16  # words: one a K step of 16 columns
         if per_part == WORDS:
             mine = words
         else:  # the part's words, as a tensor of their own: a view keeps every bit of its source
             mine = word_columns(words, part * per_part, per_part)
             self.annotate_layout(mine, packed_words(per_part))
-        return self.view(int4_pairs(mine, scale.dtype), layout=self.fragment, dtype=scale.dtype)
+        return self.view(int4_pairs(mine, dtype), layout=self.fragment, dtype=dtype)
 
     def operand(self, words: RegisterTensor, scale: RegisterTensor, part: int) -> RegisterTensor:
         """``values``, each multiplied by its row's scale: the dequantized weight, rounded once."""
-        out = self.values(words, scale, part) * scale
+        out = self.values(words, scale.dtype.name, part) * scale
         self.annotate_layout(out, self.fragment)
         return out
+
+
+def named_dtype(name: str):
+    """The 16-bit data type of that name (a plain function, for kernel code)."""
+    return {"float16": float16, "bfloat16": bfloat16}[name]
 
 
 def is_float16(dtype) -> bool:

@@ -379,6 +379,17 @@ MUTANTS = (
         ("bytes",),
     ),
     Mutant(
+        "wrong byte count: Hopper V8's producer expects a stage's group scales for int4 with row "
+        "scales, whose ring brings none",
+        "sm_90a",
+        "v8",
+        "matmul.kernels.hopper.v8",
+        "if weight not in ROW_SCALED else 0",
+        'if weight != "fp8_e4m3" else 0',
+        ("bytes", "deadlock"),
+        config=(("weight", "int4_channel"),),
+    ),
+    Mutant(
         "wrong byte count: Hopper V8's token boxes announce a group of tokens more than they load "
         "(pipeline.token_boxes)",
         "sm_90a",

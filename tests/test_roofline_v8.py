@@ -17,7 +17,7 @@ V7_RESULTS = ROOT / "plots" / "h100" / "skinny" / "roofline.json"
 SKINNY = ROOT / "plots" / "h100" / "skinny"
 
 
-@pytest.mark.parametrize("format", ["int4", "int6", "fp8_e4m3"])
+@pytest.mark.parametrize("format", ["int4", "int4_channel", "int6", "fp8_e4m3"])
 @pytest.mark.parametrize("n", [64, 100, 200])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_quantized_floor_is_what_quantize_stores(format, n, dtype):
@@ -81,7 +81,7 @@ def test_v8_rows_of_every_format():
             {**base, "format": "fp8_e4m3", "config": {"block_m": 16}},
             {**base, "format": "int6", "failed": True},
             {**base, "format": "int4", "m": 1024, "path": "widen + cuBLAS"},
-            {"format": "int4_channel", "unsupported": "not a format of matmul.quant"},
+            {"format": "int2", "unsupported": "not a format of matmul.quant"},
         ],
     }
     rows = roofline.quantized_rows(v8)

@@ -178,7 +178,7 @@ def test_supports_and_configs():
     assert quant_linear.config_for(17, 4096, 14336, "int4") == quant_linear.config_for(64, 4096, 14336, "int4")
     assert quant_linear.config_for(17, 4096, 4096, "fp8_e4m3")["block_m"] == 64  # measured for int4 only
     assert quant_linear.config_for(256, 6144, 4096, "fp8_e4m3")["warpgroups"] == 1  # measured for int4 only
-    for weight_format in ("fp8_e4m3", "int6"):
+    for weight_format in ("fp8_e4m3", "int6", "int4_channel"):
         for config in quant_linear.configs(weight_format):
             assert {**config, "chunk": 64} in versions.space(V8) or config in versions.space(V8), config
     fp8 = functools.partial(quant_linear.config_for, weight_format="fp8_e4m3")
@@ -186,6 +186,8 @@ def test_supports_and_configs():
     assert fp8(1, 4096, 14336)["interleave"] == fp8(16, 4096, 14336)["interleave"] == 2  # a long K
     assert fp8(1, 28672, 4096)["interleave"] == 2 and fp8(16, 28672, 4096)["split"] == 4  # a wide weight
     assert quant_linear.config_for(1, 4096, 4096, "int6") == quant_linear.config_for(16)
+    for m, n, k in ((1, 28672, 4096), (1, 4096, 14336), (16, 4096, 4096), (1024, 4096, 4096)):  # int4's rules
+        assert quant_linear.config_for(m, n, k, "int4_channel") == quant_linear.config_for(m, n, k, "int4")
     for config in versions.space(V8):
         assert V8.shared_bytes(**config) <= build.SHARED_MEMORY_LIMIT["sm_90a"] - 1024, config
 
@@ -277,6 +279,55 @@ def test_fp8_path_builds(dtype):
     assert re.search(r"m64n16k16\.f32\.\w+\.\w+ \{[^}]*\}, \{%r\d+, %r\d+, %r\d+, %r\d+\}, %rd\d+", ptx)
 
 
+# --- int4 with one scale per row (int4_channel): quantizer, errors and build (run: tests/test_v8_gpu.py) ---
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_int4_channel_quantize_matches_plain_torch(dtype):
+    """One group the whole row (``plain_int4`` with group K), its scale kept in float32 as fp8's; the
+    values packed as int4's, so the kernel reads them as it reads int4's (the layout test above)."""
+    w = weight(70, 256, dtype)
+    w[5] = 0
+    qw = matmul.quantize(w, format="int4_channel")
+    assert (qw.format, qw.bits, qw.group, qw.shape, qw.dtype) == ("int4_channel", 4, 256, (70, 256), dtype)
+    scale = w.float().abs().amax(dim=1) / 7
+    scale[5] = 1
+    q = torch.round(w.float() / scale[:, None]).clamp(-8, 7).to(torch.int8)
+    assert torch.equal(qw.q(), q) and torch.equal(qw.packed, int4.pack(q))
+    assert qw.scales.dtype == torch.float32 and qw.scales.shape == (128,) and (qw.scales[70:] == 0).all()
+    assert torch.equal(qw.group_scales()[:, 0], scale)
+    assert torch.equal(qw.dequantize(), (q.float() * scale[:, None]).to(dtype))
+    assert qw.dequantize()[5].eq(0).all()
+
+
+def test_int4_channel_errors():
+    with pytest.raises(MatmulInputError, match="one scale per row"):
+        matmul.quantize(weight(64, 256), format="int4_channel", group=64)
+    with pytest.raises(MatmulInputError, match="multiple of 128"):
+        matmul.quantize(weight(64, 200), format="int4_channel")
+    with pytest.raises(MatmulInputError, match="format='int4_channel'"):  # the way to one scale a row
+        matmul.quantize(weight(64, 256), format="int4", group=None)
+    assert matmul.quantize(weight(64, 256), format="int4_channel", group=256).group == 256
+
+
+@pytest.mark.parametrize("dtype", [tilus.float16, pytest.param(tilus.bfloat16, marks=pytest.mark.full_space)], ids=str)
+def test_int4_channel_path_builds(dtype):
+    """int4's consumer without group scales: the same widening of the integers (int4's instructions,
+    no scale in them), no scales' box in the ring, and the float32 row scales read once from global
+    memory for the partial tile."""
+    schedule = {"dtype": dtype, **V8.REPRESENTATIVE, "weight": "int4_channel"}
+    result = build.build_script(V8.Kernel, "sm_90a", schedule, version="v8")
+    assert result.ok, result.error[-3000:]
+    assert result.spill_bytes == 0
+    grouped = build.build_script(V8.Kernel, "sm_90a", {"dtype": dtype, **V8.REPRESENTATIVE}, version="v8")
+    ptx, int4_ptx = result.ptx(), grouped.ptx()
+    assert ptx.count("wgmma.mma_async") == 8
+    for instruction in ("lop3.b32", "sub.f16x2", "fma.rn.f16x2", "sub.bf16x2", "fma.rn.bf16x2"):
+        assert ptx.count(instruction) == int4_ptx.count(instruction), instruction
+    assert ptx.count("cp.async.bulk.tensor") == int4_ptx.count("cp.async.bulk.tensor") - 1  # no scales' box
+    assert "ld.global" in ptx and "ld.global" not in int4_ptx  # the row scales, once
+
+
 # --- int6 (an odd width), group scales as int4's: quantizer, layout and build (run: tests/test_v8_gpu.py) ---
 
 
@@ -353,7 +404,9 @@ def test_int6_path_builds(dtype):
     "weight, dtype",
     [
         ("int4", tilus.float16),
+        ("int4_channel", tilus.float16),
         pytest.param("int4", tilus.bfloat16, marks=pytest.mark.full_space),
+        pytest.param("int4_channel", tilus.bfloat16, marks=pytest.mark.full_space),
         pytest.param("int6", tilus.float16, marks=pytest.mark.full_space),
         pytest.param("int6", tilus.bfloat16, marks=pytest.mark.full_space),
         pytest.param("fp8_e4m3", tilus.float16, marks=pytest.mark.full_space),

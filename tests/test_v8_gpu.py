@@ -41,9 +41,10 @@ pytestmark = [
 ]
 
 
-# fp8_e4m3 and int6: two V8 configurations, one of them the call's up to 16 tokens (each costs a build
-# per dtype): 16 tokens a tile with one warpgroup, and 64 a tile with two (M = 100 and 255 span several)
-OTHER_FORMATS = ("fp8_e4m3", "int6")
+# fp8_e4m3, int6 and int4_channel: two V8 configurations, one of them the call's up to 16 tokens (each
+# costs a build per dtype): 16 tokens a tile with one warpgroup, and 64 a tile with two (M = 100 and
+# 255 span several)
+OTHER_FORMATS = ("fp8_e4m3", "int6", "int4_channel")
 SMALL = quant_linear.config_for(16)
 WIDE = {"block_m": 64, "warpgroups": 2, "split": 2, "stages": 4, "chunk": 64}
 
@@ -242,19 +243,21 @@ PREFILL_WEIGHTS = ((4104, 4480), (1000, 1024), (4095, 1024), (31, 128))
 
 @pytest.fixture(scope="module")
 def one_pass_built():
-    quant_linear.wait_until_all_built((dtype, "int4", ONE_PASS) for dtype in DTYPES)
+    quant_linear.wait_until_all_built((dtype, f, ONE_PASS) for dtype in DTYPES for f in quant_linear.INT4_PACKED)
 
 
+@pytest.mark.parametrize("format", quant_linear.INT4_PACKED)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_one_pass_on_prefill_shapes(dtype, one_pass_built):
+def test_one_pass_on_prefill_shapes(dtype, format, one_pass_built):
     """Token counts of one partial tile, of several tiles and a partial one (1000: 8 tiles), into
-    a dense out, one whose rows are padded and one whose base is not 16-byte aligned."""
+    a dense out, one whose rows are padded and one whose base is not 16-byte aligned; int4's group
+    scales and its row scales."""
     for m in (1, 129, 1000):
         for n, k in PREFILL_WEIGHTS:
-            x, qw = operands(m, n, k, dtype)
+            x, qw = operands(m, n, k, dtype, format)
             error = v8_error(x, qw, ONE_PASS)
             assert error <= TOLERANCE[dtype], f"V8 {ONE_PASS} {m}x{n}x{k} {dtype}: relative error {error:.3g}"
-    x, qw = operands(300, 1000, 1024, dtype)
+    x, qw = operands(300, 1000, 1024, dtype, format)
     ref = reference(x, qw)
     padded = torch.full((300, 1008), float("nan"), dtype=dtype, device="cuda")[:, :1000]
     shifted = torch.full((300 * 1000 + 1,), float("nan"), dtype=dtype, device="cuda")[1:].view(300, 1000)
@@ -297,7 +300,7 @@ def planted(qw, bug):
         return dataclasses.replace(qw, packed=fragment)
     if bug == "scale group":  # each group's scales taken from the next group
         return dataclasses.replace(qw, scales=qw.scales.roll(1, dims=0).contiguous())
-    if bug == "row scale":  # fp8: each row's scale taken from the next row
+    if bug in ("row scale", "channel scale"):  # fp8, int4_channel: each row's scale taken from the next row
         return dataclasses.replace(qw, scales=qw.scales.roll(-1, dims=0).contiguous())
     if bug == "bit order":  # int6: each value's 6 bits read from the other end
         u = (qw.q().to(torch.int64) - int6.QMIN).cpu()
@@ -313,6 +316,7 @@ BUGS = {
     "scale group": "int4",
     "row scale": "fp8_e4m3",
     "bit order": "int6",
+    "channel scale": "int4_channel",
 }
 
 

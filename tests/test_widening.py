@@ -26,7 +26,7 @@ from matmul.kernels.variant import Variant
 from matmul.quant import linear as quant_linear
 from matmul.quant import widen
 
-FORMATS = ("int4", "int6", "fp8_e4m3")
+FORMATS = ("int4", "int4_channel", "int6", "fp8_e4m3")
 M = quant_linear.V8_MAX_M + 44  # tokens: more than V8 takes, so the weight is widened for the product
 N, K = 200, 256
 

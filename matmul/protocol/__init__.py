@@ -244,7 +244,7 @@ def configs_to_check(
     releases reach; whether its consumers take
     turns; and its warps, the roles that arrive on its barriers (a second consumer warpgroup on
     the same stages, Hopper V8's interleaved ones); whether its CTAs wait for one another through
-    global flags (``uses_global_flags``); in the autotune space, or in the version's
+    global flags (``uses_global_flags``); a packed weight's format; in the autotune space, or in the version's
     ``EXTRA_CONFIGS``: built and checked, not tuned), read from what each configuration transpiles
     to; or (``all_configs``) every configuration. Only configurations that build for ``variant``
     (a version's ``takes``: Hopper V5's stream-K computes one product, not a batch)."""
@@ -257,7 +257,8 @@ def configs_to_check(
     def protocol_shape(config):
         function = transpile(module, arch, config, lowered=False)
         shape = cluster_shape(function), consumers_take_turns(module, config), function.metadata.num_warps
-        return (*shape, uses_global_flags(function))
+        # a packed weight's format: what a stage brings (V8's row scales come through no ring)
+        return (*shape, uses_global_flags(function), config.get("weight"))
 
     shapes = {protocol_shape(module.REPRESENTATIVE)}
     for config in candidates:

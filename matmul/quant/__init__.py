@@ -6,8 +6,10 @@ group, the scales, the original shape and dtype, the packed words in the layout 
 (``matmul.quant.int4``), and ``dequantize()``, the float16/bfloat16 weight it stands for.
 ``format="int6"`` (``matmul.quant.int6``): 6-bit values, one scale per 128 columns, as int4's;
 ``format="fp8_e4m3"`` (``matmul.quant.fp8``): float8 e4m3 values with one float32 scale per row
-(the group is the whole row). V8 reads all three formats (``tests/test_v8_gpu.py`` checks each on
-the H100).
+(the group is the whole row); ``format="int4_channel"``: int4's values and packed words with one
+float32 scale per row (per output channel, as fp8's: ``scale = absmax / 7``), which V8 applies to
+the sum instead of to every value. V8 reads all four formats (``tests/test_v8_gpu.py`` checks each
+on a GPU).
 
 The call (``matmul.quant.linear``): up to ``max_tokens(format)`` tokens (256; int6 128; int4 1536
 where V8's tiles fill the GPU, ``linear.prefill_pays``) on a Hopper GPU, V8 (the GEMM that widens
@@ -31,7 +33,8 @@ from ..contract import MatmulInputError
 from . import fp8, int4, int6
 
 # format -> (bits, its group; None: a row)
-FORMATS = {"int4": (4, int4.GROUP), "int6": (6, int4.GROUP), "fp8_e4m3": (8, None)}
+FORMATS = {"int4": (4, int4.GROUP), "int4_channel": (4, None), "int6": (6, int4.GROUP), "fp8_e4m3": (8, None)}
+ROW_SCALED = ("fp8_e4m3", "int4_channel")  # formats with one float32 scale a row (``fp8.pack_scales``)
 DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -39,7 +42,8 @@ DTYPES = (torch.float16, torch.bfloat16)
 class QuantizedWeight:
     """A weight [N, K] stored in ``bits`` bits (module doc). int4: ``packed`` int32 [N_pad / 4, K / 2],
     ``scales`` [K / group, N_pad] in ``dtype``; int6: ``packed`` [N_pad / 2, 3 K / 8], scales as
-    int4's; fp8_e4m3: ``packed`` int32 [N_pad / 2, K / 2], ``scales`` float32 [N_pad], ``group`` K.
+    int4's; fp8_e4m3: ``packed`` int32 [N_pad / 2, K / 2], ``scales`` float32 [N_pad], ``group`` K;
+    int4_channel: ``packed`` as int4's, ``scales`` as fp8's, ``group`` K.
     ``shape``: (N, K)."""
 
     format: str
@@ -69,13 +73,13 @@ class QuantizedWeight:
 
     def group_scales(self) -> torch.Tensor:
         """The scales as [N, K / group]."""
-        if self.format == "fp8_e4m3":
+        if self.format in ROW_SCALED:
             return self.scales[: self.shape[0]].unsqueeze(1)
         return self.scales[:, : self.shape[0]].T
 
     def dequantize(self) -> torch.Tensor:
         """The float16/bfloat16 weight [N, K] this stands for (``q * scale``, rounded once)."""
-        if self.format == "fp8_e4m3":
+        if self.format in ROW_SCALED:  # q * scale from float32, rounded once
             return fp8.dequantize(self.q(), self.group_scales()[:, 0], self.dtype)
         return int4.dequantize(self.q(), self.group_scales(), self.dtype, self.group)
 
@@ -130,23 +134,29 @@ def quantize(w: torch.Tensor, format: str = "int4", group: Optional[int] = 128) 
             f"w has {bad} infinite or NaN value(s); a group's scale would be non-finite and every value of "
             "the group lost with it. Repair the checkpoint (or keep this layer in 16 bits)"
         )
-    if format == "fp8_e4m3":
+    if format in ROW_SCALED:
         if group not in (None, 128, k):  # 128: quantize()'s default, which names int4's group
-            raise MatmulInputError(f"fp8_e4m3 has one scale per row: group None or K = {k}, not {group}")
+            raise MatmulInputError(f"{format} has one scale per row: group None or K = {k}, not {group}")
         if k % int4.GROUP or n < 1:
             raise MatmulInputError(f"K = {k} must be a positive multiple of 128 (V8's K block); pad the columns")
-        q8, row_scale = fp8.reference(w)
+        if format == "fp8_e4m3":
+            q, row_scale = fp8.reference(w)
+            packed = fp8.pack(q)
+        else:
+            q, row_scale = int4.row_reference(w)
+            packed = int4.pack(q)
         return QuantizedWeight(
             format=format,
             bits=bits,
             group=k,
             shape=(n, k),
             dtype=w.dtype,
-            packed=fp8.pack(q8),
+            packed=packed,
             scales=fp8.pack_scales(row_scale),
         )
     if group != kernel_group:
-        raise MatmulInputError(f"{format} takes a group of {kernel_group} columns (V8's K block), not {group}")
+        hint = "; int4 with one scale per row is format='int4_channel'" if format == "int4" else ""
+        raise MatmulInputError(f"{format} takes a group of {kernel_group} columns (V8's K block), not {group}{hint}")
     if k % group or n < 1:
         raise MatmulInputError(f"K = {k} must be a positive multiple of the group ({group}); pad the weight's columns")
     width = int6 if format == "int6" else int4

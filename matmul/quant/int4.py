@@ -15,7 +15,8 @@ values ``2 p`` and ``2 p + 1`` in nibbles ``p`` and ``p + 4``, the two halves of
 kernel's magic-number conversion makes of them (``pipeline.widen``). The words form an int32 matrix
 [N_pad / 4, K / 2]: tile (i, b) (row tile i, K block b) is rows 16 i ... 16 i + 15, columns 64 b ...
 64 b + 63, its word index ``64 r + column``. Scales: [K / 128, N_pad], the activations' dtype (zero
-for padding rows).
+for padding rows). ``int4_channel`` packs its values the same way, with one float32 scale per row
+(``row_reference``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,17 @@ def reference(w: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.
     scale = torch.where(scale == 0, torch.ones_like(scale), scale)
     q = torch.round(groups / scale.float().unsqueeze(-1)).clamp(QMIN, QMAX).to(torch.int8)
     return q.reshape(n, k), scale
+
+
+def row_reference(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One scale per row (``int4_channel``) in plain torch: q int8 [N, K] (-8..7) and float32 scales
+    [N], ``absmax / 7`` of the row (1 for a zero row), as fp8's row scales are kept: in float32,
+    applied to the float32 sum (``matmul.quant.fp8``)."""
+    wf = w.float()
+    scale = wf.abs().amax(dim=1) / QMAX
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    q = torch.round(wf / scale.unsqueeze(1)).clamp(QMIN, QMAX).to(torch.int8)
+    return q, scale
 
 
 def padded_rows(n: int) -> int:

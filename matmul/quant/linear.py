@@ -52,7 +52,10 @@ INT4_MAX_M = 1536
 # once for each 128-token tile; for int6, whose widening costs the most (its V8 is the slowest
 # of the three at decode too), that was slower than the widened path on the larger weights on the
 # H100 (plots/h100/v8/formats/), and up to 128 tokens faster on every one
-MAX_TOKENS = {"int6": 128, "int4": INT4_MAX_M}
+# int4 with row scales (``int4_channel``) runs int4's packed tiles and consumer with less work a K
+# block (no group scales): it takes int4's token counts and configurations (``config_for``)
+MAX_TOKENS = {"int6": 128, "int4": INT4_MAX_M, "int4_channel": INT4_MAX_M}
+INT4_PACKED = ("int4", "int4_channel")
 ARCH = "sm_90a"
 
 log = logging.getLogger(__name__)
@@ -111,10 +114,10 @@ def v8_module():
 
 
 def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
-    """V8's configuration for M tokens (and, for int4 and fp8, the weight's N x K)."""
+    """V8's configuration for M tokens (and, for int4, int4_channel and fp8, the weight's N x K)."""
     config = next((dict(config) for limit, config in CONFIGS if m <= limit), dict(CONFIGS[-1][1]))
     long_k = bool(n) and k >= LONG_K * n
-    if weight_format == "int4":
+    if weight_format in INT4_PACKED:
         if m <= 16:
             if m <= NARROW_M:
                 config["block_m"] = NARROW_M

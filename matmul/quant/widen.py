@@ -1,4 +1,4 @@
-"""Widening on the device: a packed weight (int4, int6 or fp8_e4m3, ``matmul.quant``) into its 16-bit
+"""Widening on the device: a packed weight (int4, int4_channel, int6 or fp8_e4m3, ``matmul.quant``) into its 16-bit
 [N, K] weight in HBM, the value ``QuantizedWeight.dequantize()`` gives, bit for bit. The call runs
 it above ``linear.max_tokens(format)`` tokens, then cuBLAS on the widened weight.
 
@@ -13,7 +13,7 @@ group). Each thread loads its words of the tile straight from HBM (the packed la
 this: a thread's bytes of a part are contiguous, 16 bytes for int4 and fp8, 24 for int6), views
 them in the wgmma A-fragment layout and widens them with V8's own conversion
 (``pipeline.widen``: the same magic-number conversions, the same single rounding of ``q *
-scale`` in the 16-bit dtype; fp8: ``q`` widened exactly, times the float32 row scale, rounded once),
+scale`` in the 16-bit dtype; fp8 and int4_channel: ``q`` widened exactly, times the float32 row scale, rounded once),
 then writes each part's fragment into a staging tile in shared memory (``stmatrix``) from which one
 TMA store writes it to ``out``: whole 128-byte rows instead of the fragment's 4-byte pieces, and the
 store clips at N, so the padding rows are never written. A staging buffer per part lets the part's
@@ -68,6 +68,7 @@ BLOCK_K = 128  # K columns of a packed tile (one scale group)
 # tile (K columns a part: 128 / parts) and the packed matrix's rows a tile spans (matmul.quant)
 PARTS = {
     "int4": dict(box=(8, 64), per_row=16, parts=2, tile_rows=16, tile_cols=64),
+    "int4_channel": dict(box=(8, 64), per_row=16, parts=2, tile_rows=16, tile_cols=64),
     "int6": dict(box=(16, 48), per_row=8, parts=2, tile_rows=32, tile_cols=48),
     "fp8_e4m3": dict(box=(8, 64), per_row=16, parts=4, tile_rows=32, tile_cols=64),
 }
@@ -92,6 +93,7 @@ class WidenKernel(tilus.Script):
             raise ValueError(f"weight format {weight!r}: one of {', '.join(PARTS)}")
         self.dtype = dtype
         self.weight = weight
+        self.row_scales = weight in ("fp8_e4m3", "int4_channel")  # one float32 scale a row
         spec = PARTS[weight]  # (kernel code takes attributes, not dict items)
         self.box_rows, self.box_cols = spec["box"]
         self.per_row, self.parts = spec["per_row"], spec["parts"]
@@ -112,7 +114,7 @@ class WidenKernel(tilus.Script):
             strides=[k_blocks * self.tile_cols, 1],
         )
         g_out = self.global_view(out_ptr, dtype=self.dtype, shape=[n_size, k_size], strides=[k_size, 1])
-        if self.weight == "fp8_e4m3":
+        if self.row_scales:
             g_s = self.global_view(scales_ptr, dtype=float32, shape=[n_pad, 1], strides=[1, 1])
         else:  # [K / 128, N_pad], read as its transpose: a tile's scales are one column
             g_s = self.global_view(scales_ptr, dtype=self.dtype, shape=[n_pad, k_blocks], strides=[1, n_pad])
@@ -154,12 +156,15 @@ class WidenKernel(tilus.Script):
             scale = self.load_global(g_s, offsets=[row_tile * TILE_ROWS, block], shape=[TILE_ROWS, 1])
             self.annotate_layout(scale, reduce_layout(conversion.fragment))
             store.put(conversion.operand(words, scale), g_out, row_tile * TILE_ROWS, column)
-        else:
-            conversion = Fp8Widen()
+        else:  # a float32 scale a row
+            conversion = Fp8Widen() if self.weight == "fp8_e4m3" else Int4Widen(64)
             scale = self.load_global(g_s, offsets=[row_tile * TILE_ROWS, 0], shape=[TILE_ROWS, 1])
             self.annotate_layout(scale, reduce_layout(conversion.fragment))
             # q is exact in float16 (and in float32); dequantize() rounds q * scale once, from float32
-            exact = conversion.values(words).to(float16).to(float32)
+            if self.weight == "fp8_e4m3":
+                exact = conversion.values(words).to(float16).to(float32)
+            else:
+                exact = conversion.values(words, "float16", 0).to(float32)
             self.annotate_layout(exact, conversion.fragment)
             product = exact * scale
             self.annotate_layout(product, conversion.fragment)

@@ -49,7 +49,11 @@ minus the zero point 32; and fp8 e4m3 (``Kernel(weight="fp8_e4m3")``, ``matmul.q
 8 KiB tile (``[part p < 4][thread t][word j < 4]``, one byte a value, in the fragment order)
 widened by tilus's fp8 casts in parts of 32 K columns, and one float32 scale per row applied to
 the float32 partial tile after the last K block instead of a group scale per value (no scales
-come through the ring).
+come through the ring). int4 with one scale per row (``Kernel(weight="int4_channel")``, the
+group a whole row: ``matmul.quantize(w, format="int4_channel")``) packs its values as int4's and
+takes fp8's scales: its integers go into the wgmma unscaled, and the row's float32 scale multiplies
+the partial tile once, after the last K block (a row scale factors out of the sum over K), so
+neither scales nor a multiply per value come through the ring.
 
 The last token tile of a call usually holds fewer tokens than rows (one token in a tile of 8, 17
 in a tile of 32). TMA fills the rows of a box that lie past the tensor with zeros, and on an H200
@@ -132,6 +136,13 @@ PTX_MARKERS = (
     "barrier.cluster.arrive.relaxed.aligned",  # the exit barrier orders no memory (ClusterSplitKReduce.exit_barrier)
 )
 REPRESENTATIVE = {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 32}
+# int4 with row scales (``weight="int4_channel"``), as the call runs it at decode and at prefill
+# (``matmul.quant.linear.ONE_PASS``): built and protocol-checked, not tuned (the format is the
+# weight's, not a choice)
+EXTRA_CONFIGS = (
+    {**REPRESENTATIVE, "weight": "int4_channel"},
+    {"block_m": 128, "warpgroups": 2, "split": 1, "stages": 4, "chunk": 64, "weight": "int4_channel"},
+)
 B_LAYOUTS = ("nk",)  # the packed weight has one layout (matmul.quant)
 FUSED_EPILOGUE = False
 # C is written by store_global (ClusterSplitKReduce.write, with a split) at int32 element offsets: no
@@ -144,7 +155,9 @@ GROUP = 128  # K columns that share a scale (matmul.quant's only group size for 
 TILE_ROWS = 64  # weight rows of a packed tile (one warpgroup's wgmma M)
 PACKED_TILE_WORDS = TILE_ROWS * BLOCK_K // 8  # int32 words of a packed tile: 1024
 # a packed 64 x 128 tile as a box of int32 [rows, columns], per weight format (matmul.quant)
-WEIGHT_ROWS = {"int4": (16, 64), "int6": (32, 48), "fp8_e4m3": (32, 64)}
+WEIGHT_ROWS = {"int4": (16, 64), "int4_channel": (16, 64), "int6": (32, 48), "fp8_e4m3": (32, 64)}
+ROW_SCALED = ("fp8_e4m3", "int4_channel")  # one float32 scale a row, applied after the last K block
+INT4_PACKED = ("int4", "int4_channel")  # int4's packed tiles, widened by ``Int4Widen``
 MAX_M = 256  # the widest wgmma (n = 256): beyond it a CTA would need a second accumulator
 SCALE_AFTER_MAX_M = 16  # token tiles up to which int4's group scales multiply products, not values
 
@@ -157,15 +170,15 @@ def supports(m: int, n: int, k: int) -> bool:
 
 
 def stage_scale_bytes(weight: str, s_s) -> int:
-    """Bytes of scales a stage brings: a tile's 64 group scales (int4); none for fp8's per-row scales."""
-    return s_s.nbytes // s_s.shape[0] if weight != "fp8_e4m3" else 0
+    """Bytes of scales a stage brings: a tile's 64 group scales (int4, int6); none for row scales."""
+    return s_s.nbytes // s_s.shape[0] if weight not in ROW_SCALED else 0
 
 
 def writes_slabs(split: int, interleave: int, weight: str = "int4") -> bool:
     """Whether each consumer warpgroup writes its own slab of C by a TMA store, as V7's do: without a
-    split (and one consumer a slab), for int4, the format whose tiles without a split ran so on a GPU
-    (fp8's and int6's keep the exchange of one part they were checked with)."""
-    return split == 1 and interleave == 1 and weight == "int4"
+    split (and one consumer a slab), for int4's packed tiles, whose consumers ran so on a GPU (fp8's
+    and int6's keep the exchange of one part they were checked with)."""
+    return split == 1 and interleave == 1 and weight in INT4_PACKED
 
 
 def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, chunk: int = 64, interleave: int = 1) -> int:
@@ -267,7 +280,7 @@ class Kernel(PackedWeightKernel):
             raise ValueError(f"{64 * warpgroups} weight rows do not cut into {split} slices of a multiple of 8")
         if b_layout != "nk" or bias or activation:
             raise ValueError("V8 reads its packed weight in one layout, with a plain epilogue")
-        # the format: "int4" or "int6" (group scales), "fp8_e4m3" (row scales)
+        # the format: "int4" or "int6" (group scales), "fp8_e4m3" or "int4_channel" (row scales)
         self.weight = weight
         if weight not in WEIGHT_ROWS:
             raise ValueError(f"weight format {weight!r}: one of {', '.join(WEIGHT_ROWS)}")
@@ -281,6 +294,10 @@ class Kernel(PackedWeightKernel):
         # tile would cost block_m / 2 registers a thread, and it was not measured there
         self.scale_after = weight == "int4" and block_m <= SCALE_AFTER_MAX_M
         self.writes_slabs = writes_slabs(split, interleave, weight)  # each warpgroup writes its slab of C
+        # (the format's cases as Python bools: kernel code turns a membership test into device code)
+        self.row_scales = weight in ROW_SCALED
+        self.int4_packed = weight in INT4_PACKED
+        self.unscaled_values = weight == "int4_channel" or self.scale_after  # integers into the wgmma
 
     def matmul(
         self,
@@ -400,8 +417,8 @@ class Kernel(PackedWeightKernel):
         )
 
     def scale_view(self, scales_ptr: void_p, n_pad: int32, k_size: int32) -> GlobalTensor:
-        """The scales: [K / 128, N_pad] in the activations' dtype (int4, int6); fp8: float32 [N_pad], one a row."""
-        if self.weight == "fp8_e4m3":
+        """The scales: [K / 128, N_pad] in the activations' dtype (int4, int6); row scales: float32 [N_pad]."""
+        if self.row_scales:
             g_s = self.global_view(scales_ptr, dtype=float32, shape=[n_pad, 1], strides=[1, 1])
         else:
             g_s = self.global_view(scales_ptr, dtype=self.dtype, shape=[k_size // GROUP, n_pad], strides=[n_pad, 1])
@@ -429,7 +446,7 @@ class Kernel(PackedWeightKernel):
             for wg in range(self.warpgroups):
                 c = wg * self.interleave + turn  # the consumer warpgroup that takes this block
                 self.load_weight_tile(g_w, s_w[slot, c], (offset_n + 64 * wg) // TILE_ROWS, block, ring)
-                if self.weight != "fp8_e4m3":
+                if not self.row_scales:
                     self.tma.global_to_shared(
                         src=g_s, dst=s_s[slot, c], offsets=[block, offset_n + 64 * wg], mbarrier=ring.producer_barrier()
                     )
@@ -465,8 +482,8 @@ class Kernel(PackedWeightKernel):
         turns: int32,
     ):
         """Consumer warpgroup ``c``, in the weight's format."""
-        if self.weight == "int4":
-            self.consumer(c, ring, s_w, s_s, s_x, reduce, turns)
+        if self.int4_packed:
+            self.consumer(c, ring, s_w, s_s, g_s, offset_n, s_x, reduce, turns)
         elif self.weight == "int6":
             self.int6_consumer(c, ring, s_w, s_s, s_x, reduce, turns)
         else:
@@ -478,6 +495,8 @@ class Kernel(PackedWeightKernel):
         ring: Pipeline,
         s_w: SharedTensor,
         s_s: SharedTensor,
+        g_s: GlobalTensor,
+        offset_n: int32,
         s_x: SharedTensor,
         reduce: tilus.Class,
         count: int32,
@@ -487,7 +506,7 @@ class Kernel(PackedWeightKernel):
         ``interleave`` is 1), into layer ``turn`` of the partial tile: per K block, each ``chunk``
         columns of its packed tile widened into an A operand and multiplied by the tokens (a
         committed wgmma group each, the next part widened while it runs), all waited for before the
-        next block."""
+        next block. Row scales (int4_channel): the integers straight into acc, scaled once at the end."""
         wg, turn = divmod(c, self.interleave)  # its slab, and its K block of each stage
         with self.warp_group(warp_begin=4 * c, num_warps=4):
             fragment = wgmma_fragment(64, self.block_m)
@@ -500,7 +519,12 @@ class Kernel(PackedWeightKernel):
                 ring.consumer_acquire()
                 slot = ring.consumer_stage
                 first = turn * (BLOCK_K // self.chunk)  # this turn's token boxes in the stage
-                if self.scale_after:
+                if self.weight == "int4_channel":
+                    # the integers into acc, the row's scale after the last block: no group scale,
+                    # and tilus takes no None for a tensor parameter, so acc stands in for it, unread
+                    scale = acc
+                    products = acc
+                elif self.scale_after:
                     # the block's products of unscaled integers, in a tile of their own, which its 64
                     # scales (read before the stage is released) multiply into acc after the wait
                     scale = self.load_shared(s_scale[slot, c])
@@ -510,8 +534,8 @@ class Kernel(PackedWeightKernel):
                 else:
                     scale = widen.scales(s_scale[slot, c])
                     products = acc
-                self.half(widen, s_words[slot, c, 0], scale, s_x, slot, first, products)
-                self.half(widen, s_words[slot, c, 1], scale, s_x, slot, first + HALF_K // self.chunk, products)
+                self.half(widen, s_words[slot, c, 0], s_x, slot, first, products, scale)
+                self.half(widen, s_words[slot, c, 1], s_x, slot, first + HALF_K // self.chunk, products, scale)
                 self.wgmma.wait_group(0)  # A's registers are rewritten by the next block
                 ring.consumer_release()
                 ring.consumer_advance()
@@ -519,39 +543,43 @@ class Kernel(PackedWeightKernel):
                     scaled = products * self.cast(scale, float32)
                     self.annotate_layout(scaled, fragment)
                     self.add(acc, scaled, out=acc)
-            self.store_tile(reduce, acc, wg, turn)
+            if self.weight == "int4_channel":
+                self.store_tile(reduce, self.row_scaled(acc, g_s, offset_n, wg), wg, turn)
+            else:
+                self.store_tile(reduce, acc, wg, turn)
 
     def half(
         self,
         widen: Int4Widen,
         s_words: SharedTensor,
-        scale: RegisterTensor,
         s_x: SharedTensor,
         slot: int32,
         first: int,
         acc: RegisterTensor,
+        scale: RegisterTensor,
     ):
         """A half of a K block (64 columns; its tokens in boxes ``first, ...`` of the stage): its
         packed words loaded once, each part of ``chunk`` columns widened and issued (straight-line
         code: each part has registers of its own)."""
         words = widen.words(s_words)
-        self.part(widen, words, scale, 0, s_x[slot, first], acc)
+        self.part(widen, words, 0, s_x[slot, first], acc, scale)
         if HALF_K // self.chunk == 2:
-            self.part(widen, words, scale, 1, s_x[slot, first + 1], acc)
+            self.part(widen, words, 1, s_x[slot, first + 1], acc, scale)
 
     def part(
         self,
         widen: Int4Widen,
         words: RegisterTensor,
-        scale: RegisterTensor,
         index: int,
         s_tokens: SharedTensor,
         acc: RegisterTensor,
+        scale: RegisterTensor,
     ):
-        """One wgmma group: part ``index`` of a half's words widened (scaled, or not where the
-        consumer scales each block's products), times its token columns."""
-        if self.scale_after:
-            operand = widen.values(words, scale, index)  # (the scale: only its dtype)
+        """One wgmma group: part ``index`` of a half's words widened (times ``scale``, the group's,
+        or not where the consumer scales each block's products or the row's scale the sum), times
+        its token columns."""
+        if self.unscaled_values:
+            operand = widen.values(words, self.dtype.name, index)
         else:
             operand = widen.operand(words, scale, index)
         self.wgmma.fence()
@@ -590,11 +618,15 @@ class Kernel(PackedWeightKernel):
                 self.wgmma.wait_group(0)
                 ring.consumer_release()
                 ring.consumer_advance()
-            scale = self.load_global(g_s, offsets=[offset_n + 64 * wg, 0], shape=[64, 1])
-            self.annotate_layout(scale, reduce_layout(wgmma_fragment(64, self.block_m)))
-            scaled = acc * scale
-            self.annotate_layout(scaled, wgmma_fragment(64, self.block_m))
-            self.store_tile(reduce, scaled, wg, turn)
+            self.store_tile(reduce, self.row_scaled(acc, g_s, offset_n, wg), wg, turn)
+
+    def row_scaled(self, acc: RegisterTensor, g_s: GlobalTensor, offset_n: int32, wg: int) -> RegisterTensor:
+        """A consumer's float32 partial tile of slab ``wg`` times its 64 rows' scales (row-scaled formats)."""
+        scale = self.load_global(g_s, offsets=[offset_n + 64 * wg, 0], shape=[64, 1])
+        self.annotate_layout(scale, reduce_layout(wgmma_fragment(64, self.block_m)))
+        scaled = acc * scale
+        self.annotate_layout(scaled, wgmma_fragment(64, self.block_m))
+        return scaled
 
     def fp8_part(self, widen: Fp8Widen, s_words: SharedTensor, s_tokens: SharedTensor, acc: RegisterTensor):
         operand = widen.values(widen.words(s_words)).to(self.dtype)

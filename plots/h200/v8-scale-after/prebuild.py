@@ -39,7 +39,7 @@ def main() -> None:
     kernels = list(t.the_calls_kernels())
     kernels += [(d, f, c) for d in t.DTYPES for f, c in t.INTERLEAVED_FORMATS]
     kernels += [(d, "int4", c) for d in t.DTYPES for c in space]
-    kernels += [(d, "int4", c) for d in t.DTYPES for c in quant_linear.configs("int4")]
+    kernels += [(d, f, c) for d in t.DTYPES for f in quant_linear.INT4_PACKED for c in quant_linear.configs(f)]
     keys = {quant_linear.kernel_key(*k) for k in kernels}
     jobs = [("v8", dtype, fmt, config) for dtype, fmt, config in sorted(keys, key=str)]
     jobs += [("widen", d, f, ()) for f in ("int4", *t.OTHER_FORMATS) for d in t.DTYPES]
