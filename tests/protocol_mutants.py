@@ -379,6 +379,17 @@ MUTANTS = (
         ("bytes",),
     ),
     Mutant(
+        "wrong byte count: Blackwell V8's producer expects a stage's group scales for int4 with row "
+        "scales, whose ring brings none",
+        "sm_100a",
+        "v8",
+        "matmul.kernels.blackwell.v8",
+        'return 0 if weight == "int4_channel" else s_s.nbytes // s_s.shape[0]',
+        "return s_s.nbytes // s_s.shape[0]",
+        ("bytes", "deadlock"),
+        config=(("weight", "int4_channel"),),
+    ),
+    Mutant(
         "wrong byte count: Hopper V8's producer expects a stage's group scales for int4 with row "
         "scales, whose ring brings none",
         "sm_90a",

@@ -286,6 +286,24 @@ def test_v8_hands_each_widened_tile_over_after_its_store_landed_and_fenced():
     assert mmas and all(fenced(ptx, at, AFTER, anchor=re.compile(r"mbarrier\.try_wait")) for at in mmas)
 
 
+def test_v8_with_row_scales_widens_without_scaling_and_scales_the_sum():
+    """``weight="int4_channel"``: the same widening of the integers into TMEM, but no 16-bit multiply
+    by a group scale; no scales' box in a stage; the float32 row scales read once and multiplied into
+    the drained accumulator (one float32 multiply a value of a thread's row)."""
+    module = versions.load(ARCH, "v8")
+    grouped = built("v8").ptx()
+    result = build.build_config(module, ARCH, {**module.REPRESENTATIVE, "weight": "int4_channel"})
+    assert result.ok, result.error[-3000:]
+    ptx = result.ptx()
+    assert ptx.count("lop3.b32") == grouped.count("lop3.b32") and ptx.count("tcgen05.st.") == grouped.count(
+        "tcgen05.st."
+    )
+    assert "mul.f16" in grouped and "mul.f16" not in ptx
+    assert "ld.global" not in grouped and "ld.global.nc.f32" in ptx
+    assert ptx.count("mul.ftz.f32") == module.REPRESENTATIVE["block_m"]
+    assert ptx.count("cp.async.bulk.tensor.2d") < grouped.count("cp.async.bulk.tensor.2d")
+
+
 def test_v8_mma_with_a_in_tensor_memory_builds_only_with_the_fix(tmp_path):
     assert built("v8").ok
     module = versions.load(ARCH, "v8")

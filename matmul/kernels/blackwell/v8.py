@@ -35,6 +35,11 @@ multiplied by the row's scale in the 16-bit dtype (one rounding of ``q * scale``
 128 reads a box half past the matrix, which TMA fills with zeros (zero words, zero scales: rows past
 N, never stored).
 
+int4 with one scale per row (``Kernel(weight="int4_channel")``, Hopper V8's ``int4_channel``): the
+same packed words with a float32 scale per row (``matmul.quant``), so no scales come through the
+ring; the widening threads store the integers -8..7 unscaled (exact in float16 and bfloat16), and
+the row's scale multiplies the drained float32 accumulator once, before the split-K exchange.
+
 Why A in tensor memory and not a widened tile in shared memory: ``tcgen05.mma`` reads A from shared
 memory (a descriptor) or from tensor memory, never from registers (Hopper V8's path does not exist
 here). Through shared memory the widened tile is 32 KiB a K block: written by the widening threads in
@@ -84,7 +89,7 @@ exits before the last one.
 """
 
 import tilus
-from tilus import GlobalTensor, RegisterTensor, float32, int32
+from tilus import GlobalTensor, RegisterTensor, float32, int32, void_p
 from tilus.ir.layout.ops import shared_row_major
 from tilus.ir.layout.ops.register_ops import local, spatial
 from tilus.ir.layout.ops.register_ops import reduce as reduce_layout
@@ -110,6 +115,9 @@ PTX_MARKERS = (
     "barrier.cluster.arrive.relaxed.aligned",  # the exit barrier orders no memory (ClusterSplitKReduce.exit_barrier)
 )
 REPRESENTATIVE = {"block_m": 32, "split": 2, "stages": 4, "wide_stages": 2}
+# int4 with row scales (``weight="int4_channel"``): built and protocol-checked, not tuned (the format
+# is the weight's, not a choice)
+EXTRA_CONFIGS = ({**REPRESENTATIVE, "weight": "int4_channel"},)
 B_LAYOUTS = ("nk",)  # the packed weight has one layout (matmul.quant)
 FUSED_EPILOGUE = False
 MAX_ELEMENTS = 2**31 - 1  # C is written by store_global at int32 element offsets (V7)
@@ -118,6 +126,7 @@ BLOCK_K = 128  # one scale group
 GROUP = 128  # K columns that share a scale; K must be a multiple of it
 ROWS = 128  # weight rows of a CTA: the MMA's M, one per TMEM lane
 B_UNITS = (4, 2)  # weight rows and K columns per int32 word of the packed weight (matmul.protocol)
+WEIGHTS = ("int4", "int4_channel")  # group scales through the ring, or a float32 scale a row after the sum
 PACKED_BOX = (32, 64)  # one 128 x 128 packed tile as int32 [rows, columns]: two of Hopper's [16, 64] tiles
 # a stage's packed tile as [tile, half, wpar, r, lane, word] (Hopper's thread 32 (2 wpar + r) + lane of
 # its tile), permuted to [tile, wpar, lane, r, half, word]: widening thread 64 tile + 32 wpar + lane's
@@ -137,6 +146,11 @@ PART = 64  # K columns of a token box (128 bytes, swizzled): one MMA call
 WIDE = spatial(4, 1) * local(2, 1) * local(1, 8) * local(1, 2) * local(2, 1) * spatial(8, 4) * local(1, 2)
 WORDS = spatial(128, 1) * local(1, 16)  # the same thread's 16 packed words: [r][K step]
 SCALES = reduce_layout(WIDE, dims=[1], keepdims=True)  # the scales of its 4 rows
+
+
+def stage_scale_bytes(weight: str, s_s) -> int:
+    """Bytes of scales a stage brings: its 128 rows' group scales; none for row scales."""
+    return 0 if weight == "int4_channel" else s_s.nbytes // s_s.shape[0]
 
 
 def supports(m: int, n: int, k: int) -> bool:
@@ -174,6 +188,7 @@ class Kernel(PackedWeightKernel):  # Hopper V8's arguments (entry.PackedWeightKe
         b_layout: str = "nk",
         bias: bool = False,
         activation: str = "",
+        weight: str = "int4",
     ):
         super().__init__(dtype, b_layout=b_layout, bias=bias, activation=activation)
         self.block_m = block_m
@@ -184,6 +199,10 @@ class Kernel(PackedWeightKernel):  # Hopper V8's arguments (entry.PackedWeightKe
             raise ValueError(f"{ROWS} weight rows do not cut into {split} slices of a multiple of 8")
         if b_layout != "nk" or bias or activation:
             raise ValueError("V8 reads its packed weight in one layout, with a plain epilogue")
+        if weight not in WEIGHTS:
+            raise ValueError(f"weight format {weight!r}: one of {', '.join(WEIGHTS)}")
+        self.weight = weight
+        self.row_scales = weight == "int4_channel"  # (a Python bool: kernel code reads it at build time)
 
     def matmul(
         self,
@@ -234,7 +253,7 @@ class Kernel(PackedWeightKernel):  # Hopper V8's arguments (entry.PackedWeightKe
                 with self.single_thread():
                     self.mbarrier.arrive_and_expect_tx(
                         ring.producer_barrier(),
-                        transaction_bytes=s_w[slot].nbytes + s_s[slot].nbytes + s_x[slot].nbytes,
+                        transaction_bytes=s_w[slot].nbytes + stage_scale_bytes(self.weight, s_s) + s_x[slot].nbytes,
                     )
                 block = k_blocks.first + i
                 self.tma.global_to_shared(
@@ -243,9 +262,10 @@ class Kernel(PackedWeightKernel):  # Hopper V8's arguments (entry.PackedWeightKe
                     offsets=[offset_n // ROWS * PACKED_BOX[0], block * PACKED_BOX[1]],
                     mbarrier=ring.producer_barrier(),
                 )
-                self.tma.global_to_shared(
-                    src=g_s, dst=s_s[slot], offsets=[block, offset_n], mbarrier=ring.producer_barrier()
-                )
+                if not self.row_scales:
+                    self.tma.global_to_shared(
+                        src=g_s, dst=s_s[slot], offsets=[block, offset_n], mbarrier=ring.producer_barrier()
+                    )
                 for part in range(BLOCK_K // PART):
                     self.tma.global_to_shared(
                         src=g_a,
@@ -278,14 +298,18 @@ class Kernel(PackedWeightKernel):  # Hopper V8's arguments (entry.PackedWeightKe
             for i in self.range(k_blocks.count, unroll=1):  # noqa: B007
                 ring.consumer_acquire()
                 slot = ring.consumer_stage
-                scale = self.load_shared(s_scale[slot])
-                self.annotate_layout(scale, SCALES)
                 words = self.load_shared(s_words[slot])
                 self.annotate_layout(words, WORDS)
+                if self.row_scales:
+                    wide_tile = self.integers(words)
+                else:
+                    scale = self.load_shared(s_scale[slot])
+                    self.annotate_layout(scale, SCALES)
+                    wide_tile = self.widen(words, scale)
                 ring.consumer_release()  # every thread, its packed words and scales in registers
                 ring.consumer_advance()
                 wide.producer_acquire()  # the MMAs that read this buffer last are complete
-                self.tcgen05.store(t_wide[wide.producer_stage], self.widen(words, scale))
+                self.tcgen05.store(t_wide[wide.producer_stage], wide_tile)
                 self.tcgen05.wait_store()  # the store has landed in TMEM before the MMA warp hears of it
                 fence_before_thread_sync()
                 wide.producer_release()
@@ -294,7 +318,11 @@ class Kernel(PackedWeightKernel):  # Hopper V8's arguments (entry.PackedWeightKe
             fence_after_thread_sync()
             partial = self.tcgen05.load(t_acc)
             self.tcgen05.wait_load()
-            reduce.store(partial, 0)
+            if self.row_scales:  # each thread's row (its TMEM lane) times the row's float32 scale
+                row_scale = self.load_global(g_s, offsets=[offset_n, 0], shape=[ROWS, 1])
+                reduce.store(partial * row_scale, 0)
+            else:
+                reduce.store(partial, 0)
 
         reduce.wait_for_peers()
         fence_before_thread_sync()
@@ -306,9 +334,21 @@ class Kernel(PackedWeightKernel):  # Hopper V8's arguments (entry.PackedWeightKe
             reduce.write(rank, g_c, offset_m, offset_n, self.epilogue)
         reduce.exit_barrier()  # no CTA leaves while a peer's copy may still read its partial tile
 
+    def scale_view(self, scales_ptr: void_p, n_pad: int32, k_size: int32) -> GlobalTensor:
+        """Group scales as Hopper V8's, [K / 128, N_pad]; row scales: float32 [N_pad, 1] (``matmul.quant``)."""
+        if self.row_scales:
+            g_s = self.global_view(scales_ptr, dtype=float32, shape=[n_pad, 1], strides=[1, 1])
+        else:
+            g_s = self.global_view(scales_ptr, dtype=self.dtype, shape=[k_size // GROUP, n_pad], strides=[n_pad, 1])
+        return g_s
+
+    def integers(self, words: RegisterTensor) -> RegisterTensor:
+        """A thread's 16 packed words (128 int4 values) as the 16-bit tile ``WIDE`` of integers -8..7."""
+        return self.view(int4_pairs(words, self.dtype), layout=WIDE, dtype=self.dtype)
+
     def widen(self, words: RegisterTensor, scale: RegisterTensor) -> RegisterTensor:
         """A thread's 16 packed words (128 int4 values) as the 16-bit tile ``WIDE``, times its rows' scales."""
-        wide = self.view(int4_pairs(words, self.dtype), layout=WIDE, dtype=self.dtype)
+        wide = self.integers(words)
         scaled = wide * scale
         self.annotate_layout(scaled, WIDE)
         return scaled
