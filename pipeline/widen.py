@@ -23,7 +23,7 @@ fragment (each thread the two rows it holds).
 """
 
 import tilus
-from tilus import RegisterTensor, SharedTensor, bfloat16, float8_e4m3, float16, int32, uint6b
+from tilus import RegisterTensor, SharedTensor, bfloat16, float8_e4m3, float16, float32, int32, uint6b
 from tilus.ir.layout.ops.register_ops import local, reduce, spatial
 from tilus.lang.instructions import base
 
@@ -197,6 +197,15 @@ class Int4Widen(tilus.Class):
         return out
 
 
+def scale_view(script, scales_ptr, n_pad, k_size, row_scales: bool, group: int = 128):
+    """A packed weight's scales (``matmul.quant``), from kernel code (a plain function, called at
+    transpile time): group scales [K / group, N_pad] in the activations' dtype, or with
+    ``row_scales`` one float32 a row, [N_pad, 1]."""
+    if row_scales:
+        return script.global_view(scales_ptr, dtype=float32, shape=[n_pad, 1], strides=[1, 1])
+    return script.global_view(scales_ptr, dtype=script.dtype, shape=[k_size // group, n_pad], strides=[n_pad, 1])
+
+
 def named_dtype(name: str):
     """The 16-bit data type of that name (a plain function, for kernel code)."""
     return {"float16": float16, "bfloat16": bfloat16}[name]
@@ -267,6 +276,7 @@ __all__ = [
     "Int6Widen",
     "int4_pairs",
     "reduce_layout",
+    "scale_view",
     "packed_words",
     "ROWS",
     "HALF_K",

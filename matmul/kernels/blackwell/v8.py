@@ -98,7 +98,7 @@ from tilus.utils import cdiv
 from pipeline import Pipeline
 from pipeline.cluster_reduce import ClusterSplitKReduce, SplitKRange
 from pipeline.tcgen05_fence import fence_after_thread_sync, fence_before_thread_sync
-from pipeline.widen import int4_pairs
+from pipeline.widen import int4_pairs, scale_view
 
 from ..entry import PackedWeightKernel
 
@@ -336,11 +336,7 @@ class Kernel(PackedWeightKernel):  # Hopper V8's arguments (entry.PackedWeightKe
 
     def scale_view(self, scales_ptr: void_p, n_pad: int32, k_size: int32) -> GlobalTensor:
         """Group scales as Hopper V8's, [K / 128, N_pad]; row scales: float32 [N_pad, 1] (``matmul.quant``)."""
-        if self.row_scales:
-            g_s = self.global_view(scales_ptr, dtype=float32, shape=[n_pad, 1], strides=[1, 1])
-        else:
-            g_s = self.global_view(scales_ptr, dtype=self.dtype, shape=[k_size // GROUP, n_pad], strides=[n_pad, 1])
-        return g_s
+        return scale_view(self, scales_ptr, n_pad, k_size, self.row_scales, GROUP)
 
     def integers(self, words: RegisterTensor) -> RegisterTensor:
         """A thread's 16 packed words (128 int4 values) as the 16-bit tile ``WIDE`` of integers -8..7."""

@@ -120,7 +120,7 @@ from pipeline import Pipeline
 from pipeline.cluster_reduce import ClusterSplitKReduce, SplitKRange
 from pipeline.epilogue import SwappedSlabStore, wgmma_fragment
 from pipeline.token_boxes import TokenBoxes
-from pipeline.widen import HALF_K, WORDS, Fp8Widen, Int4Widen, Int6Widen, reduce_layout
+from pipeline.widen import HALF_K, WORDS, Fp8Widen, Int4Widen, Int6Widen, reduce_layout, scale_view
 
 from ..entry import PackedWeightKernel
 
@@ -418,11 +418,7 @@ class Kernel(PackedWeightKernel):
 
     def scale_view(self, scales_ptr: void_p, n_pad: int32, k_size: int32) -> GlobalTensor:
         """The scales: [K / 128, N_pad] in the activations' dtype (int4, int6); row scales: float32 [N_pad]."""
-        if self.row_scales:
-            g_s = self.global_view(scales_ptr, dtype=float32, shape=[n_pad, 1], strides=[1, 1])
-        else:
-            g_s = self.global_view(scales_ptr, dtype=self.dtype, shape=[k_size // GROUP, n_pad], strides=[n_pad, 1])
-        return g_s
+        return scale_view(self, scales_ptr, n_pad, k_size, self.row_scales, GROUP)
 
     def load_stage(
         self,
