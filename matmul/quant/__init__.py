@@ -35,6 +35,7 @@ from . import fp8, int4, int6
 # format -> (bits, its group; None: a row)
 FORMATS = {"int4": (4, int4.GROUP), "int4_channel": (4, None), "int6": (6, int4.GROUP), "fp8_e4m3": (8, None)}
 ROW_SCALED = ("fp8_e4m3", "int4_channel")  # formats with one float32 scale a row (``fp8.pack_scales``)
+INT4_PACKED = ("int4", "int4_channel")  # formats whose values are int4's packed words (``int4.pack``)
 DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -172,4 +173,4 @@ def quantize(w: torch.Tensor, format: str = "int4", group: Optional[int] = 128) 
     )
 
 
-__all__ = ["QuantizedWeight", "TransposedWeight", "quantize", "FORMATS"]
+__all__ = ["QuantizedWeight", "TransposedWeight", "quantize", "FORMATS", "ROW_SCALED", "INT4_PACKED"]

@@ -39,7 +39,7 @@ from ..contract import MatmulInputError, check_apart, check_bias, check_no_inter
 from ..kernels import device_context, versions
 from ..kernels.child_built import ChildBuilt, capturing
 from ..kernels.variant import torch_epilogue
-from . import QuantizedWeight, TransposedWeight
+from . import INT4_PACKED, QuantizedWeight, TransposedWeight
 from . import widen as device_widen
 
 V8_MAX_M = 256  # the most tokens V8 takes in every format but int4 (its widest configuration: two tiles of 128)
@@ -55,7 +55,6 @@ INT4_MAX_M = 1536
 # int4 with row scales (``int4_channel``) runs int4's packed tiles and consumer with less work a K
 # block (no group scales): it takes int4's token counts and configurations (``config_for``)
 MAX_TOKENS = {"int6": 128, "int4": INT4_MAX_M, "int4_channel": INT4_MAX_M}
-INT4_PACKED = ("int4", "int4_channel")
 ARCH = "sm_90a"
 
 log = logging.getLogger(__name__)

@@ -58,6 +58,7 @@ from tilus.utils import cdiv
 
 from matmul.kernels import device_context, versions
 from matmul.kernels.child_built import ChildBuilt, capturing
+from matmul.quant import ROW_SCALED
 from pipeline.tma_store import StagedTmaStore
 from pipeline.widen import Fp8Widen, Int4Widen, Int6Widen, reduce_layout
 
@@ -93,7 +94,7 @@ class WidenKernel(tilus.Script):
             raise ValueError(f"weight format {weight!r}: one of {', '.join(PARTS)}")
         self.dtype = dtype
         self.weight = weight
-        self.row_scales = weight in ("fp8_e4m3", "int4_channel")  # one float32 scale a row
+        self.row_scales = weight in ROW_SCALED  # one float32 scale a row
         spec = PARTS[weight]  # (kernel code takes attributes, not dict items)
         self.box_rows, self.box_cols = spec["box"]
         self.per_row, self.parts = spec["per_row"], spec["parts"]

@@ -530,8 +530,8 @@ class Kernel(PackedWeightKernel):
                 else:
                     scale = widen.scales(s_scale[slot, c])
                     products = acc
-                self.half(widen, s_words[slot, c, 0], s_x, slot, first, products, scale)
-                self.half(widen, s_words[slot, c, 1], s_x, slot, first + HALF_K // self.chunk, products, scale)
+                self.half(widen, s_words[slot, c, 0], scale, s_x, slot, first, products)
+                self.half(widen, s_words[slot, c, 1], scale, s_x, slot, first + HALF_K // self.chunk, products)
                 self.wgmma.wait_group(0)  # A's registers are rewritten by the next block
                 ring.consumer_release()
                 ring.consumer_advance()
@@ -548,28 +548,28 @@ class Kernel(PackedWeightKernel):
         self,
         widen: Int4Widen,
         s_words: SharedTensor,
+        scale: RegisterTensor,
         s_x: SharedTensor,
         slot: int32,
         first: int,
         acc: RegisterTensor,
-        scale: RegisterTensor,
     ):
         """A half of a K block (64 columns; its tokens in boxes ``first, ...`` of the stage): its
         packed words loaded once, each part of ``chunk`` columns widened and issued (straight-line
         code: each part has registers of its own)."""
         words = widen.words(s_words)
-        self.part(widen, words, 0, s_x[slot, first], acc, scale)
+        self.part(widen, words, scale, 0, s_x[slot, first], acc)
         if HALF_K // self.chunk == 2:
-            self.part(widen, words, 1, s_x[slot, first + 1], acc, scale)
+            self.part(widen, words, scale, 1, s_x[slot, first + 1], acc)
 
     def part(
         self,
         widen: Int4Widen,
         words: RegisterTensor,
+        scale: RegisterTensor,
         index: int,
         s_tokens: SharedTensor,
         acc: RegisterTensor,
-        scale: RegisterTensor,
     ):
         """One wgmma group: part ``index`` of a half's words widened (times ``scale``, the group's,
         or not where the consumer scales each block's products or the row's scale the sum), times
