@@ -326,6 +326,7 @@ def test_int4_channel_path_builds(dtype):
         assert ptx.count(instruction) == int4_ptx.count(instruction), instruction
     assert ptx.count("cp.async.bulk.tensor") == int4_ptx.count("cp.async.bulk.tensor") - 1  # no scales' box
     assert "ld.global" in ptx and "ld.global" not in int4_ptx  # the row scales, once
+    assert "mul.f16" not in ptx and "mul.ftz.f32" in ptx  # no value scaled in 16 bits; the sum in float32
 
 
 # --- int6 (an odd width), group scales as int4's: quantizer, layout and build (run: tests/test_v8_gpu.py) ---
