@@ -23,7 +23,7 @@ fragment (each thread the two rows it holds).
 """
 
 import tilus
-from tilus import RegisterTensor, SharedTensor, bfloat16, float8_e4m3, float16, float32, int32, uint6b
+from tilus import RegisterTensor, SharedTensor, bfloat16, float8_e4m3, float16, float32, int32
 from tilus.ir.layout.ops.register_ops import local, reduce, spatial
 from tilus.lang.instructions import base
 
@@ -211,15 +211,100 @@ def named_dtype(name: str):
     return {"float16": float16, "bfloat16": bfloat16}[name]
 
 
-def is_float16(dtype) -> bool:
-    """(a plain function: kernel code would turn the comparison into a device expression)"""
-    return dtype.name == "float16"
+# int6 (``matmul.quant.int6``): slot s of word j of a group of three words is the pair
+# ``(word >> 6 s) & 0x003F003F`` (s < 2) or, split, ``(word >> 12) & 0x000F000F`` with its high bits
+# ``(word 2 >> 8 + 2 j) & 0x00300030``; the magic number xored in (its bits are not the value's),
+# then one 16-bit-pair instruction takes off the magic number and the zero point 32:
+# float16 1024 + u less 1056, bfloat16 128 + u times 1 less 160
+INT6_STEPS = {
+    "float16": (0x64006400, "sub_f16x2", (0x64206420,)),
+    "bfloat16": (0x43004300, "fma_bf16x2", (0x3F803F80, 0xC320C320)),
+}
+
+
+def _int6_low(word, s, magic: int):
+    """The bits of slot ``s`` of word ``word`` that lie in that word, the magic number xored in: a
+    device expression."""
+    from tilus.hidet.ir.dtypes import uint32
+    from tilus.hidet.ir.expr import cast, if_then_else
+    from tilus.hidet.ir.primitives.cuda.funcs import call_cuda
+
+    x = cast(word, uint32)
+    whole, split = uint32(0x003F003F), uint32(0x000F000F)
+    return if_then_else(
+        s == 0,
+        call_cuda("int4_pairs_and_xor", [x, whole, uint32(magic)]),
+        if_then_else(
+            s == 1,
+            call_cuda("int4_pairs_and_xor", [x >> uint32(6), whole, uint32(magic)]),
+            call_cuda("int4_pairs_and_xor", [x >> uint32(12), split, uint32(magic)]),
+        ),
+    )
+
+
+def _int6_high(top, slot):
+    """The high bits of a split pair (slots 2 and 5) from the group's word 2 ``top``; 0 for the
+    others (constants: nvcc drops them)."""
+    from tilus.hidet.ir.dtypes import uint32
+    from tilus.hidet.ir.expr import cast, if_then_else
+
+    x = cast(top, uint32)
+    mask = uint32(0x00300030)
+    return if_then_else(
+        slot == 2, (x >> uint32(8)) & mask, if_then_else(slot == 5, (x >> uint32(10)) & mask, uint32(0))
+    )
+
+
+def int6_pairs(words: RegisterTensor, dtype) -> RegisterTensor:
+    """In kernel code: a half tile's packed int6 ``words`` [128, 6] (a thread's row) widened into
+    [128, 2, 8] 32-bit registers, pair ``8 g + i`` of the thread's 16 (``matmul.quant.int6``):
+    integers -32..31 in ``dtype`` (float16 or bfloat16), exact, to be viewed as the thread's 32
+    16-bit values of the A fragment. The words are seen as two groups of three, each word's three
+    slots computed at once (the last word's third slot is not a pair and is dropped)."""
+    if dtype.name not in INT6_STEPS:
+        raise ValueError(f"int6 widens into float16 or bfloat16, not {dtype.name}")
+    _register_pair_ptx()
+    from tilus.hidet.ir.dtypes import uint32
+    from tilus.hidet.ir.primitives.cuda.funcs import call_cuda
+
+    magic, instruction, operands = INT6_STEPS[dtype.name]
+    builder = _builder()
+
+    def index_register(shape, layout):  # each entry its index along the last dimension
+        index = builder.allocate_register(int32, shape=shape, f_init=lambda at: at[len(shape) - 1])
+        builder.annotate_layout(index, layout)
+        return index
+
+    # (tilus validates a broadcast of more than three dimensions wrongly: the words are seen as
+    # [t, word 3 g + j, s] for their own bits and as [t, g, 3 j + s] for the groups' high bits)
+    by_word = spatial(128, 1, 1) * local(1, 6, 3)
+    by_group = spatial(128, 1, 1) * local(1, 2, 9)  # the same registers
+    words_column = builder.view(words, layout=spatial(128, 1, 1) * local(1, 6, 1))
+    low = builder.elementwise_binary(
+        words_column, index_register([128, 6, 3], by_word), f_compute=lambda w, s: _int6_low(w, s, magic)
+    )
+    builder.annotate_layout(low, by_word)
+    low = builder.view(low, layout=by_group)
+    grouped = builder.view(words, layout=spatial(128, 1, 1) * local(1, 2, 3))
+    top = builder.slice_register(grouped, offsets=[0, 0, 2], slice_dims=[0, 1, 2], slice_shape=[128, 2, 1])
+    builder.annotate_layout(top, spatial(128, 1, 1) * local(1, 2, 1))
+    high = builder.elementwise_binary(top, index_register([128, 2, 9], by_group), f_compute=_int6_high)
+    builder.annotate_layout(high, by_group)
+    pairs = builder.elementwise_binary(
+        low,
+        high,
+        f_compute=lambda a, b: call_cuda("int4_pairs_" + instruction, [a ^ b, *(uint32(v) for v in operands)]),
+    )
+    builder.annotate_layout(pairs, by_group)
+    kept = builder.slice_register(pairs, offsets=[0, 0, 0], slice_dims=[0, 1, 2], slice_shape=[128, 2, 8])
+    builder.annotate_layout(kept, spatial(128, 1, 1) * local(1, 2, 8))
+    return kept
 
 
 class Int6Widen(tilus.Class):
-    """Widen packed 6-bit tiles (``matmul.quant.int6``): a half tile's
-    32 values of a thread are 6 words (value l at bits 6 l ... 6 l + 5 of the 192), unsigned with the
-    zero point 32, in the fragment order; tilus's uint6 -> float16 cast takes them two at a time."""
+    """Widen packed 6-bit group tiles (``matmul.quant.int6``) of a warpgroup into 64 x 64 A
+    operands: a half tile's 32 values of a thread are its 6 words, 16 pairs two to a word and four
+    split over the leftover bits, widened by ``int6_pairs``."""
 
     def __init__(self):
         self.fragment = a_fragment(ROWS, HALF_K)
@@ -235,14 +320,9 @@ class Int6Widen(tilus.Class):
         return words
 
     def operand(self, words: RegisterTensor, scale: RegisterTensor) -> RegisterTensor:
-        """A half tile's ``words`` as the 64 x 64 A operand: (u - 32) * scale."""
-        values = self.view(words, layout=self.fragment, dtype=uint6b)
-        if is_float16(scale.dtype):
-            wide = values.to(float16)
-        else:  # no uint6 -> bfloat16 cast in tilus: through float16 (exact: integers of 0..63)
-            wide = values.to(float16).to(scale.dtype)
-        self.annotate_layout(wide, self.fragment)
-        out = (wide - 32.0) * scale
+        """A half tile's ``words`` as the 64 x 64 A operand: (u - 32) * scale, rounded once."""
+        wide = self.view(int6_pairs(words, scale.dtype), layout=self.fragment, dtype=scale.dtype)
+        out = wide * scale
         self.annotate_layout(out, self.fragment)
         return out
 
@@ -275,6 +355,7 @@ __all__ = [
     "Int4Widen",
     "Int6Widen",
     "int4_pairs",
+    "int6_pairs",
     "reduce_layout",
     "scale_view",
     "packed_words",

@@ -4,14 +4,24 @@ the packed layout Hopper V8's int6 path (``Kernel(weight="int6")``) and the wide
 
 Quantization as ``int4``'s with 6 bits: ``scale = absmax / 31`` (rounded to the weight's dtype, 1
 for a zero group), ``q = round(w / scale)`` clamped to -32..31, stored as ``u = q + 32`` (0..63),
-so that tilus's unsigned 6-bit cast widens it and the kernel subtracts 32 (exact) before the scale.
+so that the kernel's magic-number conversion (``pipeline.widen.int6_pairs``) never meets a sign.
 
 Packed layout: tiles of 64 rows x 128 columns (rows padded to 64), each 1536 int32 words
-``[half h][thread t][word j < 6]``: the 192 bits of thread t in half h hold the 32 values it has in
-the wgmma A fragment of K steps 4 h ... 4 h + 3 (``int4``'s fragment order), value l at bits
-6 l ... 6 l + 5 (words little-endian, value l = 8 * step + e). The words form an int32 matrix
-[N_pad / 2, K * 3 / 8]: tile (i, b) is rows 32 i ... 32 i + 31, columns 48 b ... 48 b + 47, its
-word index ``48 r + column`` (one TMA box [32, 48]). Scales: [K / 128, N_pad], as ``int4``'s.
+``[half h][thread t][word j < 6]``: thread t's 6 words of half h hold the 32 values it has in the
+wgmma A fragment of K steps 4 h ... 4 h + 3 (``int4``'s fragment order), as 16 pairs: pair m is
+values 2 m and 2 m + 1, the two 16-bit halves of the fragment's register m. A 32-bit word holds
+two whole pairs with each pair's values 16 bits apart, so that one mask takes a pair out of a word
+already in the shape of the register it becomes, and the 8 bits left over in each word (bits 12-15
+and 28-31) hold the other 4 pairs. Words 3 g + j (g < 2, j < 3) hold pairs 8 g + 3 j + s:
+
+- ``s = 0``: the pair's values at bits 0-5 and 16-21 of word 3 g + j;
+- ``s = 1``: at bits 6-11 and 22-27;
+- ``s = 2`` (j < 2 only): their low 4 bits at bits 12-15 and 28-31 of word 3 g + j, their high 2
+  bits at bits 12 + 2 j, 13 + 2 j and 28 + 2 j, 29 + 2 j of word 3 g + 2.
+
+The words form an int32 matrix [N_pad / 2, K * 3 / 8]: tile (i, b) is rows 32 i ... 32 i + 31,
+columns 48 b ... 48 b + 47, its word index ``48 r + column`` (one TMA box [32, 48]). Scales:
+[K / 128, N_pad], as ``int4``'s.
 """
 
 from __future__ import annotations
@@ -34,6 +44,39 @@ def reference(w: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.
     return q.reshape(n, k), scale
 
 
+def _pair_slots():
+    """Pairs of a thread's half in the order of the words' slots (g, j, s): 16 of them."""
+    return [(g, j, s) for g in range(2) for j in range(3) for s in range(3) if (j, s) != (2, 2)]
+
+
+def pack_values(u: torch.Tensor) -> torch.Tensor:
+    """A thread's 32 values of a half, u [..., 32] int64 (0..63, its fragment order), -> its 6 words
+    [..., 6] int64 (each 0 .. 2^32 - 1)."""
+    words = [torch.zeros_like(u[..., 0]) for _ in range(6)]
+    for m, (g, j, s) in enumerate(_pair_slots()):
+        first, second = u[..., 2 * m], u[..., 2 * m + 1]
+        if s < 2:
+            words[3 * g + j] |= (first << (6 * s)) | (second << (16 + 6 * s))
+        else:
+            words[3 * g + j] |= ((first & 15) << 12) | ((second & 15) << 28)
+            words[3 * g + 2] |= ((first >> 4) << (12 + 2 * j)) | ((second >> 4) << (28 + 2 * j))
+    return torch.stack(words, dim=-1)
+
+
+def unpack_values(words: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``pack_values``: words [..., 6] int64 -> u [..., 32] int64."""
+    u = [None] * 32
+    for m, (g, j, s) in enumerate(_pair_slots()):
+        word = words[..., 3 * g + j]
+        if s < 2:
+            u[2 * m], u[2 * m + 1] = (word >> (6 * s)) & 63, (word >> (16 + 6 * s)) & 63
+        else:
+            high = words[..., 3 * g + 2]
+            u[2 * m] = ((word >> 12) & 15) | (((high >> (12 + 2 * j)) & 3) << 4)
+            u[2 * m + 1] = ((word >> 28) & 15) | (((high >> (28 + 2 * j)) & 3) << 4)
+    return torch.stack(u, dim=-1)
+
+
 def pack(q: torch.Tensor) -> torch.Tensor:
     """q int8 [N, K] (K a multiple of 128) -> the packed int32 words [N_pad / 2, K * 3 / 8]."""
     n, k = q.shape
@@ -42,9 +85,7 @@ def pack(q: torch.Tensor) -> torch.Tensor:
     full[:n] = q.to(torch.int64) - QMIN
     values = full.view(n_pad // 64, 4, 2, 8, k // GROUP, 2, 4, 2, 4, 2).permute(*FRAGMENT_ORDER)
     values = values.reshape(n_pad // 64, k // GROUP, 256, 32)  # [i, b, (h, t), value l]
-    bits = (values.unsqueeze(-1) >> torch.arange(BITS, device=q.device)) & 1  # bit 6 l + m
-    bits = bits.reshape(n_pad // 64, k // GROUP, 256, 6, 32)  # [.., word j, bit of the word]
-    words = (bits << torch.arange(32, device=q.device)).sum(dim=-1)
+    words = pack_values(values)
     words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
     words = words.view(n_pad // 64, k // GROUP, 32, 48).permute(0, 2, 1, 3)
     return words.reshape(n_pad // 2, k // GROUP * 48).contiguous()
@@ -55,9 +96,7 @@ def unpack(words: torch.Tensor, n: int) -> torch.Tensor:
     rows, cols = words.shape
     n_pad, k = rows * 2, cols // 48 * GROUP
     tiles = words.view(n_pad // 64, 32, k // GROUP, 48).permute(0, 2, 1, 3).reshape(n_pad // 64, k // GROUP, 256, 6)
-    bits = (tiles.to(torch.int64).unsqueeze(-1) >> torch.arange(32, device=words.device)) & 1
-    bits = bits.reshape(n_pad // 64, k // GROUP, 256, 32, BITS)
-    values = (bits << torch.arange(BITS, device=words.device)).sum(dim=-1)
+    values = unpack_values(tiles.to(torch.int64) & 0xFFFFFFFF)
     shape = [n_pad // 64, k // GROUP, 2, 4, 8, 4, 4, 2, 2, 2]  # (i, b, h, w, g, c, j, colhalf, rowhalf, pair)
     inverse = [0] * len(FRAGMENT_ORDER)
     for position, dim in enumerate(FRAGMENT_ORDER):

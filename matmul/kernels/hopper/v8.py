@@ -44,9 +44,11 @@ as the tests' float32 reference allows.
 
 Other widths (checked on the H100 as int4 is, ``tests/test_v8_gpu.py``): int6 (``Kernel(weight="int6")``,
 ``matmul.quant.int6``), int4's group scales with 6-bit values, a 6 KiB tile
-``[half][thread][word j < 6]`` (one TMA box [32, 48]) widened by tilus's unsigned 6-bit cast,
-minus the zero point 32; and fp8 e4m3 (``Kernel(weight="fp8_e4m3")``, ``matmul.quant.fp8``): an
-8 KiB tile (``[part p < 4][thread t][word j < 4]``, one byte a value, in the fragment order)
+``[half][thread][word j < 6]`` (one TMA box [32, 48]) whose words hold their values in pairs
+16 bits apart, so that a pair is widened as int4's are (``pipeline.widen.int6_pairs``: a mask
+and a magic number, then one 16-bit-pair instruction that also takes off the zero point 32); and
+fp8 e4m3 (``Kernel(weight="fp8_e4m3")``, ``matmul.quant.fp8``): an 8 KiB tile
+(``[part p < 4][thread t][word j < 4]``, one byte a value, in the fragment order)
 widened by tilus's fp8 casts in parts of 32 K columns, and one float32 scale per row applied to
 the float32 partial tile after the last K block instead of a group scale per value (no scales
 come through the ring). int4 with one scale per row (``Kernel(weight="int4_channel")``, the
