@@ -211,56 +211,68 @@ def named_dtype(name: str):
     return {"float16": float16, "bfloat16": bfloat16}[name]
 
 
-# int6 (``matmul.quant.int6``): slot s of word j of a group of three words is the pair
-# ``(word >> 6 s) & 0x003F003F`` (s < 2) or, split, ``(word >> 12) & 0x000F000F`` with its high bits
-# ``(word 2 >> 8 + 2 j) & 0x00300030``; the magic number xored in (its bits are not the value's),
-# then one 16-bit-pair instruction takes off the magic number and the zero point 32:
-# float16 1024 + u less 1056, bfloat16 128 + u times 1 less 160
+# int6 (``matmul.quant.int6``): pair 8 g + 4 k + s of a thread's half is, with w its group's word k
+# and c the group's shared word, ``(w >> 6 s) & 0x003F003F`` (s < 2), ``(w >> 12) & 0x000F000F``
+# with its high bits ``(c >> 8 + 2 k) & 0x00300030`` (s = 2), or ``(c >> 6 k) & 0x003F003F``
+# (s = 3); the magic number xored in (its bits are not the value's), then one 16-bit-pair
+# instruction takes off the magic number and the zero point 32: float16 1024 + u less 1056,
+# bfloat16 128 + u times 1 less 160
 INT6_STEPS = {
     "float16": (0x64006400, "sub_f16x2", (0x64206420,)),
     "bfloat16": (0x43004300, "fma_bf16x2", (0x3F803F80, 0xC320C320)),
 }
+_WHOLE, _LOW_BITS, _HIGH_BITS = 0x003F003F, 0x000F000F, 0x00300030
 
 
-def _int6_low(word, s, magic: int):
-    """The bits of slot ``s`` of word ``word`` that lie in that word, the magic number xored in: a
-    device expression."""
+def _int6_own(word, s, magic: int):
+    """What pair s (< 3) of a group's word takes from that word, the magic number xored in; pair 3
+    takes nothing (0). A device expression; ``s`` is a constant once nvcc unrolls."""
     from tilus.hidet.ir.dtypes import uint32
     from tilus.hidet.ir.expr import cast, if_then_else
     from tilus.hidet.ir.primitives.cuda.funcs import call_cuda
 
     x = cast(word, uint32)
-    whole, split = uint32(0x003F003F), uint32(0x000F000F)
+
+    def masked(shift: int, mask: int):
+        return call_cuda("int4_pairs_and_xor", [x >> uint32(shift) if shift else x, uint32(mask), uint32(magic)])
+
     return if_then_else(
         s == 0,
-        call_cuda("int4_pairs_and_xor", [x, whole, uint32(magic)]),
-        if_then_else(
-            s == 1,
-            call_cuda("int4_pairs_and_xor", [x >> uint32(6), whole, uint32(magic)]),
-            call_cuda("int4_pairs_and_xor", [x >> uint32(12), split, uint32(magic)]),
-        ),
+        masked(0, _WHOLE),
+        if_then_else(s == 1, masked(6, _WHOLE), if_then_else(s == 2, masked(12, _LOW_BITS), uint32(0))),
     )
 
 
-def _int6_high(top, slot):
-    """The high bits of a split pair (slots 2 and 5) from the group's word 2 ``top``; 0 for the
-    others (constants: nvcc drops them)."""
+def _int6_shared(top, ks, magic: int):
+    """What pair ``ks`` (4 k + s) of a group takes from the group's shared word ``top``: the high
+    bits of a split pair (s = 2), the whole pair with the magic number (s = 3), else 0."""
     from tilus.hidet.ir.dtypes import uint32
     from tilus.hidet.ir.expr import cast, if_then_else
+    from tilus.hidet.ir.primitives.cuda.funcs import call_cuda
 
     x = cast(top, uint32)
-    mask = uint32(0x00300030)
+
+    def whole(shift: int):
+        return call_cuda("int4_pairs_and_xor", [x >> uint32(shift) if shift else x, uint32(_WHOLE), uint32(magic)])
+
     return if_then_else(
-        slot == 2, (x >> uint32(8)) & mask, if_then_else(slot == 5, (x >> uint32(10)) & mask, uint32(0))
+        ks == 2,
+        (x >> uint32(8)) & uint32(_HIGH_BITS),
+        if_then_else(
+            ks == 3,
+            whole(0),
+            if_then_else(ks == 6, (x >> uint32(10)) & uint32(_HIGH_BITS), if_then_else(ks == 7, whole(6), uint32(0))),
+        ),
     )
 
 
 def int6_pairs(words: RegisterTensor, dtype) -> RegisterTensor:
     """In kernel code: a half tile's packed int6 ``words`` [128, 6] (a thread's row) widened into
-    [128, 2, 8] 32-bit registers, pair ``8 g + i`` of the thread's 16 (``matmul.quant.int6``):
-    integers -32..31 in ``dtype`` (float16 or bfloat16), exact, to be viewed as the thread's 32
-    16-bit values of the A fragment. The words are seen as two groups of three, each word's three
-    slots computed at once (the last word's third slot is not a pair and is dropped)."""
+    [128, 2, 2, 4] 32-bit registers, [t, g, k, s] the pair ``8 g + 4 k + s`` of the thread's 16
+    (``matmul.quant.int6``): integers -32..31 in ``dtype`` (float16 or bfloat16), exact, to be
+    viewed as the thread's 32 16-bit values of the A fragment. Words 0-3 (each group's words k) and
+    4-5 (the groups' shared words) are contiguous registers: tilus 0.2.0 slices registers right only
+    where the slice is contiguous."""
     if dtype.name not in INT6_STEPS:
         raise ValueError(f"int6 widens into float16 or bfloat16, not {dtype.name}")
     _register_pair_ptx()
@@ -269,36 +281,27 @@ def int6_pairs(words: RegisterTensor, dtype) -> RegisterTensor:
 
     magic, instruction, operands = INT6_STEPS[dtype.name]
     builder = _builder()
-
-    def index_register(shape, layout):  # each entry its index along the last dimension
-        index = builder.allocate_register(int32, shape=shape, f_init=lambda at: at[len(shape) - 1])
-        builder.annotate_layout(index, layout)
-        return index
-
-    # (tilus validates a broadcast of more than three dimensions wrongly: the words are seen as
-    # [t, word 3 g + j, s] for their own bits and as [t, g, 3 j + s] for the groups' high bits)
-    by_word = spatial(128, 1, 1) * local(1, 6, 3)
-    by_group = spatial(128, 1, 1) * local(1, 2, 9)  # the same registers
-    words_column = builder.view(words, layout=spatial(128, 1, 1) * local(1, 6, 1))
-    low = builder.elementwise_binary(
-        words_column, index_register([128, 6, 3], by_word), f_compute=lambda w, s: _int6_low(w, s, magic)
-    )
-    builder.annotate_layout(low, by_word)
-    low = builder.view(low, layout=by_group)
-    grouped = builder.view(words, layout=spatial(128, 1, 1) * local(1, 2, 3))
-    top = builder.slice_register(grouped, offsets=[0, 0, 2], slice_dims=[0, 1, 2], slice_shape=[128, 2, 1])
-    builder.annotate_layout(top, spatial(128, 1, 1) * local(1, 2, 1))
-    high = builder.elementwise_binary(top, index_register([128, 2, 9], by_group), f_compute=_int6_high)
-    builder.annotate_layout(high, by_group)
+    pairs_layout = spatial(128, 1, 1, 1) * local(1, 2, 2, 4)
+    own, shared = word_columns(words, 0, 4), word_columns(words, 4, 2)
+    builder.annotate_layout(own, packed_words(4))
+    builder.annotate_layout(shared, packed_words(2))
+    own = builder.view(own, layout=spatial(128, 1, 1, 1) * local(1, 2, 2, 1))  # [t, g, k, 1]
+    shared = builder.view(shared, layout=spatial(128, 1, 1, 1) * local(1, 2, 1, 1))  # [t, g, 1, 1]
+    s = builder.allocate_register(int32, shape=[128, 2, 2, 4], f_init=lambda at: at[3])
+    builder.annotate_layout(s, pairs_layout)
+    ks = builder.allocate_register(int32, shape=[128, 2, 2, 4], f_init=lambda at: 4 * at[2] + at[3])
+    builder.annotate_layout(ks, pairs_layout)
+    from_own = builder.elementwise_binary(own, s, f_compute=lambda word, slot: _int6_own(word, slot, magic))
+    builder.annotate_layout(from_own, pairs_layout)
+    from_shared = builder.elementwise_binary(shared, ks, f_compute=lambda top, slot: _int6_shared(top, slot, magic))
+    builder.annotate_layout(from_shared, pairs_layout)
     pairs = builder.elementwise_binary(
-        low,
-        high,
+        from_own,
+        from_shared,
         f_compute=lambda a, b: call_cuda("int4_pairs_" + instruction, [a ^ b, *(uint32(v) for v in operands)]),
     )
-    builder.annotate_layout(pairs, by_group)
-    kept = builder.slice_register(pairs, offsets=[0, 0, 0], slice_dims=[0, 1, 2], slice_shape=[128, 2, 8])
-    builder.annotate_layout(kept, spatial(128, 1, 1) * local(1, 2, 8))
-    return kept
+    builder.annotate_layout(pairs, pairs_layout)
+    return pairs
 
 
 class Int6Widen(tilus.Class):

@@ -334,7 +334,7 @@ def test_int4_channel_path_builds(dtype):
 
 def kernel_reads_int6(words, n_pad, k):
     """u [N_pad, K] (q + 32) as V8's int6 path reads the packed words (matmul.quant.int6's docstring):
-    each 32-bit word two whole pairs 16 bits apart, and a group's third word the split pairs' high bits."""
+    each 32-bit word two whole pairs 16 bits apart, and a group's shared word the split pairs' high bits."""
     u = torch.empty(n_pad, k, dtype=torch.int64)
     for i in range(n_pad // 64):
         for b in range(k // 128):
@@ -343,15 +343,17 @@ def kernel_reads_int6(words, n_pad, k):
                 for t in range(128):
                     warp, g, c = t // 32, (t % 32) // 4, t % 4
                     mine = [int(tile[(h * 128 + t) * 6 + j]) & 0xFFFFFFFF for j in range(6)]
-                    pairs = []
+                    pairs = []  # pair 8 g + 4 k + s
                     for group in range(2):
-                        for j in range(3):
-                            word = mine[3 * group + j]
+                        top = mine[4 + group]  # the group's shared word
+                        for k in range(2):
+                            word = mine[2 * group + k]
                             pairs += [(word & 0x3F, (word >> 16) & 0x3F), ((word >> 6) & 0x3F, (word >> 22) & 0x3F)]
-                            if j < 2:
-                                top = mine[3 * group + 2] >> (12 + 2 * j)
-                                low = ((word >> 12) & 0xF) | ((top & 3) << 4)
-                                pairs.append((low, ((word >> 28) & 0xF) | (((top >> 16) & 3) << 4)))
+                            high = top >> (12 + 2 * k)
+                            pairs.append(
+                                (((word >> 12) & 0xF) | ((high & 3) << 4), (word >> 28) | (((high >> 16) & 3) << 4))
+                            )
+                            pairs.append(((top >> (6 * k)) & 0x3F, (top >> (16 + 6 * k)) & 0x3F))
                     for value in range(32):
                         step, e = value // 8, value % 8
                         row = 64 * i + 16 * warp + g + 8 * ((e // 2) % 2)

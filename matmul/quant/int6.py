@@ -11,13 +11,14 @@ Packed layout: tiles of 64 rows x 128 columns (rows padded to 64), each 1536 int
 wgmma A fragment of K steps 4 h ... 4 h + 3 (``int4``'s fragment order), as 16 pairs: pair m is
 values 2 m and 2 m + 1, the two 16-bit halves of the fragment's register m. A 32-bit word holds
 two whole pairs with each pair's values 16 bits apart, so that one mask takes a pair out of a word
-already in the shape of the register it becomes, and the 8 bits left over in each word (bits 12-15
-and 28-31) hold the other 4 pairs. Words 3 g + j (g < 2, j < 3) hold pairs 8 g + 3 j + s:
+already in the shape of the register it becomes; the 8 bits left over in each word (bits 12-15 and
+28-31) hold the other 4 pairs. Pair ``m = 8 g + 4 k + s`` (g, k < 2; s < 4):
 
-- ``s = 0``: the pair's values at bits 0-5 and 16-21 of word 3 g + j;
-- ``s = 1``: at bits 6-11 and 22-27;
-- ``s = 2`` (j < 2 only): their low 4 bits at bits 12-15 and 28-31 of word 3 g + j, their high 2
-  bits at bits 12 + 2 j, 13 + 2 j and 28 + 2 j, 29 + 2 j of word 3 g + 2.
+- ``s = 0``: its values at bits 0-5 and 16-21 of word ``2 g + k``;
+- ``s = 1``: at bits 6-11 and 22-27 of word ``2 g + k``;
+- ``s = 2``: their low 4 bits at bits 12-15 and 28-31 of word ``2 g + k``, their high 2 bits at
+  bits ``12 + 2 k``, ``13 + 2 k`` and ``28 + 2 k``, ``29 + 2 k`` of word ``4 + g``;
+- ``s = 3``: at bits ``6 k ... 6 k + 5`` and ``16 + 6 k ...`` of word ``4 + g``.
 
 The words form an int32 matrix [N_pad / 2, K * 3 / 8]: tile (i, b) is rows 32 i ... 32 i + 31,
 columns 48 b ... 48 b + 47, its word index ``48 r + column`` (one TMA box [32, 48]). Scales:
@@ -44,36 +45,39 @@ def reference(w: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.
     return q.reshape(n, k), scale
 
 
-def _pair_slots():
-    """Pairs of a thread's half in the order of the words' slots (g, j, s): 16 of them."""
-    return [(g, j, s) for g in range(2) for j in range(3) for s in range(3) if (j, s) != (2, 2)]
+def _pairs():
+    """A thread's 16 pairs of a half as (m, g, k, s): pair m = 8 g + 4 k + s (module doc)."""
+    return [(8 * g + 4 * k + s, g, k, s) for g in range(2) for k in range(2) for s in range(4)]
 
 
 def pack_values(u: torch.Tensor) -> torch.Tensor:
     """A thread's 32 values of a half, u [..., 32] int64 (0..63, its fragment order), -> its 6 words
     [..., 6] int64 (each 0 .. 2^32 - 1)."""
     words = [torch.zeros_like(u[..., 0]) for _ in range(6)]
-    for m, (g, j, s) in enumerate(_pair_slots()):
+    for m, g, k, s in _pairs():
         first, second = u[..., 2 * m], u[..., 2 * m + 1]
         if s < 2:
-            words[3 * g + j] |= (first << (6 * s)) | (second << (16 + 6 * s))
+            words[2 * g + k] |= (first << (6 * s)) | (second << (16 + 6 * s))
+        elif s == 2:
+            words[2 * g + k] |= ((first & 15) << 12) | ((second & 15) << 28)
+            words[4 + g] |= ((first >> 4) << (12 + 2 * k)) | ((second >> 4) << (28 + 2 * k))
         else:
-            words[3 * g + j] |= ((first & 15) << 12) | ((second & 15) << 28)
-            words[3 * g + 2] |= ((first >> 4) << (12 + 2 * j)) | ((second >> 4) << (28 + 2 * j))
+            words[4 + g] |= (first << (6 * k)) | (second << (16 + 6 * k))
     return torch.stack(words, dim=-1)
 
 
 def unpack_values(words: torch.Tensor) -> torch.Tensor:
     """The inverse of ``pack_values``: words [..., 6] int64 -> u [..., 32] int64."""
     u = [None] * 32
-    for m, (g, j, s) in enumerate(_pair_slots()):
-        word = words[..., 3 * g + j]
+    for m, g, k, s in _pairs():
+        word, top = words[..., 2 * g + k], words[..., 4 + g]
         if s < 2:
             u[2 * m], u[2 * m + 1] = (word >> (6 * s)) & 63, (word >> (16 + 6 * s)) & 63
+        elif s == 2:
+            u[2 * m] = ((word >> 12) & 15) | (((top >> (12 + 2 * k)) & 3) << 4)
+            u[2 * m + 1] = ((word >> 28) & 15) | (((top >> (28 + 2 * k)) & 3) << 4)
         else:
-            high = words[..., 3 * g + 2]
-            u[2 * m] = ((word >> 12) & 15) | (((high >> (12 + 2 * j)) & 3) << 4)
-            u[2 * m + 1] = ((word >> 28) & 15) | (((high >> (28 + 2 * j)) & 3) << 4)
+            u[2 * m], u[2 * m + 1] = (top >> (6 * k)) & 63, (top >> (16 + 6 * k)) & 63
     return torch.stack(u, dim=-1)
 
 
