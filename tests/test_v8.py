@@ -343,17 +343,17 @@ def kernel_reads_int6(words, n_pad, k):
                 for t in range(128):
                     warp, g, c = t // 32, (t % 32) // 4, t % 4
                     mine = [int(tile[(h * 128 + t) * 6 + j]) & 0xFFFFFFFF for j in range(6)]
-                    pairs = []  # pair 8 g + 4 k + s
+                    pairs = []  # pair 8 group + 4 own + s (own: the group's word)
                     for group in range(2):
                         top = mine[4 + group]  # the group's shared word
-                        for k in range(2):
-                            word = mine[2 * group + k]
+                        for own in range(2):
+                            word = mine[2 * group + own]
                             pairs += [(word & 0x3F, (word >> 16) & 0x3F), ((word >> 6) & 0x3F, (word >> 22) & 0x3F)]
-                            high = top >> (12 + 2 * k)
+                            high = top >> (12 + 2 * own)
                             pairs.append(
                                 (((word >> 12) & 0xF) | ((high & 3) << 4), (word >> 28) | (((high >> 16) & 3) << 4))
                             )
-                            pairs.append(((top >> (6 * k)) & 0x3F, (top >> (16 + 6 * k)) & 0x3F))
+                            pairs.append(((top >> (6 * own)) & 0x3F, (top >> (16 + 6 * own)) & 0x3F))
                     for value in range(32):
                         step, e = value // 8, value % 8
                         row = 64 * i + 16 * warp + g + 8 * ((e // 2) % 2)
