@@ -41,7 +41,8 @@ def packed_words(words: int = WORDS):
 
 def word_columns(words: RegisterTensor, first: int, count: int) -> RegisterTensor:
     """In kernel code: columns ``first ... first + count - 1`` of a [128, n] words tensor (the
-    language slices registers only by whole dimensions)."""
+    language slices registers only by whole dimensions). A thread's columns are consecutive
+    registers: tilus 0.2.0 copies any register slice as if it were (a strided one comes out wrong)."""
     return _builder().slice_register(words, offsets=[0, first], slice_dims=[0, 1], slice_shape=[128, count])
 
 
