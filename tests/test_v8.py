@@ -363,13 +363,14 @@ def kernel_reads_int6(words, n_pad, k):
 
 
 def test_the_call_runs_v8_only_up_to_its_formats_limit(monkeypatch):
-    """Never a call slower than widening the weight and calling cuBLAS (issue #25): above 128
-    tokens int6's V8 was slower than that on the H100's larger weights, so the call widens int6
-    from 129 tokens on; fp8 runs V8 up to 256; int4 up to 256 always, then up to 1536 where its
-    tiles fill their waves well enough (``prefill_pays``: plots/h200/v8-prefill/). (This CPU is
-    made to look like a Hopper GPU: only the choice of path is checked.)"""
+    """Never a call slower than widening the weight and calling cuBLAS (issue #25): fp8 and int6
+    run V8 up to 256 tokens (int6 beat the widened path at 192 and 256 tokens on the H200 once it
+    widened two values at a time: plots/h200/int6-pairs/probe/); int4 up to 256 always, then up
+    to 1536 where its tiles fill their waves well enough (``prefill_pays``:
+    plots/h200/v8-prefill/). (This CPU is made to look like a Hopper GPU: only the choice of path
+    is checked.)"""
     monkeypatch.setattr(quant_linear, "runs_here", lambda device: True)
-    for fmt, limit in (("int4", 1536), ("fp8_e4m3", 256), ("int6", 128)):
+    for fmt, limit in (("int4", 1536), ("fp8_e4m3", 256), ("int6", 256)):
         qw = matmul.quantize(weight(256, 256), format=fmt)
         assert quant_linear.max_tokens(fmt) == limit
         assert [quant_linear.uses_v8(m, qw) for m in (1, 128, 129, 256, 257)] == [
@@ -385,6 +386,29 @@ def test_the_call_runs_v8_only_up_to_its_formats_limit(monkeypatch):
     assert not pays(1024, 4100)  # no TMA stores into rows of 8200 bytes
     qw = matmul.quantize(weight(4096, 256), format="int4")
     assert [quant_linear.uses_v8(m, qw) for m in (257, 768, 1024, 1536, 1537)] == [True, False, True, True, False]
+
+
+def test_int6_configurations_past_64_tokens():
+    """int6 from 65 tokens: two consumer warpgroups a CTA where the weight is wider than deep or
+    past 128 tokens, without a split where the output's 128 x 128 tiles fill the GPU (int4's
+    rule, ``config_for``), with the stages int6's tiles leave room for; one warpgroup on a square
+    or long-K weight at up to 128 tokens (each the fastest probed on the H200:
+    plots/h200/int6-pairs/probe/)."""
+    base = quant_linear.config_for(128)
+    expected = {
+        (128, 6144, 4096): quant_linear.INT6_TWO_SLABS,  # 48 output tiles
+        (128, 28672, 4096): quant_linear.INT6_ONE_PASS,  # 224
+        (128, 4096, 4096): base,
+        (128, 4096, 14336): base,
+        (192, 4096, 4096): quant_linear.INT6_TWO_SLABS,  # 64
+        (192, 6144, 4096): quant_linear.INT6_ONE_PASS,  # 96
+        (256, 4096, 14336): quant_linear.INT6_TWO_SLABS,  # 64
+        (256, 28672, 4096): quant_linear.INT6_ONE_PASS,
+    }
+    for shape, config in expected.items():
+        chosen = quant_linear.config_for(*shape, "int6")
+        assert {key: chosen[key] for key in config} == config, shape
+    assert quant_linear.config_for(64, 28672, 4096, "int6") == quant_linear.config_for(64)
 
 
 def test_int6_quantize_and_layout():

@@ -55,6 +55,11 @@ FORMAT_WEIGHTS = (*WEIGHTS, (4097, 1024))
 FORMAT_TOKENS = (*TOKENS, 12)
 
 
+# int6 past 64 tokens (``config_for``): two consumer warpgroups a CTA with a split of K (33 and 16
+# output tiles) and without one (98 tiles), on ragged shapes
+INT6_PAST_64 = ((100, 4097, 1024), (255, 1000, 1152), (200, 6150, 1024))
+
+
 def call_config(m, n, k, format):
     """The call's configuration up to 16 tokens (shape-aware for fp8), else two warpgroups of 64 tokens."""
     return quant_linear.config_for(m, n, k, format) if m <= 16 else WIDE
@@ -72,6 +77,7 @@ def the_calls_kernels() -> list[tuple]:
         ]
         kernels += [(dtype, f, quant_linear.config_for(m, 1000, 1024, f)) for f in BUGS.values() for m in (1, 16)]
         kernels += [(dtype, "int4", quant_linear.config_for(1, n, 1024, "int4")) for n in (4104, 4100)]
+        kernels += [(dtype, "int6", quant_linear.config_for(*shape, "int6")) for shape in INT6_PAST_64]
     return list({quant_linear.kernel_key(*kernel): kernel for kernel in kernels}.values())
 
 
@@ -187,6 +193,21 @@ def test_other_formats_ragged_shapes(format, dtype, calls_kernels_built):
             x, qw = operands(m, n, k, dtype, format)
             error = v8_error(x, qw, config)
             assert error <= TOLERANCE[dtype], f"V8 {format} {config} {m}x{n}x{k} {dtype}: relative error {error:.3g}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_int6_past_64_tokens(dtype, calls_kernels_built):
+    configs = []
+    for m, n, k in INT6_PAST_64:
+        x, qw = operands(m, n, k, dtype, "int6")
+        assert quant_linear.uses_v8(m, qw)
+        config = quant_linear.config_for(m, n, k, "int6")
+        configs.append(config)
+        error = v8_error(x, qw, config)
+        assert error <= TOLERANCE[dtype], f"V8 int6 {config} {m}x{n}x{k} {dtype}: relative error {error:.3g}"
+        y = matmul.linear(x, qw)  # the call, on the same configuration
+        assert relative_error(y, reference(x, qw)) <= TOLERANCE[dtype]
+    assert [(c["warpgroups"], c["split"]) for c in configs] == [(2, 2), (2, 2), (2, 1)]
 
 
 @pytest.mark.parametrize("format", ["int4", *OTHER_FORMATS])

@@ -2,12 +2,12 @@
 widened once per call (on a Hopper GPU by ``matmul.quant.widen``'s kernel once the call's build
 child has built it, until then and elsewhere by torch) and cuBLAS (``matmul.quant``'s module doc).
 
-V8's configuration is picked by token count (for int4 and fp8, also by the weight's shape:
+V8's configuration is picked by token count (for int4, int6 and fp8, also by the weight's shape:
 ``config_for``) from what was fastest on the H100 and the H200 over the bench's weights
 (``plots/h100/v8/``, ``plots/h200/``), not tuned per call: the tuner and its cache belong to
 ``matmul.call``. Up to 256 tokens V8 was faster than the widened path on every int4 and fp8 weight
-measured (the widening costs more than the product: ``matmul.quant.widen`` says when widen-once
-pays); int6 only up to 128 tokens (``max_tokens``). int4 goes on to ``INT4_MAX_M`` tokens where
+measured, and on every int6 weight measured on the H200 (the widening costs more than the product:
+``matmul.quant.widen`` says when widen-once pays). int4 goes on to ``INT4_MAX_M`` tokens where
 V8's tiles fill the GPU's waves well enough to beat widening (``prefill_pays``): there V8 runs
 ``ONE_PASS``, a CTA of 128 x 128 that writes its slabs of C by TMA stores as V7 does
 (``plots/h200/v8-prefill/``).
@@ -48,13 +48,12 @@ V8_MAX_M = 256  # the most tokens V8 takes in every format but int4 (its widest 
 # the H200, against widen + cuBLAS's 0.79-0.84x); at 2048 the two were even in float16 and widening
 # ahead in bfloat16 (0.86 against 0.88x), as it is ever more from there (plots/h200/v8-prefill/)
 INT4_MAX_M = 1536
-# Formats for which V8 runs other token counts. Above 128 tokens V8 reads and widens each weight tile
-# once for each 128-token tile; for int6, whose widening costs the most (its V8 is the slowest
-# of the three at decode too), that was slower than the widened path on the larger weights on the
-# H100 (plots/h100/v8/formats/), and up to 128 tokens faster on every one
+# Formats for which V8 runs other token counts (int6 up to V8_MAX_M: with its widening two values at a
+# time and two consumer warpgroups a CTA past 128 tokens, 1.3-1.6x faster than the widened path at
+# 192 and 256 tokens on every weight measured on the H200, plots/h200/int6-pairs/probe/)
 # int4 with row scales (``int4_channel``) runs int4's packed tiles and consumer with less work a K
 # block (no group scales): it takes int4's token counts and configurations (``config_for``)
-MAX_TOKENS = {"int6": 128, "int4": INT4_MAX_M, "int4_channel": INT4_MAX_M}
+MAX_TOKENS = {"int4": INT4_MAX_M, "int4_channel": INT4_MAX_M}
 ARCH = "sm_90a"
 
 log = logging.getLogger(__name__)
@@ -106,6 +105,13 @@ SMS = 132  # an H100's or H200's SMs: a wave of ONE_PASS's CTAs (one fits an SM)
 # tiles over the same K take (H200: 12.6 us to widen 4096 x 4096 beside 27 us a wave of 4096-deep
 # tiles, 80 us for 28672 rows): the price a partial last wave of V8 is weighed against (prefill_pays)
 WIDEN_ROWS = 9700
+# int6 past 64 tokens: int4's rule with the stages int6's 6 KiB tiles leave room for (three stages
+# of TWO_SLABS and four of ONE_PASS overflow shared memory). On the H200 (plots/h200/int6-pairs/probe/):
+# 128 x 28672 x 4096 64.1 us against 85.2 with one warpgroup, 128 x 6144 x 4096 24.6 against 27.2;
+# at 192 and 256 tokens the faster of the two on every weight; a square or long-K weight at 128
+# tokens keeps one warpgroup (16.5 against 22.9 us at 4096 x 4096)
+INT6_TWO_SLABS = {**TWO_SLABS, "stages": 2}
+INT6_ONE_PASS = {**ONE_PASS, "stages": 3}
 
 
 def v8_module():
@@ -131,6 +137,8 @@ def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
                 config["block_m"] = MID_M
         elif m > 128 or n > k:
             config.update(ONE_PASS if output_tiles(m, n) >= FILLING_TILES and n % 8 == 0 else TWO_SLABS)
+    if weight_format == "int6" and m > 64 and (m > 128 or n > k):
+        config.update(INT6_ONE_PASS if output_tiles(m, n) >= FILLING_TILES else INT6_TWO_SLABS)
     if weight_format == "fp8_e4m3" and m <= 16 and n:
         if m <= NARROW_M:
             config["block_m"] = NARROW_M
