@@ -48,9 +48,9 @@ V8_MAX_M = 256  # the most tokens V8 takes in every format but int4 (its widest 
 # the H200, against widen + cuBLAS's 0.79-0.84x); at 2048 the two were even in float16 and widening
 # ahead in bfloat16 (0.86 against 0.88x), as it is ever more from there (plots/h200/v8-prefill/)
 INT4_MAX_M = 1536
-# Formats for which V8 runs other token counts (int6 up to V8_MAX_M: with its widening two values at a
-# time and two consumer warpgroups a CTA past 128 tokens, 1.3-1.6x faster than the widened path at
-# 192 and 256 tokens on every weight measured on the H200, plots/h200/int6-pairs/probe/)
+# Formats for which V8 runs other token counts (int6 runs up to V8_MAX_M: widened two values at a
+# time, with two consumer warpgroups a CTA past 128 tokens, it beat the widened path at 192 and 256
+# tokens on every weight probed, plots/h200/int6-pairs/probe/)
 # int4 with row scales (``int4_channel``) runs int4's packed tiles and consumer with less work a K
 # block (no group scales): it takes int4's token counts and configurations (``config_for``)
 MAX_TOKENS = {"int4": INT4_MAX_M, "int4_channel": INT4_MAX_M}
@@ -105,11 +105,10 @@ SMS = 132  # an H100's or H200's SMs: a wave of ONE_PASS's CTAs (one fits an SM)
 # tiles over the same K take (H200: 12.6 us to widen 4096 x 4096 beside 27 us a wave of 4096-deep
 # tiles, 80 us for 28672 rows): the price a partial last wave of V8 is weighed against (prefill_pays)
 WIDEN_ROWS = 9700
-# int6 past 64 tokens: int4's rule with the stages int6's 6 KiB tiles leave room for (three stages
-# of TWO_SLABS and four of ONE_PASS overflow shared memory). On the H200 (plots/h200/int6-pairs/probe/):
-# 128 x 28672 x 4096 64.1 us against 85.2 with one warpgroup, 128 x 6144 x 4096 24.6 against 27.2;
-# at 192 and 256 tokens the faster of the two on every weight; a square or long-K weight at 128
-# tokens keeps one warpgroup (16.5 against 22.9 us at 4096 x 4096)
+# int6 past 64 tokens: int4's rule, with the stages int6's 6 KiB tiles leave room for (three stages
+# of TWO_SLABS and four of ONE_PASS overflow shared memory); on every shape probed the fastest of
+# five configurations, a square or long-K weight at up to 128 tokens keeping one warpgroup
+# (plots/h200/int6-pairs/probe/)
 INT6_TWO_SLABS = {**TWO_SLABS, "stages": 2}
 INT6_ONE_PASS = {**ONE_PASS, "stages": 3}
 
