@@ -379,6 +379,17 @@ MUTANTS = (
         ("bytes",),
     ),
     Mutant(
+        "wrong byte count: Hopper V8's producer leaves int6's group scales out of a stage's expected "
+        "bytes (two consumer warpgroups, int6's configuration past 64 tokens)",
+        "sm_90a",
+        "v8",
+        "matmul.kernels.hopper.v8",
+        "                        + stage_scale_bytes(self.weight, s_s)\n",
+        "",
+        ("bytes",),
+        config=(("weight", "int6"), ("block_m", 128), ("warpgroups", 2), ("split", 2), ("stages", 2)),
+    ),
+    Mutant(
         "wrong byte count: Blackwell V8's producer expects a stage's group scales for int4 with row "
         "scales, whose ring brings none",
         "sm_100a",

@@ -236,6 +236,16 @@ def consumers_take_turns(module: ModuleType, config: dict[str, Any]) -> bool:
     return getattr(module, "consumers_take_turns", lambda config: False)(config)
 
 
+def b_units(module: ModuleType, config: dict[str, Any]) -> tuple:
+    """Rows and K columns of B per element of B as the kernel loads it: a packed weight's words
+    (V8), per weight format where the version packs several (Hopper V8's ``B_UNITS``, keyed by its
+    ``weight``), else (1, 1)."""
+    units = getattr(module, "B_UNITS", (1, 1))
+    if isinstance(units, dict):
+        return units[config.get("weight", "int4")]
+    return units
+
+
 def configs_to_check(
     module: ModuleType, arch: Optional[str] = None, all_configs: bool = False, variant: Variant = PLAIN
 ) -> list[dict[str, Any]]:
@@ -297,7 +307,7 @@ def check(
         seeds,
         label=f"{arch} {version} {config}" + (f" {variant.key()}" if variant != PLAIN else ""),
         ordered_commits=ordered_commits,
-        b_units=getattr(module, "B_UNITS", (1, 1)),
+        b_units=b_units(module, config),
         swiglu=variant.activation == "swiglu",
         turn_taking=consumers_take_turns(module, config),
     )

@@ -225,6 +225,13 @@ class SyncInstructions:
         return self.group_sync(role, cta.named[key], self._threads(active))
 
     # -- TMA --------------------------------------------------------------------------------------
+    def whole(self, value) -> int:
+        """Rows or K columns of B that a packed weight's box covers: a whole number, or the box
+        cuts a word's values."""
+        if value != int(value):
+            self.fail("unsupported", f"a packed weight's box covers {value} rows or K columns")
+        return int(value)
+
     def i_CopyAsyncTensorGlobalToSharedInst(self, inst, env, role, group, active):
         dst: MemRef = env[inst.inputs[0]]
         src: GlobalRef = env[inst.inputs[1]]
@@ -237,8 +244,11 @@ class SyncInstructions:
         rows, cols = dst.shape[-2], dst.shape[-1]
         batch, offsets = _batch_of(offsets)
         if src.matrix == "B":  # a packed weight's box covers more rows and K columns than its elements
-            units_r, units_k = self.b_units
-            tag = LoadTag("B", offsets[0] * units_r, rows * units_r, offsets[1] * units_k, cols * units_k, batch)
+            units_r, units_k = self.b_units  # a box of whole tiles: whole rows and K columns (int6: 8/3 a word)
+            r0, nr, k0, nk = (
+                self.whole(v) for v in (offsets[0] * units_r, rows * units_r, offsets[1] * units_k, cols * units_k)
+            )
+            tag = LoadTag("B", r0, nr, k0, nk, batch)
         else:
             tag = LoadTag(src.matrix, offsets[0], rows, offsets[1], cols, batch)
         if src.matrix == "A" and self.k_block is None:

@@ -113,6 +113,8 @@ at the start, and which is waited for only before the exchange, the first copy i
 ``arrived`` is used once, a fresh ``empty[s]`` read with parity ``p ^ 1`` counts as complete.
 """
 
+from fractions import Fraction
+
 import tilus
 from tilus import GlobalTensor, RegisterTensor, SharedTensor, float32, int32, void_p
 from tilus.ir.layout.ops import shared_row_major
@@ -144,6 +146,12 @@ REPRESENTATIVE = {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 4, "chun
 EXTRA_CONFIGS = (
     {**REPRESENTATIVE, "weight": "int4_channel"},
     {"block_m": 128, "warpgroups": 2, "split": 1, "stages": 4, "chunk": 64, "weight": "int4_channel"},
+    # int6 past 64 tokens with two consumer warpgroups and a split (matmul.quant.linear's
+    # INT6_TWO_SLABS). Without the split (INT6_ONE_PASS) the warpgroups' slabs of the float32 tile
+    # share a shared buffer whose byte ranges overlap, where the checker's coverage model keeps one
+    # provenance: its synchronization is checked with coverage set aside
+    # (plots/h200/int6-pairs/protocol_without_coverage.py)
+    {"block_m": 128, "warpgroups": 2, "split": 2, "stages": 2, "chunk": 64, "weight": "int6"},
 )
 B_LAYOUTS = ("nk",)  # the packed weight has one layout (matmul.quant)
 FUSED_EPILOGUE = False
@@ -152,12 +160,14 @@ FUSED_EPILOGUE = False
 MAX_ELEMENTS = 2**31 - 1
 
 BLOCK_K = 128  # one scale group: a 4 KiB packed tile of 64 rows per warpgroup and K block
-B_UNITS = (4, 2)  # weight rows and K columns per int32 word of the packed int4 weight (matmul.protocol)
 GROUP = 128  # K columns that share a scale (matmul.quant's only group size for this kernel)
 TILE_ROWS = 64  # weight rows of a packed tile (one warpgroup's wgmma M)
 PACKED_TILE_WORDS = TILE_ROWS * BLOCK_K // 8  # int32 words of a packed tile: 1024
 # a packed 64 x 128 tile as a box of int32 [rows, columns], per weight format (matmul.quant)
 WEIGHT_ROWS = {"int4": (16, 64), "int4_channel": (16, 64), "int6": (32, 48), "fp8_e4m3": (32, 64)}
+# weight rows and K columns per int32 word of a packed tile, per format (matmul.protocol): int4's
+# 4 and 2, int6's 2 and 8/3 (48 words a row cover a tile's 128 K columns), fp8's 2 and 2
+B_UNITS = {fmt: (Fraction(TILE_ROWS, rows), Fraction(BLOCK_K, cols)) for fmt, (rows, cols) in WEIGHT_ROWS.items()}
 ROW_SCALED = ("fp8_e4m3", "int4_channel")  # one float32 scale a row, applied after the last K block
 INT4_PACKED = ("int4", "int4_channel")  # int4's packed tiles, widened by ``Int4Widen``
 MAX_M = 256  # the widest wgmma (n = 256): beyond it a CTA would need a second accumulator
