@@ -369,25 +369,22 @@ MUTANTS = (
         "                ring.consumer_release()\n                self.wgmma.wait_group(0)\n",
         ("race",),
     ),
-    Mutant(
-        "wrong byte count: Hopper V8's producer leaves the group scales out of a stage's expected bytes",
-        "sm_90a",
-        "v8",
-        "matmul.kernels.hopper.v8",
-        "                        + stage_scale_bytes(self.weight, s_s)\n",
-        "",
-        ("bytes",),
-    ),
-    Mutant(
-        "wrong byte count: Hopper V8's producer leaves int6's group scales out of a stage's expected "
-        "bytes (two consumer warpgroups, int6's configuration past 64 tokens)",
-        "sm_90a",
-        "v8",
-        "matmul.kernels.hopper.v8",
-        "                        + stage_scale_bytes(self.weight, s_s)\n",
-        "",
-        ("bytes",),
-        config=(("weight", "int6"), ("block_m", 128), ("warpgroups", 2), ("split", 2), ("stages", 2)),
+    *(
+        Mutant(
+            f"wrong byte count: Hopper V8's producer leaves {which} group scales out of a stage's expected bytes",
+            "sm_90a",
+            "v8",
+            "matmul.kernels.hopper.v8",
+            "                        + stage_scale_bytes(self.weight, s_s)\n",
+            "",
+            ("bytes",),
+            config=config,
+        )
+        for which, config in (
+            ("int4's", ()),
+            # two consumer warpgroups: int6's configuration past 64 tokens (matmul.quant.linear)
+            ("int6's", (("weight", "int6"), ("block_m", 128), ("warpgroups", 2), ("split", 2), ("stages", 2))),
+        )
     ),
     Mutant(
         "wrong byte count: Blackwell V8's producer expects a stage's group scales for int4 with row "
