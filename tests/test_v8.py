@@ -178,9 +178,13 @@ def test_supports_and_configs():
     assert quant_linear.config_for(17, 4096, 14336, "int4") == quant_linear.config_for(64, 4096, 14336, "int4")
     assert quant_linear.config_for(17, 4096, 4096, "fp8_e4m3")["block_m"] == 64  # measured for int4 only
     assert quant_linear.config_for(256, 6144, 4096, "fp8_e4m3")["warpgroups"] == 1  # measured for int4 only
-    for weight_format in ("fp8_e4m3", "int6", "int4_channel"):
+    for weight_format in ("fp8_e4m3", "int6", "int4_channel"):  # each one V8 declares (built, protocol-checked)
+        extras = [
+            {k: v for k, v in c.items() if k != "weight"} for c in V8.EXTRA_CONFIGS if c["weight"] == weight_format
+        ]
+        declared = [{"interleave": 1, **c} for c in (*versions.space(V8), *extras)]
         for config in quant_linear.configs(weight_format):
-            assert {**config, "chunk": 64} in versions.space(V8) or config in versions.space(V8), config
+            assert {**config, "chunk": 64} in declared or config in declared, config
     fp8 = functools.partial(quant_linear.config_for, weight_format="fp8_e4m3")
     assert fp8(16, 4096, 4096) == quant_linear.config_for(16) and fp8(1, 4096, 4096)["block_m"] == 8
     assert fp8(1, 4096, 14336)["interleave"] == fp8(16, 4096, 14336)["interleave"] == 2  # a long K

@@ -298,6 +298,8 @@ def check(
     if not supported(module, variant):
         raise ValueError(f"{arch} {version} does not build the variant {variant.key()!r}")
     start = time.time()
+    # a configuration whose store of C the coverage model cannot follow is checked for the rest
+    unmodelled = any(entry.items() <= config.items() for entry in getattr(module, "COVERAGE_UNMODELLED", ()))
     function = transpile(module, arch, config, variant=variant)
     # a version with a packed weight (V8) declares its K block, its K granule and B's units
     problems = problems_for(config, getattr(module, "BLOCK_K", 64), getattr(module, "GROUP", 1), variant)
@@ -305,11 +307,14 @@ def check(
         function,
         problems,
         seeds,
-        label=f"{arch} {version} {config}" + (f" {variant.key()}" if variant != PLAIN else ""),
+        label=f"{arch} {version} {config}"
+        + (f" {variant.key()}" if variant != PLAIN else "")
+        + (" (coverage not modelled)" if unmodelled else ""),
         ordered_commits=ordered_commits,
         b_units=b_units(module, config),
         swiglu=variant.activation == "swiglu",
         turn_taking=consumers_take_turns(module, config),
+        coverage=not unmodelled,
     )
     report.seconds = time.time() - start  # transpiling included
     return report

@@ -21,6 +21,8 @@ class CoverageChecks:
     """The coverage of C, checked store by store and at the end of a run."""
 
     def record_store(self, role: Role, tags: list, offsets: list, shape: tuple, why: str) -> None:
+        if not self.coverage:
+            return
         p = self.problem
         batch, (r0, c0) = (offsets[0], offsets[1:]) if len(offsets) == 3 else (0, offsets)
         r1, c1 = min(r0 + shape[0], p.m), min(c0 + shape[1], self.c_columns)
@@ -81,6 +83,8 @@ class CoverageChecks:
             )
 
     def check_coverage(self) -> None:
+        if not self.coverage:
+            return
         bad = np.argwhere(self.stored != 1)
         if len(bad):
             b, r, c = bad[0]
