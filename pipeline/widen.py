@@ -112,6 +112,14 @@ PAIR_STEPS = {
 }
 
 
+def _and_xor(x, shift: int, mask: int, constant: int):
+    """``(x >> shift) & mask ^ constant`` in one ``lop3`` (``x`` a uint32 device expression)."""
+    from tilus.hidet.ir.dtypes import uint32
+    from tilus.hidet.ir.primitives.cuda.funcs import call_cuda
+
+    return call_cuda("int4_pairs_and_xor", [x >> uint32(shift) if shift else x, uint32(mask), uint32(constant)])
+
+
 def _pair(word, which, dtype_name: str):
     """Pair ``which`` (0..3) of a packed ``word``: its nibbles ``which`` and ``which + 4`` as two
     16-bit integers in 32 bits (``PAIR_STEPS``), a device expression."""
@@ -122,8 +130,9 @@ def _pair(word, which, dtype_name: str):
     x = cast(word, uint32)
     pairs = []
     for shift, mask, constant, instruction, operands in PAIR_STEPS[dtype_name]:
-        masked = call_cuda("int4_pairs_and_xor", [x >> uint32(shift) if shift else x, uint32(mask), uint32(constant)])
-        pairs.append(call_cuda("int4_pairs_" + instruction, [masked, *(uint32(v) for v in operands)]))
+        pairs.append(
+            call_cuda("int4_pairs_" + instruction, [_and_xor(x, shift, mask, constant), *(uint32(v) for v in operands)])
+        )
     return if_then_else(
         which == 0, pairs[0], if_then_else(which == 1, pairs[1], if_then_else(which == 2, pairs[2], pairs[3]))
     )
@@ -230,17 +239,14 @@ def _int6_own(word, s, magic: int):
     takes nothing (0). A device expression; ``s`` is a constant once nvcc unrolls."""
     from tilus.hidet.ir.dtypes import uint32
     from tilus.hidet.ir.expr import cast, if_then_else
-    from tilus.hidet.ir.primitives.cuda.funcs import call_cuda
 
     x = cast(word, uint32)
-
-    def masked(shift: int, mask: int):
-        return call_cuda("int4_pairs_and_xor", [x >> uint32(shift) if shift else x, uint32(mask), uint32(magic)])
-
     return if_then_else(
         s == 0,
-        masked(0, _WHOLE),
-        if_then_else(s == 1, masked(6, _WHOLE), if_then_else(s == 2, masked(12, _LOW_BITS), uint32(0))),
+        _and_xor(x, 0, _WHOLE, magic),
+        if_then_else(
+            s == 1, _and_xor(x, 6, _WHOLE, magic), if_then_else(s == 2, _and_xor(x, 12, _LOW_BITS, magic), uint32(0))
+        ),
     )
 
 
@@ -249,20 +255,19 @@ def _int6_shared(top, ks, magic: int):
     bits of a split pair (s = 2), the whole pair with the magic number (s = 3), else 0."""
     from tilus.hidet.ir.dtypes import uint32
     from tilus.hidet.ir.expr import cast, if_then_else
-    from tilus.hidet.ir.primitives.cuda.funcs import call_cuda
 
     x = cast(top, uint32)
-
-    def whole(shift: int):
-        return call_cuda("int4_pairs_and_xor", [x >> uint32(shift) if shift else x, uint32(_WHOLE), uint32(magic)])
-
     return if_then_else(
         ks == 2,
         (x >> uint32(8)) & uint32(_HIGH_BITS),
         if_then_else(
             ks == 3,
-            whole(0),
-            if_then_else(ks == 6, (x >> uint32(10)) & uint32(_HIGH_BITS), if_then_else(ks == 7, whole(6), uint32(0))),
+            _and_xor(x, 0, _WHOLE, magic),
+            if_then_else(
+                ks == 6,
+                (x >> uint32(10)) & uint32(_HIGH_BITS),
+                if_then_else(ks == 7, _and_xor(x, 6, _WHOLE, magic), uint32(0)),
+            ),
         ),
     )
 
