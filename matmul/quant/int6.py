@@ -45,40 +45,42 @@ def reference(w: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.
     return q.reshape(n, k), scale
 
 
-def _pairs():
-    """A thread's 16 pairs of a half as (m, g, k, s): pair m = 8 g + 4 k + s (module doc)."""
-    return [(8 * g + 4 * k + s, g, k, s) for g in range(2) for k in range(2) for s in range(4)]
+def _pieces():
+    """Where each of a thread's 32 values of a half lies in its 6 words (module doc), as
+    (value, word, bit, width, the value's bit): the value's bits ``bit of the value ...`` are the
+    word's bits ``bit ... bit + width - 1``. Pair m = 8 g + 4 k + s is values 2 m and 2 m + 1, the
+    second 16 bits above the first."""
+    pieces = []
+    for g in range(2):
+        for k in range(2):
+            for s in range(4):
+                m, own, shared = 8 * g + 4 * k + s, 2 * g + k, 4 + g
+                if s < 2:
+                    halves = [(own, 6 * s, BITS, 0)]
+                elif s == 2:
+                    halves = [(own, 12, 4, 0), (shared, 12 + 2 * k, 2, 4)]
+                else:
+                    halves = [(shared, 6 * k, BITS, 0)]
+                for value in range(2):
+                    pieces += [(2 * m + value, word, 16 * value + bit, width, at) for word, bit, width, at in halves]
+    return pieces
 
 
 def pack_values(u: torch.Tensor) -> torch.Tensor:
     """A thread's 32 values of a half, u [..., 32] int64 (0..63, its fragment order), -> its 6 words
     [..., 6] int64 (each 0 .. 2^32 - 1)."""
     words = [torch.zeros_like(u[..., 0]) for _ in range(6)]
-    for m, g, k, s in _pairs():
-        first, second = u[..., 2 * m], u[..., 2 * m + 1]
-        if s < 2:
-            words[2 * g + k] |= (first << (6 * s)) | (second << (16 + 6 * s))
-        elif s == 2:
-            words[2 * g + k] |= ((first & 15) << 12) | ((second & 15) << 28)
-            words[4 + g] |= ((first >> 4) << (12 + 2 * k)) | ((second >> 4) << (28 + 2 * k))
-        else:
-            words[4 + g] |= (first << (6 * k)) | (second << (16 + 6 * k))
+    for value, word, bit, width, at in _pieces():
+        words[word] |= ((u[..., value] >> at) & ((1 << width) - 1)) << bit
     return torch.stack(words, dim=-1)
 
 
 def unpack_values(words: torch.Tensor) -> torch.Tensor:
     """The inverse of ``pack_values``: words [..., 6] int64 -> u [..., 32] int64."""
-    u = [None] * 32
-    for m, g, k, s in _pairs():
-        word, top = words[..., 2 * g + k], words[..., 4 + g]
-        if s < 2:
-            u[2 * m], u[2 * m + 1] = (word >> (6 * s)) & 63, (word >> (16 + 6 * s)) & 63
-        elif s == 2:
-            u[2 * m] = ((word >> 12) & 15) | (((top >> (12 + 2 * k)) & 3) << 4)
-            u[2 * m + 1] = ((word >> 28) & 15) | (((top >> (28 + 2 * k)) & 3) << 4)
-        else:
-            u[2 * m], u[2 * m + 1] = (top >> (6 * k)) & 63, (top >> (16 + 6 * k)) & 63
-    return torch.stack(u, dim=-1)
+    u = torch.zeros(*words.shape[:-1], 32, dtype=words.dtype, device=words.device)
+    for value, word, bit, width, at in _pieces():
+        u[..., value] |= ((words[..., word] >> bit) & ((1 << width) - 1)) << at
+    return u
 
 
 def pack(q: torch.Tensor) -> torch.Tensor:
