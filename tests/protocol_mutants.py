@@ -54,6 +54,8 @@ V5_STREAM_K = (("stream_k", True),)
 V8_INTERLEAVED = (("split", 2), ("interleave", 2))
 # Hopper V8 without a split, two slabs each written by a TMA store (matmul.quant.linear's ONE_PASS)
 V8_ONE_PASS = (("block_m", 128), ("warpgroups", 2), ("split", 1), ("stages", 4))
+# Hopper V8's int6 without a split: two slabs of one partial tile, written out whole (INT6_ONE_PASS)
+V8_INT6_ONE_PASS = (("weight", "int6"), ("block_m", 128), ("warpgroups", 2), ("split", 1), ("stages", 3), ("chunk", 64))
 
 MUTANTS = (
     Mutant(
@@ -385,6 +387,17 @@ MUTANTS = (
             # two consumer warpgroups: int6's configuration past 64 tokens (matmul.quant.linear)
             ("int6's", (("weight", "int6"), ("block_m", 128), ("warpgroups", 2), ("split", 2), ("stages", 2))),
         )
+    ),
+    Mutant(
+        "slabs swapped: Hopper V8's two int6 consumer warpgroups store their accumulators into each "
+        "other's rows of the partial tile, which one of them writes out whole",
+        "sm_90a",
+        "v8",
+        "matmul.kernels.hopper.v8",
+        "            self.store_tile(reduce, acc, wg, turn)\n\n    def int6_half(",
+        "            self.store_tile(reduce, acc, (wg + 1) % self.warpgroups, turn)\n\n    def int6_half(",
+        ("coverage",),
+        config=V8_INT6_ONE_PASS,
     ),
     Mutant(
         "wrong byte count: Blackwell V8's producer expects a stage's group scales for int4 with row "

@@ -42,7 +42,10 @@ overwritten (TMA load, store, bulk copy) while an MMA or a TMA store issued befo
 it (an MMA's reads end when a commit of its thread lands or at ``wgmma.wait_group``, a TMA
 store's at ``cp.async.bulk.wait_group``); no ``try_cancel``
 follows a "no work left" answer; and every element of C is stored exactly once, from an
-accumulator that took every K block of its rows and columns exactly once.
+accumulator that took every K block of its rows and columns exactly once (a tile that several
+warpgroups' accumulators fill, each in whole rows of one shared buffer, read back whole, is checked
+piece by piece, ``state.PiecedTag``; any other mix of accumulators in one read is reported as
+unsupported rather than guessed).
 
 What it does NOT prove: memory ordering (the scope of a wait or an arrival, ``fence.proxy.async``,
 the TMEM fences: every wait is taken to acquire everything it needs), data values (the MMAs,
@@ -298,8 +301,6 @@ def check(
     if not supported(module, variant):
         raise ValueError(f"{arch} {version} does not build the variant {variant.key()!r}")
     start = time.time()
-    # a configuration whose store of C the coverage model cannot follow is checked for the rest
-    unmodelled = any(entry.items() <= config.items() for entry in getattr(module, "COVERAGE_UNMODELLED", ()))
     function = transpile(module, arch, config, variant=variant)
     # a version with a packed weight (V8) declares its K block, its K granule and B's units
     problems = problems_for(config, getattr(module, "BLOCK_K", 64), getattr(module, "GROUP", 1), variant)
@@ -307,14 +308,11 @@ def check(
         function,
         problems,
         seeds,
-        label=f"{arch} {version} {config}"
-        + (f" {variant.key()}" if variant != PLAIN else "")
-        + (" (coverage not modelled)" if unmodelled else ""),
+        label=f"{arch} {version} {config}" + (f" {variant.key()}" if variant != PLAIN else ""),
         ordered_commits=ordered_commits,
         b_units=b_units(module, config),
         swiglu=variant.activation == "swiglu",
         turn_taking=consumers_take_turns(module, config),
-        coverage=not unmodelled,
     )
     report.seconds = time.time() - start  # transpiling included
     return report

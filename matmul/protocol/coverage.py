@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .state import AccTag, Role
+from .state import AccTag, PiecedTag, Role
 
 
 class CoverageChecks:
     """The coverage of C, checked store by store and at the end of a run."""
 
     def record_store(self, role: Role, tags: list, offsets: list, shape: tuple, why: str) -> None:
-        if not self.coverage:
-            return
         p = self.problem
         batch, (r0, c0) = (offsets[0], offsets[1:]) if len(offsets) == 3 else (0, offsets)
         r1, c1 = min(r0 + shape[0], p.m), min(c0 + shape[1], self.c_columns)
@@ -33,12 +31,34 @@ class CoverageChecks:
             return
         if not 0 <= batch < len(self.stored):
             self.fail("coverage", f"{role.name} stores {where}, past the batch")
-        accs = [t for t in tags if isinstance(t, AccTag)]
+        accs = [t for t in tags if isinstance(t, (AccTag, PiecedTag))]
         if not accs:
             self.fail("coverage", f"{role.name} stores {where} from data no MMA computed")
         for acc in accs:
-            self.check_acc(role, acc, r0, r1, c0, c1, f"{role.name} stores {where}", batch)
+            if isinstance(acc, AccTag):
+                self.check_acc(role, acc, r0, r1, c0, c1, f"{role.name} stores {where}", batch)
+            else:
+                self.check_pieces(role, acc, offsets[-2:], shape, (r0, r1, c0, c1), where, batch)
         self.stored[batch, r0:r1, c0:c1] += 1
+
+    def check_pieces(self, role, tag: PiecedTag, origin, shape: tuple, region: tuple, where: str, batch: int) -> None:
+        """A value several accumulators wrote, stored at ``origin``: its pieces must tile its rows
+        (its columns, transposed), and each accumulator is checked against the part of the stored
+        ``region`` of C (clipped to the matrix) that it fills."""
+        along = shape[1] if tag.transposed else shape[0]
+        bounds = [0] + [last for _, _, last in tag.pieces]
+        if [(first, last) for _, first, last in tag.pieces] != list(zip(bounds, bounds[1:])) or bounds[-1] != along:
+            self.fail("coverage", f"{role.name} stores {where}, part of it from data no MMA computed")
+        r0, r1, c0, c1 = region
+        for acc, first, last in tag.pieces:
+            if tag.transposed:
+                lo, hi = max(origin[1] + first, c0), min(origin[1] + last, c1)
+                part = (r0, r1, lo, hi)
+            else:
+                lo, hi = max(origin[0] + first, r0), min(origin[0] + last, r1)
+                part = (lo, hi, c0, c1)
+            if lo < hi:
+                self.check_acc(role, acc, *part, f"{role.name} stores {where}", batch)
 
     def check_acc(self, role, acc: AccTag, r0, r1, c0, c1, where: str, batch: int = 0) -> None:
         ks = []
@@ -83,8 +103,6 @@ class CoverageChecks:
             )
 
     def check_coverage(self) -> None:
-        if not self.coverage:
-            return
         bad = np.argwhere(self.stored != 1)
         if len(bad):
             b, r, c = bad[0]

@@ -18,7 +18,7 @@ import dataclasses
 import math
 from typing import Optional
 
-from .state import ROW_STRIDE, AccTag, GlobalRef, LoadTag, MemRef, RegVal, row_major
+from .state import ROW_STRIDE, AccTag, GlobalRef, LoadTag, MemRef, PiecedTag, RegVal, row_major
 
 # kernel parameters that point at a side operand (its loads are tracked for races, and their tags
 # do not feed an MMA's operands): V8's group scales, a fused epilogue's bias vector
@@ -132,24 +132,45 @@ class DataInstructions:
                 self.fail("unsupported", "a slice of more than one element of a tensor of addresses")
             env[out] = RegVal([value.data[start]], (), None)
         else:
+            if isinstance(value.tag, PiecedTag):
+                self.fail("unsupported", "a slice of a value that several accumulators wrote")
             env[out] = RegVal(None, tuple(out.shape), value.tag)
 
     def _same_tag(self, inst, env, role, group, active):
         value = env[inst.inputs[0]]
-        env[inst.register_output] = RegVal(value.data, tuple(inst.register_output.shape), value.tag)
+        shape = tuple(inst.register_output.shape)
+        if isinstance(value.tag, PiecedTag) and shape[-2:] != tuple(value.shape[-2:]):
+            self.fail("unsupported", "a reshape of a value that several accumulators wrote")
+        env[inst.register_output] = RegVal(value.data, shape, value.tag)
 
     i_CastInst = _same_tag
     i_ViewInst = _same_tag
-    i_TransposeInst = _same_tag
+
+    def i_TransposeInst(self, inst, env, role, group, active):
+        value = env[inst.inputs[0]]
+        tag = value.tag
+        if isinstance(tag, PiecedTag):  # its rows are the result's columns
+            tag = dataclasses.replace(tag, transposed=not tag.transposed)
+        env[inst.register_output] = RegVal(value.data, tuple(inst.register_output.shape), tag)
 
     def i_AddInst(self, inst, env, role, group, active):
-        tags = [env[x].tag for x in inst.inputs if isinstance(env[x].tag, AccTag)]
-        if len(tags) > 1:
-            merged = AccTag()
-            for t in tags:
-                merged.terms.extend(t.terms)
-            tags = [merged]
-        env[inst.register_output] = RegVal(None, tuple(inst.register_output.shape), tags[0] if tags else None)
+        # split-K partials of one tile added: one accumulator with every partial's MMAs
+        tags = [env[x].tag for x in inst.inputs if isinstance(env[x].tag, (AccTag, PiecedTag))]
+        pieced = [t for t in tags if isinstance(t, PiecedTag)]
+        if pieced:  # each piece takes the whole-tile partials' MMAs; pieces add only to like pieces
+            shape = {(tuple((a, b) for _, a, b in t.pieces), t.transposed) for t in pieced}
+            if len(shape) > 1:
+                self.fail("unsupported", "a sum of values that several accumulators wrote in different rows")
+            whole = [t for t in tags if isinstance(t, AccTag)]
+            first = pieced[0]
+            pieces = tuple(
+                (_merged([*(t.pieces[i][0] for t in pieced), *whole]), row0, row1)
+                for i, (_, row0, row1) in enumerate(first.pieces)
+            )
+            tag = dataclasses.replace(first, pieces=pieces)
+        else:
+            tag = _merged(tags) if len(tags) > 1 else (tags[0] if tags else None)
+        env[inst.register_output] = RegVal(None, tuple(inst.register_output.shape), tag)
 
     def _elementwise(self, inst, env, role, group, active):
         # a fused epilogue's arithmetic on the accumulator (bias, activation, swiglu's gate times up):
@@ -178,11 +199,28 @@ class DataInstructions:
         env[inst.register_output] = RegVal(None, tuple(inst.register_output.shape), tags[0] if tags else None)
 
     def i_LoadSharedInst(self, inst, env, role, group, active):
-        tags = role.cta.read_tags(env[inst.inputs[0]])
-        accs = [t for t in tags if isinstance(t, AccTag)]
-        env[inst.register_output] = RegVal(
-            None, tuple(inst.register_output.shape), accs[0] if accs else (tags[0] if tags else None)
-        )
+        ref = env[inst.inputs[0]]
+        spans = role.cta.read_spans(ref)
+        accs = [t for _, _, t in spans if isinstance(t, (AccTag, PiecedTag))]
+        if len({id(t) for t in accs}) > 1:  # several accumulators' slabs of one buffer, read whole
+            tag = self._pieces(ref, spans)
+        else:
+            tag = accs[0] if accs else (spans[0][2] if spans else None)
+        env[inst.register_output] = RegVal(None, tuple(inst.register_output.shape), tag)
+
+    def _pieces(self, ref: MemRef, spans: list) -> PiecedTag:
+        """The rows of a row-major view that each accumulator's span covers; a span that is not
+        whole rows of a 2-D view is beyond the model."""
+        width, height = ref.shape[-1], math.prod(ref.shape[:-1])
+        if ref.strides != row_major(ref.shape) or height != ref.shape[-2]:
+            self.fail("unsupported", f"a read of several accumulators' slabs through a {ref.shape} view")
+        pieces = []
+        for start, end, tag in spans:
+            first, last = start - ref.start, end - ref.start
+            if not isinstance(tag, AccTag) or first % width or last % width:
+                self.fail("unsupported", "a read of several accumulators' slabs that are not whole rows of it")
+            pieces.append((tag, first // width, last // width))
+        return PiecedTag(tuple(sorted(pieces, key=lambda p: p[1])))
 
     def i_MapSharedAddrInst(self, inst, env, role, group, active):
         value = env[inst.inputs[0]]
@@ -269,10 +307,17 @@ def _indexed(inst) -> bool:
     return inst.init is not None and bool(set(collect(inst.init, Var)) & set(inst.axes or ()))
 
 
+def _merged(accs: list) -> AccTag:
+    merged = AccTag()
+    for acc in accs:
+        merged.terms.extend(acc.terms)
+    return merged
+
+
 def _result_tag(tags: list):
     """The tag of an elementwise result: the first accumulator among its inputs' tags, else a load
     of A or B (not of a side operand), else None."""
-    accs = [t for t in tags if isinstance(t, AccTag)]
+    accs = [t for t in tags if isinstance(t, (AccTag, PiecedTag))]
     if accs:
         return accs[0]
     loads = [t for t in tags if isinstance(t, LoadTag) and t.matrix not in SIDE_OPERANDS.values()]

@@ -98,7 +98,6 @@ def check_function(
     b_units: tuple = (1, 1),
     swiglu: bool = False,
     turn_taking: bool = False,
-    coverage: bool = True,
 ) -> Report:
     """Run ``seeds`` interleavings of one transpiled kernel; stop at the first finding. Seed ``s``
     uses strategy ``STRATEGIES[s % 5]``; each run of five seeds takes one problem, the first
@@ -126,7 +125,6 @@ def check_function(
                 b_units=b_units,
                 swiglu=swiglu,
                 turn_taking=turn_taking,
-                coverage=coverage,
             )
             report.roles = max(report.roles, len(machine.ranges) * len(machine.ctas))  # largest problem
             report.cluster = machine.cluster_size

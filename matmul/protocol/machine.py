@@ -55,12 +55,8 @@ class Machine(Interpreter, SyncInstructions, DataInstructions, CoverageChecks, S
         b_units: tuple = (1, 1),
         swiglu: bool = False,
         turn_taking: bool = False,
-        coverage: bool = True,
     ):
         self.function = function
-        # False for a configuration whose store of C the coverage model cannot follow (a version's
-        # COVERAGE_UNMODELLED): everything else is checked
-        self.coverage = coverage
         self.problem = problem
         # swiglu's epilogue makes C's column j of the product's gate-up pair of columns: C is half
         # as wide as B has rows, and C's columns [c0, c1) come from the product's [2 c0, 2 c1)

@@ -90,6 +90,18 @@ class AccTag:
         self.terms: list[tuple[frozenset, frozenset]] = []
 
 
+@dataclasses.dataclass(frozen=True)
+class PiecedTag:
+    """A value read from shared memory that several accumulators wrote, each into whole rows of its
+    own (two consumer warpgroups' slabs of one partial tile, read back whole by one thread group):
+    which accumulator fills which rows ``[row0, row1)`` of the value as read, so that each is
+    checked against the part of C it is stored to. ``transposed``: the value was transposed since,
+    and the ranges now count its columns."""
+
+    pieces: tuple[tuple[AccTag, int, int], ...]
+    transposed: bool = False
+
+
 class Reader:
     """An asynchronous read of shared memory in flight (an MMA's operands, a TMA store's source)."""
 
@@ -238,3 +250,12 @@ class Cta:
 
     def read_tags(self, ref: MemRef) -> list:
         return [t for s, e, t in self.tags[ref.alloc] if not (e <= ref.start or s >= ref.end)]
+
+    def read_spans(self, ref: MemRef) -> list:
+        """The tags a view overlaps, each with the element offsets ``[start, end)`` it was written to,
+        clipped to the view's span."""
+        return [
+            (max(s, ref.start), min(e, ref.end), t)
+            for s, e, t in self.tags[ref.alloc]
+            if not (e <= ref.start or s >= ref.end)
+        ]

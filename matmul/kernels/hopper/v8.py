@@ -143,18 +143,13 @@ REPRESENTATIVE = {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 4, "chun
 # int4 with row scales (``weight="int4_channel"``), as the call runs it at decode and at prefill
 # (``matmul.quant.linear.ONE_PASS``): built and protocol-checked, not tuned (the format is the
 # weight's, not a choice)
-# Configurations whose store of C matmul.protocol's coverage model cannot follow, checked for the
-# rest (races, deadlocks, byte counts, phases): without a split and without slabs written by TMA,
-# two consumer warpgroups write their float32 slabs into one shared buffer, and the model keeps one
-# provenance for a buffer's overlapping byte ranges (the GPU tests check the product)
-COVERAGE_UNMODELLED = ({"block_m": 128, "warpgroups": 2, "split": 1, "stages": 3, "chunk": 64, "weight": "int6"},)
 EXTRA_CONFIGS = (
     {**REPRESENTATIVE, "weight": "int4_channel"},
     {"block_m": 128, "warpgroups": 2, "split": 1, "stages": 4, "chunk": 64, "weight": "int4_channel"},
     # int6 past 64 tokens: two consumer warpgroups a CTA (matmul.quant.linear's INT6_TWO_SLABS and
     # INT6_ONE_PASS)
     {"block_m": 128, "warpgroups": 2, "split": 2, "stages": 2, "chunk": 64, "weight": "int6"},
-    *COVERAGE_UNMODELLED,
+    {"block_m": 128, "warpgroups": 2, "split": 1, "stages": 3, "chunk": 64, "weight": "int6"},
 )
 B_LAYOUTS = ("nk",)  # the packed weight has one layout (matmul.quant)
 FUSED_EPILOGUE = False
