@@ -6,7 +6,8 @@ python -m matmul bench [--arch ...] [--versions ...] [--shapes series,ksweep,llm
 python -m matmul plot RESULTS.json [...] [--out DIR]
 python -m matmul model [--out DIR] [--dtype float16|bfloat16] [--rounds N]
 python -m matmul candidates VERSION[:knob=value,...] ... [--sizes 4096,8192x14336x4096] [--sustained S | --profile N]
-python -m matmul drop-in [--parts kn,linear,llama,llama-int4] [--out DIR] [--dtype float16|bfloat16] [--rounds N]
+python -m matmul drop-in [--parts kn,linear,llama,llama-<int4|int6|fp8_e4m3>] [--out DIR]
+                         [--dtype float16|bfloat16] [--rounds N]
 python -m matmul trace [--out DIR] [--calls N] [--wait-s S] [--repeats N] [--matmul-env VAR=VALUE,...]
                        [--parts block,trace,torch_alone,matmul_alone,alternating]
 python -m matmul tune [--model llama-3-8b] [--m 1-8192] [--shapes MxNxK,...] [--dtype float16,bfloat16]
@@ -687,7 +688,8 @@ def main(argv=None) -> int:
     p.add_argument(
         "--parts",
         default="kn,linear,llama",
-        help="comma-separated: kn, linear, llama, llama-int4 (the Llama with int4 weights; default: the other three)",
+        help="comma-separated: kn, linear, llama, llama-int4, llama-int6, llama-fp8_e4m3 (the Llama with "
+        "packed weights; default: the first three)",
     )
     p.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
     p.add_argument("--rounds", type=int, default=10, help="alternating rounds per comparison (default 10)")

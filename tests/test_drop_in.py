@@ -41,10 +41,11 @@ def test_settle_records_which_kernel_each_bucket_runs(monkeypatch):
     assert row["choices"] == [("b1024", "cuBLAS", "shipped"), ("b16", "v7", "measured")]
 
 
-def test_the_int4_llama_equals_its_dequantized_copy_not_the_16_bit_model(monkeypatch):
-    """``int4_llama``'s third model stands for the switched one: on the CPU (the call widens the
+@pytest.mark.parametrize("format", drop_in.PACKED_FORMATS)
+def test_the_packed_llama_equals_its_dequantized_copy_not_the_16_bit_model(format, monkeypatch):
+    """``packed_llama``'s third model stands for the switched one: on the CPU (the call widens the
     packed weight for torch there) their logits agree to rounding, and both differ from the 16-bit
-    model's by int4's own error."""
+    model's by the format's own error."""
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(
         hidden_size=256, intermediate_size=384, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
@@ -53,7 +54,7 @@ def test_the_int4_llama_equals_its_dequantized_copy_not_the_16_bit_model(monkeyp
     import matmul.nn as mnn
 
     monkeypatch.setattr(mnn, "eligible", lambda layer: None)  # the CPU stands in for the GPU here
-    reference, switched, dequantized, conversion = drop_in.int4_llama(torch.bfloat16, config, device="cpu")
+    reference, switched, dequantized, conversion = drop_in.packed_llama(torch.bfloat16, format, config, device="cpu")
     assert len(conversion.swapped) == 8 and not conversion.skipped  # q, k, v, o, gate, up, down, lm_head
     ids = torch.randint(0, 64, (2, 5))
     with torch.inference_mode():

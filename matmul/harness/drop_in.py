@@ -58,8 +58,11 @@ LINEAR_SHAPES = {"up": (14336, 4096), "down": (4096, 14336)}  # bias + gelu
 SWIGLU_SHAPE = (14336, 4096)  # gate and up, each [I, K]
 LAYERS = 2
 PREFILL = ((1, 128), (1, 2048), (4, 2048))  # batch x tokens
-# int4 adds 1024 tokens: V8 runs int4 up to 1536 (``quant.linear.INT4_MAX_M``), past it the call widens
-INT4_PREFILL = ((1, 128), (1, 1024), (1, 2048), (4, 2048))
+# packed weights add 1024 tokens: V8 runs int4 up to 1536 (``quant.linear.INT4_MAX_M``), past it (and
+# int6 and fp8 past 256) the call widens the weight for cuBLAS
+PACKED_PREFILL = ((1, 128), (1, 1024), (1, 2048), (4, 2048))
+# the packed Llama's formats: ``matmul.quantize``'s, each a part ``llama-<format>``
+PACKED_FORMATS = ("int4", "int6", "fp8_e4m3")
 DECODE_BATCHES = (1, 8, 32)
 DECODE_CONTEXT = 1024  # tokens in the KV cache before the timed step
 TRAIN = (2, 512)
@@ -378,12 +381,12 @@ def llama(dtype, rounds: int, record: Callable[[dict], None]) -> None:
     record(training(reference, switched, conversion, rounds))
 
 
-def int4_llama(dtype, config=None, device="cuda") -> tuple:
-    """The drop-in Llama, a copy switched with int4 weights (``convert(model, weights="int4",
+def packed_llama(dtype, format: str = "int4", config=None, device="cuda") -> tuple:
+    """The drop-in Llama, a copy switched with packed weights (``convert(model, weights=format,
     fuse_qkv=True)``: the README's line for packed weights), and a copy whose switched layers
-    hold the weights int4 stands for (``qw.dequantize()``), run by torch: what the switched model's
-    logits should equal up to the kernels' rounding (against the 16-bit model they differ by the
-    quantization's own error)."""
+    hold the weights the packed ones stand for (``qw.dequantize()``), run by torch: what the switched
+    model's logits should equal up to the kernels' rounding (against the 16-bit model they differ by
+    the quantization's own error)."""
     import matmul
 
     torch.manual_seed(0)
@@ -392,11 +395,11 @@ def int4_llama(dtype, config=None, device="cuda") -> tuple:
     with torch.device(device):
         reference = LlamaForCausalLM(config or llama_config()).to(dtype)
     switched, dequantized = copy.deepcopy(reference), copy.deepcopy(reference)
-    conversion = matmul.nn.convert(switched, fuse_qkv=True, weights="int4")
+    conversion = matmul.nn.convert(switched, fuse_qkv=True, weights=format)
     with torch.no_grad():
         for name, layer in dequantized.named_modules():
             if type(layer) is torch.nn.Linear and name not in conversion.skipped:
-                layer.weight.copy_(matmul.quantize(layer.weight, format="int4").dequantize())
+                layer.weight.copy_(matmul.quantize(layer.weight, format=format).dequantize())
     return reference, switched, dequantized, conversion
 
 
@@ -418,23 +421,21 @@ def wait_for_v8(timeout_s: float = SETTLE_S) -> dict:
     }
 
 
-def llama_int4(dtype, rounds: int, record: Callable[[dict], None]) -> None:
-    """``llama``'s prefills (and ``INT4_PREFILL``) and decode steps with the switched model's weights
-    packed in int4 (``int4_llama``), against the unswitched 16-bit model; the logits error is against
-    the model of the dequantized weights. No training step: packed weights are frozen."""
-    reference, switched, dequantized, conversion = int4_llama(dtype)
+def llama_packed(format: str, dtype, rounds: int, record: Callable[[dict], None]) -> None:
+    """``PACKED_PREFILL``'s prefills and ``llama``'s decode steps with the switched model's weights
+    packed in ``format`` (``packed_llama``), against the unswitched 16-bit model; the logits error is
+    against the model of the dequantized weights. No training step: packed weights are frozen."""
+    part = f"llama-{format}"
+    reference, switched, dequantized, conversion = packed_llama(dtype, format)
     record({"kind": "conversion", "skipped_layers": conversion.skipped, "fused": len(conversion.fused)})
     with torch.inference_mode():
-        prefills, decodes = _first_calls(reference, switched, dtype, INT4_PREFILL, record, dequantized)
+        prefills, decodes = _first_calls(reference, switched, dtype, PACKED_PREFILL, record, dequantized)
     built = wait_for_v8()
-    print(
-        f"llama-int4: V8 builds {'done' if built['finished'] else 'NOT done'} after {built['seconds']:.0f} s",
-        flush=True,
-    )
+    print(f"{part}: V8 builds {'done' if built['finished'] else 'NOT done'} after {built['seconds']:.0f} s", flush=True)
     record(built)
-    record(settle_and_say("llama-int4"))
+    record(settle_and_say(part))
     with torch.inference_mode():
-        _timed_rows(prefills, decodes, record, rounds, "llama-int4")
+        _timed_rows(prefills, decodes, record, rounds, part)
 
 
 def training_steps(models: dict, ids: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
@@ -518,10 +519,16 @@ def gradient_errors(exact: dict, ours: dict, theirs: dict) -> dict:
     }
 
 
-PARTS = {"kn": kn_layout, "linear": linear_epilogues, "llama": llama, "llama-int4": llama_int4}
+PARTS = {
+    "kn": kn_layout,
+    "linear": linear_epilogues,
+    "llama": llama,
+    **{f"llama-{format}": functools.partial(llama_packed, format) for format in PACKED_FORMATS},
+}
+DEFAULT_PARTS = ("kn", "linear", "llama")
 
 
-def main(out_dir: Path, parts=tuple(PARTS), dtype=torch.float16, rounds: int = 10) -> int:
+def main(out_dir: Path, parts=DEFAULT_PARTS, dtype=torch.float16, rounds: int = 10) -> int:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for part in parts:

@@ -14,7 +14,7 @@ import torch
 from matmul.harness import drop_in
 from matmul.quant import linear as L
 
-reference, switched, dequantized, conversion = drop_in.int4_llama(torch.float16)
+reference, switched, dequantized, conversion = drop_in.packed_llama(torch.float16, "int4")
 calls = []
 run, widened = L.run, L.widened
 
@@ -32,7 +32,7 @@ def counted_widened(x, weight, out=None):
 L.run, L.widened = counted_run, counted_widened
 with torch.inference_mode():
     prefills, decodes = drop_in._first_calls(
-        reference, switched, torch.float16, drop_in.INT4_PREFILL, lambda row: None, dequantized
+        reference, switched, torch.float16, drop_in.PACKED_PREFILL, lambda row: None, dequantized
     )
     print("first calls (while V8 builds):", dict(Counter(calls)), flush=True)
     print(drop_in.wait_for_v8(), flush=True)
