@@ -54,7 +54,7 @@ V5_STREAM_K = (("stream_k", True),)
 V8_INTERLEAVED = (("split", 2), ("interleave", 2))
 # Hopper V8 without a split, two slabs each written by a TMA store (matmul.quant.linear's ONE_PASS)
 V8_ONE_PASS = (("block_m", 128), ("warpgroups", 2), ("split", 1), ("stages", 4))
-# Hopper V8's int6 without a split: two slabs of one partial tile, written out whole (INT6_ONE_PASS)
+# Hopper V8's int6 without a split: two slabs of one partial tile, written out whole (LARGE_TILE_ONE_PASS)
 V8_INT6_ONE_PASS = (("weight", "int6"), ("block_m", 128), ("warpgroups", 2), ("split", 1), ("stages", 3), ("chunk", 64))
 
 MUTANTS = (

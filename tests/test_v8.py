@@ -169,7 +169,7 @@ def test_supports_and_configs():
     assert quant_linear.config_for(256, 4096, 4096, "int4") == two_slabs  # 64 tiles
     assert quant_linear.config_for(1024, 4096, 4096, "int4") == one_pass
     assert quant_linear.config_for(1024, 4100, 4096, "int4") == two_slabs  # rows of 8200 bytes
-    fp8_tile = quant_linear.config_for(200, 4100, 1024, "fp8_e4m3")  # no split: fp8 keeps the exchange
+    fp8_tile = quant_linear.config_for(200, 6148, 1024, "fp8_e4m3")  # 98 tiles: fp8 keeps the exchange
     assert fp8_tile["split"] == 1 and not quant_linear.writes_slabs(fp8_tile, "fp8_e4m3")
     assert quant_linear.config_for(64, 4096, 14336, "int4")["interleave"] == 2  # a long K at 17-64 tokens
     assert quant_linear.config_for(64, 14336, 4096, "int4")["interleave"] == 1
@@ -177,7 +177,7 @@ def test_supports_and_configs():
         assert [quant_linear.config_for(m, n, k, "int4")["block_m"] for m in (16, 17, 32, 33)] == [16, 32, 32, 64]
     assert quant_linear.config_for(17, 4096, 14336, "int4") == quant_linear.config_for(64, 4096, 14336, "int4")
     assert quant_linear.config_for(17, 4096, 4096, "fp8_e4m3")["block_m"] == 64  # measured for int4 only
-    assert quant_linear.config_for(256, 6144, 4096, "fp8_e4m3")["warpgroups"] == 1  # measured for int4 only
+    assert quant_linear.config_for(256, 6144, 4096, "fp8_e4m3")["warpgroups"] == 2  # measured for fp8 too
     for weight_format in ("fp8_e4m3", "int6", "int4_channel"):  # each one V8 declares (built, protocol-checked)
         extras = [
             {k: v for k, v in c.items() if k != "weight"} for c in V8.EXTRA_CONFIGS if c["weight"] == weight_format
@@ -392,27 +392,28 @@ def test_the_call_runs_v8_only_up_to_its_formats_limit(monkeypatch):
     assert [quant_linear.uses_v8(m, qw) for m in (257, 768, 1024, 1536, 1537)] == [True, False, True, True, False]
 
 
-def test_int6_configurations_past_64_tokens():
-    """int6 from 65 tokens: two consumer warpgroups a CTA where the weight is wider than deep or
-    past 128 tokens, without a split where the output's 128 x 128 tiles fill the GPU (int4's
-    rule, ``config_for``), with the stages int6's tiles leave room for; one warpgroup on a square
-    or long-K weight at up to 128 tokens (each the fastest probed on the H200:
-    plots/h200/int6-pairs/probe/)."""
+@pytest.mark.parametrize("weight_format", quant_linear.LARGE_TILE_FORMATS)
+def test_large_tile_configurations_past_64_tokens(weight_format):
+    """int6 and fp8 from 65 tokens: two consumer warpgroups a CTA where the weight is wider than deep
+    or past 128 tokens, without a split where the output's 128 x 128 tiles fill the GPU (int4's
+    rule, ``config_for``), with the stages their tiles leave room for; one warpgroup on a square
+    or long-K weight at up to 128 tokens (each the fastest probed on the H200, in both formats:
+    plots/h200/int6-pairs/probe/, plots/h200/packed-llama/prefill-probe/)."""
     base = quant_linear.config_for(128)
     expected = {
-        (128, 6144, 4096): quant_linear.INT6_TWO_SLABS,  # 48 output tiles
-        (128, 28672, 4096): quant_linear.INT6_ONE_PASS,  # 224
+        (128, 6144, 4096): quant_linear.LARGE_TILE_TWO_SLABS,  # 48 output tiles
+        (128, 28672, 4096): quant_linear.LARGE_TILE_ONE_PASS,  # 224
         (128, 4096, 4096): base,
         (128, 4096, 14336): base,
-        (192, 4096, 4096): quant_linear.INT6_TWO_SLABS,  # 64
-        (192, 6144, 4096): quant_linear.INT6_ONE_PASS,  # 96
-        (256, 4096, 14336): quant_linear.INT6_TWO_SLABS,  # 64
-        (256, 28672, 4096): quant_linear.INT6_ONE_PASS,
+        (192, 4096, 4096): quant_linear.LARGE_TILE_TWO_SLABS,  # 64
+        (192, 6144, 4096): quant_linear.LARGE_TILE_ONE_PASS,  # 96
+        (256, 4096, 14336): quant_linear.LARGE_TILE_TWO_SLABS,  # 64
+        (256, 28672, 4096): quant_linear.LARGE_TILE_ONE_PASS,
     }
     for shape, config in expected.items():
-        chosen = quant_linear.config_for(*shape, "int6")
+        chosen = quant_linear.config_for(*shape, weight_format)
         assert {key: chosen[key] for key in config} == config, shape
-    assert quant_linear.config_for(64, 28672, 4096, "int6") == quant_linear.config_for(64)
+    assert quant_linear.config_for(64, 28672, 4096, weight_format) == quant_linear.config_for(64)
 
 
 def test_int6_quantize_and_layout():

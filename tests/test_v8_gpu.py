@@ -58,7 +58,8 @@ FORMAT_TOKENS = (*TOKENS, 12)
 
 # int6 past 64 tokens (``config_for``): two consumer warpgroups a CTA with a split of K (33 and 16
 # output tiles) and without one (98 tiles), on ragged shapes
-INT6_PAST_64 = ((100, 4097, 1024), (255, 1000, 1152), (200, 6150, 1024))
+# int6 and fp8 past 64 tokens (``quant_linear.LARGE_TILE_FORMATS``): two slabs with a split, then without
+PAST_64 = ((100, 4097, 1024), (255, 1000, 1152), (200, 6150, 1024))
 
 
 def call_config(m, n, k, format):
@@ -78,7 +79,9 @@ def the_calls_kernels() -> list[tuple]:
         ]
         kernels += [(dtype, f, quant_linear.config_for(m, 1000, 1024, f)) for f in BUGS.values() for m in (1, 16)]
         kernels += [(dtype, "int4", quant_linear.config_for(1, n, 1024, "int4")) for n in (4104, 4100)]
-        kernels += [(dtype, "int6", quant_linear.config_for(*shape, "int6")) for shape in INT6_PAST_64]
+        kernels += [
+            (dtype, f, quant_linear.config_for(*shape, f)) for f in quant_linear.LARGE_TILE_FORMATS for shape in PAST_64
+        ]
     return list({quant_linear.kernel_key(*kernel): kernel for kernel in kernels}.values())
 
 
@@ -196,16 +199,17 @@ def test_other_formats_ragged_shapes(format, dtype, calls_kernels_built):
             assert error <= TOLERANCE[dtype], f"V8 {format} {config} {m}x{n}x{k} {dtype}: relative error {error:.3g}"
 
 
+@pytest.mark.parametrize("format", quant_linear.LARGE_TILE_FORMATS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_int6_past_64_tokens(dtype, calls_kernels_built):
+def test_large_tiles_past_64_tokens(format, dtype, calls_kernels_built):
     configs = []
-    for m, n, k in INT6_PAST_64:
-        x, qw = operands(m, n, k, dtype, "int6")
+    for m, n, k in PAST_64:
+        x, qw = operands(m, n, k, dtype, format)
         assert quant_linear.uses_v8(m, qw)
-        config = quant_linear.config_for(m, n, k, "int6")
+        config = quant_linear.config_for(m, n, k, format)
         configs.append(config)
         error = v8_error(x, qw, config)
-        assert error <= TOLERANCE[dtype], f"V8 int6 {config} {m}x{n}x{k} {dtype}: relative error {error:.3g}"
+        assert error <= TOLERANCE[dtype], f"V8 {format} {config} {m}x{n}x{k} {dtype}: relative error {error:.3g}"
         y = matmul.linear(x, qw)  # the call, on the same configuration
         assert relative_error(y, reference(x, qw)) <= TOLERANCE[dtype]
     assert [(c["warpgroups"], c["split"]) for c in configs] == [(2, 2), (2, 2), (2, 1)]

@@ -105,12 +105,14 @@ SMS = 132  # an H100's or H200's SMs: a wave of ONE_PASS's CTAs (one fits an SM)
 # tiles over the same K take (H200: 12.6 us to widen 4096 x 4096 beside 27 us a wave of 4096-deep
 # tiles, 80 us for 28672 rows): the price a partial last wave of V8 is weighed against (prefill_pays)
 WIDEN_ROWS = 9700
-# int6 past 64 tokens: int4's rule, with the stages int6's 6 KiB tiles leave room for (three stages
-# of TWO_SLABS and four of ONE_PASS overflow shared memory); on every shape probed the fastest of
-# five configurations, a square or long-K weight at up to 128 tokens keeping one warpgroup
-# (plots/h200/int6-pairs/probe/)
-INT6_TWO_SLABS = {**TWO_SLABS, "stages": 2}
-INT6_ONE_PASS = {**ONE_PASS, "stages": 3}
+# int6 and fp8 past 64 tokens: int4's rule, with the stages their larger tiles (6 and 8 KiB a slab
+# against int4's 4) leave room for (three stages of TWO_SLABS and four of ONE_PASS overflow shared
+# memory); on the H200 the fastest configuration probed on every shape, in both formats, a square or
+# long-K weight at up to 128 tokens keeping one warpgroup: against one warpgroup a CTA, 1.1-1.3x at
+# 128-256 tokens in fp8 (plots/h200/int6-pairs/probe/, plots/h200/packed-llama/prefill-probe/)
+LARGE_TILE_FORMATS = ("int6", "fp8_e4m3")
+LARGE_TILE_TWO_SLABS = {**TWO_SLABS, "stages": 2}
+LARGE_TILE_ONE_PASS = {**ONE_PASS, "stages": 3}
 
 
 def v8_module():
@@ -136,8 +138,8 @@ def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
                 config["block_m"] = MID_M
         elif m > 128 or n > k:
             config.update(ONE_PASS if output_tiles(m, n) >= FILLING_TILES and n % 8 == 0 else TWO_SLABS)
-    if weight_format == "int6" and m > 64 and (m > 128 or n > k):
-        config.update(INT6_ONE_PASS if output_tiles(m, n) >= FILLING_TILES else INT6_TWO_SLABS)
+    if weight_format in LARGE_TILE_FORMATS and m > 64 and (m > 128 or n > k):
+        config.update(LARGE_TILE_ONE_PASS if output_tiles(m, n) >= FILLING_TILES else LARGE_TILE_TWO_SLABS)
     if weight_format == "fp8_e4m3" and m <= 16 and n:
         if m <= NARROW_M:
             config["block_m"] = NARROW_M

@@ -146,10 +146,12 @@ REPRESENTATIVE = {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 4, "chun
 EXTRA_CONFIGS = (
     {**REPRESENTATIVE, "weight": "int4_channel"},
     {"block_m": 128, "warpgroups": 2, "split": 1, "stages": 4, "chunk": 64, "weight": "int4_channel"},
-    # int6 past 64 tokens: two consumer warpgroups a CTA (matmul.quant.linear's INT6_TWO_SLABS and
-    # INT6_ONE_PASS)
+    # int6 and fp8 past 64 tokens: two consumer warpgroups a CTA (matmul.quant.linear's
+    # LARGE_TILE_TWO_SLABS and LARGE_TILE_ONE_PASS)
     {"block_m": 128, "warpgroups": 2, "split": 2, "stages": 2, "chunk": 64, "weight": "int6"},
     {"block_m": 128, "warpgroups": 2, "split": 1, "stages": 3, "chunk": 64, "weight": "int6"},
+    {"block_m": 128, "warpgroups": 2, "split": 2, "stages": 2, "chunk": 32, "weight": "fp8_e4m3"},
+    {"block_m": 128, "warpgroups": 2, "split": 1, "stages": 3, "chunk": 32, "weight": "fp8_e4m3"},
 )
 B_LAYOUTS = ("nk",)  # the packed weight has one layout (matmul.quant)
 FUSED_EPILOGUE = False
