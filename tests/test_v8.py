@@ -398,7 +398,7 @@ def test_large_tile_configurations_past_64_tokens(weight_format):
     or past 128 tokens, without a split where the output's 128 x 128 tiles fill the GPU (int4's
     rule, ``config_for``), with the stages their tiles leave room for; one warpgroup on a square
     or long-K weight at up to 128 tokens (each the fastest probed on the H200, in both formats:
-    plots/h200/int6-pairs/probe/, plots/h200/packed-llama/prefill-probe/)."""
+    plots/h200/int6-pairs/probe/, plots/h200/fp8-two-slabs/)."""
     base = quant_linear.config_for(128)
     expected = {
         (128, 6144, 4096): quant_linear.LARGE_TILE_TWO_SLABS,  # 48 output tiles

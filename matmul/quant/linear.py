@@ -109,7 +109,7 @@ WIDEN_ROWS = 9700
 # against int4's 4) leave room for (three stages of TWO_SLABS and four of ONE_PASS overflow shared
 # memory); on the H200 the fastest configuration probed on every shape, in both formats, a square or
 # long-K weight at up to 128 tokens keeping one warpgroup: against one warpgroup a CTA, 1.1-1.3x at
-# 128-256 tokens in fp8 (plots/h200/int6-pairs/probe/, plots/h200/packed-llama/prefill-probe/)
+# 128-256 tokens in fp8 (plots/h200/int6-pairs/probe/, plots/h200/fp8-two-slabs/)
 LARGE_TILE_FORMATS = ("int6", "fp8_e4m3")
 LARGE_TILE_TWO_SLABS = {**TWO_SLABS, "stages": 2}
 LARGE_TILE_ONE_PASS = {**ONE_PASS, "stages": 3}
