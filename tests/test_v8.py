@@ -176,7 +176,6 @@ def test_supports_and_configs():
     for n, k in ((4096, 4096), (28672, 4096)):  # 17-32 tokens: a tile of 32, but on a long K
         assert [quant_linear.config_for(m, n, k, "int4")["block_m"] for m in (16, 17, 32, 33)] == [16, 32, 32, 64]
     assert quant_linear.config_for(17, 4096, 14336, "int4") == quant_linear.config_for(64, 4096, 14336, "int4")
-    assert quant_linear.config_for(17, 4096, 4096, "fp8_e4m3")["block_m"] == 64  # measured for int4 only
     assert quant_linear.config_for(256, 6144, 4096, "fp8_e4m3")["warpgroups"] == 2  # measured for fp8 too
     for weight_format in ("fp8_e4m3", "int6", "int4_channel"):  # each one V8 declares (built, protocol-checked)
         extras = [
@@ -189,7 +188,6 @@ def test_supports_and_configs():
     assert fp8(16, 4096, 4096) == quant_linear.config_for(16) and fp8(1, 4096, 4096)["block_m"] == 8
     assert fp8(1, 4096, 14336)["interleave"] == fp8(16, 4096, 14336)["interleave"] == 2  # a long K
     assert fp8(1, 28672, 4096)["interleave"] == 2 and fp8(16, 28672, 4096)["split"] == 4  # a wide weight
-    assert quant_linear.config_for(1, 4096, 4096, "int6") == quant_linear.config_for(16)
     for m, n, k in ((1, 28672, 4096), (1, 4096, 14336), (16, 4096, 4096), (1024, 4096, 4096)):  # int4's rules
         assert quant_linear.config_for(m, n, k, "int4_channel") == quant_linear.config_for(m, n, k, "int4")
     for config in versions.space(V8):
@@ -393,6 +391,24 @@ def test_the_call_runs_v8_only_up_to_its_formats_limit(monkeypatch):
 
 
 @pytest.mark.parametrize("weight_format", quant_linear.LARGE_TILE_FORMATS)
+def test_large_tile_decode_tiles(weight_format):
+    """int6 and fp8 at decode sizes: a token tile of 32 at 17-32 tokens, on every weight (a long K
+    too); int6 up to 8 tokens a tile of 8 but on a weight 4x wider than deep, a tile of 16 from 9
+    (the faster of the two tiles probed on the H200: plots/h200/decode-tiles/)."""
+    for n, k in ((4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336)):
+        assert quant_linear.config_for(16, n, k, weight_format)["block_m"] == 16
+        for m in (17, 32):
+            assert quant_linear.config_for(m, n, k, weight_format) == {**quant_linear.config_for(m), "block_m": 32}
+        assert quant_linear.config_for(33, n, k, weight_format)["block_m"] == 64
+    if weight_format == "int6":
+        for m in (1, 8):
+            assert quant_linear.config_for(m, 4096, 4096, "int6") == {**quant_linear.config_for(16), "block_m": 8}
+            assert quant_linear.config_for(m, 4096, 14336, "int6")["block_m"] == 8
+            assert quant_linear.config_for(m, 28672, 4096, "int6") == quant_linear.config_for(16)  # 7x wider
+        assert quant_linear.config_for(9, 4096, 4096, "int6") == quant_linear.config_for(16)
+
+
+@pytest.mark.parametrize("weight_format", quant_linear.LARGE_TILE_FORMATS)
 def test_large_tile_configurations_past_64_tokens(weight_format):
     """int6 and fp8 from 65 tokens: two consumer warpgroups a CTA where the weight is wider than deep
     or past 128 tokens, without a split where the output's 128 x 128 tiles fill the GPU (int4's
@@ -407,6 +423,8 @@ def test_large_tile_configurations_past_64_tokens(weight_format):
         (128, 4096, 14336): base,
         (192, 4096, 4096): quant_linear.LARGE_TILE_TWO_SLABS,  # 64
         (192, 6144, 4096): quant_linear.LARGE_TILE_ONE_PASS,  # 96
+        (128, 11008, 4096): quant_linear.LARGE_TILE_ONE_PASS,  # 86
+        (128, 8192, 4096): quant_linear.LARGE_TILE_TWO_SLABS,  # 64
         (256, 4096, 14336): quant_linear.LARGE_TILE_TWO_SLABS,  # 64
         (256, 28672, 4096): quant_linear.LARGE_TILE_ONE_PASS,
     }

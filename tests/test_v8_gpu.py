@@ -42,9 +42,9 @@ pytestmark = [
 ]
 
 
-# fp8_e4m3, int6 and int4_channel: two V8 configurations, one of them the call's up to 16 tokens (each
-# costs a build per dtype): 16 tokens a tile with one warpgroup, and 64 a tile with two (M = 100 and
-# 255 span several)
+# fp8_e4m3, int6 and int4_channel: the call's configurations up to 32 tokens (tiles of 8, 16 and 32
+# tokens, by the weight's shape), and past them one of 64 tokens a tile with two warpgroups (M = 100
+# and 255 span several); each costs a build per dtype
 OTHER_FORMATS = ("fp8_e4m3", "int6", "int4_channel")
 SMALL = quant_linear.config_for(16)
 WIDE = {"block_m": 64, "warpgroups": 2, "split": 2, "stages": 4, "chunk": 64}
@@ -56,15 +56,14 @@ FORMAT_WEIGHTS = (*WEIGHTS, (4097, 1024))
 FORMAT_TOKENS = (*TOKENS, 12)
 
 
-# int6 past 64 tokens (``config_for``): two consumer warpgroups a CTA with a split of K (33 and 16
-# output tiles) and without one (98 tiles), on ragged shapes
-# int6 and fp8 past 64 tokens (``quant_linear.LARGE_TILE_FORMATS``): two slabs with a split, then without
+# int6 and fp8 past 64 tokens (``quant_linear.LARGE_TILE_FORMATS``, ``config_for``): two consumer
+# warpgroups a CTA with a split of K (33 and 16 output tiles) and without one (98 tiles), on ragged shapes
 PAST_64 = ((100, 4097, 1024), (255, 1000, 1152), (200, 6150, 1024))
 
 
 def call_config(m, n, k, format):
-    """The call's configuration up to 16 tokens (shape-aware for fp8), else two warpgroups of 64 tokens."""
-    return quant_linear.config_for(m, n, k, format) if m <= 16 else WIDE
+    """The call's configuration up to 32 tokens (shape-aware), else two warpgroups of 64 tokens."""
+    return quant_linear.config_for(m, n, k, format) if m <= quant_linear.MID_M else WIDE
 
 
 def the_calls_kernels() -> list[tuple]:

@@ -113,6 +113,14 @@ WIDEN_ROWS = 9700
 LARGE_TILE_FORMATS = ("int6", "fp8_e4m3")
 LARGE_TILE_TWO_SLABS = {**TWO_SLABS, "stages": 2}
 LARGE_TILE_ONE_PASS = {**ONE_PASS, "stages": 3}
+# ... without a split from fewer tiles than int4: at 86 (128 x 11008) ONE_PASS was 1.15-1.32x faster
+# than TWO_SLABS in both formats, at 64 (128 x 8192, 256 x 4096) 0.68-0.80x (plots/h200/decode-tiles/)
+LARGE_TILE_FILLING_TILES = 80
+# The same formats at decode sizes take token tiles that hold M at most twice, as int4 does: at 17-32
+# tokens a tile of 32 (1.03-1.34x the tile of 64 in int6, 1.06-1.66x in fp8, on every weight probed,
+# a long K included), and int6 up to 8 tokens a tile of 8 but on a weight 4x wider than deep
+# (0.98-1.12x the tile of 16 on the others, 0.86x on 28672 x 4096), as fp8 already had it
+# (plots/h200/decode-tiles/)
 
 
 def v8_module():
@@ -138,8 +146,13 @@ def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
                 config["block_m"] = MID_M
         elif m > 128 or n > k:
             config.update(ONE_PASS if output_tiles(m, n) >= FILLING_TILES and n % 8 == 0 else TWO_SLABS)
+    if weight_format == "int6" and m <= NARROW_M and n and n < WIDE_N * k:
+        config["block_m"] = NARROW_M
+    if weight_format in LARGE_TILE_FORMATS and 16 < m <= MID_M:
+        config["block_m"] = MID_M
     if weight_format in LARGE_TILE_FORMATS and m > 64 and (m > 128 or n > k):
-        config.update(LARGE_TILE_ONE_PASS if output_tiles(m, n) >= FILLING_TILES else LARGE_TILE_TWO_SLABS)
+        filled = output_tiles(m, n) >= LARGE_TILE_FILLING_TILES
+        config.update(LARGE_TILE_ONE_PASS if filled else LARGE_TILE_TWO_SLABS)
     if weight_format == "fp8_e4m3" and m <= 16 and n:
         if m <= NARROW_M:
             config["block_m"] = NARROW_M

@@ -59,11 +59,12 @@ def main(argv=None) -> None:
     dtype = getattr(torch, args.dtype)
     module = quant_linear.v8_module()
     space = versions.space(module)
-    if args.configs not in ("all", "chosen"):  # named configurations
+    named = args.configs not in ("all", "chosen")
+    if named:  # named configurations: each timed wherever its tile holds M, however large the tile
         space = [{"interleave": 1, **dict(zip(CONFIG_KEYS, map(int, c.split("/"))))} for c in args.configs.split(",")]
         args.configs = "all"
     if args.build_only:
-        build_all(dtype, args.format, args.shapes, space if args.configs == "all" else None, args.widened)
+        build_all(dtype, args.format, args.shapes, space if args.configs == "all" else None, args.widened, named)
         return
     if not args.no_prebuild and args.format == "int4":
         chosen = {str(quant_linear.config_for(m)): quant_linear.config_for(m) for m, _, _ in args.shapes}
@@ -75,7 +76,7 @@ def main(argv=None) -> None:
         x = torch.randn(m, k, generator=gen).to(dtype).cuda()
         qw = matmul.quantize(w.cuda(), format=args.format)
         configs = space if args.configs == "all" else [quant_linear.config_for(m, n, k, args.format)]
-        configs = fitting(configs, m, k)
+        configs = fitting(configs, m, k, named)
         # each built by the call's build child, in parallel (v8() runs the widened path until then)
         built = quant_linear.wait_until_all_built((dtype, args.format, c) for c in configs)
         for config in (c for c, ok in zip(configs, built) if not ok):
@@ -116,23 +117,27 @@ def main(argv=None) -> None:
         (args.out / "probe_configs.json").write_text(json.dumps(rows, indent=1))
 
 
-def fitting(configs: list[dict], m: int, k: int) -> list[dict]:
-    """The configurations worth timing at M tokens and K: token tiles that hold M (at most twice), a split no
-    larger than K's blocks."""
+def fitting(configs: list[dict], m: int, k: int, named: bool = False) -> list[dict]:
+    """The configurations worth timing at M tokens and K: token tiles that hold M (at most twice, unless
+    ``named``), a split no larger than K's blocks."""
     return [
         c
         for c in configs
-        if c["block_m"] >= min(m, 8) and (c["block_m"] <= 16 or c["block_m"] < 2 * m) and k // 128 >= c["split"]
+        if c["block_m"] >= min(m, 8)
+        and (named or c["block_m"] <= 16 or c["block_m"] < 2 * m)
+        and k // 128 >= c["split"]
     ]
 
 
-def build_all(dtype: torch.dtype, weight_format: str, shapes, space, widened: bool = False) -> None:
+def build_all(
+    dtype: torch.dtype, weight_format: str, shapes, space, widened: bool = False, named: bool = False
+) -> None:
     """Build, as the call's build child does (``matmul.call.building.build_v8``), every kernel the probe
     times, in parallel processes: tilus caches each under ``$MATMUL_CACHE_DIR``."""
     from matmul.build import parallel
 
     configs = space or [quant_linear.config_for(m, n, k, weight_format) for m, n, k in shapes]
-    configs = [c for m, _, k in shapes for c in fitting(configs, m, k)]
+    configs = [c for m, _, k in shapes for c in fitting(configs, m, k, named)]
     unique = {str(quant_linear.kernel_key(dtype, weight_format, c)): c for c in configs}
     jobs = [(str(dtype).removeprefix("torch."), weight_format, c) for c in unique.values()]
     if widened:
