@@ -152,6 +152,10 @@ EXTRA_CONFIGS = (
     {"block_m": 128, "warpgroups": 2, "split": 1, "stages": 3, "chunk": 64, "weight": "int6"},
     {"block_m": 128, "warpgroups": 2, "split": 2, "stages": 2, "chunk": 32, "weight": "fp8_e4m3"},
     {"block_m": 128, "warpgroups": 2, "split": 1, "stages": 3, "chunk": 32, "weight": "fp8_e4m3"},
+    # and their decode tiles (matmul.quant.linear.config_for): int6's of 8 tokens, both formats' of 32
+    {"block_m": 8, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 64, "weight": "int6"},
+    {"block_m": 32, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 64, "weight": "int6"},
+    {"block_m": 32, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 32, "weight": "fp8_e4m3"},
 )
 B_LAYOUTS = ("nk",)  # the packed weight has one layout (matmul.quant)
 FUSED_EPILOGUE = False
