@@ -143,3 +143,26 @@ def test_a_role_that_loops_without_synchronizing_is_reported_not_hung():
     with pytest.raises(Finding, match="without synchronizing") as caught:
         machine.run(lambda ready, ops: ready[0])
     assert caught.value.kind == "livelock"
+
+
+def test_a_read_of_two_accumulators_keeps_their_rows_or_is_refused():
+    """A shared buffer two accumulators wrote, each in whole rows, read back whole: the value keeps
+    which rows each filled (``state.PiecedTag``), so the store checks each against its own part of C;
+    spans that are not whole rows are refused as unsupported, not guessed."""
+    from matmul.protocol.data_instructions import DataInstructions
+    from matmul.protocol.findings import Finding
+    from matmul.protocol.state import AccTag, MemRef, PiecedTag, row_major
+
+    class Reader(DataInstructions):
+        def fail(self, kind, message):
+            raise Finding(kind, message)
+
+    tile = MemRef(0, 1, 0, (128, 128), row_major((128, 128)), 4)
+    first, second = AccTag(), AccTag()
+    tag = Reader()._pieces(tile, [(8192, 16384, second), (0, 8192, first)])
+    assert tag == PiecedTag(((first, 0, 64), (second, 64, 128)))
+    with pytest.raises(Finding, match="unsupported"):
+        Reader()._pieces(tile, [(0, 8000, first), (8000, 16384, second)])  # not whole rows
+    column_slab = MemRef(0, 1, 0, (128, 64), (128, 1), 4)  # a strided view
+    with pytest.raises(Finding, match="unsupported"):
+        Reader()._pieces(column_slab, [(0, 8192, first), (8192, 16320, second)])
