@@ -128,7 +128,19 @@ def v8_module():
 
 
 def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
-    """V8's configuration for M tokens (and, for int4, int4_channel and fp8, the weight's N x K)."""
+    """V8's configuration for M tokens and, by format, the weight's N x K (the constants above say
+    what each choice was measured against). In short, as tokens a tile / consumer warpgroups / split
+    ("long K": K >= 3 N; "wide": N >= 4 K):
+
+    - 1-8 tokens: 8 / 1 / 2. int4: a long K interleaved over 2 warpgroups, a wide weight split 1;
+      int6: a wide weight in tiles of 16; fp8: a long K or a wide weight interleaved over 2.
+    - 9-16: 16 / 1 / 2. int4: a long K interleaved over 4; fp8: a long K over 2, a wide weight split 4.
+    - 17-32: 32 / 1 / 2 (int4 on a long K: 64 / 1 / 2 interleaved over 2). 33-64: 64 / 1 / 2 (the same).
+    - 65-128: 128 / 1 / 2, and past 128 tokens or on a weight wider than deep two warpgroups a CTA:
+      without a split from 96 output tiles of 128 x 128 (int4; int6 and fp8: from 80, with their
+      stages), else split 2.
+
+    Past the format's token limit (``max_tokens``) the call widens the weight instead."""
     config = next((dict(config) for limit, config in CONFIGS if m <= limit), dict(CONFIGS[-1][1]))
     long_k = bool(n) and k >= LONG_K * n
     if weight_format in INT4_PACKED:
