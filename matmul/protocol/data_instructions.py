@@ -155,22 +155,15 @@ class DataInstructions:
 
     def i_AddInst(self, inst, env, role, group, active):
         # split-K partials of one tile added: one accumulator with every partial's MMAs
-        tags = [env[x].tag for x in inst.inputs if isinstance(env[x].tag, (AccTag, PiecedTag))]
-        pieced = [t for t in tags if isinstance(t, PiecedTag)]
-        if pieced:  # each piece takes the whole-tile partials' MMAs; pieces add only to like pieces
-            shape = {(tuple((a, b) for _, a, b in t.pieces), t.transposed) for t in pieced}
-            if len(shape) > 1:
-                self.fail("unsupported", "a sum of values that several accumulators wrote in different rows")
-            whole = [t for t in tags if isinstance(t, AccTag)]
-            first = pieced[0]
-            pieces = tuple(
-                (_merged([*(t.pieces[i][0] for t in pieced), *whole]), row0, row1)
-                for i, (_, row0, row1) in enumerate(first.pieces)
-            )
-            tag = dataclasses.replace(first, pieces=pieces)
-        else:
-            tag = _merged(tags) if len(tags) > 1 else (tags[0] if tags else None)
-        env[inst.register_output] = RegVal(None, tuple(inst.register_output.shape), tag)
+        if any(isinstance(env[x].tag, PiecedTag) for x in inst.inputs):  # no kernel adds to one
+            self.fail("unsupported", "a sum with a value that several accumulators wrote")
+        tags = [env[x].tag for x in inst.inputs if isinstance(env[x].tag, AccTag)]
+        if len(tags) > 1:
+            merged = AccTag()
+            for t in tags:
+                merged.terms.extend(t.terms)
+            tags = [merged]
+        env[inst.register_output] = RegVal(None, tuple(inst.register_output.shape), tags[0] if tags else None)
 
     def _elementwise(self, inst, env, role, group, active):
         # a fused epilogue's arithmetic on the accumulator (bias, activation, swiglu's gate times up):
@@ -305,13 +298,6 @@ def _indexed(inst) -> bool:
     from tilus.hidet.ir.tools import collect
 
     return inst.init is not None and bool(set(collect(inst.init, Var)) & set(inst.axes or ()))
-
-
-def _merged(accs: list) -> AccTag:
-    merged = AccTag()
-    for acc in accs:
-        merged.terms.extend(acc.terms)
-    return merged
 
 
 def _result_tag(tags: list):

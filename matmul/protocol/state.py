@@ -249,7 +249,7 @@ class Cta:
         return None
 
     def read_tags(self, ref: MemRef) -> list:
-        return [t for s, e, t in self.tags[ref.alloc] if not (e <= ref.start or s >= ref.end)]
+        return [t for _, _, t in self.read_spans(ref)]
 
     def read_spans(self, ref: MemRef) -> list:
         """The tags a view overlaps, each with the element offsets ``[start, end)`` it was written to,
