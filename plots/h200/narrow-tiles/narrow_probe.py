@@ -58,7 +58,9 @@ ROWS = {
 
 def label(version, config):
     if version == "v7":
-        return "v7 " + "/".join(str(config.get(k, 1)) for k in ("block_m", "warpgroups", "split", "stages", "multicast"))
+        return "v7 " + "/".join(
+            str(config.get(k, 1)) for k in ("block_m", "warpgroups", "split", "stages", "multicast")
+        )
     pair = " pair-n" if config.get("pair") == "n" else ""
     return f"{version}{pair} 128x{config['block_n']} s{config['stages']}"
 
