@@ -163,10 +163,11 @@ def test_supports_and_configs():
     one_pass = {**quant_linear.config_for(256), **quant_linear.ONE_PASS}
     assert one_pass in versions.space(V8) and quant_linear.writes_slabs(one_pass, "int4")
     assert not quant_linear.writes_slabs(two_slabs, "int4")
-    # without a split where 96 or more 128 x 128 tiles go round the SMs, N a multiple of 8 (TMA's rows)
+    # without a split from FILLING_TILES tiles of 128 x 128 (past one wave of the split's CTAs), N a multiple of 8
     assert quant_linear.config_for(128, 28672, 4096, "int4") == one_pass  # 224 tiles
     assert quant_linear.config_for(256, 6144, 4096, "int4") == one_pass  # 96 tiles
-    assert quant_linear.config_for(256, 4096, 4096, "int4") == two_slabs  # 64 tiles
+    assert quant_linear.config_for(256, 4096, 4096, "int4") == two_slabs  # 64 tiles: 128 CTAs, one wave
+    assert quant_linear.config_for(128, 9216, 4096, "int4") == one_pass  # 72 tiles: the split's 144 CTAs, two
     assert quant_linear.config_for(1024, 4096, 4096, "int4") == one_pass
     assert quant_linear.config_for(1024, 4100, 4096, "int4") == two_slabs  # rows of 8200 bytes
     fp8_tile = quant_linear.config_for(200, 6148, 1024, "fp8_e4m3")  # 98 tiles: fp8 keeps the exchange
@@ -365,14 +366,14 @@ def kernel_reads_int6(words, n_pad, k):
 
 
 def test_the_call_runs_v8_only_up_to_its_formats_limit(monkeypatch):
-    """Never a call slower than widening the weight and calling cuBLAS (issue #25): fp8 and int6
-    run V8 up to 256 tokens (int6 beat the widened path at 192 and 256 tokens on the H200 once it
-    widened two values at a time: plots/h200/int6-pairs/probe/); int4 up to 256 always, then up
-    to 1536 where its tiles fill their waves well enough (``prefill_pays``:
-    plots/h200/v8-prefill/). (This CPU is made to look like a Hopper GPU: only the choice of path
-    is checked.)"""
+    """Never a call slower than widening the weight and calling cuBLAS (issue #25): every format
+    runs V8 up to 256 tokens (int6 beat the widened path at 192 and 256 tokens on the H200 once it
+    widened two values at a time: plots/h200/int6-pairs/probe/), then where its tiles fill their
+    waves well enough (``prefill_pays``), int4 up to 1536 tokens (plots/h200/v8-prefill/), int6 and
+    fp8 up to 512 with a cheaper widening to beat (plots/h200/prefill-crossing/). (This CPU is made
+    to look like a Hopper GPU: only the choice of path is checked.)"""
     monkeypatch.setattr(quant_linear, "runs_here", lambda device: True)
-    for fmt, limit in (("int4", 1536), ("fp8_e4m3", 256), ("int6", 256)):
+    for fmt, limit in (("int4", 1536), ("fp8_e4m3", 512), ("int6", 512)):
         qw = matmul.quantize(weight(256, 256), format=fmt)
         assert quant_linear.max_tokens(fmt) == limit
         assert [quant_linear.uses_v8(m, qw) for m in (1, 128, 129, 256, 257)] == [
@@ -388,6 +389,12 @@ def test_the_call_runs_v8_only_up_to_its_formats_limit(monkeypatch):
     assert not pays(1024, 4100)  # no TMA stores into rows of 8200 bytes
     qw = matmul.quantize(weight(4096, 256), format="int4")
     assert [quant_linear.uses_v8(m, qw) for m in (257, 768, 1024, 1536, 1537)] == [True, False, True, True, False]
+    for fmt in quant_linear.LARGE_TILE_FORMATS:  # each measured at 384 and 512 tokens on the Llama's weights
+        faster = [(384, 4096), (384, 14336), (384, 28672), (512, 4096), (512, 14336), (512, 28672), (512, 128256)]
+        assert all(pays(m, n, fmt) for m, n in faster), fmt
+        assert not pays(384, 6144, fmt) and not pays(512, 6144, fmt)  # a last wave a tenth or a half full
+        qw = matmul.quantize(weight(4096, 256), format=fmt)
+        assert [quant_linear.uses_v8(m, qw) for m in (257, 384, 512, 513, 640)] == [True, True, True, False, False]
 
 
 @pytest.mark.parametrize("weight_format", quant_linear.LARGE_TILE_FORMATS)
@@ -424,6 +431,7 @@ def test_large_tile_configurations_past_64_tokens(weight_format):
         (192, 4096, 4096): quant_linear.LARGE_TILE_TWO_SLABS,  # 64
         (192, 6144, 4096): quant_linear.LARGE_TILE_ONE_PASS,  # 96
         (128, 11008, 4096): quant_linear.LARGE_TILE_ONE_PASS,  # 86
+        (128, 8704, 4096): quant_linear.LARGE_TILE_ONE_PASS,  # 68: the split's 136 CTAs take two waves
         (128, 8192, 4096): quant_linear.LARGE_TILE_TWO_SLABS,  # 64
         (256, 4096, 14336): quant_linear.LARGE_TILE_TWO_SLABS,  # 64
         (256, 28672, 4096): quant_linear.LARGE_TILE_ONE_PASS,

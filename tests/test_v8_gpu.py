@@ -57,8 +57,9 @@ FORMAT_TOKENS = (*TOKENS, 12)
 
 
 # int6 and fp8 past 64 tokens (``quant_linear.LARGE_TILE_FORMATS``, ``config_for``): two consumer
-# warpgroups a CTA with a split of K (33 and 16 output tiles) and without one (98 tiles), on ragged shapes
-PAST_64 = ((100, 4097, 1024), (255, 1000, 1152), (200, 6150, 1024))
+# warpgroups a CTA with a split of K (33 and 16 output tiles) and without one (98 tiles), on ragged
+# shapes; past 256 tokens where V8's tiles fill the GPU (``prefill_pays``: 99 tiles)
+PAST_64 = ((100, 4097, 1024), (255, 1000, 1152), (200, 6150, 1024), (300, 4104, 1152))
 
 
 def call_config(m, n, k, format):
@@ -211,7 +212,7 @@ def test_large_tiles_past_64_tokens(format, dtype, calls_kernels_built):
         assert error <= TOLERANCE[dtype], f"V8 {format} {config} {m}x{n}x{k} {dtype}: relative error {error:.3g}"
         y = matmul.linear(x, qw)  # the call, on the same configuration
         assert relative_error(y, reference(x, qw)) <= TOLERANCE[dtype]
-    assert [(c["warpgroups"], c["split"]) for c in configs] == [(2, 2), (2, 2), (2, 1)]
+    assert [(c["warpgroups"], c["split"]) for c in configs] == [(2, 2), (2, 2), (2, 1), (2, 1)]
 
 
 @pytest.mark.parametrize("format", ["int4", *OTHER_FORMATS])
@@ -219,10 +220,11 @@ def test_large_tiles_past_64_tokens(format, dtype, calls_kernels_built):
 def test_the_call(format, dtype, calls_kernels_built):
     for m in (1, 16, 300):  # V8 up to its format's limit, the weight widened on the GPU and cuBLAS above
         x, qw = operands(m, 1000, 1024, dtype, format)
-        # int4 past 256 tokens only where its tiles fill the GPU (prefill_pays): not 24 tiles here
+        # past 256 tokens only where V8's tiles fill the GPU (prefill_pays): not 24 tiles here
         expected = m <= quant_linear.max_tokens(format) and (
-            m <= quant_linear.V8_MAX_M or quant_linear.prefill_pays(m, 1000)
+            m <= quant_linear.V8_MAX_M or quant_linear.prefill_pays(m, 1000, format)
         )
+        assert expected == (m <= quant_linear.V8_MAX_M)
         assert quant_linear.uses_v8(m, qw) == expected
         if quant_linear.uses_v8(m, qw):
             v8_built(x, qw)  # the call's V8, not the widened path that runs while it builds

@@ -11,8 +11,8 @@ float32 scale per row (per output channel, as fp8's: ``scale = absmax / 7``), wh
 the sum instead of to every value. V8 reads all four formats (``tests/test_v8_gpu.py`` checks each
 on a GPU).
 
-The call (``matmul.quant.linear``): up to ``max_tokens(format)`` tokens (256; int4 1536
-where V8's tiles fill the GPU, ``linear.prefill_pays``) on a Hopper GPU, V8 (the GEMM that widens
+The call (``matmul.quant.linear``): up to ``max_tokens(format)`` tokens (256; where V8's tiles
+fill the GPU, ``linear.prefill_pays``, int4 to 1536 and int6 and fp8 to 512) on a Hopper GPU, V8 (the GEMM that widens
 the weight on chip, ``matmul/kernels/hopper/v8.py``); elsewhere the weight is widened to its 16-bit
 dtype once per call (on a Hopper GPU by one bandwidth-bound kernel, ``matmul.quant.widen``; until it
 is built and elsewhere by ``dequantize``) and multiplied by cuBLAS (``torch.matmul``):

@@ -10,7 +10,8 @@ measured, and on every int6 weight measured on the H200 (the widening costs more
 ``matmul.quant.widen`` says when widen-once pays). int4 goes on to ``INT4_MAX_M`` tokens where
 V8's tiles fill the GPU's waves well enough to beat widening (``prefill_pays``): there V8 runs
 ``ONE_PASS``, a CTA of 128 x 128 that writes its slabs of C by TMA stores as V7 does
-(``plots/h200/v8-prefill/``).
+(``plots/h200/v8-prefill/``); int6 and fp8 go on the same way to ``LARGE_TILE_MAX_M``
+(``plots/h200/prefill-crossing/``).
 
 V8's kernels are built off the caller's path, as the call's other kernels are: by the call's build
 child (``matmul.call.building.v8_in_child``, one kernel per dtype, format and configuration as
@@ -53,7 +54,13 @@ INT4_MAX_M = 1536
 # tokens on every weight probed, plots/h200/int6-pairs/probe/)
 # int4 with row scales (``int4_channel``) runs int4's packed tiles and consumer with less work a K
 # block (no group scales): it takes int4's token counts and configurations (``config_for``)
-MAX_TOKENS = {"int4": INT4_MAX_M, "int4_channel": INT4_MAX_M}
+# int6 and fp8 past V8_MAX_M tokens, where ``prefill_pays`` with their own price of widening: at 384
+# and 512 tokens on the Llama's weights V8 (LARGE_TILE_ONE_PASS) was 1.05-1.32x faster than the
+# widened path wherever the rule takes it and 0.78-0.96x where it widens (the 6144-row weight, its
+# last wave a tenth or a half full); at 640-768 tokens V8 was level or behind on most weights, and
+# the rule would still have taken it on some (plots/h200/prefill-crossing/)
+LARGE_TILE_MAX_M = 512
+MAX_TOKENS = {"int4": INT4_MAX_M, "int4_channel": INT4_MAX_M, "int6": LARGE_TILE_MAX_M, "fp8_e4m3": LARGE_TILE_MAX_M}
 ARCH = "sm_90a"
 
 log = logging.getLogger(__name__)
@@ -99,12 +106,21 @@ TWO_SLABS = {"block_m": 128, "warpgroups": 2, "split": 2, "stages": 3}
 # tiles); with 64 tiles or fewer the split's CTAs were faster (256 x 4096 x 14336: 1.01x against
 # 0.63x). TMA writes C only where its rows are whole 16-byte units: N a multiple of 8
 ONE_PASS = {"block_m": 128, "warpgroups": 2, "split": 1, "stages": 4}
-FILLING_TILES = 96  # 128 x 128 output tiles from which ONE_PASS runs without a split
-SMS = 132  # an H100's or H200's SMs: a wave of ONE_PASS's CTAs (one fits an SM)
+SMS = 132  # an H100's or H200's SMs: a wave of ONE_PASS's or TWO_SLABS's CTAs (one fits an SM)
+# ONE_PASS from the tile count at which TWO_SLABS's CTAs (two a tile) no longer fit one wave: past
+# SMS / 2 tiles the split takes two waves where ONE_PASS, half as many CTAs, takes one. On the H200
+# at 64-96 tiles of 4096 deep (int4, both dtypes): TWO_SLABS 20.7 us at 64 tiles and 36 us from 72,
+# ONE_PASS 28 us throughout, so 1.28x faster from 72 tiles and 0.75x at 64; int6 and fp8 1.15-1.32x
+# at 86, 0.68-0.80x at 64 (plots/h200/int4-filling/, plots/h200/decode-tiles/)
+FILLING_TILES = SMS // 2 + 1
 # Widening an N x K weight (then cuBLAS on it) costs about what N / WIDEN_ROWS waves of ONE_PASS's
 # tiles over the same K take (H200: 12.6 us to widen 4096 x 4096 beside 27 us a wave of 4096-deep
 # tiles, 80 us for 28672 rows): the price a partial last wave of V8 is weighed against (prefill_pays)
 WIDEN_ROWS = 9700
+# ... and of int6's and fp8's LARGE_TILE_ONE_PASS, whose waves are slower than int4's against the
+# same widening: the value that puts every shape measured at 384 and 512 tokens on its faster side
+# (plots/h200/prefill-crossing/)
+LARGE_TILE_WIDEN_ROWS = 12000
 # int6 and fp8 past 64 tokens: int4's rule, with the stages their larger tiles (6 and 8 KiB a slab
 # against int4's 4) leave room for (three stages of TWO_SLABS and four of ONE_PASS overflow shared
 # memory); on the H200 the fastest configuration probed on every shape, in both formats, a square or
@@ -113,9 +129,6 @@ WIDEN_ROWS = 9700
 LARGE_TILE_FORMATS = ("int6", "fp8_e4m3")
 LARGE_TILE_TWO_SLABS = {**TWO_SLABS, "stages": 2}
 LARGE_TILE_ONE_PASS = {**ONE_PASS, "stages": 3}
-# ... without a split from fewer tiles than int4: at 86 (128 x 11008) ONE_PASS was 1.15-1.32x faster
-# than TWO_SLABS in both formats, at 64 (128 x 8192, 256 x 4096) 0.68-0.80x (plots/h200/decode-tiles/)
-LARGE_TILE_FILLING_TILES = 80
 # The same formats at decode sizes take token tiles that hold M at most twice, as int4 does: at 17-32
 # tokens a tile of 32 (1.03-1.34x the tile of 64 in int6, 1.06-1.66x in fp8, on every weight probed,
 # a long K included), and int6 up to 8 tokens a tile of 8 but on a weight 4x wider than deep
@@ -137,8 +150,8 @@ def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
     - 9-16: 16 / 1 / 2. int4: a long K interleaved over 4; fp8: a long K over 2, a wide weight split 4.
     - 17-32: 32 / 1 / 2 (int4 on a long K: 64 / 1 / 2 interleaved over 2). 33-64: 64 / 1 / 2 (the same).
     - 65-128: 128 / 1 / 2, and past 128 tokens or on a weight wider than deep two warpgroups a CTA:
-      without a split from 96 output tiles of 128 x 128 (int4; int6 and fp8: from 80, with their
-      stages), else split 2.
+      without a split from ``FILLING_TILES`` output tiles of 128 x 128 (67: more than half the SMs;
+      int6 and fp8 with their stages), else split 2.
 
     Past the format's token limit (``max_tokens``) the call widens the weight instead."""
     config = next((dict(config) for limit, config in CONFIGS if m <= limit), dict(CONFIGS[-1][1]))
@@ -163,7 +176,7 @@ def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
     if weight_format in LARGE_TILE_FORMATS and 16 < m <= MID_M:
         config["block_m"] = MID_M
     if weight_format in LARGE_TILE_FORMATS and m > 64 and (m > 128 or n > k):
-        filled = output_tiles(m, n) >= LARGE_TILE_FILLING_TILES
+        filled = output_tiles(m, n) >= FILLING_TILES
         config.update(LARGE_TILE_ONE_PASS if filled else LARGE_TILE_TWO_SLABS)
     if weight_format == "fp8_e4m3" and m <= 16 and n:
         if m <= NARROW_M:
@@ -193,14 +206,17 @@ def tma_storable(out: torch.Tensor) -> bool:
     return out.stride(1) == 1 and (out.stride(0) * out.element_size()) % 16 == 0 and out.data_ptr() % 16 == 0
 
 
-def prefill_pays(m: int, n: int) -> bool:
+def prefill_pays(m: int, n: int, weight_format: str = "int4") -> bool:
     """Whether V8 (ONE_PASS) beats widening the weight then cuBLAS at M tokens past V8_MAX_M: its
     ``ceil(tiles / SMS)`` waves against the ``tiles / SMS`` waves of work cuBLAS does, plus the
-    widening's ``N / WIDEN_ROWS`` (N a multiple of 8, for its TMA stores). All the measured shapes
-    fall on the faster side: 768 x 4096 x 4096 (192 tiles, a last wave 45% full) widens, 512 x
-    6144 x 4096 (as many tiles, a dearer widening) runs V8 (plots/h200/v8-prefill/)."""
+    widening's ``N / WIDEN_ROWS`` (``LARGE_TILE_WIDEN_ROWS`` for int6 and fp8; N a multiple of 8,
+    for int4's TMA stores). All the measured shapes fall on the faster side: for int4 768 x 4096 x
+    4096 (192 tiles, a last wave 45% full) widens, 512 x 6144 x 4096 (as many tiles, a dearer
+    widening) runs V8 (plots/h200/v8-prefill/); for int6 and fp8 that one widens
+    (plots/h200/prefill-crossing/)."""
     tiles = output_tiles(m, n)
-    return n % 8 == 0 and -(-tiles // SMS) <= tiles / SMS + n / WIDEN_ROWS
+    widen_rows = LARGE_TILE_WIDEN_ROWS if weight_format in LARGE_TILE_FORMATS else WIDEN_ROWS
+    return n % 8 == 0 and -(-tiles // SMS) <= tiles / SMS + n / widen_rows
 
 
 def configs(weight_format: str) -> list[dict]:
@@ -235,7 +251,7 @@ def uses_v8(m: int, weight: QuantizedWeight) -> bool:
         m <= max_tokens(weight.format)
         and runs_here(weight.device)
         and v8_module().supports(m, weight.shape[0], weight.shape[1])
-        and (m <= V8_MAX_M or prefill_pays(m, weight.shape[0]))
+        and (m <= V8_MAX_M or prefill_pays(m, weight.shape[0], weight.format))
     )
 
 

@@ -44,7 +44,8 @@ it with a widening warpgroup writing the 16-bit tile into shared memory for V5's
 in registers, and without a split of K it writes its slabs of C by TMA stores with no float32 tile
 in between: 0.87-0.92x cuBLAS at 1024-1536 tokens on the H200 (``plots/h200/v8-prefill/``). So the
 call runs int4 through V8 up to ``linear.INT4_MAX_M`` tokens where its tiles fill the GPU's waves
-(``linear.prefill_pays``), and widens once above that and where they do not.
+(``linear.prefill_pays``), int6 and fp8 up to ``linear.LARGE_TILE_MAX_M``, and widens once above
+that and where they do not.
 """
 
 import logging
