@@ -57,8 +57,9 @@ INT4_MAX_M = 1536
 # int6 and fp8 past V8_MAX_M tokens, where ``prefill_pays`` with their own price of widening: at 384
 # and 512 tokens on the Llama's weights V8 (LARGE_TILE_ONE_PASS) was 1.05-1.32x faster than the
 # widened path wherever the rule takes it and 0.78-0.96x where it widens (the 6144-row weight, its
-# last wave a tenth or a half full); at 640-768 tokens V8 was level or behind on most weights, and
-# the rule would still have taken it on some (plots/h200/prefill-crossing/)
+# last wave a tenth or a half full); checked at 320 and 448 tokens after, the rule was on the faster
+# side on 19 of 20 (fp8 at 320 x 4096 x 4096: V8 0.93x); at 640-768 tokens V8 was level or behind
+# on most weights, and the rule would still have taken it on some (plots/h200/prefill-crossing/)
 LARGE_TILE_MAX_M = 512
 MAX_TOKENS = {"int4": INT4_MAX_M, "int4_channel": INT4_MAX_M, "int6": LARGE_TILE_MAX_M, "fp8_e4m3": LARGE_TILE_MAX_M}
 ARCH = "sm_90a"
