@@ -43,15 +43,17 @@ from ..kernels.variant import torch_epilogue
 from . import INT4_PACKED, QuantizedWeight, TransposedWeight
 from . import widen as device_widen
 
-V8_MAX_M = 256  # the most tokens V8 takes in every format but int4 (its widest configuration: two tiles of 128)
+# the most tokens V8 takes in every format whatever the weight's shape (its widest configuration: two
+# tiles of 128); past it only where its tiles fill the GPU's waves (``prefill_pays``), up to the
+# format's ``MAX_TOKENS``
+V8_MAX_M = 256
 # int4 past V8_MAX_M tokens, where ``prefill_pays``: up to 1536 tokens V8 in ONE_PASS was faster than
 # the widened path wherever its tiles fill their waves (0.87-0.92x cuBLAS fp16 at 1024-1536 tokens on
 # the H200, against widen + cuBLAS's 0.79-0.84x); at 2048 the two were even in float16 and widening
 # ahead in bfloat16 (0.86 against 0.88x), as it is ever more from there (plots/h200/v8-prefill/)
 INT4_MAX_M = 1536
-# Formats for which V8 runs other token counts (int6 runs up to V8_MAX_M: widened two values at a
-# time, with two consumer warpgroups a CTA past 128 tokens, it beat the widened path at 192 and 256
-# tokens on every weight probed, plots/h200/int6-pairs/probe/)
+# int6, widened two values at a time, with two consumer warpgroups a CTA past 128 tokens, beat the
+# widened path at 192 and 256 tokens on every weight probed (plots/h200/int6-pairs/probe/)
 # int4 with row scales (``int4_channel``) runs int4's packed tiles and consumer with less work a K
 # block (no group scales): it takes int4's token counts and configurations (``config_for``)
 # int6 and fp8 past V8_MAX_M tokens, where ``prefill_pays`` with their own price of widening: at 384
