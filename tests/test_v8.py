@@ -152,6 +152,9 @@ def test_supports_and_configs():
     assert quant_linear.config_for(1, 4096, 14336, "int4")["interleave"] == 2  # a down projection's long K
     assert quant_linear.config_for(16, 4096, 14336, "int4")["interleave"] == 4
     assert quant_linear.config_for(1, 14336, 4096, "int4")["interleave"] == 1
+    # up to 8 tokens a square weight interleaves too, a weight wider than deep does not
+    assert [quant_linear.config_for(m, 4096, 4096, "int4")["interleave"] for m in (1, 8, 9)] == [2, 2, 1]
+    assert quant_linear.config_for(1, 6144, 4096, "int4")["interleave"] == 1
     # up to 8 tokens on a weight 4x wider than deep: no split (N a multiple of 8), else split in 2
     assert [quant_linear.config_for(m, 28672, 4096, "int4")["split"] for m in (1, 8, 9)] == [1, 1, 2]
     assert quant_linear.config_for(1, 28676, 4096, "int4")["split"] == 2

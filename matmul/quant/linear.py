@@ -148,7 +148,7 @@ def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
     what each choice was measured against). In short, as tokens a tile / consumer warpgroups / split
     ("long K": K >= 3 N; "wide": N >= 4 K):
 
-    - 1-8 tokens: 8 / 1 / 2. int4: a long K interleaved over 2 warpgroups, a wide weight split 1;
+    - 1-8 tokens: 8 / 1 / 2. int4: a long or square K (K >= N) interleaved over 2 warpgroups, a wide weight split 1;
       int6: a wide weight in tiles of 16; fp8: a long K or a wide weight interleaved over 2.
     - 9-16: 16 / 1 / 2. int4: a long K interleaved over 4; fp8: a long K over 2, a wide weight split 4.
     - 17-32: 32 / 1 / 2 (int4 on a long K: 64 / 1 / 2 interleaved over 2). 33-64: 64 / 1 / 2 (the same).
@@ -167,6 +167,8 @@ def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
                 config["interleave"] = 2 if m <= NARROW_M else 4
             elif m <= NARROW_M and n >= WIDE_N * k:
                 config["split"] = 1  # many row tiles: no exchange (above)
+            elif m <= NARROW_M and n and k >= n:  # K as deep as N is wide: two consumers a slab too,
+                config["interleave"] = 2  # 1.00-1.16x on every such weight probed (plots/h200/int4-one-token/)
         elif m <= 64:
             if long_k:
                 config["interleave"] = 2
