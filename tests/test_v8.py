@@ -189,8 +189,13 @@ def test_supports_and_configs():
         for config in quant_linear.configs(weight_format):
             assert {**config, "chunk": 64} in declared or config in declared, config
     fp8 = functools.partial(quant_linear.config_for, weight_format="fp8_e4m3")
-    assert fp8(16, 4096, 4096) == quant_linear.config_for(16) and fp8(1, 4096, 4096)["block_m"] == 8
+    assert fp8(16, 6144, 4096) == quant_linear.config_for(16) and fp8(1, 4096, 4096)["block_m"] == 8
     assert fp8(1, 4096, 14336)["interleave"] == fp8(16, 4096, 14336)["interleave"] == 2  # a long K
+    assert fp8(1, 4096, 4096)["interleave"] == fp8(16, 4096, 4096)["interleave"] == 2  # and a square one
+    assert fp8(1, 6144, 4096)["interleave"] == fp8(16, 6144, 4096)["interleave"] == 1  # not a wider one
+    int6 = functools.partial(quant_linear.config_for, weight_format="int6")
+    assert [int6(m, 4096, n)["interleave"] for m in (1, 16, 17) for n in (4096, 14336)] == [2, 2, 2, 2, 1, 1]
+    assert int6(1, 6144, 4096)["interleave"] == int6(16, 6144, 4096)["interleave"] == 1
     assert fp8(1, 28672, 4096)["interleave"] == 2 and fp8(16, 28672, 4096)["split"] == 4  # a wide weight
     for m, n, k in ((1, 28672, 4096), (1, 4096, 14336), (16, 4096, 4096), (1024, 4096, 4096)):  # int4's rules
         assert quant_linear.config_for(m, n, k, "int4_channel") == quant_linear.config_for(m, n, k, "int4")
@@ -412,10 +417,11 @@ def test_large_tile_decode_tiles(weight_format):
         assert quant_linear.config_for(33, n, k, weight_format)["block_m"] == 64
     if weight_format == "int6":
         for m in (1, 8):
-            assert quant_linear.config_for(m, 4096, 4096, "int6") == {**quant_linear.config_for(16), "block_m": 8}
+            square = {**quant_linear.config_for(16), "block_m": 8, "interleave": 2}
+            assert quant_linear.config_for(m, 4096, 4096, "int6") == square
             assert quant_linear.config_for(m, 4096, 14336, "int6")["block_m"] == 8
             assert quant_linear.config_for(m, 28672, 4096, "int6") == quant_linear.config_for(16)  # 7x wider
-        assert quant_linear.config_for(9, 4096, 4096, "int6") == quant_linear.config_for(16)
+        assert quant_linear.config_for(9, 4096, 4096, "int6") == {**quant_linear.config_for(16), "interleave": 2}
 
 
 @pytest.mark.parametrize("weight_format", quant_linear.LARGE_TILE_FORMATS)

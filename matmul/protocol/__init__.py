@@ -270,8 +270,10 @@ def configs_to_check(
     def protocol_shape(config):
         function = transpile(module, arch, config, lowered=False)
         shape = cluster_shape(function), consumers_take_turns(module, config), function.metadata.num_warps
-        # a packed weight's format: what a stage brings (V8's row scales come through no ring)
-        return (*shape, uses_global_flags(function), config.get("weight"))
+        # a packed weight's format: what a stage brings (V8's row scales come through no ring); and
+        # V8's consumers a slab, which take a stage's K blocks in turn where two warpgroups of as many
+        # warps would each take a slab of rows (the same barrier counts, another data flow)
+        return (*shape, uses_global_flags(function), config.get("weight"), config.get("interleave", 1))
 
     shapes = {protocol_shape(module.REPRESENTATIVE)}
     for config in candidates:

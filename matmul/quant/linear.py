@@ -89,7 +89,8 @@ LONG_K = 3  # K >= LONG_K * N
 # fp8 at decode sizes (plots/h100/v8/fp8-configs/): its 8 KiB tiles want a long K range interleaved
 # over two consumer warpgroups, as int4's, and a wide weight (an MLP's gate-up) more CTAs: up to 8
 # tokens two consumers a slab (50.0 against 53.4 us at 1 x 28672 x 4096), at 16 the K range cut in 4
-# (49.7 against 50.4)
+# (49.7 against 50.4); on the H200 a square weight takes two consumers a slab too (1.12-1.13x at
+# 1-8 tokens on 4096 x 4096, 1.05x at 16; level on 8192 x 8192, 0.98-1.01x: plots/h200/decode-interleave/)
 WIDE_N = 4  # N >= WIDE_N * K
 # int4 up to 8 tokens on such a weight: no split of K, each CTA's slab of C written by a TMA store
 # (``v8.Kernel.writes_slabs``): an MLP's gate-up (448 row tiles) has CTAs enough without one, and
@@ -148,9 +149,11 @@ def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
     what each choice was measured against). In short, as tokens a tile / consumer warpgroups / split
     ("long K": K >= 3 N; "wide": N >= 4 K):
 
-    - 1-8 tokens: 8 / 1 / 2. int4: a long or square K (K >= N) interleaved over 2 warpgroups, a wide weight split 1;
-      int6: a wide weight in tiles of 16; fp8: a long K or a wide weight interleaved over 2.
-    - 9-16: 16 / 1 / 2. int4: a long K interleaved over 4; fp8: a long K over 2, a wide weight split 4.
+    - 1-8 tokens: 8 / 1 / 2. int4: K >= N interleaved over 2 warpgroups, a wide weight split 1;
+      int6: K >= N interleaved over 2, a wide weight in tiles of 16; fp8: K >= N or a wide weight
+      interleaved over 2.
+    - 9-16: 16 / 1 / 2. int4: a long K interleaved over 4; int6 and fp8: K >= N over 2; fp8: a wide
+      weight split 4.
     - 17-32: 32 / 1 / 2 (int4 on a long K: 64 / 1 / 2 interleaved over 2). 33-64: 64 / 1 / 2 (the same).
     - 65-128: 128 / 1 / 2, and past 128 tokens or on a weight wider than deep two warpgroups a CTA:
       without a split from ``FILLING_TILES`` output tiles of 128 x 128 (67: more than half the SMs;
@@ -178,6 +181,8 @@ def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
             config.update(ONE_PASS if output_tiles(m, n) >= FILLING_TILES and n % 8 == 0 else TWO_SLABS)
     if weight_format == "int6" and m <= NARROW_M and n and n < WIDE_N * k:
         config["block_m"] = NARROW_M
+    if weight_format == "int6" and m <= 16 and n and k >= n:  # as deep as wide: two consumers a slab
+        config["interleave"] = 2  # 1.00-1.31x, most on a long K (plots/h200/decode-interleave/)
     if weight_format in LARGE_TILE_FORMATS and 16 < m <= MID_M:
         config["block_m"] = MID_M
     if weight_format in LARGE_TILE_FORMATS and m > 64 and (m > 128 or n > k):
@@ -186,7 +191,7 @@ def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
     if weight_format == "fp8_e4m3" and m <= 16 and n:
         if m <= NARROW_M:
             config["block_m"] = NARROW_M
-        if long_k or (m <= NARROW_M and n >= WIDE_N * k):
+        if k >= n or (m <= NARROW_M and n >= WIDE_N * k):  # a square K too (plots/h200/decode-interleave/)
             config["interleave"] = 2
         elif n >= WIDE_N * k:
             config["split"] = 4

@@ -156,6 +156,12 @@ EXTRA_CONFIGS = (
     {"block_m": 8, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 64, "weight": "int6"},
     {"block_m": 32, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 64, "weight": "int6"},
     {"block_m": 32, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 32, "weight": "fp8_e4m3"},
+    # each format's consumers taking a slab's K blocks in turn, as the call runs them at decode sizes
+    # on a weight as deep as wide (the space's interleaved configurations are int4's)
+    {"block_m": 8, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 64, "interleave": 2, "weight": "int6"},
+    {"block_m": 8, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 32, "interleave": 2, "weight": "fp8_e4m3"},
+    {"block_m": 8, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 64, "interleave": 2, "weight": "int4_channel"},
+    {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 64, "interleave": 4, "weight": "int4_channel"},
 )
 B_LAYOUTS = ("nk",)  # the packed weight has one layout (matmul.quant)
 FUSED_EPILOGUE = False
