@@ -52,6 +52,8 @@ V6_PAIR_N = (("block_n", 96), ("stages", 7), ("pair", "n"))
 V5_STREAM_K = (("stream_k", True),)
 # Hopper V8 with two consumer warpgroups taking a weight slab's K blocks in turn
 V8_INTERLEAVED = (("split", 2), ("interleave", 2))
+# ... with fp8 weights (8 KiB tiles a stage, chunk 32), as the call runs them on a square weight at decode sizes
+V8_FP8_INTERLEAVED = (("weight", "fp8_e4m3"), ("block_m", 8), ("split", 2), ("interleave", 2), ("chunk", 32))
 # Hopper V8 without a split, two slabs each written by a TMA store (matmul.quant.linear's ONE_PASS)
 V8_ONE_PASS = (("block_m", 128), ("warpgroups", 2), ("split", 1), ("stages", 4))
 # Hopper V8's int6 without a split: two slabs of one partial tile, written out whole (LARGE_TILE_ONE_PASS)
@@ -474,6 +476,17 @@ MUTANTS = (
         "k_blocks = SplitKRange(cdiv(k_size, BLOCK_K), self.split, rank)",
         ("coverage",),
         config=V8_INTERLEAVED,
+    ),
+    Mutant(
+        "wrong K range in fp8: the same cut as above, with fp8's interleaved consumers (checked apart from "
+        "its two warpgroups a CTA since a configuration's protocol shape includes its interleave)",
+        "sm_90a",
+        "v8",
+        "matmul.kernels.hopper.v8",
+        "k_blocks = SplitKRange(cdiv(k_size, BLOCK_K), self.split, rank, self.interleave)",
+        "k_blocks = SplitKRange(cdiv(k_size, BLOCK_K), self.split, rank)",
+        ("coverage",),
+        config=V8_FP8_INTERLEAVED,
     ),
     Mutant(
         "no exit barrier: a Blackwell V8 CTA may exit while its split-K partial is still being copied out of "
