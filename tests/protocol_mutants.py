@@ -54,6 +54,11 @@ V5_STREAM_K = (("stream_k", True),)
 V8_INTERLEAVED = (("split", 2), ("interleave", 2))
 # ... with fp8 weights (8 KiB tiles a stage, chunk 32), as the call runs them on a square weight at decode sizes
 V8_FP8_INTERLEAVED = (("weight", "fp8_e4m3"), ("block_m", 8), ("split", 2), ("interleave", 2), ("chunk", 32))
+# the cut of a CTA's K range, and the same cut without regard to the interleaved consumers' turns
+V8_K_RANGE_CUT_WITHOUT_TURNS = (
+    "k_blocks = SplitKRange(cdiv(k_size, BLOCK_K), self.split, rank, self.interleave)",
+    "k_blocks = SplitKRange(cdiv(k_size, BLOCK_K), self.split, rank)",
+)
 # Hopper V8 without a split, two slabs each written by a TMA store (matmul.quant.linear's ONE_PASS)
 V8_ONE_PASS = (("block_m", 128), ("warpgroups", 2), ("split", 1), ("stages", 4))
 # Hopper V8's int6 without a split: two slabs of one partial tile, written out whole (LARGE_TILE_ONE_PASS)
@@ -472,8 +477,7 @@ MUTANTS = (
         "sm_90a",
         "v8",
         "matmul.kernels.hopper.v8",
-        "k_blocks = SplitKRange(cdiv(k_size, BLOCK_K), self.split, rank, self.interleave)",
-        "k_blocks = SplitKRange(cdiv(k_size, BLOCK_K), self.split, rank)",
+        *V8_K_RANGE_CUT_WITHOUT_TURNS,
         ("coverage",),
         config=V8_INTERLEAVED,
     ),
@@ -483,8 +487,7 @@ MUTANTS = (
         "sm_90a",
         "v8",
         "matmul.kernels.hopper.v8",
-        "k_blocks = SplitKRange(cdiv(k_size, BLOCK_K), self.split, rank, self.interleave)",
-        "k_blocks = SplitKRange(cdiv(k_size, BLOCK_K), self.split, rank)",
+        *V8_K_RANGE_CUT_WITHOUT_TURNS,
         ("coverage",),
         config=V8_FP8_INTERLEAVED,
     ),
