@@ -166,12 +166,12 @@ def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
         if m <= 16:
             if m <= NARROW_M:
                 config["block_m"] = NARROW_M
-            if long_k:
-                config["interleave"] = 2 if m <= NARROW_M else 4
+            if m <= NARROW_M and n and k >= n:  # a long K, or one as deep as N is wide: 1.00-1.16x
+                config["interleave"] = 2  # on every such weight probed (plots/h200/int4-one-token/)
+            elif long_k:
+                config["interleave"] = 4
             elif m <= NARROW_M and n >= WIDE_N * k:
                 config["split"] = 1  # many row tiles: no exchange (above)
-            elif m <= NARROW_M and n and k >= n:  # K as deep as N is wide: two consumers a slab too,
-                config["interleave"] = 2  # 1.00-1.16x on every such weight probed (plots/h200/int4-one-token/)
         elif m <= 64:
             if long_k:
                 config["interleave"] = 2
@@ -181,8 +181,8 @@ def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
             config.update(ONE_PASS if output_tiles(m, n) >= FILLING_TILES and n % 8 == 0 else TWO_SLABS)
     if weight_format == "int6" and m <= NARROW_M and n and n < WIDE_N * k:
         config["block_m"] = NARROW_M
-    if weight_format == "int6" and m <= 16 and n and k >= n:  # as deep as wide: two consumers a slab
-        config["interleave"] = 2  # 1.00-1.31x, most on a long K (plots/h200/decode-interleave/)
+    if weight_format in LARGE_TILE_FORMATS and m <= 16 and n and k >= n:  # as deep as wide: two consumers
+        config["interleave"] = 2  # a slab (int6 1.00-1.31x, fp8 0.98-1.27x: plots/h200/decode-interleave/)
     if weight_format in LARGE_TILE_FORMATS and 16 < m <= MID_M:
         config["block_m"] = MID_M
     if weight_format in LARGE_TILE_FORMATS and m > 64 and (m > 128 or n > k):
@@ -191,7 +191,7 @@ def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
     if weight_format == "fp8_e4m3" and m <= 16 and n:
         if m <= NARROW_M:
             config["block_m"] = NARROW_M
-        if k >= n or (m <= NARROW_M and n >= WIDE_N * k):  # a square K too (plots/h200/decode-interleave/)
+        if m <= NARROW_M and n >= WIDE_N * k:
             config["interleave"] = 2
         elif n >= WIDE_N * k:
             config["split"] = 4
