@@ -203,6 +203,19 @@ def test_supports_and_configs():
         assert V8.shared_bytes(**config) <= build.SHARED_MEMORY_LIMIT["sm_90a"] - 1024, config
 
 
+@pytest.mark.parametrize("weight_format", sorted(quant_linear.MAX_TOKENS))
+def test_configs_hold_every_configuration_the_call_takes(weight_format):
+    """``configs`` is what prebuilds, the protocol's declared space and the benches build from: a
+    configuration the call takes and it misses is built on the user's first call instead."""
+    listed = [quant_linear.kernel_config(weight_format, c) for c in quant_linear.configs(weight_format)]
+    tokens = [*range(1, 80), 96, 127, 128, 129, 200, 255, 256, 257, 300, 511, 512, 513, 1024, 1535, 1536]
+    weights = [(n, k) for n in (64, 200, 1000, 4096, 4100, 6144, 12288, 28672, 28676) for k in (128, 1024, 4096, 14336)]
+    for m in (t for t in tokens if t <= quant_linear.max_tokens(weight_format)):
+        for n, k in weights:
+            config = quant_linear.kernel_config(weight_format, quant_linear.config_for(m, n, k, weight_format))
+            assert config in listed, (m, n, k, config)
+
+
 def test_representative_build_and_markers():
     result = representative_build("sm_90a", "v8")
     assert result.ok, result.error[-3000:]

@@ -230,9 +230,14 @@ def prefill_pays(m: int, n: int, weight_format: str = "int4") -> bool:
 
 
 def configs(weight_format: str) -> list[dict]:
-    """Every configuration the call may build for a format (``config_for``'s, as ``kernel_config`` builds them)."""
-    tokens = (1, MID_M, *(limit for limit, _ in CONFIGS), max_tokens(weight_format))
-    weights = ((1, 1), (1, LONG_K), (WIDE_N, 1), (128 * FILLING_TILES, 1))  # N x K, in K's units
+    """Every configuration the call may build for a format (``config_for``'s, as ``kernel_config`` builds
+    them): M at each token boundary of its rules, on a weight of each kind they tell apart (square, wider
+    than deep, wide, with a long K, with rows TMA cannot store, and with output tiles enough to fill
+    the SMs without a split at 65 tokens)."""
+    tokens = (1, NARROW_M, 16, MID_M, *(limit for limit, _ in CONFIGS), max_tokens(weight_format))
+    k = 1024
+    n_filling = 128 * FILLING_TILES
+    weights = ((k, k), (2 * k, k), (WIDE_N * k, k), (k, LONG_K * k), (2 * k + 4, k), (n_filling, k), (n_filling + 4, k))
     shapes = [(m, n, k) for m in tokens for n, k in weights]
     chosen = (kernel_config(weight_format, config_for(m, n, k, weight_format)) for m, n, k in shapes)
     return list({tuple(sorted(c.items())): c for c in chosen}.values())
