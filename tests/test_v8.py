@@ -197,6 +197,11 @@ def test_supports_and_configs():
     assert [int6(m, 4096, n)["interleave"] for m in (1, 16, 17) for n in (4096, 14336)] == [2, 2, 2, 2, 1, 1]
     assert int6(1, 6144, 4096)["interleave"] == int6(16, 6144, 4096)["interleave"] == 1
     assert fp8(1, 28672, 4096)["interleave"] == 2 and fp8(16, 28672, 4096)["split"] == 4  # a wide weight
+    # 33-64 tokens: fp8 on a weight wider than deep two consumer warpgroups a CTA, int6 on a long K two a slab
+    assert [fp8(m, 6144, 4096)["warpgroups"] for m in (32, 33, 64, 65)] == [1, 2, 2, 2]
+    assert fp8(64, 4096, 4096)["warpgroups"] == fp8(64, 4096, 14336)["warpgroups"] == 1
+    assert [int6(m, 4096, 14336)["interleave"] for m in (32, 33, 64, 65)] == [1, 2, 2, 1]
+    assert int6(64, 4096, 4096)["interleave"] == int6(64, 6144, 4096)["interleave"] == 1
     for m, n, k in ((1, 28672, 4096), (1, 4096, 14336), (16, 4096, 4096), (1024, 4096, 4096)):  # int4's rules
         assert quant_linear.config_for(m, n, k, "int4_channel") == quant_linear.config_for(m, n, k, "int4")
     for config in versions.space(V8):

@@ -61,6 +61,10 @@ FORMAT_TOKENS = (*TOKENS, 12)
 # shapes; past 256 tokens where V8's tiles fill the GPU (``prefill_pays``: 99 tiles)
 PAST_64 = ((100, 4097, 1024), (255, 1000, 1152), (200, 6150, 1024), (300, 4104, 1152))
 
+# fp8 and int6 at 33-64 tokens (``config_for``): fp8 on a weight wider than deep two consumer
+# warpgroups a CTA, int6 on a long K two consumers a slab; M from just past a tile of 32 to a full 64
+MID_TOKENS = (("fp8_e4m3", 4097, 1024), ("int6", 1000, 4096))
+
 
 def call_config(m, n, k, format):
     """The call's configuration up to 32 tokens (shape-aware), else two warpgroups of 64 tokens."""
@@ -82,6 +86,7 @@ def the_calls_kernels() -> list[tuple]:
         kernels += [
             (dtype, f, quant_linear.config_for(*shape, f)) for f in quant_linear.LARGE_TILE_FORMATS for shape in PAST_64
         ]
+        kernels += [(dtype, f, quant_linear.config_for(64, n, k, f)) for f, n, k in MID_TOKENS]
     return list({quant_linear.kernel_key(*kernel): kernel for kernel in kernels}.values())
 
 
@@ -213,6 +218,19 @@ def test_large_tiles_past_64_tokens(format, dtype, calls_kernels_built):
         y = matmul.linear(x, qw)  # the call, on the same configuration
         assert relative_error(y, reference(x, qw)) <= TOLERANCE[dtype]
     assert [(c["warpgroups"], c["split"]) for c in configs] == [(2, 2), (2, 2), (2, 1), (2, 1)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_mid_token_configurations(dtype, calls_kernels_built):
+    for format, n, k in MID_TOKENS:
+        for m in (33, 50, 64):
+            x, qw = operands(m, n, k, dtype, format)
+            config = quant_linear.config_for(m, n, k, format)
+            assert (config["warpgroups"], config["interleave"]) == ((2, 1) if format == "fp8_e4m3" else (1, 2))
+            error = v8_error(x, qw, config)
+            assert error <= TOLERANCE[dtype], f"V8 {format} {config} {m}x{n}x{k} {dtype}: relative error {error:.3g}"
+            y = matmul.linear(x, qw)  # the call, on the same configuration
+            assert relative_error(y, reference(x, qw)) <= TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("format", ["int4", *OTHER_FORMATS])

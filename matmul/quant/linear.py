@@ -138,6 +138,11 @@ LARGE_TILE_ONE_PASS = {**ONE_PASS, "stages": 3}
 # a long K included), and int6 up to 8 tokens a tile of 8 but on a weight 4x wider than deep
 # (0.98-1.12x the tile of 16 on the others, 0.86x on 28672 x 4096), as fp8 already had it
 # (plots/h200/decode-tiles/)
+# At 33-64 tokens (a tile of 64), on the H200: fp8 on a weight wider than deep two consumer
+# warpgroups a CTA (64 weight rows each: 1.27x at 64 x 6144 x 4096 and 40 x 6144 x 4096, 1.21x at
+# 64 x 28672 x 4096; on the square and the long-K weights 0.78x and 0.75x, kept as they were), int6
+# on a long K two consumers a slab (1.18x at 64 x 4096 x 14336, level on the square), as int4 does
+# (plots/h200/mid-tokens/)
 
 
 def v8_module():
@@ -154,7 +159,8 @@ def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
       interleaved over 2.
     - 9-16: 16 / 1 / 2. int4: a long K interleaved over 4; int6 and fp8: K >= N over 2; fp8: a wide
       weight split 4.
-    - 17-32: 32 / 1 / 2 (int4 on a long K: 64 / 1 / 2 interleaved over 2). 33-64: 64 / 1 / 2 (the same).
+    - 17-32: 32 / 1 / 2 (int4 on a long K: 64 / 1 / 2 interleaved over 2). 33-64: 64 / 1 / 2 (the same,
+      int6's too; fp8 on a weight wider than deep: 64 / 2 / 2).
     - 65-128: 128 / 1 / 2, and past 128 tokens or on a weight wider than deep two warpgroups a CTA:
       without a split from ``FILLING_TILES`` output tiles of 128 x 128 (67: more than half the SMs;
       int6 and fp8 with their stages), else split 2.
@@ -185,6 +191,10 @@ def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "") -> dict:
         config["interleave"] = 2  # a slab (int6 1.00-1.31x, fp8 0.98-1.27x: plots/h200/decode-interleave/)
     if weight_format in LARGE_TILE_FORMATS and 16 < m <= MID_M:
         config["block_m"] = MID_M
+    if weight_format == "fp8_e4m3" and MID_M < m <= 64 and n > k:  # wider than deep: two consumers a CTA
+        config["warpgroups"] = 2
+    if weight_format == "int6" and MID_M < m <= 64 and long_k:  # int4's rule: two consumers a slab
+        config["interleave"] = 2
     if weight_format in LARGE_TILE_FORMATS and m > 64 and (m > 128 or n > k):
         filled = output_tiles(m, n) >= FILLING_TILES
         config.update(LARGE_TILE_ONE_PASS if filled else LARGE_TILE_TWO_SLABS)

@@ -156,6 +156,10 @@ EXTRA_CONFIGS = (
     {"block_m": 8, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 64, "weight": "int6"},
     {"block_m": 32, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 64, "weight": "int6"},
     {"block_m": 32, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 32, "weight": "fp8_e4m3"},
+    # at 33-64 tokens: fp8 on a weight wider than deep two consumer warpgroups a CTA, int6 on a long K
+    # two a slab
+    {"block_m": 64, "warpgroups": 2, "split": 2, "stages": 4, "chunk": 32, "weight": "fp8_e4m3"},
+    {"block_m": 64, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 64, "interleave": 2, "weight": "int6"},
     # each format's consumers taking a slab's K blocks in turn, as the call runs them at decode sizes
     # on a weight as deep as wide (the space's interleaved configurations are int4's)
     {"block_m": 8, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 64, "interleave": 2, "weight": "int6"},
