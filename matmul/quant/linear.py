@@ -139,7 +139,7 @@ LARGE_TILE_ONE_PASS = {**ONE_PASS, "stages": 3}
 # (0.98-1.12x the tile of 16 on the others, 0.86x on 28672 x 4096), as fp8 already had it
 # (plots/h200/decode-tiles/)
 # At 33-64 tokens (a tile of 64), on the H200: fp8 on a weight wider than deep two consumer
-# warpgroups a CTA (64 weight rows each: 1.27x at 64 x 6144 x 4096 and 40 x 6144 x 4096, 1.21x at
+# warpgroups a CTA (64 weight rows each: 1.27-1.28x at 64 and 40 x 6144 x 4096, 1.21x at
 # 64 x 28672 x 4096; on the square and the long-K weights 0.78x and 0.75x, kept as they were), int6
 # on a long K two consumers a slab (1.18x at 64 x 4096 x 14336, level on the square), as int4 does
 # (plots/h200/mid-tokens/)
