@@ -1,7 +1,7 @@
 """Hopper V8 computes C = A @ dequantize(W)^T right on ragged shapes (int4: in every configuration,
 and the interleaved ones on K block counts that leave a CTA's last stage partly past K; fp8_e4m3 and
 int6: in two, which the call's configurations share, and two interleaved; int6 also in its two
-configurations past 64 tokens), the call ``matmul.matmul(x,
+configurations past 64 tokens, and both in their own at 33-64 tokens), the call ``matmul.matmul(x,
 qw.T)`` takes it (or widens the weight for cuBLAS), and the widening kernel (``matmul.quant.widen``)
 gives ``qw.dequantize()`` bit for bit.
 
