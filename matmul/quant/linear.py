@@ -244,7 +244,7 @@ def configs(weight_format: str) -> list[dict]:
     them): M at each token boundary of its rules, on a weight of each kind they tell apart (square, wider
     than deep, wide, with a long K, with rows TMA cannot store, and with output tiles enough to fill
     the SMs without a split at 65 tokens)."""
-    tokens = (1, NARROW_M, 16, MID_M, *(limit for limit, _ in CONFIGS), max_tokens(weight_format))
+    tokens = (1, NARROW_M, MID_M, *(limit for limit, _ in CONFIGS), max_tokens(weight_format))
     k = 1024
     n_filling = 128 * FILLING_TILES
     weights = ((k, k), (2 * k, k), (WIDE_N * k, k), (k, LONG_K * k), (2 * k + 4, k), (n_filling, k), (n_filling + 4, k))
