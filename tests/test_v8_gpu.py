@@ -204,19 +204,23 @@ def test_other_formats_ragged_shapes(format, dtype, calls_kernels_built):
             assert error <= TOLERANCE[dtype], f"V8 {format} {config} {m}x{n}x{k} {dtype}: relative error {error:.3g}"
 
 
+def check_the_calls_configuration(m, n, k, dtype, format) -> dict:
+    """V8 in the call's configuration for this shape, then the call itself (which runs that
+    configuration), both against float32; the configuration, for the test to say which it was."""
+    x, qw = operands(m, n, k, dtype, format)
+    assert quant_linear.uses_v8(m, qw)
+    config = quant_linear.config_for(m, n, k, format)
+    error = v8_error(x, qw, config)
+    assert error <= TOLERANCE[dtype], f"V8 {format} {config} {m}x{n}x{k} {dtype}: relative error {error:.3g}"
+    y = matmul.linear(x, qw)
+    assert relative_error(y, reference(x, qw)) <= TOLERANCE[dtype], f"the call {format} {m}x{n}x{k} {dtype}"
+    return config
+
+
 @pytest.mark.parametrize("format", quant_linear.LARGE_TILE_FORMATS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_large_tiles_past_64_tokens(format, dtype, calls_kernels_built):
-    configs = []
-    for m, n, k in PAST_64:
-        x, qw = operands(m, n, k, dtype, format)
-        assert quant_linear.uses_v8(m, qw)
-        config = quant_linear.config_for(m, n, k, format)
-        configs.append(config)
-        error = v8_error(x, qw, config)
-        assert error <= TOLERANCE[dtype], f"V8 {format} {config} {m}x{n}x{k} {dtype}: relative error {error:.3g}"
-        y = matmul.linear(x, qw)  # the call, on the same configuration
-        assert relative_error(y, reference(x, qw)) <= TOLERANCE[dtype]
+    configs = [check_the_calls_configuration(m, n, k, dtype, format) for m, n, k in PAST_64]
     assert [(c["warpgroups"], c["split"]) for c in configs] == [(2, 2), (2, 2), (2, 1), (2, 1)]
 
 
@@ -224,13 +228,8 @@ def test_large_tiles_past_64_tokens(format, dtype, calls_kernels_built):
 def test_mid_token_configurations(dtype, calls_kernels_built):
     for format, n, k in MID_TOKENS:
         for m in (33, 50, 64):
-            x, qw = operands(m, n, k, dtype, format)
-            config = quant_linear.config_for(m, n, k, format)
+            config = check_the_calls_configuration(m, n, k, dtype, format)
             assert (config["warpgroups"], config["interleave"]) == ((2, 1) if format == "fp8_e4m3" else (1, 2))
-            error = v8_error(x, qw, config)
-            assert error <= TOLERANCE[dtype], f"V8 {format} {config} {m}x{n}x{k} {dtype}: relative error {error:.3g}"
-            y = matmul.linear(x, qw)  # the call, on the same configuration
-            assert relative_error(y, reference(x, qw)) <= TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("format", ["int4", *OTHER_FORMATS])
@@ -431,11 +430,16 @@ def test_a_quantized_layer_under_torch_compile_runs_v8():
 
 def test_a_cuda_graph_captures_the_widened_path_until_v8_is_built():
     """Captured before its V8 kernel is built (a key no other test builds: int6, bfloat16, the call's
-    configuration for 200 tokens), the call widens the weight and starts no build; once the build
-    child has built it, a capture runs V8. Each graph's replay gives the product."""
-    m, n, k = 200, 1000, 1024
+    configuration for 100 tokens on a square weight, one warpgroup a tile of 128), the call widens the
+    weight and starts no build; once the build child has built it, a capture runs V8. Each graph's
+    replay gives the product."""
+    m, n, k = 100, 1000, 1024
     x, qw = operands(m, n, k, torch.bfloat16, "int6")
     key = quant_linear.kernel_key(x.dtype, "int6", quant_linear.config_for(m, n, k, "int6"))
+    built_by_others = [*the_calls_kernels(), *((d, f, c) for d in DTYPES for f, c in INTERLEAVED_FORMATS)]
+    assert key not in {quant_linear.kernel_key(*kernel) for kernel in built_by_others}, (
+        f"{key} is among the kernels other tests build first: take a shape whose kernel no other test builds"
+    )
     ref = reference(x, qw)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
