@@ -34,6 +34,11 @@ class MatmulInputError(ValueError):
 def _check_tensors(a, b) -> None:
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
+            if name == "b" and hasattr(t, "dequantize"):  # a QuantizedWeight, [N, K] as nn.Linear stores it
+                raise MatmulInputError(
+                    f"b is a {type(t).__name__} of shape [N, K] = {list(t.shape)}: pass its transpose, "
+                    "matmul(a, qw.T), or call matmul.linear(a, qw)"
+                )
             raise MatmulInputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 2:
             raise MatmulInputError(

@@ -137,6 +137,10 @@ def test_errors():
         matmul.linear(torch.zeros(2, 128, dtype=torch.float16), qw)
     with pytest.raises(MatmulInputError, match="quantized for"):
         matmul.matmul(torch.zeros(2, 256, dtype=torch.bfloat16), qw.T)
+    with pytest.raises(MatmulInputError, match=r"pass its transpose, matmul\(a, qw.T\)"):  # the weight as stored
+        matmul.matmul(torch.zeros(2, 256, dtype=torch.float16), qw)
+    with pytest.raises(MatmulInputError, match=r"linear\(x, qw\)"):  # and linear's the other way round
+        matmul.linear(torch.zeros(2, 256, dtype=torch.float16), qw.T)
 
 
 def test_supports_and_configs():

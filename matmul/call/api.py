@@ -198,6 +198,11 @@ else:
 
 
 def _check_linear(x, weight, bias, variant: Variant) -> None:
+    if isinstance(weight, TransposedWeight):
+        raise MatmulInputError(
+            f"weight is qw.T, a quantized weight transposed to [K, N] = {list(weight.shape)}: linear takes the "
+            "weight as nn.Linear stores it, linear(x, qw)"
+        )
     for name, t in (("x", x), ("weight", weight), ("bias", bias)):
         if t is not None and not isinstance(t, torch.Tensor):
             raise MatmulInputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
