@@ -527,14 +527,22 @@ while time.monotonic() - begin < CALLING_S:
     start = time.perf_counter()
     matmul.matmul(x, w.T)
     torch.cuda.synchronize()
-    times.append(time.perf_counter() - start)
+    times.append((time.perf_counter() - start, time.monotonic() - begin))
 stopped = time.monotonic()
 thread.join(600)
-median = statistics.median(times)
+median = statistics.median(t for t, _ in times)
+slow = [at for t, at in times if t > 1.5 * median]
 print(json.dumps({
-    "slow_share": sum(t > 1.5 * median for t in times) / len(times),
+    "slow_share": len(slow) / len(times),
     "yielded_s": found["yield test"]["yielded_s"],
     "after_the_calls": found["at"] > stopped,
+    # where a failure's cause shows: how many calls, how slow, when the slow ones came (seconds into
+    # the calls) and when the child's result did (seconds after the calls stopped)
+    "calls": len(times),
+    "median_ms": round(1e3 * median, 3),
+    "max_ms": round(1e3 * max(t for t, _ in times), 3),
+    "slow_at_s": [round(at, 2) for at in slow[:10]] + [round(at, 2) for at in slow[10:][-5:]],
+    "result_after_stop_s": round(found["at"] - stopped, 2),
 }))
 """
 
