@@ -26,6 +26,8 @@ BOTH = ("float16", "bfloat16")
 
 
 def kernels() -> list[str]:
+    import test_b_layout_gpu
+    import test_fused_epilogue_gpu
     import test_gpu_correctness
     import test_multicast_gpu
     import test_pingpong_gpu
@@ -72,6 +74,18 @@ def kernels() -> list[str]:
         module = versions.load(ARCH, module_name)
         for key in ("kn", "bias", "bias+silu", "bias+relu"):
             add(module_name, module.REPRESENTATIVE, key=key)
+    # test_fused_epilogue_gpu: each version's representative in every epilogue and both dtypes, V5's
+    # and V6's narrow tiles in three
+    for version, dtype, key, _, config in test_fused_epilogue_gpu.cases():
+        module = versions.load(ARCH, version)
+        add(version, dict(config) if config else module.REPRESENTATIVE, (str(dtype).removeprefix("torch."),), key)
+    # test_b_layout_gpu: each version reading b [K, N] in place, its representative in both dtypes and
+    # every point of its space that builds for that layout
+    for version in test_b_layout_gpu.VERSIONS:
+        module = versions.load(ARCH, version)
+        add(version, module.REPRESENTATIVE, BOTH, "kn")
+        for config in versions.space(module, test_b_layout_gpu.KN):
+            add(version, config, key="kn")
     # test_v8_gpu's fused q, k, v (int4, 16 tokens a tile)
     add("v8", quant_linear.kernel_config("int4", quant_linear.config_for(16, 1536, 1024, "int4")), BOTH)
     return lines
