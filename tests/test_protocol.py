@@ -43,6 +43,26 @@ def test_version_keeps_the_protocol(arch, version, config):
     assert report.ok, f"{report.label}: {report.verdict}\n{report.trace()}"
 
 
+def test_every_configuration_the_quantized_call_runs_is_checked_in_its_protocol_shape():
+    """``matmul.quant.linear.configs``, every configuration the call builds for each weight format,
+    each of a protocol shape (its CTAs, warps, format, consumers a slab) that ``configs_to_check``
+    checks for Hopper V8: a rule of ``config_for`` that reaches a new shape (two consumer
+    warpgroups for a format that had one) fails here until the shape goes into V8's space or
+    ``EXTRA_CONFIGS``, where the checker runs it."""
+    from matmul.quant import FORMATS
+    from matmul.quant import linear as quant_linear
+
+    v8 = versions.load("sm_90a", "v8")
+    checked = {protocol.protocol_shape(v8, "sm_90a", c) for c in protocol.configs_to_check(v8, "sm_90a")}
+    for weight_format in FORMATS:
+        for config in quant_linear.configs(weight_format):
+            built = config if weight_format == "int4" else {**config, "weight": weight_format}
+            assert protocol.protocol_shape(v8, "sm_90a", built) in checked, (
+                f"V8 {built}, which the call runs, has a protocol shape the checker does not run: add it to "
+                "V8's EXTRA_CONFIGS"
+            )
+
+
 def _check_mutant(index: int) -> dict:
     mutant = protocol_mutants.MUTANTS[index]
     if mutant.module == versions.module_name(mutant.arch, mutant.version):

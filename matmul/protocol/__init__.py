@@ -266,22 +266,24 @@ def configs_to_check(
         return candidates
     arch = arch or next(a for a, family in versions.ARCHS.items() if f".{family}." in module.__name__ + ".")
     configs = [dict(module.REPRESENTATIVE)]
-
-    def protocol_shape(config):
-        function = transpile(module, arch, config, lowered=False)
-        shape = cluster_shape(function), consumers_take_turns(module, config), function.metadata.num_warps
-        # a packed weight's format: what a stage brings (V8's row scales come through no ring); and
-        # V8's consumers a slab, which take a stage's K blocks in turn where two warpgroups of as many
-        # warps would each take a slab of rows (the same barrier counts, another data flow)
-        return (*shape, uses_global_flags(function), config.get("weight"), config.get("interleave", 1))
-
-    shapes = {protocol_shape(module.REPRESENTATIVE)}
+    shapes = {protocol_shape(module, arch, module.REPRESENTATIVE)}
     for config in candidates:
-        shape = protocol_shape(config)
+        shape = protocol_shape(module, arch, config)
         if shape not in shapes:
             shapes.add(shape)
             configs.append(config)
     return configs
+
+
+def protocol_shape(module: ModuleType, arch: str, config: dict[str, Any]) -> tuple:
+    """What ``configs_to_check`` tells configurations apart by: two of the same shape arrive on the
+    same barriers in the same counts (``configs_to_check``'s doc)."""
+    function = transpile(module, arch, config, lowered=False)
+    shape = cluster_shape(function), consumers_take_turns(module, config), function.metadata.num_warps
+    # a packed weight's format: what a stage brings (V8's row scales come through no ring); and
+    # V8's consumers a slab, which take a stage's K blocks in turn where two warpgroups of as many
+    # warps would each take a slab of rows (the same barrier counts, another data flow)
+    return (*shape, uses_global_flags(function), config.get("weight"), config.get("interleave", 1))
 
 
 def check(

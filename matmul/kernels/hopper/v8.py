@@ -166,6 +166,12 @@ EXTRA_CONFIGS = (
     {"block_m": 8, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 32, "interleave": 2, "weight": "fp8_e4m3"},
     {"block_m": 8, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 64, "interleave": 2, "weight": "int4_channel"},
     {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 64, "interleave": 4, "weight": "int4_channel"},
+    # and the rest of the call's that no entry above has the protocol shape of, in its format
+    # (tests/test_protocol.py checks that none is left): int4_channel without a split (its slabs
+    # written by TMA) and two slabs with one, fp8 on a wide weight at 16 tokens (the K range cut in 4)
+    {"block_m": 8, "warpgroups": 1, "split": 1, "stages": 4, "chunk": 64, "weight": "int4_channel"},
+    {"block_m": 128, "warpgroups": 2, "split": 2, "stages": 3, "chunk": 64, "weight": "int4_channel"},
+    {"block_m": 16, "warpgroups": 1, "split": 4, "stages": 4, "chunk": 32, "weight": "fp8_e4m3"},
 )
 B_LAYOUTS = ("nk",)  # the packed weight has one layout (matmul.quant)
 FUSED_EPILOGUE = False
