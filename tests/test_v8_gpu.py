@@ -1,7 +1,8 @@
 """Hopper V8 computes C = A @ dequantize(W)^T right on ragged shapes (int4: in every configuration,
 and the interleaved ones on K block counts that leave a CTA's last stage partly past K; fp8_e4m3 and
-int6: in two, which the call's configurations share, and two interleaved; int6 also in its two
-configurations past 64 tokens, and both in their own at 33-64 tokens), the call ``matmul.matmul(x,
+int6: in two, which the call's configurations share, and two interleaved; fp8, int6 and
+int4_channel also in their configurations past 64 tokens, and fp8 and int6 in their own at 33-64
+tokens), the call ``matmul.matmul(x,
 qw.T)`` takes it (or widens the weight for cuBLAS), and the widening kernel (``matmul.quant.widen``)
 gives ``qw.dequantize()`` bit for bit.
 
@@ -84,7 +85,9 @@ def the_calls_kernels() -> list[tuple]:
         kernels += [(dtype, f, quant_linear.config_for(m, 1000, 1024, f)) for f in BUGS.values() for m in (1, 16)]
         kernels += [(dtype, "int4", quant_linear.config_for(1, n, 1024, "int4")) for n in (4104, 4100)]
         kernels += [
-            (dtype, f, quant_linear.config_for(*shape, f)) for f in quant_linear.LARGE_TILE_FORMATS for shape in PAST_64
+            (dtype, f, quant_linear.config_for(*shape, f))
+            for f in (*quant_linear.LARGE_TILE_FORMATS, "int4_channel")
+            for shape in PAST_64
         ]
         kernels += [(dtype, f, quant_linear.config_for(64, n, k, f)) for f, n, k in MID_TOKENS]
     return list({quant_linear.kernel_key(*kernel): kernel for kernel in kernels}.values())
@@ -222,6 +225,14 @@ def check_the_calls_configuration(m, n, k, dtype, format) -> dict:
 def test_large_tiles_past_64_tokens(format, dtype, calls_kernels_built):
     configs = [check_the_calls_configuration(m, n, k, dtype, format) for m, n, k in PAST_64]
     assert [(c["warpgroups"], c["split"]) for c in configs] == [(2, 2), (2, 2), (2, 1), (2, 1)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_int4_channel_past_64_tokens(dtype, calls_kernels_built):
+    """int4 with row scales takes int4's configurations past 64 tokens: two slabs with a split of K
+    (its row scales applied before the exchange), and without one past 256 tokens."""
+    configs = [check_the_calls_configuration(m, n, k, dtype, "int4_channel") for m, n, k in PAST_64]
+    assert [(c["warpgroups"], c["split"]) for c in configs] == [(2, 2), (2, 2), (2, 2), (2, 1)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
