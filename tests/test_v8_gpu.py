@@ -61,6 +61,12 @@ FORMAT_TOKENS = (*TOKENS, 12)
 # warpgroups a CTA with a split of K (33 and 16 output tiles) and without one (98 tiles), on ragged
 # shapes; past 256 tokens where V8's tiles fill the GPU (``prefill_pays``: 99 tiles)
 PAST_64 = ((100, 4097, 1024), (255, 1000, 1152), (200, 6150, 1024), (300, 4104, 1152))
+# (warpgroups, split) the call takes on each, per format: int4_channel takes int4's rules, whose
+# slabs TMA stores only on rows of whole 16-byte units (6150 is not a multiple of 8: a split there)
+PAST_64_CONFIGS = {
+    **{f: [(2, 2), (2, 2), (2, 1), (2, 1)] for f in quant_linear.LARGE_TILE_FORMATS},
+    "int4_channel": [(2, 2), (2, 2), (2, 2), (2, 1)],
+}
 
 # fp8 and int6 at 33-64 tokens (``config_for``): fp8 on a weight wider than deep two consumer
 # warpgroups a CTA, int6 on a long K two consumers a slab; M from just past a tile of 32 to a full 64
@@ -84,11 +90,7 @@ def the_calls_kernels() -> list[tuple]:
         ]
         kernels += [(dtype, f, quant_linear.config_for(m, 1000, 1024, f)) for f in BUGS.values() for m in (1, 16)]
         kernels += [(dtype, "int4", quant_linear.config_for(1, n, 1024, "int4")) for n in (4104, 4100)]
-        kernels += [
-            (dtype, f, quant_linear.config_for(*shape, f))
-            for f in (*quant_linear.LARGE_TILE_FORMATS, "int4_channel")
-            for shape in PAST_64
-        ]
+        kernels += [(dtype, f, quant_linear.config_for(*shape, f)) for f in PAST_64_CONFIGS for shape in PAST_64]
         kernels += [(dtype, f, quant_linear.config_for(64, n, k, f)) for f, n, k in MID_TOKENS]
     return list({quant_linear.kernel_key(*kernel): kernel for kernel in kernels}.values())
 
@@ -220,19 +222,13 @@ def check_the_calls_configuration(m, n, k, dtype, format) -> dict:
     return config
 
 
-@pytest.mark.parametrize("format", quant_linear.LARGE_TILE_FORMATS)
+@pytest.mark.parametrize("format", PAST_64_CONFIGS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_large_tiles_past_64_tokens(format, dtype, calls_kernels_built):
+    """Two consumer warpgroups a CTA with a split of K and without one (int4_channel: its row scales
+    applied before the exchange, or before its slabs' TMA stores)."""
     configs = [check_the_calls_configuration(m, n, k, dtype, format) for m, n, k in PAST_64]
-    assert [(c["warpgroups"], c["split"]) for c in configs] == [(2, 2), (2, 2), (2, 1), (2, 1)]
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_int4_channel_past_64_tokens(dtype, calls_kernels_built):
-    """int4 with row scales takes int4's configurations past 64 tokens: two slabs with a split of K
-    (its row scales applied before the exchange), and without one past 256 tokens."""
-    configs = [check_the_calls_configuration(m, n, k, dtype, "int4_channel") for m, n, k in PAST_64]
-    assert [(c["warpgroups"], c["split"]) for c in configs] == [(2, 2), (2, 2), (2, 2), (2, 1)]
+    assert [(c["warpgroups"], c["split"]) for c in configs] == PAST_64_CONFIGS[format]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

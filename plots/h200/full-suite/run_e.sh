@@ -1,6 +1,6 @@
 #!/bin/bash
 # Not run yet (written when the device time of 2026-11-30 was spent): what the runs above left.
-# Part 1: the fixed CUDA graph test and V8's tests added since (int4_channel past 64 tokens), then
+# Part 1: the fixed CUDA graph test and V8's test cases added since (int4_channel past 64 tokens), then
 # the native entry's GPU tests with every result reported (-rA: the holding test's numbers); parts 2
 # and 3: the two groups of files the limits cut short, each whole. A call each (a part's limits add
 # up to under 600 s), each carrying its cache:
@@ -23,7 +23,7 @@ t() {  # $1: name, $2: cache, $3: seconds, the rest: pytest arguments
 }
 case "${1:-1}" in
     1)
-        t v8-since v8t 200 tests/test_v8_gpu.py -k "cuda_graph or int4_channel_past"
+        t v8-since v8t 200 tests/test_v8_gpu.py -k "cuda_graph or (large_tiles_past_64 and int4_channel)"
         t native-entry v8t 300 tests/test_native_entry.py -k on_the_gpu
         ;;
     2) t api-linear gpu 540 tests/test_api_gpu.py tests/test_linear_gpu.py ;;
