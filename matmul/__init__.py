@@ -11,9 +11,10 @@ matmul`` is the command line over all of it.
 """
 
 # tilus 0.2.0 needs work-arounds before any kernel is built: applied here, where the package starts
-from . import tilus_fixes
+from . import knobs, tilus_fixes
 
 tilus_fixes.apply_all()
+knobs.apply_logging()  # MATMUL_LOG=1: every decision of the call on stderr
 
 from . import nn  # noqa: E402
 from .call.api import NotTunedError, UnsupportedGPUError, choice, linear, matmul, tune  # noqa: E402
@@ -35,4 +36,5 @@ __all__ = [
     "MatmulInputError",
     "UnsupportedGPUError",
     "NotTunedError",
+    "knobs",
 ]

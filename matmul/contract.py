@@ -10,7 +10,8 @@ Two entry points, one path:
 * ``check_operands(a, b, out)``: the kernels' own form, B [N, K] (``versions.run``, the harness).
 * ``check_call(a, b, out)``: torch's form ``a @ b`` with b [K, N] (``matmul.matmul``): ``kernel_b``
   says how the kernels read b in place (as w [N, K] for ``b = w.T``, as b [K, N] for a row-major b),
-  then the same checks run.
+  then the same checks run. What torch takes and TMA cannot read or write in place (rows or a base
+  not 16-byte aligned, strides of neither layout) passes as ``TORCH_ONLY``: cuBLAS runs it.
 
 Every rule is one function here, and each raises ``MatmulInputError`` naming the problem and
 the fix; nothing is launched before they pass.
@@ -22,6 +23,8 @@ import torch
 
 DTYPES = (torch.float16, torch.bfloat16)
 TMA_ALIGN_BYTES = 16
+# ``check_call``'s layout of a call whose operands torch takes but TMA cannot read or write in place
+TORCH_ONLY = "torch"
 
 
 class MatmulInputError(ValueError):
@@ -198,7 +201,9 @@ def check_bias(bias, x: torch.Tensor, n: int) -> None:
         )
 
 
-def _check_out(out, a: torch.Tensor, m: int, n: int, inputs: tuple) -> torch.Tensor:
+def _check_out(out, a: torch.Tensor, m: int, n: int, inputs: tuple, tma: bool = True) -> torch.Tensor:
+    """``out`` of the product's shape, dtype and device, no element in two places, apart from the
+    inputs (what torch refuses too) and, with ``tma``, rows TMA may write."""
     if not isinstance(out, torch.Tensor) or out.dim() != 2 or tuple(out.shape) != (m, n):
         raise MatmulInputError(
             f"out must be a tensor of shape [{m}, {n}], got "
@@ -209,7 +214,8 @@ def _check_out(out, a: torch.Tensor, m: int, n: int, inputs: tuple) -> torch.Ten
             f"out must be {a.dtype} on {a.device} like the inputs, got {out.dtype} on "
             f"{out.device}; allocate it with torch.empty_like"
         )
-    _check_row_major("out", out)
+    if tma:
+        _check_row_major("out", out)
     check_no_internal_overlap(out)
     check_apart(out, inputs)
     return out
@@ -327,20 +333,25 @@ def check_call(
     """Validate torch's ``a @ b`` (a [M, K], b [K, N], out [M, N]) for the kernels: B as they read it
     (``kernel_b``: w [N, K] of b = w.T, or b itself), its layout, and C (allocated if not given;
     ``allocate=False``: a C of the strides an allocated one would have, on the meta device, without
-    memory: what a plan's derivation needs). A row-major b [K, N] whose rows TMA cannot read
-    (``tma_readable``) passes: cuBLAS takes it as it is."""
+    memory: what a plan's derivation needs). Operands that torch takes but TMA cannot read or write
+    in place (``a``, ``b`` or ``out`` with rows or a base not 16-byte aligned, or strides of neither
+    layout) pass with the layout ``TORCH_ONLY`` and ``b`` itself: cuBLAS takes them as they are."""
     check_shapes(a, b)
     _check_nonempty(a, b, "[K, N]")
     if require_cuda:
         _check_device(a, b)
-    _check_row_major("a", a)
     n = columns if columns is not None else b.shape[1]
     if out is not None:
-        _check_out(out, a, a.shape[0], n, (("a", a), ("b", b)))
-    operand, b_layout = kernel_b(b)
+        _check_out(out, a, a.shape[0], n, (("a", a), ("b", b)), tma=False)
+    c = out if out is not None else empty_padded(a.shape[0], n, a.dtype, a.device if allocate else "meta")
+    if not (tma_readable(a) and (out is None or tma_readable(out))):
+        return b, TORCH_ONLY, c
+    try:
+        operand, b_layout = kernel_b(b)
+    except MatmulInputError:
+        return b, TORCH_ONLY, c
     if b_layout == "kn" and not tma_readable(b):
-        c = out if out is not None else empty_padded(a.shape[0], n, a.dtype, a.device if allocate else "meta")
-        return operand, b_layout, c
+        return b, TORCH_ONLY, c
     checked = check_operands(
         a, operand, out, require_cuda=require_cuda, b_layout=b_layout, columns=n, allocate=allocate
     )

@@ -582,8 +582,9 @@ def test_a_seen_call_without_out_goes_straight_to_its_plan(tmp_path, stand_ins, 
         matmul.matmul(a2, w2.T.to("meta"))
     assert [b.dtype for b in sent] == [torch.float16, torch.bfloat16, torch.float16]
     assert sent[2].device.type == "meta" and plan.launch.launches == 3  # not through the cpu plan
-    with pytest.raises(matmul.MatmulInputError, match="b.contiguous"):  # strides no kernel takes, even once seen
-        matmul.matmul(a2, torch.randn(32, 256).half()[:, ::4])
+    odd = torch.randn(32, 256).half()[:, ::4]  # strides no kernel takes, as torch takes them: cuBLAS runs it
+    assert torch.equal(matmul.matmul(a2, odd), a2 @ odd)
+    assert isinstance(path.plans[signature(a2, odd, None)], VendorPlan) and plan.launch.launches == 3
 
     # cuBLAS won: at::mm on the caller's tensors, with neither Python's matmul nor torch.mm in between
     cublas = route(plans(tmp_path / "cublas", timer=cublas_wins))
@@ -619,15 +620,38 @@ def test_the_signature_names_the_device():
     assert signature(a, b, None) != on_meta and on_meta[-1] == torch.device("meta")
 
 
-def test_a_misaligned_pointer_on_a_seen_signature_is_refused(tmp_path, stand_ins):
+def test_a_misaligned_pointer_on_a_seen_signature_runs_cublas(tmp_path, stand_ins):
+    """TMA needs 16-byte aligned bases; torch takes any: such a call of a kernel's signature runs
+    cuBLAS (into ``out`` too), and the next aligned call the kernel again."""
     path = plans(tmp_path)
     a, w = random_operands(64, 32, 16, torch.float16, device="cpu")
     path.launch(a, w.T)
-    buffer = torch.empty(64 * 16 + 8, dtype=torch.float16)
+    plan = path.plans[signature(a, w.T, None)]
+    launches = plan.launch.launches
+    buffer = torch.randn(64 * 16 + 8, dtype=torch.float16)
     shifted = buffer[4 : 4 + 64 * 16].view(64, 16)  # same shape and strides, base 8 bytes off
     assert signature(shifted, w.T, None) == signature(a, w.T, None)
-    with pytest.raises(matmul.MatmulInputError, match="a's data pointer is not 16-byte aligned"):
-        path.launch(shifted, w.T)
+    assert torch.equal(path.launch(shifted, w.T), shifted @ w.T) and plan.launch.launches == launches
+    out_buffer = torch.full((64 * 32 + 8,), float("nan"), dtype=torch.float16)
+    out = out_buffer[4 : 4 + 64 * 32].view(64, 32)  # an out TMA cannot write: its base 8 bytes off
+    assert path.launch(a, w.T, out) is out and torch.equal(out, a @ w.T)
+    path.launch(a, w.T)
+    assert plan.launch.launches == launches + 1
+
+
+@pytest.mark.parametrize("odd", ["out rows", "a rows", "out columns"])
+def test_operands_torch_takes_and_tma_cannot_run_cublas(tmp_path, stand_ins, odd):
+    """Any out (and a) torch.matmul accepts gives its result: cuBLAS where TMA cannot read or write."""
+    path = plans(tmp_path)
+    a, w = random_operands(16, 17, 24, torch.float16, device="cpu")
+    out = torch.full((16, 17), float("nan"), dtype=torch.float16)  # rows of 34 bytes: not TMA's
+    if odd == "a rows":
+        a, out = torch.randn(16, 25).half()[:, :24], None  # a's rows of 50 bytes
+    elif odd == "out columns":
+        out = torch.full((17, 16), float("nan"), dtype=torch.float16).T  # column-major
+    result = path.launch(a, w.T, out)
+    assert torch.equal(result, a @ w.T) and (out is None or result is out)
+    assert isinstance(path.plans[signature(a, w.T, out)], VendorPlan)
 
 
 @pytest.mark.parametrize("winner", [versions_win, cublas_wins])

@@ -1188,7 +1188,7 @@ def test_the_gates_settings_come_from_the_environment(monkeypatch, caplog):
     assert (yielding.quiet_s(), yielding.max_hold_s()) == (0.02, float("inf"))
     monkeypatch.setenv(yielding.MAX_HOLD_ENV, "soon")
     with caplog.at_level(logging.WARNING):
-        assert yielding.max_hold_s() == yielding.DEFAULT_MAX_HOLD_S
+        assert yielding.max_hold_s() == 5.0
     assert "MATMUL_TUNE_MAX_HOLD_S=soon" in caplog.text
     gate = yielding.CallerGate.for_request({})  # a request that names no word: nothing to wait for
     assert gate.last_call_ns is None and gate.wait() == 0

@@ -163,6 +163,32 @@ def test_a_vendor_route_runs_at_mm_on_the_callers_tensors(routed, monkeypatch):
 
 
 @built
+def test_a_call_autograd_records_runs_torchs_own_op_where_cubLAS_is_its_route(routed):
+    """Training: where cuBLAS is the route (or the miss hook takes the call), torch's own op runs and
+    records the gradient, at torch's host cost; where a kernel is the route, Python records it."""
+    table, fallback = routed
+    a, b = operands()
+    vendor = Recorder("vendor")
+    table.put_vendor(a, b, vendor)
+    a2, b2 = a.clone().requires_grad_(), b.clone().requires_grad_()
+    c = matmul.matmul(a2, b2)
+    assert type(c.grad_fn).__name__ == "MmBackward0" and fallback.calls == [] and vendor.calls == []
+    c.float().sum().backward()
+    assert torch.equal(a2.grad, torch.ones(24, 16).half() @ b.T) and b2.grad is not None
+    # linear: its variant's table, torch's linear recorded, the activation after it
+    x, weight, bias = a.clone().requires_grad_(), b.T.clone().requires_grad_(), torch.randn(16).half()
+    table.variant(True, "relu").put_vendor(x.detach(), weight.detach().T, vendor)
+    y = matmul.linear(x, weight, bias.requires_grad_(), "relu")
+    assert fallback.calls == [] and torch.equal(y, torch.relu(torch.nn.functional.linear(x, weight, bias)))
+    y.float().sum().backward()
+    assert weight.grad is not None and bias.grad is not None and x.grad is not None
+    # a kernel's route: Python records it (its autograd.Function)
+    series = Recorder("series")
+    table.put(a, b.T.contiguous().T, series)
+    assert matmul.matmul(a2, b2.detach().T.contiguous().T.requires_grad_()) == "python" and series.calls == []
+
+
+@built
 @pytest.mark.parametrize("n", [16, 17])  # 17: rows padded to 24 elements (16 bytes), a view returned
 def test_a_launch_route_allocates_the_output_and_calls_the_program(routed, n):
     from stand_ins import StandInKernel
@@ -260,10 +286,11 @@ def test_linear_without_bias_or_activation_runs_the_route_of_its_flattened_input
         lambda: matmul.linear(x, w, None, "relu"),  # an activation
         lambda: matmul.linear(x.transpose(0, 1), w),  # not contiguous: Python's reshape copies it
         lambda: matmul.linear(x[0], w),  # another signature
-        lambda: matmul.linear(x, w.clone().requires_grad_()),  # a gradient to record
     ):
         before = len(fallback.calls)
         assert call() == "python" and len(fallback.calls) == before + 1
+    recorded = matmul.linear(x, w.clone().requires_grad_())  # a gradient to record: torch's linear records it
+    assert recorded.shape == (2, 3, 16) and recorded.grad_fn is not None and len(fallback.calls) == 4
 
 
 @built
@@ -407,12 +434,16 @@ def test_an_unseen_linear_call_goes_to_python_where_the_hook_declines_or_is_not_
         lambda: matmul.linear(x, w, bias, "gelu"),  # Python's name: linear's Python function maps it
         lambda: matmul.linear(x.float(), w.float(), bias.float(), "relu"),  # a dtype no kernel takes
         lambda: matmul.linear(x, w[:, :40], bias, "relu"),  # K does not match
-        lambda: matmul.linear(x, w.clone().requires_grad_(), bias, "relu"),  # a gradient to record
         lambda: matmul.linear(x, w, bias[:16].clone(), "relu"),  # a bias of the wrong size
     ):
         before = len(fallback.calls)
         assert call() == "python" and len(fallback.calls) == before + 1
     assert takes.calls == []
+    # a gradient to record, taken by the hook: torch's own ops record it at once
+    before = len(fallback.calls)
+    y = matmul.linear(x, w.clone().requires_grad_(), bias, "relu")
+    assert type(y.grad_fn).__name__ == "ReluBackward0" and len(fallback.calls) == before and len(takes.calls) == 1
+    takes.calls.clear()
     native.route(table, fallback, fallback, None, takes)  # CUDA calls only: CPU ones go to Python
     assert matmul.linear(x, w, bias, "relu") == "python" and takes.calls == []
 

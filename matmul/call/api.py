@@ -45,7 +45,7 @@ from typing import Iterable, Optional
 
 import torch
 
-from ..contract import MatmulInputError, check_bias, check_call, check_empty_call, readable, tma_readable
+from ..contract import TORCH_ONLY, MatmulInputError, check_bias, check_call, check_empty_call, readable
 from ..kernels import versions
 from ..kernels.variant import PLAIN, SWIGLU_GROUP, Variant, activate, activation_name
 from ..quant import QuantizedWeight, TransposedWeight
@@ -241,8 +241,9 @@ def choice(a: torch.Tensor, b: torch.Tensor) -> Entry:
     operand, b_layout, _ = check_call(a, b)
     m, k = a.shape
     n = operand.shape[0] if b_layout == "nk" else operand.shape[1]
-    if b_layout == "kn" and not tma_readable(operand):  # as launch.Plans.derive: only cuBLAS reads it
-        return {"version": VENDOR, "config": {}, "source": "fallback", "reason": "b's rows are not 16-byte aligned"}
+    if b_layout == TORCH_ONLY:  # as launch.Plans.derive: only cuBLAS takes them
+        reason = "TMA cannot read these operands in place (rows or base not 16-byte aligned)"
+        return {"version": VENDOR, "config": {}, "source": "fallback", "reason": reason}
     return _chooser.get(a.device, a.dtype, m, n, k, variant=Variant(b_layout))[1]
 
 

@@ -51,6 +51,8 @@ from typing import Any, Callable, Iterable, Optional
 import filelock
 import tilus
 
+from .. import knobs
+
 log = logging.getLogger(__name__)
 
 FORMAT = 1
@@ -58,10 +60,7 @@ Entry = dict[str, Any]
 
 
 def default_dir() -> Path:
-    if os.environ.get("MATMUL_CACHE_DIR"):
-        return Path(os.environ["MATMUL_CACHE_DIR"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "tilus-matmul"
+    return knobs.cache_dir()
 
 
 def tilus_fix_sources() -> list[Path]:
@@ -91,12 +90,7 @@ def tilus_cache_from_env() -> None:
     ``$MATMUL_CACHE_DIR/tilus`` if that is set, else of tilus's default (called once, when
     ``matmul`` is imported). tilus 0.2.0 registers TILUS_CACHE_DIR but never reads it, so it is
     applied here."""
-    if os.environ.get("TILUS_CACHE_DIR"):
-        base = Path(os.environ["TILUS_CACHE_DIR"]).expanduser()
-    elif os.environ.get("MATMUL_CACHE_DIR"):
-        base = default_dir() / "tilus"
-    else:
-        base = Path(tilus.option.get_option("cache_dir")).expanduser()
+    base = knobs.tilus_cache_base() or Path(tilus.option.get_option("cache_dir")).expanduser()
     path = base / tilus_fixes_key()
     path.mkdir(parents=True, exist_ok=True)
     tilus.option.cache_dir(path)

@@ -69,6 +69,7 @@ from typing import Callable, Optional
 
 import torch
 
+from .. import knobs
 from ..kernels import versions
 from ..kernels.child_built import capturing
 from ..kernels.variant import PLAIN, Variant
@@ -90,7 +91,7 @@ from .tuner import (
 log = logging.getLogger(__name__)
 
 SWITCH = "MATMUL_TUNE"
-MODES = ("background", "blocking", "off")
+MODES = knobs.TUNE_MODES
 SOURCES = ("measured", "shipped", "nearest", "fallback")
 # the fields that say where a choice came from and what becomes of it (``Chooser.get``)
 PROVENANCE = ("source", "key", "nearest", "stale", "pending", "transient", "tuning_failed")
@@ -102,11 +103,7 @@ class NotTunedError(RuntimeError):
 
 
 def mode_from_env() -> str:
-    value = os.environ.get(SWITCH, "").strip().lower() or "background"
-    if value not in MODES:
-        log.warning("%s=%s is not one of %s; tuning in the background", SWITCH, value, ", ".join(MODES))
-        return "background"
-    return value
+    return knobs.tune_mode()
 
 
 BUILD_GROUP = "build"  # the builder's jobs queued together go to one build child
@@ -539,6 +536,7 @@ class Chooser:
             # the plans change if the kernel does, or if the same kernel is now loaded (they ran cuBLAS)
             if replaced is not None and (loaded or _kernel(replaced[1]) != _kernel(entry)):
                 self._changed({memos[key]})
+            knobs.decisions.info("tuned %s: %s %s", key, entry["version"], json.dumps(entry.get("config") or {}))
             if on_entry is not None:
                 on_entry(key, entry)
 
@@ -596,6 +594,7 @@ class Chooser:
             program, _, _, entry, _ = waiting.pop(job_id)
             if failure is None:
                 self._load(program, entry, program_dir)
+                knobs.decisions.info("built %s %s for %s", entry["version"], entry.get("config"), program[3:])
             else:
                 self._failed(program, entry, failure)
             choosing = self._choosing(program)

@@ -22,8 +22,13 @@
 // its plan to be derived on a thread of its own, and runs cuBLAS (at::mm) at once, as torch.matmul
 // would: the caller never waits on a derivation, a choice, a tuning or a build.
 //
-// Every other call (not two tensors, out=, keywords, a gradient to record, a tensor subclass or a
-// mode that overrides torch functions, a signature not seen and not deferred) goes to the Python
+// A call autograd must record runs the same way where cuBLAS is its route (or the miss hook took it):
+// torch's own at::mm / at::linear, recorded as torch records them, so that a training step costs the
+// host what torch's does; where a kernel is its route it goes to Python, whose autograd.Function runs
+// the kernel forward and backward.
+//
+// Every other call (not two tensors, out=, keywords, a tensor subclass or a mode that overrides
+// torch functions, a signature not seen and not deferred) goes to the Python
 // ``matmul`` it was routed with, which runs the full checks and derives the plan. ``linear`` (a contiguous x of any
 // leading dimensions) reads the same table for x [M, K] @ weight.T, and for a bias or an activation
 // the table of that variant (``DirectTable.variant``), whose routes pass the bias pointer to the
@@ -37,6 +42,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/addmm.h>
+#include <ATen/ops/linear.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/mm.h>
@@ -332,6 +338,20 @@ bool deferrable(const at::Tensor& a, const at::Tensor& b) {
   return nk || kn;
 }
 
+// cuBLAS's product, as torch.matmul runs it. Recorded by autograd (``recorded``): torch's own
+// MmBackward then differentiates it, at torch's host cost, with the GIL held (a saved-tensor hook
+// is Python); else without the GIL, so that the planner's thread may run meanwhile.
+PyObject* vendor_mm(const at::Tensor& a, const at::Tensor& b, bool recorded) {
+  at::Tensor c;
+  if (recorded) {
+    c = at::mm(a, b);
+  } else {
+    py::gil_scoped_release no_gil;
+    c = at::mm(a, b);
+  }
+  return THPVariable_Wrap(std::move(c));
+}
+
 PyObject* matmul_entry(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargsf, PyObject* kwnames) {
   HANDLE_TH_ERRORS
   stamp_call();
@@ -344,34 +364,23 @@ PyObject* matmul_entry(PyObject* /*module*/, PyObject* const* args, Py_ssize_t n
     const at::Tensor& a = THPVariable_Unpack(args[0]);
     const at::Tensor& b = THPVariable_Unpack(args[1]);
     bool recorded = at::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad());
-    const Route* route = recorded ? nullptr : table->find(a, b);
-    if (route != nullptr && route->kind == Kind::vendor) {
-      at::Tensor c;
-      {
-        py::gil_scoped_release no_gil;
-        c = at::mm(a, b);
-      }
-      return THPVariable_Wrap(std::move(c));
-    }
+    const Route* route = table->find(a, b);
+    if (route != nullptr && route->kind == Kind::vendor) return vendor_mm(a, b, recorded);
+    // autograd records a kernel's product through Python (its autograd.Function, whose backward
+    // runs the series' kernels too): a kernel that wins pays that host time from its own gain
+    if (recorded && route != nullptr) return call_held(fallback, args, nargsf, kwnames);
     if (route != nullptr && route->kind == Kind::launch && aligned(a, route->launch.align) &&
         aligned(b, route->launch.align))
       return run_launch(route->launch, a, b);
     // a Python route, or misaligned pointers: the plan checks them and names the problem
     if (route != nullptr) return call_held(route->function.ptr(), args, 2, nullptr);
     // unseen: cuBLAS runs this call, as torch.matmul would, if the hook takes the call's plan for later
-    if (!recorded && miss_hook != nullptr && signature_of(a, b, nullptr) && deferrable(a, b)) {
+    if (miss_hook != nullptr && signature_of(a, b, nullptr) && deferrable(a, b)) {
       PyObject* taken = call_held(miss_hook, args, 2, nullptr);
       if (taken == nullptr) return nullptr;
       bool deferred = taken == Py_True;
       Py_DECREF(taken);
-      if (deferred) {
-        at::Tensor c;
-        {
-          py::gil_scoped_release no_gil;
-          c = at::mm(a, b);
-        }
-        return THPVariable_Wrap(std::move(c));
-      }
+      if (deferred) return vendor_mm(a, b, recorded);
     }
   }
   return call_held(fallback, args, nargsf, kwnames);
@@ -453,11 +462,13 @@ PyObject* linear_entry(PyObject* /*module*/, PyObject* const* args, Py_ssize_t n
   bool bias_fits = !bias.defined() || (bias.layout() == at::kStrided && bias.dim() == 1 &&
                                        bias.size(0) == weight.size(0) && bias.stride(0) == 1 &&
                                        bias.scalar_type() == x.scalar_type() && bias.device() == x.device());
-  if (recorded || !plain_operands || !bias_fits) return call_held(linear_fallback, args, nargsf, kwnames);
+  if (!plain_operands || !bias_fits) return call_held(linear_fallback, args, nargsf, kwnames);
   at::Tensor x2 = x.dim() == 2 ? x : x.view({-1, x.size(-1)});
   at::Tensor w_t = weight.t();
   const Route* route = routes == nullptr ? nullptr : routes->find(x2, w_t);
   bool vendor_now = route != nullptr && route->kind == Kind::vendor;
+  // autograd records a kernel's product through Python (``matmul_entry`` says why)
+  if (recorded && route != nullptr && !vendor_now) return call_held(linear_fallback, args, nargsf, kwnames);
   if (route == nullptr && linear_miss_hook != nullptr && known_activation(activation) && deferrable(x2, w_t)) {
     PyObject* taken = offer_linear(x2, w_t, bias_obj, activation_obj);
     if (taken == nullptr) return nullptr;
@@ -465,13 +476,17 @@ PyObject* linear_entry(PyObject* /*module*/, PyObject* const* args, Py_ssize_t n
     Py_DECREF(taken);
   }
   PyObject* result = nullptr;
-  if (vendor_now) {
+  if (vendor_now && recorded) {  // torch's own ops, which autograd records (``vendor_mm`` says why)
+    result = THPVariable_Wrap(activate(at::linear(x2, weight, bias), activation));
+  } else if (vendor_now) {
     at::Tensor c;
     {
       py::gil_scoped_release no_gil;
       c = activate(bias.defined() ? at::addmm(bias, x2, w_t) : at::mm(x2, w_t), activation);
     }
     result = THPVariable_Wrap(std::move(c));
+  } else if (recorded) {  // unseen, and not one the hook took: Python records it
+    return call_held(linear_fallback, args, nargsf, kwnames);
   } else if (route != nullptr && route->kind == Kind::launch && aligned(x2, route->launch.align) &&
              aligned(w_t, route->launch.align)) {
     PyObject* bias_ptr = bias.defined() ? PyLong_FromVoidPtr(bias.data_ptr()) : nullptr;

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import threading
 import time
@@ -36,15 +37,14 @@ from typing import Callable, Optional
 
 import torch
 
-from .. import contract
+from .. import contract, knobs
 from ..contract import (
     TMA_ALIGN_BYTES,
+    TORCH_ONLY,
     aligned_row_length,
-    check_aligned,
     check_no_overlap,
     layout,
     row_stride,
-    tma_readable,
 )
 from ..kernels import device_context, swiglu, versions
 from ..kernels.variant import PLAIN, SWIGLU_GROUP, Variant
@@ -99,6 +99,32 @@ def rows_served(entry: dict) -> tuple[int, int]:
     if entry.get("from_m") and entry["version"] != VENDOR:
         return entry["from_m"], ALL_ROWS[1]
     return ALL_ROWS
+
+
+def describe_call(a, operand, b_layout: str, variant: Variant, out) -> str:
+    """A call's signature in a line of the decision log: shape, dtype, b's layout, variant, out."""
+    m, k = a.shape
+    n = operand.shape[0] if b_layout == "nk" else operand.shape[1]
+    extra = "" if variant.key() in ("", b_layout) else f" {variant.key()}"
+    return f"{m}x{n}x{k} {str(a.dtype).removeprefix('torch.')} b={b_layout}{extra}{' out=' if out is not None else ''}"
+
+
+def describe_plan(plan, entry: Optional[dict]) -> str:
+    """What a plan runs and why, for the decision log: the kernel, or cuBLAS and the reason."""
+    if entry is None:
+        return "cuBLAS (TMA cannot read or write these operands in place: rows or base not 16-byte aligned)"
+    chosen = entry.get("chosen", entry)
+    choice = f"{chosen['version']} {json.dumps(chosen.get('config') or {}, sort_keys=True)} ({entry.get('source')})"
+    pending = ", tuning pending" if entry.get("pending") else ""
+    if isinstance(plan, SeriesPlan):
+        return f"{choice}{pending}"
+    for field, why in (("building", "its kernel is building"), ("build_failed", "its kernel did not build"),
+                       ("below", "it won only from M={below}")):  # fmt: skip
+        if field in entry:
+            return f"cuBLAS: the choice is {choice} but {why.format(**entry)}{pending}"
+    if chosen["version"] == VENDOR:
+        return f"cuBLAS ({entry.get('source')}{pending})"
+    return f"cuBLAS: the choice {choice} does not take this call's shape or strides{pending}"
 
 
 class VendorPlan:
@@ -158,6 +184,7 @@ class SeriesPlan:
         self.device_index = a.device.index if a.device.type == "cuda" else None
         self.out_row = aligned_row_length(self.columns, a.dtype)  # an allocated output's row, padded to 16 bytes
         self.layouts = (layout(a), layout(b), None if out is None else layout(out))
+        self.unaligned = VendorPlan(a, b, out, variant)  # a call whose pointers TMA cannot take: cuBLAS
 
     def add_route(self, table, a, b, tag: int = -1) -> None:
         """Calls without ``out`` of the signature of ``a`` and ``b``: the native entry allocates the
@@ -169,16 +196,13 @@ class SeriesPlan:
 
     def __call__(self, a, b, out=None, bias=None):
         # on the path of every call: each step here is paid per launch, so it is kept short
-        if a.data_ptr() % TMA_ALIGN_BYTES:
-            check_aligned("a", a.data_ptr())
-        if b.data_ptr() % TMA_ALIGN_BYTES:  # the kernel reads b's elements in place, in either layout
-            check_aligned("b", b.data_ptr())
+        if (a.data_ptr() | b.data_ptr() | (0 if out is None else out.data_ptr())) % TMA_ALIGN_BYTES:
+            return self.unaligned(a, b, out, bias)  # the signature's strides suit TMA, this call's pointers not
         if out is None:
             buffer = torch.empty((self.m, self.out_row), dtype=self.dtype, device=self.device)
             out = buffer if self.out_row == self.columns else buffer[:, : self.columns]
         else:
             buffer = out
-            check_aligned("out", out.data_ptr())
             check_no_overlap(out.data_ptr(), self.layouts[2], "a", a.data_ptr(), self.layouts[0])
             check_no_overlap(out.data_ptr(), self.layouts[2], "b", b.data_ptr(), self.layouts[1])
         bias_ptr = 0 if bias is None else bias.data_ptr()
@@ -375,11 +399,11 @@ class Plans:
         # C's strides, not its memory: a plan needs only C's row stride, and on the planner's thread an
         # allocation holds the GIL (and may wait for cudaMalloc) while the caller's calls run
         operand, b_layout, c = self.check(a, b, out, columns=columns, allocate=False)
-        variant = dataclasses.replace(variant, b_layout=b_layout)
         m, k = a.shape
         n = operand.shape[0] if b_layout == "nk" else operand.shape[1]
-        plan, memo = None, None
-        if b_layout == "nk" or tma_readable(operand):  # else b's rows are not TMA-aligned: only cuBLAS reads it
+        plan, memo, entry = None, None, None
+        if b_layout != TORCH_ONLY:  # else TMA cannot read or write the operands in place: cuBLAS runs it
+            variant = dataclasses.replace(variant, b_layout=b_layout)
             memo = bucket_memo(a.device, a.dtype, (m, n, k), variant)
             while True:  # the choice and the generation it belongs to, read together
                 generation = self.generation
@@ -406,6 +430,9 @@ class Plans:
         plan.memo = memo  # the bucket whose choice it runs: ``forget`` drops it when that choice changes
         if key is not None:
             self.keep(plan, a, b, out)
+        if knobs.decisions.isEnabledFor(logging.INFO):
+            call = describe_call(a, operand, b_layout, variant, out)
+            knobs.decisions.info("%s: %s", call, describe_plan(plan, entry))
         return plan
 
     def _program(self, arch, a, module, entry, config, variant: Variant):

@@ -31,6 +31,7 @@ from typing import Optional
 
 import torch
 
+from .. import knobs
 from .choice_cache import default_dir
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ def module_name() -> str:
 
 def load():
     """The built extension module, or None (with a warning that says why) where it cannot be had."""
-    if os.environ.get(SWITCH, "1") == "0":
+    if not knobs.native_entry():
         return None
     try:
         from torch.utils import cpp_extension

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import math
 import mmap
 import os
 import tempfile
@@ -60,16 +59,15 @@ import threading
 import time
 from typing import Callable, Optional
 
+from .. import knobs
+
 log = logging.getLogger(__name__)
 
+# the knobs (``matmul.knobs``: their defaults and meaning)
 QUIET_ENV = "MATMUL_TUNE_QUIET_MS"
-DEFAULT_QUIET_MS = 50.0
 MAX_HOLD_ENV = "MATMUL_TUNE_MAX_HOLD_S"
-DEFAULT_MAX_HOLD_S = 5.0
-PLAN_QUIET_ENV = "MATMUL_PLAN_QUIET_MS"  # the planner's thread (``planner_gate``); 0: at once
-DEFAULT_PLAN_QUIET_MS = 20.0
+PLAN_QUIET_ENV = "MATMUL_PLAN_QUIET_MS"
 PLAN_MAX_HOLD_ENV = "MATMUL_PLAN_MAX_HOLD_MS"
-DEFAULT_PLAN_MAX_HOLD_MS = 1000.0
 REQUEST_FIELD = "last_call_fd"  # the tuning request's field naming the inherited descriptor
 WORD_BYTES = 8  # one int64: the caller's last call in CLOCK_MONOTONIC nanoseconds
 
@@ -171,8 +169,8 @@ def planner_gate() -> Optional["CallerGate"]:
 def _plan_settings() -> tuple[float, float]:
     """The planner's quiet gap and longest hold, in seconds (``planner_gate``)."""
     return (
-        _setting(PLAN_QUIET_ENV, DEFAULT_PLAN_QUIET_MS) / 1e3,
-        _setting(PLAN_MAX_HOLD_ENV, DEFAULT_PLAN_MAX_HOLD_MS) / 1e3,
+        _setting(PLAN_QUIET_ENV) / 1e3,
+        _setting(PLAN_MAX_HOLD_ENV) / 1e3,
     )
 
 
@@ -186,28 +184,18 @@ def plans_at_once() -> bool:
 # --- the child's side ------------------------------------------------------------------------------
 
 
-def _setting(name: str, default: float) -> float:
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if math.isnan(value) or value < 0:
-        log.warning("%s=%s is not a number of at least 0; using %g", name, text, default)
-        return default
-    return value
+def _setting(name: str) -> float:
+    return knobs.get(name)
 
 
 def quiet_s() -> float:
     """How long the caller must have made no call before the child puts the GPU to work (seconds)."""
-    return _setting(QUIET_ENV, DEFAULT_QUIET_MS) / 1e3
+    return _setting(QUIET_ENV) / 1e3
 
 
 def max_hold_s() -> float:
     """The longest one step of the child waits for a quiet caller (seconds; inf: no limit)."""
-    return _setting(MAX_HOLD_ENV, DEFAULT_MAX_HOLD_S)
+    return _setting(MAX_HOLD_ENV)
 
 
 class CallerGate:
@@ -217,8 +205,8 @@ class CallerGate:
     def __init__(
         self,
         last_call_ns: Optional[Callable[[], int]],
-        quiet_s: float = DEFAULT_QUIET_MS / 1e3,
-        max_hold_s: float = DEFAULT_MAX_HOLD_S,
+        quiet_s: float = float(knobs.KNOBS[QUIET_ENV].default) / 1e3,
+        max_hold_s: float = float(knobs.KNOBS[MAX_HOLD_ENV].default),
         now_ns: Callable[[], int] = time.monotonic_ns,
         sleep: Callable[[float], None] = time.sleep,
     ):
