@@ -418,13 +418,25 @@ def _has_qkv(module: torch.nn.Module) -> bool:
 
 
 def convert(
-    model: torch.nn.Module, *, fuse_gate_up: bool = False, fuse_qkv: bool = False, weights: Optional[str] = None
+    model: torch.nn.Module,
+    *,
+    fuse_gate_up: bool = False,
+    fuse_qkv: bool = False,
+    weights: Optional[str] = None,
+    build: bool = True,
+    progress: Optional[bool] = None,
 ) -> Conversion:
     """Run every eligible ``nn.Linear`` of ``model`` through the project's kernels (in place); with
     ``fuse_gate_up``, each gated MLP's gate and up projections as one swiglu kernel; with
     ``fuse_qkv``, each attention's q, k and v projections as one product; with
     ``weights`` (a format of ``matmul.quantize``), each weight packed (``QuantizedLinear``). Returns
-    the ``Conversion``, whose ``undo()`` restores the model."""
+    the ``Conversion``, whose ``undo()`` restores the model.
+
+    With ``weights``, ``convert`` returns once every kernel the packed layers can run is built
+    (``matmul.call.quantized.prepare``: build children in parallel, a tqdm bar where ``progress``, or
+    stderr is a terminal): the model is fast from its first call, and a CUDA graph captured any time
+    after holds V8. ``build=False`` returns at once instead; until its kernels are built a packed
+    layer runs its weight widened by torch on each call, slower than the 16-bit model."""
     if weights is not None and weights not in FORMATS:
         raise MatmulInputError(f"weights={weights!r}: one of {', '.join(FORMATS)}, or None for 16-bit weights")
     if weights is not None and fuse_gate_up:
@@ -481,4 +493,23 @@ def convert(
                 continue
             setattr(parent, name, new)
             conversion.swapped.append((parent, name, layer))
+    if weights is not None and build:
+        _build_packed(conversion, progress)
     return conversion
+
+
+def _build_packed(conversion: Conversion, progress: Optional[bool]) -> None:
+    """Build every kernel the packed layers of ``conversion`` can run, and wait; a warning for any
+    that did not build (its layers run the widened path)."""
+    from .call import quantized
+
+    packed = [fusion.packed for _, fusion in conversion.fused if isinstance(fusion, PackedFusedProjections)]
+    for parent, name, _ in conversion.swapped:
+        layer = getattr(parent, name)
+        if isinstance(layer, QuantizedLinear):
+            packed.append(layer.weight)
+    if packed and not quantized.prepare(packed, progress=progress):
+        log.warning(
+            "convert: not every V8 kernel built (see the warnings above); the layers that would run one run "
+            "their weight widened instead, correct and slower"
+        )

@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))  # the test modules and their conftest
 
+from matmul.call import quantized as quant_linear  # noqa: E402
 from matmul.kernels import versions  # noqa: E402
-from matmul.quant import linear as quant_linear  # noqa: E402
 
 ARCH = "sm_90a"
 BOTH = ("float16", "bfloat16")

@@ -59,9 +59,9 @@ V8_K_RANGE_CUT_WITHOUT_TURNS = (
     "k_blocks = SplitKRange(cdiv(k_size, BLOCK_K), self.split, rank, self.interleave)",
     "k_blocks = SplitKRange(cdiv(k_size, BLOCK_K), self.split, rank)",
 )
-# Hopper V8 without a split, two slabs each written by a TMA store (matmul.quant.linear's ONE_PASS)
+# Hopper V8 without a split, two slabs each written by a TMA store (matmul.call.quantized: shipped/v8.json's one_pass)
 V8_ONE_PASS = (("block_m", 128), ("warpgroups", 2), ("split", 1), ("stages", 4))
-# Hopper V8's int6 without a split: two slabs of one partial tile, written out whole (LARGE_TILE_ONE_PASS)
+# Hopper V8's int6 without a split: two slabs of one partial tile, written out whole (shipped/v8.json's large_one_pass)
 V8_INT6_ONE_PASS = (("weight", "int6"), ("block_m", 128), ("warpgroups", 2), ("split", 1), ("stages", 3), ("chunk", 64))
 
 MUTANTS = (
@@ -391,7 +391,7 @@ MUTANTS = (
         )
         for which, config in (
             ("int4's", ()),
-            # two consumer warpgroups: int6's configuration past 64 tokens (matmul.quant.linear)
+            # two consumer warpgroups: int6's configuration past 64 tokens (matmul.call.quantized)
             ("int6's", (("weight", "int6"), ("block_m", 128), ("warpgroups", 2), ("split", 2), ("stages", 2))),
         )
     ),

@@ -198,7 +198,7 @@ def failing_builders(version: str) -> list:
     ]
 
 
-# --- the kernels on a packed weight built outside the caller (matmul/quant/widen.py, linear.py) -----
+# --- the kernels on a packed weight (matmul/call/quantized.py, matmul/quant/widen.py) ---------------
 
 OPEN_LIBRARY = tilus_autotune.load  # the real one (tests replace it): it opens no stand-in's "build"
 
@@ -239,11 +239,6 @@ class StandInWidening:
         out.copy_(weight.dequantize())
 
 
-def load_widening(program_dir) -> StandInWidening:
-    """A stand-in for ``tilus_autotune.load`` of the widening kernel ``cpu_build`` described."""
-    return StandInWidening(json.loads((Path(program_dir) / "kernel.json").read_text()))
-
-
 class StandInV8(StandInWidening):
     """Hopper V8's launch function (``quant_linear.v8`` calls it with m, n, k, x, the packed words,
     out, the three row strides, no bias and the scales) on the CPU: out = x @ the weight's
@@ -263,32 +258,49 @@ class StandInV8(StandInWidening):
         torch.matmul(x, weight.dequantize().T, out=out)
 
 
-def load_v8(program_dir) -> StandInV8:
-    """A stand-in for ``tilus_autotune.load`` of the V8 kernel ``cpu_build`` described."""
-    return StandInV8(json.loads((Path(program_dir) / "kernel.json").read_text()))
+def eventually(condition, timeout_s: float = 30.0) -> bool:
+    """Whether ``condition()`` holds within ``timeout_s`` (what another thread is about to do)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
-def build_children(monkeypatch, builder: str, release=None, load=None) -> list:
-    """``building.build_in_child`` as a real build child that runs the stand-in ``builder``
-    (``"stand_ins:cpu_build"``...), held back until the event ``release`` is set (if given), its
-    library opened by ``load`` (if given: ``tilus_autotune.load`` from now on); returns the list of
-    requests it gets from now on, (jobs, the builder the call asked for) each."""
+def load_any(program_dir):
+    """A stand-in for ``tilus_autotune.load`` of whatever ``cpu_build`` described: V8's launch
+    function, the widening kernel's, or a version of the series."""
+    found = json.loads((Path(program_dir) / "kernel.json").read_text())
+    if found["version"] == "v8":
+        return StandInV8(found)
+    if found["version"] == "widen":
+        return StandInWidening(found)
+    return load_built(program_dir)
+
+
+def chooser_building_in_children(monkeypatch, tmp_path, builder: str = "stand_ins:cpu_build", release=None, load=None):
+    """``matmul.call.api._chooser`` replaced for this test by a fresh chooser (its own cache, nothing
+    built, building or failed) whose build children are real processes running the stand-in
+    ``builder``, each held back until the event ``release`` is set (if given), their libraries opened
+    by ``load`` (``load_any`` by default). Returns the chooser, with ``requests``: the jobs each
+    child got, in order."""
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # the child imports the stand-ins
-    from matmul.call import building
+    from matmul.call import api, building
+    from matmul.call.choice_cache import ChoiceCache
+    from matmul.call.chooser import Chooser
 
-    if load is not None:
-        monkeypatch.setattr(tilus_autotune, "load", load)
-
-    build_in_child = building.build_in_child
     requests = []
 
-    def run(jobs, on_built, asked_for):
-        requests.append((jobs, asked_for))
+    def build_jobs(jobs, on_built):
+        requests.append(jobs)
         assert release is None or release.wait(60)
-        build_in_child(jobs, on_built, builder)
+        building.build_in_child(jobs, on_built, builder)
 
-    monkeypatch.setattr(building, "build_in_child", run)
-    return requests
+    chooser = Chooser(ChoiceCache(tmp_path / "choices"), build_jobs=build_jobs, load=load or load_any)
+    chooser.requests = requests
+    monkeypatch.setattr(api, "_chooser", chooser)
+    return chooser
 
 
 def forbid_in_caller(monkeypatch, targets) -> list:
@@ -307,13 +319,6 @@ def forbid_in_caller(monkeypatch, targets) -> list:
     for owner, name in targets:
         monkeypatch.setattr(owner, name, watch(f"{getattr(owner, '__name__', owner)}.{name}"))
     return found
-
-
-def forget_builds(monkeypatch, builds) -> None:
-    """A ``child_built.ChildBuilt`` with nothing built, building or failed yet (for this test)."""
-    monkeypatch.setattr(builds, "launches", {})
-    monkeypatch.setattr(builds, "building", set())
-    monkeypatch.setattr(builds, "failed", set())
 
 
 @contextlib.contextmanager

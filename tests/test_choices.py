@@ -589,27 +589,16 @@ def test_the_host_probe_times_each_variants_own_public_call(monkeypatch, variant
     operand = w if variant.b_layout == "nk" else w.T.contiguous()  # B as the kernel reads it
     bias = torch.randn(24, dtype=torch.float16) if variant.bias else None
     c = torch.empty(40, 24, dtype=torch.float16)
-    launches, epilogues, activation = [], [], launch.swiglu.activation
+    launches, epilogues, activation = [], [], launch.activation
     bias_ptr = 0 if bias is None else bias.data_ptr()
     measure = child.host_probe(lambda *args: launches.append((*args[:3], args[9])), a, operand, c, bias, variant, 5)
     assert measure() > 0 and launches == [(40, 24, 32, bias_ptr)] * 15  # 10 calls to warm up, then the timed ones
-    monkeypatch.setattr(launch.swiglu, "activation", lambda y, name: epilogues.append(name) or activation(y, name))
+    monkeypatch.setattr(launch, "activation", lambda ch, y, name: epilogues.append(name) or activation(ch, y, name))
     with monkeypatch.context() as patch:  # cuBLAS's candidate: torch.mm, or addmm with the bias, then the activation
         patch.setattr(torch, "addmm", lambda *args: epilogues.append("bias") or torch.mm(*args[1:]) + args[0])
         vendor = child.host_probe(None, a, operand, c, bias, variant, calls=5)
         assert vendor() > 0
     assert epilogues == (["bias"] * variant.bias + [variant.activation]) * 15
-
-
-def test_the_tuning_child_starts_no_build_of_the_swiglu_kernel(monkeypatch):
-    from matmul.call import child
-    from matmul.kernels import swiglu
-
-    monkeypatch.setattr(swiglu.builds, "builder", swiglu.builds.builder)  # restored afterwards
-    ran = []
-    monkeypatch.setattr(tuner, "child_main", lambda request, probe: ran.append((request, probe)))
-    child.tuning_main({"jobs": []})
-    assert ran == [({"jobs": []}, child.host_probe)] and swiglu.builds.builder is None
 
 
 def test_the_tuning_child_creates_its_cuda_context_only_once_the_caller_is_quiet(monkeypatch):
@@ -885,7 +874,10 @@ def test_an_unseen_call_deferred_by_the_native_entry_gets_its_plan_on_the_planne
     assert path.planner.wait(10)
     assert isinstance(path.plans[signature(a, w.T, None)], VendorPlan)
     assert path.defer(a, w.T) is False  # derived: the Python path has its plan
-    bad = a.T.contiguous().T  # column-major a: the checks refuse it, so its later calls take the Python path
+    column_major = a.T.contiguous().T  # TMA cannot read it, torch can: a cuBLAS plan
+    assert path.defer(column_major, w.T) is True and path.planner.wait(10)
+    assert isinstance(path.plans[signature(column_major, w.T, None)], VendorPlan)
+    bad = a[:, :31]  # K of 31 against w's 32: the checks refuse it, so its later calls take the Python path
     assert path.defer(bad, w.T) is True and path.planner.wait(10)
     assert signature(bad, w.T, None) in path.refused and path.defer(bad, w.T) is False
     choose.mode = "blocking"  # the caller asked to wait for the choice: nothing is deferred

@@ -4,7 +4,7 @@ launch path with stand-in kernels (tests/stand_ins.py) in place of the GPU."""
 
 import copy
 import functools
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -268,13 +268,15 @@ def test_swiglu_gradients_of_a_fused_gate_up_weight(path):
 def test_interleaved_swiglu_backward_is_autograds():
     """The hand-written backward against autograd through the column views, in float64."""
     y = torch.randn(3, 4, 64, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(swiglu.InterleavedSwiglu.apply, (y,))
+    from matmul.call.activation import InterleavedSwiglu
+
+    assert torch.autograd.gradcheck(lambda y: InterleavedSwiglu.apply(y, None), (y,))
     grad = torch.randn(3, 4, 32, dtype=torch.float64)
     reference = y.detach().clone().requires_grad_()
     variants.activate(reference, "swiglu").backward(grad)
-    swiglu.InterleavedSwiglu.apply(y).backward(grad)
+    InterleavedSwiglu.apply(y, None).backward(grad)
     torch.testing.assert_close(y.grad, reference.grad)
-    torch.testing.assert_close(swiglu.InterleavedSwiglu.apply(y), variants.activate(y, "swiglu"))
+    torch.testing.assert_close(InterleavedSwiglu.apply(y, None), variants.activate(y, "swiglu"))
 
 
 def test_matmul_gradients_read_the_weight_in_place(path):
@@ -671,66 +673,28 @@ def test_swiglu_kernels_build(backward):
     assert result.spill_bytes == 0
 
 
-def test_swiglu_kernels_are_built_by_the_build_child(monkeypatch):
-    """The call builds the swiglu kernels as it builds the chosen ones: in the build child
-    (``building.swiglu_in_child``, put in ``kernels.swiglu``'s hands when the call is imported),
-    then opens the library; a failed build or library leaves torch's path, with the reason."""
-    import threading
+def test_swiglu_kernels_are_built_by_the_chooser_and_torch_runs_meanwhile(monkeypatch, tmp_path):
+    """swiglu's kernels are built as every kernel of the call: by the chooser's build children
+    (``Chooser.kernel``), both of a dtype at once with ``build_now``; until then, and for good where
+    the build fails, torch's operators give the same activation."""
+    import stand_ins
 
-    from matmul.call import building, tilus_autotune
+    from matmul.call import activation
 
-    assert swiglu.builds.builder is building.swiglu_in_child
-    requests, outcomes = [], []
-    done = threading.Event()
-
-    def child(jobs, on_built, builder):
-        requests.append((jobs, builder))
-        on_built(jobs[0]["id"], None if jobs[0]["config"]["backward"] else "/built/here", "no nvcc")
-
-    monkeypatch.setattr(building, "build_in_child", child)
-    monkeypatch.setattr(tilus_autotune, "load", lambda program_dir: ("launch", program_dir))
-
-    def record(*outcome):
-        outcomes.append(outcome)
-        if len(outcomes) == 2:
-            done.set()
-
-    building.swiglu_in_child((torch.float16, False), record, record)
-    building.swiglu_in_child((torch.bfloat16, True), record, record)
-    assert done.wait(10)
-    assert sorted(map(str, outcomes)) == sorted(
-        map(str, [((torch.float16, False), ("launch", "/built/here")), ((torch.bfloat16, True), "no nvcc")])
-    )
-    assert [job["config"] for (job,), _ in requests] == [{"backward": False}, {"backward": True}]
-    assert all(builder == "matmul.call.building:build_swiglu" for _, builder in requests)
-
-
-def test_waiting_for_the_swiglu_kernels_starts_both_builds_at_once(monkeypatch):
-    """``wait_until_built`` starts the forward's and the backward's builds together (not the second
-    once the first is done) and finds built kernels even with no time left to wait."""
-    import threading
-
-    from matmul.kernels import child_built
-
-    started, release = [], threading.Event()
-
-    def builder(key, on_ready, on_failed):
-        started.append(key)
-        threading.Thread(target=lambda: release.wait(10) and on_ready(key, "launch"), daemon=True).start()
-
-    monkeypatch.setattr(swiglu, "builds", child_built.ChildBuilt(swiglu.log, "%s %s"))
-    swiglu.builds.set_builder(builder)
-    monkeypatch.setattr(swiglu.versions, "local_arch", lambda: swiglu.ARCH)
-    waited = threading.Thread(target=lambda: started.append(swiglu.wait_until_built(torch.float16, 10)))
-    waited.start()
-    deadline = time.monotonic() + 10
-    while len(started) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert started == [(torch.float16, False), (torch.float16, True)]  # both, before either is built
+    monkeypatch.setattr(activation.versions, "local_arch", lambda: swiglu.ARCH)
+    monkeypatch.setattr(swiglu, "takes", lambda y: True)
+    release = threading.Event()
+    chooser = stand_ins.chooser_building_in_children(monkeypatch, tmp_path, "stand_ins:cpu_build_raising", release)
+    y = torch.randn(8, 2 * 64, dtype=torch.float16)
+    expected = swiglu.forward(y)  # torch's
+    assert torch.equal(activation.activation(chooser, y, "swiglu"), expected)  # asks for the forward's kernel
     release.set()
-    waited.join(10)
-    assert started[-1] is True and swiglu.wait_until_built(torch.float16, 0)
-    assert not swiglu.wait_until_built(torch.float32, 10)  # no kernel for that dtype: torch's path
+    assert chooser.build_now(activation.swiglu_kernels(torch.float16), progress=False, timeout_s=120) == [False] * 2
+    jobs = [job for request in chooser.requests for job in request]
+    assert sorted(job["config"]["backward"] for job in jobs) == [False, True]  # each asked once
+    assert all(job["version"] == "swiglu" for job in jobs) and len(chooser.failed) == 2
+    assert torch.equal(activation.activation(chooser, y, "swiglu"), expected)  # torch's, for good
+    assert sum(map(len, chooser.requests)) == 2  # neither asked again
 
 
 def test_the_build_child_builds_the_swiglu_kernel():
@@ -741,6 +705,6 @@ def test_the_build_child_builds_the_swiglu_kernel():
     reports = []
     job = {"id": "swiglu", "arch": "sm_90a", "dtype": "float16", "version": "swiglu",
            "config": {"backward": False}, "variant": Variant().key()}  # fmt: skip
-    building.build_in_child([job], lambda *report: reports.append(report), "matmul.call.building:build_swiglu")
+    building.build_in_child([job], lambda *report: reports.append(report))
     assert len(reports) == 1 and reports[0][2] is None, reports
     assert (Path(reports[0][1]) / "module").is_dir()

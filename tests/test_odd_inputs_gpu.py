@@ -26,9 +26,9 @@ import torch
 
 import matmul
 from matmul import MatmulInputError
+from matmul.call import quantized as quant_linear
 from matmul.kernels import variant as variants
 from matmul.measure.correctness import TOLERANCE, poisoned_output, relative_error
-from matmul.quant import linear as quant_linear
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
 

@@ -44,13 +44,13 @@ def test_version_keeps_the_protocol(arch, version, config):
 
 
 def test_every_configuration_the_quantized_call_runs_is_checked_in_its_protocol_shape():
-    """``matmul.quant.linear.configs``, every configuration the call builds for each weight format,
+    """``matmul.call.quantized.configs``, every configuration the call builds for each weight format,
     each of a protocol shape (its CTAs, warps, format, consumers a slab) that ``configs_to_check``
     checks for Hopper V8: a rule of ``config_for`` that reaches a new shape (two consumer
     warpgroups for a format that had one) fails here until the shape goes into V8's space or
     ``EXTRA_CONFIGS``, where the checker runs it."""
+    from matmul.call import quantized as quant_linear
     from matmul.quant import FORMATS
-    from matmul.quant import linear as quant_linear
 
     v8 = versions.load("sm_90a", "v8")
     checked = {protocol.protocol_shape(v8, "sm_90a", c) for c in protocol.configs_to_check(v8, "sm_90a")}

@@ -8,6 +8,7 @@ import torch
 from conftest import gpu_arch
 
 import matmul
+from matmul.call import activation, api
 from matmul.kernels import swiglu
 from matmul.kernels import variant as variants
 from matmul.measure.correctness import TOLERANCE
@@ -31,10 +32,18 @@ def interleaved(shape, dtype):
     return torch.randn(*lead, 2 * half, device="cuda", dtype=dtype) * 3
 
 
+KERNELS = {}  # (dtype, backward): the launch function the call's chooser built
+
+
 @pytest.fixture(scope="module", autouse=True)
 def built():
+    """Both kernels of each dtype built by the call's build children and opened here (until then the
+    call runs torch's operators, which would pass)."""
     for dtype in DTYPES:
-        assert swiglu.wait_until_built(dtype), "the swiglu kernels did not build"
+        kernels = activation.swiglu_kernels(dtype)
+        assert all(api._chooser.build_now(kernels, progress=False)), "the swiglu kernels did not build"
+        for arch, _, entry, variant in kernels:
+            KERNELS[(dtype, entry["config"]["backward"])] = api._chooser.kernel(arch, dtype, entry, variant)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -42,7 +51,7 @@ def built():
 def test_forward(shape, dtype):
     y = interleaved(shape, dtype)
     out = torch.full((*shape[:-1], shape[-1]), float("nan"), device="cuda", dtype=dtype)
-    swiglu.forward(y, out)
+    swiglu.forward(y, out, KERNELS[(dtype, False)])
     expected = variants.activate(y.double(), "swiglu")
     assert relative(out, expected) <= TOLERANCE[dtype]
 
@@ -53,7 +62,7 @@ def test_backward(shape, dtype):
     y = interleaved(shape, dtype)
     grad = torch.randn(*shape, device="cuda", dtype=dtype)
     dy = torch.full_like(y, float("nan"))
-    swiglu.backward(y, grad, dy)
+    swiglu.backward(y, grad, dy, KERNELS[(dtype, True)])
     reference = y.double().requires_grad_()
     variants.activate(reference, "swiglu").backward(grad.double())
     assert relative(dy, reference.grad) <= TOLERANCE[dtype]
@@ -62,7 +71,7 @@ def test_backward(shape, dtype):
 def test_the_check_catches_gate_and_up_swapped():
     y = interleaved((64, 256), torch.float16)
     swapped = y.unflatten(-1, (-1, 2, 8)).flip(-2).flatten(-3).contiguous()
-    out = swiglu.forward(swapped)
+    out = swiglu.forward(swapped, kernel=KERNELS[(torch.float16, False)])
     assert relative(out, variants.activate(y.double(), "swiglu")) > TOLERANCE[torch.float16]
 
 

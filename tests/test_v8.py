@@ -13,13 +13,14 @@ from conftest import representative_build, widened_int4
 
 import matmul
 from matmul import MatmulInputError, build
+from matmul.call import quantized as quant_linear
 from matmul.kernels import versions
 from matmul.quant import fp8, int4, int6, widen
-from matmul.quant import linear as quant_linear
-from matmul.quant.linear import CONFIGS
 from matmul.tilus_fixes.wgmma_register_a import a_fragment
 
 V8 = versions.load("sm_90a", "v8")
+NAMED = quant_linear.rules()["configs"]  # the configurations shipped/v8.json names
+LARGE_TILE_FORMATS = ("int6", "fp8_e4m3")  # the formats whose tiles are 6 and 8 KiB a slab
 
 
 def weight(n, k, dtype=torch.float16, seed=0):
@@ -147,8 +148,8 @@ def test_supports_and_configs():
     assert V8.supports(1, 4096, 4096) and V8.supports(256, 100, 128) and V8.supports(1536, 4096, 4096)
     assert not V8.supports(16, 4096, 4000)  # K a multiple of the group
     assert not V8.supports(2**19, 4096, 4096) and V8.supports(2**19 - 1, 4096, 4096)  # C past 2^31 elements
-    for _, config in CONFIGS:
-        assert config in versions.space(V8)
+    for name in ("tile_16", "tile_64", "tile_128", "tile_128_whole_k"):  # the token tiers' own
+        assert NAMED[name] in versions.space(V8)
     int4 = quant_linear.configs("int4")
     for config in int4:  # every configuration the int4 call may run is checked on the GPU (the space)
         assert config in versions.space(V8)
@@ -163,11 +164,11 @@ def test_supports_and_configs():
     assert [quant_linear.config_for(m, 28672, 4096, "int4")["split"] for m in (1, 8, 9)] == [1, 1, 2]
     assert quant_linear.config_for(1, 28676, 4096, "int4")["split"] == 2
     assert quant_linear.config_for(1, 14336, 4096, "int4")["split"] == 2
-    two_slabs = {**quant_linear.config_for(256), **quant_linear.TWO_SLABS}
+    two_slabs = {**quant_linear.config_for(256), **NAMED["two_slabs"]}
     assert quant_linear.config_for(128, 6144, 4096, "int4") == two_slabs  # past 64 tokens, a wide weight
     assert quant_linear.config_for(200, 4096, 14336, "int4") == two_slabs  # and anything past 128
     assert quant_linear.config_for(128, 4096, 4096, "int4")["warpgroups"] == 1
-    one_pass = {**quant_linear.config_for(256), **quant_linear.ONE_PASS}
+    one_pass = {**quant_linear.config_for(256), **NAMED["one_pass"]}
     assert one_pass in versions.space(V8) and quant_linear.writes_slabs(one_pass, "int4")
     assert not quant_linear.writes_slabs(two_slabs, "int4")
     # without a split from FILLING_TILES tiles of 128 x 128 (past one wave of the split's CTAs), N a multiple of 8
@@ -212,7 +213,7 @@ def test_supports_and_configs():
         assert V8.shared_bytes(**config) <= build.SHARED_MEMORY_LIMIT["sm_90a"] - 1024, config
 
 
-@pytest.mark.parametrize("weight_format", sorted(quant_linear.MAX_TOKENS))
+@pytest.mark.parametrize("weight_format", sorted(quant_linear.rules()["max_tokens"]))
 def test_configs_hold_every_configuration_the_call_takes(weight_format):
     """``configs`` is what prebuilds, the protocol's declared space and the benches build from: a
     configuration the call takes and it misses is built on the user's first call instead."""
@@ -419,7 +420,7 @@ def test_the_call_runs_v8_only_up_to_its_formats_limit(monkeypatch):
     assert not pays(1024, 4100)  # no TMA stores into rows of 8200 bytes
     qw = matmul.quantize(weight(4096, 256), format="int4")
     assert [quant_linear.uses_v8(m, qw) for m in (257, 768, 1024, 1536, 1537)] == [True, False, True, True, False]
-    for fmt in quant_linear.LARGE_TILE_FORMATS:  # each measured at 384 and 512 tokens on the Llama's weights
+    for fmt in LARGE_TILE_FORMATS:  # each measured at 384 and 512 tokens on the Llama's weights
         faster = [(384, 4096), (384, 14336), (384, 28672), (512, 4096), (512, 14336), (512, 28672), (512, 128256)]
         assert all(pays(m, n, fmt) for m, n in faster), fmt
         assert not pays(384, 6144, fmt) and not pays(512, 6144, fmt)  # a last wave a tenth or a half full
@@ -427,7 +428,7 @@ def test_the_call_runs_v8_only_up_to_its_formats_limit(monkeypatch):
         assert [quant_linear.uses_v8(m, qw) for m in (257, 384, 512, 513, 640)] == [True, True, True, False, False]
 
 
-@pytest.mark.parametrize("weight_format", quant_linear.LARGE_TILE_FORMATS)
+@pytest.mark.parametrize("weight_format", LARGE_TILE_FORMATS)
 def test_large_tile_decode_tiles(weight_format):
     """int6 and fp8 at decode sizes: a token tile of 32 at 17-32 tokens, on every weight (a long K
     too); int6 up to 8 tokens a tile of 8 but on a weight 4x wider than deep, a tile of 16 from 9
@@ -446,7 +447,7 @@ def test_large_tile_decode_tiles(weight_format):
         assert quant_linear.config_for(9, 4096, 4096, "int6") == {**quant_linear.config_for(16), "interleave": 2}
 
 
-@pytest.mark.parametrize("weight_format", quant_linear.LARGE_TILE_FORMATS)
+@pytest.mark.parametrize("weight_format", LARGE_TILE_FORMATS)
 def test_large_tile_configurations_past_64_tokens(weight_format):
     """int6 and fp8 from 65 tokens: two consumer warpgroups a CTA where the weight is wider than deep
     or past 128 tokens, without a split where the output's 128 x 128 tiles fill the GPU (int4's
@@ -455,17 +456,17 @@ def test_large_tile_configurations_past_64_tokens(weight_format):
     plots/h200/int6-pairs/probe/, plots/h200/fp8-two-slabs/)."""
     base = quant_linear.config_for(128)
     expected = {
-        (128, 6144, 4096): quant_linear.LARGE_TILE_TWO_SLABS,  # 48 output tiles
-        (128, 28672, 4096): quant_linear.LARGE_TILE_ONE_PASS,  # 224
+        (128, 6144, 4096): NAMED["large_two_slabs"],  # 48 output tiles
+        (128, 28672, 4096): NAMED["large_one_pass"],  # 224
         (128, 4096, 4096): base,
         (128, 4096, 14336): base,
-        (192, 4096, 4096): quant_linear.LARGE_TILE_TWO_SLABS,  # 64
-        (192, 6144, 4096): quant_linear.LARGE_TILE_ONE_PASS,  # 96
-        (128, 11008, 4096): quant_linear.LARGE_TILE_ONE_PASS,  # 86
-        (128, 8704, 4096): quant_linear.LARGE_TILE_ONE_PASS,  # 68: the split's 136 CTAs take two waves
-        (128, 8192, 4096): quant_linear.LARGE_TILE_TWO_SLABS,  # 64
-        (256, 4096, 14336): quant_linear.LARGE_TILE_TWO_SLABS,  # 64
-        (256, 28672, 4096): quant_linear.LARGE_TILE_ONE_PASS,
+        (192, 4096, 4096): NAMED["large_two_slabs"],  # 64
+        (192, 6144, 4096): NAMED["large_one_pass"],  # 96
+        (128, 11008, 4096): NAMED["large_one_pass"],  # 86
+        (128, 8704, 4096): NAMED["large_one_pass"],  # 68: the split's 136 CTAs take two waves
+        (128, 8192, 4096): NAMED["large_two_slabs"],  # 64
+        (256, 4096, 14336): NAMED["large_two_slabs"],  # 64
+        (256, 28672, 4096): NAMED["large_one_pass"],
     }
     for shape, config in expected.items():
         chosen = quant_linear.config_for(*shape, weight_format)
@@ -534,11 +535,11 @@ def test_widening_kernel_builds(weight, dtype):
 
 def test_widening_falls_back_to_torch_without_a_gpu():
     qw = matmul.quantize(weight(100, 256))
-    assert not widen.runs_here(qw)
-    assert torch.equal(widen.widen(qw), qw.dequantize())
+    assert not quant_linear.runs_here(qw.device)
+    assert torch.equal(quant_linear.widen(qw), qw.dequantize())
     out = torch.empty(100, 256, dtype=torch.float16)
-    assert widen.widen(qw, out=out) is out and torch.equal(out, qw.dequantize())
-    assert not widen.builds.building, "a build was started where the kernel does not run"
+    assert quant_linear.widen(qw, out=out) is out and torch.equal(out, qw.dequantize())
+    assert not matmul.call.api._chooser.building, "a build was started where the kernel does not run"
     assert quant_linear.kernel_config("fp8_e4m3", {"chunk": 64})["chunk"] == 32
     assert quant_linear.kernel_config("int6", {"chunk": 32})["chunk"] == 64
     assert quant_linear.kernel_config("int4", {"chunk": 32})["chunk"] == 32
@@ -638,7 +639,7 @@ def test_a_packed_products_out_must_not_share_memory_with_what_it_reads():
     with pytest.raises(MatmulInputError, match="out overlaps x"):
         matmul.matmul(x[0], qw.T, out=buffer[0, :, 200:400])  # x's last 56 columns
     with pytest.raises(MatmulInputError, match="out overlaps x"):
-        matmul.quant.linear.linear(x, qw, out=buffer[..., 200:400])  # 3-D, as x
+        quant_linear.linear(x, qw, out=buffer[..., 200:400])  # 3-D, as x
     with pytest.raises(MatmulInputError, match="out overlaps the packed weight"):
         matmul.matmul(x[0], qw.T, out=qw.packed.view(torch.float16).view(-1)[:1000].view(5, 200))
     long = matmul.quantize(torch.randn(200, 1280, dtype=torch.float16))  # scales [10, 256]: room for an out

@@ -6,7 +6,7 @@ tokens), the call ``matmul.matmul(x,
 qw.T)`` takes it (or widens the weight for cuBLAS), and the widening kernel (``matmul.quant.widen``)
 gives ``qw.dequantize()`` bit for bit.
 
-V8 is built by the call's build child (``matmul.quant.linear``): each test waits for the kernels it
+V8 is built by the call's build child (``matmul.call.quantized``): each test waits for the kernels it
 checks (``quant_linear.wait_until_built``), since the widened path that runs meanwhile is correct too.
 
 Fresh random operands for each call, the output poisoned with NaN before the call, M in {1, 3, 17,
@@ -25,11 +25,11 @@ import torch
 from conftest import QKVAttention, gpu_arch
 
 import matmul
+from matmul.call import api
+from matmul.call import quantized as quant_linear
 from matmul.kernels import versions
 from matmul.measure.correctness import TOLERANCE, poisoned_output, relative_error
 from matmul.quant import int4, int6
-from matmul.quant import linear as quant_linear
-from matmul.quant import widen as device_widen
 
 ARCH = "sm_90a"
 TOKENS = (1, 3, 17, 100, 255)
@@ -57,14 +57,14 @@ FORMAT_WEIGHTS = (*WEIGHTS, (4097, 1024))
 FORMAT_TOKENS = (*TOKENS, 12)
 
 
-# int6 and fp8 past 64 tokens (``quant_linear.LARGE_TILE_FORMATS``, ``config_for``): two consumer
+# int6 and fp8 past 64 tokens (``("int6", "fp8_e4m3")``, ``config_for``): two consumer
 # warpgroups a CTA with a split of K (33 and 16 output tiles) and without one (98 tiles), on ragged
 # shapes; past 256 tokens where V8's tiles fill the GPU (``prefill_pays``: 99 tiles)
 PAST_64 = ((100, 4097, 1024), (255, 1000, 1152), (200, 6150, 1024), (300, 4104, 1152))
 # (warpgroups, split) the call takes on each, per format: int4_channel takes int4's rules, whose
 # slabs TMA stores only on rows of whole 16-byte units (6150 is not a multiple of 8: a split there)
 PAST_64_CONFIGS = {
-    **{f: [(2, 2), (2, 2), (2, 1), (2, 1)] for f in quant_linear.LARGE_TILE_FORMATS},
+    **{f: [(2, 2), (2, 2), (2, 1), (2, 1)] for f in ("int6", "fp8_e4m3")},
     "int4_channel": [(2, 2), (2, 2), (2, 2), (2, 1)],
 }
 
@@ -75,7 +75,7 @@ MID_TOKENS = (("fp8_e4m3", 4097, 1024), ("int6", 1000, 4096))
 
 def call_config(m, n, k, format):
     """The call's configuration up to 32 tokens (shape-aware), else two warpgroups of 64 tokens."""
-    return quant_linear.config_for(m, n, k, format) if m <= quant_linear.MID_M else WIDE
+    return quant_linear.config_for(m, n, k, format) if m <= 32 else WIDE
 
 
 def the_calls_kernels() -> list[tuple]:
@@ -92,7 +92,7 @@ def the_calls_kernels() -> list[tuple]:
         kernels += [(dtype, "int4", quant_linear.config_for(1, n, 1024, "int4")) for n in (4104, 4100)]
         kernels += [(dtype, f, quant_linear.config_for(*shape, f)) for f in PAST_64_CONFIGS for shape in PAST_64]
         kernels += [(dtype, f, quant_linear.config_for(64, n, k, f)) for f, n, k in MID_TOKENS]
-    return list({quant_linear.kernel_key(*kernel): kernel for kernel in kernels}.values())
+    return list({quant_linear.v8_program(*kernel): kernel for kernel in kernels}.values())
 
 
 # built first, a build child a core at once: waited for one by one, the kernels' builds on a fresh
@@ -246,9 +246,9 @@ def test_the_call(format, dtype, calls_kernels_built):
         x, qw = operands(m, 1000, 1024, dtype, format)
         # past 256 tokens only where V8's tiles fill the GPU (prefill_pays): not 24 tiles here
         expected = m <= quant_linear.max_tokens(format) and (
-            m <= quant_linear.V8_MAX_M or quant_linear.prefill_pays(m, 1000, format)
+            m <= quant_linear.rules()["v8_max_tokens"] or quant_linear.prefill_pays(m, 1000, format)
         )
-        assert expected == (m <= quant_linear.V8_MAX_M)
+        assert expected == (m <= quant_linear.rules()["v8_max_tokens"])
         assert quant_linear.uses_v8(m, qw) == expected
         if quant_linear.uses_v8(m, qw):
             v8_built(x, qw)  # the call's V8, not the widened path that runs while it builds
@@ -286,7 +286,7 @@ def test_a_wide_weight_at_decode_runs_without_a_split(dtype, calls_kernels_built
 
 
 # --- int4 in ONE_PASS (no split: each warpgroup writes its slab of C by a TMA store), up to prefill ---
-ONE_PASS = {**quant_linear.config_for(256), **quant_linear.ONE_PASS}
+ONE_PASS = {**quant_linear.config_for(256), **quant_linear.rules()["configs"]["one_pass"]}
 # N not a multiple of the tile (4104, 1000), nor of 8 (4095, 31: rows TMA cannot write, so ``v8``
 # writes a padded buffer and copies it), K of 35, 8 and 1 blocks
 PREFILL_WEIGHTS = ((4104, 4480), (1000, 1024), (4095, 1024), (31, 128))
@@ -294,10 +294,10 @@ PREFILL_WEIGHTS = ((4104, 4480), (1000, 1024), (4095, 1024), (31, 128))
 
 @pytest.fixture(scope="module")
 def one_pass_built():
-    quant_linear.wait_until_all_built((dtype, f, ONE_PASS) for dtype in DTYPES for f in quant_linear.INT4_PACKED)
+    quant_linear.wait_until_all_built((dtype, f, ONE_PASS) for dtype in DTYPES for f in ("int4", "int4_channel"))
 
 
-@pytest.mark.parametrize("format", quant_linear.INT4_PACKED)
+@pytest.mark.parametrize("format", ("int4", "int4_channel"))
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_one_pass_on_prefill_shapes(dtype, format, one_pass_built):
     """Token counts of one partial tile, of several tiles and a partial one (1000: 8 tiles), into
@@ -442,9 +442,9 @@ def test_a_cuda_graph_captures_the_widened_path_until_v8_is_built():
     replay gives the product."""
     m, n, k = 100, 1000, 1024
     x, qw = operands(m, n, k, torch.bfloat16, "int6")
-    key = quant_linear.kernel_key(x.dtype, "int6", quant_linear.config_for(m, n, k, "int6"))
+    key = quant_linear.v8_program(x.dtype, "int6", quant_linear.config_for(m, n, k, "int6"))
     built_by_others = [*the_calls_kernels(), *((d, f, c) for d in DTYPES for f, c in INTERLEAVED_FORMATS)]
-    assert key not in {quant_linear.kernel_key(*kernel) for kernel in built_by_others}, (
+    assert key not in {quant_linear.v8_program(*kernel) for kernel in built_by_others}, (
         f"{key} is among the kernels other tests build first: take a shape whose kernel no other test builds"
     )
     ref = reference(x, qw)
@@ -454,12 +454,12 @@ def test_a_cuda_graph_captures_the_widened_path_until_v8_is_built():
         torch.matmul(x, qw.dequantize().T)
     torch.cuda.current_stream().wait_stream(stream)
     for built in (False, True):
-        assert (key in quant_linear.builds.launches) == built and not quant_linear.builds.is_building(key)
+        assert (key in api._chooser.programs) == built and key not in api._chooser.building
         out = poisoned_output(m, n, x.dtype)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
             quant_linear.linear(x, qw, out=out)
-        assert not quant_linear.builds.is_building(key)  # nothing started while captured
+        assert key not in api._chooser.building  # nothing started while captured
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
@@ -477,7 +477,7 @@ def widening_built():
     ``widen`` launches it (until then it returns torch's ``dequantize``, which would pass)."""
     for format in ("int4", *OTHER_FORMATS):
         for dtype in DTYPES:
-            assert device_widen.wait_until_built(dtype, format), f"the widening kernel {format} {dtype} did not build"
+            assert quant_linear.widening_built(dtype, format), f"the widening kernel {format} {dtype} did not build"
 
 
 @pytest.mark.parametrize("format", ["int4", *OTHER_FORMATS])
@@ -487,18 +487,18 @@ def test_widening_is_dequantize(format, dtype, widening_built):
         _, qw = operands(1, n, k, dtype, format)
         # rows past N of the buffer stay NaN: the kernel writes [N, K] and no padding row
         buffer = torch.full((n + 64, k), float("nan"), dtype=dtype, device="cuda")
-        widened = device_widen.widen(qw, out=buffer[:n])
+        widened = quant_linear.widen(qw, out=buffer[:n])
         expected = qw.dequantize()
         assert torch.equal(widened.view(torch.int16), expected.view(torch.int16)), f"{format} {n}x{k} {dtype}"
         assert buffer[n:].isnan().all()
-        assert device_widen.runs_here(qw)  # the call's path above 256 tokens is this kernel
+        assert quant_linear.runs_here(qw.device)  # the call's path above 256 tokens is this kernel
 
 
 @pytest.mark.parametrize("bug", ["scale group", "row scale", "bit order"])
 def test_widening_planted_bugs_are_caught(bug, widening_built):
     _, qw = operands(1, 1000, 1024, torch.float16, BUGS[bug])
-    assert torch.equal(device_widen.widen(qw), qw.dequantize())
-    assert not torch.equal(device_widen.widen(planted(qw, bug)), qw.dequantize()), f"planted {bug} passes"
+    assert torch.equal(quant_linear.widen(qw), qw.dequantize())
+    assert not torch.equal(quant_linear.widen(planted(qw, bug)), qw.dequantize()), f"planted {bug} passes"
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

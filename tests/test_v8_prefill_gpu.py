@@ -5,7 +5,7 @@ group (128), both dtypes, against a float32 reference from ``qw.dequantize()``; 
 (the nibbles of the wrong rows, a word's nibbles in the fragment's order instead of the widening's
 pairs, the scales of the wrong group) are shown caught by the same check.
 
-The kernel is not the call's (``matmul.quant.linear`` widens the weight for cuBLAS above 256
+The kernel is not the call's (``matmul.call.quantized`` widens the weight for cuBLAS above 256
 tokens): it is launched here directly, built once per dtype (or found in tilus's cache)."""
 
 import functools

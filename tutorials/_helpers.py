@@ -852,11 +852,11 @@ V8_TIME_SHAPES = ((1, 4096, 4096), (16, 4096, 4096), (16, 28672, 4096), (16, 409
 def live_quantized(module: ModuleType, dtypes=(torch.float16, torch.bfloat16)) -> None:
     """V8 on this Hopper GPU: checked on ragged shapes (output poisoned, float32 reference from
     ``qw.dequantize()``), then timed against cuBLAS on the 16-bit weight and both floors measured
-    here, in the configuration the call picks for M (``matmul.quant.linear.config_for``)."""
+    here, in the configuration the call picks for M (``matmul.call.quantized.config_for``)."""
     import matmul
+    from matmul.call import quantized as quant_linear
     from matmul.harness import roofline
     from matmul.measure.timing import interleaved_ms
-    from matmul.quant import linear as quant_linear
 
     def built(dtype, config):
         """V8 is built by the call's build child; until then ``v8`` runs the widened path."""
@@ -915,7 +915,7 @@ def live_quantized(module: ModuleType, dtypes=(torch.float16, torch.bfloat16)) -
     md(
         f"Timed here on **{torch.cuda.get_device_name()}** (L2 flushed before each launch, V8 and cuBLAS on the "
         f"16-bit weight in one window): copy bandwidth {copy:.2f} TB/s, empty kernel {empty_ms * 1e3:.1f} us. "
-        "V8 at the configuration the call picks for M (`matmul.quant.linear.config_for`), not the fastest of its "
+        "V8 at the configuration the call picks for M (`matmul.call.quantized.config_for`), not the fastest of its "
         "space (the committed table below is that)."
     )
     show_table(timed)

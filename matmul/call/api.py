@@ -99,7 +99,7 @@ def python_matmul(a: torch.Tensor, b: torch.Tensor, *, out: Optional[torch.Tenso
     if not _is_compiling():  # the tuning child waits for calls to pause; a traced call stamps in the operator
         yielding.stamp_call()
     if isinstance(b, TransposedWeight):  # qw.T of a quantized weight: its own path (matmul.quant)
-        from ..quant import linear as quant_linear
+        from . import quantized as quant_linear
 
         return quant_linear.matmul(a, b, out=out)
     try:
@@ -154,7 +154,7 @@ def python_linear(
         yielding.stamp_call()
     activation = activation_name(activation)
     if isinstance(weight, QuantizedWeight):  # a quantized weight: its own path (matmul.quant)
-        from ..quant import linear as quant_linear
+        from . import quantized as quant_linear
 
         return quant_linear.linear(x, weight, bias, activation)
     try:
@@ -235,7 +235,13 @@ def choice(a: torch.Tensor, b: torch.Tensor) -> Entry:
     kernel is being built while cuBLAS runs; ``chosen`` is its entry); ``below`` (the M from which
     the bucket's version won when it was tuned: this smaller M runs cuBLAS; ``chosen`` is its entry).
     See ``chooser``. For a batched
-    b (more than two dimensions) the batched kernels' choice, or cuBLAS with the ``reason`` (``batched``)."""
+    b (more than two dimensions) the batched kernels' choice, or cuBLAS with the ``reason`` (``batched``).
+    For ``qw.T`` of a packed weight the quantized call's (``quantized.choice``: V8's configuration from
+    the rules of ``shipped/v8.json``, or the widened path and why)."""
+    if isinstance(b, TransposedWeight):  # qw.T: the quantized call's choice
+        from . import quantized as quant_linear
+
+        return quant_linear.choice(a, b.weight)
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and b.dim() > 2:
         return batched.choice(_chooser, a, b)
     operand, b_layout, _ = check_call(a, b)

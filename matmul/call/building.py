@@ -18,10 +18,9 @@ A build request is ``{"build": [job, ...], "builder": "module:function"}``, each
 "arch", "dtype", "version", "config", "variant"}`` (the variant's key). The child reports each
 kernel on its stdout as it is done, one line each (``tuner.PROTOCOL``): ``{"id", "built": dir}``
 or ``{"id", "failed": reason}``. This module imports neither the public call nor the launch path.
-The kernels outside the series that the call runs are built the same way, each installed as its
-module's builder when this module is imported: the swiglu activation's (``kernels.swiglu``,
-``swiglu_in_child``), the widening of a packed weight (``quant.widen``, ``widen_in_child``) and
-Hopper V8 on a packed weight (``quant.linear``, ``v8_in_child``).
+The kernels the call runs beside the series' products (``OUTSIDE``: Hopper V8 on a packed weight,
+the widening of one, swiglu's activation) are built the same way, by the same builder thread of the
+chooser (``Chooser.kernel``), each entry naming one of them as its version.
 """
 
 from __future__ import annotations
@@ -30,15 +29,12 @@ import importlib
 import json
 import os
 import sys
-import threading
 from typing import Callable, Optional
 
 import torch
 
-from ..kernels import swiglu, versions
+from ..kernels import versions
 from ..kernels.variant import Variant
-from ..quant import linear as quant_linear
-from ..quant import widen
 from . import tilus_autotune
 from .tuner import CHILD_TIMEOUT_S, DTYPE_NAMES, PROTOCOL, run_child, space_config
 
@@ -48,94 +44,38 @@ BUILDER = "matmul.call.building:build_kernel"  # what the child runs per job (te
 OnBuilt = Callable[[str, Optional[str], Optional[str]], None]
 
 
+# The kernels the call runs beside the series' products, by the name their entries carry as a
+# version: the function (module:name) that makes the tilus script of one of them from its dtype and
+# configuration, and what the call runs until it is built (or where it failed to build)
+OUTSIDE = {
+    "v8": ("matmul.call.quantized:v8_script", "the weight widened for cuBLAS"),
+    "widen": ("matmul.quant.widen:script", "torch's dequantize"),
+    "swiglu": ("matmul.kernels.swiglu:script", "torch's operators"),
+}
+
+
+def fallback_of(version: str) -> str:
+    """What runs while ``version``'s kernel is not built, in words (for the warnings)."""
+    return OUTSIDE[version][1] if version in OUTSIDE else "cuBLAS"
+
+
 def build_kernel(arch: str, dtype: torch.dtype, version: str, config: dict, variant: Variant) -> str:
-    """Build one version's kernel for ``arch`` (whatever GPU this machine has, if any), fixed to
-    ``config``, for ``dtype`` and ``variant``; the directory of its program."""
+    """Build one kernel for ``arch`` (whatever GPU this machine has, if any), fixed to ``config``, for
+    ``dtype`` and ``variant``: a version of the series, or one of ``OUTSIDE``; the directory of its
+    program."""
     from ..build.compiler import target
 
+    if version in OUTSIDE:
+        module_name, _, function = OUTSIDE[version][0].partition(":")
+        script = getattr(importlib.import_module(module_name), function)(dtype, config)
+        with target(arch):
+            return tilus_autotune.build(script)
     module = versions.load(arch, version)
     fixed = space_config(module, config, variant)
     if fixed is None:
         raise ValueError(f"{version}'s space has no configuration {config} for {variant.key() or 'plain'}")
     with target(arch):
         return tilus_autotune.build(versions.kernel(module, dtype, fixed, variant))
-
-
-def build_swiglu(arch: str, dtype: torch.dtype, version: str, config: dict, variant: Variant) -> str:
-    """The child's builder for ``kernels.swiglu``'s kernels (``config``: ``{"backward": bool}``)."""
-    from ..build.compiler import target
-
-    with target(arch):
-        return tilus_autotune.build(
-            swiglu.InterleavedSwigluKernel(dtype=swiglu.DTYPES[dtype], backward=config["backward"])
-        )
-
-
-def build_widen(arch: str, dtype: torch.dtype, version: str, config: dict, variant: Variant) -> str:
-    """The child's builder for ``quant.widen``'s kernel (``config``: ``{"weight": format}``)."""
-    from ..build.compiler import target
-
-    with target(arch):
-        return tilus_autotune.build(widen.WidenKernel(dtype=widen.DTYPES[dtype], weight=config["weight"]))
-
-
-def build_v8(arch: str, dtype: torch.dtype, version: str, config: dict, variant: Variant) -> str:
-    """The child's builder for Hopper V8 (``quant.linear``; ``config``: ``{"weight": format}`` and
-    the configuration, as ``quant_linear.kernel_config`` builds it)."""
-    from ..build.compiler import target
-
-    fixed = dict(config)
-    weight_format = fixed.pop("weight")
-    with target(arch):
-        return tilus_autotune.build(quant_linear.script(dtype, weight_format, fixed))
-
-
-def swiglu_in_child(key, on_ready, on_failed) -> None:
-    """``kernels.swiglu``'s builder (``swiglu.set_builder``): the kernel of ``key`` (dtype, backward)
-    built by a build child on a thread of its own, then its library opened here."""
-    dtype, backward = key
-    _one_kernel_in_child(key, "swiglu", build_swiglu, dtype, {"backward": backward}, on_ready, on_failed)
-
-
-def widen_in_child(key, on_ready, on_failed) -> None:
-    """``quant.widen``'s builder (``widen.set_builder``): the kernel of ``key`` (dtype, weight format)
-    built by a build child on a thread of its own, then its library opened here."""
-    dtype, weight_format = key
-    _one_kernel_in_child(key, "widen", build_widen, dtype, {"weight": weight_format}, on_ready, on_failed)
-
-
-def v8_in_child(key, on_ready, on_failed) -> None:
-    """``quant.linear``'s builder (``quant_linear.set_builder``): V8's kernel of ``key`` (dtype, weight
-    format, configuration items: ``quant_linear.kernel_key``) built by a build child on a thread of
-    its own, then its library opened here."""
-    dtype, weight_format, config = key
-    _one_kernel_in_child(key, "v8", build_v8, dtype, {"weight": weight_format, **dict(config)}, on_ready, on_failed)
-
-
-def _one_kernel_in_child(key, kernel: str, build, dtype: torch.dtype, config: dict, on_ready, on_failed) -> None:
-    """A kernel outside the series (its name, and ``build``, this module's builder of it, that the
-    child runs) built by a build child on a thread of its own; then ``on_ready(key, launch)`` with
-    its library opened here, or ``on_failed(key, reason)``."""
-    request = {
-        "id": kernel,
-        "arch": versions.local_arch(),
-        "dtype": str(dtype).removeprefix("torch."),
-        "version": kernel,
-        "config": config,
-        "variant": Variant().key(),
-    }
-
-    def on_built(job_id, program_dir, reason):
-        if program_dir is None:
-            on_failed(key, reason)
-            return
-        try:
-            on_ready(key, tilus_autotune.load(program_dir))
-        except Exception as e:  # a library that does not open leaves the fallback path in place
-            on_failed(key, f"{type(e).__name__}: {e}")
-
-    builder = f"{__name__}:{build.__name__}"
-    threading.Thread(target=build_in_child, args=([request], on_built, builder), daemon=True).start()
 
 
 def job(job_id: str, arch: str, dtype: torch.dtype, entry: dict, variant: Variant) -> dict:
@@ -189,9 +129,3 @@ def build_in_child(
     for item in jobs:
         if item["id"] not in reported:
             on_built(item["id"], None, f"the build child exited with code {code} before this kernel; it said: {log}")
-
-
-# the kernels outside the series, like the chosen ones: never built in the caller
-swiglu.set_builder(swiglu_in_child)
-widen.set_builder(widen_in_child)
-quant_linear.set_builder(v8_in_child)

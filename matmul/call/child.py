@@ -19,7 +19,6 @@ from typing import Callable, Optional
 
 import torch
 
-from ..kernels import swiglu
 from ..kernels.variant import PLAIN, Variant
 from . import api, building, launch, tuner
 
@@ -78,11 +77,9 @@ def host_probe(
 
 
 def tuning_main(request: dict) -> None:
-    """The tuning child: ``tuner.child_main`` with the host probe. The swiglu activation's kernel is
-    not built here: the probe of a swiglu ``linear``'s cuBLAS plan would otherwise start a build child
-    from this process (the plan times torch's path for the activation instead, as the tuner's
-    cuBLAS candidate does)."""
-    swiglu.set_builder(None)
+    """The tuning child: ``tuner.child_main`` with the host probe. The probe's plans have no chooser,
+    so the swiglu activation of a cuBLAS plan runs torch's path there, as the tuner's cuBLAS candidate
+    does, and never starts a build child from this process."""
     tuner.child_main(request, probe=host_probe)
 
 

@@ -65,13 +65,13 @@ import math
 import os
 import re
 import threading
+import time
 from typing import Callable, Optional
 
 import torch
 
 from .. import knobs
 from ..kernels import versions
-from ..kernels.child_built import capturing
 from ..kernels.variant import PLAIN, Variant
 from . import building, tilus_autotune
 from .background import Worker
@@ -118,6 +118,12 @@ def _checked(check, *args) -> bool:
         return False
 
 
+def capturing(device: torch.device) -> bool:
+    """Whether the current stream of ``device`` is being captured into a CUDA graph: then nothing
+    may start (a tuning, a build) and nothing be kept."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 @functools.cache
 def _gpu_name(index: int) -> str:
     return torch.cuda.get_device_name(index)
@@ -158,6 +164,7 @@ class Chooser:
         self.load = load or tilus_autotune.load
         self.programs: dict[tuple, Callable] = {}  # kernels loaded here, by ``program_key``: their launch functions
         self.failed: dict[tuple, str] = {}  # kernels whose build or load failed: cuBLAS runs instead
+        self.building: set[tuple] = set()  # kernels a build child is building now
         self.listeners: list[Callable[[], None]] = []
         self.tuner = Worker("matmul-tuner", self._tune_batch)
         self.builder = Worker("matmul-builder", self._build_batch)
@@ -501,18 +508,10 @@ class Chooser:
 
     def _prebuild(self, arch: str, dtype, jobs: list[tuple[dict, Variant]]) -> None:
         """Build the kernels that narrowed ``jobs`` (each with its variant) will time (``_unbuilt``), in
-        ``PARALLEL_BUILDS`` build children at once, and open them here: the tuning child then finds
-        each in tilus's disk cache. On a fresh machine building, not timing, is most of a narrowed
-        tuning, and the tuning child builds one kernel at a time."""
-        todo = self._unbuilt(arch, dtype, jobs)
-        threads = [
-            threading.Thread(target=self._build_batch, args=(BUILD_GROUP, todo[i::PARALLEL_BUILDS]), daemon=True)
-            for i in range(min(PARALLEL_BUILDS, len(todo)))
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        parallel build children (``build_now``), and open them here: the tuning child then finds each
+        in tilus's disk cache. On a fresh machine building, not timing, is most of a narrowed tuning,
+        and the tuning child builds one kernel at a time."""
+        self.build_now(self._unbuilt(arch, dtype, jobs), progress=False)
 
     def _tune(self, arch, dtype, device, jobs: dict, memos: dict, use_shipped=True, on_entry=None) -> None:
         """Tune ``jobs`` in a child process (one per process and key at a time: the file locks),
@@ -579,14 +578,64 @@ class Chooser:
 
     # --- building ----------------------------------------------------------------------------------
 
+    def kernel(self, arch: str, dtype, entry: Entry, variant: Variant = PLAIN, start: bool = True):
+        """The launch function of ``entry``'s kernel (a version of the series, or a kernel the call runs
+        beside it: ``building.OUTSIDE``) where this process has opened it; else None, and its build
+        queued for the build child unless ``start`` is False (inside a CUDA graph capture nothing may
+        start: callers pass ``not capturing(device)``) or it failed (a warning said so; the caller's
+        fallback runs for good)."""
+        program = program_key(arch, dtype, entry, variant)
+        found = self.programs.get(program)
+        if found is None and start and program not in self.failed:
+            self.builder.submit(program, (arch, dtype, entry, variant), group=BUILD_GROUP)
+        return found
+
+    def build_now(
+        self, kernels, progress: Optional[bool] = None, desc: str = "[build]", timeout_s: float = 600.0
+    ) -> list[bool]:
+        """Build ``kernels`` ((arch, dtype, entry, variant) each) that this process has not opened, in
+        ``PARALLEL_BUILDS`` build children at once, and wait for them (and for those another path is
+        building already), ``timeout_s`` at most: whether each is open here, in order. ``progress``: a
+        tqdm bar over the kernels (None: where stderr is a terminal)."""
+        from tqdm import tqdm
+
+        kernels = list(kernels)
+        keys = [program_key(*kernel) for kernel in kernels]
+        wanted = {
+            key: kernel for key, kernel in zip(keys, kernels) if key not in self.programs and key not in self.failed
+        }
+        bar = tqdm(total=len(wanted), desc=desc, unit="kernel", disable=None if progress is None else not progress)
+        todo = list(wanted.values())
+        threads = [
+            threading.Thread(target=self._build_batch, args=(BUILD_GROUP, todo[i::PARALLEL_BUILDS]), daemon=True)
+            for i in range(min(PARALLEL_BUILDS, len(todo)))
+        ]
+        deadline = time.monotonic() + timeout_s
+        try:
+            for thread in threads:
+                thread.start()
+            done = 0
+            while True:  # the children's kernels, and those another path was building already
+                finished = sum(key in self.programs or key in self.failed for key in wanted)
+                bar.update(finished - done)
+                done = finished
+                if finished == len(wanted) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+        finally:
+            bar.close()
+        return [key in self.programs for key in keys]
+
     def _build_batch(self, group, payloads: list) -> None:
         """The builder's job: the kernels queued together, built in one build child (``build_jobs``);
         each is loaded here as soon as the child reports it, and takes over at once."""
         waiting = {}
-        for arch, dtype, entry, variant in payloads:
-            program = program_key(arch, dtype, entry, variant)
-            if program not in self.programs and program not in self.failed:
-                waiting[str(len(waiting))] = (program, arch, dtype, entry, variant)
+        with self.lock:  # each kernel built once, whichever path asks for it (``kernel``, ``build_now``)
+            for arch, dtype, entry, variant in payloads:
+                program = program_key(arch, dtype, entry, variant)
+                if program not in self.programs and program not in self.failed and program not in self.building:
+                    self.building.add(program)
+                    waiting[str(len(waiting))] = (program, arch, dtype, entry, variant)
         if not waiting:
             return
 
@@ -597,6 +646,8 @@ class Chooser:
                 knobs.decisions.info("built %s %s for %s", entry["version"], entry.get("config"), program[3:])
             else:
                 self._failed(program, entry, failure)
+            with self.lock:
+                self.building.discard(program)
             choosing = self._choosing(program)
             if choosing:  # a kernel built only to be timed changes no call's plan
                 self._changed(choosing)
@@ -618,11 +669,12 @@ class Chooser:
     def _failed(self, program: tuple, entry: Entry, failure: str) -> None:
         self.failed[program] = failure[:400]
         log.warning(
-            "matmul(): building %s %s for %s failed (%s); cuBLAS runs instead",
+            "matmul(): building %s %s for %s failed (%s); %s runs instead",
             entry["version"],
             entry.get("config"),
-            entry.get("key"),
+            entry.get("key") or str(program[3]).removeprefix("torch."),
             self.failed[program],
+            building.fallback_of(entry["version"]),
         )
 
 

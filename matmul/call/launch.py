@@ -46,9 +46,10 @@ from ..contract import (
     layout,
     row_stride,
 )
-from ..kernels import device_context, swiglu, versions
+from ..kernels import device_context, versions
 from ..kernels.variant import PLAIN, SWIGLU_GROUP, Variant
 from . import native_entry, tilus_autotune, yielding
+from .activation import activation
 from .background import EXIT_JOIN_S, Worker
 from .chooser import Chooser, bucket_memo
 from .tuner import VENDOR, space_config
@@ -133,10 +134,13 @@ class VendorPlan:
 
     rows = ALL_ROWS
 
-    def __init__(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor], variant: Variant = PLAIN):
+    def __init__(
+        self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor], variant: Variant = PLAIN, chooser=None
+    ):
         self.layouts = (layout(a), layout(b), None if out is None else layout(out))
         self.out_contiguous = out is not None and out.is_contiguous()
         self.activation = variant.activation
+        self.chooser = chooser  # whose build of swiglu's kernel the activation asks for
 
     def add_route(self, table, a, b, tag: int = -1) -> None:
         """Calls without ``out`` of the signature of ``a`` and ``b``: at::mm, from the native entry
@@ -145,7 +149,7 @@ class VendorPlan:
 
     def product(self, a, b, bias):
         y = torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
-        return swiglu.activation(y, self.activation)  # swiglu: one pass, not torch's strided views
+        return activation(self.chooser, y, self.activation)  # swiglu: one pass, not torch's strided views
 
     def __call__(self, a, b, out=None, bias=None):
         if out is None:
@@ -175,6 +179,7 @@ class SeriesPlan:
         c: torch.Tensor,
         out: Optional[torch.Tensor],
         variant: Variant = PLAIN,
+        chooser=None,
     ):
         (self.m, self.k), self.n = a.shape, operand.shape[0] if b_layout == "nk" else operand.shape[1]
         self.columns = variant.out_columns(self.n)  # C's width (swiglu: half of B's)
@@ -184,7 +189,7 @@ class SeriesPlan:
         self.device_index = a.device.index if a.device.type == "cuda" else None
         self.out_row = aligned_row_length(self.columns, a.dtype)  # an allocated output's row, padded to 16 bytes
         self.layouts = (layout(a), layout(b), None if out is None else layout(out))
-        self.unaligned = VendorPlan(a, b, out, variant)  # a call whose pointers TMA cannot take: cuBLAS
+        self.unaligned = VendorPlan(a, b, out, variant, chooser)  # a call whose pointers TMA cannot take
 
     def add_route(self, table, a, b, tag: int = -1) -> None:
         """Calls without ``out`` of the signature of ``a`` and ``b``: the native entry allocates the
@@ -421,9 +426,9 @@ class Plans:
                 ):
                     program = self._program(arch, a, module, entry, config, variant)
                     if program is not None:
-                        plan = SeriesPlan(program, a, b, operand, b_layout, c, out, variant)
+                        plan = SeriesPlan(program, a, b, operand, b_layout, c, out, variant, self.chooser)
         if plan is None:
-            plan = VendorPlan(a, b, out, variant)
+            plan = VendorPlan(a, b, out, variant, self.chooser)
         if memo is not None:
             plan.rows = rows_served(entry)
         plan.generation = None if transient else generation

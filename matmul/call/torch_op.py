@@ -28,9 +28,9 @@ from typing import Optional
 import torch
 
 from ..contract import TMA_ALIGN_BYTES, MatmulInputError, check_shapes, empty_padded, readable, tma_readable
-from ..kernels import swiglu
 from ..kernels.variant import Variant
 from . import yielding
+from .activation import activation as activation_of
 
 # the process's plans (``launch.Plans``), as ``api.use_plans`` last set them: handed in by ``api``,
 # which imports this module (so this one does not import it back)
@@ -198,12 +198,12 @@ def linear_with_grad(x, weight, bias, activation: Optional[str]):
     """``linear`` when autograd must record it: the product and bias through the operator while
     ``torch.compile`` traces, else ``_EagerLinear`` (either's backward runs the series' kernels where
     they win), the activation after it, so that autograd keeps the pre-activation its derivative
-    needs (``swiglu.activation``)."""
+    needs (``activation.activation``)."""
     if torch.compiler.is_compiling():
         y = torch.ops.tilus_matmul.linear(x, weight, bias, "")
     else:
         y = _EagerLinear.apply(x, weight, bias)
-    return swiglu.activation(y, activation)
+    return activation_of(_plans().chooser, y, activation)
 
 
 def traced(a, b, out: Optional[torch.Tensor]):

@@ -58,7 +58,7 @@ LINEAR_SHAPES = {"up": (14336, 4096), "down": (4096, 14336)}  # bias + gelu
 SWIGLU_SHAPE = (14336, 4096)  # gate and up, each [I, K]
 LAYERS = 2
 PREFILL = ((1, 128), (1, 2048), (4, 2048))  # batch x tokens
-# packed weights add 1024 tokens: V8 runs int4 up to 1536 (``quant.linear.INT4_MAX_M``), past it (and
+# packed weights add 1024 tokens: V8 runs int4 up to 1536 (``call/shipped/v8.json``), past it (and
 # int6 and fp8 past 256) the call widens the weight for cuBLAS
 PACKED_PREFILL = ((1, 128), (1, 1024), (1, 2048), (4, 2048))
 # the packed Llama's formats: ``matmul.quantize``'s, each a part ``llama-<format>``
@@ -404,20 +404,20 @@ def packed_llama(dtype, format: str = "int4", config=None, device="cuda") -> tup
 
 
 def wait_for_v8(timeout_s: float = SETTLE_S) -> dict:
-    """Wait (at most ``timeout_s``) until V8's kernels whose builds the first calls started are
-    built: until then the call widens the weight for cuBLAS, and a graph captured meanwhile keeps
-    that path."""
-    from ..quant import linear as quant_linear
+    """Wait (at most ``timeout_s``) until the kernels whose builds the first calls started are built
+    (``nn.convert(weights=...)`` builds V8's before it returns; a call asks for the rest)."""
+    from ..call import api
 
+    chooser = api._chooser
     begin = time.perf_counter()
-    while quant_linear.builds.is_building() and time.perf_counter() - begin < timeout_s:
+    while (chooser.building or chooser.builder.busy()) and time.perf_counter() - begin < timeout_s:
         time.sleep(0.1)
     return {
-        "kind": "v8 builds",
+        "kind": "builds",
         "seconds": time.perf_counter() - begin,
-        "finished": not quant_linear.builds.is_building(),
-        "built": len(quant_linear.builds.launches),
-        "failed": sorted(map(str, quant_linear.builds.failed)),
+        "finished": not (chooser.building or chooser.builder.busy()),
+        "built": len(chooser.programs),
+        "failed": sorted(map(str, chooser.failed)),
     }
 
 

@@ -11,14 +11,11 @@ loads one group of 8 gate values and the 8 up values beside it (16 bytes each), 
 and writes 8 outputs; the backward reads the gradient and y and writes both halves of dy in place.
 One rounding to the 16-bit dtype per value written.
 
-The kernels are built on first use, off the caller's path (by the call's build child,
-``matmul.call.building``; tilus caches the build on disk); until a build is ready, and on any
-machine that is not a Hopper GPU, ``forward`` and ``backward`` compute the same with torch's
-operators on the strided halves, so no call waits for a compiler.
+``forward`` and ``backward`` take the built kernel, or None: then torch's operators compute the
+same on the strided halves. The call decides which (``matmul.call.activation``: the kernel once its
+build child has built it, on a Hopper GPU).
 """
 
-import logging
-import time
 from typing import Optional
 
 import tilus
@@ -27,11 +24,8 @@ from tilus import float32, int32, void_p
 from tilus.ir.layout.ops.register_ops import local, spatial
 from tilus.utils import cdiv
 
-from . import device_context, versions
-from .child_built import ChildBuilt, capturing
-from .variant import SWIGLU_GROUP, activate, gate_up_groups
-
-log = logging.getLogger(__name__)
+from . import device_context
+from .variant import SWIGLU_GROUP, gate_up_groups
 
 ROWS, GROUPS = 16, 8  # a CTA's tile: 16 rows x 8 column groups of each half, a group per thread
 DTYPES = {torch.float16: tilus.float16, torch.bfloat16: tilus.bfloat16}
@@ -87,28 +81,20 @@ class InterleavedSwigluKernel(tilus.Script):
             self.store_global(g_dy, d_up.to(self.dtype), offsets=[row, group, 1, 0])
 
 
-# the kernels, keyed (dtype, backward), built by the call's build child: the call installs its builder
-# (``matmul.call.building.swiglu_in_child``) when the package is imported; none: torch's path
-builds = ChildBuilt(log, "the interleaved swiglu kernel %s did not build (%s); torch's operators run it")
+def script(dtype: torch.dtype, config: dict) -> InterleavedSwigluKernel:
+    """The kernel for ``dtype``, forward or ``config["backward"]`` (what the build child builds)."""
+    return InterleavedSwigluKernel(dtype=DTYPES[dtype], backward=config["backward"])
 
 
-def set_builder(builder) -> None:
-    """Build the kernels with ``builder`` from now on (``child_built.Builder``)."""
-    builds.set_builder(builder)
+def takes(y: torch.Tensor) -> bool:
+    """Whether the kernel takes y (on a GPU, 16-bit, dense, addressable with int32 offsets; rows to
+    compute: an empty grid is no launch, and torch's path returns the empty result)."""
+    return y.is_cuda and y.dtype in DTYPES and y.is_contiguous() and 0 < y.numel() <= MAX_ELEMENTS
 
 
-def _kernel(y: torch.Tensor, backward: bool):
-    """The built kernel for y's dtype, or None (torch's path) while it builds or where it does not run."""
-    if not (y.is_cuda and y.dtype in DTYPES and y.is_contiguous() and 0 < y.numel() <= MAX_ELEMENTS):
-        return None  # (no rows: an empty grid is no launch; torch's path returns the empty result)
-    if versions.local_arch() != ARCH:
-        return None
-    return builds.launch((y.dtype, backward), start=not capturing(y.device))  # a capture starts no build
-
-
-def forward(y: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """silu(gate) * up of y [..., 2 I'] (interleaved halves): [..., I'] (into ``out``, dense, if given)."""
-    kernel = _kernel(y, backward=False)
+def forward(y: torch.Tensor, out: Optional[torch.Tensor] = None, kernel=None) -> torch.Tensor:
+    """silu(gate) * up of y [..., 2 I'] (interleaved halves): [..., I'] (into ``out``, dense, if given),
+    by ``kernel`` (the forward's, built) if given, else by torch."""
     if kernel is None:
         gate, up = gate_up_groups(y)
         result = torch.nn.functional.silu(gate).mul_(up).flatten(-2)  # silu's result is dense: a view
@@ -120,11 +106,10 @@ def forward(y: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor
     return out
 
 
-def backward(y: torch.Tensor, grad: torch.Tensor, dy: Optional[torch.Tensor] = None) -> torch.Tensor:
+def backward(y: torch.Tensor, grad: torch.Tensor, dy: Optional[torch.Tensor] = None, kernel=None) -> torch.Tensor:
     """The gradient of ``forward`` at y for the gradient ``grad`` of its output: dy, y's shape
-    (into ``dy``, dense, if given)."""
+    (into ``dy``, dense, if given), by ``kernel`` (the backward's, built) if given, else by torch."""
     grad = grad.contiguous()
-    kernel = _kernel(y, backward=True)
     if dy is None:
         dy = torch.empty_like(y, memory_format=torch.contiguous_format)
     if kernel is None:
@@ -137,40 +122,3 @@ def backward(y: torch.Tensor, grad: torch.Tensor, dy: Optional[torch.Tensor] = N
     with device_context.on_device(y.device):
         kernel(y.numel() // y.shape[-1], y.shape[-1] // (2 * SWIGLU_GROUP), y, grad, dy)
     return dy
-
-
-def wait_until_built(dtype: torch.dtype, timeout_s: float = 300.0) -> bool:
-    """Start the builds of both kernels for ``dtype`` if they have not started, and wait for them (tests,
-    benchmarks); False where they do not run or did not build in time."""
-    if versions.local_arch() != ARCH or dtype not in DTYPES:
-        return False
-    keys = [(dtype, backward) for backward in (False, True)]
-    for key in keys:  # both built at once
-        builds.launch(key)
-    deadline = time.monotonic() + timeout_s
-    return all(builds.wait(key, deadline - time.monotonic()) for key in keys)
-
-
-class InterleavedSwiglu(torch.autograd.Function):
-    """``forward`` differentiable: autograd through the column views (``variant.activate``) would
-    copy each half to make it contiguous, and in the backward allocate a zero-filled gradient of y's
-    size for each half and add the two; here the backward is ``backward``, one pass."""
-
-    @staticmethod
-    def forward(ctx, y: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(y)
-        return forward(y)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        (y,) = ctx.saved_tensors
-        return backward(y, grad)
-
-
-def activation(y: torch.Tensor, name: Optional[str]) -> torch.Tensor:
-    """The activation ``name`` of a product that did not fuse it (a training step keeps the product
-    for the backward; cuBLAS's plan): swiglu through this module's kernels (differentiable where
-    autograd records y), the others as ``variant.activate`` computes them."""
-    if name != "swiglu":
-        return activate(y, name)
-    return InterleavedSwiglu.apply(y) if torch.is_grad_enabled() and y.requires_grad else forward(y)

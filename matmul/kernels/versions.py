@@ -171,6 +171,12 @@ def fixed_script(kernel_cls: type, config: dict[str, Any], dtype: torch.dtype, n
     return fixed(dtype=TILUS_DTYPES[dtype])
 
 
+def fixed_kernel(module: ModuleType, dtype: torch.dtype, config: dict[str, Any], **options):
+    """A version's script for ``dtype`` fixed to ``config``, built with the kernel's further
+    ``options`` (Hopper V8's ``weight``: the packed format it reads)."""
+    return _fixed_kernel_class(module.Kernel, tuple(sorted(config.items())))(dtype=TILUS_DTYPES[dtype], **options)
+
+
 def kernel(module: ModuleType, dtype: torch.dtype, config: Optional[dict[str, Any]] = None, variant: Variant = PLAIN):
     """The launchable tilus script of a version for ``dtype``: autotuned, or fixed to ``config``; for
     ``variant`` (B's layout, the epilogue), which the version must support (``variant.supported``)."""

@@ -11,16 +11,10 @@ float32 scale per row (per output channel, as fp8's: ``scale = absmax / 7``), wh
 the sum instead of to every value. V8 reads all four formats (``tests/test_v8_gpu.py`` checks each
 on a GPU).
 
-The call (``matmul.quant.linear``): up to ``max_tokens(format)`` tokens (256; where V8's tiles
-fill the GPU, ``linear.prefill_pays``, int4 to 1536 and int6 and fp8 to 512) on a Hopper GPU, V8 (the GEMM that widens
-the weight on chip, ``matmul/kernels/hopper/v8.py``); elsewhere the weight is widened to its 16-bit
-dtype once per call (on a Hopper GPU by one bandwidth-bound kernel, ``matmul.quant.widen``; until it
-is built and elsewhere by ``dequantize``) and multiplied by cuBLAS (``torch.matmul``):
-``matmul.quant.widen`` says from how many tokens that comes within 0.9x of cuBLAS on the
-unquantized weight. Both kernels are built by the call's build child, never in the
-caller (``matmul.call.building``), V8 one kernel per dtype, format and configuration; until V8's is
-built (and for good if its build failed) its calls take the widened path, which gives the same
-product, and a call inside a CUDA graph capture starts no build."""
+The call (``matmul.call.quantized``) runs V8 (``matmul/kernels/hopper/v8.py``, the GEMM that widens
+the weight on chip) on a Hopper GPU up to the format's token limit, and elsewhere widens the weight
+to its 16-bit dtype once per call (``matmul.quant.widen``) for cuBLAS. This package holds the
+formats: how a weight is packed, scaled and read back."""
 
 from __future__ import annotations
 

@@ -1,54 +1,29 @@
 """Widening on the device: a packed weight (int4, int4_channel, int6 or fp8_e4m3, ``matmul.quant``) into its 16-bit
 [N, K] weight in HBM, the value ``QuantizedWeight.dequantize()`` gives, bit for bit. The call runs
-it above ``linear.max_tokens(format)`` tokens, then cuBLAS on the widened weight.
-
-The kernel is built on first use, off the caller's path (by the call's build child,
-``matmul.call.building.widen_in_child``, one kernel per format and dtype; tilus caches the build on
-disk); until its build is ready, if it failed, and on any machine that is not a Hopper GPU,
-``widen`` computes the same with torch (``dequantize``), so no call waits for a compiler. A call
-inside a CUDA graph capture starts no build (it runs the kernel if it is built, else torch's path).
+it where V8 does not (``matmul.call.quantized``): past the tokens V8 takes, then cuBLAS on the
+widened weight, and for the gradient of a quantized layer's input.
 
 The kernel: one CTA of one warpgroup per packed tile (64 weight rows x 128 columns, one scale
 group). Each thread loads its words of the tile straight from HBM (the packed layouts are made for
 this: a thread's bytes of a part are contiguous, 16 bytes for int4 and fp8, 24 for int6), views
-them in the wgmma A-fragment layout and widens them with V8's own conversion
-(``pipeline.widen``: the same magic-number conversions, the same single rounding of ``q *
-scale`` in the 16-bit dtype; fp8 and int4_channel: ``q`` widened exactly, times the float32 row scale, rounded once),
-then writes each part's fragment into a staging tile in shared memory (``stmatrix``) from which one
-TMA store writes it to ``out``: whole 128-byte rows instead of the fragment's 4-byte pieces, and the
-store clips at N, so the padding rows are never written. A staging buffer per part lets the part's
-store run while the next part is widened.
-The packed bytes and scales are read once and the widened weight written once: int4 moves 2.5
-bytes a weight (0.5 + 2), int6 2.75, fp8 3, so the kernel is bound by HBM, ~0.11 ms for int4 at
-28672 x 4096 at 3 TB/s, where torch's unpacking (a 10-dimensional permute) takes 1.8 ms.
+them in the wgmma A-fragment layout and widens them with V8's own conversion (``pipeline.widen``:
+the same magic-number conversions, the same single rounding of ``q * scale`` in the 16-bit dtype;
+fp8 and int4_channel: ``q`` widened exactly, times the float32 row scale, rounded once), then writes
+each part's fragment into a staging tile in shared memory (``stmatrix``) from which one TMA store
+writes it to ``out``: whole 128-byte rows instead of the fragment's 4-byte pieces, and the store
+clips at N, so the padding rows are never written. A staging buffer per part lets the part's store
+run while the next part is widened. The packed bytes and scales are read once and the widened
+weight written once (int4 moves 2.5 bytes a weight, int6 2.75, fp8 3): the kernel is bound by HBM.
 
-Why widen once and call cuBLAS for many tokens, and where that falls short of 0.9x cuBLAS on the
-unquantized weight. From ~1024 tokens the product is bound by the tensor core: cuBLAS takes
-``2 M N K / F`` (F ~ 700 TFLOP/s at fp16 on the H100), the same on the widened weight as on the
-original. Widening once adds ``b N K / B`` (b the bytes moved a weight, B ~ 3 TB/s), so the ratio
-to cuBLAS is ``1 / (1 + b F / (2 M B))``, independent of N and K: ``b F / 2B`` is ~290 tokens for
-int4, ~320 for int6 and ~350 for fp8. 0.9x needs ``M >= 9 x`` that: ~2600 tokens (int4), ~2900
-(int6), ~3150 (fp8). So M = 4096 meets it (int4 ~0.93x), M = 1024 does not (int4 ~0.78x at every
-weight shape, 4096 x 4096 included; ~0.75x fp8), and a prefill of a few hundred tokens is well
-below (at 256 tokens V8 itself is the faster path). These are upper bounds: the kernel runs a little
-below the copy bandwidth and adds a launch, and the call writes cuBLAS's product straight into
-``out`` so that no copy of it comes on top (``plots/h100/v8/bench_v8.py`` measures all of it).
+Why widen once for many tokens: from about a thousand tokens the product is bound by the tensor
+core, ``2 M N K / F`` on the widened weight as on the original, and widening adds ``b N K / B`` (b
+the bytes moved a weight, B the HBM bandwidth), so the ratio to cuBLAS on the 16-bit weight is
+``1 / (1 + b F / (2 M B))`` whatever N and K: it approaches 1 as M grows. Below that V8 widens per
+tile in registers and never writes the widened weight.
 
-What meets it at M = 1024 is widening per tile inside a compute-bound kernel, so that the widened
-weight never goes to HBM (reads drop from 2 bytes a weight to 0.5) and the cost is SM work: each
-weight tile is widened once per token tile that uses it, ``M / block_m`` times (8 times at M = 1024
-with 128-token tiles), ~1 conversion instruction a weight per widening, hidden behind the tensor
-core where another warpgroup's wgmma runs meanwhile. ``matmul/kernels/hopper/v8_prefill.py`` does
-it with a widening warpgroup writing the 16-bit tile into shared memory for V5's MMA warpgroups
-(correct on the H100, 0.58-0.65x cuBLAS: the widened tile's shared-memory traffic). V8 itself does it
-in registers, and without a split of K it writes its slabs of C by TMA stores with no float32 tile
-in between: 0.87-0.92x cuBLAS at 1024-1536 tokens on the H200 (``plots/h200/v8-prefill/``). So the
-call runs int4 through V8 up to ``linear.INT4_MAX_M`` tokens where its tiles fill the GPU's waves
-(``linear.prefill_pays``), int6 and fp8 up to ``linear.LARGE_TILE_MAX_M``, and widens once above
-that and where they do not.
+``widen`` takes the built kernel, or None: then torch's ``dequantize`` computes the same.
 """
 
-import logging
 from typing import Optional
 
 import tilus
@@ -57,8 +32,7 @@ from tilus import GlobalTensor, RegisterTensor, float16, float32, int32, void_p
 from tilus.ir.layout.ops.register_ops import local, spatial
 from tilus.utils import cdiv
 
-from matmul.kernels import device_context, versions
-from matmul.kernels.child_built import ChildBuilt, capturing
+from matmul.kernels import device_context
 from matmul.quant import ROW_SCALED
 from pipeline.tma_store import StagedTmaStore
 from pipeline.widen import Fp8Widen, Int4Widen, Int6Widen, reduce_layout
@@ -76,8 +50,6 @@ PARTS = {
 }
 MAX_ELEMENTS = 2**31 - 1  # the output is addressed with int32 element offsets
 ARCH = "sm_90a"  # run where it was checked; other GPUs and the CPU take torch's path
-
-log = logging.getLogger(__name__)
 
 
 def thread_words(rows: int, cols: int, per_row: int):
@@ -177,29 +149,22 @@ class WidenKernel(tilus.Script):
 
 DTYPES = {torch.float16: tilus.float16, torch.bfloat16: tilus.bfloat16}
 
-# the kernels, keyed (dtype, format), built by the call's build child: the call installs its builder
-# (``matmul.call.building.widen_in_child``) when the package is imported; none: torch's path
-builds = ChildBuilt(log, "the widening kernel %s did not build (%s); torch's dequantize widens")
+
+def script(dtype: torch.dtype, config: dict) -> WidenKernel:
+    """The kernel for ``dtype`` and the format ``config["weight"]`` (what the build child builds)."""
+    return WidenKernel(dtype=DTYPES[dtype], weight=config["weight"])
 
 
-def set_builder(builder) -> None:
-    """Build the kernels with ``builder`` from now on (``child_built.Builder``)."""
-    builds.set_builder(builder)
-
-
-def runs_here(weight) -> bool:
-    """Whether the kernel widens this weight here once it is built (a Hopper GPU, a weight it can
-    address), else torch does."""
+def takes(weight) -> bool:
+    """Whether the kernel widens this weight: addressable with int32 offsets (where it runs at all:
+    ``matmul.call.quantized.runs_here``)."""
     n, k = weight.shape
-    return weight.device.type == "cuda" and versions.local_arch() == ARCH and n * k <= MAX_ELEMENTS
+    return n * k <= MAX_ELEMENTS
 
 
-def widen(weight, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``weight.dequantize()``, the 16-bit [N, K] weight (into ``out``, dense, if given): one launch
-    of the kernel once it is built, torch's ``dequantize`` until then and where it does not run."""
-    kernel = None
-    if runs_here(weight):
-        kernel = builds.launch((weight.dtype, weight.format), start=not capturing(weight.device))
+def widen(weight, out: Optional[torch.Tensor] = None, kernel=None) -> torch.Tensor:
+    """``weight.dequantize()``, the 16-bit [N, K] weight (into ``out``, dense, if given): one launch of
+    ``kernel`` (built for the weight's dtype and format) if given, else torch's ``dequantize``."""
     if kernel is None:
         wide = weight.dequantize()
         return wide if out is None else out.copy_(wide)
@@ -209,9 +174,3 @@ def widen(weight, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     with device_context.on_device(weight.device):
         kernel(n, k, weight.packed, weight.scales, out)
     return out
-
-
-def wait_until_built(dtype: torch.dtype, weight_format: str, timeout_s: float = 300.0) -> bool:
-    """Start the build of the kernel for ``dtype`` and ``weight_format`` if it has not started, and
-    wait for it (tests, benchmarks); False where it does not run or did not build in time."""
-    return versions.local_arch() == ARCH and builds.wait((dtype, weight_format), timeout_s)
