@@ -311,7 +311,7 @@ def _block(x: torch.Tensor, dtype, rounds: int) -> dict:
     error = _relative_difference(settled_result(lambda: ours(x)), theirs(x))
     return {
         "vs_torch_error": error,
-        # 3x the rounds in shorter windows: where the block is host-bound, the host's hiccups move a
+        # three times the rounds in shorter windows: where the block is host-bound, the host's hiccups move a
         # window's time by tens of percent, and the median of more rounds settles
         **compare(lambda: ours(x), lambda: theirs(x), rounds=3 * rounds, window_ms_target=50.0),
     }

@@ -466,8 +466,8 @@ def quantized_table(rows: list[dict], v8: dict, command: str = "") -> str:
 
 def plot_quantized(rows: list[dict], device: str, out_dir: Path) -> list[Path]:
     """Speed against the 16-bit attainable floor (floor / time) of cuBLAS, V7 and V8 per shape,
-    with V8's own floor marked: one panel per dtype. Above 100%, a kernel beats every kernel that
-    reads the 16-bit weight."""
+    with V8's own floor marked: one panel per dtype. Above the 16-bit floor's line, a kernel beats
+    every kernel that reads the 16-bit weight."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -186,7 +186,7 @@ def settle(trace, weights, timeout_s: float) -> bool:
 
 
 def summary(rows: list[dict], field: str = "device_ms") -> dict:
-    """The ratios of one timing (a ``TIMINGS`` field): how many calls over 1.5x torch's, the worst,
+    """The ratios of one timing (a ``TIMINGS`` field): how many calls over one and a half times torch's, the worst,
     the median, the totals; and where the choices came from."""
     ours, theirs = [r[f"matmul_{field}"] for r in rows], [r[f"torch_{field}"] for r in rows]
     ratios = [o / t for o, t in zip(ours, theirs)]
@@ -299,7 +299,7 @@ def fresh_cache_env(prefix: str, native_entry: bool = False):
 def alone(through: str, calls: int, env: Optional[dict] = None) -> dict:
     """``first_use`` over the trace in a fresh process, through "torch" or "matmul" (``env``: its
     environment; matmul()'s with an empty cache directory): each call's rows, and by each timing
-    how many first calls took over 1.5x the second and the median of the first's excess."""
+    how many first calls took over one and a half times the second and the median of the first's excess."""
     request = {"through": through, "seed": SEED, "projections": model_bench.PROJECTIONS, "trace": the_trace(calls)}
     done = subprocess.run(
         [sys.executable, first_use.__file__], input=json.dumps(request), capture_output=True, text=True, env=env
@@ -392,7 +392,7 @@ def across_processes(ours: list[list[dict]], theirs: list[list[dict]], field: st
     """matmul()'s first calls against torch's, over several fresh processes of each (``alone``'s
     rows, one list a process): call by call, the median of matmul()'s processes against the median
     of torch's (``median_against_median``, ``summary``'s form); and how many first calls of each
-    single process took over 1.5x the median of torch's processes (each torch process against the
+    single process took over one and a half times the median of torch's processes (each torch process against the
     median of the others): what one process against another can show."""
 
     def first(runs: list[list[dict]], i: int) -> list[float]:
