@@ -1,6 +1,6 @@
 """``python -m matmul``: the project's command line.
 
-python -m matmul compile [--arch sm_90a|sm_100a] [--versions v0,v1,...] [--out DIR] [--all-configs]
+python -m matmul compile [--arch sm_90a|sm_100a] [--versions v0,v1,...,v8] [--out DIR] [--all-configs] [--list]
 python -m matmul compile --arch sm_90a --kernels FILE|- [--jobs N]
 python -m matmul bench [--arch ...] [--versions ...] [--shapes series,ksweep,llm|MxNxK,...] [--out DIR]
 python -m matmul plot RESULTS.json [...] [--out DIR]
@@ -41,6 +41,38 @@ def _versions(value: str | None, arch: str, have: list[str] | None = None) -> li
     if unknown:
         raise ValueError(f"unknown version(s) {', '.join(unknown)}; the series is {', '.join(versions.VERSIONS)}")
     return [v for v in wanted if v in have]
+
+
+def compiled_versions(arch: str) -> list[str]:
+    """Every version ``python -m matmul compile`` builds for ``arch``: the series, then the versions
+    that read a packed weight (V8 on both architectures; Hopper's V8-prefill)."""
+    return versions.available(arch) + versions.quantized(arch)
+
+
+def _compile_work(value: str | None, arches: list[str]) -> list[tuple[str, str]]:
+    """(arch, version) for each version ``--versions`` names (default: every one) that ``arches`` have;
+    a name that is a version of no architecture is an error."""
+    have = {arch: compiled_versions(arch) for arch in arches}
+    if not value:
+        return [(arch, version) for arch in arches for version in have[arch]]
+    wanted = [v.strip().lower() for v in value.split(",")]
+    known = [*versions.VERSIONS, *versions.QUANTIZED_VERSIONS]
+    unknown = [v for v in wanted if v not in known]
+    if unknown:
+        raise ValueError(f"unknown version(s) {', '.join(unknown)}; the versions are {', '.join(known)}")
+    return [(arch, version) for arch in arches for version in wanted if version in have[arch]]
+
+
+def compile_list(work: list[tuple[str, str]], all_configs: bool) -> int:
+    """``--list``: what ``compile`` would build, one row a version, without building."""
+    rows = []
+    for arch, version in work:
+        module = versions.load(arch, version)
+        configs = versions.build_configs(module) if all_configs else [module.REPRESENTATIVE]
+        packed = version in versions.QUANTIZED_VERSIONS
+        rows.append([arch, version, "packed" if packed else "16-bit", len(configs), module.REPRESENTATIVE])
+    print(tabulate(rows, headers=["arch", "version", "weight", "configurations", "representative"]))
+    return 0
 
 
 def _build_listed(arch: str, line: str) -> str:
@@ -87,9 +119,11 @@ def compile_command(args) -> int:
     if args.kernels:
         return compile_listed(args)
 
+    work = _compile_work(args.versions, _arches(args.arch))
+    if args.list:
+        return compile_list(work, args.all_configs)
     rows, failed = [], False
     gpu_arch = None if args.no_check else versions.local_arch()
-    work = [(arch, version) for arch in _arches(args.arch) for version in _versions(args.versions, arch)]
     progress = tqdm(
         total=sum(len(versions.build_configs(versions.load(a, v))) if args.all_configs else 1 for a, v in work),
         desc="[compile]",
@@ -123,7 +157,9 @@ def compile_command(args) -> int:
             "cluster": "x".join(map(str, built[0].cluster)) if built else "-",
             "PTX shows": ", ".join(m if f else f"MISSING {m}" for m, f in markers.items()),
         }
-        if gpu_arch == arch:
+        if gpu_arch == arch and version in versions.QUANTIZED_VERSIONS:
+            row["check on GPU (rel. err.)"] = "tests/test_v8*_gpu.py"  # a packed weight: not check_version's
+        elif gpu_arch == arch:
             from .measure.correctness import check_version
 
             error = check_version(module)
@@ -556,7 +592,10 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("compile", help="build the versions for an architecture and report what they compiled to")
     p.add_argument("--arch", help="sm_90a, sm_100a or both (comma-separated); default: both")
-    p.add_argument("--versions", help="comma-separated, e.g. v0,v1; default: every version")
+    p.add_argument(
+        "--versions", help="comma-separated, e.g. v0,v1,v8; default: every version, V8 (and V8-prefill) included"
+    )
+    p.add_argument("--list", action="store_true", help="list the versions and configurations to build; build nothing")
     p.add_argument("--out", help="write each version's PTX (and SASS) to OUT/<arch>/<version>.ptx")
     p.add_argument("--all-configs", action="store_true", help="build every configuration of the autotune space")
     p.add_argument("--no-check", action="store_true", help="do not run the kernels even on a matching GPU")

@@ -169,7 +169,7 @@ class SwappedSlabStore(tilus.Class):
     swizzle, and it writes the transposed accumulator into it with ``stmatrix.trans``
     (``STSM.MT88``), bank-conflict free. The TMA store clips C's edges, so the accumulator is
     never read under a branch: a store masked element by element would make ptxas serialize
-    every wgmma of the kernel (its note C7514; plots/h100/skinny/COMMAND.md)."""
+    every wgmma of the kernel (its note C7514)."""
 
     def __init__(
         self, staging: SharedTensor, g_c: GlobalTensor, offset_m: int32, offset_n: int32, epilogue: FusedEpilogue

@@ -37,7 +37,7 @@ exactly a gate-up pair (``q = w``, ``i = g``), so swiglu needs no data moved her
 the pairs from a register view of the tile by blocks of 8 rows and halves (``swiglu_blocks``).
 
 A plain variant (no bias, no activation) gets the tile and column back untouched: ``apply``
-emits nothing, and the kernel is the one it was before the variant existed.
+emits nothing, and the kernel is the same as without an epilogue.
 """
 
 import types

@@ -70,7 +70,7 @@ class TileRasterizer(tilus.Class):
 
 # --- persistent kernels -----------------------------------------------------------------------
 
-# The H100 SXM this project is timed on: used where no GPU is present (building for CI).
+# The SMs of an NVIDIA H100 SXM: the grid used where no GPU is present (building for CI).
 DEFAULT_SM_COUNT = 132
 
 

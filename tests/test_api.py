@@ -367,7 +367,7 @@ def test_a_change_to_a_tilus_fix_moves_tilus_cache_to_a_folder_of_its_own(monkey
     read_bytes = Path.read_bytes
 
     def edited(name):
-        monkeypatch.setattr(Path, "read_bytes", lambda p: read_bytes(p) + (b"#" if p.name == name else b""))
+        monkeypatch.setattr(Path, "read_bytes", lambda p: read_bytes(p) + (b"\nx = 1\n" if p.name == name else b""))
         key = tilus_fixes_key()
         monkeypatch.setattr(Path, "read_bytes", read_bytes)
         return key

@@ -1428,7 +1428,7 @@ def test_a_stored_choice_goes_stale_only_with_the_sources_its_version_is_built_f
     read_bytes = Path.read_bytes
 
     def edited(name):
-        return lambda path: read_bytes(path) + (b"# edited" if path.name == name else b"")
+        return lambda path: read_bytes(path) + (b"\nedited = 1\n" if path.name == name else b"")  # code, not a comment
 
     monkeypatch.setattr(Path, "read_bytes", edited("cluster_reduce.py"))
     assert tuner.fingerprint.__wrapped__(ARCH, "v7") != before["v7"]

@@ -22,6 +22,44 @@ def test_compile_command_rejects_unknown_arch_and_version():
         assert ("unknown architecture" in proc.stderr) or ("unknown version" in proc.stderr)
 
 
+def test_compile_covers_every_version_v8_of_both_architectures_included(capsys):
+    """``compile`` builds every version the package has: the series and the packed-weight versions,
+    V8 for sm_90a and for sm_100a (``--list`` names them without building)."""
+    from matmul import cli
+    from matmul.kernels import versions
+
+    def listed(*args):
+        assert cli.main(["compile", "--list", *args]) == 0
+        rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+        return [(row[0], row[1]) for row in rows]
+
+    everything = listed()
+    for arch in versions.ARCHS:
+        assert [v for a, v in everything if a == arch] == versions.available(arch) + versions.quantized(arch)
+    assert ("sm_90a", "v8") in everything and ("sm_100a", "v8") in everything
+    assert listed("--versions", "v8") == [("sm_100a", "v8"), ("sm_90a", "v8")]
+    assert listed("--versions", "v8_prefill,v1") == [("sm_100a", "v1"), ("sm_90a", "v8_prefill"), ("sm_90a", "v1")]
+
+
+def test_compile_reports_v8_of_both_architectures(tmp_path, monkeypatch, capsys):
+    """The report's V8 rows from the real representative builds (``conftest.representative_build``,
+    built once a session): both architectures, every PTX marker found, the PTX written out."""
+    from conftest import representative_build
+
+    from matmul import build, cli
+
+    def representative(module, arch, all_configs=False, progress=None):
+        return [representative_build(arch, module.__name__.rsplit(".", 1)[-1])]
+
+    monkeypatch.setattr(build, "build_version", representative)
+    assert cli.main(["compile", "--versions", "v8", "--no-check", "--out", str(tmp_path)]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("sm_")]
+    assert [row.split()[:2] for row in rows] == [["sm_100a", "v8"], ["sm_90a", "v8"]]
+    assert all("MISSING" not in row for row in rows)
+    assert "tcgen05.mma" in (tmp_path / "sm_100a" / "v8.ptx").read_text()
+    assert "wgmma.mma_async" in (tmp_path / "sm_90a" / "v8.ptx").read_text()
+
+
 def test_compile_compare_tells_the_same_ptx_from_a_changed_one(tmp_path):
     """--compare is how a refactoring shows it changed no kernel: same PTX reads 'same', one changed
     instruction reads 'DIFFERENT'."""

@@ -77,11 +77,14 @@ def tilus_fix_sources() -> list[Path]:
 
 def tilus_fixes_key() -> str:
     """The name of the tilus cache folder for this tilus release and these fixes of its code
-    generator (the files of ``tilus_fix_sources()``, by name, order and content): a change to
-    either builds every kernel again, in a folder of its own."""
+    generator (the files of ``tilus_fix_sources()``, by name, order and code: ``code_digest``, so
+    an edit to a comment or a docstring of a fix keeps the folder): a change to either builds every
+    kernel again, in a folder of its own."""
+    from .code_digest import code_digest
+
     digest = hashlib.sha256(tilus.__version__.encode())
     for path in tilus_fix_sources():
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+        digest.update(path.name.encode() + b"\0" + code_digest(path).encode())
     return f"fixes-{digest.hexdigest()[:12]}"
 
 

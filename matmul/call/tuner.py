@@ -77,6 +77,7 @@ from ..measure.correctness import TOLERANCE, poisoned_output, random_operands, r
 from ..measure.timing import alternating_rounds, interleaved_ms, median_ms
 from . import tilus_autotune, yielding
 from .choice_cache import Entry, tilus_fix_sources
+from .code_digest import code_digest
 
 VENDOR = versions.CUBLAS  # the candidate that is not a version of the series: torch.matmul
 # a version must beat cuBLAS by more than this share of its call time to be chosen: wins of 1-2% did
@@ -139,13 +140,14 @@ def candidates(arch: str, m: int, n: int, k: int, variant: Variant = PLAIN) -> l
 
 @functools.cache
 def fingerprint(arch: str, version: str) -> str:
-    """Changes when the version's source, the shared entry point, the pipeline code they import, the
-    tilus fixes or tilus change (for cuBLAS: when torch or its CUDA change)."""
+    """Changes when the code of the version's source, the shared entry point, the pipeline code they
+    import or the tilus fixes changes, or tilus does (for cuBLAS: when torch or its CUDA change). The
+    code, not the bytes (``code_digest``): an edit to a comment or a docstring keeps the choices."""
     if version == VENDOR:
         return hashlib.sha256(f"{torch.__version__} {torch.version.cuda}".encode()).hexdigest()[:16]
     digest = hashlib.sha256(tilus.__version__.encode())
     for path in fingerprint_files(arch, version):
-        digest.update(path.read_bytes())
+        digest.update(code_digest(path).encode())
     return digest.hexdigest()[:16]
 
 

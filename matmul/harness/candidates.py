@@ -6,7 +6,7 @@ version name for every configuration of its space. They go through the bench's o
 (``bench.measure``): checked against the float32 reference on fresh random operands, then timed
 in paired windows with cuBLAS, or in sustained windows (``--sustained SECONDS``); ``--profile N``
 only launches each checked candidate N times inside an NVTX range "profile", for Nsight Compute
-(compare elapsed cycles there, not durations: the H100's clock moves under load). The rows are
+(compare elapsed cycles there, not durations: a power-limited GPU's clock moves under load). The rows are
 rough numbers for choosing; ``python -m matmul bench`` is the measurement to report.
 """
 

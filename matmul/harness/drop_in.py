@@ -282,7 +282,7 @@ def settle(timeout_s: float = SETTLE_S) -> dict:
 def settle_and_say(part: str, timeout_s: float = SETTLE_S) -> dict:
     """``settle``, and say how it ended: where the tuning did not finish, its children still time
     kernels on the same GPU while the part's rows are timed, and those rows measure that contention
-    (on an H200 with no table of its own, torch's training step took twice its time)."""
+    (on a GPU with no shipped table of its own, enough to double a training step's time)."""
     settled = settle(timeout_s)
     print(
         f"{part}: background tuning {'done' if settled['finished'] else 'NOT done'} after {settled['seconds']:.0f} s,"

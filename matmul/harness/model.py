@@ -13,7 +13,7 @@ the host is slower than the GPU, its time is what the window measures. Three mea
   - ``layers`` (the main figure): each call takes the next of several copies of the weight, at
     least ``LAYERS_BYTES`` of them together, as a model's layers each have their own weight, so
     that every call reads its weight from HBM, as in a model;
-  - ``one weight``: every call on the same weight. A weight smaller than L2 (50 MB on the H100)
+  - ``one weight``: every call on the same weight. A weight smaller than L2 (50 MB on an NVIDIA H100)
     then stays there and the kernels get shorter than the host's time to issue them: this way
     shows the host's cost per call at its most exposed.
 * ``host_us``: the host's own time per call at 16 x 256 x 256 (``perf_counter`` around the loop,
@@ -52,7 +52,7 @@ PROJECTIONS = {
     "lm_head": (128256, 4096),
 }
 TOKENS = (16, 128, 1024, 8192)
-LAYERS_BYTES = 256 * 2**20  # the copies of a weight a "layers" window cycles through: five times the H100's L2
+LAYERS_BYTES = 256 * 2**20  # the copies of a weight a "layers" window cycles through: five times an NVIDIA H100's L2
 HOST_SHAPE = (16, 256, 256)
 BLOCK_SIZES = ((1, 128), (1, 1024), (4, 1024), (2, 4096))  # batch x sequence
 FORMAT = "tilus-matmul-model/2"
@@ -311,7 +311,7 @@ def _block(x: torch.Tensor, dtype, rounds: int) -> dict:
     error = _relative_difference(settled_result(lambda: ours(x)), theirs(x))
     return {
         "vs_torch_error": error,
-        # 3x the rounds in shorter windows: where the block is host-bound, the host's hiccups move a
+        # three times the rounds in shorter windows: where the block is host-bound, the host's hiccups move a
         # window's time by tens of percent, and the median of more rounds settles
         **compare(lambda: ours(x), lambda: theirs(x), rounds=3 * rounds, window_ms_target=50.0),
     }

@@ -4,7 +4,8 @@
   each bar's share of cuBLAS, per shape of the ``series`` preset (or the custom shapes);
 * ``ksweep``: TFLOPS against K at M = N = 8192, one line per kernel;
 * ``llm``: the autotuned ``matmul()`` call and the Triton baseline as multiples of cuBLAS over the
-  projections of the ``llm`` preset, with the issue's bars (1.0x in geometric mean, 0.8x worst).
+  projections of the ``llm`` preset, with the issue's bars (parity with cuBLAS in geometric mean,
+  0.8 of it at worst).
 
 Built on ``matplotlib.figure.Figure`` without pyplot: no GUI backend, no global state. Saved files
 carry no date, so redrawing unchanged results leaves the files unchanged.

@@ -9,8 +9,8 @@ kernel's time, both measured the same way in the same run:
   which evicts every operand and leaves clean lines, as the other layers of a model leave L2 for
   this one. Every figure is taken a second time with the flush that writes the buffer instead
   (the ``write`` columns, the method of the issue that asked for this table): it leaves L2 full of
-  dirty lines that the timed kernel writes back while it reads, ~5 us more at a 32 MiB weight, for
-  every kernel alike, the floor's copy included;
+  dirty lines that the timed kernel writes back while it reads, for every kernel alike, the floor's
+  copy included;
 * copy bandwidth: a device-to-device copy (read + write counted) of 32 MiB and of 512 MiB, L2
   flushed before each launch; the larger copy's rate is the one the floors use;
 * empty kernel: ``torch.cuda._sleep(0)``, timed like every kernel here;
@@ -466,8 +466,8 @@ def quantized_table(rows: list[dict], v8: dict, command: str = "") -> str:
 
 def plot_quantized(rows: list[dict], device: str, out_dir: Path) -> list[Path]:
     """Speed against the 16-bit attainable floor (floor / time) of cuBLAS, V7 and V8 per shape,
-    with V8's own floor marked: one panel per dtype. Above 100%, a kernel beats every kernel that
-    reads the 16-bit weight."""
+    with V8's own floor marked: one panel per dtype. Above the 16-bit floor's line, a kernel beats
+    every kernel that reads the 16-bit weight."""
     import matplotlib
 
     matplotlib.use("Agg")

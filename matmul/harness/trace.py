@@ -26,7 +26,7 @@ process of its own (``first_use``, each call twice in a row): ``torch.matmul`` i
 nothing of this package, ``matmul()`` in one whose cache directory starts empty; call by call,
 their first calls compare a new user of one with a new user of the other (``alone_against_alone``),
 each paying its own first uses and only its own. One process against another is a draw (two
-fresh torch processes differ by over 1.5x on up to 35 of the 300 first calls), so ``alternating``
+fresh torch processes differ widely on some first calls), so ``alternating``
 runs several fresh processes of each library in turn and compares the median first calls.
 Also the first forward pass of ``model.Block`` through
 ``matmul()`` against the same block through ``torch.matmul``, each in a new process.
@@ -103,10 +103,10 @@ def _busy() -> dict:
 def _both_orders(ours, theirs, matmul_first: bool) -> tuple[dict, dict]:
     """Each of ``ours`` and ``theirs`` timed twice, in the order ours-theirs-theirs-ours (or the
     reverse), after one untimed call of each: each side's timings averaged (``timed``'s fields),
-    the single ones kept under ``each``. In a first run of this pass the call timed first after
-    the harness's own work (new activations, Python between calls) took 12-15% longer than the
-    three after it, on either side (plots/h100/first-calls/); with a call of each before it and
-    each side in every position once, that cost falls on neither."""
+    the single ones kept under ``each``. The call timed first after the harness's own work (new
+    activations, Python between calls) takes longer than the three after it, on either side
+    (plots/h100/first-calls/); with a call of each before it and each side in every position once,
+    that cost falls on neither."""
     for call in (ours, theirs) if matmul_first else (theirs, ours):
         call()
     if matmul_first:
@@ -186,7 +186,7 @@ def settle(trace, weights, timeout_s: float) -> bool:
 
 
 def summary(rows: list[dict], field: str = "device_ms") -> dict:
-    """The ratios of one timing (a ``TIMINGS`` field): how many calls over 1.5x torch's, the worst,
+    """The ratios of one timing (a ``TIMINGS`` field): how many calls over one and a half times torch's, the worst,
     the median, the totals; and where the choices came from."""
     ours, theirs = [r[f"matmul_{field}"] for r in rows], [r[f"torch_{field}"] for r in rows]
     ratios = [o / t for o, t in zip(ours, theirs)]
@@ -299,7 +299,7 @@ def fresh_cache_env(prefix: str, native_entry: bool = False):
 def alone(through: str, calls: int, env: Optional[dict] = None) -> dict:
     """``first_use`` over the trace in a fresh process, through "torch" or "matmul" (``env``: its
     environment; matmul()'s with an empty cache directory): each call's rows, and by each timing
-    how many first calls took over 1.5x the second and the median of the first's excess."""
+    how many first calls took over one and a half times the second and the median of the first's excess."""
     request = {"through": through, "seed": SEED, "projections": model_bench.PROJECTIONS, "trace": the_trace(calls)}
     done = subprocess.run(
         [sys.executable, first_use.__file__], input=json.dumps(request), capture_output=True, text=True, env=env
@@ -341,10 +341,10 @@ def alternating(calls: int, repeats: int = REPEATS, ways: Optional[dict[str, dic
     (``ways`` in the result: one run measures a setting against the default).
 
     Why: a process's first calls are a draw. Two fresh torch processes, nothing else on the machine,
-    differ by more than 1.5x on 0-35 of the trace's 300 first calls (plots/h100/first-calls/): in
-    some processes most of the trace's first uses of a cuBLAS kernel cost 1.5-2x their cost in
-    others. One process of each library compares two draws; the median over several processes of
-    each compares the libraries. A process that fails (its stderr's end under ``failed``) is left
+    differ widely on some of the trace's first calls (plots/h100/first-calls/): in some processes
+    most of the trace's first uses of a cuBLAS kernel cost far more than in others. One process of
+    each library compares two draws; the median over several processes of each compares the
+    libraries. A process that fails (its stderr's end under ``failed``) is left
     out of the comparison, which needs two processes of each that finished."""
     ways = ways or {}
     runs = {"torch": [], "matmul": [], **{name: [] for name in ways}}
@@ -392,7 +392,7 @@ def across_processes(ours: list[list[dict]], theirs: list[list[dict]], field: st
     """matmul()'s first calls against torch's, over several fresh processes of each (``alone``'s
     rows, one list a process): call by call, the median of matmul()'s processes against the median
     of torch's (``median_against_median``, ``summary``'s form); and how many first calls of each
-    single process took over 1.5x the median of torch's processes (each torch process against the
+    single process took over one and a half times the median of torch's processes (each torch process against the
     median of the others): what one process against another can show."""
 
     def first(runs: list[list[dict]], i: int) -> list[float]:

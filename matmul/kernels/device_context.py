@@ -7,7 +7,7 @@ autograd's backward thread, a server's worker threads. torch's device guard does
 device 0, since it calls ``cudaSetDevice`` only when the device changes and a fresh thread's device
 already reads 0. The encode then fails (tilus does not check its result), and the kernel runs with
 a garbage descriptor: "an illegal instruction was encountered", and the process's CUDA context is
-lost. This is what faulted ``linear``'s backward on the H100 whenever its dX ran one of the series'
+lost. Without this module, ``linear``'s backward loses it whenever its dX runs one of the series'
 kernels.
 
 So every launch path of the project calls ``make_current_once(device)`` first: it checks once per

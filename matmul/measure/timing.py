@@ -41,7 +41,7 @@ class L2Flush:
     * ``"write"``: ``zero_()`` writes the buffer (as ``triton.testing.do_bench`` flushes); L2 is
       left full of dirty lines, which the next kernel writes back to HBM while it reads: up to
       ~50 MB of writes it did not cause. Compute-bound kernels do not notice; a kernel that only
-      streams a 32 MiB weight measures ~5 us (25%) slower (plots/h100/skinny/).
+      streams its weight measures slower by those writes (plots/h100/skinny/).
     """
 
     def __init__(self, method: str = "read", nbytes: int = 256 << 20):

@@ -4,7 +4,7 @@
 be built, so every kernel builds the same way on every machine. Each fix names the fault it works
 around, is guarded to the tilus release that has it, and can be taken out again
 (``disabled(name)``) so that the tests can show the fault comes back without it
-(``tests/test_tilus_fixes.py``). The faults (seen on an H100 and on machines without a GPU):
+(``tests/test_tilus_fixes.py``). The faults (on a GPU, and on machines without one):
 
 * ``tma_sm90``: TMA loads are emitted with ``.cta_group::1``, which ptxas rejects for sm_90a;
 * ``build_without_gpu``: building needs ``torch.cuda.is_available()`` and a driver ``libcuda.so``;
@@ -24,10 +24,9 @@ around, is guarded to the tilus release that has it, and can be taken out again
 * ``wgmma_register_a``: ``wgmma.mma`` with its A operand in registers has no emitter and no layout
   inference rule (V8 widens its int4 weight into that operand);
 * ``int4_bf16_cast``: a register cast from int4 to bfloat16 converts one value at a time (the
-  float16 cast converts eight at once). V8 no longer casts (its packed order lets it widen pairs
-  itself, ``pipeline.widen.int4_pairs``); the fix stays for kernels that do, and because its
-  source is part of every stored choice's fingerprint (removing or editing it makes the shipped
-  tables stale);
+  float16 cast converts eight at once). V8 does not cast (its packed order lets it widen pairs
+  itself, ``pipeline.widen.int4_pairs``); the fix is for kernels that do, and its code is part of
+  every stored choice's fingerprint (removing it makes the shipped tables stale);
 * ``tcgen05_tmem_a``: ``tcgen05.mma`` with its A operand in tensor memory has no emitter
   (Blackwell V8 widens its int4 weight into that operand);
 * ``wgmma_instruction_width``: a wgmma tile is issued in instructions only as wide as the greatest

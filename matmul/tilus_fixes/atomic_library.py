@@ -6,8 +6,7 @@ whether the program is built already, without the lock, by whether ``module/lib.
 nvcc writes ``lib.so`` in place, so while one process compiles a kernel another that asks for the
 same kernel (the call's build child and the background tuning's, both building a bucket's choice on
 a fresh machine) finds all three, returns the folder, and its caller's ``dlopen`` fails ("file too
-short"): the kernel is marked failed in that process and cuBLAS runs in its place. Seen on an H200
-(``plots/h200/README.md``).
+short"): the kernel is marked failed in that process and cuBLAS runs in its place.
 
 The work-around: the library is compiled under a name of its own in the same folder
 (``lib.<pid>.<random>.so``) and renamed to ``lib.so`` once complete (``os.replace``, atomic within

@@ -6,8 +6,8 @@ wide is issued as three ``m64n32k16`` per K step, one 112 wide as seven ``m64n16
 ``m64n96k16`` or ``m64n112k16`` would do (wgmma takes any N that is a multiple of 8 up to 256 for
 16-bit and 8-bit floating-point operands: PTX ISA, "Matrix shape"; tilus's own ``WgmmaConfig``
 lists them). Each narrower instruction reads its A tile from shared memory again and costs an issue
-slot: on the H100 a 128 x 96 V5 tile ran 5 times the instructions of a 128 x 128 one and half its
-speed (plots/h100/skinny/). The instruction is made as wide as the tile wherever that width is an
+slot: a 128 x 96 V5 tile issues five times the instructions of a 128 x 128 one, and runs far
+slower (plots/h100/skinny/). The instruction is made as wide as the tile wherever that width is an
 instruction tilus knows; the layout inference and the emitter both ask ``get_inst_mnk``, so they
 agree. Widths that are powers of two are unchanged.
 """

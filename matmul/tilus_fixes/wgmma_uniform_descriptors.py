@@ -6,7 +6,7 @@ register: it cannot prove it equal across the warp. Every shared-memory address 
 then computed per thread, and each wgmma's two 64-bit descriptors are built with 64-bit adds in
 ordinary registers and moved to uniform registers (R2UR), sixteen moves a K block of four wgmma:
 40 of the 72 SASS instructions of a K block of V7's 128-token tile, between the stage's wait and
-its first wgmma (``plots/h200/README.md``, "A K block's descriptors"). The peeled first K block,
+its first wgmma (``python -m matmul compile`` shows the SASS). The peeled first K block,
 whose stage is a constant, builds the same descriptors with four uniform adds.
 
 The work-around takes each shared operand's address from lane 0 of the warp (``__shfl_sync``) where

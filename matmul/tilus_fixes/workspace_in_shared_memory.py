@@ -7,7 +7,7 @@ thread reads it back. When the kernel is finalized, tilus places the workspace a
 allocated shared memory rounded up to 128 bytes, but sizes the dynamic shared memory as the
 *unrounded* top plus the workspace's bytes. Whenever the tensors allocated before end off a
 128-byte boundary, the workspace's tail (or all of it) lies beyond the launch's shared memory:
-an illegal address on the GPU (seen on a B200 by tilus's maintainers, fixed upstream after 0.2.0).
+an illegal address on the GPU (fixed upstream after 0.2.0).
 
 The work-around raises the allocator's high-water mark to the same 128-byte boundary before tilus
 sizes the dynamic shared memory, so the size counts the padding in front of the workspace.

@@ -31,8 +31,8 @@ Staging buffers (two per warpgroup): before a buffer is rewritten, the issuing l
 named barrier; after writing, ``fence.proxy.async`` + the named barrier before the TMA store;
 ``cp.async.bulk.wait_group 0`` before the CTA exits.
 
-Option ``stream_k`` (``STREAM_K``, in ``EXTRA_CONFIGS``: built, checked and measured, not tuned,
-since on the H100 it is slower than V5 without it, ``plots/h100/stream-k/``): the last, partial
+Option ``stream_k`` (``STREAM_K``, in ``EXTRA_CONFIGS``: built and checked, not tuned, being
+slower than V5 without it, ``plots/h100/stream-k/``): the last, partial
 wave dealt out by K blocks (``pipeline.stream_k``, whose doc gives the rule and its global flags).
 The whole waves run as above (``StreamKSchedule.whole_tile``); then each CTA computes its one or
 two pieces of the tail, publishes a piece that ends inside its tile (``PartialTiles.publish``) and
@@ -82,8 +82,8 @@ def takes(config: dict, variant) -> bool:
 
 
 # The stream-K option (module doc): the last, partial wave dealt out by K blocks. Built and checked,
-# not tuned: on the H100 its partials cost more than the idle SMs of the last wave
-# (plots/h100/stream-k/). Select it on purpose with versions.kernel(module, dtype, STREAM_K).
+# not tuned: its partials cost more than the idle SMs of the last wave (plots/h100/stream-k/).
+# Select it on purpose with versions.kernel(module, dtype, STREAM_K).
 STREAM_K = dict(block_m=128, block_n=256, block_k=64, stages=4, group=16, stream_k=True)
 EXTRA_CONFIGS = (STREAM_K,)
 
@@ -92,8 +92,8 @@ EXTRA_CONFIGS = (STREAM_K,)
 # buffers * 64 x 64 * 2 bytes (32 KiB): 4 stages of 64 K columns for 128 x 256. Groups as V4's.
 # Narrow tiles for 128-256 tokens, where 128 x 256 tiles leave most SMs idle (qkv, 6144 columns at
 # 256 tokens: 48 tiles on 132 SMs): 96 columns give qkv 128 tiles, 224 the gate-up weight (28672)
-# 128 a token tile, each ring as deep as shared memory allows; on the H100 the fastest kernel of the
-# series on those two at 256 tokens (plots/h100/skinny/). A width that is no multiple of 64 goes out
+# 128 a token tile, each ring as deep as shared memory allows: the fastest kernel of the series on
+# those two at 256 tokens (plots/h100/skinny/). A width that is no multiple of 64 goes out
 # in narrower blocks (``staging_columns``) and is left out for torch's b [K, N] (``takes``).
 @tilus.autotune("block_m, block_n, block_k, stages", [(128, 256, 64, 4), (128, 96, 64, 7), (128, 224, 64, 4)])
 @tilus.autotune("group", [16, 32])

@@ -26,22 +26,20 @@ global counter. Its rule is the static round robin of V5 over cluster tiles (clu
 schedule; a dynamic rule would change only the leader's next-tile line.
 
 Option ``pair="n"`` (``PAIR_N_NARROW``, in ``EXTRA_CONFIGS``: correct on the GPU,
-``tests/test_gpu_correctness.py::test_hopper_narrow_tiles``, and not tuned: on the H200 it runs no
-faster than the pair stacked along M, ``plots/h200/pair-n/``): the
+``tests/test_gpu_correctness.py::test_hopper_narrow_tiles``, and not tuned, being no faster than
+the pair stacked along M, ``plots/h200/pair-n/``): the
 pair computes horizontally adjacent tiles of one M tile instead, so it shares the A tile: each
 CTA loads one 64-row slab of it by multicast into both, and its own whole B tile. Which operand to
 share is a matter of sizes: a CTA reads ``block_m x block_k`` of A and ``block_n x block_k`` of B a K
 block, and the pair should halve the larger. At 256 tokens on a 6144-row weight (a Llama's qkv) in
-128 x 96 tiles, A is the larger (128 rows against 96): under ncu (``plots/h100/skinny/``) the 128
-CTAs read 221 MB from L2 in V5 and 188 MB in V6 stacked along M, cuBLAS's ``96x128`` kernel, whose
-``2x1`` cluster shares the token tile, 156 MB; side by side along N a CTA reads half of its 1 MiB of A
-and all of its 0.75 MiB of B, 160 MiB in all by that count (what ncu counts on the H200: the
-multicast saves the bytes, but the bytes were not what held the row).
+128 x 96 tiles, A is the larger (128 rows against 96), so the pair along N reads the fewest bytes
+from L2 (as cuBLAS's ``96x128`` kernel does, whose ``2x1`` cluster shares the token tile); the
+bytes it saves are not what limits that shape (``plots/h100/skinny/``, ``plots/h200/pair-n/``).
 Nothing else changes: a stage still receives both halves of each operand, so the barriers, counts
 and releases below are the same, with "own A" and "B half" trading places.
 
 Option ``pingpong`` (``PINGPONG`` and ``PINGPONG_WIDE``, in ``EXTRA_CONFIGS``: built and checked,
-not tuned, since on the H100 it is slower than V6 without it, ``plots/h100/pingpong/``; a build
+not tuned, being slower than V6 without it, ``plots/h100/pingpong/``; a build
 without it is V6 as above): CUTLASS's *ping-pong* consumers, meant for big square-ish products.
 Without it both warpgroups split every tile by rows and reach its end together, so both write the
 tile out together and the tensor core has nothing to do while they convert and stage the
@@ -137,12 +135,12 @@ PTX_MARKERS = (
 )
 REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, group=8)
 # The ping-pong option (module doc): each consumer warpgroup owns whole 128 x 128 tiles (PINGPONG) or
-# 64 x 256 ones (PINGPONG_WIDE). Built and checked, not tuned: on the H100 it is slower than V6
-# without it (plots/h100/pingpong/). Select it on purpose with versions.kernel(module, dtype, PINGPONG).
+# 64 x 256 ones (PINGPONG_WIDE). Built and checked, not tuned: slower than V6 without it
+# (plots/h100/pingpong/). Select it on purpose with versions.kernel(module, dtype, PINGPONG).
 PINGPONG = dict(block_m=128, block_n=128, block_k=64, stages=6, group=8, pingpong=True)
 PINGPONG_WIDE = dict(block_m=64, block_n=256, block_k=64, stages=4, group=8, pingpong=True)
 # The pair side by side along N (module doc, option ``pair``), for 256 tokens on a narrow weight tile
-# (qkv): correct, not tuned (no faster than the pair along M where it was timed, plots/h200/pair-n/).
+# (qkv): correct, not tuned (no faster than the pair along M, plots/h200/pair-n/).
 PAIR_N_NARROW = dict(block_m=128, block_n=96, block_k=64, stages=7, group=8, pair="n")
 EXTRA_CONFIGS = (PINGPONG, PINGPONG_WIDE, PAIR_N_NARROW)
 B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)

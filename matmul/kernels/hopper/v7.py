@@ -22,7 +22,7 @@ buffer of C's dtype and written by a TMA store, which clips C's edges
 transposed accumulator on its way, ``pipeline.fused_epilogue``'s ``"wgmma_t"`` fragment). The
 buffers take a quarter of the room a float32 tile of the CTA's output would, and that room goes to
 the ring: 128 weight rows a CTA (two warpgroups) with six stages fit, where cuBLAS's skinny kernels
-keep 112-128 and read each token tile half as often as 64-row CTAs do (plots/h100/skinny/).
+keep 112-128 and read each token tile half as often as 64-row CTAs do.
 
 Split-K without a workspace: the ``split`` CTAs of one cluster compute the same output tile over
 consecutive ranges of K blocks and reduce their float32 partial tiles through distributed shared
@@ -53,9 +53,9 @@ The price is V6's coupling: a stage is refilled only when the consumers of every
 weight group have released it, since the next weight tile lands in all of them. What the pair costs
 in CTAs: each token tile keeps its own ``split`` CTAs, so the cluster launches ``multicast`` times
 the CTAs of the split alone, and every one of them still takes a whole weight tile per K block
-into its shared memory (the multicast saves L2 reads, not what each SM takes in). Measured on the
-H100 (plots/h100/skinny/), the pair is correct and slower than the split alone at every M it
-was built for, so the tuner does not time it.
+into its shared memory (the multicast saves L2 reads, not what each SM takes in). The pair is
+correct and slower than the split alone at every M it was built for (``plots/h100/skinny/``), so
+it is not in the tuned space (``EXTRA_CONFIGS``).
 A token tile wholly past M (M not a multiple of the cluster's tokens) is loaded as TMA's zeros
 and stored nowhere: its CTA still takes its turns at the weight. The configurations are meant
 for M <= 256 (``supports``).
@@ -138,8 +138,8 @@ MAX_CLUSTER = 8  # the portable cluster size: split x multicast CTAs
 # Split-K and multicast together: each token tile of a multicast cluster split over two CTAs, so
 # that a cluster that shares the weight still gives every SM a CTA at 64 and 128 tokens: 2 x 2 CTAs
 # of 64 tokens (the representative, which the protocol checker takes for that cluster) or 32, and
-# 2 x 4 of 64 tokens for 256. Built and protocol-checked; on the H100 correct and slower than the
-# split alone everywhere (twice the CTAs: module doc, plots/h100/skinny/), so not in the space.
+# 2 x 4 of 64 tokens for 256. Built and protocol-checked, not in the space: slower than the split
+# alone (twice the CTAs: module doc; plots/h100/skinny/).
 EXTRA_CONFIGS = (
     COMBINED_REPRESENTATIVE,
     {"block_m": 32, "warpgroups": 1, "split": 2, "stages": 17, "multicast": 2},
@@ -192,22 +192,14 @@ def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, multica
     return ring + exchange
 
 
-# Token tiles of 16, 32, 64, 128 and 256 columns; per tile, the configurations that were fastest
-# somewhere on the decode preset on the H100 (plots/h100/skinny/); the 32-token tile at 32 tokens,
-# where two 16-token tiles each re-read the weight (a batch of 32 sequences decoding). A split of 2 with 64-row CTAs
-# was best at M <= 64 on most weights: 4 or 8 CTAs a cluster were slower (more CTAs reading the
-# same rows at once, a larger exchange), and the ring's depth beyond 8 stages made little
-# difference. From M = 128 on, two 128-token tiles without a split (8 stages: the ring can take the
-# room the exchange leaves) often beat one wider tile. The multicast points follow cuBLAS's
-# skinny kernel at 128 tokens (64 x 64 tiles, no split, 2-CTA clusters sharing the weight tile, 13
-# stages; first, so the protocol checker takes it for 2-CTA multicast), two 32-token tiles for 64
-# tokens, four 64-token tiles or two 128-token tiles for 256. Each ring as deep as shared memory
-# allows. The combined points (``EXTRA_CONFIGS``) are not here yet. Two warpgroups without a split
-# (128 weight rows a CTA: each token tile read half as often) at 64 and 128 tokens, with the
-# deepest rings that fit beside their staging buffers (module doc): the fastest V7 at 256 tokens
-# on qkv, gate-up and the lm_head, and on qkv and gate-up at 64. The last point is such a CTA in a
-# multicast pair (two 128-token tiles share each 128-row weight tile): faster again on gate-up and
-# the lm_head at 256 tokens; with 32 or 64 tokens a CTA it lost everywhere (plots/h100/skinny/).
+# Token tiles of 16 to 256 columns; per tile, the configurations that are the fastest V7 on some
+# shape of the decode preset (plots/h100/skinny/). Without multicast: a split of 2 with 64-row CTAs
+# for M <= 64 (more CTAs a cluster read the same rows at once and exchange more), two 128-token
+# tiles without a split from M = 128 on (the ring takes the room the exchange leaves), and two
+# warpgroups without a split (128 weight rows a CTA: each token tile read half as often). The
+# multicast points (2-CTA clusters sharing the weight tile) follow cuBLAS's skinny kernel at 128
+# tokens (64 x 64 tiles, no split; first, so the protocol checker takes it for 2-CTA multicast).
+# Each ring as deep as shared memory allows beside the exchange or the staging buffers.
 @tilus.autotune(
     "block_m, warpgroups, split, stages, multicast",
     [

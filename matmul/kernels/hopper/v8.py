@@ -31,18 +31,18 @@ N_pad] matrix of the activations' dtype, so the 64 scales of a tile are one TMA 
 offset and the magic number 1024 or, for bfloat16, 128) and one ``sub.f16x2`` or ``fma``
 (``pipeline.widen.int4_pairs``); the nibble order above is the one that puts each pair in the
 register the fragment wants it in, so nothing reorders them (tilus's own cast of an int4 tensor
-keeps the values' order, at four ``prmt`` a word, a share of V8's time at decode that
-``plots/h200/v8-pairs/`` measures). At tiles of 64 tokens and more it multiplies by the row's scale: the
+keeps the values' order, at four ``prmt`` a word, a share of V8's time at decode:
+``plots/h200/v8-pairs/``). At tiles of 64 tokens and more it multiplies by the row's scale: the
 widened value is the one ``QuantizedWeight.dequantize()`` gives, exactly (one rounding of ``q *
 scale`` in the 16-bit dtype). At tiles of 8 and 16 tokens (decode) the integers -8..7 go into the
 wgmma unscaled, each K block's products into a float32 tile of their own, which the block's 64
 scales multiply into the accumulator once the block's wgmma is waited for: a thread's 4 or 8 float32
-multiply-adds a block instead of 32 16-bit multiplies of its widened values (faster on the H200:
-``plots/h200/v8-scale-after/``). The sum is then of ``q * x`` scaled in float32, not of ``x`` times
+multiply-adds a block instead of 32 16-bit multiplies of its widened values (the faster of the
+two there: ``plots/h200/v8-scale-after/``). The sum is then of ``q * x`` scaled in float32, not of ``x`` times
 ``q * scale`` rounded to 16 bits: it differs from the dequantized weight's product by that rounding,
 as the tests' float32 reference allows.
 
-Other widths (checked on the H100 as int4 is, ``tests/test_v8_gpu.py``): int6 (``Kernel(weight="int6")``,
+Other widths (checked on the GPU as int4 is, ``tests/test_v8_gpu.py``): int6 (``Kernel(weight="int6")``,
 ``matmul.quant.int6``), int4's group scales with 6-bit values, a 6 KiB tile
 ``[half][thread][word j < 6]`` (one TMA box [32, 48]) whose words hold their values in pairs
 16 bits apart, so that a pair is widened as int4's are (``pipeline.widen.int6_pairs``: a mask
@@ -58,8 +58,8 @@ the partial tile once, after the last K block (a row scale factors out of the su
 neither scales nor a multiply per value come through the ring.
 
 The last token tile of a call usually holds fewer tokens than rows (one token in a tile of 8, 17
-in a tile of 32). TMA fills the rows of a box that lie past the tensor with zeros, and on an H200
-that cost up to 1.7x V8's time (``plots/h200/v8-tokens/``), so such a tile comes in boxes of the rows
+in a tile of 32). TMA fills the rows of a box that lie past the tensor with zeros, at a cost that
+can exceed V8's own time (``plots/h200/v8-tokens/``), so such a tile comes in boxes of the rows
 that hold tokens (``pipeline.token_boxes``: at most six boxes, a single token in a box of one row);
 the rows past them keep an earlier stage's tokens, which reach only the output columns past M, never
 stored. Configurations with ``interleave`` > 1 keep one box a tile: their producer thread issues that
@@ -69,10 +69,10 @@ Without a split of K (``split`` = 1, one consumer a slab; int4) each consumer wa
 C as V7's do (``pipeline.epilogue.SwappedSlabStore``: transposed into a 16-bit staging buffer,
 then a TMA store) and no float32 partial tile is exchanged; the room it would take goes to the ring.
 That makes V8 a prefill kernel too: a CTA of two slabs and 128 tokens (128 x 128 of C, 4 stages)
-runs at 0.87-0.92x cuBLAS fp16 at 1024-1536 tokens on the H200, where widening the weight once
-for cuBLAS gets 0.79-0.84x (``plots/h200/v8-prefill/``; the call's rule: ``matmul.quant.linear``).
-``v8_prefill.py``, V5 whose B tiles arrive packed and are widened into shared memory by a warpgroup
-of their own, was slower than both (``plots/h100/v8/prefill/``), so it is not the call's.
+beats widening the weight once for cuBLAS at 1024-1536 tokens (``plots/h200/v8-prefill/``; the
+call's rule: ``matmul.call.quantized``). ``v8_prefill.py``, V5 whose B tiles arrive packed and are
+widened into shared memory by a warpgroup of their own, is slower than both
+(``plots/h100/v8/prefill/``), so it is not the call's.
 
 Why A in registers and not a widened tile in shared memory: the widened tile is used by exactly
 one wgmma, in exactly the fragment the thread that widened it holds; writing it to shared memory
@@ -141,18 +141,18 @@ PTX_MARKERS = (
 )
 REPRESENTATIVE = {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 32}
 # int4 with row scales (``weight="int4_channel"``), as the call runs it at decode and at prefill
-# (``matmul.quant.linear.ONE_PASS``): built and protocol-checked, not tuned (the format is the
-# weight's, not a choice)
+# (``matmul.call.quantized``, rules in ``call/shipped/v8.json``): built and protocol-checked, not
+# tuned (the format is the weight's, not a choice)
 EXTRA_CONFIGS = (
     {**REPRESENTATIVE, "weight": "int4_channel"},
     {"block_m": 128, "warpgroups": 2, "split": 1, "stages": 4, "chunk": 64, "weight": "int4_channel"},
-    # int6 and fp8 past 64 tokens: two consumer warpgroups a CTA (matmul.quant.linear's
-    # LARGE_TILE_TWO_SLABS and LARGE_TILE_ONE_PASS)
+    # int6 and fp8 past 64 tokens: two consumer warpgroups a CTA, with a split of two or
+    # none (matmul.call.quantized's rules)
     {"block_m": 128, "warpgroups": 2, "split": 2, "stages": 2, "chunk": 64, "weight": "int6"},
     {"block_m": 128, "warpgroups": 2, "split": 1, "stages": 3, "chunk": 64, "weight": "int6"},
     {"block_m": 128, "warpgroups": 2, "split": 2, "stages": 2, "chunk": 32, "weight": "fp8_e4m3"},
     {"block_m": 128, "warpgroups": 2, "split": 1, "stages": 3, "chunk": 32, "weight": "fp8_e4m3"},
-    # and their decode tiles (matmul.quant.linear.config_for): int6's of 8 tokens, both formats' of 32
+    # and their decode tiles (matmul.call.quantized.config_for): int6's of 8 tokens, both formats' of 32
     {"block_m": 8, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 64, "weight": "int6"},
     {"block_m": 32, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 64, "weight": "int6"},
     {"block_m": 32, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 32, "weight": "fp8_e4m3"},
@@ -196,7 +196,7 @@ SCALE_AFTER_MAX_M = 16  # token tiles up to which int4's group scales multiply p
 
 def supports(m: int, n: int, k: int) -> bool:
     """The shapes V8 computes: K a multiple of the group (128), no operand past ``MAX_ELEMENTS``
-    (token tiles of at most ``MAX_M``, as many as M needs: ``matmul.quant.linear`` says up to how
+    (token tiles of at most ``MAX_M``, as many as M needs: ``matmul.call.quantized`` says up to how
     many tokens the call runs it)."""
     return m >= 1 and n >= 1 and k >= 1 and k % GROUP == 0 and m * max(n, k) <= MAX_ELEMENTS
 
@@ -227,10 +227,9 @@ def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, chunk: 
 # Token tiles of 8 (the narrowest wgmma: a decode step of a few sequences brings half the
 # zero-filled token rows of a 16-column tile), 16, 64, 128 and 256 columns. A stage of V8 holds
 # 128 K columns of weight in 4 KiB (V7: 64 in 8 KiB). Shallow rings (4-6 stages: more CTAs fit in
-# an SM) and larger splits (more CTAs per weight tile) were faster on the H100 than V7's deep rings
-# (plots/h100/v8/). Not because the widening sets the pace: without it V8 is only 7-16% faster,
-# and its ring alone, moving the same bytes with no work on them, takes 65-85% of the floor's time
-# (plots/h100/v8/bound/).
+# an SM) and larger splits (more CTAs per weight tile) are faster than V7's deep rings
+# (plots/h100/v8/). The widening does not set the pace: the ring alone, moving the same bytes with
+# no work on them, already takes most of the floor's time (plots/h100/v8/bound/).
 #
 # ``interleave`` (2 or 4) gives each 64-row weight slab that many consumer warpgroups, which take
 # the K blocks of a stage in turn (a stage brings ``interleave`` consecutive K blocks) and add
@@ -239,7 +238,7 @@ def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, chunk: 
 #
 # Without a split (each slab written by a TMA store): a tile of 8 tokens, the call's at decode on a
 # weight four times wider than deep; two slabs and a 4-stage ring (128 x 128 of C a CTA), the call's
-# from 128 tokens on a wide weight up to prefill sizes (matmul.quant.linear).
+# from 128 tokens on a wide weight up to prefill sizes (matmul.call.quantized).
 @tilus.autotune("chunk", [64, 32])
 @tilus.autotune(
     "block_m, warpgroups, split, stages, interleave",
@@ -323,7 +322,7 @@ class Kernel(PackedWeightKernel):
             self.chunk = 64  # a half tile's 24 bytes of a thread, widened at once
         # int4 at tiles of up to 16 tokens: each K block's products are scaled once, in float32,
         # instead of every widened value in 16 bits (module doc); above that the second float32
-        # tile would cost block_m / 2 registers a thread, and it was not measured there
+        # tile would cost block_m / 2 registers a thread
         self.scale_after = weight == "int4" and block_m <= SCALE_AFTER_MAX_M
         self.writes_slabs = writes_slabs(split, interleave, weight)  # each warpgroup writes its slab of C
         # (the format's cases as Python bools: kernel code turns a membership test into device code)

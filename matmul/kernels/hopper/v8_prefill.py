@@ -2,16 +2,16 @@
 on chip, into shared memory, by a warpgroup of their own.
 
 Idea: V8's decode kernel (``v8.py``) widens a weight tile in registers for each 128-token tile, and
-above 256 tokens the call widened the whole weight once per call (``matmul.quant.widen``) before
-cuBLAS: at 1024 tokens that widening and its write and read of a 16-bit weight cost 25-30% of the
-product. Here the tensor core's loop is V5's (two consumer warpgroups, 128 tokens x ``block_n``
-weight rows a CTA, a persistent static tile schedule, the TMA-store epilogue), and only its B side
-changes: the producer warp loads the packed tiles (``matmul.quant.int4``'s layout: 64 rows x 128
-columns, 4 KiB, one scale per row) instead of 16-bit ones, and a widening warpgroup turns each into
-two 64-column halves of the 16-bit B tile in shared memory (``pipeline.widen.Int4Widen``: the
-magic-number conversion and the group scale, the same values as ``QuantizedWeight.dequantize()``),
-where the wgmma reads it as it reads V5's. The weight comes from HBM in a quarter of the bytes, and
-the widening overlaps the tensor core's work on the stage before.
+widening the whole weight once per call for cuBLAS (``matmul.quant.widen``) writes and reads a
+16-bit weight, a large share of a prefill product's time. Here the tensor core's loop is V5's (two
+consumer warpgroups, 128 tokens x ``block_n`` weight rows a CTA, a persistent static tile schedule,
+the TMA-store epilogue), and only its B side changes: the producer warp loads the packed tiles
+(``matmul.quant.int4``'s layout: 64 rows x 128 columns, 4 KiB, one scale per row) instead of 16-bit
+ones, and a widening warpgroup turns each into two 64-column halves of the 16-bit B tile in shared
+memory (``pipeline.widen.Int4Widen``: the magic-number conversion and the group scale, the same
+values as ``QuantizedWeight.dequantize()``), where the wgmma reads it as it reads V5's. The weight
+comes from HBM in a quarter of the bytes, and the widening overlaps the tensor core's work on the
+stage before.
 
 Roles: warps 0-7 the consumer warpgroups (V5's), warps 8-11 the widening warpgroup, warp 12 the
 producer. Rings (this CTA's 64-column K block ``i`` uses main stage ``s = i % stages``; its
@@ -30,10 +30,9 @@ before each widening thread's arrival). Both wait on the stage's ``empty`` barri
 keeping its own position in the ring; ``full`` completes only when both have arrived and the token
 bytes have landed. K must be a multiple of 128 (one scale group), as for V8.
 
-On the H100 this kernel is correct and slower than what the call runs above 256 tokens (the weight
-widened once, then cuBLAS): 0.58-0.65x cuBLAS fp16 at 1024 to 4096 tokens against 0.74-0.92x
-(``plots/h100/v8/prefill/``, which says why), so it is not the call's. It stays as the series'
-worked example of widening into shared memory, and the base the next attempt is measured against.
+This kernel is correct and slower than what the call runs above 256 tokens (the weight widened
+once, then cuBLAS; ``plots/h100/v8/prefill/`` says why), so it is not the call's. It stays as the
+series' worked example of widening into shared memory.
 """
 
 import tilus
