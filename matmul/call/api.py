@@ -228,7 +228,7 @@ def choice(a: torch.Tensor, b: torch.Tensor) -> Entry:
 
     The entry (``version``, ``config``; for a measured one its timings, ``candidates`` and
     ``rejected``) with ``source``: "measured" (tuned on this machine, in ``choices.json``),
-    "shipped" (the package's table, measured on the project's GPU), "nearest" (the nearest measured
+    "shipped" (the package's table, ``shipped/``), "nearest" (the nearest measured
     bucket of the same N x K, named by ``nearest``) or "fallback" (cuBLAS: nothing measured); ``key``
     (the bucket's); ``stale`` (made with other kernel sources: measured again); ``pending`` (a
     background tuning of the bucket is queued or under way); ``building`` (the version whose

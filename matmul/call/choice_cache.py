@@ -21,7 +21,7 @@ tilus's own cache (``tilus.option.cache_dir``)
                      {"version": "v5", "config": {...}, "ms": 0.21, "fingerprint": "...", ...}}}
 
 The shipped table (``ShippedTable``, ``shipped/*.json`` in this package)
-    Choices measured on the project's own GPUs and shipped with it as package data, read before any
+    Choices the project tuned on its GPUs and ships as package data, read before any
     tuning: the same entries as ``choices.json``, with the command that made them, its date and the
     machine (``write_shipped``; ``python -m matmul tune --out``). A file that does not parse is
     ignored with a warning. Whether an entry may run here is the chooser's question

@@ -393,7 +393,7 @@ class Chooser:
         one version more than another: hence the variant before the dtype); so the same bucket's
         choice in the other dtype or without the variant is a better guess than cuBLAS, and its
         timed candidates narrow the bucket's own tuning (``narrowed``). Another GPU of the same
-        architecture (an H200 beside the shipped H100 table: the same SMs, more memory bandwidth)
+        architecture (another Hopper part beside a shipped table: the same SMs, other bandwidth)
         runs the same instructions on the same tile shapes: its choice is a better first guess than
         cuBLAS. Its shortlist is not trusted as far: what came close on one GPU need not contain
         another's winner (an H20 has 78 SMs), so the background tuning of such a bucket searches

@@ -419,7 +419,7 @@ class Plans:
             if entry["version"] != VENDOR:
                 module = versions.load(arch, entry["version"])
                 # the bucket's choice was tuned on a neighbouring shape: a version with limits may not take this one
-                # None: not a point of the space (any more), or not one that builds for the variant
+                # None: not a point of the space, or not one that builds for the variant
                 config = space_config(module, entry["config"], variant)
                 if config is not None and versions.fits(
                     module, m, n, k, row_stride(a), row_stride(operand), row_stride(c), variant

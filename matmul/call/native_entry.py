@@ -11,8 +11,7 @@ compiler and ninja) into ``<choice cache dir>/entry/<name>``, the name a hash of
 version and Python's, so a new torch builds its own. The first import on a machine builds it (about
 half a minute on two cores; later imports load it). Where it cannot be built (no compiler, no
 ninja) or ``MATMUL_NATIVE_ENTRY=0`` is set, ``load`` returns None and ``matmul`` is the Python
-function: the same results, with a few microseconds more host time per call (2-3 us on the H100
-machine: plots/h100/model/COMMAND.md).
+function: the same results, with a few microseconds more host time per call (plots/h100/model/).
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ from .tuner import VENDOR
 
 ARCH = "sm_90a"  # V8 and the widening kernel run on Hopper; elsewhere torch widens for cuBLAS
 RULES_FILE = Path(__file__).with_name("shipped") / "v8.json"
-DEFAULT_SMS = 132  # where the call runs on no GPU (the CPU tests): an H100's
+DEFAULT_SMS = 132  # where the call runs on no GPU (the CPU tests): a full Hopper part's
 
 
 @functools.cache

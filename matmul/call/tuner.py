@@ -4,9 +4,9 @@ process so that a kernel that faults cannot harm the caller.
 The candidates (``candidates``): cuBLAS (``torch.matmul``, named ``VENDOR``) and every version of
 the series from V3 on whose ``supports(m, n, k)`` (a version module may declare one; absent = every
 shape) and declared ``MAX_ELEMENTS`` (element offsets in 32 bits) admit the shape. V0-V2 are
-teaching steps (tiles through registers, then TMA, then a ring with no warp specialization): on
-the H100 they never beat V3-V6 or cuBLAS on any shape the harness timed, so tuning them on every
-new shape would only cost time.
+teaching steps (tiles through registers, then TMA, then a ring with no warp specialization) that
+never beat V3-V6 or cuBLAS on a shape the harness timed (plots/h100/series/), so tuning them on
+every new shape would only cost time.
 
 How a bucket is tuned (``tune``): every candidate is autotuned by tilus over its own space on fresh
 random operands of the shape (never the caller's), checked against the float32 reference on a
@@ -80,8 +80,8 @@ from .choice_cache import Entry, tilus_fix_sources
 from .code_digest import code_digest
 
 VENDOR = versions.CUBLAS  # the candidate that is not a version of the series: torch.matmul
-# a version must beat cuBLAS by more than this share of its call time to be chosen: wins of 1-2% did
-# not hold when the model benchmark met them again, wins past 2% did (plots/h200/margin/)
+# a version must beat cuBLAS by more than this share of its call time to be chosen: smaller wins did
+# not hold when the model benchmark met them again (plots/h200/model/)
 VENDOR_MARGIN = 0.02
 TUNING_ROUNDS = 4  # even: each candidate is timed as often early as late in a round
 PRUNE = 1.25  # after the first round, only candidates within this factor of the fastest are timed again
@@ -760,11 +760,9 @@ class TuningError(RuntimeError):
     """Tuning in the child process failed for a reason other than a faulting candidate."""
 
 
-# The caller's calls come first on a busy CPU: a child imports torch, tilus and this package (some
-# ten seconds of a core on the H100 machine), builds kernels (tilus, then nvcc on as many cores as it
-# gets), and a caller's thread descheduled meanwhile pays milliseconds on its calls. On a fresh H100
-# machine, with the children at the caller's priority, 71 of the first-calls trace's 300 first calls
-# took over 1.5x torch's alone (plots/h100/first-calls/). The parent lowers the child's priority as
+# The caller's calls come first on a busy CPU: a child imports torch, tilus and this package (seconds
+# of a core), builds kernels (tilus, then nvcc on as many cores as it gets), and a caller's thread
+# descheduled meanwhile pays milliseconds on its calls (plots/h100/first-calls/). The parent lowers the child's priority as
 # it starts it, so that its imports run below the caller too; the compilers it starts inherit it.
 NICENESS = 10
 

@@ -5,9 +5,8 @@ Two processes on one GPU are time-sliced: while the tuning child (``tuner.tune_i
 timing window, a call of the caller's can wait for its slice, milliseconds on a call that takes
 microseconds. Instant choices are never slower than cuBLAS, so holding the tuning back costs the
 caller nothing but the later speed-up; a call that waits on the tuner's kernels costs it at once.
-(This guards against that contention. Most of what a tuning child cost the H100 trace's first
-calls was not the child's GPU steps but the plans its results dropped in the caller, until the
-chooser dropped only the plans of a bucket whose kernel changed: ``plots/h100/first-calls/``.)
+(The chooser drops only the plans of a bucket whose kernel changed, so a tuning's results cost the
+caller's other signatures nothing: ``plots/h100/first-calls/``.)
 
 So the caller's process keeps the time of its last call in one word of memory shared with the
 child (``LastCall``): every path that launches for the user stamps it, the native entry
@@ -30,7 +29,7 @@ The defaults:
   child's kernels) start in the middle of one. Where the caller is idle the gate costs nothing
   (its last call is older than the gap); right after a call it holds a step at most this long.
 * longest hold, 5 s: a step let through while the caller is busy shares the GPU for at most about
-  one timing window, so a caller that is never quiet loses about 2% of its GPU time while its
+  one timing window, so a caller that is never quiet loses a small share of its GPU time while its
   buckets are tuned, and a bucket (up to some 80 steps when tilus searches every space) is tuned
   within minutes instead of never; and a burst of first calls (a model's warm-up, the 300 pairs of
   ``python -m matmul trace``) is usually over before a held step goes ahead.
@@ -152,10 +151,9 @@ def planner_gate() -> Optional["CallerGate"]:
     """The wait of the planner's thread (``launch.Plans``) before each plan it derives for an unseen
     call, or None where it derives at once (``MATMUL_PLAN_QUIET_MS=0``).
 
-    The thread shares the caller's GIL: on the H100 a derivation took 0.3-1.5 ms beside the caller's
-    first calls (0.05-0.1 ms alone), as the two threads handed the GIL back and forth, and 4-8 of the
-    first-calls trace's 300 first calls took over 1.5x torch's; with the derivations held until
-    the caller paused, 1 (plots/h100/first-calls/). So a derivation waits until the caller has made
+    The thread shares the caller's GIL: a derivation beside the caller's first calls takes several
+    times as long as alone, as the two threads hand the GIL back and forth, and slows those calls
+    (plots/h100/first-calls/). So a derivation waits until the caller has made
     no call for ``MATMUL_PLAN_QUIET_MS`` (default 20: a pause between a model's bursts of calls, not
     the gaps inside one), or for ``MATMUL_PLAN_MAX_HOLD_MS`` (default 1000) however busy it is;
     meanwhile the calls of its signature run cuBLAS through the native entry's miss path, as the

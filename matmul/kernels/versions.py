@@ -17,8 +17,8 @@ A version module (``matmul/kernels/<family>/v<N>.py``) defines:
 * ``EXTRA_CONFIGS`` (optional) -- configurations outside the autotune space that are built and
   checked (``build_configs``) but never tuned, so ``matmul()`` cannot pick them; one is run only
   when asked for by name (``kernel(module, dtype, config)``). Blackwell V6's 4-CTA cluster waits
-  there until it has run on hardware; Hopper V6's ping-pong consumers stay there, slower on the
-  H100 than V6 without them.
+  there until it has run on hardware; Hopper V6's ping-pong consumers stay there, slower than V6
+  without them (plots/h100/pingpong/).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ VERSIONS = tuple(f"v{i}" for i in range(8))
 # The versions past the series that multiply by a quantized weight (``matmul.quant``: packed words and
 # scales, not a 16-bit B), V8 of each architecture: launched through ``matmul.quant``, never by the
 # tuner, the bench or ``matmul()``, so they are not in VERSIONS.
-QUANTIZED_VERSIONS = ("v8", "v8_prefill")  # v8_prefill: Hopper only, correct on the H100, not the call's (slower)
+QUANTIZED_VERSIONS = ("v8", "v8_prefill")  # v8_prefill: Hopper only, correct, not the call's (slower)
 # The candidate that is not a version of the series: the vendor library, through torch.matmul. The
 # tuner, its stored choices and the harness's results all call it by this one name.
 CUBLAS = "cuBLAS"
