@@ -762,8 +762,9 @@ class TuningError(RuntimeError):
 
 # The caller's calls come first on a busy CPU: a child imports torch, tilus and this package (seconds
 # of a core), builds kernels (tilus, then nvcc on as many cores as it gets), and a caller's thread
-# descheduled meanwhile pays milliseconds on its calls (plots/h100/first-calls/). The parent lowers the child's priority as
-# it starts it, so that its imports run below the caller too; the compilers it starts inherit it.
+# descheduled meanwhile pays milliseconds on its calls (plots/h100/first-calls/). The parent lowers
+# the child's priority as it starts it, so that its imports run below the caller too; the compilers
+# it starts inherit it.
 NICENESS = 10
 
 
