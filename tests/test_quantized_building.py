@@ -11,10 +11,13 @@ compute the widened path's product; the last tests build the real kernels for Ho
 (``tests/test_v8_gpu.py`` runs them on the GPU)."""
 
 import contextlib
+import copy
 import gc
+import json
 import logging
 import os
 import threading
+import types
 from pathlib import Path
 
 import pytest
@@ -383,3 +386,44 @@ def test_the_decision_log_tells_what_a_packed_product_runs(hopper, caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == "matmul.choices" and r.getMessage().startswith("int4")]
     assert len(lines) == 2 and "building" in lines[0] and lines[1].endswith("(rules), built"), lines
     assert lines[0].startswith(f"int4 {M}x{N}x{K} float16: v8 ")
+
+
+def test_the_rules_are_read_from_shipped_v8_json(monkeypatch):
+    """``config_for`` applies the data of ``shipped/v8.json``: an edited table gives another choice."""
+    table = json.loads(quant_linear.RULES_FILE.read_text())
+    assert quant_linear.rules() == table
+    assert quant_linear.config_for(1, 4096, 4096, "int4")["block_m"] == 8
+    edited = copy.deepcopy(table)
+    edited["rules"] = [rule for rule in edited["rules"] if rule.get("set") != {"block_m": 8}]
+    monkeypatch.setattr(quant_linear, "rules", lambda: edited)
+    assert quant_linear.config_for(1, 4096, 4096, "int4")["block_m"] == 16  # the token tier's own tile
+
+
+def test_the_sm_count_is_the_devices_and_changes_the_choice(hopper, monkeypatch):
+    """V8's wave arithmetic takes the SM count of the GPU the call runs on: 200 tokens on a 4096 x
+    4096 weight fill 132 SMs' waves in two slabs a tile, but 78 SMs' without a split; the call
+    builds the configuration of the device's count."""
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda index: types.SimpleNamespace(multi_processor_count=78)
+    )
+    quant_linear._sms.cache_clear()
+    try:
+        assert quant_linear.sm_count(torch.device("cuda", 0)) == 78
+    finally:
+        quant_linear._sms.cache_clear()
+    on_78 = quant_linear.config_for(200, 4096, 4096, "int4", sms=78)
+    on_132 = quant_linear.config_for(200, 4096, 4096, "int4", sms=132)
+    assert (on_78["split"], on_132["split"]) == (1, 2)
+    chosen = hopper()
+    monkeypatch.setattr(quant_linear, "sm_count", lambda device: 78)
+    x, qw, expected = stand_ins.quantized_operands(200, 4096, 256, "int4")
+    assert (
+        quant_linear.choice(x, qw)["chosen"]["config"]["split"]
+        == quant_linear.config_for(200, 4096, 256, "int4", sms=78)["split"]
+    )
+    quant_linear.linear(x, qw)
+    assert stand_ins.eventually(lambda: chosen.requests)
+    assert chosen.requests[0][0]["config"] == {
+        "weight": "int4",
+        **quant_linear.config_for(200, 4096, 256, "int4", sms=78),
+    }
