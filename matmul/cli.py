@@ -412,7 +412,9 @@ def drop_in_command(args) -> int:
     if unknown:
         raise ValueError(f"unknown parts {sorted(unknown)}; choose from {', '.join(drop_in.PARTS)}")
     dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype]
-    return drop_in.main(out, parts=parts, dtype=dtype, rounds=args.rounds)
+    if args.widths not in drop_in.WIDTHS:
+        raise ValueError(f"unknown widths {args.widths!r}; choose from {', '.join(drop_in.WIDTHS)}")
+    return drop_in.main(out, parts=parts, dtype=dtype, rounds=args.rounds, model=args.widths)
 
 
 MODELS = ("llama-3-8b",)
@@ -732,6 +734,9 @@ def main(argv=None) -> int:
     )
     p.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
     p.add_argument("--rounds", type=int, default=10, help="alternating rounds per comparison (default 10)")
+    p.add_argument(
+        "--widths", default="llama-3-8b", help="the Llama parts' widths: llama-3-8b or qwen2-7b (default llama-3-8b)"
+    )
     p.set_defaults(func=drop_in_command)
     p = sub.add_parser(
         "trace",

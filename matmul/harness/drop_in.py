@@ -65,7 +65,16 @@ PACKED_PREFILL = ((1, 128), (1, 1024), (1, 2048), (4, 2048))
 PACKED_FORMATS = ("int4", "int6", "fp8_e4m3")
 DECODE_BATCHES = (1, 8, 32)
 DECODE_CONTEXT = 1024  # tokens in the KV cache before the timed step
-TRAIN = (2, 512)
+TRAIN = ((2, 512), (2, 2048))  # host-bound (two layers, 1024 tokens) and GPU-bound
+# the models' widths (random weights, ``LAYERS`` layers): Llama-3-8B's, and Qwen2-7B's (its q, k, v
+# biases too) for a model no shipped table was tuned on
+WIDTHS = {
+    "llama-3-8b": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
+                       vocab_size=128256),
+    "qwen2-7b": dict(hidden_size=3584, intermediate_size=18944, num_attention_heads=28, num_key_value_heads=4,
+                     vocab_size=152064, attention_bias=True),
+}  # fmt: skip
+widths = "llama-3-8b"  # the widths of this run's models (``main``)
 SETTLE_S = 300.0  # at most this long for the background tuning the first calls started
 FORMAT = "tilus-matmul-drop-in/1"
 
@@ -181,14 +190,7 @@ def llama_config(layers: int = LAYERS):
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=layers,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=128256,
-        max_position_embeddings=8192,
-        attn_implementation="sdpa",
+        **WIDTHS[widths], num_hidden_layers=layers, max_position_embeddings=8192, attn_implementation="sdpa"
     )
 
 
@@ -202,7 +204,9 @@ def llama_pair(dtype, layers: int = LAYERS):
     with torch.device("cuda"):
         reference = LlamaForCausalLM(llama_config(layers)).to(dtype)
     switched = copy.deepcopy(reference)
+    begin = time.perf_counter()
     conversion = matmul.nn.convert(switched, fuse_gate_up=True, fuse_qkv=True)
+    conversion.seconds = time.perf_counter() - begin
     return reference, switched, conversion
 
 
@@ -369,16 +373,28 @@ def llama(dtype, rounds: int, record: Callable[[dict], None]) -> None:
     """Every workload runs once first (the prefills' first calls timed: what a user waits for),
     then the background tuning they started is waited for, then each row is timed."""
     reference, switched, conversion = llama_pair(dtype)
-    record({"kind": "conversion", "skipped_layers": conversion.skipped, "fused": len(conversion.fused)})
+    record(_conversion_row(conversion))
     with torch.inference_mode():
         prefills, decodes = _first_calls(reference, switched, dtype, PREFILL, record)
-    ids = torch.randint(0, reference.config.vocab_size, TRAIN, device="cuda")
-    switched(input_ids=ids, labels=ids).loss.backward()  # the training step's shapes, first seen here
-    switched.zero_grad(set_to_none=True)
+    for shape in TRAIN:
+        ids = torch.randint(0, reference.config.vocab_size, shape, device="cuda")
+        switched(input_ids=ids, labels=ids).loss.backward()  # the training steps' shapes, first seen here
+        switched.zero_grad(set_to_none=True)
     record(settle_and_say("llama"))
     with torch.inference_mode():
         _timed_rows(prefills, decodes, record, rounds, "llama")
-    record(training(reference, switched, conversion, rounds))
+    for shape in TRAIN:
+        record(training(reference, switched, conversion, rounds, shape))
+
+
+def _conversion_row(conversion) -> dict:
+    """What ``convert`` did, and its wall time (for packed weights: every V8 kernel built)."""
+    return {
+        "kind": "conversion",
+        "seconds": conversion.seconds,
+        "skipped_layers": conversion.skipped,
+        "fused": len(conversion.fused),
+    }
 
 
 def packed_llama(dtype, format: str = "int4", config=None, device="cuda") -> tuple:
@@ -395,7 +411,9 @@ def packed_llama(dtype, format: str = "int4", config=None, device="cuda") -> tup
     with torch.device(device):
         reference = LlamaForCausalLM(config or llama_config()).to(dtype)
     switched, dequantized = copy.deepcopy(reference), copy.deepcopy(reference)
+    begin = time.perf_counter()
     conversion = matmul.nn.convert(switched, fuse_qkv=True, weights=format)
+    conversion.seconds = time.perf_counter() - begin
     with torch.no_grad():
         for name, layer in dequantized.named_modules():
             if type(layer) is torch.nn.Linear and name not in conversion.skipped:
@@ -427,8 +445,19 @@ def llama_packed(format: str, dtype, rounds: int, record: Callable[[dict], None]
     against the model of the dequantized weights. No training step: packed weights are frozen."""
     part = f"llama-{format}"
     reference, switched, dequantized, conversion = packed_llama(dtype, format)
-    record({"kind": "conversion", "skipped_layers": conversion.skipped, "fused": len(conversion.fused)})
-    with torch.inference_mode():
+    record(_conversion_row(conversion))
+    print(f"{part}: convert took {conversion.seconds:.1f} s", flush=True)
+    with torch.inference_mode():  # a CUDA graph captured as soon as convert returns: what it holds for good
+        for batch in DECODE_BATCHES[:2]:
+            prompt, token = _decode_inputs(reference.config.vocab_size, batch)
+            ours, theirs, exact = _decode_steps(switched, reference, prompt, token, dtype, dequantized)
+            try:
+                graphed = _graphed(ours), _graphed(theirs)
+            except Exception as e:
+                record({"kind": "decode graph at once", "shape": [batch, 1], "error": f"{type(e).__name__}: {e}"})
+                traceback.print_exc()
+                continue
+            _row(record, rounds, part, "decode graph at once", [batch, 1], *graphed, expected=exact)
         prefills, decodes = _first_calls(reference, switched, dtype, PACKED_PREFILL, record, dequantized)
     built = wait_for_v8()
     print(f"{part}: V8 builds {'done' if built['finished'] else 'NOT done'} after {built['seconds']:.0f} s", flush=True)
@@ -457,12 +486,12 @@ def training_steps(models: dict, ids: torch.Tensor) -> dict[str, Callable[[], to
     return steps
 
 
-def training(reference, switched, conversion, rounds: int) -> dict:
-    """A training step on both models; the gradients of one step of each against those of a float32
-    copy of the reference (``gradient_errors``)."""
-    entry: dict = {"kind": "train", "shape": list(TRAIN)}
+def training(reference, switched, conversion, rounds: int, shape=TRAIN[0]) -> dict:
+    """A training step of ``shape`` (batch, tokens) on both models; the gradients of one step of each
+    against those of a float32 copy of the reference (``gradient_errors``)."""
+    entry: dict = {"kind": "train", "shape": list(shape)}
     try:
-        ids = torch.randint(0, reference.config.vocab_size, TRAIN, device="cuda")
+        ids = torch.randint(0, reference.config.vocab_size, shape, device="cuda")
         steps = training_steps({"ours": switched, "theirs": reference}, ids)
         # gradients of one step from identical weights (before any optimizer step)
         exact = copy.deepcopy(reference).float()
@@ -477,7 +506,7 @@ def training(reference, switched, conversion, rounds: int) -> dict:
         entry.update(model_bench.compare(steps["ours"], steps["theirs"], max(3, rounds // 2)))
         errors = entry["gradient_errors"]
         print(
-            f"llama train {TRAIN}: {entry['ratio']:.3f}x (gradients against float32: ours max "
+            f"llama train {tuple(shape)}: {entry['ratio']:.3f}x (gradients against float32: ours max "
             f"{errors['ours']['max']:.2e}, torch's max {errors['torch']['max']:.2e})",
             flush=True,
         )
@@ -528,7 +557,9 @@ PARTS = {
 DEFAULT_PARTS = ("kn", "linear", "llama")
 
 
-def main(out_dir: Path, parts=DEFAULT_PARTS, dtype=torch.float16, rounds: int = 10) -> int:
+def main(out_dir: Path, parts=DEFAULT_PARTS, dtype=torch.float16, rounds: int = 10, model: str = "llama-3-8b") -> int:
+    global widths
+    widths = model
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for part in parts:
@@ -538,10 +569,12 @@ def main(out_dir: Path, parts=DEFAULT_PARTS, dtype=torch.float16, rounds: int = 
             "gpu": torch.cuda.get_device_name(),
             "dtype": str(dtype).removeprefix("torch."),
             "torch": torch.__version__,
+            "widths": widths,
             "rounds": rounds,
             "results": [],
         }
-        path = out_dir / f"drop-in-{part}-{results['dtype']}.json"
+        name = part if widths == "llama-3-8b" else f"{part}-{widths}"
+        path = out_dir / f"drop-in-{name}-{results['dtype']}.json"
 
         def record(row, results=results, path=path):  # written after every row: a cut run keeps what it measured
             results["results"].append(row)
