@@ -270,8 +270,7 @@ def config_text(config) -> str:
     return text + (f"/{config['interleave']}" if config.get("interleave", 1) != 1 else "")
 
 
-def v8_format(path: Path) -> str:
-    name = str(path)
+def v8_format(name: str) -> str:
     return "fp8_e4m3" if "fp8" in name else "int6" if "int6" in name else "int4"
 
 
@@ -283,7 +282,7 @@ def v8_configs_command(path: Path, rows: list[dict]) -> str:
         if text not in ("cublas", "widen + cuBLAS") and text not in configs:
             configs.append(text)
     shapes = list(dict.fromkeys(f"{r['m']}x{r['n']}x{r['k']}" for r in rows))
-    words = [V8_CONFIGS, "--format", v8_format(path.relative_to(PLOTS))]
+    words = [V8_CONFIGS, "--format", v8_format("/".join(path.parts[-2:]))]
     if "bfloat16" in path.name or "bf16" in path.name:
         words += ["--dtype", "bfloat16"]
     if any(r["config"] == "widen + cuBLAS" for r in rows):
