@@ -411,7 +411,8 @@ def show_results(upto: str | None = None) -> None:
     files = results_files()
     if not files:
         md(
-            "**No benchmark results are committed yet** (no `plots/**/results-*.json`): the progression figure "
+            "**No benchmark results are committed yet** (no results of `python -m matmul bench` under "
+            "`plots/`): the progression figure "
             "appears here once the harness's results are committed (`python -m matmul bench` on a GPU)."
         )
         return
