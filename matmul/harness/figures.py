@@ -75,7 +75,7 @@ FOLDERS = (
             "python -m matmul bench --shapes series,ksweep --rounds 10 --repeat-ms 100 --warmup-ms 300 --out DIR",
             "python -m matmul bench --shapes llm --rounds 6 --repeat-ms 100 --warmup-ms 300 --out DIR",
             "python -m matmul bench --shapes series --sustained 3 --rounds 4 --out DIR",
-            "python -m matmul bench --redraw   # the figures again from these results, no GPU needed",
+            "python -m matmul bench --arch sm_90a --versions v0 --redraw-from plots   # no GPU: the figures again",
         ),
         code="77043ce (paired, LLM), 8e30926 (sustained)",
     ),
