@@ -14,10 +14,11 @@ It also holds the rule that a figure quoted in prose is backed by a results file
 * a rate: ``750 TFLOP/s`` (or ``TFLOPS``), ``3.02 TB/s``, ``35 GB/s``.
 
 A range (``1.5-2.6x``, ``52-71%``) is two figures of its unit. Text in code (fenced blocks and
-inline code spans) is not prose. A figure is backed when a results file under ``plots/`` holds a
-number of the same unit that rounds to it at the figure's own decimals (``1.07x`` is backed by any
-ratio in [1.065, 1.075]; ``63%`` by any percentage in [62.5, 63.5]). What a results file holds, by
-unit: in its text (``.md``, ``.txt``, ``.log``, ``.csv``), the figures written there (the same
+inline code spans) is not prose. A figure is backed when a results file in a results folder the
+document cites (``plots/<gpu>/<folder>`` anywhere in it, a notebook's outputs too:
+``cited_folders``) holds a number of the same unit that rounds to it at the figure's own
+decimals (``1.07x`` is backed by any ratio in [1.065, 1.075]; ``63%`` by any percentage in
+[62.5, 63.5]). What a results file holds, by unit: in its text (``.md``, ``.txt``, ``.log``, ``.csv``), the figures written there (the same
 pattern, integer ratios too) and the cells of Markdown tables under a header that names the unit
 (``us``, ``%``, ``/`` or ``x`` for ratios); in its JSON (``.json``, ``.json.gz``), each number by
 its key (``*_us``/``us``: a time in us; ``*_ms``/``ms*``: a time in ms, also in us; ``*tflops*``;
@@ -118,6 +119,19 @@ FOLDERS = (
         "2026-11-25",
         "70f2274",
         ("python -m matmul options --out DIR --rounds 6 --kernels plain-g8,pingpong-g8,pingpong64x256-g8",),
+    ),
+    Folder(
+        "h100/stream-k",
+        "Hopper V5's stream-K option (the last, partial wave's tiles split over CTAs, partial sums "
+        "through global memory) against V5 as its space holds it, V6 and cuBLAS on 4096^3, 8192^3 and "
+        "8192 x 8192 x 2048, both dtypes; its GPU tests.",
+        "2026-11-27",
+        "fe663ea",
+        (
+            "python -m matmul options --out DIR --rounds 6 --kernels v5-plain,v5-stream-k,plain-g8 "
+            "--json stream-k.json",
+            "python -m pytest -q -m gpu tests/test_stream_k_gpu.py -rA   # gpu-tests.txt",
+        ),
     ),
     Folder(
         "h100/shipped-table",
@@ -353,7 +367,7 @@ def headlines(path: Path) -> list[str]:
             best = [r["best"]["vs_cublas"] for r in data if r["dtype"] == dtype and r.get("best")]
             lines.append(f"{dtype}: the best of the series / cuBLAS {span(best)}, geomean {geomean(best):.3f}x")
         return lines
-    if isinstance(data, dict) and name == "pingpong.json":
+    if isinstance(data, dict) and "args" in data and data.get("rows") and "kernel" in data["rows"][0]:
         kernels: dict[str, list[float]] = {}
         for r in data["rows"]:
             if r.get("vs_cublas") and r["kernel"] != "cuBLAS":
@@ -529,12 +543,22 @@ def quoted_figures(text: str, integer_ratios: bool = False) -> list[Figure]:
     return figures
 
 
-class Backing:
-    """Every number the results files under ``plots/`` hold, by unit (the module's docstring)."""
+def cited_folders(text: str, plots: Path | None = None) -> list[str]:
+    """The results folders (``h100/series``, ...) that ``text`` names by a ``plots/`` path."""
+    plots = Path(plots or PLOTS)
+    named = {m.group(1) for m in re.finditer(r"plots/(h[0-9]+/[\w-]+)", text)}
+    return sorted(name for name in named if (plots / name).is_dir())
 
-    def __init__(self, plots: Path | None = None):
+
+class Backing:
+    """Every number the results files under ``plots/`` hold (of the ``folders`` named, if any), by
+    unit (the module's docstring)."""
+
+    def __init__(self, plots: Path | None = None, folders: list[str] | None = None):
+        plots = Path(plots or PLOTS)
         self.numbers: dict[str, list[float]] = {}
-        for path in result_files(Path(plots or PLOTS)):
+        roots = [plots / f for f in folders] if folders is not None else [plots]
+        for path in (p for root in roots for p in result_files(root)):
             if path.suffix in (".json", ".gz"):
                 self._walk(load_json(path), "")
             elif path.suffix in (".md", ".txt", ".log", ".csv"):
