@@ -16,14 +16,16 @@ It also holds the rule that a figure quoted in prose is backed by a results file
 A range (``1.5-2.6x``, ``52-71%``) is two figures of its unit. Text in code (fenced blocks and
 inline code spans) is not prose. A figure is backed when a results file in a results folder the
 document cites (``plots/<gpu>/<folder>`` anywhere in it, a notebook's outputs too:
-``cited_folders``) holds a number of the same unit that rounds to it at the figure's own
-decimals (``1.07x`` is backed by any ratio in [1.065, 1.075]; ``63%`` by any percentage in
-[62.5, 63.5]). What a results file holds, by unit: in its text (``.md``, ``.txt``, ``.log``, ``.csv``), the figures written there (the same
-pattern, integer ratios too) and the cells of Markdown tables under a header that names the unit
-(``us``, ``%``, ``/`` or ``x`` for ratios); in its JSON (``.json``, ``.json.gz``), each number by
-its key (``*_us``/``us``: a time in us; ``*_ms``/``ms*``: a time in ms, also in us; ``*tflops*``;
-``*tb_per_s*``; a ratio under a key that names one: ``ratio``, ``x_``, ``vs_``, ``geomean``,
-``share``, ``over``, ``min``, ``max``, ``speedup``), a ratio standing also for its percentage.
+``cited_folders``) holds a number of the same unit that rounds to it at the figure's own decimals
+(``1.07x`` is backed by any ratio in [1.065, 1.075]; ``63%`` by any percentage in [62.5, 63.5]).
+What a results file holds, by unit: in its text (``.md``, ``.txt``, ``.log``, ``.csv``), the figures
+written there (the same pattern, integer ratios too) and the cells of Markdown tables under a header
+that names the unit (``us``, ``%``, ``/`` or ``x`` for ratios); in its JSON (``.json``,
+``.json.gz``), each number by its key (``*_us``/``us``: a time in us; ``*_ms``/``ms*``: a time in
+ms, also in us; ``*tflops*``; ``*tb_per_s*``; a ratio under a key that names one: ``ratio``, ``x_``,
+``vs_``, ``geomean``, ``share``, ``over``, ``min``, ``max``, ``speedup``), a ratio standing also for
+its percentage; a JSON list of plain numbers is a measurement's samples (windows, rounds), not its
+figures.
 """
 
 from __future__ import annotations
