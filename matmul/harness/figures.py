@@ -192,10 +192,24 @@ FOLDERS = (
     ),
     Folder(
         "h200/gpu-tests",
-        "Every GPU test file at one commit on the H200 (`a/`, `c/`, `d/`: the runs' parts), and V8's.",
+        "Every GPU test file at one commit on the H200, each file's log named below (`a/`, `c/`, `d/`: "
+        "the session's parts, each under a time limit; a log ending in `exit 124` was cut by it).",
         "2026-11-30",
         "3d0bed9",
-        ("python -m pytest -q -m gpu tests/FILE   # each log names its files",),
+        (
+            "python -m pytest -q -m gpu tests/test_gpu_correctness.py   # correctness.txt",
+            "python -m pytest -q -m gpu tests/test_pipeline.py   # ring.txt",
+            "python -m pytest -q -m gpu tests/test_skinny_gpu.py tests/test_multicast_gpu.py   # skinny-multicast.txt",
+            "python -m pytest -q -m gpu tests/test_pingpong_gpu.py tests/test_stream_k_gpu.py  # pingpong-stream-k.txt",
+            "python -m pytest -q -m gpu tests/test_native_entry.py   # native-entry.txt",
+            "python -m pytest -q -m gpu tests/test_b_layout_gpu.py tests/test_fused_epilogue_gpu.py "
+            "tests/test_swiglu_gpu.py   # b-layout-epilogue-swiglu.txt",
+            "python -m pytest -q -m gpu tests/test_batched_gpu.py tests/test_building_gpu.py   # batched-building.txt",
+            "python -m pytest -q -m gpu tests/test_api_gpu.py tests/test_linear_gpu.py   # api-linear.txt",
+            "python -m pytest -q -m gpu tests/test_odd_inputs_gpu.py   # odd-inputs.txt",
+            "python -m pytest -q -m gpu tests/test_v8_gpu.py   # v8-gpu.txt",
+            "python -m pytest -q -m gpu tests/test_v8_prefill_gpu.py   # v8-prefill-gpu.txt",
+        ),
     ),
     Folder(
         "h200/model",
