@@ -12,6 +12,12 @@ python -m matmul trace [--out DIR] [--calls N] [--wait-s S] [--repeats N] [--mat
                        [--parts block,trace,torch_alone,matmul_alone,alternating]
 python -m matmul tune [--model llama-3-8b] [--m 1-8192] [--shapes MxNxK,...] [--dtype float16,bfloat16]
                       [--narrow] [--out FILE] [--list-kernels --gpu NAME [--arch sm_90a]]
+python -m matmul shipped-table [--table FILE] [--list-kernels --gpu NAME]
+python -m matmul quantized --out DIR [--formats int4,int6,fp8_e4m3] [--dtypes ...] [--tokens 1,16] [--shapes NxK,...]
+python -m matmul v8-configs --out DIR [--configs all|chosen|LIST] [--shapes MxNxK,...] [--format int4] [--widened]
+python -m matmul skinny [--out DIR] [--others] [--dtypes ...] [--table multicast.json]
+python -m matmul options [--out DIR] [--kernels plain-g8,pingpong-g8,v5-plain,v5-stream-k,...] [--rounds 8]
+python -m matmul figures [--check] [--plots DIR]
 """
 
 from __future__ import annotations
@@ -196,7 +202,7 @@ def redraw(results_dir: Path, out: Path | None = None) -> int:
     from .harness import plot
     from .harness import results as results_file
 
-    found = sorted(Path(results_dir).glob("**/results-*.json"))
+    found = [path for path in sorted(Path(results_dir).glob("**/results-*.json")) if results_file.is_bench(path)]
     if not found:
         print(
             f"No results under {results_dir} yet: run `python -m matmul bench --out {results_dir}` on an H100 "
@@ -415,6 +421,83 @@ def drop_in_command(args) -> int:
     if args.widths not in drop_in.WIDTHS:
         raise ValueError(f"unknown widths {args.widths!r}; choose from {', '.join(drop_in.WIDTHS)}")
     return drop_in.main(out, parts=parts, dtype=dtype, rounds=args.rounds, model=args.widths)
+
+
+# The shipped table's buckets: every bucket the README's models and ``python -m matmul drop-in`` meet.
+SHIPPED_TABLE_M = "1,8,16,32,128,1024,2048,4096,8192"
+# the backward's dX = dY W of a training step at 1024 tokens, W [N, K] read in place as b [K, N]
+SHIPPED_TABLE_KN = "1024x4096x6144,1024x4096x4096,1024x4096x28672,1024x14336x4096,1024x4096x128256"
+
+
+def shipped_table_commands() -> list[list[str]]:
+    """The ``tune`` arguments that make a shipped table (``shipped-table``), in order: the model's seven
+    weights, the fused gate-up's ``swiglu`` product, the training step's ``kn`` products; both dtypes,
+    narrowed."""
+    swiglu = ",".join(f"{m}x28672x4096" for m in SHIPPED_TABLE_M.split(","))
+    both = ["--dtype", "float16,bfloat16", "--narrow"]
+    return [
+        ["--model", "llama-3-8b", "--m", SHIPPED_TABLE_M, *both],
+        ["--shapes", swiglu, "--variant", "swiglu", *both],
+        ["--shapes", SHIPPED_TABLE_KN, "--variant", "kn", *both],
+    ]
+
+
+def shipped_table_command(args) -> int:
+    """Make a shipped table again on this GPU: the three narrowed ``tune`` commands of
+    ``shipped_table_commands`` into ``--table``, each resumable (entries already there with these
+    sources are kept); with ``--list-kernels``, the kernels those tunings build first on ``--gpu``."""
+    for arguments in shipped_table_commands():
+        if args.list_kernels:
+            if not args.gpu:
+                raise ValueError("--list-kernels needs --gpu, the GPU's name as torch gives it")
+            status = main(["tune", *arguments, "--list-kernels", "--gpu", args.gpu, "--arch", args.arch])
+        else:
+            status = main(["tune", *arguments, "--out", args.table])
+        if status:
+            return status
+    return 0
+
+
+def quantized_command(args) -> int:
+    from .harness import quantized
+
+    if versions.local_arch() != "sm_90a":
+        raise ValueError("the quantized call's benchmark runs V8 on a Hopper GPU; there is none here")
+    quantized.run(args)
+    return 0
+
+
+def v8_configs_command(args) -> int:
+    from .harness import v8_configs
+
+    if not args.build_only and versions.local_arch() != "sm_90a":
+        raise ValueError("V8's configurations are timed on a Hopper GPU; there is none here (--build-only needs none)")
+    v8_configs.run(args)
+    return 0
+
+
+def skinny_command(args) -> int:
+    from .harness import skinny
+
+    if not (args.table or args.prebuild) and versions.local_arch() != "sm_90a":
+        raise ValueError("the skinny benchmark times V7 on a Hopper GPU; there is none here (--table needs none)")
+    skinny.run(args)
+    return 0
+
+
+def options_command(args) -> int:
+    from .harness import options
+
+    if not args.prebuild and versions.local_arch() != "sm_90a":
+        raise ValueError("the options are timed on a Hopper GPU; there is none here (--prebuild needs none)")
+    options.run(args)
+    return 0
+
+
+def figures_command(args) -> int:
+    from .harness import figures
+
+    return figures.main(Path(args.plots) if args.plots else None, check=args.check)
 
 
 MODELS = ("llama-3-8b",)
@@ -807,6 +890,63 @@ def main(argv=None) -> int:
     p.add_argument("--gpu", help="with --list-kernels: the GPU's name as torch gives it, e.g. 'NVIDIA H100 80GB HBM3'")
     p.add_argument("--arch", default="sm_90a", help="with --list-kernels: the GPU's architecture (default sm_90a)")
     p.set_defaults(func=tune_command)
+    p = sub.add_parser(
+        "shipped-table",
+        help="make a shipped choice table again on this GPU (three narrowed tune commands, resumable)",
+        description=shipped_table_command.__doc__,
+    )
+    p.add_argument("--table", default="matmul/call/shipped/h100.json", help="the table to write (default: %(default)s)")
+    p.add_argument(
+        "--list-kernels",
+        action="store_true",
+        help="measure nothing: print the kernels the tunings build first on --gpu, for 'compile --kernels'",
+    )
+    p.add_argument("--gpu", help="with --list-kernels: the GPU's name as torch gives it, e.g. 'NVIDIA H100 80GB HBM3'")
+    p.add_argument("--arch", default="sm_90a", help="with --list-kernels: the GPU's architecture (default sm_90a)")
+    p.set_defaults(func=shipped_table_command)
+    from .harness import options, quantized, skinny, v8_configs
+
+    p = sub.add_parser(
+        "quantized",
+        help="the quantized call (matmul.linear(x, qw)) against cuBLAS on the 16-bit weight, every format and M",
+        description=quantized.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    quantized.add_arguments(p)
+    p.set_defaults(func=quantized_command)
+    p = sub.add_parser(
+        "v8-configs",
+        help="V8's configurations (its space, the call's choice or named ones) timed against cuBLAS on given shapes",
+        description=v8_configs.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    v8_configs.add_arguments(p)
+    p.set_defaults(func=v8_configs_command)
+    p = sub.add_parser(
+        "skinny",
+        help="V7 (with and without multicast) and V5/V6 against cuBLAS at 64-256 tokens on the decode weights",
+        description=skinny.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    skinny.add_arguments(p)
+    p.set_defaults(func=skinny_command)
+    p = sub.add_parser(
+        "options",
+        help="V6's ping-pong and V5's stream-K options against those versions as tuned and cuBLAS",
+        description=options.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    options.add_arguments(p)
+    p.set_defaults(func=options_command)
+    p = sub.add_parser(
+        "figures",
+        help="write plots/README.md and each results folder's README.md from the committed results files",
+    )
+    p.add_argument("--plots", help="the results tree (default: the checkout's plots/)")
+    p.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 if any README differs from what it would write"
+    )
+    p.set_defaults(func=figures_command)
     args = parser.parse_args(argv)
     args.argv = argv
     try:

@@ -255,7 +255,7 @@ def test_a_shipped_table_whose_kernel_sources_changed_says_so(name):
 @pytest.mark.parametrize("name", ["h100.json", "h200.json"])
 def test_every_shipped_choice_is_what_the_tuners_rules_make_of_its_own_times(name):
     """A table made under an older rule (a smaller ``VENDOR_MARGIN``) is decided again from the times
-    it stores (``plots/h200/margin/redecide.py``) before it ships: no entry keeps a version the
+    it stores (``tuner.redecided``) before it ships: no entry keeps a version the
     tuner would not choose from those times."""
     table = json.loads((Path(chooser.__file__).with_name("shipped") / name).read_text())
     for key, entry in table["entries"].items():

@@ -381,36 +381,28 @@ def test_refit_carries_a_configuration_to_the_token_tile_that_holds_m():
     assert HOPPER.refit(space, point(128, 2, 1, 6, 1), 256) == point(128, 2, 1, 6, 1)
 
 
-def test_the_one_run_skinny_table_is_what_its_command_prints_from_the_committed_results():
-    """plots/h100/skinny/COMMAND.md's best-of-series table (#26's measure) is ``multicast_bench.py
-    --table`` of the committed one-run results, not typed by hand."""
-    import importlib.util
+def test_the_skinny_best_of_series_table_of_the_committed_results():
+    """``python -m matmul skinny --table`` of the committed H100 results (plots/h100/skinny/multicast.json,
+    #26's measure): every row names the kernel that won there, and the table follows the results."""
     import json
     from pathlib import Path
 
-    skinny = Path(__file__).resolve().parents[1] / "plots" / "h100" / "skinny"
-    spec = importlib.util.spec_from_file_location("multicast_bench", skinny / "multicast_bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    rows = json.loads((skinny / "one-run" / "multicast.json").read_text())
-    table = bench.best_table(rows)
-    assert table in (skinny / "COMMAND.md").read_text()
+    from matmul.harness import skinny
+
+    path = Path(__file__).resolve().parents[1] / "plots" / "h100" / "skinny" / "multicast.json"
+    rows = json.loads(path.read_text())
+    table = skinny.best_table(rows)
     # each row's cells name the kernel that won there: a row whose best is lost would read "-"
     assert table.count("(V") == 15 and " - " not in table
     worse = [dict(row, best=dict(row["best"], vs_cublas=0.5)) if i == 0 else row for i, row in enumerate(rows)]
-    assert bench.best_table(worse) != table
+    assert skinny.best_table(worse) != table
 
 
 def test_the_skinny_tables_windows_keep_each_kernels_own_time_when_the_order_is_reversed():
-    """``multicast_bench.timed_windows``: every other window launches the kernels in reverse order,
-    and each time must still be filed under its own kernel's name."""
-    import importlib.util
-    from pathlib import Path
+    """``skinny.timed_windows``: every other window launches the kernels in reverse order, and each
+    time must still be filed under its own kernel's name."""
+    from matmul.harness import skinny as bench
 
-    skinny = Path(__file__).resolve().parents[1] / "plots" / "h100" / "skinny"
-    spec = importlib.util.spec_from_file_location("multicast_bench", skinny / "multicast_bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     fns = [lambda: 1.0, lambda: 2.0, lambda: 3.0]  # each "kernel" says its own time in ms
     orders = []
 

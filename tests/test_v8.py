@@ -399,9 +399,9 @@ def kernel_reads_int6(words, n_pad, k):
 def test_the_call_runs_v8_only_up_to_its_formats_limit(monkeypatch):
     """Never a call slower than widening the weight and calling cuBLAS (issue #25): every format
     runs V8 up to 256 tokens (int6 beat the widened path at 192 and 256 tokens on the H200 once it
-    widened two values at a time: plots/h200/int6-pairs/probe/), then where its tiles fill their
-    waves well enough (``prefill_pays``), int4 up to 1536 tokens (plots/h200/v8-prefill/), int6 and
-    fp8 up to 512 with a cheaper widening to beat (plots/h200/prefill-crossing/). (This CPU is made
+    widened two values at a time: plots/h200/v8-configs/int6-past-64/), then where its tiles fill their
+    waves well enough (``prefill_pays``), int4 up to 1536 tokens (plots/h200/v8-configs/int4-prefill/), int6 and
+    fp8 up to 512 with a cheaper widening to beat (plots/h200/v8-configs/prefill-crossing/). (This CPU is made
     to look like a Hopper GPU: only the choice of path is checked.)"""
     monkeypatch.setattr(quant_linear, "runs_here", lambda device: True)
     for fmt, limit in (("int4", 1536), ("fp8_e4m3", 512), ("int6", 512)):
@@ -432,7 +432,7 @@ def test_the_call_runs_v8_only_up_to_its_formats_limit(monkeypatch):
 def test_large_tile_decode_tiles(weight_format):
     """int6 and fp8 at decode sizes: a token tile of 32 at 17-32 tokens, on every weight (a long K
     too); int6 up to 8 tokens a tile of 8 but on a weight 4x wider than deep, a tile of 16 from 9
-    (the faster of the two tiles probed on the H200: plots/h200/decode-tiles/)."""
+    (the faster of the two tiles probed on the H200: plots/h200/v8-configs/decode-tiles/)."""
     for n, k in ((4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336)):
         assert quant_linear.config_for(16, n, k, weight_format)["block_m"] == 16
         for m in (17, 32):
@@ -453,7 +453,7 @@ def test_large_tile_configurations_past_64_tokens(weight_format):
     or past 128 tokens, without a split where the output's 128 x 128 tiles fill the GPU (int4's
     rule, ``config_for``), with the stages their tiles leave room for; one warpgroup on a square
     or long-K weight at up to 128 tokens (each the fastest probed on the H200, in both formats:
-    plots/h200/int6-pairs/probe/, plots/h200/fp8-two-slabs/)."""
+    plots/h200/v8-configs/int6-past-64/, plots/h200/v8-configs/fp8-past-64/)."""
     base = quant_linear.config_for(128)
     expected = {
         (128, 6144, 4096): NAMED["large_two_slabs"],  # 48 output tiles

@@ -387,9 +387,9 @@ def live(arch: str, version: str, compare_previous: bool = True) -> None:
 
 
 def results_files() -> list[Path]:
-    """Committed benchmark results of one GPU's series (``plots/<gpu>/results-*.json``, written by
-    ``python -m matmul bench``; the model and skinny runs below them have files of their own)."""
-    return sorted(Path(p) for p in glob.glob(str(ROOT / "plots" / "*" / "results-*.json")))
+    """Committed benchmark results of one GPU's series (``plots/<gpu>/series/results-*.json``, written by
+    ``python -m matmul bench``; the model and skinny runs have folders of their own)."""
+    return sorted(Path(p) for p in glob.glob(str(ROOT / "plots" / "*" / "series" / "results-*.json")))
 
 
 def png(figure):
@@ -411,7 +411,8 @@ def show_results(upto: str | None = None) -> None:
     files = results_files()
     if not files:
         md(
-            "**No benchmark results are committed yet** (no `plots/**/results-*.json`): the progression figure "
+            "**No benchmark results are committed yet** (no results of `python -m matmul bench` under "
+            "`plots/`): the progression figure "
             "appears here once the harness's results are committed (`python -m matmul bench` on a GPU)."
         )
         return
@@ -500,8 +501,9 @@ def stamp() -> None:
 
 # -- the measured step on the H100 (committed results) --------------------------------------------
 
-PAIRED = ROOT / "plots" / "h100" / "results-sm_90a-float16-series_ksweep.json"
-SUSTAINED = ROOT / "plots" / "h100" / "results-sm_90a-float16-series-sustained.json"
+SERIES = ROOT / "plots" / "h100" / "series"
+PAIRED = SERIES / "results-sm_90a-float16-series_ksweep.json"
+SUSTAINED = SERIES / "results-sm_90a-float16-series-sustained.json"
 PAIRED_MEANS = (
     "*Paired windows*: each kernel is launched in turn with cuBLAS in one window (L2 flushed before "
     "every launch), so both run at the same clock: the ratio is work per clock."
@@ -563,7 +565,7 @@ def on_the_h100(version: str) -> None:
     md(
         f"Hopper {version.upper()} on the project's H100 (the autotuned configuration the harness picked), "
         f"from `{PAIRED.relative_to(ROOT)}` and `{SUSTAINED.relative_to(ROOT)}` "
-        "(commands in `plots/h100/COMMAND.md`). These are measurements of the **Hopper** kernels only; "
+        "(commands in `plots/h100/series/README.md`). These are measurements of the **Hopper** kernels only; "
         "no Blackwell kernel has been run by this project.\n\n"
         f"* {PAIRED_MEANS}\n* {SUSTAINED_MEANS}\n\n" + _md_table(h100_rows(version))
     )
@@ -663,7 +665,7 @@ def skinny_results(dtype: str = "float16") -> None:
     ]
     summary = results["summary"].get(dtype, {})
     md(
-        f"From `{path.relative_to(ROOT)}` (command and findings in `plots/h100/skinny/COMMAND.md`): one run on the "
+        f"From `{path.relative_to(ROOT)}` (command in `plots/h100/skinny/README.md`): one run on the "
         f"**{results['device']}**, {dtype}, L2 flushed before each launch by reading 256 MiB (the *writing flush* "
         "columns: by writing it, which leaves dirty lines for the timed kernel to write back). Copy bandwidth "
         f"**{floor['copy_tb_per_s']:.2f} TB/s** (512 MiB; 32 MiB: {floor['copy_32mib_tb_per_s']:.2f}), empty kernel "
@@ -797,10 +799,10 @@ def v8_results() -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def quantized_results(dtype: str | None = None) -> None:
-    """The committed H100 run of V8 (plots/h100/v8/bench.json) as the roofline shows it: V8 and
-    cuBLAS on the 16-bit weight in one window, V8's floor and the 16-bit one, V7 from its own run;
-    then the roofline's V8 figure."""
+def quantized_results(dtype: str | None = None, formats=("int4",), tokens=(1, 16)) -> None:
+    """The committed H100 run of the quantized call (plots/h100/v8/bench.json) as the roofline shows
+    it, at decode sizes: V8 and cuBLAS on the 16-bit weight in one window, V8's floor and the 16-bit
+    one, V7 from its own run; then the roofline's V8 figure."""
     from matmul.harness import roofline
 
     v8 = v8_results()
@@ -809,7 +811,11 @@ def quantized_results(dtype: str | None = None) -> None:
         return
     v7_path = SKINNY / "roofline.json"
     v7 = json.loads(v7_path.read_text()) if v7_path.exists() else None
-    rows = [r for r in roofline.quantized_rows(v8, v7) if dtype is None or r["dtype"] == dtype]
+    rows = [
+        r
+        for r in roofline.quantized_rows(v8, v7)
+        if (dtype is None or r["dtype"] == dtype) and r["format"] in formats and r["m"] in tokens
+    ]
     gpu = v8["device"].replace("NVIDIA ", "")
     table = [
         {
@@ -832,14 +838,14 @@ def quantized_results(dtype: str | None = None) -> None:
         if not r.get("failed")
     ]
     md(
-        f"From `{(V8_RESULTS / 'bench.json').relative_to(ROOT)}` (command and findings: "
-        f"`plots/h100/v8/COMMAND.md`) through `matmul.harness.roofline.quantized_rows`: one run on the "
-        f"**{v8['device']}**, L2 flushed before each launch by reading 256 MiB, V8 (its fastest configuration at "
-        "that shape, checked first) and cuBLAS on the unquantized weight timed in one window. Copy bandwidth "
+        f"From `{(V8_RESULTS / 'bench.json').relative_to(ROOT)}` (command in `plots/h100/v8/README.md`) "
+        f"through `matmul.harness.roofline.quantized_rows`: one run on the "
+        f"**{v8['device']}**, L2 flushed before each launch by reading, V8 (in the configuration the call "
+        "picks, checked first) and cuBLAS on the unquantized weight timed in one window. Copy bandwidth "
         f"**{v8['floor']['copy_tb_per_s']:.2f} TB/s**, empty kernel **{v8['floor']['empty_ms'] * 1e3:.1f} us**; "
         "floor = bytes / copy bandwidth + empty kernel, V8's with the int4 bytes (packed weight + scales + "
-        "activations + output), the 16-bit one with the 16-bit weight. V7: its own run "
-        "(`plots/h100/skinny/roofline.json`, same GPU model, two days earlier). V8 config = tokens per tile / "
+        "activations + output), the 16-bit one with the 16-bit weight. V7: its own, earlier run "
+        "(`plots/h100/skinny/roofline.json`, the same GPU model). V8 config = tokens per tile / "
         "warpgroups / split / stages / K columns a wgmma group.\n\n" + _md_table(table)
     )
     show_committed_figure(SKINNY / "roofline-v8-sm_90a.png")

@@ -148,6 +148,14 @@ def write(results: Results, path: Path) -> None:
     tmp.replace(path)
 
 
+def is_bench(path: Path) -> bool:
+    """Whether ``path`` is a results file of ``bench`` (other commands' results share the name ``results-*``)."""
+    try:
+        return json.loads(Path(path).read_text()).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def load(path: Path) -> Results:
     """A results file, checked for the fields the plots read."""
     results = json.loads(Path(path).read_text())

@@ -25,8 +25,8 @@ kernel's time, both measured the same way in the same run:
   pair of events, no flush, host time included (the tilus launch as it is: one Python call of the
   compiled script per matmul).
 
-Hopper V8 (int4 weights, ``plots/h100/v8/``) gets rows of its own beside V7's: its time and
-cuBLAS's on the unquantized weight, from the results ``plots/h100/v8/bench_v8.py`` wrote (both
+Hopper V8 (low-precision weights) gets rows of its own beside V7's: its time and
+cuBLAS's on the unquantized weight, from the results ``python -m matmul quantized`` wrote (both
 timed in one window, L2 flushed by reading), against two floors at that run's copy bandwidth and
 empty kernel: its own (``quantized_bytes_floor``: the packed weight, its scales, the activations
 and the output) and the 16-bit one (``bytes_floor``), which no kernel reading a 16-bit weight can
@@ -368,7 +368,7 @@ V8_CONFIG_KEYS = ("block_m", "warpgroups", "split", "stages", "chunk")
 
 
 def quantized_rows(v8: dict, v7: dict | None = None) -> list[dict]:
-    """V8's rows from a results file of ``plots/h100/v8/bench_v8.py`` (``v8``): its time and
+    """V8's rows from a results file of ``python -m matmul quantized`` (``v8``): its time and
     cuBLAS's on the unquantized weight (one window), with the two attainable floors at that run's
     copy bandwidth and empty kernel: its own (``quantized_bytes_floor`` of the row's format, int4
     where the file names none) and the 16-bit one (``bytes_floor``). Rows of another path (the
@@ -419,7 +419,7 @@ def quantized_table(rows: list[dict], v8: dict, command: str = "") -> str:
     """The Markdown section of V8's rows (``quantized_rows``), with the run's floor and a summary."""
     floor = v8["floor"]
     lines = [
-        "## Hopper V8: low-precision weights (int4: one scale per 128 along K)",
+        "## Hopper V8: low-precision weights",
         "",
         f"{v8.get('device', 'GPU')}; V8's own run: copy bandwidth {floor['copy_tb_per_s']:.2f} TB/s (512 MiB, "
         f"L2 flushed by reading), empty kernel {floor['empty_ms'] * 1e3:.1f} us; the floors below use them. "
@@ -460,7 +460,7 @@ def quantized_table(rows: list[dict], v8: dict, command: str = "") -> str:
             f"{max(r['v8_over_dense_floor'] for r in done):.2f}x the 16-bit floor's speed"
         )
     if command:
-        lines += ["", f"Made by `{command}` (V8's run: `plots/h100/v8/COMMAND.md`)."]
+        lines += ["", f"Made by `{command}`."]
     return "\n".join(lines)
 
 
@@ -558,7 +558,7 @@ def main(argv=None) -> None:
         "--v8",
         type=Path,
         metavar="JSON",
-        help="add Hopper V8's rows from this results file of plots/h100/v8/bench_v8.py (its bench.json)",
+        help="add Hopper V8's rows from this results file of `python -m matmul quantized` (its bench.json)",
     )
     args = parser.parse_args(argv)
     if args.plot:
