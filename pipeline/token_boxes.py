@@ -4,7 +4,7 @@ A swapped-operand kernel (V8) reads its tokens in tiles of ``rows`` (8 to 256), 
 tokens leaves the last tile ``M mod rows`` tokens, at M = 1 a tile of 8 or 16 with one. One TMA box
 of the whole tile reaches past the tensor's last row there, and TMA fills those rows with zeros at
 a cost of its own, larger than the same product with the tokens padded to whole tiles in memory
-(``plots/h200/v8-tokens/``).
+(``plots/h200/v8-tokens/ of commit b43a7e1``).
 
 ``TokenBoxes`` loads only the rows that hold tokens: the whole tile in one box when every row does;
 else the whole groups of ``TOKEN_GROUP`` rows as one box per set bit of their count, largest first

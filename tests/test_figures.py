@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,25 @@ def test_a_planted_figure_is_caught():
     series = ROOT / "tutorials" / "README.md"
     assert [f.split(":")[0] for f in unbacked(series, "matmul() ran 1.098x torch.matmul")] == ["1.098x"]
     assert figures.Backing(ROOT / "plots").backs(figures.Figure("1.098", "x", ""))
+
+
+def plots_links(text: str) -> list[str]:
+    """The paths under plots/ a text names, but those given as a commit's ("plots/x/ of commit abc1234")."""
+    found = re.finditer(r"plots/[A-Za-z0-9_./-]*[A-Za-z0-9_/-]", text)
+    return [m.group(0) for m in found if not text.startswith(" of commit", m.end())]
+
+
+def test_every_plots_path_the_tree_names_exists():
+    """A path under plots/ named by the package, the tests, the tutorials or the docs exists (a result
+    that left the tree is named with the commit that has it)."""
+    sources = [ROOT / name for name in ("README.md", "CONTRIBUTING.md")]
+    for folder in ("matmul", "pipeline", "tests", "tutorials"):
+        sources += [p for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".md", ".ipynb", ".json")]
+    missing = [
+        f"{path.relative_to(ROOT)}: {link}"
+        for path in sources
+        if path.name != "test_no_history.py"  # its samples of history
+        for link in plots_links(path.read_text())
+        if not (ROOT / link).exists()
+    ]
+    assert missing == []

@@ -90,7 +90,7 @@ HOST_ROUNDS = 6  # host times per candidate, in turn: the least is kept
 # (``held_across_the_bucket``, at the M of ``split_probe``): two place it within a quarter of the
 # bucket, at two tunings of the version against cuBLAS. Without a split, a version that loses only
 # where its tile is barely begun loses the whole bucket (V7's 128-token tile on a 4096 x 4096 weight
-# at 97-128 tokens: plots/h200/after-loop/v7-tokens.txt).
+# at 97-128 tokens: plots/h200/after-loop/v7-tokens.txt of commit b43a7e1).
 SPLIT_PROBES = 2
 TEACHING = ("v0", "v1", "v2")  # steps of the series that never win: not tuned by matmul()
 PROTOCOL = "@matmul-tuner "  # the prefix of the child's report lines on its stdout
@@ -237,7 +237,7 @@ def _imports(source: Path) -> tuple:
     (level, module, names): ``import a.b`` is (0, None, ("a.b",)), ``from .x import y`` (1, "x",
     ("y",)). Read once a version of the file (its path, size and modification time): every version's
     fingerprint reads the same pipeline modules, and the first call of a process pays for each
-    parse while it holds the GIL (the planner's thread: plots/h200/first-call-profile/)."""
+    parse while it holds the GIL (the planner's thread: plots/h200/first-call-profile/ of commit b43a7e1)."""
     stat = source.stat()
     return _imports_of(source, stat.st_mtime_ns, stat.st_size)
 

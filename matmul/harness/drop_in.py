@@ -333,7 +333,7 @@ def _first_calls(reference, switched, dtype, prefill, record, expected=None):
     # switch. Each prefill's first call is then the cost of meeting that shape, the switched
     # model's first (its package's start included) and the unswitched model's after it, which
     # finds what torch loads for a new shape (its attention's kernels) loaded already: the pair
-    # leans against the switched model (the H200 first-call profile of commit dff0012)
+    # leans against the switched model (plots/h200/first-call-profile/ of commit b43a7e1)
     start = torch.randint(0, vocab, (1, 8), device="cuda")
     record({"kind": "torch start", "first_call_ms": waited_ms(lambda: reference(input_ids=start, use_cache=False))})
     prefills = []

@@ -63,7 +63,7 @@ BENCH_FORMATS = ("int4", "int4_channel", "fp8_e4m3", "int6")
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 CONFIG_KEYS = ("block_m", "warpgroups", "split", "stages", "chunk")
 WINDOW = (20, 60)  # ms of warm-up and of timed turns a window: many short rows fit in one command
-SLEEP_CYCLES = 50_000_000  # ~30 ms at the H100's clock: longer than the host takes to issue a batch
+SLEEP_CYCLES = 50_000_000  # ~30 ms at a Hopper's clock: longer than the host takes to issue a batch
 
 
 def floor_us(m, n, k, qw, itemsize, floor, cublas_us) -> float:
@@ -153,7 +153,7 @@ def measure(fmt, m, w, qw, floor) -> dict:
     if not v8:
         wide = torch.empty(n, k, dtype=dtype, device="cuda")
         fns["widen"] = lambda: device_widen.widen(qw, out=wide)
-    if v8:  # controls: a plain read of the packed weight (as roofline's "read B"), and its copy (2x the bytes)
+    if v8:  # controls: a plain read of the packed weight (as roofline's "read B"), and its copy (twice the bytes)
         copy = torch.empty_like(qw.packed)
         fns["read"] = lambda: torch.amax(qw.packed)
         fns["copy"] = lambda: copy.copy_(qw.packed)

@@ -8,7 +8,7 @@ swizzle mode), and nvcc cannot fold the masks away, so every instruction pays a 
 per operand and four register-to-uniform moves: on a 128 x 96 V5 tile 79 instructions a K block
 for four wgmma, where the tensor core is kept busy only if the warpgroup reaches its next
 wgmma in time (ncu's warp-state samples show V5's consumers stalled on issue where cuBLAS's wait on
-the tensor core: ``plots/h200/issue-path/``).
+the tensor core: ``plots/h200/issue-path/ of commit b43a7e1``).
 
 The work-around encodes the descriptor of the tile's base address once and adds each instruction's
 offset, shifted, to it: the address field is the 14 bits of ``addr >> 4`` at the bottom of the

@@ -52,7 +52,7 @@ REPRESENTATIVE = dict(block_m=128, block_n=128, block_k=64, stages=2)
 # would spill). Shared memory: stages * (block_m + block_n) * block_k * 2 bytes, nothing else
 # (stages * block_k >= block_n, for the epilogue): two stages fit three CTAs an SM, three stages
 # two. K blocks of 32 would double the barrier round trips per multiply-add. The space keeps only
-# configurations that are the fastest somewhere (plots/h100/candidates/).
+# configurations that are the fastest somewhere (plots/h100/candidates/ of commit b43a7e1).
 @tilus.autotune("block_m, block_n, block_k, stages", [(128, 128, 64, 2), (128, 128, 64, 3)])
 class Kernel(MatmulKernel):
     def __init__(self, dtype, block_m: int, block_n: int, block_k: int, stages: int):

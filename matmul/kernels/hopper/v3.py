@@ -65,7 +65,7 @@ FUSED_EPILOGUE = True  # bias and every activation, in the epilogue (pipeline.fu
 # block_m is two warpgroups' rows; each accumulator is one row of m64n256 wgmma. Shared memory:
 # stages * (block_m + block_n) * block_k * 2 bytes, the output staged in the ring (stages * block_k
 # >= block_n): 192 KiB, one CTA an SM. Smaller tiles and deeper rings of 32 K columns are slower
-# (plots/h100/candidates/, here and for V4-V6).
+# (plots/h100/candidates/ of commit b43a7e1, here and for V4-V6).
 @tilus.autotune("block_m, block_n, block_k, stages", [(128, 256, 64, 4)])
 class Kernel(MatmulKernel):
     def __init__(

@@ -45,7 +45,7 @@ FUSED_EPILOGUE = True  # bias and every activation, in the epilogue (pipeline.fu
 
 # V3's tile and ring: 4 stages of 64 K columns, the output staged in the ring. The group (tile
 # rows walked together) decides how much of A and B the CTAs in flight share in L2; smaller
-# groups are slower (plots/h100/candidates/).
+# groups are slower (plots/h100/candidates/ of commit b43a7e1).
 @tilus.autotune("block_m, block_n, block_k, stages", [(128, 256, 64, 4)])
 @tilus.autotune("group", [16, 32])
 class Kernel(MatmulKernel):

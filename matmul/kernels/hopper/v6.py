@@ -27,14 +27,14 @@ schedule; a dynamic rule would change only the leader's next-tile line.
 
 Option ``pair="n"`` (``PAIR_N_NARROW``, in ``EXTRA_CONFIGS``: correct on the GPU,
 ``tests/test_gpu_correctness.py::test_hopper_narrow_tiles``, and not tuned, being no faster than
-the pair stacked along M, ``plots/h200/pair-n/``): the
+the pair stacked along M, ``plots/h200/pair-n/ of commit b43a7e1``): the
 pair computes horizontally adjacent tiles of one M tile instead, so it shares the A tile: each
 CTA loads one 64-row slab of it by multicast into both, and its own whole B tile. Which operand to
 share is a matter of sizes: a CTA reads ``block_m x block_k`` of A and ``block_n x block_k`` of B a K
 block, and the pair should halve the larger. At 256 tokens on a 6144-row weight (a Llama's qkv) in
 128 x 96 tiles, A is the larger (128 rows against 96), so the pair along N reads the fewest bytes
 from L2 (as cuBLAS's ``96x128`` kernel does, whose ``2x1`` cluster shares the token tile); the
-bytes it saves are not what limits that shape (``plots/h100/skinny/``, ``plots/h200/pair-n/``).
+bytes it saves are not what limits that shape (``plots/h100/skinny/``, ``plots/h200/pair-n/ of commit b43a7e1``).
 Nothing else changes: a stage still receives both halves of each operand, so the barriers, counts
 and releases below are the same, with "own A" and "B half" trading places.
 
@@ -140,7 +140,7 @@ REPRESENTATIVE = dict(block_m=128, block_n=256, block_k=64, stages=4, group=8)
 PINGPONG = dict(block_m=128, block_n=128, block_k=64, stages=6, group=8, pingpong=True)
 PINGPONG_WIDE = dict(block_m=64, block_n=256, block_k=64, stages=4, group=8, pingpong=True)
 # The pair side by side along N (module doc, option ``pair``), for 256 tokens on a narrow weight tile
-# (qkv): correct, not tuned (no faster than the pair along M, plots/h200/pair-n/).
+# (qkv): correct, not tuned (no faster than the pair along M, plots/h200/pair-n/ of commit b43a7e1).
 PAIR_N_NARROW = dict(block_m=128, block_n=96, block_k=64, stages=7, group=8, pair="n")
 EXTRA_CONFIGS = (PINGPONG, PINGPONG_WIDE, PAIR_N_NARROW)
 B_LAYOUTS = ("nk", "kn")  # B [N, K], or torch's b [K, N] read in place (entry.load_b)

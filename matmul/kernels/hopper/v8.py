@@ -32,15 +32,15 @@ offset and the magic number 1024 or, for bfloat16, 128) and one ``sub.f16x2`` or
 (``pipeline.widen.int4_pairs``); the nibble order above is the one that puts each pair in the
 register the fragment wants it in, so nothing reorders them (tilus's own cast of an int4 tensor
 keeps the values' order, at four ``prmt`` a word, a share of V8's time at decode:
-``plots/h200/v8-pairs/``). At tiles of 64 tokens and more it multiplies by the row's scale: the
+``plots/h200/v8-pairs/ of commit b43a7e1``). At tiles of 64 tokens and more it multiplies by the row's scale: the
 widened value is the one ``QuantizedWeight.dequantize()`` gives, exactly (one rounding of ``q *
 scale`` in the 16-bit dtype). At tiles of 8 and 16 tokens (decode) the integers -8..7 go into the
 wgmma unscaled, each K block's products into a float32 tile of their own, which the block's 64
 scales multiply into the accumulator once the block's wgmma is waited for: a thread's 4 or 8 float32
 multiply-adds a block instead of 32 16-bit multiplies of its widened values (the faster of the
-two there: ``plots/h200/v8-scale-after/``). The sum is then of ``q * x`` scaled in float32, not of ``x`` times
-``q * scale`` rounded to 16 bits: it differs from the dequantized weight's product by that rounding,
-as the tests' float32 reference allows.
+two there: ``plots/h200/v8-scale-after/ of commit b43a7e1``). The sum is then of ``q * x`` scaled in
+float32, not of ``x`` times ``q * scale`` rounded to 16 bits: it differs from the dequantized
+weight's product by that rounding, as the tests' float32 reference allows.
 
 Other widths (checked on the GPU as int4 is, ``tests/test_v8_gpu.py``): int6 (``Kernel(weight="int6")``,
 ``matmul.quant.int6``), int4's group scales with 6-bit values, a 6 KiB tile
@@ -59,7 +59,7 @@ neither scales nor a multiply per value come through the ring.
 
 The last token tile of a call usually holds fewer tokens than rows (one token in a tile of 8, 17
 in a tile of 32). TMA fills the rows of a box that lie past the tensor with zeros, at a cost that
-can exceed V8's own time (``plots/h200/v8-tokens/``), so such a tile comes in boxes of the rows
+can exceed V8's own time (``plots/h200/v8-tokens/ of commit b43a7e1``), so such a tile comes in boxes of the rows
 that hold tokens (``pipeline.token_boxes``: at most six boxes, a single token in a box of one row);
 the rows past them keep an earlier stage's tokens, which reach only the output columns past M, never
 stored. Configurations with ``interleave`` > 1 keep one box a tile: their producer thread issues that
@@ -69,10 +69,10 @@ Without a split of K (``split`` = 1, one consumer a slab; int4) each consumer wa
 C as V7's do (``pipeline.epilogue.SwappedSlabStore``: transposed into a 16-bit staging buffer,
 then a TMA store) and no float32 partial tile is exchanged; the room it would take goes to the ring.
 That makes V8 a prefill kernel too: a CTA of two slabs and 128 tokens (128 x 128 of C, 4 stages)
-beats widening the weight once for cuBLAS at 1024-1536 tokens (``plots/h200/v8-prefill/``; the
+beats widening the weight once for cuBLAS at 1024-1536 tokens (``plots/h200/v8-configs/int4-prefill/``; the
 call's rule: ``matmul.call.quantized``). ``v8_prefill.py``, V5 whose B tiles arrive packed and are
 widened into shared memory by a warpgroup of their own, is slower than both
-(``plots/h100/v8/prefill/``), so it is not the call's.
+(``plots/h100/v8/prefill/ of commit b43a7e1``), so it is not the call's.
 
 Why A in registers and not a widened tile in shared memory: the widened tile is used by exactly
 one wgmma, in exactly the fragment the thread that widened it holds; writing it to shared memory
@@ -229,7 +229,7 @@ def shared_bytes(block_m: int, warpgroups: int, split: int, stages: int, chunk: 
 # 128 K columns of weight in 4 KiB (V7: 64 in 8 KiB). Shallow rings (4-6 stages: more CTAs fit in
 # an SM) and larger splits (more CTAs per weight tile) are faster than V7's deep rings
 # (plots/h100/v8/). The widening does not set the pace: the ring alone, moving the same bytes with
-# no work on them, already takes most of the floor's time (plots/h100/v8/bound/).
+# no work on them, already takes most of the floor's time (plots/h100/v8/bound/ of commit b43a7e1).
 #
 # ``interleave`` (2 or 4) gives each 64-row weight slab that many consumer warpgroups, which take
 # the K blocks of a stage in turn (a stage brings ``interleave`` consecutive K blocks) and add
@@ -373,7 +373,7 @@ class Kernel(PackedWeightKernel):
         # a box's rows past the tensor are costly to TMA). With interleave > 1 a stage has that
         # many times the boxes and its one producer thread is what the CTA waits for: there the
         # extra boxes cost more than the rows past the tensor, and the tile is one box whatever M
-        # (plots/h200/v8-tokens/)
+        # (plots/h200/v8-tokens/ of commit b43a7e1)
         tokens = min(m_size - offset_m, self.block_m) if self.interleave == 1 else self.block_m
         token_boxes = TokenBoxes(s_x, tokens)
         ring = Pipeline(self.stages, consumer_arrivals=consumers, elect_release=True)

@@ -31,7 +31,7 @@ keeping its own position in the ring; ``full`` completes only when both have arr
 bytes have landed. K must be a multiple of 128 (one scale group), as for V8.
 
 This kernel is correct and slower than what the call runs above 256 tokens (the weight widened
-once, then cuBLAS; ``plots/h100/v8/prefill/`` says why), so it is not the call's. It stays as the
+once, then cuBLAS; ``plots/h100/v8/prefill/ of commit b43a7e1`` says why), so it is not the call's. It stays as the
 series' worked example of widening into shared memory.
 """
 
