@@ -112,7 +112,6 @@ def test_notebook_figures_are_in_results_files(notebook):
     assert unbacked(notebook) == []
 
 
-@pytest.mark.xfail(strict=True, reason="README.md is being rewritten (<= 250 lines); its figures are checked after")
 def test_readme_figures_are_in_results_files():
     assert unbacked(ROOT / "README.md") == []
 
