@@ -14,12 +14,17 @@ when the project is faster):
   ``F.gelu``, and ``matmul.linear(x, gate_up, activation="swiglu")`` against ``F.linear`` on the
   concatenated gate and up weights followed by the split and ``silu(gate) * up``, on the preset's
   MLP shapes at ``LINEAR_TOKENS`` tokens.
-* ``llama``: a ``transformers`` Llama (random weights, fp16, Llama-3-8B's widths, ``LAYERS``
-  layers) switched the way the README tells users, ``matmul.nn.convert(model, fuse_gate_up=True,
-  fuse_qkv=True)``, against a copy of the same model unswitched: prefill, a decode step (eager, and
-  replayed from a CUDA graph over a static KV cache), and a training step (forward, backward, SGD);
-  the switched model's first call timed on its own; its logits and gradients compared with the
+* ``llama``: a ``transformers`` Llama (random weights, ``LAYERS`` layers, Llama-3-8B's widths or
+  another model's: ``WIDTHS``, ``--widths``) switched the way the README tells users,
+  ``matmul.nn.convert(model, fuse_gate_up=True, fuse_qkv=True)``, against a copy of the same model
+  unswitched: ``convert``'s wall time, prefill, a decode step (eager, and replayed from a CUDA graph
+  over a static KV cache), and training steps (forward, backward, SGD) at ``TRAIN``'s sizes; the
+  switched model's first call timed on its own; its logits and gradients compared with the
   unswitched's.
+* ``llama-<format>``: the same with packed weights (``convert(model, weights=format,
+  fuse_qkv=True)``), which returns once its kernels are built: ``convert``'s wall time, then decode
+  steps captured in a CUDA graph at once (what a graph captured right after ``convert`` holds for
+  good), then the rows above but training.
 
 The ``kn`` and ``linear`` parts call every case once first (its bucket's instant choice: a
 relative's narrowed tuning starts in the background), wait for that tuning (``settle``), then time
