@@ -47,11 +47,11 @@ from pathlib import Path
 import torch
 
 from .. import quantize
+from ..call import quantized as quant_linear
 from ..measure.correctness import TOLERANCE, poisoned_output, relative_error
 from ..measure.timing import interleaved_ms
 from ..quant import FORMATS
-from ..quant import linear as quant_linear
-from ..quant import widen as device_widen
+from ..quant import widen as widening
 from . import results as results_file
 from . import roofline
 
@@ -137,7 +137,7 @@ def measure(fmt, m, w, qw, floor) -> dict:
         row["config"] = quant_linear.kernel_config(qw.format, quant_linear.config_for(m, n, k, qw.format))
         row["v8_kernel"] = quant_linear.wait_until_built(dtype, qw.format, row["config"])
     if not v8:  # the widening kernel is built by the call's build child: time it, not torch's dequantize meanwhile
-        row["widen_kernel"] = device_widen.wait_until_built(dtype, qw.format)
+        row["widen_kernel"] = quant_linear.widening_built(dtype, qw.format)
     out = poisoned_output(m, n, dtype)
     quant_linear.linear(x, qw, out=out)
     row["error"] = relative_error(out, ref)
@@ -152,7 +152,7 @@ def measure(fmt, m, w, qw, floor) -> dict:
     }
     if not v8:
         wide = torch.empty(n, k, dtype=dtype, device="cuda")
-        fns["widen"] = lambda: device_widen.widen(qw, out=wide)
+        fns["widen"] = lambda: quant_linear.widen(qw, out=wide)
     if v8:  # controls: a plain read of the packed weight (as roofline's "read B"), and its copy (twice the bytes)
         copy = torch.empty_like(qw.packed)
         fns["read"] = lambda: torch.amax(qw.packed)
@@ -239,7 +239,7 @@ def _build(kind, fmt, dtype, config) -> str:
 
     tilus_dtype = {"float16": tilus.float16, "bfloat16": tilus.bfloat16}[dtype]
     if kind == "widen":
-        result = build.build_script(device_widen.WidenKernel, "sm_90a", {"dtype": tilus_dtype, "weight": fmt})
+        result = build.build_script(widening.WidenKernel, "sm_90a", {"dtype": tilus_dtype, "weight": fmt})
     else:
         module = versions.load("sm_90a", "v8")
         schedule = {"dtype": tilus_dtype, **config}

@@ -23,11 +23,11 @@ from pathlib import Path
 import torch
 
 from .. import quantize
+from ..call import quantized as quant_linear
 from ..kernels import versions
+from ..kernels.variant import PLAIN
 from ..measure.correctness import poisoned_output, relative_error
 from ..measure.timing import interleaved_ms
-from ..quant import linear as quant_linear
-from ..quant import widen as device_widen
 from . import roofline
 
 CONFIG_KEYS = ("block_m", "warpgroups", "split", "stages", "chunk", "interleave")  # interleave: 1 if left out
@@ -108,7 +108,7 @@ def run(args) -> None:
         reference = x.float() @ qw.dequantize().float().T
         w16 = qw.dequantize()
         fns, names = [lambda x=x, w16=w16: torch.matmul(x, w16.T)], ["cublas"]
-        if args.widened and device_widen.wait_until_built(dtype, qw.format):
+        if args.widened and quant_linear.widening_built(dtype, qw.format):
             fns.append(lambda x=x, qw=qw: quant_linear.widened(x, qw))
             names.append("widen + cuBLAS")
         for config in configs:
@@ -144,13 +144,13 @@ def fitting(configs: list[dict], m: int, k: int, named: bool = False) -> list[di
 def build_all(
     dtype: torch.dtype, weight_format: str, shapes, space, widened: bool = False, named: bool = False
 ) -> None:
-    """Build, as the call's build child does (``matmul.call.building.build_v8``), every kernel the probe
+    """Build, as the call's build child does (``matmul.call.building.build_kernel``), every kernel the probe
     times, in parallel processes: tilus caches each under ``$MATMUL_CACHE_DIR``."""
     from ..build import parallel
 
     configs = space or [quant_linear.config_for(m, n, k, weight_format) for m, n, k in shapes]
     configs = [c for m, _, k in shapes for c in fitting(configs, m, k, named)]
-    unique = {str(quant_linear.kernel_key(dtype, weight_format, c)): c for c in configs}
+    unique = {str(quant_linear.v8_program(dtype, weight_format, c)): c for c in configs}
     jobs = [(str(dtype).removeprefix("torch."), weight_format, c) for c in unique.values()]
     if widened:
         jobs.append((str(dtype).removeprefix("torch."), weight_format, None))
@@ -163,10 +163,10 @@ def _build(dtype: str, weight_format: str, config: dict) -> str:
 
     try:
         if config is None:  # the widening kernel, as the call's build child builds it
-            building.build_widen(quant_linear.ARCH, getattr(torch, dtype), "", {"weight": weight_format}, None)
-            return ""
-        key = {"weight": weight_format, **quant_linear.kernel_config(weight_format, config)}
-        building.build_v8(quant_linear.ARCH, getattr(torch, dtype), "v8", key, None)
+            entry = quant_linear.widen_entry(weight_format)
+        else:
+            entry = quant_linear.v8_entry(weight_format, config)
+        building.build_kernel(quant_linear.ARCH, getattr(torch, dtype), entry["version"], entry["config"], PLAIN)
     except Exception as error:  # noqa: BLE001 (reported with its job)
         return repr(error)
     return ""
