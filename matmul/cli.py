@@ -126,7 +126,7 @@ def compile_command(args) -> int:
         return compile_listed(args)
 
     work = _compile_work(args.versions, _arches(args.arch))
-    if args.list:
+    if getattr(args, "list", False):  # (bench compiles through here without the option)
         return compile_list(work, args.all_configs)
     rows, failed = [], False
     gpu_arch = None if args.no_check else versions.local_arch()
