@@ -458,40 +458,44 @@ def shipped_table_command(args) -> int:
     return 0
 
 
-def quantized_command(args) -> int:
-    from .harness import quantized
+# The harness commands that time on a Hopper GPU and bring their own arguments (``add_arguments``,
+# ``run``): name -> (module, help, when a GPU is needed, why it refuses without one).
+HOPPER_COMMANDS = {
+    "quantized": (
+        "quantized",
+        "the quantized call (matmul.linear(x, qw)) against cuBLAS on the 16-bit weight, every format and M",
+        lambda args: True,
+        "the quantized call's benchmark runs V8 on a Hopper GPU; there is none here",
+    ),
+    "v8-configs": (
+        "v8_configs",
+        "V8's configurations (its space, the call's choice or named ones) timed against cuBLAS on given shapes",
+        lambda args: not args.build_only,
+        "V8's configurations are timed on a Hopper GPU; there is none here (--build-only needs none)",
+    ),
+    "skinny": (
+        "skinny",
+        "V7 (with and without multicast) and V5/V6 against cuBLAS at 64-256 tokens on the decode weights",
+        lambda args: not (args.table or args.prebuild),
+        "the skinny benchmark times V7 on a Hopper GPU; there is none here (--table needs none)",
+    ),
+    "options": (
+        "options",
+        "V6's ping-pong and V5's stream-K options against those versions as tuned and cuBLAS",
+        lambda args: not args.prebuild,
+        "the options are timed on a Hopper GPU; there is none here (--prebuild needs none)",
+    ),
+}
 
-    if versions.local_arch() != "sm_90a":
-        raise ValueError("the quantized call's benchmark runs V8 on a Hopper GPU; there is none here")
-    quantized.run(args)
-    return 0
 
+def hopper_command(module, needs_gpu, why):
+    def command(args) -> int:
+        if needs_gpu(args) and versions.local_arch() != "sm_90a":
+            raise ValueError(why)
+        module.run(args)
+        return 0
 
-def v8_configs_command(args) -> int:
-    from .harness import v8_configs
-
-    if not args.build_only and versions.local_arch() != "sm_90a":
-        raise ValueError("V8's configurations are timed on a Hopper GPU; there is none here (--build-only needs none)")
-    v8_configs.run(args)
-    return 0
-
-
-def skinny_command(args) -> int:
-    from .harness import skinny
-
-    if not (args.table or args.prebuild) and versions.local_arch() != "sm_90a":
-        raise ValueError("the skinny benchmark times V7 on a Hopper GPU; there is none here (--table needs none)")
-    skinny.run(args)
-    return 0
-
-
-def options_command(args) -> int:
-    from .harness import options
-
-    if not args.prebuild and versions.local_arch() != "sm_90a":
-        raise ValueError("the options are timed on a Hopper GPU; there is none here (--prebuild needs none)")
-    options.run(args)
-    return 0
+    return command
 
 
 def figures_command(args) -> int:
@@ -904,40 +908,15 @@ def main(argv=None) -> int:
     p.add_argument("--gpu", help="with --list-kernels: the GPU's name as torch gives it, e.g. 'NVIDIA H100 80GB HBM3'")
     p.add_argument("--arch", default="sm_90a", help="with --list-kernels: the GPU's architecture (default sm_90a)")
     p.set_defaults(func=shipped_table_command)
-    from .harness import options, quantized, skinny, v8_configs
+    import importlib
 
-    p = sub.add_parser(
-        "quantized",
-        help="the quantized call (matmul.linear(x, qw)) against cuBLAS on the 16-bit weight, every format and M",
-        description=quantized.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    quantized.add_arguments(p)
-    p.set_defaults(func=quantized_command)
-    p = sub.add_parser(
-        "v8-configs",
-        help="V8's configurations (its space, the call's choice or named ones) timed against cuBLAS on given shapes",
-        description=v8_configs.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    v8_configs.add_arguments(p)
-    p.set_defaults(func=v8_configs_command)
-    p = sub.add_parser(
-        "skinny",
-        help="V7 (with and without multicast) and V5/V6 against cuBLAS at 64-256 tokens on the decode weights",
-        description=skinny.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    skinny.add_arguments(p)
-    p.set_defaults(func=skinny_command)
-    p = sub.add_parser(
-        "options",
-        help="V6's ping-pong and V5's stream-K options against those versions as tuned and cuBLAS",
-        description=options.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    options.add_arguments(p)
-    p.set_defaults(func=options_command)
+    for command, (name, help_, needs_gpu, why) in HOPPER_COMMANDS.items():
+        module = importlib.import_module(f".harness.{name}", __package__)
+        p = sub.add_parser(
+            command, help=help_, description=module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
+        module.add_arguments(p)
+        p.set_defaults(func=hopper_command(module, needs_gpu, why))
     p = sub.add_parser(
         "figures",
         help="write plots/README.md and each results folder's README.md from the committed results files",
