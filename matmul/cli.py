@@ -223,7 +223,7 @@ def bench_command(args) -> int:
     from .harness import results as results_file
 
     chosen = presets.parse(args.shapes)
-    dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype]
+    dtype = getattr(torch, args.dtype)  # --dtype: float16 or bfloat16
     here = versions.local_arch()
     arch = versions.normalize_arch(args.arch) if args.arch else here
     if here is None or arch != here:
@@ -277,6 +277,13 @@ def choice_cache_dir() -> Path:
     from .call.choice_cache import default_dir
 
     return default_dir()
+
+
+def _gpu_out_dir(args, name: str, what: str) -> Path:
+    """``--out``, else ``<matmul cache dir>/name``; an error where there is no GPU of the series."""
+    if versions.local_arch() is None:
+        raise ValueError(f"{what} on a Hopper or Blackwell GPU; there is none here")
+    return Path(args.out) if args.out else choice_cache_dir() / name
 
 
 def plot_command(args) -> int:
@@ -375,12 +382,8 @@ def model_command(args) -> int:
 
     from .harness import model
 
-    if versions.local_arch() is None:
-        raise ValueError(
-            "the model benchmark times matmul() against torch.matmul on a Hopper or Blackwell GPU; there is none here"
-        )
-    out = Path(args.out) if args.out else choice_cache_dir() / "model"
-    return model.main(out, dtype={"float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype], rounds=args.rounds)
+    out = _gpu_out_dir(args, "model", "the model benchmark times matmul() against torch.matmul")
+    return model.main(out, dtype=getattr(torch, args.dtype), rounds=args.rounds)
 
 
 def _settings(text: str) -> dict[str, str]:
@@ -394,9 +397,7 @@ def _settings(text: str) -> dict[str, str]:
 def trace_command(args) -> int:
     from .harness import trace
 
-    if versions.local_arch() is None:
-        raise ValueError("the trace runs matmul() on a Hopper or Blackwell GPU; there is none here")
-    out = Path(args.out) if args.out else choice_cache_dir() / "trace"
+    out = _gpu_out_dir(args, "trace", "the trace runs matmul()")
     parts = tuple(args.parts.split(","))
     unknown = set(parts) - set(trace.PARTS)
     if unknown:
@@ -410,14 +411,12 @@ def drop_in_command(args) -> int:
 
     from .harness import drop_in
 
-    if versions.local_arch() is None:
-        raise ValueError("the drop-in benchmark runs on a Hopper or Blackwell GPU; there is none here")
-    out = Path(args.out) if args.out else choice_cache_dir() / "drop-in"
+    out = _gpu_out_dir(args, "drop-in", "the drop-in benchmark runs")
     parts = [p for p in args.parts.split(",") if p]
     unknown = set(parts) - set(drop_in.PARTS)
     if unknown:
         raise ValueError(f"unknown parts {sorted(unknown)}; choose from {', '.join(drop_in.PARTS)}")
-    dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype]
+    dtype = getattr(torch, args.dtype)
     if args.widths not in drop_in.WIDTHS:
         raise ValueError(f"unknown widths {args.widths!r}; choose from {', '.join(drop_in.WIDTHS)}")
     return drop_in.main(out, parts=parts, dtype=dtype, rounds=args.rounds, model=args.widths)
@@ -610,6 +609,7 @@ def tune_command(args) -> int:
 
     from .call import api, choice_cache
     from .call.chooser import PROVENANCE
+    from .harness import results as results_file
     from .kernels.variant import PLAIN, Variant
 
     shapes = tune_shapes(args)
@@ -627,7 +627,7 @@ def tune_command(args) -> int:
         "arch": arch,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "driver": _driver_version(),
+        "driver": results_file.machine().get("driver_version"),  # None without nvidia-smi
     }
     kept = kept_entries(Path(args.out), arch) if args.out else {}
 
@@ -659,19 +659,6 @@ def tune_command(args) -> int:
     if args.out:
         print(f"\n{len(kept)} entries in {args.out}")
     return 0
-
-
-def _driver_version():
-    import subprocess
-
-    try:
-        found = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
-        )
-    except OSError:
-        return None
-    lines = found.stdout.strip().splitlines()
-    return lines[0] if found.returncode == 0 and lines else None
 
 
 def main(argv=None) -> int:
