@@ -354,23 +354,18 @@ class Chooser:
     def nearest(self, arch: str, key: str, m: int, n: int, k: int, variant: Variant = PLAIN) -> Optional[Entry]:
         """The choice of the nearest relative of this bucket whose kernel takes this shape and this
         variant: a bucket of the same architecture and N x K bucket (measured here over shipped for
-        one key), of this key's dtype or the other 16-bit one (``RELATED_DTYPES``), and of this
-        key's variant or the plain one. This GPU's buckets first, another GPU's of the same
-        architecture only where this GPU has none; then nearest in log(M); at the same distance this
-        variant before the plain one, then this dtype before the other, then the larger M. None if
-        none.
+        one key), of this dtype or the other 16-bit one (``RELATED_DTYPES``), of this variant or the
+        plain one. This GPU's buckets first, another GPU's of the same architecture only where this
+        GPU has none; then nearest in log(M); at the same distance this variant before the plain one,
+        this dtype before the other, the larger M first. None if none.
 
-        Why relatives count: float16 and bfloat16 run the same instructions at the same rate, and a
-        variant (``b`` read as [K, N], a bias, an activation) changes how a kernel reads one operand
-        or finishes its tile, not which tile shape and schedule suit the shape (though it can cost
-        one version more than another: hence the variant before the dtype); so the same bucket's
-        choice in the other dtype or without the variant is a better guess than cuBLAS, and its
-        timed candidates narrow the bucket's own tuning (``narrowed``). Another GPU of the same
-        architecture (another Hopper part beside a shipped table: the same SMs, other bandwidth)
-        runs the same instructions on the same tile shapes: its choice is a better first guess than
-        cuBLAS. Its shortlist is not trusted as far: what came close on one GPU need not contain
-        another's winner (an H20 has 78 SMs), so the background tuning of such a bucket searches
-        every space (``from_another_gpu``); ``tune(narrow=True)`` narrows from it where asked."""
+        Why: float16 and bfloat16 run the same instructions at the same rate, and a variant changes
+        how a kernel reads one operand or finishes its tile, not which tile shape suits the shape
+        (though it can cost one version more than another: hence the variant first). Another GPU of
+        the same architecture runs the same tiles, so its choice beats cuBLAS as a first guess, but
+        its shortlist need not hold this GPU's winner (other SM counts): such a bucket's background
+        tuning searches every space (``from_another_gpu``), where a relative of this GPU's narrows it
+        (``narrowed``)."""
         head, dtype, _, bn, bk, suffix = key_parts(key)
         dtypes = [dtype, *(d for d in RELATED_DTYPES.get(dtype, ()) if d != dtype)]
         suffixes = [suffix, *([""] if suffix else [])]
