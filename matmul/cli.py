@@ -728,7 +728,7 @@ def main(argv=None) -> int:
     )
     p.add_argument("--no-triton", action="store_true", help="leave out the Triton baseline")
     p.add_argument("--redraw-from", help="without a GPU: where the committed results are (default: plots/)")
-    p.set_defaults(func=bench_command, all_configs=False, no_check=True, compare=None, kernels=None)
+    p.set_defaults(func=bench_command, all_configs=False, no_check=True, compare=None, kernels=None, list=False)
     p = sub.add_parser(
         "candidates",
         help="time chosen configurations of versions against cuBLAS (to choose a space)",
