@@ -223,7 +223,7 @@ def bench_command(args) -> int:
     from .harness import results as results_file
 
     chosen = presets.parse(args.shapes)
-    dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype]
+    dtype = getattr(torch, args.dtype)  # --dtype: float16 or bfloat16
     here = versions.local_arch()
     arch = versions.normalize_arch(args.arch) if args.arch else here
     if here is None or arch != here:
@@ -277,6 +277,13 @@ def choice_cache_dir() -> Path:
     from .call.choice_cache import default_dir
 
     return default_dir()
+
+
+def _gpu_out_dir(args, name: str, what: str) -> Path:
+    """``--out``, else ``<matmul cache dir>/name``; an error where there is no GPU of the series."""
+    if versions.local_arch() is None:
+        raise ValueError(f"{what} on a Hopper or Blackwell GPU; there is none here")
+    return Path(args.out) if args.out else choice_cache_dir() / name
 
 
 def plot_command(args) -> int:
@@ -375,12 +382,8 @@ def model_command(args) -> int:
 
     from .harness import model
 
-    if versions.local_arch() is None:
-        raise ValueError(
-            "the model benchmark times matmul() against torch.matmul on a Hopper or Blackwell GPU; there is none here"
-        )
-    out = Path(args.out) if args.out else choice_cache_dir() / "model"
-    return model.main(out, dtype={"float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype], rounds=args.rounds)
+    out = _gpu_out_dir(args, "model", "the model benchmark times matmul() against torch.matmul")
+    return model.main(out, dtype=getattr(torch, args.dtype), rounds=args.rounds)
 
 
 def _settings(text: str) -> dict[str, str]:
@@ -394,9 +397,7 @@ def _settings(text: str) -> dict[str, str]:
 def trace_command(args) -> int:
     from .harness import trace
 
-    if versions.local_arch() is None:
-        raise ValueError("the trace runs matmul() on a Hopper or Blackwell GPU; there is none here")
-    out = Path(args.out) if args.out else choice_cache_dir() / "trace"
+    out = _gpu_out_dir(args, "trace", "the trace runs matmul()")
     parts = tuple(args.parts.split(","))
     unknown = set(parts) - set(trace.PARTS)
     if unknown:
@@ -410,14 +411,12 @@ def drop_in_command(args) -> int:
 
     from .harness import drop_in
 
-    if versions.local_arch() is None:
-        raise ValueError("the drop-in benchmark runs on a Hopper or Blackwell GPU; there is none here")
-    out = Path(args.out) if args.out else choice_cache_dir() / "drop-in"
+    out = _gpu_out_dir(args, "drop-in", "the drop-in benchmark runs")
     parts = [p for p in args.parts.split(",") if p]
     unknown = set(parts) - set(drop_in.PARTS)
     if unknown:
         raise ValueError(f"unknown parts {sorted(unknown)}; choose from {', '.join(drop_in.PARTS)}")
-    dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype]
+    dtype = getattr(torch, args.dtype)
     if args.widths not in drop_in.WIDTHS:
         raise ValueError(f"unknown widths {args.widths!r}; choose from {', '.join(drop_in.WIDTHS)}")
     return drop_in.main(out, parts=parts, dtype=dtype, rounds=args.rounds, model=args.widths)
@@ -458,40 +457,44 @@ def shipped_table_command(args) -> int:
     return 0
 
 
-def quantized_command(args) -> int:
-    from .harness import quantized
+# The harness commands that time on a Hopper GPU and bring their own arguments (``add_arguments``,
+# ``run``): name -> (module, help, when a GPU is needed, why it refuses without one).
+HOPPER_COMMANDS = {
+    "quantized": (
+        "quantized",
+        "the quantized call (matmul.linear(x, qw)) against cuBLAS on the 16-bit weight, every format and M",
+        lambda args: True,
+        "the quantized call's benchmark runs V8 on a Hopper GPU; there is none here",
+    ),
+    "v8-configs": (
+        "v8_configs",
+        "V8's configurations (its space, the call's choice or named ones) timed against cuBLAS on given shapes",
+        lambda args: not args.build_only,
+        "V8's configurations are timed on a Hopper GPU; there is none here (--build-only needs none)",
+    ),
+    "skinny": (
+        "skinny",
+        "V7 (with and without multicast) and V5/V6 against cuBLAS at 64-256 tokens on the decode weights",
+        lambda args: not (args.table or args.prebuild),
+        "the skinny benchmark times V7 on a Hopper GPU; there is none here (--table needs none)",
+    ),
+    "options": (
+        "options",
+        "V6's ping-pong and V5's stream-K options against those versions as tuned and cuBLAS",
+        lambda args: not args.prebuild,
+        "the options are timed on a Hopper GPU; there is none here (--prebuild needs none)",
+    ),
+}
 
-    if versions.local_arch() != "sm_90a":
-        raise ValueError("the quantized call's benchmark runs V8 on a Hopper GPU; there is none here")
-    quantized.run(args)
-    return 0
 
+def hopper_command(module, needs_gpu, why):
+    def command(args) -> int:
+        if needs_gpu(args) and versions.local_arch() != "sm_90a":
+            raise ValueError(why)
+        module.run(args)
+        return 0
 
-def v8_configs_command(args) -> int:
-    from .harness import v8_configs
-
-    if not args.build_only and versions.local_arch() != "sm_90a":
-        raise ValueError("V8's configurations are timed on a Hopper GPU; there is none here (--build-only needs none)")
-    v8_configs.run(args)
-    return 0
-
-
-def skinny_command(args) -> int:
-    from .harness import skinny
-
-    if not (args.table or args.prebuild) and versions.local_arch() != "sm_90a":
-        raise ValueError("the skinny benchmark times V7 on a Hopper GPU; there is none here (--table needs none)")
-    skinny.run(args)
-    return 0
-
-
-def options_command(args) -> int:
-    from .harness import options
-
-    if not args.prebuild and versions.local_arch() != "sm_90a":
-        raise ValueError("the options are timed on a Hopper GPU; there is none here (--prebuild needs none)")
-    options.run(args)
-    return 0
+    return command
 
 
 def figures_command(args) -> int:
@@ -606,6 +609,7 @@ def tune_command(args) -> int:
 
     from .call import api, choice_cache
     from .call.chooser import PROVENANCE
+    from .harness import results as results_file
     from .kernels.variant import PLAIN, Variant
 
     shapes = tune_shapes(args)
@@ -623,7 +627,7 @@ def tune_command(args) -> int:
         "arch": arch,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "driver": _driver_version(),
+        "driver": results_file.machine().get("driver_version"),  # None without nvidia-smi
     }
     kept = kept_entries(Path(args.out), arch) if args.out else {}
 
@@ -655,19 +659,6 @@ def tune_command(args) -> int:
     if args.out:
         print(f"\n{len(kept)} entries in {args.out}")
     return 0
-
-
-def _driver_version():
-    import subprocess
-
-    try:
-        found = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
-        )
-    except OSError:
-        return None
-    lines = found.stdout.strip().splitlines()
-    return lines[0] if found.returncode == 0 and lines else None
 
 
 def main(argv=None) -> int:
@@ -737,7 +728,7 @@ def main(argv=None) -> int:
     )
     p.add_argument("--no-triton", action="store_true", help="leave out the Triton baseline")
     p.add_argument("--redraw-from", help="without a GPU: where the committed results are (default: plots/)")
-    p.set_defaults(func=bench_command, all_configs=False, no_check=True, compare=None, kernels=None)
+    p.set_defaults(func=bench_command, all_configs=False, no_check=True, compare=None, kernels=None, list=False)
     p = sub.add_parser(
         "candidates",
         help="time chosen configurations of versions against cuBLAS (to choose a space)",
@@ -904,40 +895,15 @@ def main(argv=None) -> int:
     p.add_argument("--gpu", help="with --list-kernels: the GPU's name as torch gives it, e.g. 'NVIDIA H100 80GB HBM3'")
     p.add_argument("--arch", default="sm_90a", help="with --list-kernels: the GPU's architecture (default sm_90a)")
     p.set_defaults(func=shipped_table_command)
-    from .harness import options, quantized, skinny, v8_configs
+    import importlib
 
-    p = sub.add_parser(
-        "quantized",
-        help="the quantized call (matmul.linear(x, qw)) against cuBLAS on the 16-bit weight, every format and M",
-        description=quantized.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    quantized.add_arguments(p)
-    p.set_defaults(func=quantized_command)
-    p = sub.add_parser(
-        "v8-configs",
-        help="V8's configurations (its space, the call's choice or named ones) timed against cuBLAS on given shapes",
-        description=v8_configs.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    v8_configs.add_arguments(p)
-    p.set_defaults(func=v8_configs_command)
-    p = sub.add_parser(
-        "skinny",
-        help="V7 (with and without multicast) and V5/V6 against cuBLAS at 64-256 tokens on the decode weights",
-        description=skinny.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    skinny.add_arguments(p)
-    p.set_defaults(func=skinny_command)
-    p = sub.add_parser(
-        "options",
-        help="V6's ping-pong and V5's stream-K options against those versions as tuned and cuBLAS",
-        description=options.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    options.add_arguments(p)
-    p.set_defaults(func=options_command)
+    for command, (name, help_, needs_gpu, why) in HOPPER_COMMANDS.items():
+        module = importlib.import_module(f".harness.{name}", __package__)
+        p = sub.add_parser(
+            command, help=help_, description=module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
+        module.add_arguments(p)
+        p.set_defaults(func=hopper_command(module, needs_gpu, why))
     p = sub.add_parser(
         "figures",
         help="write plots/README.md and each results folder's README.md from the committed results files",

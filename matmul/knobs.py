@@ -4,7 +4,7 @@ A knob is read at each use, not once at import, so a test or a script may set it
 does not parse is reported once on the ``matmul`` logger and the default is used instead: a typo in
 a knob never stops a model.
 
-``python -m matmul knobs`` prints the table (``table()``); ``matmul/call/README.md`` holds it too.
+``table()`` is the table ``matmul/call/README.md`` holds (``tests/test_knobs.py``).
 """
 
 from __future__ import annotations

@@ -1,42 +1,29 @@
 """``matmul(a, b, *, out=None)``: ``a @ b`` with the fastest kernel of the series for this GPU and shape.
 
 Semantics are torch's for 2-D operands: a [M, K] @ b [K, N] -> [M, N], float16 or bfloat16, float32
-accumulation, the result in the inputs' dtype. The kernels compute A @ B^T with B [N, K] row-major,
-so the layouts of ``b`` are:
+accumulation, the result in the inputs' dtype. The kernels compute A @ B^T with B [N, K] row-major:
 
-* ``b = w.T``, the transposed view of a row-major [N, K] weight (``x @ w.T``, as in a linear
-  layer): read in place, no copy.
-* ``b`` row-major [K, N] (``b.is_contiguous()``): when a version of the series runs, transposed
-  into a temporary [N, K] copy per call (one extra read and write of ``b``); cuBLAS reads it as it
-  is. Keep weights as [N, K] and pass ``w.T``.
+* ``b = w.T`` (the transposed view of a row-major [N, K] weight, as in a linear layer): read in place.
+* ``b`` row-major [K, N]: a version of the series reads it through a temporary [N, K] copy per call;
+  cuBLAS reads it as it is. Keep weights as [N, K] and pass ``w.T``.
 * any other strides: ``MatmulInputError``; pass ``b.contiguous()``.
 
-Where no kernel applies, ``MatmulInputError`` names the problem and the fix, and nothing runs
-(``matmul.contract`` has every rule): CPU tensors, dtypes other than float16/bfloat16, shapes that
-do not match, operands whose rows or base are not 16-byte aligned, an ``out`` that overlaps ``a``
-or ``b`` or holds one element in several places, and GPUs that are neither Hopper (compute
-capability 9.0, sm_90a) nor Blackwell (10.0, sm_100a) (``UnsupportedGPUError``): there is no
-silent fallback; use ``torch.matmul`` for those. A product with an empty dimension (M, N or K = 0)
-has nothing for a kernel to do and is torch's result (``shapes.empty_product``), as a model with an
-empty batch expects. ``linear`` takes its input in any strides, as torch does (copied once where
-TMA cannot read it). When a version of the series runs and N is not a multiple of 8, the returned
-[M, N] tensor is a view of rows padded to 16 bytes.
+Where no kernel applies, ``MatmulInputError`` names the problem and the fix and nothing runs
+(``matmul.contract`` has every rule): CPU tensors, other dtypes, mismatched shapes, rows or base not
+16-byte aligned, an ``out`` that overlaps an operand or holds an element twice, and GPUs other than
+Hopper (sm_90a) or Blackwell (sm_100a) (``UnsupportedGPUError``): no silent fallback. An empty
+product (M, N or K = 0) is torch's result (``shapes.empty_product``). ``linear`` takes its input in
+any strides (copied once where TMA cannot read it). Where N is not a multiple of 8, a version's
+result is a view of rows padded to 16 bytes.
 
-Which kernel runs: the first call for a shape bucket (each of M, N, K rounded up as tilus buckets
-its own tuning) tunes it in a child process (``tuner``: the candidates, why V0-V2 are not among
-them, and the isolation) and stores the choice (``choice_cache``); ``tune(shapes)`` does that ahead
-of time, for many shapes in one child. Later calls with operands of a signature already seen take
-the short path of ``launch``: the chosen kernel launched with nothing derived again. A seen call
-without ``out`` does not even pass through Python: ``matmul`` is the builtin of a small C++
-extension (``native_entry``, built on the first import on a machine) that looks the signature up
-and runs its route, cuBLAS's ``at::mm`` or the chosen version's launch; every other call reaches
-the Python function ``python_matmul``, which is also ``matmul`` where the extension cannot be built.
-``choice(a, b)`` names the winner.
-
-torch: ``matmul`` is also the custom operator ``torch.ops.tilus_matmul.mm`` (``torch_op``), which
-``torch.compile`` traces without a graph break and autograd differentiates through the same
-kernels. CUDA graphs capture the launch; tuning cannot happen inside a capture
-(``NotTunedError``: call once, or ``tune``, before capturing).
+Which kernel runs: ``chooser`` and ``tuner`` (``matmul/call/README.md``); ``tune(shapes)`` tunes
+ahead of time, ``choice(a, b)`` names the winner. A seen signature takes ``launch``'s short path;
+without ``out`` it does not even pass through Python: ``matmul`` is the builtin of a small C++
+extension (``native_entry``) that looks the signature up and runs its route; other calls reach
+``python_matmul``, which is also ``matmul`` where the extension cannot be built. ``matmul`` is also
+the custom operator ``torch.ops.tilus_matmul.mm`` (``torch_op``), traced by ``torch.compile`` and
+differentiated by autograd through the same kernels. CUDA graphs capture the launch; tuning cannot
+happen inside a capture (``NotTunedError``: call once, or ``tune``, before capturing).
 """
 
 from __future__ import annotations

@@ -1,31 +1,22 @@
 """Work that ``matmul()`` hands to a thread of its own, so that no call waits on it: deriving an
-unseen call's plan, tuning a shape bucket and building a chosen kernel (each of the last two in a
-child process, which the thread waits for; a built kernel's library is then opened here).
+unseen call's plan, tuning a shape bucket and building a chosen kernel (the last two in a child
+process the thread waits for; a built library is then opened here).
 
-``Worker`` runs one job at a time on one daemon thread, started when first needed, which waits
-``linger_s`` for more work before it ends (starting a thread costs the submitting caller tens of
-microseconds: a worker fed by calls keeps its thread). A job is submitted under a key; a key
-already queued or running is not queued again, so a bucket is tuned once however many calls ask.
-Jobs of one ``group`` that are queued together are handed over together (``run(group,
-payloads)``, a list the worker keeps no other reference to), so that one child process tunes every
-bucket waiting for it. A job that raises is
-logged; the thread goes on with the next.
+``Worker`` runs one job at a time on one daemon thread, started when needed, which lingers
+``linger_s`` for more work (starting a thread costs the caller tens of microseconds). A key already
+queued or running is not queued again, so a bucket is tuned once however many calls ask; jobs of
+one ``group`` queued together are handed over together (``run(group, payloads)``), so one child
+tunes every waiting bucket. A job that raises is logged.
 
-A worker's thread is a daemon, so it never holds the caller's process open. But a daemon thread
-that is inside torch when the interpreter finalizes is ended where torch's binding takes the GIL
-back, from a destructor, and the whole process aborts ("terminate called without an active
-exception"). So at exit, before the interpreter finalizes, every worker is closed (``close``: its
-queue dropped, no new job started), and a worker whose jobs call torch (``exit_join_s``: the
-planner's) is given up to that long (``EXIT_JOIN_S`` in all) to finish the job it is in; its jobs
-look at ``closing`` between their steps. The tuning and building workers spend their jobs waiting
-on a child process, and are not waited for: the caller's exit is not held for a tuning.
+A daemon thread inside torch when the interpreter finalizes aborts the whole process ("terminate
+called without an active exception"). So at exit every worker is closed (``close``: queue dropped,
+no new job), and one whose jobs call torch (``exit_join_s``: the planner's) gets up to that long
+(``EXIT_JOIN_S`` in all) to finish; its jobs look at ``closing`` between steps. Tuning and building
+workers only wait on a child and are not waited for.
 
-The caller's thread and a worker's share the GIL. By default a thread that wants it waits up to
-the interpreter's switch interval (5 ms) while another runs Python code: a plan's derivation would
-then add milliseconds to calls that take microseconds. While any
-job runs, ``quick_switching`` lowers the interval to ``SWITCH_INTERVAL_S``, so that the caller
-gets the GIL back within a fraction of a short call, and puts the previous interval back when the
-last job ends.
+The caller and a worker share the GIL, and a thread that wants it waits up to the switch interval
+(5 ms): a plan's derivation would add milliseconds to calls of microseconds. While any job runs,
+``quick_switching`` lowers the interval to ``SWITCH_INTERVAL_S`` and restores it after the last.
 """
 
 from __future__ import annotations

@@ -1,26 +1,19 @@
-"""Kernels built outside the caller's process: a child process (``python -m matmul.call.child``,
-given a build request) transpiles and compiles each chosen kernel, or finds it in tilus's disk
-cache, and reports the directory of its program; the caller's process only opens that library
-(``tilus_autotune.load``, a dlopen), on the chooser's background thread.
+"""Kernels built outside the caller's process: a child (``python -m matmul.call.child``, given a
+build request) transpiles and compiles each kernel, or finds it in tilus's disk cache, and reports
+its program's directory; the caller only opens the library (``tilus_autotune.load``) on the
+chooser's background thread.
 
-Why not a thread of the caller: tilus transpiles, optimizes and generates code in Python, holding
-the GIL for a second or more per kernel, and finding a cached build needs the same transpilation
-(tilus names its cache entry by the transpiled program's text); all of that is host work that the
-caller's own thread would have to share the interpreter with, on the calls it makes meanwhile.
+Not a thread of the caller: tilus transpiles and generates code in Python, holding the GIL for a
+second or more per kernel, and finding a cached build needs the same transpilation (tilus names its
+entry by the program's text). The child sees no GPU (``CUDA_VISIBLE_DEVICES`` empty), so it takes no
+GPU time or memory; nothing warms a loaded kernel up either: its first launch is the caller's call.
 
-The child is told the architecture to build for and sees no GPU (``CUDA_VISIBLE_DEVICES`` empty):
-it creates no CUDA context, so it cannot take GPU time or memory from the caller. The parent side
-launches nothing either: a loaded kernel reaches the GPU at its first launch, which is a call of
-the caller's own, on the caller's thread and stream (lazy module loading loads it into the CUDA
-context there); no background thread warms it up.
-
-A build request is ``{"build": [job, ...], "builder": "module:function"}``, each job ``{"id",
-"arch", "dtype", "version", "config", "variant"}`` (the variant's key). The child reports each
-kernel on its stdout as it is done, one line each (``tuner.PROTOCOL``): ``{"id", "built": dir}``
-or ``{"id", "failed": reason}``. This module imports neither the public call nor the launch path.
-The kernels the call runs beside the series' products (``OUTSIDE``: Hopper V8 on a packed weight,
-the widening of one, swiglu's activation) are built the same way, by the same builder thread of the
-chooser (``Chooser.kernel``), each entry naming one of them as its version.
+A request is ``{"build": [job, ...], "builder": "module:function"}``, each job ``{"id", "arch",
+"dtype", "version", "config", "variant"}``; the child reports each kernel as done, one
+``tuner.PROTOCOL`` line: ``{"id", "built": dir}`` or ``{"id", "failed": reason}``. The kernels run
+beside the series (``OUTSIDE``: Hopper V8, the widening of a packed weight, swiglu's activation)
+are built the same way, each entry naming one as its version. This module imports neither the
+public call nor the launch path.
 """
 
 from __future__ import annotations

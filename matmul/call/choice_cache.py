@@ -1,39 +1,26 @@
 """Where ``matmul()`` remembers which version and configuration won for a shape, across processes.
 
-Two layers:
-
 tilus's own cache (``tilus.option.cache_dir``)
-    The built kernels and, per version and dtype, tilus's autotuning result
-    (``scripts/kernel/<key>/dispatch_table.pickle``). Importing ``matmul`` points it to a folder of
-    ``$TILUS_CACHE_DIR`` if set, else of ``$MATMUL_CACHE_DIR/tilus`` if that is set (one variable
-    moves everything), else of tilus's default (``~/.cache/tilus`` for an installed tilus), named
-    after tilus's release and the package's fixes of its code generator (``tilus_fixes_key``): tilus
-    keys a built program by its IR and build options alone, so a fix that changes only the code
-    generated from the same IR would otherwise leave every kernel built before it in use, a mended
-    fault included. It is set at import, never later: a kernel built in one tilus cache would be
-    built again in another.
-``choices.json`` in ``$MATMUL_CACHE_DIR``, else ``$XDG_CACHE_HOME/tilus-matmul``, else ``~/.cache/tilus-matmul``
-    The cross-version choice: per (architecture, GPU, dtype, shape bucket) the winning version and
-    its configuration, with the timings that decided it::
+    The built kernels and tilus's autotuning results. Importing ``matmul`` points it, once and never
+    later (a kernel built in one cache would be built again in another), to a folder of
+    ``$TILUS_CACHE_DIR``, else of ``$MATMUL_CACHE_DIR/tilus``, else of tilus's default, named after
+    tilus's release and the package's fixes of its code generator (``tilus_fixes_key``): tilus keys a
+    program by its IR and build options alone, so a fix that changes only the generated code would
+    otherwise leave every kernel built before it, a mended fault included, in use.
+``choices.json`` in ``$MATMUL_CACHE_DIR`` (else ``$XDG_CACHE_HOME/tilus-matmul``, ``~/.cache/tilus-matmul``)
+    Per (architecture, GPU, dtype, shape bucket) the winning version and configuration, with the
+    timings that decided it: ``{"format": 1, "tilus": ..., "entries": {"sm_90a/<gpu>/float16/
+    4096x4096x4096": {"version": "v5", "config": {...}, "ms": ..., "fingerprint": ...}}}``.
+The shipped table (``ShippedTable``, ``shipped/*.json``)
+    The same entries, tuned on the project's GPUs, with the command, date and machine that made them
+    (``write_shipped``; ``python -m matmul tune --out``); read before any tuning. Whether an entry may
+    run here is ``chooser.Chooser``'s question.
 
-        {"format": 1, "tilus": "0.2.0",
-         "entries": {"sm_90a/NVIDIA H100 80GB HBM3/float16/4096x4096x4096":
-                     {"version": "v5", "config": {...}, "ms": 0.21, "fingerprint": "...", ...}}}
-
-The shipped table (``ShippedTable``, ``shipped/*.json`` in this package)
-    Choices the project tuned on its GPUs and ships as package data, read before any
-    tuning: the same entries as ``choices.json``, with the command that made them, its date and the
-    machine (``write_shipped``; ``python -m matmul tune --out``). A file that does not parse is
-    ignored with a warning. Whether an entry may run here is the chooser's question
-    (``chooser.Chooser``): shipped entries are instant choices, and what is measured here overrides them.
-
-Safety: readers never lock (the file is replaced atomically, so they see the old or the new
-file, never half of one); writers read-modify-replace under ``choices.json.lock``; tuning a key
-holds a per-key lock (``locks/``), so a second process waiting for the same shape reads the first
-one's result instead of tuning again. A file that does not parse, or was written by another format
-or tilus release, is ignored and rewritten by the next store; an entry the caller's ``is_valid``
-rejects (a version or configuration that no longer exists, kernel sources changed since) is tuned
-again.
+Readers never lock (the file is replaced atomically); writers read-modify-replace under
+``choices.json.lock``; tuning a key holds a per-key lock (``locks/``), so a second process waiting
+for the shape reads the first one's result. A file that does not parse, or of another format or
+tilus release, is ignored (with a warning, for a shipped one) and rewritten by the next store; an
+entry the caller's ``is_valid`` rejects is tuned again.
 """
 
 from __future__ import annotations

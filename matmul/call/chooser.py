@@ -1,59 +1,32 @@
 """Which kernel runs a shape bucket now: the process's memory of choices, in front of the choice
-file (``choice_cache``), the shipped table and the tuner, such that no call waits on tuning.
+file (``choice_cache``), the shipped table and the tuner, such that no call waits on tuning
+(``matmul/call/README.md``, "Choosing").
 
-A choice is per (architecture, GPU, dtype, shape bucket, variant). ``Chooser.get`` answers at once,
-from the first of:
+``Chooser.get`` answers at once, per (architecture, GPU, dtype, shape bucket, variant), from the
+first of: what this process holds; a choice measured here or shipped whose fingerprint matches the
+kernel sources here (final); the same, stale (used, and measured again in the background among the
+candidates that came close there: ``hint``, ``narrowed``); the nearest measured relative of the same
+N x K in log(M), this or the other 16-bit dtype, this or the plain variant (``nearest``: the N x K
+of another projection says nothing); cuBLAS ("fallback"). A measured choice overrides the shipped
+one and a background tuning's result overrides every instant choice, so an instant choice cannot
+stay slower than cuBLAS for longer than the bucket takes to tune.
 
-1. what this process already holds for the bucket;
-2. a choice measured here (``choices.json``) or shipped with the package (``shipped/*.json``)
-   whose fingerprint matches the kernel sources here (for cuBLAS: those of the versions it was
-   timed against, ``tuner.choice_fingerprint``): final, nothing more to do;
-3. the same, made with other kernel sources (stale: a kernel was edited since): used at once, and
-   the bucket is measured again in the background among the candidates that came close in that
-   measurement (``hint``, ``narrowed``);
-4. the nearest measured relative of the same N x K (same architecture and GPU; this dtype or the
-   other 16-bit one; this variant or the plain one), nearest in log(M), whose kernel takes this
-   shape and variant (``nearest``): a version that wins at M = 1024 very likely wins or comes
-   close at M = 1500, and in bfloat16 where it wins in float16, or reading ``b`` as [K, N] where
-   it wins on [N, K], while the N x K of another projection says nothing; the bucket is tuned in
-   the background among the candidates that came close there (``narrowed``);
-5. cuBLAS ("fallback"), as torch.matmul runs it; the bucket is tuned in the background.
+A kernel is never built in this process (tilus's transpiler would hold the caller's GIL for
+seconds): the tuning child or a build child builds it, a background thread here only opens the
+library, and cuBLAS runs until then. Each change of the kernel a bucket runs is announced to the
+listeners with the buckets it concerns (``on_change``: ``launch.Plans.forget``); nothing else is,
+so a kernel built only to be timed, or a result that keeps the running kernel, changes no plan.
 
-A measured choice always overrides the shipped one (the shipped table is only ever an instant
-choice where it went stale), and a background tuning's result overrides every instant choice: an
-instant choice is never slower than cuBLAS by more than the noise for longer than the bucket takes
-to tune. A chosen version whose kernel is not loaded in this process yet is not run either: the
-call runs cuBLAS meanwhile, then the version takes over. The kernel is never built in this process
-(``building``: tilus's transpiler would hold the caller's GIL for seconds): the tuning child reports
-where it built the winner, and any other chosen kernel (shipped, measured earlier, a neighbour's) is
-built by a build child; a background thread here only opens the built library (``program``), and
-launches nothing: the kernel's first launch is the caller's own call. Each change of the kernel a
-bucket runs (a new choice of another kernel, or the chosen kernel built or failed) is announced to
-the listeners with the buckets it concerns (``on_change``: ``launch.Plans.forget``, which drops
-those buckets' plans and native routes so that their next calls derive them again). Nothing else
-is announced, and no other bucket is named: a dropped plan sends its calls back through the Python
-path until the planner has derived it again (at most one a second while the caller is busy), so a
-kernel built only to be timed by a tuning, or a measured result that keeps the kernel already
-running, changes no plan, and one bucket's new kernel leaves every other bucket's plans in place.
+A shipped entry is checked by existence (version, configuration in the space, variant supported,
+shape within limits), not by fingerprint: the fingerprint changes with every kernel edit, so a
+table checked by it would be worthless on every developer's tree, while a stale entry is still a
+correct kernel and, being measured again at once, cannot stay slower than cuBLAS.
 
-Why a shipped entry is checked by its version and configuration rather than by its fingerprint
-alone: the fingerprint changes with every edit of any kernel source, the pipeline or tilus's
-fixes, so a table checked by fingerprint would be worthless on every developer's tree and after
-every kernel change until someone re-measured it on the GPU. Checked by existence (the version,
-its configuration in the space, the variant supported, the shape within its limits), a stale
-entry is still a correct kernel and most likely still a fast one; and because it is only an
-instant choice, measured again at once in the background, it cannot stay slower than cuBLAS.
-
-Modes (``MATMUL_TUNE``, or ``Chooser.mode``): ``background`` (default) as above; ``off``: the
-instant choice is final, nothing is tuned (kernels are still built in the background);
-``blocking``: the caller waits for the tuning of a bucket that has no fresh choice, and for the
-build of its kernel where no child built it (the behaviour before background tuning: benchmarks,
-tests).
-
-CUDA graph capture: nothing is started from inside a capture (a child process, a build): the
-instant choice is used if it is cuBLAS or a kernel already built here, else cuBLAS, and it is
-marked ``transient`` (not kept by the plans), so that the first call after the capture starts the
-tuning. ``blocking`` raises ``NotTunedError`` there, as before.
+Modes (``MATMUL_TUNE``, or ``Chooser.mode``): ``background`` (default); ``off``: the instant choice
+is final (kernels still built in the background); ``blocking``: the caller waits for the tuning and
+the build (benchmarks, tests). Inside a CUDA graph capture nothing is started: the instant choice
+runs if it is cuBLAS or a kernel built here, else cuBLAS, marked ``transient`` so the first call
+after the capture starts the tuning; ``blocking`` raises ``NotTunedError`` there.
 """
 
 from __future__ import annotations
@@ -381,23 +354,18 @@ class Chooser:
     def nearest(self, arch: str, key: str, m: int, n: int, k: int, variant: Variant = PLAIN) -> Optional[Entry]:
         """The choice of the nearest relative of this bucket whose kernel takes this shape and this
         variant: a bucket of the same architecture and N x K bucket (measured here over shipped for
-        one key), of this key's dtype or the other 16-bit one (``RELATED_DTYPES``), and of this
-        key's variant or the plain one. This GPU's buckets first, another GPU's of the same
-        architecture only where this GPU has none; then nearest in log(M); at the same distance this
-        variant before the plain one, then this dtype before the other, then the larger M. None if
-        none.
+        one key), of this dtype or the other 16-bit one (``RELATED_DTYPES``), of this variant or the
+        plain one. This GPU's buckets first, another GPU's of the same architecture only where this
+        GPU has none; then nearest in log(M); at the same distance this variant before the plain one,
+        this dtype before the other, the larger M first. None if none.
 
-        Why relatives count: float16 and bfloat16 run the same instructions at the same rate, and a
-        variant (``b`` read as [K, N], a bias, an activation) changes how a kernel reads one operand
-        or finishes its tile, not which tile shape and schedule suit the shape (though it can cost
-        one version more than another: hence the variant before the dtype); so the same bucket's
-        choice in the other dtype or without the variant is a better guess than cuBLAS, and its
-        timed candidates narrow the bucket's own tuning (``narrowed``). Another GPU of the same
-        architecture (another Hopper part beside a shipped table: the same SMs, other bandwidth)
-        runs the same instructions on the same tile shapes: its choice is a better first guess than
-        cuBLAS. Its shortlist is not trusted as far: what came close on one GPU need not contain
-        another's winner (an H20 has 78 SMs), so the background tuning of such a bucket searches
-        every space (``from_another_gpu``); ``tune(narrow=True)`` narrows from it where asked."""
+        Why: float16 and bfloat16 run the same instructions at the same rate, and a variant changes
+        how a kernel reads one operand or finishes its tile, not which tile shape suits the shape
+        (though it can cost one version more than another: hence the variant first). Another GPU of
+        the same architecture runs the same tiles, so its choice beats cuBLAS as a first guess, but
+        its shortlist need not hold this GPU's winner (other SM counts): such a bucket's background
+        tuning searches every space (``from_another_gpu``), where a relative of this GPU's narrows it
+        (``narrowed``)."""
         head, dtype, _, bn, bk, suffix = key_parts(key)
         dtypes = [dtype, *(d for d in RELATED_DTYPES.get(dtype, ()) if d != dtype)]
         suffixes = [suffix, *([""] if suffix else [])]

@@ -1,23 +1,18 @@
 """The digest of a Python source's code alone: what stored choices (``tuner.fingerprint``) and
 tilus's cache folder (``choice_cache.tilus_fixes_key``) are keyed to, so that an edit to a comment,
-a blank line, the indentation's width or a docstring neither stales a shipped table nor rebuilds
-every kernel, while any edit to the code does.
+a blank line, the indentation or a docstring neither stales a shipped table nor rebuilds every
+kernel, while any edit to the code does.
 
-The code is the file's token stream: names, numbers, strings, operators and the logical structure
-(the end of each statement, each indent and dedent), with comments, blank lines, line breaks inside
-brackets and docstrings (a string statement that opens a module, a class or a function) dropped.
-Tokens rather than ``ast.dump`` of the tree: the digest must be the same on every Python the
-package runs on (3.10-3.12), for the shipped tables, and ``ast.dump`` is not (3.12 adds
-``type_params`` to every function and class, 3.13 leaves out empty fields); the token stream is,
-once 3.12's f-string tokens (``FSTRING_START`` ... ``FSTRING_END``) are read back as the one string
-token that earlier releases make of the f-string's text. The tree is used only to find where the
-docstrings stand.
+The code is the file's token stream less comments, blank lines, line breaks inside brackets and
+docstrings (found through the tree). Tokens rather than ``ast.dump``: the digest must be the same
+on every Python the package runs on (3.10-3.12), and ``ast.dump`` is not (3.12 adds
+``type_params``, 3.13 leaves out empty fields); the token stream is, once 3.12's f-string tokens
+are read back as the one string token earlier releases make.
 
-Tokenizing is slow next to reading the bytes (a version's sources take a fraction of a second),
-and the first call of a process computes its fingerprints on the planner's thread. So a digest is
-kept per content of a file: in the process, and in ``code-digests.json`` of the choice cache's
-folder (``choice_cache.default_dir``), keyed by the sha256 of the file's bytes, where it is read
-back by every later process. A folder that cannot be written only costs the time.
+Tokenizing a version's sources takes a fraction of a second, on the planner's thread at a
+process's first call, so a digest is kept per sha256 of the file's bytes: in the process and in
+``code-digests.json`` of the choice cache's folder, for every later process (a folder that cannot
+be written only costs the time).
 """
 
 from __future__ import annotations

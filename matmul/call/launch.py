@@ -1,28 +1,19 @@
 """The per-call path of ``matmul()``: everything that can be derived from the operands' signature is
 derived once and kept.
 
-A signature is what a call's validity and its launch depend on apart from the data: the shapes,
-strides, dtypes and device of ``a``, ``b`` and ``out`` (or that there is none). The first call
-with a signature runs the full checks (``contract.check_call``, the clear errors), asks the
-``Chooser`` for its bucket's choice and keeps a plan:
+A signature is what a call's validity and launch depend on apart from the data: shapes, strides,
+dtypes and device of ``a``, ``b`` and ``out``. Its first call runs the full checks
+(``contract.check_call``), asks the ``Chooser`` for its bucket's choice and keeps a plan:
+``VendorPlan`` (cuBLAS: ``torch.mm`` on the caller's operands) or ``SeriesPlan`` (the tilus
+program's launch function itself, sizes and strides precomputed: tilus's ``Script.__call__`` would
+derive its dispatch keys on every call; the launch takes torch's current stream, so CUDA graph
+capture records it). A later call checks only what the signature does not fix: the 16-byte
+alignment of the pointers (TMA's rule) and that ``out`` does not overlap an operand.
 
-* ``VendorPlan`` (cuBLAS won): ``torch.mm`` on the caller's own operands, nothing around it.
-* ``SeriesPlan`` (a version won): the compiled tilus program's launch function itself, the sizes
-  and row strides already computed, called with the data pointers. tilus's own ``Script.__call__``
-  would re-derive its dispatch keys on every call; the launch function takes the stream from torch
-  (the current stream of the one tensor argument, ``out``), so CUDA graph capture records it.
-
-A later call with the same signature checks only what the signature does not fix: the 16-byte
-alignment of the data pointers (TMA's rule) and, with ``out``, that it does not overlap ``a`` or
-``b``; and it launches under the operands' GPU when that is not the current one.
-
-A call without ``out`` whose signature was seen does not come here at all where the native entry is
-built (``native_entry``): ``keep`` also puts the plan's route (``add_route``) in ``Plans.direct``,
-the C++ table the public ``matmul`` reads. On a host-bound call every step in Python is a visible
-share of the time; the table reads the signature from the ``at::Tensor`` and runs the route without
-a Python frame: ``at::mm`` on the caller's tensors for cuBLAS; for a version, what
-``SeriesPlan.__call__`` does (the alignment checked, the output allocated, the program called with
-the pointers), unless b is copied per call, where the plan itself runs.
+Where the native entry is built (``native_entry``), ``keep`` also puts the plan's route in
+``Plans.direct``, the C++ table the public ``matmul`` reads, so a seen call without ``out`` runs with
+no Python frame (on a host-bound call every Python step shows): ``at::mm`` for cuBLAS, for a version
+what ``SeriesPlan.__call__`` does, unless b is copied per call, where the plan itself runs.
 """
 
 from __future__ import annotations

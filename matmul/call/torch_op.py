@@ -1,24 +1,19 @@
 """``matmul()`` as torch custom operators, for ``torch.compile`` and autograd.
 
-* ``torch.ops.tilus_matmul.mm(a, b) -> c`` and ``torch.ops.tilus_matmul.mm_out(a, b, out)``
-  (mutates ``out``): their implementation is ``matmul()``'s own launch path; their fake
-  implementations give the result's shape and strides (rows padded to 16 bytes, as the kernels
-  allocate them), so ``torch.compile(fullgraph=True)`` traces a function that calls ``matmul()``
-  with no graph break.
+* ``torch.ops.tilus_matmul.mm(a, b)`` and ``mm_out(a, b, out)``: ``matmul()``'s own launch path;
+  their fake implementations give the result's shape and strides (rows padded to 16 bytes), so
+  ``torch.compile(fullgraph=True)`` traces ``matmul()`` with no graph break.
 * ``torch.ops.tilus_matmul.linear(x, weight, bias, activation)``: ``act(x @ weight.T + bias)`` with
-  the epilogue fused (``matmul.kernels.variant``), for ``matmul.linear``.
-* autograd: with C = A B (torch's form), dA = dC B^T through the same operator (B^T is the weight
-  itself, read in place as a [K, N] operand), and dB = A^T dC through cuBLAS: A^T is column-major,
-  and no version reads a transposed A. ``linear``'s backward likewise: dX = dY W by the operator,
-  dW = dY^T X by cuBLAS, the bias's gradient a sum. Activations are differentiated by torch,
-  swiglu by its own kernels (``linear_with_grad``). ``out=`` has no backward (torch's rule for ``out=``).
+  the epilogue fused (``matmul.kernels.variant``).
+* autograd: for C = A B, dA = dC B^T through the same operator (B^T is the weight, read in place)
+  and dB = A^T dC through cuBLAS (A^T is column-major, which no version reads); ``linear`` likewise,
+  the bias's gradient a sum; activations by torch, swiglu by its own kernels
+  (``linear_with_grad``). ``out=`` has no backward (torch's rule).
 
-Eager calls without gradients do not pass through here: the dispatcher costs microseconds per
-call, which ``matmul()``'s short path does not pay (``api.python_matmul`` routes only traced calls and
-calls that need a gradient here). Eager calls that need a gradient run the same launches and the
-same backward through ``torch.autograd.Function``s (``_EagerMatmul``, ``_EagerLinear``), not the
-operators: a custom operator's autograd wrapper costs tens of microseconds of host time each way,
-which a training step pays for every projection; only ``torch.compile`` needs the operators.
+Eager calls do not pass through the operators: the dispatcher costs microseconds a call, and a
+custom operator's autograd wrapper tens each way, which a training step pays per projection. So
+``api.python_matmul`` sends only traced calls here, and eager calls that need a gradient run the
+same launches through ``torch.autograd.Function``s (``_EagerMatmul``, ``_EagerLinear``).
 """
 
 from __future__ import annotations

@@ -1,50 +1,32 @@
 """The cross-version tuner behind ``matmul()``: which kernel runs a shape bucket, found in a child
 process so that a kernel that faults cannot harm the caller.
 
-The candidates (``candidates``): cuBLAS (``torch.matmul``, named ``VENDOR``) and every version of
-the series from V3 on whose ``supports(m, n, k)`` (a version module may declare one; absent = every
-shape) and declared ``MAX_ELEMENTS`` (element offsets in 32 bits) admit the shape. V0-V2 are
-teaching steps (tiles through registers, then TMA, then a ring with no warp specialization) that
-never beat V3-V6 or cuBLAS on a shape the harness timed (plots/h100/series/), so tuning them on
-every new shape would only cost time.
+Candidates (``candidates``): cuBLAS (``VENDOR``) and every version from V3 on whose ``supports(m,
+n, k)`` and ``MAX_ELEMENTS`` admit the shape. V0-V2 are teaching steps that never beat V3-V6 or
+cuBLAS on a timed shape (plots/h100/series/), so tuning them would only cost time.
 
-How a bucket is tuned (``tune``): every candidate is autotuned by tilus over its own space on fresh
-random operands of the shape (never the caller's), checked against the float32 reference on a
-NaN-poisoned output, and the survivors are timed in ``TUNING_ROUNDS`` alternating rounds, each
-candidate in one window with cuBLAS, launched in turn (``_gpu_timer``). Where kernels are short
-(cuBLAS under ``HOST_BOUND_MS``), each candidate's host time per call through the public call's
-own launch path (``matmul()``, or ``linear`` for an epilogue) is measured too (``host_ms``): torch's
-call for a row-major B or an epilogue costs its caller more host time than its kernels take at
-decode sizes, which a flushed timing of the kernels alone does not see. Launched back to back, as
-a model issues them, a call costs the longer of the two, and that is what is compared
-(``call_ms``); so a version whose launch costs the host less can win a shape where cuBLAS's kernel
-alone is faster. Host times are taken in ``HOST_ROUNDS`` alternating rounds and the least of each
-candidate's kept (``host_times``): a hiccup of the host (another process, a page fault) only ever
-adds time, and one that falls on one candidate's only measurement would decide the shape. A version
-replaces cuBLAS only when faster by more than ``VENDOR_MARGIN``: within the run-to-run noise of a
-power-limited GPU the vendor library is the safer choice. A bucket spans token counts from a
-third below its top to the top (``bucket_range``: 3073-4096), and its choice runs every one of
-them: a version that won at the bucket's M is timed against cuBLAS again at the least and the
-greatest M of the bucket, and keeps it only if it wins there too, or, where it loses only at the
-least, keeps the part of the bucket from where it wins (``held_across_the_bucket``).
+``tune``: each candidate is autotuned by tilus over its space on fresh random operands (never the
+caller's), checked against the float32 reference on a NaN-poisoned output, and the survivors timed
+in ``TUNING_ROUNDS`` alternating rounds, each in one window with cuBLAS (``_gpu_timer``). Where
+kernels are short (cuBLAS under ``HOST_BOUND_MS``) the host time per call through the public call's
+own path is measured too (``host_ms``, least of ``HOST_ROUNDS``: a host hiccup only adds time), and
+the longer of the two is compared (``call_ms``): at decode sizes torch's call can cost the host more
+than its kernels take, so a version whose launch is cheaper can win where cuBLAS's kernel alone is
+faster. A version replaces cuBLAS only when faster by more than ``VENDOR_MARGIN`` (the noise of a
+power-limited GPU). A bucket spans a third below its top M to the top (``bucket_range``), so the
+winner is timed again at its least and greatest M and keeps the bucket, or the part from where it
+wins, only if it wins there (``held_across_the_bucket``).
 
-Isolation (``tune_in_child``): all of that runs in a child process (``python -m
-matmul.call.child``) on the same GPU. A kernel that faults (an illegal address leaves a CUDA
-context unusable for good) takes down only the child; the parent names that candidate as
-rejected and starts a new child for the candidates left. The parent never launches a candidate
-before it has been checked. The child reports each step on its stdout as one JSON line
-prefixed by ``PROTOCOL``. It puts the GPU to work only while the caller's calls pause
-(``yielding``): two processes on one GPU are time-sliced, and a call would wait for the child's slice.
+Isolation (``tune_in_child``): all of that runs in ``python -m matmul.call.child``. A faulting
+kernel (an illegal address ruins a CUDA context for good) takes down only the child; the parent
+names that candidate rejected and starts a new child for the rest, and never launches an unchecked
+candidate. The child reports each step as one JSON line prefixed by ``PROTOCOL`` and works the GPU
+only while the caller's calls pause (``yielding``). A non-plain ``Variant`` is tuned on its own
+operands among the versions that declare it and cuBLAS followed by torch's epilogue.
 
-A choice is per (architecture, GPU, dtype, shape bucket, variant): a ``Variant``
-(``matmul.kernels.variant``: B's layout, bias, activation) other than the plain one is tuned on
-its own operands, among the versions that declare it and cuBLAS followed by torch's epilogue.
-
-This module measures; it does not decide when to: ``chooser.Chooser`` (the process's memory of
-choices, the shipped table, the instant rule, background tuning) calls ``tune_in_child``. What the
-measurement needs of the public call (a candidate's host time through ``matmul()`` itself) is
-handed in by the child's entry (``child.host_probe``), so this module imports neither ``api`` nor
-``launch``.
+This module measures; ``chooser.Chooser`` decides when. What it needs of the public call (host
+time through ``matmul()``) the child's entry hands in (``child.host_probe``), so it imports neither
+``api`` nor ``launch``.
 """
 
 from __future__ import annotations

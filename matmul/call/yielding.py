@@ -1,50 +1,31 @@
 """Tuning that yields the GPU to the caller: the tuning child times nothing while the process it
 tunes for is calling ``matmul()``.
 
-Two processes on one GPU are time-sliced: while the tuning child (``tuner.tune_in_child``) runs a
-timing window, a call of the caller's can wait for its slice, milliseconds on a call that takes
-microseconds. Instant choices are never slower than cuBLAS, so holding the tuning back costs the
-caller nothing but the later speed-up; a call that waits on the tuner's kernels costs it at once.
-(The chooser drops only the plans of a bucket whose kernel changed, so a tuning's results cost the
-caller's other signatures nothing: ``plots/h100/first-calls/``.)
+Two processes on one GPU are time-sliced: a caller's call that takes microseconds can wait
+milliseconds for the child's slice. Instant choices are never slower than cuBLAS, so holding the
+tuning back costs the caller only the later speed-up (``plots/h100/first-calls/``).
 
-So the caller's process keeps the time of its last call in one word of memory shared with the
-child (``LastCall``): every path that launches for the user stamps it, the native entry
-(``entry.cpp``: one relaxed atomic store of CLOCK_MONOTONIC, read through the vDSO; no GIL, no
-Python) and the Python ones (``stamp_call``). CLOCK_MONOTONIC is one clock for every process of a
-Linux machine, so the child compares the stamp with its own clock. Before each step that puts the
-GPU to work (``tuner.child_main``: the creation of its CUDA context, a job's operands and
-reference, each candidate's preparation (its build, its check on the GPU), each configuration
-tilus's autotuner benchmarks, each timing of a candidate, each measurement of its host time) the
-child waits until the caller has made no call
-for ``MATMUL_TUNE_QUIET_MS`` (``CallerGate.wait``), but never longer than ``MATMUL_TUNE_MAX_HOLD_S``
-at a time, so that a process that is never quiet still gets its buckets tuned.
+The caller keeps the time of its last call in one word of memory shared with the child
+(``LastCall``, an anonymous memfd the child inherits, created with the first tuning child so that a
+process that never tunes never stamps): the native entry (``entry.cpp``: one relaxed atomic store
+of CLOCK_MONOTONIC, no GIL) and the Python paths (``stamp_call``) stamp it. CLOCK_MONOTONIC is one
+clock for every process of a machine, so the child compares the stamp with its own clock. Before
+each step that puts the GPU to work (``tuner.child_main``: its CUDA context, a job's operands, each
+candidate's build and check, each autotuned configuration, each timing) the child waits until the
+caller has made no call for ``MATMUL_TUNE_QUIET_MS`` (``CallerGate.wait``), never longer than
+``MATMUL_TUNE_MAX_HOLD_S`` at a time, so that a process never quiet still gets its buckets tuned.
 
-The defaults:
+* quiet gap, 50 ms: a model's host issues calls in bursts (a forward pass, a decoding step) with
+  gaps of a few milliseconds inside; ten times that marks the end of a burst, and a shorter gap
+  would let a timing window start inside one.
+* longest hold, 5 s: a step let through while the caller is busy shares the GPU for about one
+  timing window, so a busy caller loses a small share while a bucket (up to some 80 steps) is tuned
+  within minutes instead of never; a burst of first calls is usually over before a held step goes.
 
-* quiet gap, 50 ms: the host stamps a call when it issues it, not when the GPU runs it, and a
-  model's host issues its calls in bursts (a forward pass, a decoding step) with gaps of a few
-  milliseconds inside a burst (attention, sampling, a synchronization). A gap ten times that
-  marks the end of a burst; a shorter one would let a timing window (a tenth of a second of the
-  child's kernels) start in the middle of one. Where the caller is idle the gate costs nothing
-  (its last call is older than the gap); right after a call it holds a step at most this long.
-* longest hold, 5 s: a step let through while the caller is busy shares the GPU for at most about
-  one timing window, so a caller that is never quiet loses a small share of its GPU time while its
-  buckets are tuned, and a bucket (up to some 80 steps when tilus searches every space) is tuned
-  within minutes instead of never; and a burst of first calls (a model's warm-up, the 300 pairs of
-  ``python -m matmul trace``) is usually over before a held step goes ahead.
-
-The same word holds back the thread that derives the plans of a process's unseen calls
-(``planner_gate``, ``MATMUL_PLAN_QUIET_MS``): that thread shares the caller's GIL, not the GPU.
-
-``MATMUL_TUNE_QUIET_MS=0`` or ``MATMUL_TUNE_MAX_HOLD_S=0``: never hold tuning back;
-``MATMUL_TUNE_MAX_HOLD_S=inf``: wait for a quiet gap however long it takes (no tuning while the
-caller is busy). The child reads both when it starts (it inherits the caller's environment).
-
-The word is created when the first tuning child starts (``shared_fd``), so a process that never
-tunes never stamps; it lives in an anonymous memory file (memfd) whose descriptor the child
-inherits. Without a word (a request that names none: the tests' children) the gate lets every step
-through at once.
+``0`` for either: never hold back; ``MATMUL_TUNE_MAX_HOLD_S=inf``: no tuning while the caller is
+busy. The same word holds back the planner thread (``planner_gate``, ``MATMUL_PLAN_QUIET_MS``),
+which shares the caller's GIL, not the GPU. Without a word (the tests' children) every step goes at
+once.
 """
 
 from __future__ import annotations

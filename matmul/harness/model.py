@@ -1,34 +1,26 @@
 """What a model sees: ``matmul()`` against ``torch.matmul`` with the host's time included.
 
-The harness's paired windows (``bench``) flush L2 before every launch and time each launch by its
-own events: they compare kernels, and hide what a model pays per call on the host (argument checks,
-dispatch, allocation). Here the calls run as a model issues them, back to back on one stream with
-no flush and no sync between them, one pair of CUDA events around a whole window of calls; when
-the host is slower than the GPU, its time is what the window measures. Three measurements:
+The paired windows of ``bench`` flush L2 and time each launch alone: they compare kernels and hide
+what a model pays per call on the host (checks, dispatch, allocation). Here the calls run as a
+model issues them, back to back on one stream, no flush or sync between them, one pair of CUDA
+events around a window; where the host is slower than the GPU, its time is what is measured.
 
-* ``back_to_back``: per call, over the projections of Llama-3-8B (``presets.LLAMA3_8B_PROJECTIONS``)
-  extended with the fused q/k/v and gate/up weights and a 128256-word lm_head (``PROJECTIONS``) at
-  ``TOKENS`` tokens; ``matmul(x, w.T)`` against ``torch.matmul(x, w.T)``, both with the view
-  ``w.T`` made in the call as a linear layer makes it. Two ways, each with its own ratio:
-  - ``layers`` (the main figure): each call takes the next of several copies of the weight, at
-    least ``LAYERS_BYTES`` of them together, as a model's layers each have their own weight, so
-    that every call reads its weight from HBM, as in a model;
-  - ``one weight``: every call on the same weight. A weight smaller than L2 (50 MB on an NVIDIA H100)
-    then stays there and the kernels get shorter than the host's time to issue them: this way
-    shows the host's cost per call at its most exposed.
-* ``host_us``: the host's own time per call at 16 x 256 x 256 (``perf_counter`` around the loop,
-  the GPU idle), for ``torch.matmul``, ``matmul()``, and the version of the series that ``matmul()``
-  would launch there through tilus's ``Script.__call__`` and through ``matmul()``'s short path in
-  Python (``SeriesPlan.__call__``, what calls with ``out=`` run; a seen call without it takes the
-  native entry's route, which the ``matmul()`` row times).
-* ``block``: the forward pass of one transformer block written here (``Block``: RMSNorm, attention
-  through ``scaled_dot_product_attention`` with grouped key/value heads, a SwiGLU MLP) with its four
-  projections through ``matmul()`` against the same block through ``torch.matmul``.
+* ``back_to_back``: per call, over Llama-3-8B's projections with the fused q/k/v and gate/up
+  weights and a 128256-word lm_head (``PROJECTIONS``) at ``TOKENS`` tokens, ``matmul(x, w.T)``
+  against ``torch.matmul(x, w.T)``, the view ``w.T`` made in the call. ``layers`` (the main figure):
+  each call takes the next of copies of the weight (``LAYERS_BYTES`` together), so every call reads
+  its weight from HBM as a model's layers do; ``one weight``: a weight smaller than L2 stays there,
+  the kernels get shorter than the host's issue time: the host's cost at its most exposed.
+* ``host_us``: the host's time per call at 16 x 256 x 256, GPU idle, for ``torch.matmul``,
+  ``matmul()``, and the version ``matmul()`` would launch there through tilus's ``Script.__call__``
+  and through ``SeriesPlan.__call__`` (what calls with ``out=`` run).
+* ``block``: the forward pass of one transformer block (``Block``: RMSNorm, grouped-query attention
+  through ``scaled_dot_product_attention``, a SwiGLU MLP) with its projections through ``matmul()``
+  against ``torch.matmul``.
 
-Each comparison runs ``rounds`` rounds (the block three times as many), the two calls' windows in
-alternating order; a ratio is torch's time over ``matmul()``'s (above 1: ``matmul()`` is faster),
-the median of the rounds'.
-Every shape is tuned before anything is timed (``matmul.tune``, one child process).
+Each comparison runs ``rounds`` rounds (the block three times as many) in alternating order; a
+ratio is torch's time over ``matmul()``'s (above 1: ``matmul()`` is faster), the median of the
+rounds'. Every shape is tuned first (``matmul.tune``, one child process).
 """
 
 from __future__ import annotations

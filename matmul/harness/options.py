@@ -1,16 +1,10 @@
 """The options a version has outside its tuned space, against that version as its space holds it
 and cuBLAS: Hopper V6 with ping-pong consumer warpgroups (``v6.PINGPONG``: 128 x 128 tiles a
-warpgroup, 6 stages; ``v6.PINGPONG_WIDE``: 64 x 256, 4 stages; each with both group sizes of the
-space) and V5 with its stream-K option (``v5.STREAM_K``), on the square-ish shapes 4096^3, 8192^3
-and 8192 x 8192 x 2048, both dtypes. ``--kernels`` picks some (names in ``configs``).
-
-Fixed configurations, no tuning. Per shape and dtype the bench's own loop (``harness.bench.measure``):
-every kernel is first checked against a float32 reference (fresh random operands, output poisoned
-with NaN) and one that fails is reported and not timed; then, in rounds whose order is reversed
-every other round, each kernel is timed in one window with cuBLAS (``timing.interleaved_ms``: the
-two launched in turn, L2 flushed by reading before each launch, ``--warmup-ms`` then
-``--repeat-ms``). A kernel's ratio is the median of its windows' ratios. Prints one line per kernel
-and writes ``OUT/pingpong.json`` (every window's times, the machine before and after).
+warpgroup, 6 stages; ``v6.PINGPONG_WIDE``: 64 x 256, 4 stages; each with both group sizes) and V5
+with stream-K (``v5.STREAM_K``), on 4096^3, 8192^3 and 8192 x 8192 x 2048, both dtypes. Fixed
+configurations, no tuning, checked and timed by the bench's own loop (``harness.bench.measure``).
+Prints one line per kernel; writes ``OUT/pingpong.json`` (every window's times, the machine before
+and after).
 
     python -m matmul options --out DIR [--rounds 8] [--kernels plain-g8,pingpong-g8,...] [--dtypes float16]
     python -m matmul options --prebuild    # builds only (no GPU needed), the GPU tests' variants too

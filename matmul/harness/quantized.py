@@ -1,38 +1,29 @@
-"""Low-precision weights on a Hopper GPU: the call ``matmul.linear(x, qw)`` for every format (int4 with a
-scale per 128 columns, int4 with one scale per row (``int4_channel``), int6, fp8_e4m3), float16
-and bfloat16 activations, M in {1, 16, 64, 128,
-256, 1024, 4096} tokens, on the weights 4096 x 4096, 6144 x 4096, 28672 x 4096 and 4096 x 14336.
+"""Low-precision weights on a Hopper GPU: ``matmul.linear(x, qw)`` for every format (int4 with a
+scale per 128 columns, ``int4_channel``, int6, fp8_e4m3), float16 and bfloat16 activations, M in
+{1, 16, 64, 128, 256, 1024, 4096}, on the weights 4096 x 4096, 6144 x 4096, 28672 x 4096 and
+4096 x 14336.
 
-Each row times the call as it runs (V8 in the call's configuration up to 256 tokens, above that the
-weight widened on the GPU by ``matmul.quant.widen`` then cuBLAS; each kernel built by the call's
-build child and waited for first: ``v8_kernel``/``widen_kernel`` say whether it was), after checking its output
-(NaN-poisoned) against a float32 reference from ``qw.dequantize()``, against:
+Each row times the call as it runs (V8 up to 256 tokens, above that the weight widened on the GPU
+then cuBLAS; each kernel built by the call's build child and waited for: ``v8_kernel``/
+``widen_kernel``), its output checked first, against:
 
-* cuBLAS fp16/bf16 (``torch.matmul``) on the unquantized weight, the issue's yardstick;
-* torch's int4 kernel (``torch._weight_int4pack_mm``, tinygemm; bfloat16 int4 only), fed the same
-  q and scales packed its way (q + 8 unsigned, zero 0);
-* the call's attainable floor: the larger of the memory floor (the bytes the format's call must
-  move: packed weight, scales, activations and output for V8; the widened weight's write and read
-  on top for widen + cuBLAS) at the copy bandwidth plus an empty kernel, and the compute floor
-  (2 M N K at cuBLAS's fp16 rate on 8192^3, or cuBLAS's time on the row's unquantized weight where
-  that is shorter; all measured in the same run);
-* the widening kernel alone (rows above 256 tokens);
-* on V8's rows, two controls on the packed weight's bytes: ``torch.amax`` of it (a kernel that only
-  reads them, as ``matmul.harness.roofline``'s "read B" for fp16), and a device copy of it (reads
-  and writes them): what a kernel with no arithmetic at all takes to stream those bytes at this size.
+* cuBLAS (``torch.matmul``) on the unquantized weight, the yardstick;
+* torch's int4 kernel (``torch._weight_int4pack_mm``; bfloat16 int4 only) on the same q and scales;
+* the attainable floor: the larger of the memory floor (the bytes the call must move, the widened
+  weight's write and read included for widen + cuBLAS) at the copy bandwidth plus an empty kernel,
+  and the compute floor (2 M N K at cuBLAS's rate on 8192^3, or cuBLAS's time on the row's weight
+  where shorter), all measured in the run;
+* the widening kernel alone (above 256 tokens); on V8's rows, ``torch.amax`` and a device copy of
+  the packed weight: what streaming those bytes with no arithmetic takes.
 
-Two timings of each: L2 flushed by reading before each launch (``timing.interleaved_ms``: a layer
-finds its weight in HBM), and back to back (the same call repeated, no flush: weights up to ~50 MB
-partly stay in L2, as in a micro-benchmark of one layer), queued while the GPU sleeps so that the
-host's pace does not count; the host's time to issue one call is recorded beside it (``*_host_us``).
-Each row is written to ``bench.json`` as soon as it is measured, so a run cut short keeps what it
-measured; ``bench.md`` is the table.
+Two timings of each: L2 flushed by reading before each launch (a layer finds its weight in HBM),
+and back to back with no flush, queued while the GPU sleeps so the host's pace does not count (the
+host's time per call beside it: ``*_host_us``). Each row is written to ``bench.json`` as measured,
+so a run cut short keeps it; ``bench.md`` is the table. Every kernel is built first, in parallel,
+into tilus's cache (``--no-prebuild``: the build child builds each).
 
     python -m matmul quantized --out DIR [--formats int4,fp8_e4m3] [--dtypes bfloat16]
         [--tokens 1,1024] [--shapes 4096x4096,28672x4096] [--no-prebuild]
-
-All kernels it launches are built first, in parallel processes, into tilus's cache, where the call's
-build child finds them (``--no-prebuild`` skips that: the build child then builds each one).
 """
 
 from __future__ import annotations
@@ -58,7 +49,6 @@ from . import roofline
 WEIGHTS = ((4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336))
 TOKENS = (1, 16, 64, 128, 256, 1024, 4096)
 # M x N x K at decode sizes
-DECODE_SHAPES = tuple((m, n, k) for n, k in WEIGHTS for m in (1, 16))
 BENCH_FORMATS = ("int4", "int4_channel", "fp8_e4m3", "int6")
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 CONFIG_KEYS = ("block_m", "warpgroups", "split", "stages", "chunk")

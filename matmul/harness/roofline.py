@@ -1,36 +1,27 @@
 """Skinny GEMMs against the memory roofline: Hopper V7 and cuBLAS on the decode preset.
 
-At small M a projection's time is bounded below by reading its bytes once from HBM: the bytes
-floor is (M K + N K + M N) x itemsize bytes at the copy bandwidth. A launch costs something even
-when it moves nothing, so the attainable floor of a shape is its bytes floor plus an empty
-kernel's time, both measured the same way in the same run:
+At small M a projection's time is bounded below by reading its bytes once from HBM, (M K + N K +
+M N) x itemsize at the copy bandwidth; a launch costs something even when it moves nothing, so the
+attainable floor is that bytes floor plus an empty kernel's time, both measured in the same run:
 
-* the flush (``timing.L2Flush``): before each timed launch a 256 MiB buffer is read through L2,
-  which evicts every operand and leaves clean lines, as the other layers of a model leave L2 for
-  this one. Every figure is taken a second time with the flush that writes the buffer instead
-  (the ``write`` columns, the method of the issue that asked for this table): it leaves L2 full of
-  dirty lines that the timed kernel writes back while it reads, for every kernel alike, the floor's
-  copy included;
-* copy bandwidth: a device-to-device copy (read + write counted) of 32 MiB and of 512 MiB, L2
-  flushed before each launch; the larger copy's rate is the one the floors use;
+* the flush (``timing.L2Flush``): a 256 MiB buffer read through L2 before each timed launch, as a
+  model's other layers leave L2 for this one. Every figure is taken again with the flush that writes
+  the buffer (the ``write`` columns): dirty lines the timed kernel writes back, for every kernel
+  alike, the floor's copy included;
+* copy bandwidth: a device-to-device copy (read + write counted) of 32 MiB and of 512 MiB, L2 flushed;
+  the larger one's rate is the floors';
 * empty kernel: ``torch.cuda._sleep(0)``, timed like every kernel here;
-* V7 and cuBLAS (``torch.matmul(x, w.T, out=...)``): every V7 configuration worth timing at M
-  (``candidates``) is checked against a float32 reference (fresh random operands, output
-  poisoned first), then timed in one window with cuBLAS (``timing.interleaved_ms``: launched in
-  turn, L2 flushed before each); the fastest is timed again in a longer window under each flush,
-  and those windows' medians are the table's times;
-* a control: ``torch.amax`` of the weight alone (a kernel that only reads the N x K bytes), timed
-  the same way: how close a kernel that reads them comes;
-* back to back, as a model calls them: the same two, each launched ``--calls`` times between one
-  pair of events, no flush, host time included (the tilus launch as it is: one Python call of the
-  compiled script per matmul).
+* V7 and cuBLAS: every V7 configuration worth timing at M (``candidates``) is checked, then timed in
+  one window with cuBLAS; the fastest again in a longer window under each flush, whose medians are
+  the table's times;
+* a control: ``torch.amax`` of the weight alone (a kernel that only reads the N x K bytes);
+* back to back, as a model calls them: each launched ``--calls`` times between one pair of events,
+  no flush, host time included.
 
-Hopper V8 (low-precision weights) gets rows of its own beside V7's: its time and
-cuBLAS's on the unquantized weight, from the results ``python -m matmul quantized`` wrote (both
-timed in one window, L2 flushed by reading), against two floors at that run's copy bandwidth and
-empty kernel: its own (``quantized_bytes_floor``: the packed weight, its scales, the activations
-and the output) and the 16-bit one (``bytes_floor``), which no kernel reading a 16-bit weight can
-pass.
+Hopper V8 (low-precision weights) gets rows beside V7's from ``python -m matmul quantized``'s
+results: its time and cuBLAS's on the unquantized weight against two floors at that run's copy
+bandwidth and empty kernel: its own (``quantized_bytes_floor``) and the 16-bit one (``bytes_floor``),
+which no kernel reading a 16-bit weight can pass.
 
     python -m matmul.harness.roofline --out DIR [--dtypes float16,bfloat16] [--shapes decode]
     python -m matmul.harness.roofline --plot DIR/roofline.json   # table + figure (no GPU needed)

@@ -1,26 +1,16 @@
 """Hopper V7 with the weight tile multicast across a cluster against V7 without it and cuBLAS, at
-M in {64, 128, 256} on the five decode weights, both dtypes (Hopper). Fixed configurations, no
-tuning: per M, the configurations of V7 (its space and ``EXTRA_CONFIGS``) the roofline harness would time there
-(``roofline.candidates``), split into those without multicast ("old"), those with it and no split of
-K ("mc") and those with both, a cluster of split x multicast CTAs ("both"; the last two only where
-no CTA of a cluster gets a token tile wholly past M). Each configuration is first
-checked against a float32 reference (fresh random operands, output poisoned with NaN); those that
-fail are reported and left out. Then cuBLAS and every configuration are timed in ``--rounds`` windows
-(``timing.interleaved_ms``: launched in turn, L2 flushed by reading 256 MiB before each launch; the
-order reversed every other window), each kernel's median over the windows kept. Prints one line
-per shape and the geomean ratios; writes ``OUT/multicast.json``. With ``--others``,
-Hopper V5's and V6's autotune spaces (rasterization group 16; V5's narrow tiles among them) are
-checked and timed in the same windows too ("others"), and the best of the series per row, the
-issue's measure, is reported over all of them ("best").
+M in {64, 128, 256} on the five decode weights, both dtypes. Fixed configurations, no tuning: per M,
+those of V7 the roofline harness would time there (``roofline.candidates``), split into "old" (no
+multicast), "mc" (multicast, no split of K) and "both" (a cluster of split x multicast CTAs); the
+last two only where no CTA of a cluster gets a token tile wholly past M. Each is checked first;
+then cuBLAS and every configuration are timed in ``--rounds`` windows (``timing.interleaved_ms``,
+the order reversed every other window), each kernel's median kept. Prints a line per shape and the
+geomean ratios; writes ``OUT/multicast.json``. ``--others`` times V5's and V6's spaces at group 16
+in the same windows and reports the best of the series per row ("best"), ending with it as a
+markdown table (rows M, columns the weights); ``--table FILE`` prints that table from a saved
+multicast.json, without a GPU. ``--prebuild`` only builds the kernels into tilus's cache.
 
     python -m matmul skinny --out DIR [--dtypes float16,bfloat16] [--others] [--rounds 3]
-
-``--prebuild`` only builds the kernels into tilus's cache (``MATMUL_CACHE_DIR``), on a machine
-without a GPU too, so that a GPU session carries them instead of building them.
-
-With ``--others`` it ends with the best of the series per row as a markdown table (rows M, columns
-the weights, each cell "float16 / bfloat16 (kernel)"); ``--table FILE`` prints that table again from a
-saved multicast.json, without a GPU.
 """
 
 import argparse

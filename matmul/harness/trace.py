@@ -1,38 +1,23 @@
 """First calls as a new machine meets them: ``python -m matmul trace``.
 
 A seeded trace of calls with random token counts M in [1, ``MAX_M``] over the extended LLM preset's
-projections (``model.PROJECTIONS``), both dtypes, each call ``matmul(x, w.T)`` on fresh activations,
-run in a process whose cache directory starts empty (no stored choice, no built kernel). Every call
-is timed as the caller waits for it, from the call to its result on the GPU (host time, the choice,
-any wait, the kernel), and ``torch.matmul`` on the same operands right after (or before: the order
-alternates), so each call has its own ratio. Each call is timed three ways (``timed``): by CUDA
-events recorded around it on the current stream (the GPU's time from the call's start to its
-last kernel's end: the host's issue time where the GPU waits for it, and the kernels), by the host
-until that stream has finished it, and by the host until the whole device has (``device_ms``, the
-first timing of this harness: a device-wide synchronize waits for every stream of the process, so
-GPU work another thread issued meanwhile is charged to the call). Where only ``device_ms`` is
-slow, the cost came from another thread's GPU work, not from the call. The trace is then run
-again once the background work it started has finished (``settle``: the plans deferred by the
-first calls, the tuning, the builds, then each call's plan derived and run once, untimed, as a
-process that has met its bucket since finds it), so that the second pass times the tuned choices,
-not a first call of a new plan or a first launch of a kernel; each of its pairs is timed in both
-orders. While tuning runs, its child times kernels only while the calls pause
-(``matmul.call.yielding``).
+projections (``model.PROJECTIONS``), both dtypes, each ``matmul(x, w.T)`` on fresh activations, in a
+process whose cache directory starts empty. Every call is timed as the caller waits for it (host
+time, the choice, any wait, the kernel), and ``torch.matmul`` on the same operands right after or
+before (alternating), each call with its own ratio. Three clocks (``timed``): CUDA events around it
+on the current stream, the host until that stream is done, and the host until the device is
+(``device_ms``: a device-wide synchronize also charges another thread's GPU work to the call, so
+where only it is slow, the cost was not the call's). The trace runs again once the background work
+it started has finished (``settle``: deferred plans, tuning, builds, each call's plan derived and run
+once untimed), so the second pass times the tuned choices; its pairs are timed in both orders.
 
-The pairs of the first pass charge a first use of a kernel (loaded into the context at its first
-launch; a new shape's algorithm set up by cuBLAS) to whichever of the two runs first, and let
-the second use what the first loaded. So each library also runs the trace alone, in a fresh
-process of its own (``first_use``, each call twice in a row): ``torch.matmul`` in one that imports
-nothing of this package, ``matmul()`` in one whose cache directory starts empty; call by call,
-their first calls compare a new user of one with a new user of the other (``alone_against_alone``),
-each paying its own first uses and only its own. One process against another is a draw (two
-fresh torch processes differ widely on some first calls), so ``alternating``
-runs several fresh processes of each library in turn and compares the median first calls.
-Also the first forward pass of ``model.Block`` through
-``matmul()`` against the same block through ``torch.matmul``, each in a new process.
-
-Run it as ``python -m matmul trace --out DIR`` (it starts its own child with an empty
-``MATMUL_CACHE_DIR``).
+The first pass's pairs charge a first use of a kernel (loaded at its first launch; a new shape's
+cuBLAS setup) to whichever runs first. So each library also runs the trace alone in a fresh
+process (``first_use``, each call twice): ``torch.matmul`` in one that imports nothing of this
+package, ``matmul()`` in one with an empty cache (``alone_against_alone``). Two fresh torch
+processes differ widely on some first calls, so ``alternating`` runs several fresh processes of
+each library in turn and compares the median first calls. Also the first forward pass of
+``model.Block`` through ``matmul()`` against ``torch.matmul``, each in a new process.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """V8's configurations timed against cuBLAS, outside the call's choice: every configuration of its
 space (``--configs all``), the one the call picks (``chosen``) or named ones, on given shapes, each
-checked against a float32 reference first (output poisoned) and then timed with cuBLAS on the
-unquantized weight in one window (L2 flushed by reading, as ``python -m matmul quantized``); with
-``--widened`` the call's path past 256 tokens (widen, then cuBLAS) too. Writes
-``OUT/probe_configs.json``: one row per (shape, configuration) with its time and ``x_cublas``.
-With ``--ncu``, one launch per (shape, configuration) for Nsight Compute to profile (no other
-kernel runs in that process), nothing written.
+checked first and then timed in one window with cuBLAS on the unquantized weight (as ``python -m
+matmul quantized``); with ``--widened`` the call's path past 256 tokens (widen, then cuBLAS) too.
+Writes ``OUT/probe_configs.json``: one row per (shape, configuration), its time and ``x_cublas``.
+With ``--ncu``, one launch each for Nsight Compute, nothing else on the GPU, nothing written.
 
     python -m matmul v8-configs --out DIR [--configs all|chosen|8/1/2/4/64[/2],...] [--shapes 1x4096x4096,...]
         [--format int4|int6|fp8_e4m3] [--dtype float16|bfloat16] [--widened] [--no-prebuild]

@@ -1,45 +1,30 @@
 """Work-arounds for faults of tilus 0.2.0, one fault per module, applied by ``apply_all()``.
 
-``matmul/__init__.py`` calls ``apply_all()`` when the package is imported, before any kernel can
-be built, so every kernel builds the same way on every machine. Each fix names the fault it works
-around, is guarded to the tilus release that has it, and can be taken out again
-(``disabled(name)``) so that the tests can show the fault comes back without it
-(``tests/test_tilus_fixes.py``). The faults (on a GPU, and on machines without one):
+``matmul/__init__.py`` calls ``apply_all()`` on import, before any kernel can be built, so every
+kernel builds the same way on every machine. Each fix is guarded to the tilus release that has the
+fault and can be taken out (``disabled(name)``), so the tests show the fault comes back without it
+(``tests/test_tilus_fixes.py``). Each module's docstring describes its fault and work-around:
 
-* ``tma_sm90``: TMA loads are emitted with ``.cta_group::1``, which ptxas rejects for sm_90a;
-* ``build_without_gpu``: building needs ``torch.cuda.is_available()`` and a driver ``libcuda.so``;
-* ``atomic_library``: a kernel's ``lib.so`` is visible to other processes, which load it, while
-  nvcc is still writing it;
-* ``keep_ptx``: the PTX of a kernel is kept only when every IR pass is dumped too;
-* ``serial_transpile``: programs transpiled in forked workers fail tilus's loop-invariant hoisting;
-* ``serial_instantiation``: two threads transpiling at once share the transpiler's global builder
-  (a serving loop's threads meeting a kernel for the first time together);
-* ``fence_tall_accumulators``: wgmma accumulators are not fenced, and ptxas serializes the wgmma of
-  a warp-specialized 128-row tile;
-* ``workspace_in_shared_memory``: the shared workspace that receives the tensor-memory address is
-  placed 128-byte aligned, but the dynamic shared memory is sized from the unaligned top;
-* ``mn_major_operands``: an MMA operand stored MN-major in shared memory (b [K, N] read in place)
-  is read as K-major by wgmma, refused by tcgen05 beside a K-major one, and loses its layout to
-  the MMA's guess in layout inference;
-* ``wgmma_register_a``: ``wgmma.mma`` with its A operand in registers has no emitter and no layout
-  inference rule (V8 widens its int4 weight into that operand);
-* ``int4_bf16_cast``: a register cast from int4 to bfloat16 converts one value at a time (the
-  float16 cast converts eight at once). V8 does not cast (its packed order lets it widen pairs
-  itself, ``pipeline.widen.int4_pairs``); the fix is for kernels that do, and its code is part of
-  every stored choice's fingerprint (removing it makes the shipped tables stale);
-* ``tcgen05_tmem_a``: ``tcgen05.mma`` with its A operand in tensor memory has no emitter
-  (Blackwell V8 widens its int4 weight into that operand);
-* ``wgmma_instruction_width``: a wgmma tile is issued in instructions only as wide as the greatest
-  power of two dividing its N (a 96-column tile as three ``m64n32k16``);
-* ``wgmma_descriptor_offsets``: every wgmma of a tile encodes its shared-memory descriptors from
-  the full address, where the tile's base descriptor plus a constant would do;
-* ``wgmma_uniform_descriptors``: in a K loop each wgmma's descriptors are built per thread and moved
-  to uniform registers half by half, where the stage is a loop-carried value nvcc cannot prove
-  warp-uniform.
+* ``tma_sm90``: TMA loads emitted with ``.cta_group::1``, which ptxas rejects for sm_90a;
+* ``build_without_gpu``: building needs a GPU and a driver ``libcuda.so``;
+* ``atomic_library``: other processes load a kernel's ``lib.so`` while nvcc still writes it;
+* ``keep_ptx``: a kernel's PTX is kept only when every IR pass is dumped too;
+* ``serial_transpile``: transpiling in forked workers fails tilus's loop-invariant hoisting;
+* ``serial_instantiation``: two threads transpiling at once share the transpiler's global builder;
+* ``fence_tall_accumulators``: unfenced wgmma accumulators serialize a warp-specialized 128-row tile;
+* ``workspace_in_shared_memory``: dynamic shared memory sized from the unaligned top of the workspace;
+* ``mn_major_operands``: an MN-major MMA operand in shared memory is read or inferred as K-major;
+* ``wgmma_register_a``: ``wgmma.mma`` with A in registers has no emitter nor layout rule (V8);
+* ``int4_bf16_cast``: an int4 to bfloat16 register cast converts one value at a time (V8 does not
+  cast; its code is in every stored choice's fingerprint, so removing it stales the shipped tables);
+* ``tcgen05_tmem_a``: ``tcgen05.mma`` with A in tensor memory has no emitter (Blackwell V8);
+* ``wgmma_instruction_width``: a wgmma tile issued in instructions only as wide as the greatest
+  power of two dividing its N;
+* ``wgmma_descriptor_offsets``: every wgmma encodes its descriptors from the full address;
+* ``wgmma_uniform_descriptors``: a K loop's wgmma descriptors built per thread, not warp-uniform.
 
-Each module's docstring describes its fault and the work-around in full. A module that sets
-``CHANGES_GENERATED_CODE = False`` changes how kernels are built or loaded, not the code they are
-built to: it does not name the tilus cache folder nor make stored choices stale
+A module that sets ``CHANGES_GENERATED_CODE = False`` changes how kernels are built or loaded, not
+their code: it does not name the tilus cache folder nor stale stored choices
 (``matmul.call.choice_cache.tilus_fix_sources``).
 """
 
