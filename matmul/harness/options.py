@@ -136,7 +136,7 @@ def run(args) -> None:
                 print(f"{label}: {row['tflops']:6.1f} TFLOPS {line}", flush=True)
             torch.cuda.empty_cache()
     record["machine_after"] = machine()
-    out = args.out or os.environ.get("OUT", ".")
+    out = args.out or "."
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, args.json)
     with open(path, "w") as f:

@@ -231,7 +231,7 @@ def run(args) -> None:
     if others:
         print("\nbest of the series x cuBLAS (" + " / ".join(str(d).removeprefix("torch.") for d in dtypes) + ")")
         print(best_table(rows))
-    out = args.out or os.environ.get("OUT", ".")
+    out = args.out or "."
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "multicast.json")
     with open(path, "w") as f:
