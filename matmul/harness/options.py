@@ -88,7 +88,7 @@ def contenders(kernels, a, b, out_dtype, m, n) -> list[bench.Contender]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The command's arguments (``python -m matmul options``)."""
-    parser.add_argument("--out", help="directory for the results file (default: $OUT, else the current directory)")
+    parser.add_argument("--out", help="directory for the results file (default: the current directory)")
     parser.add_argument("--dtypes", default="float16,bfloat16", help="comma-separated (default: both)")
     parser.add_argument("--rounds", type=int, default=8, help="timing rounds (default 8)")
     parser.add_argument("--warmup-ms", type=float, default=300.0)

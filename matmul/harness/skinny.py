@@ -174,7 +174,7 @@ def best_table(rows: list[dict]) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The command's arguments (``python -m matmul skinny``)."""
-    parser.add_argument("--out", help="directory for multicast.json (default: $OUT, else the current directory)")
+    parser.add_argument("--out", help="directory for multicast.json (default: the current directory)")
     parser.add_argument("--dtypes", default="float16,bfloat16", help="comma-separated (default: both)")
     parser.add_argument("--others", action="store_true", help="V5's and V6's spaces in the same windows")
     parser.add_argument("--table", metavar="FILE", help="only print the best-of-series table of a saved multicast.json")
