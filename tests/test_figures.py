@@ -33,7 +33,7 @@ def test_plots_readmes_are_what_the_command_makes():
 
 def test_every_results_folder_is_described():
     assert figures.unregistered_folders(ROOT / "plots") == []
-    for folder in figures.FOLDERS:
+    for folder in figures.folders():
         assert (ROOT / "plots" / folder.path).is_dir(), folder.path
         commands = ("python -m matmul", "MATMUL_", "python -m pytest")
         assert all(c.startswith(commands) for c in folder.commands), folder.commands

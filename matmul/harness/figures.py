@@ -65,209 +65,18 @@ class Folder:
 
 QUANTIZED = "python -m matmul quantized --out DIR"
 V8_CONFIGS = "python -m matmul v8-configs --out DIR"
-
-FOLDERS = (
-    Folder(
-        "h100/series",
-        "The tutorial's series (Hopper V0-V6, cuBLAS, Triton and the autotuned `matmul()`), float16: "
-        "paired windows on the square series and the K sweep, the LLM shapes, and sustained windows; "
-        "`ncu-per-launch.csv`: one launch each under Nsight Compute (SM cycles, DRAM and L2 bytes).",
-        "2026-11-22",
-        "7fbb5e4",
-        (
-            "python -m matmul bench --shapes series,ksweep --rounds 10 --repeat-ms 100 --warmup-ms 300 --out DIR",
-            "python -m matmul bench --shapes llm --rounds 6 --repeat-ms 100 --warmup-ms 300 --out DIR",
-            "python -m matmul bench --shapes series --sustained 3 --rounds 4 --out DIR",
-            "python -m matmul bench --arch sm_90a --versions v0 --redraw-from plots   # no GPU: the figures again",
-        ),
-        code="77043ce (paired, LLM), 8e30926 (sustained)",
-    ),
-    Folder(
-        "h100/model",
-        "Llama-3-8B's matmuls (seven weights at 1-8192 tokens, float16): `matmul()` with the shipped "
-        "table against `torch.matmul`, back to back and one weight at a time.",
-        "2026-11-27",
-        "f240215",
-        ("python -m matmul model --out DIR",),
-        code="c8c16c2",
-    ),
-    Folder(
-        "h100/drop-in",
-        "A Hugging Face Llama with its linears switched by `matmul.nn.convert` (prefill, decode eager and "
-        "in a CUDA graph, a training step) against torch; the training step's `kn` products; "
-        "`nn.Linear` with fused epilogues.",
-        "2026-11-27",
-        "f240215",
-        (
-            "python -m matmul drop-in --parts llama --rounds 5 --out DIR    # llama-c8c16c2.*",
-            "python -m matmul drop-in --parts kn --rounds 4 --out DIR       # kn-f5d0422.*",
-            "MATMUL_TUNE=blocking python -m matmul drop-in --parts linear --rounds 5 --out DIR   # linear-b00835b.*",
-        ),
-        code="c8c16c2, f5d0422, b00835b (the files' suffixes)",
-    ),
-    Folder(
-        "h100/first-calls",
-        "The first calls of a fresh process: 300 first matmuls of a Llama trace, `matmul()` and torch "
-        "processes alternating on one GPU (events, stream and device time of each call).",
-        "2026-11-27",
-        "e5a1111",
-        ("python -m matmul trace --parts alternating --repeats 7 --matmul-env MATMUL_TUNE=off --out DIR",),
-        code="a0d386d",
-    ),
-    Folder(
-        "h100/pingpong",
-        "Options outside the tuned space: Hopper V6 with ping-pong consumer warpgroups (two tile "
-        "shapes) against V6 and cuBLAS on 4096^3, 8192^3 and 8192 x 8192 x 2048, both dtypes.",
-        "2026-11-25",
-        "70f2274",
-        ("python -m matmul options --out DIR --rounds 6 --kernels plain-g8,pingpong-g8,pingpong64x256-g8",),
-    ),
-    Folder(
-        "h100/stream-k",
-        "Hopper V5's stream-K option (the last, partial wave's tiles split over CTAs, partial sums "
-        "through global memory) against V5 as its space holds it, V6 and cuBLAS on 4096^3, 8192^3 and "
-        "8192 x 8192 x 2048, both dtypes; its GPU tests.",
-        "2026-11-27",
-        "fe663ea",
-        (
-            "python -m matmul options --out DIR --rounds 6 --kernels v5-plain,v5-stream-k,plain-g8 "
-            "--json stream-k.json",
-            "python -m pytest -q -m gpu tests/test_stream_k_gpu.py -rA   # gpu-tests.txt",
-        ),
-    ),
-    Folder(
-        "h100/shipped-table",
-        "The logs of the narrowed tunings that made `matmul/call/shipped/h100.json`, and the kernels "
-        "those tunings build first (`table-kernels.txt`).",
-        "2026-11-27",
-        "c8c16c2",
-        (
-            "python -m matmul shipped-table --table matmul/call/shipped/h100.json",
-            "python -m matmul shipped-table --list-kernels --gpu 'NVIDIA H100 80GB HBM3'   # table-kernels.txt",
-        ),
-        code="5e58810",
-    ),
-    Folder(
-        "h100/skinny",
-        "Decode and small-prefill sizes (1-256 tokens on Llama's weights): Hopper V7 against cuBLAS and "
-        "the attainable floor (`roofline.*`), V8's low-precision rows beside it (`roofline-v8-*`), and "
-        "V7 with multicast against the best of the series (`multicast.json`, `skinny-*`).",
-        "2026-11-27",
-        "5e58810",
-        (
-            "python -m matmul.harness.roofline --out DIR   # roofline.json",
-            "python -m matmul skinny --out DIR --others --rounds 3   # multicast.json, skinny-log.txt",
-            "python -m matmul.harness.roofline --plot plots/h100/skinny/roofline.json --v8 plots/h100/v8/bench.json"
-            "   # roofline.md and the figures, no GPU needed",
-        ),
-        code="5fe6788 (roofline.json), 5e58810 (multicast.json)",
-    ),
-    Folder(
-        "h100/v8",
-        "The quantized call `matmul.linear(x, qw)` (Hopper V8, or the widened weight and cuBLAS past 256 "
-        "tokens) against cuBLAS on the 16-bit weight: int4 and fp8 at 1-4096 tokens on four Llama weights, "
-        "both dtypes; `int6/`: int6 at the same sizes.",
-        "2026-11-27",
-        "87897b1",
-        (f"{QUANTIZED}", f"{QUANTIZED} --formats int6   # int6/"),
-        code="1556570 (bench.*), 44fb55d (int6/)",
-    ),
-    Folder(
-        "h100/v8-configs",
-        "V8's configurations timed against cuBLAS outside the call's choice, one folder a question: "
-        "`int4/` (its space at decode sizes, the narrow tiles), `interleave/` (two consumers a slab), "
-        "`fp8/` (fp8 at decode sizes).",
-        "2026-11-27",
-        "8021d77",
-        (f"{V8_CONFIGS} --format FORMAT --configs CONFIGS --shapes SHAPES   # each file's own below",),
-        code="21569d7 (int4), 650f062 (interleave), 8021d77 (fp8)",
-    ),
-    Folder(
-        "h200/drop-in",
-        "The drop-in Llama (float16) on a fresh machine with the completed H200 table: prefill, decode "
-        "eager and in a CUDA graph, a training step, against torch.",
-        "2026-11-29",
-        "b72cadb",
-        ("python -m matmul drop-in --parts llama --rounds 5 --out DIR",),
-    ),
-    Folder(
-        "h200/gpu-tests",
-        "Every GPU test file at one commit on the H200, each file's log named below (`a/`, `c/`, `d/`: "
-        "the session's parts, each under a time limit; a log ending in `exit 124` was cut by it).",
-        "2026-11-30",
-        "3d0bed9",
-        (
-            "python -m pytest -q -m gpu tests/test_gpu_correctness.py   # correctness.txt",
-            "python -m pytest -q -m gpu tests/test_pipeline.py   # ring.txt",
-            "python -m pytest -q -m gpu tests/test_skinny_gpu.py tests/test_multicast_gpu.py   # skinny-multicast.txt",
-            "python -m pytest -q -m gpu tests/test_pingpong_gpu.py tests/test_stream_k_gpu.py  # pingpong-stream-k.txt",
-            "python -m pytest -q -m gpu tests/test_native_entry.py   # native-entry.txt",
-            "python -m pytest -q -m gpu tests/test_b_layout_gpu.py tests/test_fused_epilogue_gpu.py "
-            "tests/test_swiglu_gpu.py   # b-layout-epilogue-swiglu.txt",
-            "python -m pytest -q -m gpu tests/test_batched_gpu.py tests/test_building_gpu.py   # batched-building.txt",
-            "python -m pytest -q -m gpu tests/test_api_gpu.py tests/test_linear_gpu.py   # api-linear.txt",
-            "python -m pytest -q -m gpu tests/test_odd_inputs_gpu.py   # odd-inputs.txt",
-            "python -m pytest -q -m gpu tests/test_v8_gpu.py   # v8-gpu.txt",
-            "python -m pytest -q -m gpu tests/test_v8_prefill_gpu.py   # v8-prefill-gpu.txt",
-        ),
-    ),
-    Folder(
-        "h200/model",
-        "Llama-3-8B's matmuls (seven weights at 1-8192 tokens) in float16 and bfloat16: `matmul()` with "
-        "the H200 table against `torch.matmul`.",
-        "2026-11-29",
-        "bd08ea3",
-        ("python -m matmul model --out DIR", "python -m matmul model --dtype bfloat16 --out DIR"),
-        code="8fb8ffb (bfloat16), bd08ea3 (float16)",
-    ),
-    Folder(
-        "h200/packed-llama",
-        "The drop-in Llama with its weights packed (int4, int6, fp8_e4m3; float16 activations): the "
-        "quantized call against torch on the 16-bit model.",
-        "2026-11-30",
-        "3e644fb",
-        (
-            "python -m matmul drop-in --parts llama-FORMAT --rounds 5 --dtype float16 --out DIR"
-            "   # FORMAT: int4, int6, fp8_e4m3",
-        ),
-    ),
-    Folder(
-        "h200/shipped-table",
-        "The logs of the narrowed tunings that made `matmul/call/shipped/h200.json` (154 entries).",
-        "2026-11-29",
-        "b72cadb",
-        ("python -m matmul shipped-table --table matmul/call/shipped/h200.json",),
-    ),
-    Folder(
-        "h200/skinny",
-        "V7 with multicast against V7 without it, the rest of the series and cuBLAS at 64-256 tokens on "
-        "Llama's weights, both dtypes.",
-        "2026-11-28",
-        "eb76b75",
-        ("python -m matmul skinny --out DIR --others --rounds 3",),
-    ),
-    Folder(
-        "h200/v8",
-        "The quantized call against cuBLAS on the 16-bit weight, one folder a run: int4 (both dtypes) and "
-        "fp8 at 1-4096 tokens, int4 with a scale per row (`int4-channel/`), int6 at decode sizes, fp8 and "
-        "int6 at 33-64 tokens (`mid-tokens/`); `gpu-tests.txt`: V8's GPU tests of the first run.",
-        "2026-11-30",
-        "6d0b3d5",
-        (f"{QUANTIZED} --formats FORMATS --dtypes DTYPES --tokens TOKENS   # each run's own below",),
-        code="6d0b3d5, 596b8df (int4-channel), 3e644fb (int6-decode), 450b789 (mid-tokens)",
-    ),
-    Folder(
-        "h200/v8-configs",
-        "V8's configurations timed against cuBLAS (and the widened path past 256 tokens) outside the "
-        "call's choice, one folder a question the call's rules (`matmul/quant/linear.py`) answer.",
-        "2026-11-30",
-        "04e287d",
-        (f"{V8_CONFIGS} --format FORMAT --configs CONFIGS --shapes SHAPES   # each file's own below",),
-    ),
-)
+ABOUT = "about.json"  # a results folder's description: what, date, commit, commands (``Folder``'s fields)
 
 
-# -- reading results ---------------------------------------------------------------------------------
+def folders(plots: Path | None = None) -> list[Folder]:
+    """Every results folder under ``plots/<gpu>/``, as its ``about.json`` describes it."""
+    plots = Path(plots or PLOTS)
+    found = []
+    for about in sorted(plots.glob(f"*/*/{ABOUT}")):
+        fields = json.loads(about.read_text())
+        path = str(about.parent.relative_to(plots))
+        found.append(Folder(path, **{**fields, "commands": tuple(fields["commands"])}))
+    return found
 
 
 def load_json(path: Path):
@@ -278,7 +87,11 @@ def load_json(path: Path):
 
 def result_files(folder: Path) -> list[Path]:
     """The results files of a folder and its subfolders (its README aside)."""
-    return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in RESULT_SUFFIXES and p.name != "README.md")
+    return sorted(
+        p
+        for p in folder.rglob("*")
+        if p.is_file() and p.suffix in RESULT_SUFFIXES and p.name not in ("README.md", ABOUT)
+    )
 
 
 def geomean(values) -> float:
@@ -457,7 +270,7 @@ def index(plots: Path) -> str:
     ]
     for gpu, device in GPUS.items():
         lines += ["", f"## {gpu.upper()} ({device})"]
-        for folder in FOLDERS:
+        for folder in folders(plots):
             if not folder.path.startswith(gpu + "/"):
                 continue
             here = plots / folder.path
@@ -476,14 +289,14 @@ def index(plots: Path) -> str:
 
 def expected_files(plots: Path) -> dict[Path, str]:
     files = {plots / "README.md": index(plots)}
-    for folder in FOLDERS:
+    for folder in folders(plots):
         files[plots / folder.path / "README.md"] = folder_readme(folder, plots)
     return files
 
 
 def unregistered_folders(plots: Path) -> list[str]:
-    """Folders under ``plots/<gpu>/`` with results files that no ``Folder`` describes."""
-    known = {f.path for f in FOLDERS}
+    """Folders under ``plots/<gpu>/`` with results files and no ``about.json``."""
+    known = {f.path for f in folders(plots)}
     found = set()
     for path in result_files(plots):
         parts = path.relative_to(plots).parts
@@ -499,7 +312,7 @@ def main(plots: Path | None = None, check: bool = False) -> int:
     status = 0
     stray = unregistered_folders(plots)
     if stray:
-        print(f"results with no Folder in matmul/harness/figures.py: {', '.join(stray)}", file=sys.stderr)
+        print(f"results with no {ABOUT} (what, date, commit, commands): {', '.join(stray)}", file=sys.stderr)
         status = 1
     for path, text in expected_files(plots).items():
         old = path.read_text() if path.exists() else ""
