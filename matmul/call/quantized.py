@@ -252,8 +252,12 @@ def kernels_for(weight: QuantizedWeight, dtype: Optional[torch.dtype] = None) ->
 def prepare(weights, progress: Optional[bool] = None, timeout_s: float = 900.0) -> bool:
     """Build every kernel the call may run on each of ``weights`` (``kernels_for``, each once) in
     parallel build children, and wait (a tqdm bar: ``progress``): whether all were built."""
-    kernels = {}
+    kernels, seen = {}, set()
     for weight in weights:
+        kind = (weight.shape, weight.format, weight.dtype, weight.device)  # a model's layers share a few
+        if kind in seen:
+            continue
+        seen.add(kind)
         for kernel in kernels_for(weight):
             kernels[(kernel[1], json.dumps(kernel[2], sort_keys=True))] = kernel
     built = api._chooser.build_now(kernels.values(), progress=progress, desc="[build V8]", timeout_s=timeout_s)
