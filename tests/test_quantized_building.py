@@ -266,7 +266,7 @@ def test_nothing_starts_inside_a_cuda_graph_capture(hopper, caller_transpiles, m
     runs it."""
     chosen = hopper()
     captured = [True]
-    monkeypatch.setattr(quant_linear, "capturing", lambda device: captured[0])  # (the CPU is never captured)
+    monkeypatch.setattr(chooser, "capturing", lambda device: captured[0])  # (the CPU is never captured)
     x, qw, expected = operands("int4")
     config = call_config("int4")
     key = program(torch.float16, "int4", config)

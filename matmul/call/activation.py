@@ -14,7 +14,7 @@ import torch
 
 from ..kernels import swiglu, versions
 from ..kernels.variant import PLAIN, activate
-from .chooser import Chooser, capturing
+from .chooser import Chooser
 
 
 def swiglu_entry(backward: bool) -> dict:
@@ -31,7 +31,7 @@ def _kernel(chooser: Optional[Chooser], y: torch.Tensor, backward: bool):
     """The built kernel for y, or None (torch's path): while it builds, where it does not run."""
     if chooser is None or not swiglu.takes(y) or versions.local_arch() != swiglu.ARCH:
         return None
-    return chooser.kernel(swiglu.ARCH, y.dtype, swiglu_entry(backward), start=not capturing(y.device))
+    return chooser.kernel(swiglu.ARCH, y.dtype, swiglu_entry(backward), device=y.device)
 
 
 class InterleavedSwiglu(torch.autograd.Function):

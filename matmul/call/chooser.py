@@ -75,10 +75,6 @@ class NotTunedError(RuntimeError):
     ``MATMUL_TUNE=blocking``)."""
 
 
-def mode_from_env() -> str:
-    return knobs.tune_mode()
-
-
 BUILD_GROUP = "build"  # the builder's jobs queued together go to one build child
 # build children run at once before a narrowed tuning up front: each transpiles in Python (one core)
 PARALLEL_BUILDS = max(1, (os.cpu_count() or 2) - 1)
@@ -147,7 +143,7 @@ class Chooser:
 
     @property
     def mode(self) -> str:
-        return self._mode or mode_from_env()
+        return self._mode or knobs.tune_mode()
 
     @mode.setter
     def mode(self, value: Optional[str]) -> None:
@@ -546,15 +542,15 @@ class Chooser:
 
     # --- building ----------------------------------------------------------------------------------
 
-    def kernel(self, arch: str, dtype, entry: Entry, variant: Variant = PLAIN, start: bool = True):
+    def kernel(self, arch: str, dtype, entry: Entry, variant: Variant = PLAIN, device: Optional[torch.device] = None):
         """The launch function of ``entry``'s kernel (a version of the series, or a kernel the call runs
         beside it: ``building.OUTSIDE``) where this process has opened it; else None, and its build
-        queued for the build child unless ``start`` is False (inside a CUDA graph capture nothing may
-        start: callers pass ``not capturing(device)``) or it failed (a warning said so; the caller's
-        fallback runs for good)."""
+        queued for the build child unless a CUDA graph capture is under way on ``device``, the call's
+        GPU (nothing may start inside one), or it failed (a warning said so; the caller's fallback
+        runs for good)."""
         program = program_key(arch, dtype, entry, variant)
         found = self.programs.get(program)
-        if found is None and start and program not in self.failed:
+        if found is None and program not in self.failed and not (device is not None and capturing(device)):
             self.builder.submit(program, (arch, dtype, entry, variant), group=BUILD_GROUP)
         return found
 

@@ -41,7 +41,7 @@ from ..kernels.variant import PLAIN, torch_epilogue
 from ..quant import FORMATS, QuantizedWeight, TransposedWeight
 from ..quant import widen as widening
 from . import api
-from .chooser import capturing
+from .chooser import program_key
 from .tuner import VENDOR
 
 ARCH = "sm_90a"  # V8 and the widening kernel run on Hopper; elsewhere torch widens for cuBLAS
@@ -213,7 +213,7 @@ def v8_script(dtype: torch.dtype, config: dict):
 def v8_kernel(dtype: torch.dtype, weight_format: str, config: dict, device: torch.device):
     """V8's launch function in ``config`` where built, else None (its build asked for, but inside a
     CUDA graph capture)."""
-    return api._chooser.kernel(ARCH, dtype, v8_entry(weight_format, config), start=not capturing(device))
+    return api._chooser.kernel(ARCH, dtype, v8_entry(weight_format, config), device=device)
 
 
 def widen(weight: QuantizedWeight, out: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -221,7 +221,7 @@ def widen(weight: QuantizedWeight, out: Optional[torch.Tensor] = None) -> torch.
     kernel = None
     if runs_here(weight.device) and widening.takes(weight):
         entry = widen_entry(weight.format)
-        kernel = api._chooser.kernel(ARCH, weight.dtype, entry, start=not capturing(weight.device))
+        kernel = api._chooser.kernel(ARCH, weight.dtype, entry, device=weight.device)
     return widening.widen(weight, out, kernel)
 
 
@@ -299,28 +299,26 @@ def choice(x: torch.Tensor, weight: QuantizedWeight) -> dict:
     n = weight.shape[0]
     common = {"format": weight.format, "source": "rules", "key": f"{m}x{n}x{k}"}
     if not m or not uses_v8(m, weight):
-        reason = "V8 does not run here" if not runs_here(weight.device) else f"past V8's tokens for {weight.format}"
-        return {"version": "widened", "config": {}, **common, "reason": reason, "then": VENDOR}
+        return {"version": "widened", "config": {}, **common, "reason": why_widened(weight), "then": VENDOR}
     config = config_for(m, n, k, weight.format, sm_count(weight.device))
+    program = v8_program(weight.dtype, weight.format, config)
     entry = v8_entry(weight.format, config)
-    program = api._chooser.programs.get(_program(weight.dtype, entry))
-    if program is not None:
+    if program in api._chooser.programs:
         return {**entry, **common, "built": True}
-    failed = api._chooser.failed.get(_program(weight.dtype, entry))
+    failed = api._chooser.failed.get(program)
     why = {"build_failed": failed} if failed else {"building": "v8"}
     return {"version": "widened", "config": {}, **common, **why, "chosen": entry, "then": VENDOR}
 
 
-def _program(dtype: torch.dtype, entry: dict) -> tuple:
-    from .chooser import program_key
-
-    return program_key(ARCH, dtype, entry, PLAIN)
+def why_widened(weight: QuantizedWeight) -> str:
+    """Why a product on ``weight`` that V8 does not take is widened (``uses_v8`` is False)."""
+    return "V8 does not run here" if not runs_here(weight.device) else f"past V8's tokens for {weight.format}"
 
 
 def v8_program(dtype: torch.dtype, weight_format: str, config: dict) -> tuple:
     """The chooser's key of V8's kernel for ``dtype``, ``weight_format`` and ``config`` (in its
     ``programs`` once built, ``building`` meanwhile, ``failed`` if its build failed)."""
-    return _program(dtype, v8_entry(weight_format, config))
+    return program_key(ARCH, dtype, v8_entry(weight_format, config), PLAIN)
 
 
 # --- the call ------------------------------------------------------------------------------------
@@ -498,8 +496,7 @@ def _log_decision(x: torch.Tensor, weight: QuantizedWeight, config: Optional[dic
     _logged.add(told)
     call = f"{weight.format} {m}x{n}x{k} {str(x.dtype).removeprefix('torch.')}"
     if config is None:
-        why = "V8 does not run here" if not runs_here(x.device) else f"past V8's tokens for {weight.format}"
-        knobs.decisions.info("%s: the weight widened, then cuBLAS (%s)", call, why)
+        knobs.decisions.info("%s: the weight widened, then cuBLAS (%s)", call, why_widened(weight))
     else:
         state = "built" if built else "building: the weight widened, then cuBLAS, meanwhile"
         knobs.decisions.info("%s: v8 %s (rules), %s", call, json.dumps(config, sort_keys=True), state)
