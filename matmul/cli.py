@@ -419,7 +419,7 @@ def drop_in_command(args) -> int:
     dtype = getattr(torch, args.dtype)
     if args.widths not in drop_in.WIDTHS:
         raise ValueError(f"unknown widths {args.widths!r}; choose from {', '.join(drop_in.WIDTHS)}")
-    return drop_in.main(out, parts=parts, dtype=dtype, rounds=args.rounds, model=args.widths)
+    return drop_in.main(out, parts=parts, dtype=dtype, rounds=args.rounds, widths=args.widths)
 
 
 # The shipped table's buckets: every bucket the README's models and ``python -m matmul drop-in`` meet.

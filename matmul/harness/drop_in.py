@@ -79,7 +79,7 @@ WIDTHS = {
     "qwen2-7b": dict(hidden_size=3584, intermediate_size=18944, num_attention_heads=28, num_key_value_heads=4,
                      vocab_size=152064, attention_bias=True),
 }  # fmt: skip
-widths = "llama-3-8b"  # the widths of this run's models (``main``)
+DEFAULT_WIDTHS = "llama-3-8b"
 SETTLE_S = 300.0  # at most this long for the background tuning the first calls started
 FORMAT = "tilus-matmul-drop-in/1"
 
@@ -191,7 +191,7 @@ def _linear_row(name, m, n, k, ours, theirs, alone, expected, rounds, variant) -
 # --- a transformers Llama ------------------------------------------------------------------------
 
 
-def llama_config(layers: int = LAYERS):
+def llama_config(layers: int = LAYERS, widths: str = DEFAULT_WIDTHS):
     from transformers import LlamaConfig
 
     return LlamaConfig(
@@ -199,7 +199,7 @@ def llama_config(layers: int = LAYERS):
     )
 
 
-def llama_pair(dtype, layers: int = LAYERS):
+def llama_pair(dtype, layers: int = LAYERS, widths: str = DEFAULT_WIDTHS):
     """A random Llama and a copy of it switched to the project's kernels (README's one line)."""
     from transformers import LlamaForCausalLM
 
@@ -207,7 +207,7 @@ def llama_pair(dtype, layers: int = LAYERS):
 
     torch.manual_seed(0)
     with torch.device("cuda"):
-        reference = LlamaForCausalLM(llama_config(layers)).to(dtype)
+        reference = LlamaForCausalLM(llama_config(layers, widths)).to(dtype)
     switched = copy.deepcopy(reference)
     begin = time.perf_counter()
     conversion = matmul.nn.convert(switched, fuse_gate_up=True, fuse_qkv=True)
@@ -374,10 +374,10 @@ def _timed_rows(prefills, decodes, record, rounds, label) -> None:
         _row(record, rounds, label, "decode graph", [batch, 1], graphed_ours, graphed_theirs, expected=expected)
 
 
-def llama(dtype, rounds: int, record: Callable[[dict], None]) -> None:
+def llama(dtype, rounds: int, record: Callable[[dict], None], widths: str = DEFAULT_WIDTHS) -> None:
     """Every workload runs once first (the prefills' first calls timed: what a user waits for),
     then the background tuning they started is waited for, then each row is timed."""
-    reference, switched, conversion = llama_pair(dtype)
+    reference, switched, conversion = llama_pair(dtype, widths=widths)
     record(_conversion_row(conversion))
     with torch.inference_mode():
         prefills, decodes = _first_calls(reference, switched, dtype, PREFILL, record)
@@ -402,7 +402,7 @@ def _conversion_row(conversion) -> dict:
     }
 
 
-def packed_llama(dtype, format: str = "int4", config=None, device="cuda") -> tuple:
+def packed_llama(dtype, format: str = "int4", config=None, device="cuda", widths: str = DEFAULT_WIDTHS) -> tuple:
     """The drop-in Llama, a copy switched with packed weights (``convert(model, weights=format,
     fuse_qkv=True)``: the README's line for packed weights), and a copy whose switched layers
     hold the weights the packed ones stand for (``qw.dequantize()``), run by torch: what the switched
@@ -414,7 +414,7 @@ def packed_llama(dtype, format: str = "int4", config=None, device="cuda") -> tup
     from transformers import LlamaForCausalLM
 
     with torch.device(device):
-        reference = LlamaForCausalLM(config or llama_config()).to(dtype)
+        reference = LlamaForCausalLM(config or llama_config(widths=widths)).to(dtype)
     switched, dequantized = copy.deepcopy(reference), copy.deepcopy(reference)
     begin = time.perf_counter()
     conversion = matmul.nn.convert(switched, fuse_qkv=True, weights=format)
@@ -444,12 +444,12 @@ def wait_for_v8(timeout_s: float = SETTLE_S) -> dict:
     }
 
 
-def llama_packed(format: str, dtype, rounds: int, record: Callable[[dict], None]) -> None:
+def llama_packed(format: str, dtype, rounds: int, record: Callable[[dict], None], widths: str = DEFAULT_WIDTHS) -> None:
     """``PACKED_PREFILL``'s prefills and ``llama``'s decode steps with the switched model's weights
     packed in ``format`` (``packed_llama``), against the unswitched 16-bit model; the logits error is
     against the model of the dequantized weights. No training step: packed weights are frozen."""
     part = f"llama-{format}"
-    reference, switched, dequantized, conversion = packed_llama(dtype, format)
+    reference, switched, dequantized, conversion = packed_llama(dtype, format, widths=widths)
     record(_conversion_row(conversion))
     print(f"{part}: convert took {conversion.seconds:.1f} s", flush=True)
     with torch.inference_mode():  # a CUDA graph captured as soon as convert returns: what it holds for good
@@ -562,9 +562,7 @@ PARTS = {
 DEFAULT_PARTS = ("kn", "linear", "llama")
 
 
-def main(out_dir: Path, parts=DEFAULT_PARTS, dtype=torch.float16, rounds: int = 10, model: str = "llama-3-8b") -> int:
-    global widths
-    widths = model
+def main(out_dir: Path, parts=DEFAULT_PARTS, dtype=torch.float16, rounds: int = 10, widths=DEFAULT_WIDTHS) -> int:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for part in parts:
@@ -578,13 +576,16 @@ def main(out_dir: Path, parts=DEFAULT_PARTS, dtype=torch.float16, rounds: int = 
             "rounds": rounds,
             "results": [],
         }
-        name = part if widths == "llama-3-8b" else f"{part}-{widths}"
+        name = part if widths == DEFAULT_WIDTHS else f"{part}-{widths}"
         path = out_dir / f"drop-in-{name}-{results['dtype']}.json"
 
         def record(row, results=results, path=path):  # written after every row: a cut run keeps what it measured
             results["results"].append(row)
             path.write_text(json.dumps(results, indent=1, default=str))
 
-        PARTS[part](dtype, rounds, record)
+        run = PARTS[part]
+        if part.startswith("llama"):  # the parts with a model of some widths
+            run = functools.partial(run, widths=widths)
+        run(dtype, rounds, record)
         print(f"wrote {path}", flush=True)
     return 0
