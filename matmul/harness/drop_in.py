@@ -203,16 +203,11 @@ def llama_pair(dtype, layers: int = LAYERS, widths: str = DEFAULT_WIDTHS):
     """A random Llama and a copy of it switched to the project's kernels (README's one line)."""
     from transformers import LlamaForCausalLM
 
-    import matmul
-
     torch.manual_seed(0)
     with torch.device("cuda"):
         reference = LlamaForCausalLM(llama_config(layers, widths)).to(dtype)
     switched = copy.deepcopy(reference)
-    begin = time.perf_counter()
-    conversion = matmul.nn.convert(switched, fuse_gate_up=True, fuse_qkv=True)
-    conversion.seconds = time.perf_counter() - begin
-    return reference, switched, conversion
+    return reference, switched, _timed_convert(switched, fuse_gate_up=True, fuse_qkv=True)
 
 
 def _decode_inputs(vocab: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -392,6 +387,16 @@ def llama(dtype, rounds: int, record: Callable[[dict], None], widths: str = DEFA
         record(training(reference, switched, conversion, rounds, shape))
 
 
+def _timed_convert(model, **options):
+    """``matmul.nn.convert(model, **options)``, its wall time kept as the conversion's ``seconds``."""
+    import matmul
+
+    begin = time.perf_counter()
+    conversion = matmul.nn.convert(model, **options)
+    conversion.seconds = time.perf_counter() - begin
+    return conversion
+
+
 def _conversion_row(conversion) -> dict:
     """What ``convert`` did, and its wall time (for packed weights: every V8 kernel built)."""
     return {
@@ -416,9 +421,7 @@ def packed_llama(dtype, format: str = "int4", config=None, device="cuda", widths
     with torch.device(device):
         reference = LlamaForCausalLM(config or llama_config(widths=widths)).to(dtype)
     switched, dequantized = copy.deepcopy(reference), copy.deepcopy(reference)
-    begin = time.perf_counter()
-    conversion = matmul.nn.convert(switched, fuse_qkv=True, weights=format)
-    conversion.seconds = time.perf_counter() - begin
+    conversion = _timed_convert(switched, fuse_qkv=True, weights=format)
     with torch.no_grad():
         for name, layer in dequantized.named_modules():
             if type(layer) is torch.nn.Linear and name not in conversion.skipped:
