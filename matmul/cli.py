@@ -126,7 +126,7 @@ def compile_command(args) -> int:
         return compile_listed(args)
 
     work = _compile_work(args.versions, _arches(args.arch))
-    if getattr(args, "list", False):  # (bench compiles through here without the option)
+    if args.list:
         return compile_list(work, args.all_configs)
     rows, failed = [], False
     gpu_arch = None if args.no_check else versions.local_arch()
@@ -219,6 +219,7 @@ def redraw(results_dir: Path, out: Path | None = None) -> int:
 def bench_command(args) -> int:
     import torch
 
+    from .call.choice_cache import default_dir
     from .harness import bench, presets
     from .harness import results as results_file
 
@@ -238,7 +239,7 @@ def bench_command(args) -> int:
         print()
         return redraw(Path(args.redraw_from or _default_plots_dir()), Path(args.out) if args.out else None) or status
     names = _versions(args.versions, arch)
-    out_dir = Path(args.out) if args.out else choice_cache_dir() / "bench"
+    out_dir = Path(args.out) if args.out else default_dir() / "bench"
     path = out_dir / results_file.results_name(arch, args.dtype, chosen, sustained=bool(args.sustained))
     command = "python -m matmul " + " ".join(sys.argv[1:] if args.argv is None else args.argv)
     try:
@@ -273,17 +274,13 @@ def bench_command(args) -> int:
     return 0 if all(r["ok"] for r in results["rows"]) else 1
 
 
-def choice_cache_dir() -> Path:
-    from .call.choice_cache import default_dir
-
-    return default_dir()
-
-
 def _gpu_out_dir(args, name: str, what: str) -> Path:
     """``--out``, else ``<matmul cache dir>/name``; an error where there is no GPU of the series."""
+    from .call.choice_cache import default_dir
+
     if versions.local_arch() is None:
         raise ValueError(f"{what} on a Hopper or Blackwell GPU; there is none here")
-    return Path(args.out) if args.out else choice_cache_dir() / name
+    return Path(args.out) if args.out else default_dir() / name
 
 
 def plot_command(args) -> int:
@@ -298,12 +295,6 @@ def plot_command(args) -> int:
         for written in plot.draw_all(results, Path(args.out) if args.out else path.parent):
             print(f"wrote {written}")
     return 0
-
-
-def candidates_doc() -> str:
-    from .harness import candidates
-
-    return candidates.__doc__
 
 
 def candidates_command(args) -> int:
@@ -613,7 +604,7 @@ def tune_command(args) -> int:
     from .kernels.variant import PLAIN, Variant
 
     shapes = tune_shapes(args)
-    dtypes = [{"float16": torch.float16, "bfloat16": torch.bfloat16}[d.strip()] for d in args.dtype.split(",")]
+    dtypes = [results_file.DTYPES[d.strip()] for d in args.dtype.split(",")]
     variant = Variant.parse(args.variant) if args.variant else PLAIN
     if args.list_kernels:
         return list_kernels(args, shapes, dtypes, variant)
@@ -662,6 +653,8 @@ def tune_command(args) -> int:
 
 
 def main(argv=None) -> int:
+    import importlib
+
     parser = argparse.ArgumentParser(
         prog="python -m matmul", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -732,7 +725,7 @@ def main(argv=None) -> int:
     p = sub.add_parser(
         "candidates",
         help="time chosen configurations of versions against cuBLAS (to choose a space)",
-        description=candidates_doc(),
+        description=importlib.import_module(".harness.candidates", __package__).__doc__,
     )
     p.add_argument("candidates", nargs="+", help="VERSION (its whole space) or VERSION:knob=value,knob=value,...")
     p.add_argument("--arch", help="sm_90a or sm_100a; default: this machine's GPU")
@@ -895,8 +888,6 @@ def main(argv=None) -> int:
     p.add_argument("--gpu", help="with --list-kernels: the GPU's name as torch gives it, e.g. 'NVIDIA H100 80GB HBM3'")
     p.add_argument("--arch", default="sm_90a", help="with --list-kernels: the GPU's architecture (default sm_90a)")
     p.set_defaults(func=shipped_table_command)
-    import importlib
-
     for command, (name, help_, needs_gpu, why) in HOPPER_COMMANDS.items():
         module = importlib.import_module(f".harness.{name}", __package__)
         p = sub.add_parser(

@@ -24,11 +24,10 @@ from ..measure.correctness import poisoned_output, random_operands, reference
 from ..measure.timing import interleaved_ms
 from . import bench
 from .presets import Shape
-from .results import CUBLAS, machine, software
+from .results import CUBLAS, DTYPES, machine, software
 
 ARCH = "sm_90a"
 SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 2048))
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 # variants of the builds that tests/test_pingpong_gpu.py runs, built beforehand too
 TEST_VARIANTS = (
     *(("PINGPONG", key, "float16") for key in ("kn", "bias", "relu", "gelu_tanh", "bias+gelu_tanh", "swiglu")),
@@ -98,12 +97,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default="pingpong.json", help="the results file's name (default pingpong.json)")
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m matmul options", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    run(parser.parse_args(argv))
-
-
 def run(args) -> None:
     dtypes = args.dtypes.split(",")
     kernels = args.kernels.split(",")
@@ -142,7 +135,3 @@ def run(args) -> None:
     with open(path, "w") as f:
         json.dump(record, f, indent=1, default=str)
     print(f"wrote {path}")
-
-
-if __name__ == "__main__":
-    main()

@@ -48,9 +48,7 @@ from . import roofline
 
 WEIGHTS = ((4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336))
 TOKENS = (1, 16, 64, 128, 256, 1024, 4096)
-# M x N x K at decode sizes
 BENCH_FORMATS = ("int4", "int4_channel", "fp8_e4m3", "int6")
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 CONFIG_KEYS = ("block_m", "warpgroups", "split", "stages", "chunk")
 WINDOW = (20, 60)  # ms of warm-up and of timed turns a window: many short rows fit in one command
 SLEEP_CYCLES = 50_000_000  # ~30 ms at a Hopper's clock: longer than the host takes to issue a batch
@@ -126,7 +124,7 @@ def measure(fmt, m, w, qw, floor) -> dict:
     if v8:  # V8 is built by the call's build child: time it, not the widened path that runs meanwhile
         row["config"] = quant_linear.kernel_config(qw.format, quant_linear.config_for(m, n, k, qw.format))
         row["v8_kernel"] = quant_linear.wait_until_built(dtype, qw.format, row["config"])
-    if not v8:  # the widening kernel is built by the call's build child: time it, not torch's dequantize meanwhile
+    else:  # the widening kernel is built by the call's build child: time it, not torch's dequantize meanwhile
         row["widen_kernel"] = quant_linear.widening_built(dtype, qw.format)
     out = poisoned_output(m, n, dtype)
     quant_linear.linear(x, qw, out=out)
@@ -143,7 +141,7 @@ def measure(fmt, m, w, qw, floor) -> dict:
     if not v8:
         wide = torch.empty(n, k, dtype=dtype, device="cuda")
         fns["widen"] = lambda: quant_linear.widen(qw, out=wide)
-    if v8:  # controls: a plain read of the packed weight (as roofline's "read B"), and its copy (twice the bytes)
+    else:  # controls: a plain read of the packed weight (as roofline's "read B"), and its copy (twice the bytes)
         copy = torch.empty_like(qw.packed)
         fns["read"] = lambda: torch.amax(qw.packed)
         fns["copy"] = lambda: copy.copy_(qw.packed)
@@ -243,18 +241,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The command's arguments (``python -m matmul quantized``)."""
     parser.add_argument("--out", dest="out_dir", type=Path, required=True, help="directory for bench.json and bench.md")
     parser.add_argument("--formats", default=",".join(BENCH_FORMATS), help="weight formats, comma-separated")
-    parser.add_argument("--dtypes", default=",".join(DTYPES), help="activation dtypes, comma-separated")
+    parser.add_argument("--dtypes", default=",".join(results_file.DTYPES), help="activation dtypes, comma-separated")
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="M values, comma-separated")
     parser.add_argument(
         "--shapes", default=",".join(f"{n}x{k}" for n, k in WEIGHTS), help="weights as NxK, comma-separated"
     )
     parser.add_argument("--no-prebuild", action="store_true", help="let the call's build child build each kernel")
-
-
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m matmul quantized", description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    run(parser.parse_args(argv))
 
 
 def run(args) -> None:
@@ -289,7 +281,7 @@ def run(args) -> None:
             results["rows"].append({"format": fmt, "unsupported": "not a format of matmul.quant"})
             continue
         for dtype_name in dtypes:
-            dtype = DTYPES[dtype_name]
+            dtype = results_file.DTYPES[dtype_name]
             for n, k in shapes:
                 w = torch.empty(n, k, dtype=dtype, device="cuda").normal_(0, 0.05)
                 qw = quantize(w, format=fmt)
@@ -307,7 +299,3 @@ def run(args) -> None:
                 torch.cuda.empty_cache()
     save()
     print(table(results), flush=True)
-
-
-if __name__ == "__main__":
-    main()

@@ -22,6 +22,7 @@ from ..kernels.versions import CUBLAS
 
 FORMAT = "tilus-matmul-bench/1"
 TRITON, AUTOTUNED = "Triton", "matmul()"
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}  # the 16-bit dtypes by name
 
 
 class Row(TypedDict, total=False):
@@ -77,16 +78,7 @@ def machine() -> dict[str, Any]:
         "clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.draw,power.limit,temperature.gpu,pstate,driver_version"
     )
     try:
-        line = (
-            subprocess.run(
-                ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-            )
-            .stdout.strip()
-            .splitlines()[0]
-        )
+        line = _output(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"], timeout=30).splitlines()[0]
         info.update(zip(query.split(","), (x.strip() for x in line.split(","))))
     except Exception as e:  # the timings are still worth keeping without the clocks
         info["nvidia-smi"] = f"unavailable: {e}"
@@ -101,18 +93,16 @@ def software() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             info[package] = "not installed"
     try:
-        info["git"] = (
-            subprocess.run(
-                ["git", "-C", str(Path(__file__).parent), "describe", "--always", "--dirty"],
-                capture_output=True,
-                text=True,
-                timeout=10,
-            ).stdout.strip()
-            or "unknown"
-        )
+        git = _output(["git", "-C", str(Path(__file__).parent), "describe", "--always", "--dirty"], timeout=10)
     except Exception:
-        info["git"] = "unknown"
+        git = ""
+    info["git"] = git or "unknown"
     return info
+
+
+def _output(command: list[str], timeout: float) -> str:
+    """What ``command`` prints on its standard output, stripped."""
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout).stdout.strip()
 
 
 def summary(results: Results) -> dict[str, Any]:

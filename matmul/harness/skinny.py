@@ -15,7 +15,6 @@ multicast.json, without a GPU. ``--prebuild`` only builds the kernels into tilus
 
 import argparse
 import json
-import math
 import os
 import statistics
 
@@ -25,10 +24,10 @@ from ..kernels import versions
 from ..measure.correctness import TOLERANCE, poisoned_output, random_operands, reference, relative_error
 from ..measure.timing import interleaved_ms
 from . import presets
-from .roofline import candidates, launcher, prebuild
+from .results import DTYPES
+from .roofline import candidates, geomean, launcher, prebuild
 
 TOKENS = (64, 128, 256)
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def name(config: dict) -> str:
@@ -133,11 +132,6 @@ def line(row) -> str:
     return text
 
 
-def geomean(values):
-    values = list(values)
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
-
-
 def kernel_of(config_name: str) -> str:
     """The version a row's best kernel belongs to, as the table names it: "V5 96" for V5's 128 x 96
     tile, "V7" or "V7 mc" (with the weight multicast) for V7's ``name`` strings."""
@@ -182,12 +176,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rounds", type=int, default=3, help="windows per row, the median time of each kernel kept (default 3)"
     )
-
-
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m matmul skinny", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    run(parser.parse_args(argv))
 
 
 def run(args) -> None:
@@ -237,7 +225,3 @@ def run(args) -> None:
     with open(path, "w") as f:
         json.dump(rows, f, indent=1)
     print(f"\nwrote {path}")
-
-
-if __name__ == "__main__":
-    main()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -56,12 +55,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--build-only", action="store_true", help="build the kernels into the tilus cache (no GPU needed), time nothing"
     )
-
-
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m matmul v8-configs", description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    run(parser.parse_args(argv))
 
 
 def run(args) -> None:
@@ -168,7 +161,3 @@ def _build(dtype: str, weight_format: str, config: dict) -> str:
     except Exception as error:  # noqa: BLE001 (reported with its job)
         return repr(error)
     return ""
-
-
-if __name__ == "__main__":
-    sys.exit(main())
