@@ -73,6 +73,18 @@ class Collections:
         return {"gc_ms": sum(b - a for _, a, b in inside) * 1e3, "gc_full": sum(g == 2 for g, _, _ in inside)}
 
 
+def trace_weights(seed: int, projections: dict) -> dict:
+    """The trace's weights by (dtype, projection), both dtypes, seeded; CUDA and cuBLAS started."""
+    torch.manual_seed(seed)
+    weights = {
+        (dtype, name): torch.randn(n, k, device="cuda", dtype=getattr(torch, dtype)) / k**0.5
+        for dtype in ("float16", "bfloat16")
+        for name, (n, k) in projections.items()
+    }
+    torch.matmul(torch.randn(8, 8, device="cuda"), torch.randn(8, 8, device="cuda"))
+    return weights
+
+
 def main() -> int:
     request = json.load(sys.stdin)
     through = request.get("through", "torch")
@@ -86,13 +98,7 @@ def main() -> int:
         product, choice, loaded = torch.matmul, None, None
     collections = Collections()
     gc.callbacks.append(collections)
-    torch.manual_seed(request["seed"])
-    weights = {
-        (dtype, name): torch.randn(n, k, device="cuda", dtype=getattr(torch, dtype)) / k**0.5
-        for dtype in ("float16", "bfloat16")
-        for name, (n, k) in request["projections"].items()
-    }
-    torch.matmul(torch.randn(8, 8, device="cuda"), torch.randn(8, 8, device="cuda"))  # CUDA and cuBLAS up
+    weights = trace_weights(request["seed"], request["projections"])
     rows = []
     for dtype, name, m, n, k in request["trace"]:
         w = weights[(dtype, name)]

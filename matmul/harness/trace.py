@@ -130,19 +130,13 @@ def run_trace(trace, weights, both_orders: bool = False) -> list[dict]:
         row = dict(dtype=dtype, name=name, m=m, n=n, k=k, first="matmul" if i % 2 == 0 else "torch")
         for field in ("event_ms", "host_ms", "stream_ms", "device_ms"):
             row[f"matmul_{field}"], row[f"torch_{field}"] = ours_t[field], theirs_t[field]
-        # the first timing's fields, as before: the device-wide synchronize
+        # matmul_ms, torch_ms and ratio: the device-wide synchronize's timing
         row.update(matmul_ms=ours_t["device_ms"], torch_ms=theirs_t["device_ms"])
         row["ratio"] = ours_t["device_ms"] / theirs_t["device_ms"]
         row["event_ratio"] = ours_t["event_ms"] / theirs_t["event_ms"]
         row["stream_ratio"] = ours_t["stream_ms"] / theirs_t["stream_ms"]
-        row.update(
-            version=entry.get("version"),
-            source=entry.get("source"),
-            building=entry.get("building"),
-            below=entry.get("below"),
-            pending=entry.get("pending"),
-            busy_before=busy,
-        )
+        row.update({key: entry.get(key) for key in ("version", "source", "building", "below", "pending")})
+        row["busy_before"] = busy
         if both_orders:
             row.update(matmul_each=ours_t["each"], torch_each=theirs_t["each"])
         rows.append(row)
@@ -241,13 +235,7 @@ def child(out: Path, calls: int, wait_s: float = 1800.0) -> int:
     from matmul.call import api
 
     trace = the_trace(calls)
-    torch.manual_seed(SEED)
-    weights = {
-        (dtype, name): torch.randn(n, k, device="cuda", dtype=getattr(torch, dtype)) / k**0.5
-        for dtype in ("float16", "bfloat16")
-        for name, (n, k) in model_bench.PROJECTIONS.items()
-    }
-    torch.matmul(torch.randn(8, 8, device="cuda"), torch.randn(8, 8, device="cuda"))  # CUDA and cuBLAS up
+    weights = first_use.trace_weights(SEED, model_bench.PROJECTIONS)
     results: dict = {"format": FORMAT, "gpu": torch.cuda.get_device_name(), "mode": api._chooser.mode}
     begin = time.perf_counter()
     results["first"] = run_trace(trace, weights)
@@ -484,7 +472,7 @@ def main(
     return code
 
 
-def torch_alone_part(out_dir: Path, calls: int) -> int:
+def torch_alone_part(out_dir: Path, calls: int) -> None:
     """``torch_alone`` over the trace, and the trace's first pass against it where trace.json exists."""
     found = torch_alone(calls)
     if "rows" in found and (out_dir / "trace.json").exists():
@@ -495,10 +483,9 @@ def torch_alone_part(out_dir: Path, calls: int) -> int:
     print("torch_alone", json.dumps(found.get("summary", found)), flush=True)
     for timing, summarized in found.get("against_first_pass", {}).items():
         print("first pass against torch alone", timing, json.dumps(summarized), flush=True)
-    return 0
 
 
-def matmul_alone_part(out_dir: Path, calls: int) -> int:
+def matmul_alone_part(out_dir: Path, calls: int) -> None:
     """``matmul_alone`` over the trace, and against torch alone where torch_alone.json exists."""
     found = matmul_alone(calls)
     theirs = out_dir / "torch_alone.json"
@@ -513,10 +500,9 @@ def matmul_alone_part(out_dir: Path, calls: int) -> int:
     for call, by_timing in found.get("against_torch_alone", {}).items():
         for timing, summarized in by_timing.items():
             print(f"matmul alone against torch alone, {call} calls", timing, json.dumps(summarized), flush=True)
-    return 0
 
 
-def alternating_part(out_dir: Path, calls: int, repeats: int, ways: Optional[dict[str, dict]] = None) -> int:
+def alternating_part(out_dir: Path, calls: int, repeats: int, ways: Optional[dict[str, dict]] = None) -> None:
     """``alternating`` over the trace: alternating.json, and its comparisons printed."""
     found = alternating(calls, repeats, ways)
     (out_dir / "alternating.json").write_text(json.dumps(found))
@@ -527,4 +513,3 @@ def alternating_part(out_dir: Path, calls: int, repeats: int, ways: Optional[dic
     for name, way in found.get("ways", {}).items():
         for timing, compared in way["across_processes"].items():
             print("alternating", name, timing, json.dumps(compared), flush=True)
-    return 0
