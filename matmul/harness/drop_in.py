@@ -57,6 +57,7 @@ import torch.nn.functional as F
 from ..kernels.variant import Variant
 from ..measure.timing import waited_ms
 from . import model as model_bench
+from .model import relative_difference as relative
 
 LINEAR_TOKENS = (16, 128, 1024, 8192)
 LINEAR_SHAPES = {"up": (14336, 4096), "down": (4096, 14336)}  # bias + gelu
@@ -84,11 +85,6 @@ SETTLE_S = 300.0  # at most this long for the background tuning the first calls 
 FORMAT = "tilus-matmul-drop-in/1"
 
 
-def _relative(x: torch.Tensor, y: torch.Tensor) -> float:
-    x, y = x.float(), y.float()
-    return float((x - y).norm() / y.norm().clamp_min(1e-30))
-
-
 def kn_layout(dtype, rounds: int, record: Callable[[dict], None]) -> None:
     """Every shape is called once first (its bucket's instant choice, tuning started in the
     background), the tuning is waited for (``settle``), then each shape is timed and checked."""
@@ -104,7 +100,7 @@ def kn_layout(dtype, rounds: int, record: Callable[[dict], None]) -> None:
     record(settle_and_say("kn"))
     for name, x, w, first in cases:
         (m, k), n = x.shape, w.shape[1]
-        error = _relative(model_bench.settled_result(lambda x=x, w=w: matmul.matmul(x, w)), x.float() @ w.float())
+        error = relative(model_bench.settled_result(lambda x=x, w=w: matmul.matmul(x, w)), x.float() @ w.float())
         result = model_bench._projection(x, w, rounds, operand=_as_is)  # "layers" (the ratio) and one weight
         entry = matmul.choice(x, w)
         print(
@@ -174,7 +170,7 @@ def _linear_row(name, m, n, k, ours, theirs, alone, expected, rounds, variant) -
     from ..call import api
 
     first = model_bench.settled_result(ours)  # the timed kernel's result, not its first call's cuBLAS
-    error = _relative(first, expected)
+    error = relative(first, expected)
     result = model_bench.compare(ours, theirs, rounds)
     bound = model_bench.compare(alone, theirs, rounds)  # torch's product alone against product + activation
     dtype = first.dtype
@@ -297,19 +293,22 @@ def settle_and_say(part: str, timeout_s: float = SETTLE_S) -> dict:
     return settled
 
 
-def _row(record, rounds, label, kind, shape, ours, theirs, first=None, expected=None) -> None:
-    """One timed row of a model pair: ``ours`` against ``theirs`` (``model.compare``), with the
-    relative error of ours's logits against ``expected``'s (``theirs`` without one; with one, also
-    against theirs); a row that fails is recorded with its error and the others still run."""
+def _row(record, rounds, label, kind, shape, ours, theirs, first=None, expected=None, graphed=False) -> None:
+    """One timed row of a model pair: ``ours`` against ``theirs`` (``model.compare``; ``graphed``: each
+    replayed from a CUDA graph), with the relative error of ours's logits against ``expected``'s
+    (``theirs`` without one; with one, also against theirs); a row that fails is recorded with its
+    error and the others still run."""
     entry = {"kind": kind, "shape": shape}
     try:
+        if graphed:
+            ours, theirs = _graphed(ours), _graphed(theirs)
         if first is not None:
             entry["first_call_ms"], entry["torch_first_call_ms"] = first
         # the kernels the windows time (a first call after the tuning settled runs torch's ops)
         logits = model_bench.settled_result(ours)
-        entry["logits_error"] = _relative(logits, (expected or theirs)())
+        entry["logits_error"] = relative(logits, (expected or theirs)())
         if expected is not None:
-            entry["logits_error_against_theirs"] = _relative(logits, theirs())
+            entry["logits_error_against_theirs"] = relative(logits, theirs())
         del logits
         entry.update(model_bench.compare(ours, theirs, rounds))
         print(
@@ -360,13 +359,7 @@ def _timed_rows(prefills, decodes, record, rounds, label) -> None:
         _row(record, rounds, label, "prefill", shape, ours, theirs, first, expected)
     for batch, ours, theirs, expected in decodes:
         _row(record, rounds, label, "decode eager", [batch, 1], ours, theirs, expected=expected)
-        try:
-            graphed_ours, graphed_theirs = _graphed(ours), _graphed(theirs)
-        except Exception as e:
-            record({"kind": "decode graph", "shape": [batch, 1], "error": f"{type(e).__name__}: {e}"})
-            traceback.print_exc()
-            continue
-        _row(record, rounds, label, "decode graph", [batch, 1], graphed_ours, graphed_theirs, expected=expected)
+        _row(record, rounds, label, "decode graph", [batch, 1], ours, theirs, expected=expected, graphed=True)
 
 
 def llama(dtype, rounds: int, record: Callable[[dict], None], widths: str = DEFAULT_WIDTHS) -> None:
@@ -459,13 +452,7 @@ def llama_packed(format: str, dtype, rounds: int, record: Callable[[dict], None]
         for batch in DECODE_BATCHES[:2]:
             prompt, token = _decode_inputs(reference.config.vocab_size, batch)
             ours, theirs, exact = _decode_steps(switched, reference, prompt, token, dtype, dequantized)
-            try:
-                graphed = _graphed(ours), _graphed(theirs)
-            except Exception as e:
-                record({"kind": "decode graph at once", "shape": [batch, 1], "error": f"{type(e).__name__}: {e}"})
-                traceback.print_exc()
-                continue
-            _row(record, rounds, part, "decode graph at once", [batch, 1], *graphed, expected=exact)
+            _row(record, rounds, part, "decode graph at once", [batch, 1], ours, theirs, expected=exact, graphed=True)
         prefills, decodes = _first_calls(reference, switched, dtype, PACKED_PREFILL, record, dequantized)
     built = wait_for_v8()
     print(f"{part}: V8 builds {'done' if built['finished'] else 'NOT done'} after {built['seconds']:.0f} s", flush=True)
@@ -543,8 +530,8 @@ def gradient_errors(exact: dict, ours: dict, theirs: dict) -> dict:
     judged against torch's own in the same dtype (``worst_ratio``: the largest ours / torch's over
     the parameters), not against an absolute tolerance that rounding alone can exceed."""
     names = [n for n in exact if n in ours and n in theirs]
-    mine = {n: _relative(ours[n], exact[n]) for n in names}
-    torch_own = {n: _relative(theirs[n], exact[n]) for n in names}
+    mine = {n: relative(ours[n], exact[n]) for n in names}
+    torch_own = {n: relative(theirs[n], exact[n]) for n in names}
 
     def summary(errors):
         return {"max": max(errors.values()), "median": statistics.median(errors.values()), "by_parameter": errors}

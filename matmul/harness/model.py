@@ -263,8 +263,10 @@ def run(
     return results
 
 
-def _relative_difference(x: torch.Tensor, y: torch.Tensor) -> float:
-    return ((x.float() - y.float()).norm() / y.float().norm()).item()
+def relative_difference(x: torch.Tensor, y: torch.Tensor) -> float:
+    """||x - y|| / ||y|| in float32."""
+    x, y = x.float(), y.float()
+    return float((x - y).norm() / y.norm().clamp_min(1e-30))
 
 
 def summary(ratios: list[float]) -> dict:
@@ -282,7 +284,7 @@ def _projection(x: torch.Tensor, w: torch.Tensor, rounds: int, operand=torch.t) 
     layer's [N, K] weight; the identity for a weight stored as [K, N])."""
     import matmul
 
-    error = _relative_difference(settled_result(lambda: matmul.matmul(x, operand(w))), torch.matmul(x, operand(w)))
+    error = relative_difference(settled_result(lambda: matmul.matmul(x, operand(w))), torch.matmul(x, operand(w)))
     layers = [w] + [w.clone() for _ in range(layer_count(w) - 1)]
     ours, theirs = itertools.cycle(layers), itertools.cycle(layers)
     return {
@@ -300,7 +302,7 @@ def _block(x: torch.Tensor, dtype, rounds: int) -> dict:
 
     ours = Block(lambda t, w: matmul.matmul(t, w.T), dtype=dtype, device=x.device)
     theirs = Block(lambda t, w: torch.matmul(t, w.T), dtype=dtype, device=x.device, weights=ours.weights)
-    error = _relative_difference(settled_result(lambda: ours(x)), theirs(x))
+    error = relative_difference(settled_result(lambda: ours(x)), theirs(x))
     return {
         "vs_torch_error": error,
         # three times the rounds in shorter windows: where the block is host-bound, the host's hiccups move a
@@ -338,7 +340,7 @@ def host_times(dtype, device) -> dict:
     result = plan(x, w.T, None)
     torch.cuda.synchronize()
     out[f"{version} through matmul()'s short path"] = host_us(lambda: plan(x, w.T, None))
-    out["short path error"] = _relative_difference(result, x.float() @ w.float().T)
+    out["short path error"] = relative_difference(result, x.float() @ w.float().T)
     return out
 
 
@@ -426,14 +428,9 @@ def draw(results: dict, out_dir: Path) -> list[Path]:
         ax.plot(xs, one, "k_", ms=7, mew=1.5, label="one weight" if i == 0 else None)
     ax.axhline(1.0, color="0.3", lw=1)
     ax.axhline(0.97, color="0.3", lw=1, ls=":")
+    weights = {r["label"]: (r["n"], r["k"]) for r in rows}
     ax.set_xticks(
-        range(len(labels)),
-        [
-            f"{label}\n{dict((r['label'], (r['n'], r['k'])) for r in rows)[label][0]} x "
-            f"{dict((r['label'], (r['n'], r['k'])) for r in rows)[label][1]}"
-            for label in labels
-        ],
-        fontsize=8,
+        range(len(labels)), [f"{label}\n{weights[label][0]} x {weights[label][1]}" for label in labels], fontsize=8
     )
     ax.set_ylabel("torch.matmul time / matmul() time")
     s = results["back_to_back_summary"]
