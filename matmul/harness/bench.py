@@ -159,25 +159,11 @@ def contenders(
         except Exception as e:  # e.g. no configuration transpiles: the row says so when it runs
             found.append(Contender(name, "version", functools.partial(_raise, e), out))
             continue
-        found.append(
-            Contender(
-                name,
-                "version",
-                functools.partial(script, *args),
-                out,
-                functools.partial(tilus_autotune.tuned_config, script, args),
-            )
-        )
+        tuned = functools.partial(tilus_autotune.tuned_config, script, args)
+        found.append(Contender(name, "version", functools.partial(script, *args), out, tuned))
     if triton and triton_baseline.available():
-        found.append(
-            Contender(
-                TRITON,
-                "baseline",
-                functools.partial(triton_baseline.matmul_abt, a, b, out),
-                out,
-                triton_baseline.best_config,
-            )
-        )
+        launch = functools.partial(triton_baseline.matmul_abt, a, b, out)
+        found.append(Contender(TRITON, "baseline", launch, out, triton_baseline.best_config))
     if autotuned:
 
         def chosen():

@@ -107,11 +107,8 @@ def measure(
                 clock = statistics.mean(row.get("clock_mhz_rounds") or [float("nan")])
                 line += f" at {clock:.0f} MHz (sustained)"
             else:
-                line += (
-                    " (windows "
-                    + " ".join(f"{c / t:.3f}" for t, c in zip(row["ms_rounds"], row["cublas_ms_rounds"]))
-                    + ")"
-                )
+                windows = " ".join(f"{c / t:.3f}" for t, c in zip(row["ms_rounds"], row["cublas_ms_rounds"]))
+                line += f" (windows {windows})"
             print_(line)
             if row["kernel"] != CUBLAS:
                 name = row["kernel"].split()[0]

@@ -36,6 +36,7 @@ import gzip
 import json
 import math
 import re
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,11 +93,6 @@ def result_files(folder: Path) -> list[Path]:
         for p in folder.rglob("*")
         if p.is_file() and p.suffix in RESULT_SUFFIXES and p.name not in ("README.md", ABOUT)
     )
-
-
-def geomean(values) -> float:
-    values = list(values)
-    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 def span(values, digits: int = 2, unit: str = "x") -> str:
@@ -194,7 +190,9 @@ def headlines(path: Path) -> list[str]:
         lines = []
         for dtype in dict.fromkeys(r["dtype"] for r in data):
             best = [r["best"]["vs_cublas"] for r in data if r["dtype"] == dtype and r.get("best")]
-            lines.append(f"{dtype}: the best of the series / cuBLAS {span(best)}, geomean {geomean(best):.3f}x")
+            lines.append(
+                f"{dtype}: the best of the series / cuBLAS {span(best)}, geomean {statistics.geometric_mean(best):.3f}x"
+            )
         return lines
     if isinstance(data, dict) and "args" in data and data.get("rows") and "kernel" in data["rows"][0]:
         kernels: dict[str, list[float]] = {}

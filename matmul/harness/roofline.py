@@ -38,23 +38,19 @@ import sys
 from pathlib import Path
 
 import torch
+from matplotlib.figure import Figure
 
 from ..kernels import versions
-from ..measure.correctness import (
-    TOLERANCE,
-    poisoned_output,
-    random_operands,
-    reference,
-    relative_error,
-)
+from ..measure.correctness import TOLERANCE, poisoned_output, random_operands, reference, relative_error
 from ..measure.timing import interleaved_ms
 from ..quant import FORMATS
 from ..quant.int4 import padded_rows
 from . import presets
+from .model import window_ms
 from .plot import save as save_figure
+from .results import DTYPES
 
 ARCH = "sm_90a"
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 # the issue's bar: these weights, these token counts
 BAR_SHAPES = ((4096, 4096), (6144, 4096), (4096, 14336))
 BAR_TOKENS = (1, 16, 64, 128)
@@ -103,17 +99,11 @@ def floors(warmup_ms: float, repeat_ms: float) -> dict:
 
 
 def back_to_back_ms(fn, calls: int) -> float:
-    """Time of one call of ``fn`` launched ``calls`` times in a row (no flush, no sync between)."""
+    """Time of one call of ``fn`` launched ``calls`` times in a row (``model.window_ms``), after ten untimed."""
     for _ in range(10):
         fn()
     torch.cuda.synchronize()
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return begin.elapsed_time(end) / calls
+    return window_ms(fn, calls)
 
 
 def parse_configs(text: str) -> list[dict]:
@@ -215,10 +205,7 @@ def measure_shape(module, shape: presets.Shape, dtype: torch.dtype, args, floor:
         row[prefix + "cublas_share"] = attainable_ms / cublas_ms
         row[prefix + "ratio"] = cublas_ms / v7_ms
 
-    def read_weight():
-        return torch.amax(b)
-
-    weight_read_ms = interleaved_ms([read_weight], args.select_warmup_ms, args.select_repeat_ms)[0]
+    weight_read_ms = interleaved_ms([lambda: torch.amax(b)], args.select_warmup_ms, args.select_repeat_ms)[0]
     row.update(
         config=best["config"],
         v7_tb_per_s=row["bytes"] / (row["v7_us"] * 1e-6) / 1e12,
@@ -321,13 +308,9 @@ def table(results: dict) -> str:
 
 def plot(results: dict, out_dir: Path) -> list[Path]:
     """Share of the attainable floor of V7 and cuBLAS per shape, one panel per dtype."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     dtypes = sorted({r["dtype"] for r in results["rows"]})
-    fig, axes = plt.subplots(len(dtypes), 1, figsize=(13, 4.2 * len(dtypes)), squeeze=False)
+    fig = Figure(figsize=(13, 4.2 * len(dtypes)))
+    axes = fig.subplots(len(dtypes), 1, squeeze=False)
     for ax, dtype in zip(axes[:, 0], dtypes):
         rows = [r for r in results["rows"] if r["dtype"] == dtype and "v7_us" in r]
         x = range(len(rows))
@@ -348,9 +331,7 @@ def plot(results: dict, out_dir: Path) -> list[Path]:
         )
         ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    paths = save_figure(fig, out_dir / "skinny-sm_90a")
-    plt.close(fig)
-    return paths
+    return save_figure(fig, out_dir / "skinny-sm_90a")
 
 
 # -- Hopper V8: int4 weights against their own floor and the 16-bit one ----------------------------
@@ -459,13 +440,9 @@ def plot_quantized(rows: list[dict], device: str, out_dir: Path) -> list[Path]:
     """Speed against the 16-bit attainable floor (floor / time) of cuBLAS, V7 and V8 per shape,
     with V8's own floor marked: one panel per dtype. Above the 16-bit floor's line, a kernel beats
     every kernel that reads the 16-bit weight."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     panels = sorted({(r["format"], r["dtype"]) for r in rows if not r.get("failed")})
-    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 4.2 * len(panels)), squeeze=False)
+    fig = Figure(figsize=(11, 4.2 * len(panels)))
+    axes = fig.subplots(len(panels), 1, squeeze=False)
     for ax, (fmt, dtype) in zip(axes[:, 0], panels):
         done = [r for r in rows if (r["format"], r["dtype"]) == (fmt, dtype) and not r.get("failed")]
         x = list(range(len(done)))
@@ -492,9 +469,7 @@ def plot_quantized(rows: list[dict], device: str, out_dir: Path) -> list[Path]:
         )
         ax.legend(fontsize=7, loc="upper left", ncol=2)
     fig.tight_layout()
-    paths = save_figure(fig, out_dir / "roofline-v8-sm_90a")
-    plt.close(fig)
-    return paths
+    return save_figure(fig, out_dir / "roofline-v8-sm_90a")
 
 
 def run(args) -> dict:
