@@ -395,7 +395,7 @@ def test_the_decision_log_tells_what_a_packed_product_runs(hopper, caplog):
 
 
 def test_the_rules_are_read_from_shipped_v8_json(monkeypatch):
-    """``config_for`` applies the data of ``shipped/v8.json``: an edited table gives another choice."""
+    """``config_for`` applies the data of ``shipped/rules/v8.json``: an edited table gives another choice."""
     table = json.loads(quant_linear.RULES_FILE.read_text())
     assert quant_linear.rules() == table
     assert quant_linear.config_for(1, 4096, 4096, "int4")["block_m"] == 8

@@ -221,7 +221,7 @@ class PackedPlan:
     weight's tensors are read per call, so a plan keeps no weight alive and serves every weight of
     its signature."""
 
-    memo = None  # chosen by ``shipped/v8.json``'s rules, which no tuning changes: ``forget`` keeps it
+    memo = None  # chosen by ``shipped/rules/v8.json``'s rules, which no tuning changes: ``forget`` keeps it
 
     def __init__(self, launch: Callable, x: torch.Tensor, weight):
         (self.n, self.k), self.launch = weight.shape, launch

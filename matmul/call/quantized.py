@@ -2,7 +2,7 @@
 call runs, and how it is built and kept.
 
 * **Hopper V8** (``kernels/hopper/v8.py``) up to the format's token limit, in the configuration the
-  rules of ``shipped/v8.json`` give for the format, the tokens (M) and the weight's N x K
+  rules of ``shipped/rules/v8.json`` give for the format, the tokens (M) and the weight's N x K
   (``config_for``). Past ``v8_max_tokens`` it runs only where its 128 x 128 tiles fill the GPU's
   waves well enough to beat widening (``prefill_pays``, a formula over this GPU's SM count).
 * Else **the weight widened once** (``quant.widen``'s kernel), then cuBLAS: the same product.
@@ -45,13 +45,13 @@ from .chooser import program_key
 from .tuner import VENDOR
 
 ARCH = "sm_90a"  # V8 and the widening kernel run on Hopper; elsewhere torch widens for cuBLAS
-RULES_FILE = Path(__file__).with_name("shipped") / "v8.json"
+RULES_FILE = Path(__file__).with_name("shipped") / "rules" / "v8.json"
 DEFAULT_SMS = 132  # where the call runs on no GPU (the CPU tests): a full Hopper part's
 
 
 @functools.cache
 def rules() -> dict:
-    """``shipped/v8.json``: the token limits, the widening's price and V8's configuration rules."""
+    """``shipped/rules/v8.json``: the token limits, the widening's price and V8's configuration rules."""
     return json.loads(RULES_FILE.read_text())
 
 
@@ -93,13 +93,13 @@ def _weight_holds(name: str, m: int, n: int, k: int, sms: int) -> bool:
     elif base == "storable":  # TMA stores C's rows: whole 16-byte units
         held = n % 8 == 0
     else:
-        raise ValueError(f"shipped/v8.json: unknown weight predicate {name!r}")
+        raise ValueError(f"shipped/rules/v8.json: unknown weight predicate {name!r}")
     return held != negated
 
 
 def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "", sms: int = DEFAULT_SMS) -> dict:
     """V8's configuration for M tokens on an N x K weight of ``weight_format`` on a GPU of ``sms`` SMs:
-    the rules of ``shipped/v8.json`` in order. Without a shape or format, the configuration of the
+    the rules of ``shipped/rules/v8.json`` in order. Without a shape or format, the configuration of the
     token tier alone. A configuration that writes C by TMA stores on a weight whose rows TMA cannot
     store splits K instead (``writes_slabs``)."""
     table = rules()
@@ -292,7 +292,7 @@ def widening_built(dtype: torch.dtype, weight_format: str, timeout_s: float = 30
 
 def choice(x: torch.Tensor, weight: QuantizedWeight) -> dict:
     """What ``linear(x, weight)`` runs now and why, in ``matmul.choice``'s form: ``version`` "v8" with
-    its ``config`` (``source`` "rules": ``shipped/v8.json``) and ``built``, or the widened path
+    its ``config`` (``source`` "rules": ``shipped/rules/v8.json``) and ``built``, or the widened path
     (``version`` "widened", the ``reason``; ``building``: the V8 kernel built meanwhile)."""
     weight.check_for(x)
     m, k = x.numel() // x.shape[-1], x.shape[-1]

@@ -63,7 +63,7 @@ LINEAR_SHAPES = {"up": (14336, 4096), "down": (4096, 14336)}  # bias + gelu
 SWIGLU_SHAPE = (14336, 4096)  # gate and up, each [I, K]
 LAYERS = 2
 PREFILL = ((1, 128), (1, 2048), (4, 2048))  # batch x tokens
-# packed weights add 1024 tokens: V8 runs int4 up to 1536 (``call/shipped/v8.json``), past it (and
+# packed weights add 1024 tokens: V8 runs int4 up to 1536 (``call/shipped/rules/v8.json``), past it (and
 # int6 and fp8 past 256) the call widens the weight for cuBLAS
 PACKED_PREFILL = ((1, 128), (1, 1024), (1, 2048), (4, 2048))
 # the packed Llama's formats: ``matmul.quantize``'s, each a part ``llama-<format>``
