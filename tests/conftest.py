@@ -1,15 +1,24 @@
 import functools
+import os
+import tempfile
 
-import pytest
-import torch
+# Under pytest-xdist (the GPU suite runs its files in parallel: CONTRIBUTING.md), each worker keeps its
+# own cache (below MATMUL_CACHE_DIR, or the system's temporary folder), set before the package is
+# imported: two processes never build one kernel into one folder.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    base = os.environ.get("MATMUL_CACHE_DIR") or os.path.join(tempfile.gettempdir(), "matmul-xdist")
+    os.environ["MATMUL_CACHE_DIR"] = os.path.join(base, os.environ["PYTEST_XDIST_WORKER"])
 
-from matmul import build
-from matmul.call import api
-from matmul.call.launch import Plans
-from matmul.contract import check_call
-from matmul.kernels import variant as variants
-from matmul.kernels import versions
-from matmul.kernels.variant import PLAIN
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from matmul import build  # noqa: E402
+from matmul.call import api  # noqa: E402
+from matmul.call.launch import Plans  # noqa: E402
+from matmul.contract import check_call  # noqa: E402
+from matmul.kernels import variant as variants  # noqa: E402
+from matmul.kernels import versions  # noqa: E402
+from matmul.kernels.variant import PLAIN  # noqa: E402
 
 gpu_arch = versions.local_arch
 

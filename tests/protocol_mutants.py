@@ -59,9 +59,9 @@ V8_K_RANGE_CUT_WITHOUT_TURNS = (
     "k_blocks = SplitKRange(cdiv(k_size, BLOCK_K), self.split, rank, self.interleave)",
     "k_blocks = SplitKRange(cdiv(k_size, BLOCK_K), self.split, rank)",
 )
-# Hopper V8 without a split, two slabs each written by a TMA store (matmul.call.quantized: shipped/v8.json's one_pass)
+# Hopper V8 without a split, two slabs each written by a TMA store (shipped/rules/v8.json's one_pass)
 V8_ONE_PASS = (("block_m", 128), ("warpgroups", 2), ("split", 1), ("stages", 4))
-# Hopper V8's int6 without a split: two slabs of one partial tile, written out whole (shipped/v8.json's large_one_pass)
+# Hopper V8's int6 without a split: two slabs of one partial tile, written whole (rules/v8.json's large_one_pass)
 V8_INT6_ONE_PASS = (("weight", "int6"), ("block_m", 128), ("warpgroups", 2), ("split", 1), ("stages", 3), ("chunk", 64))
 
 MUTANTS = (

@@ -283,8 +283,8 @@ def chooser_building_in_children(monkeypatch, tmp_path, builder: str = "stand_in
     """``matmul.call.api._chooser`` replaced for this test by a fresh chooser (its own cache, nothing
     built, building or failed) whose build children are real processes running the stand-in
     ``builder``, each held back until the event ``release`` is set (if given), their libraries opened
-    by ``load`` (``load_any`` by default). Returns the chooser, with ``requests``: the jobs each
-    child got, in order."""
+    by ``load`` (``load_any`` by default), and no plan kept. Returns the chooser, with ``requests``:
+    the jobs each child got, in order."""
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # the child imports the stand-ins
     from matmul.call import api, building
     from matmul.call.choice_cache import ChoiceCache
@@ -300,6 +300,7 @@ def chooser_building_in_children(monkeypatch, tmp_path, builder: str = "stand_in
     chooser = Chooser(ChoiceCache(tmp_path / "choices"), build_jobs=build_jobs, load=load or load_any)
     chooser.requests = requests
     monkeypatch.setattr(api, "_chooser", chooser)
+    monkeypatch.setattr(api._plans, "plans", {})  # a kept plan holds a kernel of the chooser replaced
     return chooser
 
 

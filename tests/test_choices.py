@@ -217,6 +217,14 @@ def test_a_corrupt_shipped_table_is_ignored_with_a_warning(tmp_path, caplog, con
     assert found["source"] == "fallback" and "shipped choice table" in caplog.text
 
 
+def test_every_table_the_package_ships_is_read_without_a_warning(caplog):
+    """Every ``*.json`` of ``shipped/`` is a choice table (the packed-weight call's rules lie apart,
+    in ``shipped/rules/``): the process's first call reads them all and warns of none."""
+    with caplog.at_level(logging.WARNING):
+        entries = ShippedTable().entries()
+    assert entries and "shipped choice table" not in caplog.text
+
+
 @pytest.mark.parametrize("name", ["h100.json", "h200.json"])
 def test_the_package_ships_tables_that_name_their_command_date_and_machine(name):
     shipped = Path(chooser.__file__).with_name("shipped")
@@ -601,9 +609,12 @@ def test_the_host_probe_times_each_variants_own_public_call(monkeypatch, variant
     assert epilogues == (["bias"] * variant.bias + [variant.activation]) * 15
 
 
-def test_the_tuning_child_creates_its_cuda_context_only_once_the_caller_is_quiet(monkeypatch):
+def test_the_tuning_child_creates_its_cuda_context_only_once_the_caller_is_quiet(monkeypatch, capsys):
+    """The child waits for a quiet caller before its CUDA context, and its first job's ``yielded_s``
+    counts that wait (a child that held only there reports the hold: the GPU test of holding reads it)."""
     from matmul.call import yielding
 
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # the job's stand-in worker
     steps = []
 
     class Gate:
@@ -611,6 +622,8 @@ def test_the_tuning_child_creates_its_cuda_context_only_once_the_caller_is_quiet
 
         def wait(self):
             steps.append("wait")
+            if steps == ["wait"]:  # the caller busy for 2 s before the context, quiet afterwards
+                self.held_s += 2.0
 
         def before(self, step):
             return step
@@ -620,9 +633,13 @@ def test_the_tuning_child_creates_its_cuda_context_only_once_the_caller_is_quiet
 
     monkeypatch.setattr(yielding.CallerGate, "for_request", classmethod(lambda cls, request: Gate()))
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: steps.append("context"))
-    request = {"device": "cuda:0", "dtype": "float16", "arch": "sm_90a", "jobs": []}
-    tuner.child_main(request)
-    assert steps == ["wait", "context"]
+    job = {"key": "k", "m": 32, "n": 32, "k": 32, "names": ["v1", tuner.VENDOR]}
+    request = {"device": "cuda:0", "dtype": "float16", "arch": "sm_90a", "jobs": [job, {**job, "key": "j"}]}
+    tuner.child_main({**request, "worker": "stand_ins:cpu_worker"})
+    assert steps[:2] == ["wait", "context"]
+    reports = [json.loads(line.removeprefix(tuner.PROTOCOL)) for line in capsys.readouterr().out.splitlines()]
+    yielded = {r["key"]: r["entry"]["yielded_s"] for r in reports if "entry" in r}
+    assert yielded == {"k": 2.0, "j": 0.0}
 
 
 # --- a version called on its own -----------------------------------------------------------------

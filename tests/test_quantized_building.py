@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 import types
+import weakref
 from pathlib import Path
 
 import pytest
@@ -25,8 +26,9 @@ import stand_ins
 import torch
 
 import matmul
-from matmul.call import building, chooser, tilus_autotune
+from matmul.call import api, building, chooser, tilus_autotune
 from matmul.call import quantized as quant_linear
+from matmul.call.launch import PackedPlan
 from matmul.kernels import device_context, versions
 from matmul.kernels.variant import PLAIN, Variant
 from matmul.quant import widen
@@ -150,15 +152,14 @@ def test_past_v8s_tokens_torch_widens_until_the_widening_kernel_takes_over(hoppe
     assert matmul.choice(x, qw.T)["version"] == "widened" and "past V8's tokens" in matmul.choice(x, qw.T)["reason"]
 
 
-def test_a_seen_signature_runs_its_kept_launch_and_every_other_call_the_full_path(hopper, monkeypatch):
-    """Once V8 ran a ``linear`` call without ``out``, a later call with the same input signature (shape,
-    strides, dtype, device) on the same weight runs the kept launch (``quant_linear._launches``),
-    none of the checks and choices of the full path, with the same product and the bias and
-    activation applied after it. Calls with another signature, with ``out``, or whose input is not
-    16-byte aligned take the full path; a weight let go takes its launches with it."""
+def test_a_seen_signature_runs_its_kept_plan_and_every_other_call_the_full_path(hopper, monkeypatch):
+    """Once V8 ran a ``linear`` call without ``out``, a later call with the same signature (x's shape,
+    strides, dtype, device; the weight's format and sizes) runs the plan kept for it
+    (``launch.PackedPlan`` in ``api._plans``), none of the checks and choices of the full path, with
+    the same product and the bias and activation applied after it; on another weight of the same
+    sizes, that weight's product. Calls with another signature, with ``out``, or whose input is not
+    16-byte aligned take the full path; a plan keeps no weight alive."""
     chosen = hopper()
-    gc.collect()  # the weights of earlier tests gone from the table: it changes here only as this test does
-    weights_kept = len(quant_linear._launches)
     x, qw, expected = operands("int4")
     assert quant_linear.wait_until_built(torch.float16, "int4", call_config("int4"), CHILD_S)
     kernel = chosen.programs[program(torch.float16, "int4", call_config("int4"))]
@@ -195,15 +196,20 @@ def test_a_seen_signature_runs_its_kept_launch_and_every_other_call_the_full_pat
     assert torch.equal(
         quant_linear.linear(strided, qw), quant_linear.widened(strided.reshape(M, K), qw).view(2, M // 2, N)
     )
-    assert full_path == [1, 1] and len(quant_linear._launches[qw]) == 1
+    assert full_path == [1, 1] and packed_plans() == 1
     quant_linear.linear(x3b.view(M, K), qw)  # another shape, the same tokens: its own full path, then kept
-    assert full_path == [1, 1, 1] and len(quant_linear._launches[qw]) == 2
-    other = stand_ins.quantized_operands(M, N, K, "int4")[1]  # another weight: the full path, its own launches
-    quant_linear.linear(x3b, other)
-    assert full_path == [1, 1, 1, 1] and len(quant_linear._launches) == weights_kept + 2
+    assert full_path == [1, 1, 1] and packed_plans() == 2
+    other = matmul.quantize(torch.randn(N, K, dtype=torch.float16) * 0.05, format="int4")  # the same sizes
+    assert torch.equal(quant_linear.linear(x3b, other), quant_linear.widened(x3b.view(M, K), other).view(y.shape))
+    assert full_path == [1, 1, 1] and packed_plans() == 2
+    other_packed = weakref.ref(other.packed)
     del other
     gc.collect()
-    assert len(quant_linear._launches) == weights_kept + 1 and qw in quant_linear._launches
+    assert other_packed() is None  # the plan read the weight's tensors for its call and kept none
+
+
+def packed_plans() -> int:
+    return sum(isinstance(plan, PackedPlan) for plan in api._plans.plans.values())
 
 
 def test_each_configuration_is_its_own_kernel(hopper, caller_transpiles):
@@ -389,7 +395,7 @@ def test_the_decision_log_tells_what_a_packed_product_runs(hopper, caplog):
 
 
 def test_the_rules_are_read_from_shipped_v8_json(monkeypatch):
-    """``config_for`` applies the data of ``shipped/v8.json``: an edited table gives another choice."""
+    """``config_for`` applies the data of ``shipped/rules/v8.json``: an edited table gives another choice."""
     table = json.loads(quant_linear.RULES_FILE.read_text())
     assert quant_linear.rules() == table
     assert quant_linear.config_for(1, 4096, 4096, "int4")["block_m"] == 8

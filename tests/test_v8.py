@@ -19,7 +19,7 @@ from matmul.quant import fp8, int4, int6, widen
 from matmul.tilus_fixes.wgmma_register_a import a_fragment
 
 V8 = versions.load("sm_90a", "v8")
-NAMED = quant_linear.rules()["configs"]  # the configurations shipped/v8.json names
+NAMED = quant_linear.rules()["configs"]  # the configurations shipped/rules/v8.json names
 LARGE_TILE_FORMATS = ("int6", "fp8_e4m3")  # the formats whose tiles are 6 and 8 KiB a slab
 
 

@@ -27,6 +27,7 @@ from conftest import QKVAttention, gpu_arch
 import matmul
 from matmul.call import api
 from matmul.call import quantized as quant_linear
+from matmul.call.launch import PackedPlan
 from matmul.kernels import versions
 from matmul.measure.correctness import TOLERANCE, poisoned_output, relative_error
 from matmul.quant import int4, int6
@@ -383,17 +384,17 @@ def test_planted_bugs_are_caught(bug, dtype, calls_kernels_built):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_a_seen_signature_runs_v8_through_its_kept_launch(dtype):
-    """After V8 ran a call, later calls with its signature run the kept launch
-    (``quant_linear._launches``): fresh inputs each time, the block the caching allocator hands out
+    """After V8 ran a call, later calls with its signature run the kept plan
+    (``launch.PackedPlan``): fresh inputs each time, the block the caching allocator hands out
     poisoned first, a model's [batch, tokens, K] input, a bias and an activation after it, a
-    poisoned ``out``, and a CUDA graph that captures the kept launch (it launches on the capturing
+    poisoned ``out``, and a CUDA graph that captures the kept plan (it launches on the capturing
     stream) and replays it on new data."""
     m, n, k = 16, 1000, 1024
     x, qw = operands(m, n, k, dtype)
     v8_built(x, qw)
     x3 = x.view(2, m // 2, k)
     matmul.linear(x3, qw)  # the full path, which keeps the launch
-    assert (x3.shape, x3.stride(), dtype, x3.device) in quant_linear._launches[qw]
+    assert isinstance(api._plans.packed_plan(x3, qw), PackedPlan)
     bias = torch.randn(n, dtype=dtype, device="cuda")
     for activation in (None, None, "gelu_tanh"):
         fresh = torch.empty_like(x3).uniform_(-1, 1)
@@ -403,7 +404,7 @@ def test_a_seen_signature_runs_v8_through_its_kept_launch(dtype):
         if activation is not None:
             ref = torch.nn.functional.gelu(ref + bias.float(), approximate="tanh")
         assert y.shape == (2, m // 2, n) and relative_error(y.view(m, n), ref) <= TOLERANCE[dtype], activation
-    out = poisoned_output(m, n, dtype)  # a dense out: the kept launch writes it
+    out = poisoned_output(m, n, dtype)  # a dense out: the kept plan writes it
     assert quant_linear.linear(fresh, qw, out=out.view(2, m // 2, n)).data_ptr() == out.data_ptr()
     assert relative_error(out, reference(fresh.view(m, k), qw)) <= TOLERANCE[dtype]
     static = torch.empty_like(x3).uniform_(-1, 1)

@@ -224,7 +224,7 @@ def choice(a: torch.Tensor, b: torch.Tensor) -> Entry:
     See ``chooser``. For a batched
     b (more than two dimensions) the batched kernels' choice, or cuBLAS with the ``reason`` (``batched``).
     For ``qw.T`` of a packed weight the quantized call's (``quantized.choice``: V8's configuration from
-    the rules of ``shipped/v8.json``, or the widened path and why)."""
+    the rules of ``shipped/rules/v8.json``, or the widened path and why)."""
     if isinstance(b, TransposedWeight):  # qw.T: the quantized call's choice
         from . import quantized as quant_linear
 

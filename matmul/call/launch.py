@@ -82,6 +82,14 @@ def fused_signature(a, b, out, bias, variant: Variant) -> tuple:
     return (*signature(a, b, out), variant, bias.shape, bias.stride(), bias.dtype, bias.device)
 
 
+def packed_signature(x, weight) -> tuple:
+    """``signature`` of a ``linear`` call on a packed weight (``quantized``): x's shape, strides, dtype
+    and device, and what of the weight a launch's sizes depend on (its format, group, N x K and the
+    packed rows' stride); raises AttributeError for what is not a tensor or a packed weight."""
+    return ("packed", x.shape, x.stride(), x.dtype, x.device, weight.format, weight.group, weight.shape,
+            weight.packed.stride(0))  # fmt: skip
+
+
 def rows_served(entry: dict) -> tuple[int, int]:
     """The M a plan made from the choice ``entry`` serves in its bucket: all of them, or where the
     bucket's version won only from ``from_m`` up, the side of it this call's M is on (``below``: the
@@ -205,6 +213,40 @@ class SeriesPlan:
         args = (self.m, self.n, self.k, a.data_ptr(), b.data_ptr(), buffer, self.lda, self.ldb, self.ldc, bias_ptr)
         device_context.launch_on(self.device_index, self.launch, *args)
         return out
+
+
+class PackedPlan:
+    """V8 ran this packed-weight signature (``packed_signature``): its launch function, with the sizes
+    and strides the signature fixes. x [..., K] is dense (the signature's strides say so); the
+    weight's tensors are read per call, so a plan keeps no weight alive and serves every weight of
+    its signature."""
+
+    memo = None  # chosen by ``shipped/rules/v8.json``'s rules, which no tuning changes: ``forget`` keeps it
+
+    def __init__(self, launch: Callable, x: torch.Tensor, weight):
+        (self.n, self.k), self.launch = weight.shape, launch
+        self.m = x.numel() // self.k
+        self.out_shape = (*x.shape[:-1], self.n)
+        self.ldw = weight.packed.stride(0)
+        self.device_index = x.device.index if x.device.type == "cuda" else None
+
+    def __call__(self, x: torch.Tensor, weight, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Into ``out`` (dense, of ``out_shape``: the caller checks it), or a new output."""
+        if out is None:
+            out = x.new_empty(self.out_shape)  # dense: rows of n, as x's are rows of k
+        args = (self.m, self.n, self.k, x, weight.packed, out, self.k, self.ldw, self.n, 0, weight.scales)
+        device_context.launch_on(self.device_index, self.launch, *args)
+        return out
+
+    def takes(self, x: torch.Tensor, out: Optional[torch.Tensor]) -> bool:
+        """What the signature does not fix: x 16-byte aligned, and ``out`` None or a dense tensor of
+        the product's shape and dtype on x's device (V8 may write C by TMA stores); any other
+        ``out`` takes the full path, which writes a copy of the product into it."""
+        if (x.data_ptr() | (0 if out is None else out.data_ptr())) % TMA_ALIGN_BYTES:
+            return False
+        return out is None or (
+            out.shape == self.out_shape and out.dtype == x.dtype and out.device == x.device and out.is_contiguous()
+        )
 
 
 class Plans:
@@ -444,6 +486,21 @@ class Plans:
         script = versions.kernel(module, a.dtype, config, variant)
         with device_context.on_device(a.device) if a.device.type == "cuda" else contextlib.nullcontext():
             return self.program(script)
+
+    def packed_plan(self, x, weight, out=None) -> Optional[PackedPlan]:
+        """The plan kept for the signature of ``linear(x, weight)`` (``keep_packed``) where this call
+        may take it (``PackedPlan.takes``), else None, also for operands that are not tensors, which
+        the full path then names."""
+        try:
+            plan = self.plans.get(packed_signature(x, weight))
+            return plan if plan is not None and plan.takes(x, out) else None
+        except AttributeError:
+            return None
+
+    def keep_packed(self, launch: Callable, x, weight) -> None:
+        """Keep V8's ``launch`` (built, just run on ``x``: dense, 16-byte aligned) for later ``linear``
+        calls of this signature."""
+        self.remember(packed_signature(x, weight), PackedPlan(launch, x, weight))
 
     def plan_for(self, a, b, out=None):
         """The plan a call with these operands uses (derived if needed): for tests and ``choice``."""

@@ -2,7 +2,7 @@
 call runs, and how it is built and kept.
 
 * **Hopper V8** (``kernels/hopper/v8.py``) up to the format's token limit, in the configuration the
-  rules of ``shipped/v8.json`` give for the format, the tokens (M) and the weight's N x K
+  rules of ``shipped/rules/v8.json`` give for the format, the tokens (M) and the weight's N x K
   (``config_for``). Past ``v8_max_tokens`` it runs only where its 128 x 128 tiles fill the GPU's
   waves well enough to beat widening (``prefill_pays``, a formula over this GPU's SM count).
 * Else **the weight widened once** (``quant.widen``'s kernel), then cuBLAS: the same product.
@@ -14,8 +14,9 @@ CUDA graph capture no build starts. ``prepare`` builds every kernel a weight can
 (``nn.convert(weights=...)`` calls it): a model converted is fast from its first call, and a graph
 captured after it holds V8.
 
-A call whose input signature V8 has run before on the same weight runs the launch kept for it
-(``_launches``): at decode sizes V8 takes a few microseconds, less than the host takes to choose.
+A call of a signature V8 has run before (x's shape, strides, dtype and device, the weight's format
+and sizes) runs the plan kept for it (``launch.PackedPlan``, in the process's ``Plans`` beside the
+16-bit call's): at decode sizes V8 takes a few microseconds, less than the host takes to choose.
 
 Autograd: the weight is frozen; dX = dY W through the widened weight. Eager autograd runs
 ``_QuantizedProduct`` (an ``autograd.Function``); ``torch.compile`` traces the custom operator
@@ -28,7 +29,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import weakref
 from pathlib import Path
 from typing import Optional
 
@@ -45,13 +45,13 @@ from .chooser import program_key
 from .tuner import VENDOR
 
 ARCH = "sm_90a"  # V8 and the widening kernel run on Hopper; elsewhere torch widens for cuBLAS
-RULES_FILE = Path(__file__).with_name("shipped") / "v8.json"
+RULES_FILE = Path(__file__).with_name("shipped") / "rules" / "v8.json"
 DEFAULT_SMS = 132  # where the call runs on no GPU (the CPU tests): a full Hopper part's
 
 
 @functools.cache
 def rules() -> dict:
-    """``shipped/v8.json``: the token limits, the widening's price and V8's configuration rules."""
+    """``shipped/rules/v8.json``: the token limits, the widening's price and V8's configuration rules."""
     return json.loads(RULES_FILE.read_text())
 
 
@@ -93,13 +93,13 @@ def _weight_holds(name: str, m: int, n: int, k: int, sms: int) -> bool:
     elif base == "storable":  # TMA stores C's rows: whole 16-byte units
         held = n % 8 == 0
     else:
-        raise ValueError(f"shipped/v8.json: unknown weight predicate {name!r}")
+        raise ValueError(f"shipped/rules/v8.json: unknown weight predicate {name!r}")
     return held != negated
 
 
 def config_for(m: int, n: int = 0, k: int = 0, weight_format: str = "", sms: int = DEFAULT_SMS) -> dict:
     """V8's configuration for M tokens on an N x K weight of ``weight_format`` on a GPU of ``sms`` SMs:
-    the rules of ``shipped/v8.json`` in order. Without a shape or format, the configuration of the
+    the rules of ``shipped/rules/v8.json`` in order. Without a shape or format, the configuration of the
     token tier alone. A configuration that writes C by TMA stores on a weight whose rows TMA cannot
     store splits K instead (``writes_slabs``)."""
     table = rules()
@@ -292,7 +292,7 @@ def widening_built(dtype: torch.dtype, weight_format: str, timeout_s: float = 30
 
 def choice(x: torch.Tensor, weight: QuantizedWeight) -> dict:
     """What ``linear(x, weight)`` runs now and why, in ``matmul.choice``'s form: ``version`` "v8" with
-    its ``config`` (``source`` "rules": ``shipped/v8.json``) and ``built``, or the widened path
+    its ``config`` (``source`` "rules": ``shipped/rules/v8.json``) and ``built``, or the widened path
     (``version`` "widened", the ``reason``; ``building``: the V8 kernel built meanwhile)."""
     weight.check_for(x)
     m, k = x.numel() // x.shape[-1], x.shape[-1]
@@ -353,58 +353,6 @@ def _gpu_index(device: torch.device) -> Optional[int]:
     return device.index if device.type == "cuda" else None
 
 
-# The V8 launches of ``linear`` calls, kept per weight and input signature (shape, strides, dtype,
-# device) once that kernel ran a call of it: a later call with the signature (without ``out``, or
-# with a dense one of the product's shape and dtype and no epilogue) runs its launch at once,
-# skipping the checks and choices every step of which is host time an eager decode step pays per
-# projection. What the signature does not fix, the input's alignment and ``out``, is checked per
-# call. Weak in the weight: a launch holds the weight's tensors, not the weight, so a weight let go
-# takes its launches with it.
-_launches: "weakref.WeakKeyDictionary[QuantizedWeight, dict]" = weakref.WeakKeyDictionary()
-MOST_SIGNATURES = 256  # a weight's launches, at most: past it they are dropped and kept again as met
-
-
-def _keep_launch(weight: QuantizedWeight, x: torch.Tensor, kernel) -> None:
-    """Keep the launch of ``kernel`` (built, just run) for ``linear`` calls of ``x``'s signature on
-    ``weight`` whose input needs no copy (``x`` as [M, K] is dense and aligned)."""
-    packed, scales, n = weight.packed, weight.scales, weight.shape[0]
-    k = x.shape[-1]
-    m, shape, ldw = x.numel() // k, (*x.shape[:-1], n), packed.stride(0)
-    device = _gpu_index(x.device)
-
-    def launch(x: torch.Tensor, y: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Into ``y`` (dense, of ``out_shape``), or a new output."""
-        if y is None:
-            y = x.new_empty(shape)  # dense: rows of n, as x's are rows of k
-        device_context.launch_on(device, kernel, m, n, k, x, packed, y, k, ldw, n, 0, scales)
-        return y
-
-    launch.out_shape = shape
-
-    launches = _launches.setdefault(weight, {})
-    if len(launches) >= MOST_SIGNATURES:
-        launches.clear()
-    launches[(x.shape, x.stride(), x.dtype, x.device)] = launch
-
-
-def _kept_launch(weight: QuantizedWeight, x: torch.Tensor, out: Optional[torch.Tensor]):
-    """The launch kept for ``x``'s signature on ``weight`` (``_launches``) where this call may take it:
-    x 16-byte aligned, and ``out`` None or a dense tensor of the product's shape and dtype on x's
-    device (any other ``out``: the full path writes it, a copy of the product); else None, also for
-    operands that are not tensors, which the full path then names."""
-    try:
-        launch = _launches.get(weight, {}).get((x.shape, x.stride(), x.dtype, x.device))
-        if launch is None or x.data_ptr() % 16 or (out is not None and out.data_ptr() % 16):
-            return None  # (V8 may write C by TMA stores: ``writes_slabs``)
-        if out is None or (
-            out.shape == launch.out_shape and out.dtype == x.dtype and out.device == x.device and out.is_contiguous()
-        ):
-            return launch
-    except AttributeError:
-        pass
-    return None
-
-
 def linear(
     x: torch.Tensor,
     weight: QuantizedWeight,
@@ -436,14 +384,14 @@ def linear(
             return y
         check_out(out, y.shape, x)
         return out.copy_(y)
-    launch = _kept_launch(weight, x, out) if out is None or not fused else None
-    if launch is not None:  # a signature seen before: at once
+    plan = api._plans.packed_plan(x, weight, out) if out is None or not fused else None
+    if plan is not None:  # a signature seen before: at once
         if out is not None:
             check_out_apart(out, x, weight)
-            return launch(x, out)
+            return plan(x, weight, out)
         if bias is not None:  # the one operand the signature does not fix that the epilogue reads
             check_bias(bias, x, weight.shape[0])
-        y = launch(x)
+        y = plan(x, weight)
         return torch_epilogue(y, bias, activation) if fused else y
     weight.check_for(x)
     check_bias(bias, x, weight.shape[0])
@@ -468,7 +416,7 @@ def linear(
         y = y2 if y2 is not None else x2.new_empty((m, n))
         run(kernel, x2, weight.packed, weight.scales, y)
         if dense and x2.data_ptr() == x.data_ptr():
-            _keep_launch(weight, x, kernel)
+            api._plans.keep_packed(kernel, x, weight)
     else:  # into ``out`` where it is dense: no copy of the product afterwards
         y = widened(x2, weight, out=y2)
     if knobs.decisions.isEnabledFor(logging.INFO):
@@ -523,7 +471,7 @@ def check_out_apart(out: torch.Tensor, x: torch.Tensor, weight: QuantizedWeight)
 def recorded(x: torch.Tensor) -> bool:
     """Whether autograd must record the product ``x @ qw.T``: a gradient for x. (The bias's gradient
     comes through torch's add after the product on every path: a layer whose bias is a parameter,
-    run without ``torch.no_grad``, keeps the kept launch.)"""
+    run without ``torch.no_grad``, keeps the kept plan.)"""
     try:
         return torch.is_grad_enabled() and x.requires_grad
     except AttributeError:  # not tensors: the full path's checks name the problem

@@ -672,15 +672,13 @@ def child_main(request: dict, probe: Optional[HostProbe] = None) -> None:
     dtype = DTYPE_NAMES[request["dtype"]]
     gate = yielding.CallerGate.for_request(request)
     gate.hold_tilus_benchmarks()
+    held_before = gate.held_s  # each job reports the waits since the one before it: the first, the context's too
     if device.type == "cuda":
         # creating a CUDA context puts the GPU to work (the driver's, for the whole GPU), so it waits
-        # for the caller to pause like every other such step. (The burst of slow first calls it was
-        # gated for turned out to be a fresh process's own draw: torch alone shows it too,
-        # plots/h100/first-calls/.)
+        # for the caller to pause like every other such step
         gate.wait()
         torch.cuda.set_device(device)
     for job in request["jobs"]:
-        held_before = gate.held_s
         # a job may name its own worker: a batch of products is measured by the batched call's
         # (``batched.gpu_worker``), named by the chooser, so that this module need not import it
         module_name, _, function = job.get("worker", default_worker).partition(":")
@@ -725,6 +723,7 @@ def child_main(request: dict, probe: Optional[HostProbe] = None) -> None:
         if job.get("narrowed_from"):
             entry["narrowed_from"] = job["narrowed_from"]  # timed among the neighbour's close candidates only
         entry["yielded_s"] = round(gate.held_s - held_before, 3)  # waited for the caller to be quiet
+        held_before = gate.held_s
         _report(key=job["key"], entry=entry)
 
 

@@ -32,8 +32,8 @@ each case, with where its choice came from; ``linear`` also times torch's produc
 bounds what any fused epilogue can gain over torch's product + activation (``ceiling``).
 
 The ``llama`` part runs every workload once first (the prefills' first calls timed: what a user of a
-fresh machine waits for, beside the unswitched model's first call of the same shape after it;
-torch's own start, which a user pays either way, is timed before both, on a shape no row uses), then
+fresh machine waits for, beside the unswitched model's first call of the same shape; torch's own
+start and its start for each shape, which a user pays either way, are paid by a third model first), then
 waits for the tuning those calls started in the background (``settle``), then times each row; with
 ``MATMUL_TUNE=blocking`` the first calls tune in the caller instead. What each call ran is in
 ``matmul.choice``.
@@ -64,7 +64,7 @@ LINEAR_SHAPES = {"up": (14336, 4096), "down": (4096, 14336)}  # bias + gelu
 SWIGLU_SHAPE = (14336, 4096)  # gate and up, each [I, K]
 LAYERS = 2
 PREFILL = ((1, 128), (1, 2048), (4, 2048))  # batch x tokens
-# packed weights add 1024 tokens: V8 runs int4 up to 1536 (``call/shipped/v8.json``), past it (and
+# packed weights add 1024 tokens: V8 runs int4 up to 1536 (``call/shipped/rules/v8.json``), past it (and
 # int6 and fp8 past 256) the call widens the weight for cuBLAS
 PACKED_PREFILL = ((1, 128), (1, 1024), (1, 2048), (4, 2048))
 # the packed Llama's formats: ``matmul.quantize``'s, each a part ``llama-<format>``
@@ -303,7 +303,7 @@ def _row(record, rounds, label, kind, shape, ours, theirs, first=None, expected=
         if graphed:
             ours, theirs = _graphed(ours), _graphed(theirs)
         if first is not None:
-            entry["first_call_ms"], entry["torch_first_call_ms"] = first
+            entry["first_call_ms"], entry["torch_first_call_ms"], entry["torch_shape_start_ms"] = first
         # the kernels the windows time (a first call after the tuning settled runs torch's ops)
         logits = model_bench.settled_result(ours)
         entry["logits_error"] = relative(logits, (expected or theirs)())
@@ -313,7 +313,9 @@ def _row(record, rounds, label, kind, shape, ours, theirs, first=None, expected=
         entry.update(model_bench.compare(ours, theirs, rounds))
         print(
             f"{label} {kind} {shape}: {entry['ratio']:.3f}x (logits error {entry['logits_error']:.2e}"
-            + (f", first call {first[0]:.0f} ms, torch's {first[1]:.0f} ms)" if first is not None else ")"),
+            + (f", first call {first[0]:.0f} ms, torch's {first[1]:.0f} ms" if first is not None else "")
+            + (f", torch's start for the shape {first[2]:.0f} ms" if first is not None else "")
+            + ")",
             flush=True,
         )
     except Exception as e:  # one part's failure is reported, the others still run
@@ -322,27 +324,29 @@ def _row(record, rounds, label, kind, shape, ours, theirs, first=None, expected=
     record(entry)
 
 
-def _first_calls(reference, switched, dtype, prefill, record, expected=None):
+def _first_calls(reference, switched, dtype, prefill, record, third, expected=None):
     """Each workload of the pair once, the prefills' first calls timed (``llama``'s docstring);
     the prefills and decode steps as (shape, ours, theirs, first, expected) for ``_timed_rows``,
-    ``expected`` a third model whose logits ours should equal (``theirs`` without one)."""
+    ``expected`` a model whose logits ours should equal (``theirs`` without one). ``third``: an
+    unswitched model of the same widths (``expected`` may be it) that meets each shape first."""
     vocab = reference.config.vocab_size
-    # torch's own start (the CUDA context, cuBLAS's handle, the model's first kernels loaded),
-    # paid by the unswitched model at a shape no row uses: a user pays it with or without the
-    # switch. Each prefill's first call is then the cost of meeting that shape, the switched
-    # model's first (its package's start included) and the unswitched model's after it, which
-    # finds what torch loads for a new shape (its attention's kernels) loaded already: the pair
-    # leans against the switched model (plots/h200/first-call-profile/ of commit b43a7e1)
+    # torch's own start (the CUDA context, cuBLAS's handle, the model's first kernels loaded) and
+    # its start for each new shape (its attention's kernels for the length, cuBLAS's heuristics:
+    # about a second at 1 x 128 on an H200) are paid by a user with or without the switch: the
+    # third model pays them first, so that each model's first call of a shape is what meeting it
+    # costs that model. The pair still leans against the switched model: the third model's
+    # products loaded the reference's cuBLAS kernels, not ours.
     start = torch.randint(0, vocab, (1, 8), device="cuda")
-    record({"kind": "torch start", "first_call_ms": waited_ms(lambda: reference(input_ids=start, use_cache=False))})
+    record({"kind": "torch start", "first_call_ms": waited_ms(lambda: third(input_ids=start, use_cache=False))})
     prefills = []
     for batch, tokens in prefill:
         ids = torch.randint(0, vocab, (batch, tokens), device="cuda")
-        ours, theirs, exact = (
+        ours, theirs, exact, before = (
             None if model is None else (lambda model=model, ids=ids: model(input_ids=ids, use_cache=False).logits)
-            for model in (switched, reference, expected)
+            for model in (switched, reference, expected, third)
         )
-        prefills.append(([batch, tokens], ours, theirs, (waited_ms(ours), waited_ms(theirs)), exact))
+        shape_start = waited_ms(before)
+        prefills.append(([batch, tokens], ours, theirs, (waited_ms(ours), waited_ms(theirs), shape_start), exact))
     decodes = []
     for batch in DECODE_BATCHES:
         prompt, token = _decode_inputs(vocab, batch)
@@ -368,7 +372,7 @@ def llama(dtype, rounds: int, record: Callable[[dict], None], widths: str = DEFA
     reference, switched, conversion = llama_pair(dtype, widths=widths)
     record(_conversion_row(conversion))
     with torch.inference_mode():
-        prefills, decodes = _first_calls(reference, switched, dtype, PREFILL, record)
+        prefills, decodes = _first_calls(reference, switched, dtype, PREFILL, record, copy.deepcopy(reference))
     for shape in TRAIN:
         ids = torch.randint(0, reference.config.vocab_size, shape, device="cuda")
         switched(input_ids=ids, labels=ids).loss.backward()  # the training steps' shapes, first seen here
@@ -453,7 +457,7 @@ def llama_packed(format: str, dtype, rounds: int, record: Callable[[dict], None]
             prompt, token = _decode_inputs(reference.config.vocab_size, batch)
             ours, theirs, exact = _decode_steps(switched, reference, prompt, token, dtype, dequantized)
             _row(record, rounds, part, "decode graph at once", [batch, 1], ours, theirs, expected=exact, graphed=True)
-        prefills, decodes = _first_calls(reference, switched, dtype, PACKED_PREFILL, record, dequantized)
+        prefills, decodes = _first_calls(reference, switched, dtype, PACKED_PREFILL, record, dequantized, dequantized)
     built = wait_for_v8()
     print(f"{part}: V8 builds {'done' if built['finished'] else 'NOT done'} after {built['seconds']:.0f} s", flush=True)
     record(built)

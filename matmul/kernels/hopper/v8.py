@@ -141,7 +141,7 @@ PTX_MARKERS = (
 )
 REPRESENTATIVE = {"block_m": 16, "warpgroups": 1, "split": 2, "stages": 4, "chunk": 32}
 # int4 with row scales (``weight="int4_channel"``), as the call runs it at decode and at prefill
-# (``matmul.call.quantized``, rules in ``call/shipped/v8.json``): built and protocol-checked, not
+# (``matmul.call.quantized``, rules in ``call/shipped/rules/v8.json``): built and protocol-checked, not
 # tuned (the format is the weight's, not a choice)
 EXTRA_CONFIGS = (
     {**REPRESENTATIVE, "weight": "int4_channel"},
