@@ -331,8 +331,8 @@ def _first_calls(reference, switched, dtype, prefill, record, third, expected=No
     unswitched model of the same widths (``expected`` may be it) that meets each shape first."""
     vocab = reference.config.vocab_size
     # torch's own start (the CUDA context, cuBLAS's handle, the model's first kernels loaded) and
-    # its start for each new shape (its attention's kernels for the length, cuBLAS's heuristics:
-    # about a second at 1 x 128 on an H200) are paid by a user with or without the switch: the
+    # its start for each new shape (its attention's kernels for the length, cuBLAS's heuristics)
+    # are paid by a user with or without the switch (a prefill row's torch_shape_start_ms): the
     # third model pays them first, so that each model's first call of a shape is what meeting it
     # costs that model. The pair still leans against the switched model: the third model's
     # products loaded the reference's cuBLAS kernels, not ours.
