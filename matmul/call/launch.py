@@ -185,7 +185,7 @@ class SeriesPlan:
         self.launch = launch
         self.lda, self.ldb, self.ldc = row_stride(a), row_stride(operand), row_stride(c)
         self.dtype, self.device = a.dtype, a.device
-        self.device_index = a.device.index if a.device.type == "cuda" else None
+        self.device_index = device_context.launch_index(a.device)
         self.out_row = aligned_row_length(self.columns, a.dtype)  # an allocated output's row, padded to 16 bytes
         self.layouts = (layout(a), layout(b), None if out is None else layout(out))
         self.unaligned = VendorPlan(a, b, out, variant, chooser)  # a call whose pointers TMA cannot take
@@ -228,7 +228,7 @@ class PackedPlan:
         self.m = x.numel() // self.k
         self.out_shape = (*x.shape[:-1], self.n)
         self.ldw = weight.packed.stride(0)
-        self.device_index = x.device.index if x.device.type == "cuda" else None
+        self.device_index = device_context.launch_index(x.device)
 
     def __call__(self, x: torch.Tensor, weight, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Into ``out`` (dense, of ``out_shape``: the caller checks it), or a new output."""

@@ -345,12 +345,7 @@ def run(kernel, x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, out
     """``kernel`` (V8's launch function) on x [M, K] into out [M, N], under x's GPU."""
     m, k = x.shape
     args = (m, out.shape[1], k, x, packed, out, x.stride(0), packed.stride(0), out.stride(0), 0, scales)
-    device_context.launch_on(_gpu_index(x.device), kernel, *args)
-
-
-def _gpu_index(device: torch.device) -> Optional[int]:
-    """``device``'s index for ``device_context.launch_on``: None off a GPU (the tests' stand-in kernels)."""
-    return device.index if device.type == "cuda" else None
+    device_context.launch_on(device_context.launch_index(x.device), kernel, *args)
 
 
 def linear(

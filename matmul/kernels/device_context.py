@@ -50,6 +50,11 @@ def make_current(device: Union[torch.device, int, None]) -> None:
     _thread.checked = True
 
 
+def launch_index(device: torch.device) -> Optional[int]:
+    """``device``'s index for ``launch_on``: None off a GPU (the tests' stand-in kernels)."""
+    return device.index if device.type == "cuda" else None
+
+
 def launch_on(index: Optional[int], launch, *args) -> None:
     """``launch(*args)`` with GPU ``index`` current (the thread's context made current first): at once
     where it is current already, the common case, which a device guard's two switches would only
